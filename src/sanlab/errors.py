@@ -1,0 +1,27 @@
+"""User-facing errors. Each names what was wrong and where, so the CLI can print it as is."""
+
+from __future__ import annotations
+
+
+class SanlabError(Exception):
+    """Base class for errors caused by user input (files, configs, arguments)."""
+
+
+class ConfigError(SanlabError):
+    """An invalid configuration: unknown key, wrong type, impossible combination."""
+
+
+class DataError(SanlabError):
+    """A problem in an input file. The message names the file and, where known, the line."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+
+
+class TrainingError(SanlabError):
+    """Training cannot go on (e.g. a NaN loss); nothing of the failed step was saved."""

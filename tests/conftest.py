@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Real data lives beside the project (../shared/data); a user's clone does not have it.
+SHARED_DATA = Path(os.environ.get("SANLAB_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    yield
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not (SHARED_DATA / "README.md").exists():
+        pytest.skip(f"real data not found at {SHARED_DATA} (set SANLAB_SHARED_DATA or place ../shared/data)")
+    return SHARED_DATA
