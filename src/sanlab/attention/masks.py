@@ -1,0 +1,45 @@
+"""Masks as small predicates of absolute positions, combined with AND.
+
+Every function returns a boolean tensor broadcastable to [b, h, i, j]; True = visible.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def causal(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Key j is visible to query i iff k_pos[j] <= q_pos[i]."""
+    return (k_pos[None, :] <= q_pos[:, None])[None, None]  # [1, 1, i, j]
+
+
+def band(q_pos: Tensor, k_pos: Tensor, *, left: int, right: int) -> Tensor:
+    """Keys with q - left <= k <= q + right (a window; left/right are half-widths)."""
+    offset = k_pos[None, :] - q_pos[:, None]  # [i, j]
+    return ((offset >= -left) & (offset <= right))[None, None]  # [1, 1, i, j]
+
+
+def key_padding(key_valid: Tensor) -> Tensor:
+    """Padded keys are invisible to every query."""
+    return key_valid[:, None, None, :]  # [b, 1, 1, j]
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """AND of the given masks (None entries are ignored); None if there is none."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else out & m
+    return out
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
+    """Softmax over the last axis restricted to allowed keys; a row with no allowed key is 0, not NaN."""
+    if allowed is None:
+        return torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    # An all -inf row gives NaN; such rows (padded queries, strictly directional heads) must be zero.
+    return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)

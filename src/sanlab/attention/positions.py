@@ -1,0 +1,51 @@
+"""Explicit absolute positions and validity masks for one attention call.
+
+Positions are always passed in, never inferred from tensor sizes inside a part: during
+cached decoding the query at step t has position t although the query tensor has length 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where the queries and keys of one attention call sit in their sequences.
+
+    q_pos:       [i] absolute query positions (offset by the cache length while decoding)
+    k_pos:       [j] absolute key positions
+    key_valid:   [b, j] True for real (non-padding) keys, or None when nothing is padded
+    query_valid: [b, i] True for real queries, or None; outputs at invalid queries are zeroed
+    causal:      keys after the query are invisible (decoder self-attention)
+    """
+
+    q_pos: Tensor
+    k_pos: Tensor
+    key_valid: Tensor | None = None
+    query_valid: Tensor | None = None
+    causal: bool = False
+
+    @staticmethod
+    def self_attention(valid: Tensor | None, *, length: int, offset: int = 0, causal: bool = False,
+                       device: torch.device | None = None) -> "Positions":
+        """Positions of a self-attention call over ``length`` new tokens after ``offset`` cached ones.
+
+        ``valid`` is [b, offset + length] (keys = cache + new tokens) or None.
+        """
+        k_pos = torch.arange(offset + length, device=device)  # [j]
+        q_valid = None if valid is None else valid[:, offset:]
+        return Positions(q_pos=k_pos[offset:], k_pos=k_pos, key_valid=valid, query_valid=q_valid, causal=causal)
+
+    @staticmethod
+    def cross_attention(query: "Positions", memory_valid: Tensor | None, *, memory_length: int) -> "Positions":
+        """Queries of the decoder against an encoder memory of ``memory_length`` positions."""
+        k_pos = torch.arange(memory_length, device=query.q_pos.device)  # [j]
+        return Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid, query_valid=query.query_valid)
+
+    def lengths(self) -> Tensor | None:
+        """[b] number of valid keys per sentence (L_b), or None when nothing is padded."""
+        return None if self.key_valid is None else self.key_valid.sum(-1)

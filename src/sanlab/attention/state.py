@@ -1,0 +1,38 @@
+"""Decoding state of attention and mixers: plain data, reordered by ``decoding.cache.reorder``.
+
+Dimension 0 of every tensor is the batch (times beam), so one generic ``index_select``
+follows the beams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class KV:
+    """Projected keys and values seen so far: k, v [b, h, j, d]."""
+
+    k: Tensor
+    v: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+
+@dataclass(frozen=True)
+class PrefixState:
+    """For parts that cannot decode step by step: the whole layer input so far, x [b, t, h*d].
+
+    The attention recomputes every prefix query and returns the newest rows, so correctness
+    never depends on a part's own cache (the nanoGPT ``generate`` strategy).
+    """
+
+    x: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.x.shape[1]

@@ -1,0 +1,243 @@
+"""The typed schema of every run (pydantic v2), YAML loading with ``base:`` inheritance, and
+dotted ``--set a.b=c`` overrides. Unknown or ill-typed keys are errors naming the key and file.
+
+A config file may start with ``base: other.yaml`` (relative to the file) or
+``base: preset:NAME`` (a file in ``sanlab/presets``); its keys are merged over the base.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from sanlab.attention.config import AttentionConfig
+from sanlab.errors import ConfigError
+from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------------- model
+class StackConfig(Strict):
+    """One encoder or decoder stack."""
+
+    layers: int = Field(6, ge=1)
+    ffn_dim: int = Field(2048, ge=0)   # 0 = no feed-forward sublayer (Dufter's SAN)
+    attention: AttentionConfig = AttentionConfig()
+    mixer: MixerSpec = AttentionMixerConfig()
+    cross_attention: AttentionConfig | None = None  # decoder only; None = same heads as ``attention``, no parts
+
+
+class Seq2SeqConfig(Strict):
+    dim: int = 512
+    norm: Literal["pre", "post"] = "post"
+    dropout: float = 0.1
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = 1024
+    share_embeddings: bool = True   # one table for source and target (needs the joint vocabulary)
+    tie_output: bool = True         # generator weight = target embedding
+    encoder: StackConfig = StackConfig()
+    decoder: StackConfig = StackConfig()
+
+
+class TaggerConfig(Strict):
+    """Dufter et al.'s tagger (spec C.10); UD defaults."""
+
+    word_dim: int = 128
+    char_dim: int = 64
+    char_filters: int = 64
+    char_width: int = 5
+    char_layers: int = 3
+    max_word_chars: int = 20
+    position: Literal["add", "concat", "none"] = "add"
+    position_dim: int = 64              # for concat
+    max_len: int = 60                   # t: sentences are split into chunks of this length
+    layer_style: Literal["dufter", "transformer"] = "dufter"
+    norm: Literal["pre", "post"] = "pre"  # for layer_style transformer
+    dropout: float = 0.1
+    mask_padding: bool = True           # the reference code does not mask padding (profile "reproduce")
+    classifier_sees_embedding: bool = True
+    encoder: StackConfig = StackConfig(layers=4, ffn_dim=0,
+                                       attention=AttentionConfig(heads=4, bias=False, out_proj=False))
+
+
+# ----------------------------------------------------------------------------- data
+class SubwordConfig(Strict):
+    vocab_size: int = 8000
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    joint: bool = True
+    character_coverage: float = 1.0
+
+
+class ParallelFiles(Strict):
+    src: str
+    tgt: str
+
+
+class TranslationDataConfig(Strict):
+    train: ParallelFiles
+    valid: ParallelFiles
+    test: dict[str, ParallelFiles] = {}
+    subword: SubwordConfig = SubwordConfig()
+    max_len: int = 200          # subword tokens per side, longer training pairs are dropped
+    max_ratio: float | None = None
+    skip_empty: bool = False     # drop pairs with an empty side instead of failing
+
+
+class TaggingDataConfig(Strict):
+    train: str
+    dev: str
+    test: str | None = None
+    column: Literal["upos", "xpos"] = "upos"
+    vocab_fraction: float = Field(0.5, gt=0, le=1)  # most frequent share of word types (UD: half)
+    vocab_max: int | None = None                    # or a fixed size (PTB: 20,000)
+    vocab_from_all_splits: bool = False             # the reference counts train+dev+test
+
+
+# ----------------------------------------------------------------------------- training
+class TrainConfig(Strict):
+    seed: int = 1
+    optimizer: Literal["adam", "rmsprop"] = "adam"
+    lr: float = 7e-4
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    rmsprop_alpha: float = 0.9
+    weight_decay: float = 0.0
+    schedule: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
+    warmup_steps: int = 4000
+    warmup_init_lr: float = 1e-7
+    label_smoothing: float = 0.1
+    max_tokens: int = 4096      # translation: padded tokens per batch (max over both sides)
+    batch_size: int = 32        # tagging: sentences (chunks) per batch
+    accum_steps: int = Field(1, ge=1)
+    clip_norm: float = 0.0      # 0 = no clipping
+    bf16: bool = False
+    max_steps: int = 100_000
+    max_epochs: int = 100
+    valid_every: int = 1000     # steps; 0 = after every epoch
+    valid_max_sentences: int | None = None  # decode only this many valid sentences for BLEU
+    patience: int = 0           # validations without improvement before stopping; 0 = never
+    keep_best: int = 3
+    keep_last: int = 3
+    log_every: int = 50
+    threads: int | None = None
+    progress: bool = True
+
+
+class DecodeConfig(Strict):
+    beam: int = 5
+    length_penalty: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    n_best: int = 1
+    batch_sentences: int = 64
+
+
+class TranslationConfig(Strict):
+    task: Literal["translation"]
+    data: TranslationDataConfig
+    model: Seq2SeqConfig = Seq2SeqConfig()
+    train: TrainConfig = TrainConfig()
+    decode: DecodeConfig = DecodeConfig()
+
+
+class TaggingConfig(Strict):
+    task: Literal["tagging"]
+    data: TaggingDataConfig
+    model: TaggerConfig = TaggerConfig()
+    train: TrainConfig = TrainConfig(optimizer="rmsprop", lr=1e-3, eps=1e-7, schedule="constant",
+                                     label_smoothing=0.0, patience=3, valid_every=0)
+
+
+RunConfig = Annotated[Union[TranslationConfig, TaggingConfig], Field(discriminator="task")]
+_ADAPTER = TypeAdapter(RunConfig)
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
+    """Read a YAML config, resolving its ``base:`` chain."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to itself")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
+    if str(base).startswith("preset:") and not base_path.exists():
+        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+        raise ConfigError(f"{path}: unknown preset {base!r}; known presets: {known}")
+    return _merge(load_raw(base_path, _seen + (path.resolve(),)), data)
+
+
+def apply_override(raw: dict, assignment: str) -> dict:
+    """Apply one ``a.b.c=value`` (value parsed as YAML) to a raw config dict."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. model.encoder.layers=3")
+    key, text = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
+    node, parts = raw, key.strip().split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.setdefault(part, {}), dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a section")
+        node = node[part]
+    node[parts[-1]] = value
+    return raw
+
+
+def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:
+    """Validate a raw dict; errors name each offending key and the source."""
+    try:
+        return _ADAPTER.validate_python(raw)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            loc = ".".join(str(x) for x in e["loc"] if x not in ("translation", "tagging"))
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
+                                                          and not isinstance(e["input"], dict) else ""))
+        raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> TranslationConfig | TaggingConfig:
+    raw = load_raw(path)
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")
+    return validate(raw, source=source)
+
+
+def dump_config(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+Config = Union[TranslationConfig, TaggingConfig]

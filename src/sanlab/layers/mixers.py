@@ -1,0 +1,43 @@
+"""The registry of mixers: what fills a layer's mixer slot (attention, convolution, parallel mixes).
+
+A mixer builder receives its config, the ``BuildContext`` and the stack's ``AttentionConfig``
+(mixers that contain attention use it), and returns a module following the mixer contract of
+``layers.transformer``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny
+
+from sanlab.attention.build import build_attention
+from sanlab.attention.config import AttentionConfig
+from sanlab.attention.registry import BuildContext, Registry
+
+MIXERS = Registry("mixer")
+
+
+class MixerConfig(BaseModel):
+    """Base of every mixer config."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    type: str
+
+
+class AttentionMixerConfig(MixerConfig):
+    """Plain (multi-head) self-attention with the stack's attention parts."""
+
+    type: Literal["attention"] = "attention"
+
+
+@MIXERS.register(AttentionMixerConfig)
+def build_attention_mixer(config: AttentionMixerConfig, ctx: BuildContext, *, attention: AttentionConfig):
+    return build_attention(attention, ctx)
+
+
+def _parse_mixer(value: object) -> MixerConfig:
+    return MIXERS.parse(value)
+
+
+MixerSpec = Annotated[SerializeAsAny[MixerConfig], BeforeValidator(_parse_mixer)]

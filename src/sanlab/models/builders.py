@@ -1,0 +1,79 @@
+"""Config -> modules. The only place that knows how configs map to layers and models."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from sanlab.attention.build import build_attention
+from sanlab.attention.registry import BuildContext
+from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
+from sanlab.layers.mixers import MIXERS
+from sanlab.layers.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
+from sanlab.models.embeddings import LearnedPositions, SinusoidalPositions, TokenEmbedding
+from sanlab.models.seq2seq import Seq2Seq
+from sanlab.models.tagger import CharCNN, Tagger
+
+
+def _context(stack: StackConfig, *, dim: int, index: int, side: str, max_len: int) -> BuildContext:
+    return BuildContext(dim=dim, heads=stack.attention.heads, layer_index=index, num_layers=stack.layers,
+                        side=side, max_len=max_len)
+
+
+def _ffn(stack: StackConfig, dim: int, dropout: float) -> FeedForward | None:
+    return FeedForward(dim=dim, hidden=stack.ffn_dim, dropout=0.0) if stack.ffn_dim else None
+
+
+def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, max_len: int) -> Encoder:
+    layers = []
+    for n in range(stack.layers):
+        ctx = _context(stack, dim=dim, index=n, side="encoder", max_len=max_len)
+        mixer = MIXERS.build(stack.mixer, ctx, attention=stack.attention)
+        layers.append(EncoderLayer(mixer=mixer, ffn=_ffn(stack, dim, dropout), dim=dim, norm=norm, dropout=dropout))
+    return Encoder(layers, dim=dim, final_norm=norm == "pre")
+
+
+def build_decoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, max_len: int) -> Decoder:
+    cross_cfg = stack.cross_attention or stack.attention.model_copy(update={"parts": []})
+    layers = []
+    for n in range(stack.layers):
+        ctx = _context(stack, dim=dim, index=n, side="decoder", max_len=max_len)
+        mixer = MIXERS.build(stack.mixer, ctx, attention=stack.attention)
+        cross_ctx = _context(stack, dim=dim, index=n, side="cross", max_len=max_len)
+        cross = build_attention(cross_cfg, BuildContext(**{**cross_ctx.__dict__, "heads": cross_cfg.heads}))
+        layers.append(DecoderLayer(self_mixer=mixer, cross_attention=cross, ffn=_ffn(stack, dim, dropout), dim=dim, norm=norm, dropout=dropout))
+    return Decoder(layers, dim=dim, final_norm=norm == "pre")
+
+
+def build_seq2seq(config: Seq2SeqConfig, *, vocab_size: int, pad_id: int, tgt_vocab_size: int | None = None) -> Seq2Seq:
+    """A translation model. With ``share_embeddings`` one table serves source and target."""
+    if config.share_embeddings and tgt_vocab_size not in (None, vocab_size):
+        raise ValueError("share_embeddings needs one joint vocabulary for source and target")
+    tgt_vocab_size = tgt_vocab_size or vocab_size
+    d = config.dim
+    src_embed = TokenEmbedding(vocab_size=vocab_size, dim=d, pad_id=pad_id)
+    tgt_embed = src_embed if config.share_embeddings else TokenEmbedding(vocab_size=tgt_vocab_size, dim=d,
+                                                                         pad_id=pad_id)
+    positions = (SinusoidalPositions(d) if config.positions == "sinusoidal"
+                 else LearnedPositions(max_positions=config.max_positions, dim=d, init_std=d ** -0.5))
+    common = dict(dim=d, norm=config.norm, dropout=config.dropout, max_len=config.max_positions)
+    return Seq2Seq(src_embed=src_embed, tgt_embed=tgt_embed, positions=positions,
+                   encoder=build_encoder(config.encoder, **common), decoder=build_decoder(config.decoder, **common),
+                   dim=d, vocab_size=tgt_vocab_size, pad_id=pad_id, dropout=config.dropout,
+                   tie_output=config.tie_output)
+
+
+def build_tagger(config: TaggerConfig, *, vocab_size: int, num_chars: int, num_tags: int) -> Tagger:
+    char_cnn = CharCNN(num_chars=num_chars, dim=config.char_dim, filters=config.char_filters,
+                       width=config.char_width, layers=config.char_layers)
+    d = config.word_dim + (config.position_dim if config.position == "concat" else 0) + char_cnn.out_dim
+    dufter = config.layer_style == "dufter"
+    encoder = build_encoder(config.encoder, dim=d, norm="none" if dufter else config.norm,
+                            dropout=config.dropout, max_len=config.max_len)
+    return Tagger(vocab_size=vocab_size, word_dim=config.word_dim, char_cnn=char_cnn, position_mode=config.position,
+                  position_dim=config.position_dim, max_len=config.max_len, encoder=encoder, num_tags=num_tags,
+                  classifier_sees_embedding=config.classifier_sees_embedding, mask_padding=config.mask_padding)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct trainable parameters (a shared/tied tensor counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters() if p.requires_grad}.values())

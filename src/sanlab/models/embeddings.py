@@ -1,0 +1,61 @@
+"""Token embeddings and absolute position encodings (read at explicit positions)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """Embedding scaled by sqrt(dim) (Vaswani et al. 2017, 3.4); N(0, dim^-1/2) init, zero pad row."""
+
+    def __init__(self, *, vocab_size: int, dim: int, pad_id: int, scale: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=dim ** -0.5)
+        with torch.no_grad():
+            self.embed.weight[pad_id].zero_()
+        self.scale = math.sqrt(dim) if scale else 1.0
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embed.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embed(tokens) * self.scale  # [b, t, dim]
+
+
+class SinusoidalPositions(nn.Module):
+    """sin/cos position encodings (Vaswani et al. 2017, 3.5), computed for any positions given."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"sinusoidal positions need an even width, got {dim}")
+        inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]  # [t, dim/2]
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # [t, dim] (interleaved)
+
+
+class LearnedPositions(nn.Module):
+    """A trainable table of ``max_positions`` vectors."""
+
+    def __init__(self, *, max_positions: int, dim: int, init_std: float | None = None):
+        super().__init__()
+        self.table = nn.Embedding(max_positions, dim)
+        if init_std is None:  # Keras' uniform(-0.05, 0.05), as in Dufter et al.
+            nn.init.uniform_(self.table.weight, -0.05, 0.05)
+        else:
+            nn.init.normal_(self.table.weight, std=init_std)
+        self.max_positions = max_positions
+
+    def forward(self, positions: Tensor) -> Tensor:
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} exceeds the {self.max_positions} learned positions; "
+                             "raise model.max_positions or filter longer sentences")
+        return self.table(positions)  # [t, dim]

@@ -1,0 +1,75 @@
+"""Encoder-decoder translation model and its step function for search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sanlab.attention.positions import Positions
+from sanlab.layers.transformer import Decoder, DecoderLayerState, Encoder
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """Everything a decoding step needs; all tensors have the batch (x beam) on dim 0."""
+
+    memory: Tensor                      # [b, j, dim] encoder output
+    memory_valid: Tensor                # [b, j] True for real source tokens
+    layers: list[DecoderLayerState] | None = None
+    offset: int = 0                     # number of target tokens already decoded
+
+
+class Seq2Seq(nn.Module):
+    """Transformer encoder-decoder with optionally shared embeddings and a tied generator."""
+
+    def __init__(self, *, src_embed: nn.Module, tgt_embed: nn.Module, positions: nn.Module, encoder: Encoder,
+                 decoder: Decoder, dim: int, vocab_size: int, pad_id: int, dropout: float, tie_output: bool):
+        super().__init__()
+        self.src_embed, self.tgt_embed, self.positions = src_embed, tgt_embed, positions
+        self.encoder, self.decoder = encoder, decoder
+        self.dropout = nn.Dropout(dropout)
+        self.pad_id = pad_id
+        self.generator = nn.Linear(dim, vocab_size, bias=False)
+        if tie_output:
+            self.generator.weight = tgt_embed.weight
+
+    def _embed(self, embed: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
+        return self.dropout(embed(tokens) + self.positions(positions)[None])  # [b, t, dim]
+
+    def encode(self, src: Tensor, *, traces: list | None = None) -> tuple[Tensor, Tensor]:
+        """src [b, j] -> memory [b, j, dim], memory_valid [b, j]."""
+        valid = src.ne(self.pad_id)
+        pos = Positions.self_attention(valid, length=src.shape[1], device=src.device)
+        return self.encoder(self._embed(self.src_embed, src, pos.q_pos), positions=pos, traces=traces), valid
+
+    def decode(self, tgt_in: Tensor, *, memory: Tensor, memory_valid: Tensor, states=None, offset: int = 0,
+               use_cache: bool = False, traces: list | None = None):
+        """tgt_in [b, i] (tokens at positions offset..offset+i-1) -> logits [b, i, V], new layer states."""
+        valid = None if use_cache else tgt_in.ne(self.pad_id)
+        pos = Positions.self_attention(valid, length=tgt_in.shape[1], offset=offset, causal=True, device=tgt_in.device)
+        cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1])
+        x = self._embed(self.tgt_embed, tgt_in, pos.q_pos)
+        h, states = self.decoder(x, memory=memory, positions=pos, cross_positions=cross, states=states,
+                                 use_cache=use_cache, traces=traces)
+        return self.generator(h), states
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits [b, i, V]."""
+        memory, memory_valid = self.encode(src)
+        logits, _ = self.decode(tgt_in, memory=memory, memory_valid=memory_valid)
+        return logits
+
+    # --- the interface search sees -------------------------------------------------------
+    def start_decoding(self, src: Tensor) -> DecodeState:
+        memory, memory_valid = self.encode(src)
+        return DecodeState(memory=memory, memory_valid=memory_valid)
+
+    def decode_step(self, tokens: Tensor, state: DecodeState) -> tuple[Tensor, DecodeState]:
+        """tokens [n, 1] (last token per hypothesis) -> log-probabilities [n, V], next state."""
+        logits, layers = self.decode(tokens, memory=state.memory, memory_valid=state.memory_valid,
+                                     states=state.layers, offset=state.offset, use_cache=True)
+        log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)
+        return log_probs, DecodeState(state.memory, state.memory_valid, layers, state.offset + tokens.shape[1])

@@ -1,0 +1,76 @@
+"""Sequence tagger of Dufter, Schmitt & Schuetze (COLING 2020), section 2.1 and spec C.10.
+
+embed = [word (+ position for PE[add]) ; (position for PE[con]) ; char-CNN(word)]
+h     = SAN layers(embed)
+tags  = softmax(W [embed ; h] + b)        (the classifier also sees the embedding: a
+                                           residual "from the beginning to the end")
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from sanlab.attention.positions import Positions
+from sanlab.layers.transformer import Encoder
+from sanlab.models.embeddings import LearnedPositions
+
+POSITION_MODES = ("add", "concat", "none")
+
+
+class CharCNN(nn.Module):
+    """Character embedding -> n x [Conv1d(same padding), ReLU] -> max over characters."""
+
+    def __init__(self, *, num_chars: int, dim: int, filters: int, width: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(num_chars, dim, padding_idx=0)
+        nn.init.uniform_(self.embed.weight, -0.05, 0.05)
+        convs, in_dim = [], dim
+        for _ in range(layers):
+            convs.append(nn.Conv1d(in_dim, filters, kernel_size=width, padding=width // 2))
+            in_dim = filters
+        self.convs = nn.ModuleList(convs)
+        self.out_dim = filters if layers else dim
+
+    def forward(self, chars: Tensor) -> Tensor:
+        b, t, c = chars.shape
+        x = self.embed(chars.view(b * t, c)).transpose(1, 2)  # [b*t, dim, c]
+        for conv in self.convs:
+            x = torch.relu(conv(x))  # [b*t, filters, c]
+        return x.max(dim=-1).values.view(b, t, -1)  # [b, t, filters]
+
+
+class Tagger(nn.Module):
+    """Word + char-CNN embeddings, positions added or concatenated, an encoder stack, a classifier."""
+
+    def __init__(self, *, vocab_size: int, word_dim: int, char_cnn: CharCNN, position_mode: str,
+                 position_dim: int, max_len: int, encoder: Encoder, num_tags: int,
+                 classifier_sees_embedding: bool = True, mask_padding: bool = True):
+        super().__init__()
+        if position_mode not in POSITION_MODES:
+            raise ValueError(f"unknown position mode {position_mode!r}; choose one of {POSITION_MODES}")
+        self.word_embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        nn.init.uniform_(self.word_embed.weight, -0.05, 0.05)
+        self.char_cnn, self.encoder = char_cnn, encoder
+        self.position_mode, self.mask_padding = position_mode, mask_padding
+        pos_dim = word_dim if position_mode == "add" else position_dim
+        self.positions = LearnedPositions(max_positions=max_len, dim=pos_dim) if position_mode != "none" else None
+        self.model_dim = word_dim + (position_dim if position_mode == "concat" else 0) + char_cnn.out_dim
+        self.classifier_sees_embedding = classifier_sees_embedding
+        self.classifier = nn.Linear(self.model_dim * (2 if classifier_sees_embedding else 1), num_tags)
+
+    def embed(self, words: Tensor, chars: Tensor, pos: Tensor) -> Tensor:
+        w = self.word_embed(words)  # [b, t, word_dim]
+        if self.position_mode == "add":
+            w = w + self.positions(pos)[None]
+        elif self.position_mode == "concat":
+            w = torch.cat([w, self.positions(pos)[None].expand(w.shape[0], -1, -1)], dim=-1)
+        return torch.cat([w, self.char_cnn(chars)], dim=-1)  # [b, t, model_dim]
+
+    def forward(self, words: Tensor, chars: Tensor, *, traces: list | None = None) -> Tensor:
+        """words [b, t] (0 = pad), chars [b, t, c] -> tag logits [b, t, num_tags]."""
+        valid = words.ne(0) if self.mask_padding else None
+        positions = Positions.self_attention(valid, length=words.shape[1], device=words.device)
+        e = self.embed(words, chars, positions.q_pos)
+        h = self.encoder(e, positions=positions, traces=traces)
+        return self.classifier(torch.cat([e, h], dim=-1) if self.classifier_sees_embedding else h)

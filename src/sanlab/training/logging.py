@@ -1,0 +1,59 @@
+"""What a run reports: console lines, ``train.log``, ``metrics.jsonl``, TensorBoard scalars, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class _NullBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix(self, **kw) -> None: ...
+    def close(self) -> None: ...
+
+
+class RunLogger:
+    """Logs of one run directory. TensorBoard is opened lazily (its import is slow)."""
+
+    def __init__(self, run_dir: Path, *, progress: bool = True, tensorboard: bool = True, quiet: bool = False):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.progress, self.use_tensorboard, self.quiet = progress, tensorboard, quiet
+        self._writer = None
+
+    def info(self, message: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {message}"
+        if not self.quiet:
+            tqdm.write(line, file=sys.stderr)
+        with open(self.dir / "train.log", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def scalars(self, split: str, values: dict[str, float], *, step: int) -> None:
+        with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"split": split, "step": step, "time": time.time(), **values}) + "\n")
+        if self.use_tensorboard:
+            writer = self._tensorboard()
+            for key, value in values.items():
+                writer.add_scalar(f"{split}/{key}", value, step)
+            writer.flush()
+
+    def _tensorboard(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
+        return self._writer
+
+    def progress_bar(self, *, total: int, initial: int, desc: str):
+        if not self.progress or self.quiet:
+            return _NullBar()
+        return tqdm(total=total, initial=initial, desc=desc, unit="batch", leave=False, dynamic_ncols=True,
+                    file=sys.stderr)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,180 @@
+"""The training loop, task-agnostic: updates, validation, checkpoints, early stopping, resume.
+
+A task supplies the model, the batches of each epoch, the loss of one batch and a validation
+function (see ``TrainTask``). Everything needed to continue exactly where a run stopped —
+weights, optimizer, step, epoch, position in the epoch's batch order, RNG states, early-stopping
+counters — is in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from sanlab.config import TrainConfig
+from sanlab.errors import TrainingError
+from sanlab.training.checkpoint import CheckpointManager, load_state, load_weights, rng_state, set_rng_state
+from sanlab.training.logging import RunLogger
+from sanlab.training.schedule import learning_rate
+
+
+class TrainTask(Protocol):
+    model: nn.Module
+    metric: str              # primary validation metric (selects the best checkpoint, early stopping)
+    higher_is_better: bool
+
+    def epoch_batches(self, epoch: int) -> list[Any]: ...
+    def batch_tokens(self, batch: Any) -> int: ...
+    def loss(self, batch: Any) -> Tensor: ...          # summed over the batch's tokens
+    def validate(self) -> dict[str, float]: ...
+
+
+@dataclass
+class Progress:
+    """Counters that make a run resumable; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0        # batches of the current epoch already consumed
+    best: float | None = None
+    bad_validations: int = 0
+    history: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("step", "epoch", "position", "best", "bad_validations")}
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "adam":
+        return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
+                                 weight_decay=config.weight_decay)
+    return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.eps,
+                               weight_decay=config.weight_decay)
+
+
+class Trainer:
+    def __init__(self, *, task: TrainTask, config: TrainConfig, run_dir: Path, logger: RunLogger):
+        self.task, self.config, self.run_dir, self.log = task, config, Path(run_dir), logger
+        self.model = task.model
+        self.optimizer = build_optimizer(self.model, config)
+        self.checkpoints = CheckpointManager(self.run_dir, keep_best=config.keep_best, keep_last=config.keep_last,
+                                             higher_is_better=task.higher_is_better)
+        self.progress = Progress()
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> bool:
+        """Continue from the latest checkpoint, if there is one. Returns True if it did."""
+        latest = self.checkpoints.latest()
+        if latest is None:
+            return False
+        load_weights(self.model, latest)
+        state = load_state(latest)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.progress = Progress(**state["progress"])
+        set_rng_state(state["rng"])
+        self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch})")
+        return True
+
+    def _save(self, metrics: dict[str, float]) -> None:
+        state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rng_state()}
+        meta = {"step": self.progress.step, "epoch": self.progress.epoch, "metrics": metrics,
+                "score": metrics.get(self.task.metric)}
+        self.checkpoints.save(model=self.model, state=state, meta=meta)
+
+    # ------------------------------------------------------------------ one update
+    def _update(self, group: list[Any]) -> tuple[float, int]:
+        """One optimizer step over ``group`` (the accumulated batches); loss per token and tokens."""
+        cfg, p = self.config, self.progress
+        lr = learning_rate(p.step + 1, kind=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                           warmup_init_lr=cfg.warmup_init_lr)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        tokens = sum(self.task.batch_tokens(b) for b in group)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for batch in group:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                loss = self.task.loss(batch) / tokens
+            if not torch.isfinite(loss):
+                raise TrainingError(f"loss is {loss.item()} at update {p.step + 1} (epoch {p.epoch}); stopping "
+                                    f"without saving it. Last good checkpoint: {self.checkpoints.latest()}. "
+                                    "Try a lower learning rate, longer warm-up or gradient clipping.")
+            loss.backward()
+            total += loss.item()
+        grad_norm = self._clip()
+        if not math.isfinite(grad_norm):
+            raise TrainingError(f"gradient norm is {grad_norm} at update {p.step + 1}; stopping without saving it. "
+                                f"Last good checkpoint: {self.checkpoints.latest()}.")
+        self.optimizer.step()
+        p.step += 1
+        return total, tokens
+
+    def _clip(self) -> float:
+        params = [q for q in self.model.parameters() if q.grad is not None]
+        max_norm = self.config.clip_norm if self.config.clip_norm > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _saved_step(self) -> int | None:
+        saved = self.checkpoints.all()
+        return saved[-1]["step"] if saved else None
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> bool:
+        """Validate, checkpoint, update early stopping. Returns True if training should stop."""
+        p = self.progress
+        metrics = self.task.validate()
+        score = metrics[self.task.metric]
+        improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
+        p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
+        self.log.scalars("valid", metrics, step=p.step)
+        self.log.info(f"step {p.step} epoch {p.epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+                      + (" (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"))
+        self._save(metrics)
+        return self.config.patience > 0 and p.bad_validations >= self.config.patience
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        cfg, p = self.config, self.progress
+        start = time.monotonic()
+        stop = p.step >= cfg.max_steps
+        while not stop and p.epoch < cfg.max_epochs:
+            batches = self.task.epoch_batches(p.epoch)
+            bar = self.log.progress_bar(total=len(batches), initial=p.position, desc=f"epoch {p.epoch}")
+            while p.position < len(batches) and not stop:
+                group = batches[p.position: p.position + cfg.accum_steps]
+                t0 = time.monotonic()
+                loss, tokens = self._update(group)
+                p.position += len(group)
+                bar.update(len(group))
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                if p.step % cfg.log_every == 0:
+                    self.log.scalars("train", {"loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                                               "tokens_per_s": tokens / max(time.monotonic() - t0, 1e-9)}, step=p.step)
+                stop = p.step >= cfg.max_steps
+                if cfg.valid_every and (p.step % cfg.valid_every == 0 or stop):
+                    stop = self._validate() or stop
+            bar.close()
+            if p.position >= len(batches):
+                p.epoch, p.position = p.epoch + 1, 0
+                if not cfg.valid_every:
+                    stop = self._validate() or stop
+        if self.checkpoints.last(1) == [] or self._saved_step() != p.step:
+            self._validate()  # never end a session with unsaved updates
+        elapsed = time.monotonic() - start
+        self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {p.best} "
+                      f"({elapsed:.0f}s this session)")
+        return {"step": p.step, "epoch": p.epoch, "best": p.best, "seconds": elapsed}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
