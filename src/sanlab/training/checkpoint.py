@@ -49,6 +49,10 @@ class CheckpointManager:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep_best, self.keep_last, self.higher_is_better = keep_best, keep_last, higher_is_better
 
+    @staticmethod
+    def has_checkpoints(run_dir: Path) -> bool:
+        return (Path(run_dir) / "checkpoints" / "latest.json").exists()
+
     def save(self, *, model: nn.Module, state: dict, meta: dict) -> Path:
         name = f"step-{meta['step']:08d}"
         final, tmp = self.dir / name, self.dir / f".{name}.tmp"

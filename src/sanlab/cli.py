@@ -1,0 +1,144 @@
+"""The ``sanlab`` command: argument parsing only; every subcommand calls one library function."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sanlab.errors import SanlabError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config (recipes in configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set model.encoder.layers=3 (repeatable)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def _cmd_train(args) -> int:
+    from sanlab.config import dump_config, load_config
+    from sanlab.runs import train_run
+
+    config = load_config(args.config, args.overrides)
+    if args.print_config:
+        print(dump_config(config), end="")
+        return 0
+    if args.run is None:
+        raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
+    summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet)
+    print(f"done: step {summary['step']}, best {summary['best']}")
+    return 0
+
+
+def _cmd_translate(args) -> int:
+    from sanlab.runs import load_trained
+    from sanlab.tasks.translation import translate
+
+    config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint)
+    decode = config.decode.model_copy(update={k: v for k, v in
+                                              (("beam", args.beam), ("length_penalty", args.length_penalty))
+                                              if v is not None})
+    lines = (open(args.input, encoding="utf-8") if args.input else sys.stdin).read().splitlines()
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    results = translate(model, spm, lines, decode=decode, n_best=args.n_best)
+    for i, r in enumerate(results):
+        if args.n_best == 1:
+            out.write(r + "\n")
+        else:
+            out.writelines(f"{i} ||| {text} ||| {score:.4f}\n" for text, score in r)
+    out.flush()
+    return 0
+
+
+def _cmd_tag(args) -> int:
+    from sanlab.runs import tag_file
+
+    tag_file(Path(args.run), input_path=args.input, output_path=args.output, checkpoint=args.checkpoint)
+    return 0
+
+
+def _cmd_evaluate(args) -> int:
+    from sanlab.runs import evaluate_run
+
+    overrides = {"beam": args.beam} if args.beam else {}
+    results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split, decode_overrides=overrides)
+    for name, r in results.items():
+        print(f"== {name}")
+        print(r.get("formatted") or f"accuracy all {r['all']:.2f}  oov {r['oov']}  ambiguous {r['ambiguous']}  "
+              f"(tokens {r['n_all']}, oov {r['n_oov']}, ambiguous {r['n_ambiguous']})\n{r['report']}")
+    return 0
+
+
+def _cmd_average(args) -> int:
+    from sanlab.runs import average_run
+
+    path = average_run(Path(args.run), last=args.last, best=args.best, output=args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from sanlab.demo import run_demo
+
+    return run_demo(Path(args.run), quick=args.quick)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sanlab", description="Locality- and interaction-enhanced SANs: "
+                                     "train, decode, evaluate and compare.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a model (resumes an existing run directory)")
+    _add_config_args(p)
+    p.add_argument("--run", help="run directory")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start again")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the console")
+    p.set_defaults(fn=_cmd_train)
+
+    for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
+                           ("tag", _cmd_tag, "tag tokenised text (one sentence per line) or a CoNLL-U file"),
+                           ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--run", required=True, help="trained run directory")
+        p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
+        p.set_defaults(fn=fn)
+        if name in ("translate", "tag"):
+            p.add_argument("--input", help="input file (default: stdin)")
+            p.add_argument("--output", help="output file (default: stdout)")
+        if name in ("translate", "evaluate"):
+            p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
+        if name == "translate":
+            p.add_argument("--length-penalty", type=float)
+            p.add_argument("--n-best", type=int, default=1, help="print the N best as 'i ||| text ||| score'")
+        if name == "evaluate":
+            p.add_argument("--split", action="append", help="split name (repeatable; default: all test splits)")
+
+    p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
+    p.add_argument("--run", required=True)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--last", type=int)
+    group.add_argument("--best", type=int)
+    p.add_argument("--output", help="output checkpoint directory (default: <run>/averaged)")
+    p.set_defaults(fn=_cmd_average)
+
+    p = sub.add_parser("demo", help="generate synthetic data, train a tiny translator and tagger, report scores")
+    p.add_argument("--run", default="runs/demo", help="where the demo writes data and runs")
+    p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test; scores will be low)")
+    p.set_defaults(fn=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SanlabError as err:
+        print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"sanlab {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Run directories: create or resume, record provenance, build the task, load trained models.
+
+A run directory holds ``config.yaml`` (resolved), ``meta.json`` (seed, library versions, git
+revision, command line), ``metrics.jsonl``, ``train.log``, ``checkpoints/``, TensorBoard logs,
+and the vocabularies (sentencepiece model or tagger vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import yaml
+
+from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, validate
+from sanlab.errors import ConfigError
+from sanlab.training.checkpoint import CheckpointManager, load_weights
+from sanlab.training.logging import RunLogger
+
+LIBRARIES = ("torch", "sacrebleu", "sentencepiece", "conllu", "safetensors", "pydantic", "numpy")
+
+
+def git_revision() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if rev.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance(config: Config) -> dict:
+    versions = {}
+    for lib in ("sanlab",) + LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return {"seed": config.train.seed, "versions": versions, "python": platform.python_version(),
+            "git_revision": git_revision(), "command": sys.argv, "machine": platform.machine(),
+            "threads": torch.get_num_threads()}
+
+
+# Keys that may change when a run is resumed (they do not change what was already trained).
+RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
+                  "train.log_every", "train.valid_max_sentences", "decode.")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_differences(old: dict, new: dict) -> list[str]:
+    a, b = _flatten(old), _flatten(new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
+    """Create ``run_dir`` for ``config``; returns True if it holds a run to resume.
+
+    Resuming with a different config is an error unless only ``RESUMABLE_KEYS`` differ (e.g. a
+    larger ``train.max_steps``); pass ``--overwrite`` to start again or choose another directory.
+    """
+    run_dir = Path(run_dir)
+    if overwrite and run_dir.exists():
+        shutil.rmtree(run_dir)
+    saved = run_dir / "config.yaml"
+    text = dump_config(config)
+    if saved.exists():
+        diff = config_differences(yaml.safe_load(saved.read_text(encoding="utf-8")), yaml.safe_load(text))
+        blocking = [k for k in diff if not k.startswith(RESUMABLE_KEYS)]
+        if blocking:
+            raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
+                              f"{', '.join(blocking)}. Resume with the same config, pass --overwrite to start "
+                              "again, or choose another --run directory")
+        saved.write_text(text, encoding="utf-8")
+        return CheckpointManager.has_checkpoints(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(text, encoding="utf-8")
+    (run_dir / "meta.json").write_text(json.dumps(provenance(config), indent=2), encoding="utf-8")
+    return False
+
+
+def load_run_config(run_dir: Path) -> Config:
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    return validate(yaml.safe_load(path.read_text(encoding="utf-8")), source=str(path))
+
+
+def make_task(config: Config, run_dir: Path, log: RunLogger):
+    if isinstance(config, TranslationConfig):
+        from sanlab.tasks.translation import TranslationTask
+
+        return TranslationTask(config, run_dir, log)
+    from sanlab.tasks.tagging import TaggingTask
+
+    return TaggingTask(config, run_dir, log)
+
+
+def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
+    """``best``, ``last``, ``averaged`` (written by ``sanlab average``) or a path."""
+    run_dir = Path(run_dir)
+    if which == "averaged":
+        path = run_dir / "averaged"
+    elif which in ("best", "last"):
+        manager = CheckpointManager(run_dir, keep_best=0, keep_last=0, higher_is_better=True)
+        found = manager.best(1) if which == "best" else manager.last(1)
+        if not found:
+            raise ConfigError(f"{run_dir}: no checkpoint to load (train first)")
+        path = found[0]
+    else:
+        path = Path(which)
+    if not (path / "model.safetensors").exists():
+        raise ConfigError(f"{path}: no model.safetensors in this checkpoint directory")
+    return path
+
+
+def load_trained(run_dir: Path, *, checkpoint: str = "best"):
+    """(config, model, assets) of a trained run: assets is the subword model (translation) or the
+    tagging vocabulary. Reads no corpus."""
+    config = load_run_config(run_dir)
+    if isinstance(config, TranslationConfig):
+        from sanlab.tasks.translation import load_translation_model as load
+    else:
+        from sanlab.tasks.tagging import load_tagging_model as load
+    model, assets = load(config, run_dir)
+    load_weights(model, select_checkpoint(run_dir, checkpoint, config))
+    return config, model.eval(), assets
+
+
+def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False) -> dict:
+    """Train (or resume) the run in ``run_dir``. Returns the trainer's summary."""
+    from sanlab.training.loop import Trainer
+
+    resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet)
+    task = make_task(config, run_dir, log)
+    trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log)
+    if resuming:
+        trainer.resume()
+    try:
+        return trainer.fit()
+    finally:
+        log.close()
+
+
+def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
+                 decode_overrides: dict | None = None) -> dict:
+    """Score a trained run on its held-out splits; writes hypotheses and ``eval-*.json`` into the run."""
+    config, model, assets = load_trained(run_dir, checkpoint=checkpoint)
+    if isinstance(config, TranslationConfig):
+        from sanlab.tasks.translation import evaluate_translation
+
+        decode = config.decode.model_copy(update=decode_overrides or {})
+        results = evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
+                                       tag=checkpoint)
+    else:
+        from sanlab.tasks.tagging import evaluate_tagging_splits
+
+        results = evaluate_tagging_splits(model, assets, config, splits=splits)
+    out = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"
+    out.write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
+    return results
+
+
+def average_run(run_dir: Path, *, last: int | None = None, best: int | None = None,
+                output: str | None = None) -> Path:
+    from sanlab.training.average import write_average
+
+    config = load_run_config(run_dir)
+    manager = CheckpointManager(run_dir, keep_best=0, keep_last=0, higher_is_better=True)
+    chosen = manager.last(last) if last else manager.best(best)
+    wanted = last or best
+    if len(chosen) < wanted:
+        raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, only {len(chosen)} kept "
+                          f"(raise train.keep_last / keep_best)")
+    del config
+    return write_average(chosen, Path(output) if output else Path(run_dir) / "averaged")
+
+
+def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best") -> None:
+    """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
+    from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
+    from sanlab.tasks.tagging import predict_tags
+
+    config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
+    if input_path and ".conllu" in Path(input_path).name:
+        sents = read_conllu(input_path, column=config.data.column)
+    else:
+        text = Path(input_path).read_text(encoding="utf-8") if input_path else sys.stdin.read()
+        sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))
+                 for line in text.splitlines() if line.strip()]
+    out = open(output_path, "w", encoding="utf-8") if output_path else sys.stdout
+    for sent in sents:  # chunks of the model's length t, joined back per sentence
+        tags = [t for chunk in predict_tags(model, vocab, chunk_sentences([sent], config.model.max_len),
+                                            max_chars=config.model.max_word_chars) for t in chunk]
+        out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))
+        out.write("\n")
+    out.flush()

@@ -1,0 +1,1 @@
+"""Task glue between data, models, training and evaluation: translation and tagging."""

@@ -1,0 +1,179 @@
+"""POS tagging (Dufter et al. 2020, spec C.10-C.11): vocabularies, chunked batches, loss, accuracy."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sanlab.config import TaggingConfig
+from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
+from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
+from sanlab.models.builders import build_tagger
+from sanlab.models.tagger import Tagger
+from sanlab.training.logging import RunLogger
+
+PAD, UNK = 0, 1          # word and character ids
+UNKNOWN_TAG = "<unk-tag>"  # a dev/test tag never seen in training (always an error)
+VOCAB_FILE = "tagger-vocab.json"
+
+
+@dataclass
+class TaggingVocab:
+    """Index 0 = PAD and 1 = OOV for words and characters; tags from the training data."""
+
+    words: list[str]
+    chars: list[str]
+    tags: list[str]
+
+    def __post_init__(self):
+        self.word_id = {w: i for i, w in enumerate(self.words)}
+        self.char_id = {c: i for i, c in enumerate(self.chars)}
+        self.tag_id = {t: i for i, t in enumerate(self.tags)}
+
+    def in_vocab(self, word: str) -> bool:
+        return word in self.word_id and self.word_id[word] > UNK
+
+    @staticmethod
+    def build(train: list[TaggedSentence], counted: list[TaggedSentence], *, fraction: float,
+              max_size: int | None) -> "TaggingVocab":
+        """Words: the most frequent share (or ``max_size``) of the types in ``counted``; chars and tags: train."""
+        counts = Counter(w for s in counted for w in s.words)
+        size = max_size if max_size is not None else int(len(counts) * fraction)
+        words = ["<pad>", "<oov>"] + [w for w, _ in sorted(counts.items(), key=lambda x: (-x[1], x[0]))[:size]]
+        chars = ["<pad>", "<unk>"] + sorted({c for s in train for w in s.words for c in w})
+        tags = sorted({t for s in train for t in s.tags}) + [UNKNOWN_TAG]
+        return TaggingVocab(words, chars, tags)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"words": self.words, "chars": self.chars, "tags": self.tags}), encoding="utf-8")
+
+    @staticmethod
+    def load(path: Path) -> "TaggingVocab":
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return TaggingVocab(data["words"], data["chars"], data["tags"])
+
+
+@dataclass(frozen=True)
+class TagBatch:
+    words: Tensor   # [b, t] word ids, 0 = pad
+    chars: Tensor   # [b, t, c] char ids
+    tags: Tensor    # [b, t] tag ids, -100 at padding
+    tokens: int
+
+
+def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int) -> TagBatch:
+    t = max(len(s.words) for s in sents)
+    words = torch.zeros(len(sents), t, dtype=torch.long)
+    chars = torch.zeros(len(sents), t, max_chars, dtype=torch.long)
+    tags = torch.full((len(sents), t), -100, dtype=torch.long)
+    unknown = vocab.tag_id[UNKNOWN_TAG]
+    for b, s in enumerate(sents):
+        for i, (w, tag) in enumerate(zip(s.words, s.tags)):
+            words[b, i] = vocab.word_id.get(w, UNK)
+            chars[b, i, :len(w[:max_chars])] = torch.tensor([vocab.char_id.get(c, UNK) for c in w[:max_chars]])
+            tags[b, i] = vocab.tag_id.get(tag, unknown)
+    return TagBatch(words, chars, tags, tokens=int(sum(len(s.words) for s in sents)))
+
+
+class TaggingTask:
+    """Implements ``training.loop.TrainTask`` for the tagger; early stopping on dev accuracy."""
+
+    metric, higher_is_better = "accuracy", True
+
+    def __init__(self, config: TaggingConfig, run_dir: Path, log: RunLogger):
+        self.config, self.log = config, log
+        d, t = config.data, config.model.max_len
+        train = read_conllu(d.train, column=d.column)
+        dev = read_conllu(d.dev, column=d.column)
+        test = read_conllu(d.test, column=d.column) if d.test else []
+        vocab_path = Path(run_dir) / VOCAB_FILE
+        if vocab_path.exists():
+            self.vocab = TaggingVocab.load(vocab_path)
+        else:
+            counted = train + dev + test if d.vocab_from_all_splits else train
+            self.vocab = TaggingVocab.build(train, counted, fraction=d.vocab_fraction, max_size=d.vocab_max)
+            self.vocab.save(vocab_path)
+        self.train_word_tags = word_tags([list(zip(s.words, s.tags)) for s in train])
+        self.train, self.dev = chunk_sentences(train, t), chunk_sentences(dev, t)
+        log.info(f"tagging: {len(train)} train sentences ({len(self.train)} chunks of <= {t}), "
+                 f"{len(self.vocab.words)} words, {len(self.vocab.chars)} chars, {len(self.vocab.tags)} tags")
+        torch.manual_seed(config.train.seed)
+        self.model = build_tagger(config.model, vocab_size=len(self.vocab.words), num_chars=len(self.vocab.chars),
+                                  num_tags=len(self.vocab.tags))
+
+    def epoch_batches(self, epoch: int) -> list[TagBatch]:
+        order = list(range(len(self.train)))
+        random.Random(self.config.train.seed * 1_000_003 + epoch).shuffle(order)
+        size = self.config.train.batch_size
+        return [encode_batch(self.vocab, [self.train[i] for i in order[k:k + size]],
+                             max_chars=self.config.model.max_word_chars) for k in range(0, len(order), size)]
+
+    def batch_tokens(self, batch: TagBatch) -> int:
+        return batch.tokens
+
+    def loss(self, batch: TagBatch) -> Tensor:
+        logits = self.model(batch.words, batch.chars)  # [b, t, tags]
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.tags.flatten(), ignore_index=-100,
+                               label_smoothing=self.config.train.label_smoothing, reduction="sum")
+
+    def validate(self) -> dict[str, float]:
+        scores = evaluate_tagger(self.model, self.vocab, self.dev, self.train_word_tags,
+                                 max_chars=self.config.model.max_word_chars)
+        return {"accuracy": scores.all, "oov": scores.oov or 0.0, "ambiguous": scores.ambiguous or 0.0}
+
+
+@torch.no_grad()
+def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
+                 batch_size: int = 64) -> list[list[str]]:
+    model.eval()
+    out = []
+    for k in range(0, len(sents), batch_size):
+        batch = encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars)
+        pred = model(batch.words, batch.chars).argmax(-1)  # [b, t]
+        out += [[vocab.tags[int(p)] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
+    return out
+
+
+def evaluate_tagger(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], train_word_tags, *,
+                    max_chars: int) -> TaggingScores:
+    pred = predict_tags(model, vocab, sents, max_chars=max_chars)
+    return tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
+                            in_vocab=vocab.in_vocab, train_word_tags=train_word_tags)
+
+
+def load_tagging_model(config: TaggingConfig, run_dir: Path) -> tuple[Tagger, TaggingVocab]:
+    """The run's tagger (untrained weights) and vocabulary, without reading any corpus."""
+    vocab = TaggingVocab.load(Path(run_dir) / VOCAB_FILE)
+    model = build_tagger(config.model, vocab_size=len(vocab.words), num_chars=len(vocab.chars),
+                         num_tags=len(vocab.tags))
+    return model, vocab
+
+
+def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingConfig, *,
+                            splits: list[str] | None) -> dict:
+    """All / OOV / ambiguous accuracy and a per-tag report on dev and test (spec C.11)."""
+    from sanlab.evaluation.tagging import format_report, per_tag_report
+
+    d = config.data
+    train = read_conllu(d.train, column=d.column)
+    train_word_tags = word_tags([list(zip(s.words, s.tags)) for s in train])
+    files = {"dev": d.dev, **({"test": d.test} if d.test else {})}
+    results = {}
+    for name in splits or list(files):
+        if name not in files:
+            raise ValueError(f"unknown split {name!r}; this run has: {', '.join(files)}")
+        sents = chunk_sentences(read_conllu(files[name], column=d.column), config.model.max_len)
+        pred = predict_tags(model, vocab, sents, max_chars=config.model.max_word_chars)
+        gold = [list(s.tags) for s in sents]
+        s = tagging_accuracy(gold=gold, pred=pred, words=[list(x.words) for x in sents], in_vocab=vocab.in_vocab,
+                             train_word_tags=train_word_tags)
+        results[name] = {"all": s.all, "oov": s.oov, "ambiguous": s.ambiguous, "n_all": s.n_all, "n_oov": s.n_oov,
+                         "n_ambiguous": s.n_ambiguous, "report": format_report(per_tag_report(gold, pred))}
+    return results

@@ -1,0 +1,155 @@
+"""Translation: subword data preparation, batches, loss, validation BLEU, and batched decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sanlab.config import DecodeConfig, TranslationConfig
+from sanlab.data.batching import TokenBatchSampler, pad_batch
+from sanlab.data.parallel import length_filter, read_parallel
+from sanlab.data.subword import SubwordModel, train_joint
+from sanlab.decoding.search import beam_search
+from sanlab.evaluation.bleu import corpus_scores
+from sanlab.models.builders import build_seq2seq
+from sanlab.models.seq2seq import Seq2Seq
+from sanlab.training.logging import RunLogger
+
+SUBWORD_MODEL = "subword"  # <run>/subword.model
+
+
+@dataclass(frozen=True)
+class Batch:
+    src: Tensor       # [b, j] source ids + EOS, right-padded
+    tgt_in: Tensor    # [b, i] BOS + target ids
+    tgt_out: Tensor   # [b, i] target ids + EOS
+    tokens: int       # real target tokens (the loss is normalised by these)
+
+
+def load_or_train_subword(config: TranslationConfig, run_dir: Path, pairs: list[tuple[str, str]],
+                          log: RunLogger) -> SubwordModel:
+    """The run's sentencepiece model: trained once on the training data, then reused on resume."""
+    path = Path(run_dir) / f"{SUBWORD_MODEL}.model"
+    if path.exists():
+        return SubwordModel.load(path)
+    sw = config.data.subword
+    if not sw.joint:
+        raise NotImplementedError("separate source/target subword models are not supported yet; use joint: true")
+    log.info(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}")
+    return train_joint((s for s, _ in pairs), (t for _, t in pairs), model_path=path, vocab_size=sw.vocab_size,
+                       model_type=sw.model_type, character_coverage=sw.character_coverage)
+
+
+def encode_pairs(spm: SubwordModel, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    return [(spm.encode(s), spm.encode(t)) for s, t in pairs]
+
+
+def collate(spm: SubwordModel, examples: list[tuple[list[int], list[int]]]) -> Batch:
+    src, _ = pad_batch([s + [spm.eos_id] for s, _ in examples], spm.pad_id)
+    tgt_in, _ = pad_batch([[spm.bos_id] + t for _, t in examples], spm.pad_id)
+    tgt_out, _ = pad_batch([t + [spm.eos_id] for _, t in examples], spm.pad_id)
+    return Batch(src, tgt_in, tgt_out, tokens=int(tgt_out.ne(spm.pad_id).sum()))
+
+
+class TranslationTask:
+    """Implements ``training.loop.TrainTask`` for a Seq2Seq model."""
+
+    metric, higher_is_better = "bleu", True
+
+    def __init__(self, config: TranslationConfig, run_dir: Path, log: RunLogger):
+        self.config, self.log = config, log
+        d = config.data
+        raw = read_parallel(d.train.src, d.train.tgt, skip_empty=d.skip_empty)
+        self.spm = load_or_train_subword(config, run_dir, raw, log)
+        encoded = encode_pairs(self.spm, raw)
+        keep = length_filter(encoded, min_len=1, max_len=d.max_len, max_ratio=d.max_ratio)
+        self.train = [encoded[i] for i in keep]
+        log.info(f"training pairs: {len(self.train)} of {len(raw)} kept (max_len {d.max_len}); "
+                 f"vocabulary {self.spm.vocab_size}")
+        self.sampler = TokenBatchSampler([(len(s) + 1, len(t) + 1) for s, t in self.train],
+                                         max_tokens=config.train.max_tokens, shuffle=True, seed=config.train.seed)
+        self.valid_raw = read_parallel(d.valid.src, d.valid.tgt, skip_empty=d.skip_empty)
+        self.valid = encode_pairs(self.spm, self.valid_raw)
+        torch.manual_seed(config.train.seed)
+        self.model = build_seq2seq(config.model, vocab_size=self.spm.vocab_size, pad_id=self.spm.pad_id)
+
+    def epoch_batches(self, epoch: int) -> list[Batch]:
+        return [collate(self.spm, [self.train[i] for i in idx]) for idx in self.sampler.epoch_batches(epoch)]
+
+    def batch_tokens(self, batch: Batch) -> int:
+        return batch.tokens
+
+    def loss(self, batch: Batch, *, label_smoothing: float | None = None) -> Tensor:
+        logits = self.model(batch.src, batch.tgt_in)  # [b, i, V]
+        ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=self.spm.pad_id,
+                               label_smoothing=ls, reduction="sum")
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        self.model.eval()
+        total, tokens = 0.0, 0
+        for start in range(0, len(self.valid), 64):
+            batch = collate(self.spm, self.valid[start:start + 64])
+            total += float(self.loss(batch, label_smoothing=0.0))
+            tokens += batch.tokens
+        n = self.config.train.valid_max_sentences or len(self.valid_raw)
+        sources, refs = [s for s, _ in self.valid_raw[:n]], [t for _, t in self.valid_raw[:n]]
+        hyps = translate(self.model, self.spm, sources, decode=self.config.decode.model_copy(update={"beam": 1}))
+        loss = total / tokens
+        return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "bleu": corpus_scores(hyps, refs).bleu}
+
+
+@torch.no_grad()
+def translate(model: Seq2Seq, spm: SubwordModel, sentences: list[str], *, decode: DecodeConfig,
+              n_best: int = 1) -> list[str] | list[list[tuple[str, float]]]:
+    """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score))."""
+    model.eval()
+    ids = [spm.encode(s) + [spm.eos_id] for s in sentences]
+    order = sorted(range(len(ids)), key=lambda k: len(ids[k]))  # similar lengths share a batch
+    results: list = [None] * len(ids)
+    for start in range(0, len(order), decode.batch_sentences):
+        chunk = order[start:start + decode.batch_sentences]
+        src, _ = pad_batch([ids[k] for k in chunk], spm.pad_id)
+        src_len = src.ne(spm.pad_id).sum(-1)
+        max_lengths = (src_len.float() * decode.max_len_a + decode.max_len_b).long()
+        hyps = beam_search(model.decode_step, model.start_decoding(src), batch_size=len(chunk), beam_size=decode.beam,
+                           bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
+                           length_penalty=decode.length_penalty, n_best=max(n_best, 1))
+        for k, nbest in zip(chunk, hyps):
+            results[k] = [(spm.decode(h.tokens), h.score) for h in nbest]
+    return [r[0][0] for r in results] if n_best == 1 else results
+
+
+def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordModel]:
+    """The run's model (untrained weights) and subword model, without reading any corpus."""
+    spm = SubwordModel.load(Path(run_dir) / f"{SUBWORD_MODEL}.model")
+    return build_seq2seq(config.model, vocab_size=spm.vocab_size, pad_id=spm.pad_id), spm
+
+
+def evaluate_translation(model: Seq2Seq, spm: SubwordModel, config: TranslationConfig, *, splits: list[str] | None,
+                         decode: DecodeConfig, out_dir: Path, tag: str) -> dict:
+    """BLEU and chrF (sacreBLEU, detokenised output vs raw references) on the named test splits
+    (default: all of ``data.test``, else the validation set)."""
+    files = dict(config.data.test) or {"valid": config.data.valid}
+    if splits:
+        unknown = [s for s in splits if s not in files and s != "valid"]
+        if unknown:
+            raise ValueError(f"unknown split(s) {unknown}; this run has: {', '.join(['valid', *files])}")
+        files = {s: files.get(s, config.data.valid) for s in splits}
+    results = {}
+    for name, pair in files.items():
+        raw = read_parallel(pair.src, pair.tgt)
+        hyps = translate(model, spm, [s for s, _ in raw], decode=decode)
+        scores = corpus_scores(hyps, [t for _, t in raw])
+        hyp_path = Path(out_dir) / f"hyp-{Path(tag).name}-{name}.txt"
+        hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        results[name] = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
+                         "chrf_signature": scores.chrf_signature, "formatted": scores.format(),
+                         "hypotheses": str(hyp_path), "sentences": len(raw),
+                         "decode": decode.model_dump()}
+    return results

@@ -1,0 +1,37 @@
+"""Checkpoint averaging (Vaswani et al. 2017, 6.1): the fp32 mean of the last or best N weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
+    if not checkpoints:
+        raise ValueError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    for path in checkpoints:
+        weights = load_file(str(Path(path) / "model.safetensors"))
+        if total and weights.keys() != total.keys():
+            raise ValueError(f"{path}: its tensors differ from {checkpoints[0]}; cannot average different models")
+        for name, tensor in weights.items():
+            total[name] = total.get(name, 0) + tensor.double()
+    return {name: (t / len(checkpoints)).float().contiguous() for name, t in total.items()}
+
+
+def write_average(checkpoints: list[Path], output: Path) -> Path:
+    """Write the averaged weights to the checkpoint directory ``output`` (atomically)."""
+    output = Path(output)
+    tmp = output.with_name(f".{output.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(average_weights(checkpoints), str(tmp / "model.safetensors"))
+    (tmp / "meta.json").write_text(json.dumps({"averaged": [str(p) for p in checkpoints]}, indent=2))
+    shutil.rmtree(output, ignore_errors=True)
+    os.replace(tmp, output)
+    return output
