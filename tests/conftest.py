@@ -22,3 +22,9 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "README.md").exists():
         pytest.skip(f"real data not found at {SHARED_DATA} (set SANLAB_SHARED_DATA or place ../shared/data)")
     return SHARED_DATA
+
+
+# Let tests import the shared helpers module (tests/tests_helpers.py) under importlib import mode.
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))

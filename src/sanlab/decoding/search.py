@@ -1,0 +1,290 @@
+"""Batched beam search and greedy search over a step function.
+
+The search only sees ``step(tokens, cache) -> (log_probs, cache)`` and reorders the cache with
+:func:`sanlab.decoding.cache.reorder`; it imports nothing from attention or models.
+
+Notation: B sentences in the input batch, b <= B of them still live, k beams, N = b*k rows,
+V vocabulary, t tokens emitted so far (BOS not counted).
+
+The rules, those of fairseq's ``SequenceGenerator`` with every tie and edge case fixed:
+
+* Each step ranks the k*V continuations of a sentence by cumulative log-prob and takes the best
+  2k; ties go to the lower beam, then to the lower token id (``torch.topk`` leaves them open).
+* A continuation ending in EOS that ranks among the best k finishes a hypothesis. EOS ranked
+  k+1..2k is dropped: k live continuations beat it, and this makes ``beam_size=1`` exactly greedy.
+* The best k continuations that do not end in EOS stay live.
+* **Stopping:** a sentence is done as soon as it has k finished hypotheses (when more finish at
+  the same step, the surplus, all of the same length, is dropped worst first), or when it
+  reaches its max length (EOS is forced there, so every live hypothesis finishes), or when no
+  live hypothesis has a finite score. Done sentences leave the batch: their rows are dropped
+  from the cache, so later steps run on fewer rows.
+* Hypotheses are ranked by the length-normalised score; ties keep the order of finishing.
+
+Masking does not renormalise: PAD is never chosen, EOS is banned while fewer than
+``min_length`` tokens were emitted, and at the max length every token but EOS is banned; the
+chosen token keeps the log-prob the model gave it. Every decision of a sentence depends only on
+its own rows, so (given a step function that treats rows independently) its result does not
+depend on the other sentences in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import LongTensor, Tensor
+
+from sanlab.decoding.cache import expand_for_beams, reorder
+
+StepFn = Callable[[LongTensor, Any], tuple[Tensor, Any]]
+"""``step(tokens, cache) -> (log_probs, cache)``: ``tokens`` [N, 1] is the last token of each
+hypothesis (BOS at the first step), ``log_probs`` [N, V] the normalised log-probabilities of the
+next token, and the returned cache the updated one (batch on dim 0 of every tensor)."""
+
+LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished output.
+
+    ``tokens`` excludes BOS and EOS; ``log_prob`` is the sum of the token log-probs including
+    EOS; ``score`` is ``log_prob`` divided by the length penalty of ``len(tokens) + 1`` and is
+    what hypotheses are ranked by; ``positional_scores`` are the log-probs of the tokens then EOS.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+    positional_scores: list[float]
+
+
+@dataclass(frozen=True)
+class _Beams:
+    """The live hypotheses of the b live sentences, k rows each."""
+
+    sentence: Tensor  # [b] index of each live sentence in the input batch
+    max_len: Tensor  # [b] its max output length (tokens, EOS included)
+    scores: Tensor  # [b, k] cumulative log-prob of each hypothesis (-inf: not live)
+    tokens: Tensor  # [N, 1+t] BOS then the emitted tokens
+    token_lp: Tensor  # [N, t] log-prob of each emitted token
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The best 2k continuations of each live sentence, best first."""
+
+    scores: Tensor  # [b, 2k] cumulative log-prob
+    beam: Tensor  # [b, 2k] beam it continues
+    token: Tensor  # [b, 2k] token it appends
+
+
+def beam_search(
+    step: StepFn,
+    cache: Any,
+    *,
+    batch_size: int,
+    beam_size: int,
+    bos: int,
+    eos: int,
+    pad: int,
+    max_lengths: Tensor,
+    length_penalty: float = 1.0,
+    length_penalty_style: str = "fairseq",
+    n_best: int = 1,
+    min_length: int = 0,
+) -> list[list[Hypothesis]]:
+    """Beam search for ``batch_size`` sentences; per sentence, at most ``n_best`` hypotheses, best first.
+
+    ``cache`` holds the batch of B sentences (it is expanded to B*k rows here). ``max_lengths``
+    [B] is the max output length of each sentence, BOS excluded and EOS included. Length
+    penalty of an output of ``L`` tokens (EOS included): ``L ** alpha`` ("fairseq") or
+    ``((5 + L) / 6) ** alpha`` ("gnmt"), with ``alpha = length_penalty``. The rules, the
+    stopping criterion included, are in the module docstring. Fewer than ``n_best`` come back
+    only when fewer hypotheses with a finite score exist.
+    """
+    _check_arguments(batch_size=batch_size, beam_size=beam_size, eos=eos, pad=pad, max_lengths=max_lengths,
+                     style=length_penalty_style, n_best=n_best, min_length=min_length)
+    k = beam_size
+    penalty = _penalty_fn(length_penalty, length_penalty_style)
+    # 1. Give every sentence k rows; only beam 0 is live at first, so the beams do not start as k copies.
+    cache = expand_for_beams(cache, k)
+    beams = _start(batch_size=batch_size, k=k, bos=bos, max_lengths=max_lengths)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    for t in range(int(max_lengths.max())):
+        # 2. Score the next token of every row: [N, V], masked by min and max length.
+        log_probs, cache = step(beams.tokens[:, -1:], cache)
+        _check_log_probs(log_probs, rows=beams.tokens.shape[0], ids=(bos, eos, pad))
+        log_probs = _restrict(log_probs, t=t, max_len=beams.max_len.repeat_interleave(k), eos=eos, pad=pad,
+                              min_length=min_length)
+        # 3. The best 2k continuations of each sentence over all its beams.
+        candidates = _top_candidates(beams.scores, log_probs)
+        # 4. An EOS among the best k finishes a hypothesis.
+        _finish(beams, candidates, log_probs, finished, eos=eos, penalty=penalty)
+        # 5. The best k non-EOS continuations stay live: [b, k].
+        scores, rows, tokens = _live_choice(candidates, eos=eos)
+        # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses.
+        counts = torch.tensor([len(finished[s]) for s in beams.sentence.tolist()], device=scores.device)
+        done = (counts >= k) | (beams.max_len <= t + 1) | ~torch.isfinite(scores).any(1)
+        if bool(done.all()):
+            break
+        beams, index = _next_beams(beams, log_probs, scores=scores, rows=rows, tokens=tokens, keep=~done)
+        # 7. The cache follows the surviving rows.
+        cache = reorder(cache, index)
+    return [sorted(hypotheses, key=lambda h: -h.score)[:n_best] for hypotheses in finished]
+
+
+def greedy_search(
+    step: StepFn,
+    cache: Any,
+    *,
+    batch_size: int,
+    bos: int,
+    eos: int,
+    pad: int,
+    max_lengths: Tensor,
+    length_penalty: float = 1.0,
+    length_penalty_style: str = "fairseq",
+    min_length: int = 0,
+) -> list[list[Hypothesis]]:
+    """Greedy decoding: :func:`beam_search` with one beam (the argmax token at every step).
+
+    The length penalty only sets the reported ``score``; it cannot change the output.
+    """
+    return beam_search(
+        step, cache, batch_size=batch_size, beam_size=1, bos=bos, eos=eos, pad=pad, max_lengths=max_lengths,
+        length_penalty=length_penalty, length_penalty_style=length_penalty_style, n_best=1, min_length=min_length,
+    )
+
+
+def _check_arguments(*, batch_size: int, beam_size: int, eos: int, pad: int, max_lengths: Tensor, style: str,
+                     n_best: int, min_length: int) -> None:
+    if batch_size < 1 or beam_size < 1:
+        raise ValueError(f"batch_size and beam_size must be >= 1, got {batch_size} and {beam_size}")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+    if style not in LENGTH_PENALTY_STYLES:
+        raise ValueError(f"length_penalty_style must be one of {LENGTH_PENALTY_STYLES}, got {style!r}")
+    if eos == pad:
+        raise ValueError(f"eos and pad must differ, both are {eos}")
+    if min_length < 0:
+        raise ValueError(f"min_length must be >= 0, got {min_length}")
+    if max_lengths.dtype.is_floating_point or tuple(max_lengths.shape) != (batch_size,):
+        raise ValueError(f"max_lengths must be an integer tensor of shape ({batch_size},), "
+                         f"got {max_lengths.dtype} of shape {tuple(max_lengths.shape)}")
+    if int(max_lengths.min()) <= min_length:
+        raise ValueError(f"every max length must exceed min_length={min_length} (room for EOS), "
+                         f"got max_lengths={max_lengths.tolist()}")
+
+
+def _check_log_probs(log_probs: Tensor, *, rows: int, ids: tuple[int, ...]) -> None:
+    if log_probs.dim() != 2 or log_probs.shape[0] != rows or log_probs.shape[1] <= max(ids):
+        raise ValueError(f"step must return log_probs of shape [{rows}, V] with V > {max(ids)} "
+                         f"(bos, eos, pad = {ids}), got {tuple(log_probs.shape)}")
+    if bool(torch.isnan(log_probs).any() or torch.isposinf(log_probs).any()):
+        raise ValueError("step returned NaN or +inf log-probabilities")
+
+
+def _penalty_fn(alpha: float, style: str) -> Callable[[int], float]:
+    if style == "fairseq":
+        return lambda length: length**alpha
+    return lambda length: ((5 + length) / 6) ** alpha
+
+
+def _start(*, batch_size: int, k: int, bos: int, max_lengths: Tensor) -> _Beams:
+    device = max_lengths.device
+    scores = torch.full((batch_size, k), float("-inf"), device=device)  # [B, k]
+    scores[:, 0] = 0.0
+    return _Beams(
+        sentence=torch.arange(batch_size, device=device),
+        max_len=max_lengths.long(),
+        scores=scores,
+        tokens=torch.full((batch_size * k, 1), bos, dtype=torch.long, device=device),  # [N, 1]
+        token_lp=scores.new_zeros((batch_size * k, 0)),  # [N, 0]
+    )
+
+
+def _restrict(log_probs: Tensor, *, t: int, max_len: Tensor, eos: int, pad: int, min_length: int) -> Tensor:
+    """Ban PAD, EOS before ``min_length`` tokens, and all but EOS in rows at their max length."""
+    out = log_probs.clone()
+    out[:, pad] = float("-inf")
+    if t < min_length:
+        out[:, eos] = float("-inf")
+    force = max_len <= t + 1  # [N] the token chosen now is the last one allowed
+    if bool(force.any()):
+        eos_lp = out[force, eos]
+        out[force] = float("-inf")
+        out[force, eos] = eos_lp
+    return out
+
+
+def _top_candidates(scores: Tensor, log_probs: Tensor) -> _Candidates:
+    b, k = scores.shape
+    vocab = log_probs.shape[1]
+    totals = (scores.unsqueeze(2) + log_probs.view(b, k, vocab)).view(b, k * vocab)  # [b, k*V]
+    values, flat = _top_k(totals, 2 * k)  # [b, 2k]
+    return _Candidates(scores=values, beam=flat // vocab, token=flat % vocab)
+
+
+def _top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The ``n`` largest entries of each row of ``x`` and their indices, best first.
+
+    Ties go to the lower index, so the result is a function of the row alone; ``torch.topk``
+    is used only to find the n-th value, which avoids sorting whole rows.
+    """
+    nth = x.topk(n, dim=1).values[:, -1:]  # [b, 1]
+    above = x > nth
+    tied = x == nth
+    room = n - above.sum(1, keepdim=True)  # [b, 1] how many tied entries still fit
+    take = above | (tied & (tied.cumsum(1) <= room))  # exactly n per row
+    index = take.nonzero()[:, 1].view(-1, n)  # [b, n] ascending
+    values = x.gather(1, index)
+    values, order = values.sort(dim=1, descending=True, stable=True)
+    return values, index.gather(1, order)
+
+
+def _finish(beams: _Beams, cand: _Candidates, log_probs: Tensor, finished: list[list[Hypothesis]], *,
+            eos: int, penalty: Callable[[int], float]) -> None:
+    """Add the EOS continuations among the best k of each sentence to ``finished`` (k at most)."""
+    k = beams.scores.shape[1]
+    hits = (cand.token[:, :k] == eos) & torch.isfinite(cand.scores[:, :k])  # [b, k]
+    if not bool(hits.any()):
+        return
+    i, j = hits.nonzero().unbind(1)  # row-major: sentence, then rank
+    rows = i * k + cand.beam[i, j]
+    positional = torch.cat([beams.token_lp[rows], log_probs[rows, eos].unsqueeze(1)], 1)
+    for s, tokens, pos, total in zip(beams.sentence[i].tolist(), beams.tokens[rows, 1:].tolist(),
+                                     positional.tolist(), cand.scores[i, j].tolist()):
+        if len(finished[s]) < k:
+            hypothesis = Hypothesis(tokens=tokens, score=total / penalty(len(tokens) + 1), log_prob=total,
+                                    positional_scores=pos)
+            finished[s].append(hypothesis)
+
+
+def _live_choice(cand: _Candidates, *, eos: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Scores, source rows and tokens of the best k non-EOS continuations: each [b, k].
+
+    A sentence has one EOS continuation per beam, so at least k of its 2k candidates qualify.
+    """
+    b, two_k = cand.scores.shape
+    k = two_k // 2
+    rank = (cand.token == eos).long() * two_k + torch.arange(two_k, device=cand.token.device)  # non-EOS first
+    pick = rank.argsort(dim=1)[:, :k]  # [b, k]
+    rows = torch.arange(b, device=pick.device).unsqueeze(1) * k + cand.beam.gather(1, pick)
+    return cand.scores.gather(1, pick), rows, cand.token.gather(1, pick)
+
+
+def _next_beams(beams: _Beams, log_probs: Tensor, *, scores: Tensor, rows: Tensor, tokens: Tensor,
+                keep: Tensor) -> tuple[_Beams, Tensor]:
+    """The live hypotheses of the kept sentences, and the old row each new row continues [N']."""
+    kept = keep.nonzero().squeeze(1)  # [b']
+    index = rows[kept].reshape(-1)  # [N']
+    new = tokens[kept].reshape(-1, 1)  # [N', 1]
+    return _Beams(
+        sentence=beams.sentence[kept],
+        max_len=beams.max_len[kept],
+        scores=scores[kept],
+        tokens=torch.cat([beams.tokens[index], new], 1),  # [N', 2+t]
+        token_lp=torch.cat([beams.token_lp[index], log_probs[index].gather(1, new)], 1),  # [N', 1+t]
+    ), index

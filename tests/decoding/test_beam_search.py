@@ -1,0 +1,266 @@
+"""Beam search on hand-written probability tables (the fairseq ``sequence_generator_setup`` idea).
+
+A stub model replays a table ``prefix -> next-token probabilities`` per sentence. The prefix lives
+in the cache as a tensor, so a wrong cache reorder shows up as a wrong result. Expected tokens are
+traced by hand in the comments; expected scores are derived from the same tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sanlab.decoding.search import Hypothesis, beam_search, greedy_search
+
+PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
+VOCAB = 5
+SPECIAL = dict(bos=BOS, eos=EOS, pad=PAD)
+
+# Beam 2 beats greedy, length normalisation flips the ranking, and the max length forces EOS.
+TREE = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {EOS: 0.25, A: 0.4, B: 0.35},
+    (B,): {EOS: 0.7, A: 0.2, B: 0.1},
+    (A, A): {EOS: 0.5, A: 0.5},
+    (A, B): {EOS: 0.9, A: 0.1},
+    (B, A): {EOS: 0.5, A: 0.5},
+    (B, B): {EOS: 0.5, A: 0.5},
+}
+# EOS is the model's first choice at once; min_length has to push past it.
+EAGER = {
+    (): {EOS: 0.5, A: 0.3, B: 0.2},
+    (A,): {EOS: 0.6, A: 0.3, B: 0.1},
+    (A, A): {EOS: 0.7, B: 0.3},
+}
+# Never wants to stop, and A-then-B ties with B-then-A.
+CHATTY = {"*": {EOS: 0.01, A: 0.6, B: 0.39}}
+
+
+class TableModel:
+    """``step`` for per-sentence tables; a table may give one row ``"*"`` used for every prefix."""
+
+    def __init__(self, tables: list[dict]):
+        self.tables = tables
+        self.rows_seen: list[int] = []
+
+    def cache(self) -> dict:
+        n = len(self.tables)
+        return {"sentence": torch.arange(n), "prefix": torch.zeros(n, 0, dtype=torch.long)}
+
+    def __call__(self, tokens: torch.Tensor, cache: dict):
+        self.rows_seen.append(tokens.shape[0])
+        prefix = torch.cat([cache["prefix"], tokens], 1)  # [N, 1+t] BOS first
+        assert bool((prefix[:, 0] == BOS).all())
+        rows = []
+        for s, p in zip(cache["sentence"].tolist(), prefix[:, 1:].tolist()):
+            table = self.tables[s]
+            probs = table.get(tuple(p), table.get("*"))
+            assert probs is not None, f"prefix {p} of sentence {s} is not in the table"
+            rows.append([probs.get(v, 0.0) for v in range(VOCAB)])
+        return torch.tensor(rows).log(), {"sentence": cache["sentence"], "prefix": prefix}
+
+
+def _search(tables, *, max_len, **kwargs):
+    model = TableModel(tables)
+    max_lengths = torch.tensor(max_len if isinstance(max_len, list) else [max_len] * len(tables))
+    return beam_search(model, model.cache(), batch_size=len(tables), max_lengths=max_lengths, **SPECIAL, **kwargs)
+
+
+def _path(table, tokens):
+    """Log-probs of ``tokens`` then EOS under ``table``, from the table itself."""
+    out = []
+    for t, token in enumerate(tokens + [EOS]):
+        probs = table.get(tuple(tokens[:t]), table.get("*"))
+        out.append(math.log(probs[token]))
+    return out
+
+
+def _assert_hyp(hyp: Hypothesis, table, tokens, *, score_of):
+    positional = _path(table, tokens)
+    assert hyp.tokens == tokens
+    assert hyp.positional_scores == pytest.approx(positional, rel=1e-6)
+    assert hyp.log_prob == pytest.approx(sum(positional), rel=1e-6)
+    assert hyp.score == pytest.approx(score_of(sum(positional), len(tokens) + 1), rel=1e-6)
+
+
+def _fairseq(alpha):
+    return lambda log_prob, length: log_prob / length**alpha
+
+
+# Beam 2 on TREE, by hand:
+#  step 0: only beam 0 is live: A .6, B .4 (no EOS among the best 2).
+#  step 1: B.EOS .28, AA .24, AB .21, A.EOS .15, ... -> [B] finishes; A.EOS ranks 3rd of 4 and is
+#          dropped; AA and AB stay live.
+#  step 2: max length 3 forces EOS: AB.EOS .189, AA.EOS .12 -> [A B] finishes, which makes 2;
+#          AA, finished at the same step but worse, is dropped.
+@pytest.mark.parametrize(
+    ("alpha", "style", "score_of", "ranking"),
+    [
+        (0.0, "fairseq", _fairseq(0.0), [[B], [A, B]]),  # raw: log .28 > log .189
+        (1.0, "fairseq", _fairseq(1.0), [[A, B], [B]]),  # log(.189)/3 > log(.28)/2
+        (1.0, "gnmt", lambda lp, n: lp / ((5 + n) / 6), [[B], [A, B]]),
+    ],
+)
+def test_beam_on_tree_matches_hand_trace(alpha, style, score_of, ranking):
+    (hyps,) = _search([TREE], max_len=3, beam_size=2, n_best=2, length_penalty=alpha, length_penalty_style=style)
+    assert [h.tokens for h in hyps] == ranking
+    for hyp, tokens in zip(hyps, ranking):
+        _assert_hyp(hyp, TREE, tokens, score_of=score_of)
+    (best,) = _search([TREE], max_len=3, beam_size=2, n_best=1, length_penalty=alpha, length_penalty_style=style)
+    assert best == hyps[:1]
+
+
+def test_greedy_on_tree_takes_the_argmax_path():
+    # A (.6), then AA (.4 beats EOS .25 and B .35), then EOS forced at length 3.
+    model = TableModel([TREE])
+    (hyps,) = greedy_search(model, model.cache(), batch_size=1, max_lengths=torch.tensor([3]), **SPECIAL)
+    assert len(hyps) == 1
+    _assert_hyp(hyps[0], TREE, [A, A], score_of=_fairseq(1.0))
+    assert hyps == _search([TREE], max_len=3, beam_size=1)[0]
+
+
+@pytest.mark.parametrize(("min_length", "tokens"), [(0, []), (1, [A]), (2, [A, A]), (3, [A, A, B])])
+def test_min_length_bans_eos_without_renormalising(min_length, tokens):
+    table = {**EAGER, (A, A, B): {EOS: 1.0}}
+    (hyps,) = _search([table], max_len=4, beam_size=1, min_length=min_length)
+    _assert_hyp(hyps[0], table, tokens, score_of=_fairseq(1.0))
+
+
+def test_max_length_forces_eos_per_sentence():
+    hyps = _search([CHATTY] * 3, max_len=[1, 4, 2], beam_size=1, length_penalty=0.0)
+    assert [h[0].tokens for h in hyps] == [[], [A, A, A], [A]]
+    _assert_hyp(hyps[1][0], CHATTY, [A, A, A], score_of=_fairseq(0.0))
+    assert hyps[1][0].positional_scores[-1] == pytest.approx(math.log(0.01))
+
+
+def test_ties_go_to_the_lower_beam_and_n_best_is_sorted():
+    # step 1: AA .36, then AB and BA tie exactly (.6 * .39); AB continues beam 0, so it wins.
+    (hyps,) = _search([CHATTY], max_len=3, beam_size=2, n_best=2, length_penalty=0.0)
+    assert [h.tokens for h in hyps] == [[A, A], [A, B]]
+    assert hyps[0].score > hyps[1].score
+
+
+def test_ties_follow_beam_then_token_order_whatever_topk_does():
+    # All continuations of A and B tie at every step; torch.topk orders ties arbitrarily.
+    # Beam 2. step 0: A, B (equal) -> beams A, B;  step 1: AA, AB, BA, BB tie -> AA, AB stay live
+    # (beam 0 first); step 2: EOS forced, AA.EOS and AB.EOS tie and finish in that order.
+    # Beam 3. step 0: EOS ranks 3rd -> [] finishes; step 1: AA, AB, BA (of 4 tied) stay live;
+    # step 2: their 3 tied EOS continuations fill the 2 free places in that order.
+    flat = {"*": {EOS: 0.2, A: 0.4, B: 0.4}}
+    for beam_size, expected in [(2, [[A, A], [A, B]]), (3, [[], [A, A], [A, B]])]:
+        (hyps,) = _search([flat], max_len=3, beam_size=beam_size, n_best=beam_size, length_penalty=0.0)
+        assert [h.tokens for h in hyps] == expected
+
+
+def test_a_sentence_stops_once_beam_size_hypotheses_finished():
+    # step 0: EOS .5 and A .3 are the best 2 -> [] finishes; A and B stay live.
+    # step 1: A.EOS .15 and B.EOS .10 are the best 2 -> [A] finishes, which makes 2: done, although
+    # the max length is 10; [B], finished at the same step but worse, is dropped.
+    model = TableModel([{"*": {EOS: 0.5, A: 0.3, B: 0.2}}])
+    (hyps,) = beam_search(model, model.cache(), batch_size=1, beam_size=2, n_best=2, max_lengths=torch.tensor([10]),
+                          length_penalty=0.0, **SPECIAL)
+    assert [h.tokens for h in hyps] == [[], [A]]
+    assert model.rows_seen == [2, 2]
+
+
+# ---- a random model: batched equals one at a time ------------------------------------------
+
+class TrigramModel:
+    """Random next-token log-probs per sentence given the last two tokens; sentence id in the cache."""
+
+    def __init__(self, n_sentences: int, *, vocab: int = 7, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        logits = 2 * torch.randn(n_sentences, vocab, vocab, vocab, generator=g)
+        logits[..., EOS] += torch.linspace(-3.0, 1.0, n_sentences).view(-1, 1, 1)  # sentences stop at different times
+        self.table = logits.log_softmax(-1)  # [S, prev, last, V]
+        self.rows_seen: list[int] = []
+
+    def cache(self, sentences: list[int]) -> dict:
+        ids = torch.tensor(sentences)
+        return {"sentence": ids, "prev": torch.full_like(ids, BOS)}
+
+    def __call__(self, tokens, cache):
+        self.rows_seen.append(tokens.shape[0])
+        last = tokens[:, 0]
+        return self.table[cache["sentence"], cache["prev"], last], {"sentence": cache["sentence"], "prev": last}
+
+
+MAX_LENGTHS = [2, 9, 5, 12, 1, 7]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize(("alpha", "style"), [(1.0, "fairseq"), (0.0, "fairseq"), (0.6, "gnmt")])
+def test_batched_equals_one_sentence_at_a_time(beam_size, alpha, style):
+    n = len(MAX_LENGTHS)
+    model = TrigramModel(n)
+    options = dict(**SPECIAL, beam_size=beam_size, n_best=beam_size, length_penalty=alpha,
+                   length_penalty_style=style)
+    batched = beam_search(model, model.cache(list(range(n))), batch_size=n, max_lengths=torch.tensor(MAX_LENGTHS),
+                          **options)
+    assert model.rows_seen[0] == n * beam_size and len(set(model.rows_seen)) > 2  # finished sentences left
+    for s in range(n):
+        alone = beam_search(model, model.cache([s]), batch_size=1, max_lengths=torch.tensor(MAX_LENGTHS[s:s + 1]),
+                            **options)[0]
+        assert batched[s] == alone  # tokens, scores and positional scores, exactly
+        possible = 1 if MAX_LENGTHS[s] == 1 else beam_size  # max length 1 leaves only the empty output
+        assert len({tuple(h.tokens) for h in alone}) == len(alone) == possible  # beams never duplicate
+        assert all(len(h.tokens) < MAX_LENGTHS[s] for h in alone)
+        assert [h.score for h in alone] == sorted((h.score for h in alone), reverse=True)
+    assert len({len(h[0].tokens) for h in batched}) > 2
+
+
+def _argmax_loop(table: torch.Tensor, max_len: int) -> tuple[list[int], float]:
+    prev, last, total, tokens = BOS, BOS, torch.zeros(()), []
+    for t in range(max_len):
+        lp = table[prev, last].clone()
+        lp[PAD] = float("-inf")
+        if t + 1 == max_len:
+            lp[torch.arange(lp.numel()) != EOS] = float("-inf")
+        token = int(lp.argmax())
+        total = total + lp[token]
+        if token == EOS:
+            break
+        tokens.append(token)
+        prev, last = last, token
+    return tokens, float(total)
+
+
+def test_greedy_is_beam_one_and_a_hand_argmax_loop():
+    n = len(MAX_LENGTHS)
+    model = TrigramModel(n, seed=1)
+    max_lengths = torch.tensor(MAX_LENGTHS)
+    greedy = greedy_search(model, model.cache(list(range(n))), batch_size=n, max_lengths=max_lengths, **SPECIAL)
+    beam = beam_search(model, model.cache(list(range(n))), batch_size=n, max_lengths=max_lengths, beam_size=1,
+                       **SPECIAL)
+    assert greedy == beam
+    for s, (hyp,) in enumerate(greedy):
+        tokens, log_prob = _argmax_loop(model.table[s], MAX_LENGTHS[s])
+        assert hyp.tokens == tokens and hyp.log_prob == log_prob
+        assert hyp.score == log_prob / (len(tokens) + 1)
+
+
+# ---- user errors ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(beam_size=2, n_best=3), "n_best"),
+        (dict(beam_size=2, length_penalty_style="average"), "length_penalty_style"),
+        (dict(beam_size=2, min_length=3), "min_length=3"),
+        (dict(beam_size=2, max_len=[3, 3]), r"shape \(1,\)"),
+    ],
+)
+def test_bad_arguments_say_what_was_wrong(kwargs, message):
+    kwargs = {"max_len": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        _search([TREE], **kwargs)
+
+
+def test_bad_step_output_is_reported():
+    def step(tokens, cache):
+        return torch.zeros(tokens.shape[0] + 1, VOCAB), cache
+
+    with pytest.raises(ValueError, match=r"\[2, V\].*got \(3, 5\)"):
+        beam_search(step, None, batch_size=1, beam_size=2, max_lengths=torch.tensor([3]), **SPECIAL)

@@ -1,0 +1,47 @@
+"""Beam search on a real (random) Seq2Seq: batched == one at a time; greedy == beam 1 argmax."""
+
+import pytest
+import torch
+
+from sanlab.decoding.search import beam_search, greedy_search
+from tests_helpers import tiny_seq2seq
+
+
+def _decode(model, src, *, beam, lp=1.0):
+    max_lengths = torch.full((src.shape[0],), 9)
+    return beam_search(model.decode_step, model.start_decoding(src), batch_size=src.shape[0], beam_size=beam,
+                       bos=2, eos=3, pad=0, max_lengths=max_lengths, length_penalty=lp, n_best=beam)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batched_beam_equals_one_at_a_time(beam):
+    model = tiny_seq2seq(eos_bias=True)
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 50, (4, 8), generator=g)
+    src[1, 3:] = 0
+    src[2, 6:] = 0
+    with torch.no_grad():
+        batched = _decode(model, src, beam=beam)
+        for b in range(4):
+            length = int(src[b].ne(0).sum())
+            alone = _decode(model, src[b:b + 1, :length], beam=beam)[0]
+            assert [h.tokens for h in alone] == [h.tokens for h in batched[b]]
+            for h1, h2 in zip(alone, batched[b]):
+                assert h1.score == pytest.approx(h2.score, abs=1e-4)
+
+
+def test_greedy_matches_argmax_of_the_model():
+    model = tiny_seq2seq(eos_bias=True)
+    src = torch.randint(4, 50, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        hyp = greedy_search(model.decode_step, model.start_decoding(src), batch_size=1, bos=2, eos=3, pad=0,
+                            max_lengths=torch.tensor([9]))[0][0]
+        prefix = torch.tensor([[2]])
+        tokens = []
+        for _ in range(8):  # max length 9 counts the (forced) EOS
+            nxt = int(model(src, prefix)[0, -1].argmax())
+            if nxt == 3:
+                break
+            tokens.append(nxt)
+            prefix = torch.cat([prefix, torch.tensor([[nxt]])], dim=1)
+    assert hyp.tokens == tokens

@@ -1,0 +1,17 @@
+"""Small builders shared by tests (imported as ``tests_helpers``; tests/ is on sys.path via conftest)."""
+
+import torch
+
+from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.models.builders import build_seq2seq
+
+
+def tiny_seq2seq(*, dim=32, heads=4, layers=2, vocab=50, norm="pre", eos_bias=False, seed=0, **model_kw):
+    stack = StackConfig(layers=layers, ffn_dim=2 * dim, attention={"heads": heads})
+    cfg = Seq2SeqConfig(dim=dim, norm=norm, dropout=0.0, encoder=stack, decoder=stack, **model_kw)
+    torch.manual_seed(seed)
+    model = build_seq2seq(cfg, vocab_size=vocab, pad_id=0).eval()
+    if eos_bias:  # make EOS likely enough that hypotheses end at different lengths
+        with torch.no_grad():
+            model.tgt_embed.weight[3] *= 4
+    return model
