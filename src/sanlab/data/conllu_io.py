@@ -1,0 +1,192 @@
+"""Reading and writing part-of-speech data in CoNLL-U (plain or gzip).
+
+Only syntactic words count: multiword-token lines (IDs like `3-4`, whose parts follow as
+their own lines) and empty nodes (IDs like `5.1`) are skipped, as the UD tagging task does.
+The `conllu` package parses each sentence; this module first checks every line itself, because
+a malformed line must be reported with its file and exact line number, which `conllu` does not
+know. Named `conllu_io` so that it does not shadow the `conllu` package.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import conllu
+from conllu.exceptions import ParseException
+from conllu.parser import DEFAULT_FIELDS, parse_id_value
+
+from sanlab.data.parallel import open_text
+from sanlab.errors import DataError
+
+TagColumn = Literal["upos", "xpos"]
+_N_COLUMNS = 10
+_TAG_INDEX = {"upos": 3, "xpos": 4}
+
+
+def _raw(columns: list[str], i: int) -> str:
+    return columns[i]
+
+
+# We only need ID, FORM and a tag column: conllu stops after the fields it is given and we keep
+# XPOS as the raw string, which halves the reading time (the 10-column check is ours).
+_FIELDS = DEFAULT_FIELDS[:5]
+_FIELD_PARSERS = {"xpos": _raw}
+
+
+@dataclass(frozen=True)
+class TaggedSentence:
+    """One sentence of words and their tags (same length)."""
+
+    words: tuple[str, ...]
+    tags: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.words) != len(self.tags):
+            raise ValueError(f"{len(self.words)} words but {len(self.tags)} tags")
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+
+Block = list[tuple[int, str]]  # (1-based line number, line) of one sentence
+
+
+def _blocks(path: Path) -> Iterator[Block]:
+    block: Block = []
+    for lineno, line in enumerate(open_text(path), start=1):
+        if line.strip():
+            block.append((lineno, line))
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def _parse_id(text: str) -> int | tuple | None:
+    if text.isdigit() and text[0] != "0":  # the common case, without a regex
+        return int(text)
+    try:
+        return parse_id_value(text)
+    except ParseException:
+        return None
+
+
+def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str, lineno: int) -> int | None:
+    """Validate one token line; return its integer ID, or None for a multiword token / empty node."""
+
+    def fail(problem: str) -> DataError:
+        return DataError(problem, path=path, line=lineno)
+
+    columns = line.split("\t")
+    if len(columns) != _N_COLUMNS:
+        raise fail(f"expected {_N_COLUMNS} tab-separated columns, found {len(columns)}")
+    if "  " in line:
+        # The conllu parser also splits columns on two spaces, so such a field would shift the rest.
+        raise fail("a field contains two consecutive spaces, which CoNLL-U readers take as a column break")
+    token_id = _parse_id(columns[0])
+    if token_id is None:
+        raise fail(f"invalid token ID {columns[0]!r} (expected 1, 2, ... or a range 3-4 or an empty node 5.1)")
+    if not columns[1]:
+        raise fail("empty FORM column")
+    if not isinstance(token_id, int):
+        return None
+    if token_id != expected_id:
+        raise fail(f"token ID {token_id} out of sequence (expected {expected_id})")
+    tag = columns[tag_index]
+    if tag in ("", "_"):
+        name = "UPOS" if tag_index == 3 else "XPOS"
+        raise fail(f"missing {name} tag ({tag!r}) for word {columns[1]!r} (column {tag_index + 1})")
+    return token_id
+
+
+def _check_block(block: Block, *, path: Path, tag_index: int) -> None:
+    expected_id = 1
+    for lineno, line in block:
+        if line.startswith("#"):
+            continue
+        token_id = _check_token_line(
+            line, tag_index=tag_index, expected_id=expected_id, path=str(path), lineno=lineno
+        )
+        if token_id is not None:
+            expected_id += 1
+    if expected_id == 1:
+        problem = "sentence has no word lines (only comments, multiword tokens or empty nodes)"
+        raise DataError(problem, path=str(path), line=block[0][0])
+
+
+def _parse_block(block: Block, *, path: Path, column: TagColumn) -> TaggedSentence:
+    try:
+        tokens = conllu.parse_token_and_metadata(
+            "\n".join(line for _, line in block), fields=_FIELDS, field_parsers=_FIELD_PARSERS
+        )
+    except ParseException as exc:
+        # Our checks should catch everything first; if not, report the block's first line.
+        problem = f"CoNLL-U parse error in the sentence starting here: {exc}"
+        raise DataError(problem, path=str(path), line=block[0][0]) from exc
+    words = tuple(t["form"] for t in tokens if isinstance(t["id"], int))
+    tags = tuple(t[column] for t in tokens if isinstance(t["id"], int))
+    return TaggedSentence(words, tags)
+
+
+def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos") -> list[TaggedSentence]:
+    """Read the words and tags (`column` = "upos" or "xpos") of every sentence in a CoNLL-U file.
+
+    Raises `DataError` naming the file and 1-based line for a malformed line: a column count
+    other than 10, an invalid or out-of-sequence ID, an empty FORM, or a missing tag ("_") on a
+    word line. An empty file also raises. `# global.columns` headers are not supported.
+    """
+    if column not in _TAG_INDEX:
+        raise ValueError(f"column must be 'upos' or 'xpos', got {column!r}")
+    path = Path(path)
+    sentences = []
+    for block in _blocks(path):
+        _check_block(block, path=path, tag_index=_TAG_INDEX[column])
+        sentences.append(_parse_block(block, path=path, column=column))
+    if not sentences:
+        raise DataError("no sentences (the file is empty)", path=str(path))
+    return sentences
+
+
+def write_conllu(
+    path: str | os.PathLike[str], sentences: Iterable[TaggedSentence], *, no_space_before: frozenset[str] = frozenset()
+) -> None:
+    """Write sentences as CoNLL-U with the tags in the UPOS column; other columns are "_".
+
+    Each sentence gets `# sent_id` and `# text` comments. Words whose tag is in `no_space_before`
+    (e.g. PUNCT) are attached to the previous word in `# text`, with `SpaceAfter=No` on it.
+    """
+    with open(path, "w", encoding="utf-8", newline="\n") as out:
+        for number, sentence in enumerate(sentences, start=1):
+            out.write("".join(_sentence_lines(sentence, sent_id=str(number), no_space_before=no_space_before)))
+
+
+def _sentence_lines(sentence: TaggedSentence, *, sent_id: str, no_space_before: frozenset[str]) -> Iterator[str]:
+    glued = [i + 1 < len(sentence) and sentence.tags[i + 1] in no_space_before for i in range(len(sentence))]
+    text = "".join(word + ("" if glue else " ") for word, glue in zip(sentence.words, glued)).rstrip()
+    yield f"# sent_id = {sent_id}\n# text = {text}\n"
+    for i, (word, tag, glue) in enumerate(zip(sentence.words, sentence.tags, glued), start=1):
+        if not word or any(c.isspace() for c in word):
+            raise ValueError(f"sentence {sent_id}: word {i} ({word!r}) is empty or contains whitespace")
+        misc = "SpaceAfter=No" if glue else "_"
+        yield "\t".join([str(i), word, "_", tag, "_", "_", "_", "_", "_", misc]) + "\n"
+    yield "\n"
+
+
+def chunk_sentences(sentences: Sequence[TaggedSentence], max_len: int) -> list[TaggedSentence]:
+    """Split sentences longer than `max_len` into consecutive chunks (nothing is dropped).
+
+    Dufter et al. split long training sentences this way rather than truncating them.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    chunks = []
+    for sentence in sentences:
+        for start in range(0, max(len(sentence), 1), max_len):
+            end = start + max_len
+            chunks.append(TaggedSentence(sentence.words[start:end], sentence.tags[start:end]))
+    return chunks

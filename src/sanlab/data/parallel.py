@@ -1,0 +1,139 @@
+"""Reading line-aligned parallel text (plain or gzip) and filtering pairs by length.
+
+Every problem in an input file is reported as a `DataError` that names the file and,
+where it makes sense, the 1-based line number, so the CLI can print it as is.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from sanlab.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    if not path.exists():
+        raise DataError("file not found", path=str(path))
+    if not path.is_file():
+        raise DataError("not a regular file", path=str(path))
+    try:
+        # Decide by suffix, as the files are named; a wrong suffix fails on read, with the path.
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot open: {exc.strerror or exc}", path=str(path)) from exc
+
+
+def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
+    lineno = 0
+    with handle:
+        try:
+            for lineno, raw in enumerate(handle, start=1):
+                # Decode line by line (not through a text wrapper) so an error knows its line.
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(
+                        f"not valid UTF-8 (byte {exc.start + 1} of the line)", path=str(path), line=lineno
+                    ) from exc
+                if lineno == 1 and text.startswith("\ufeff"):
+                    text = text[1:]
+                yield text.removesuffix("\n").removesuffix("\r")
+        except (OSError, EOFError) as exc:
+            # gzip raises these for a corrupt or truncated stream.
+            problem = f"cannot read (corrupt or truncated compressed file?): {exc}"
+            raise DataError(problem, path=str(path), line=lineno + 1) from exc
+
+
+def open_text(path: PathLike) -> Iterator[str]:
+    """Iterate the lines of a UTF-8 text file, plain or gzip (`.gz`), without their line ending.
+
+    The file is opened immediately, so a missing file raises here rather than at the first
+    `next()`. A byte sequence that is not UTF-8 raises `DataError` naming the file and line.
+    A UTF-8 byte-order mark at the start of the file is dropped; nothing else is changed.
+    """
+    path = Path(path)
+    return _iter_lines(_open_binary(path), path)
+
+
+def _is_blank(line: str) -> bool:
+    return not line.strip()
+
+
+def _check_counts(src: list[str], tgt: list[str], src_path: Path, tgt_path: Path) -> None:
+    if len(src) == len(tgt):
+        return
+    shorter, longer = (src_path, tgt_path) if len(src) < len(tgt) else (tgt_path, src_path)
+    first_unpaired = min(len(src), len(tgt)) + 1
+    raise DataError(
+        f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}; "
+        f"line {first_unpaired} of {longer} has no partner in {shorter}",
+        path=str(src_path),
+    )
+
+
+def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = False) -> list[tuple[str, str]]:
+    """Read two line-aligned files into `(source, target)` pairs.
+
+    Raises `DataError` for a missing or empty file, differing line counts (naming both files,
+    both counts and the first line without a partner) and a blank line on either side.
+    With `skip_empty=True` pairs with a blank side are dropped instead; their number is logged.
+    """
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    src, tgt = list(open_text(src_path)), list(open_text(tgt_path))
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        if not lines:
+            raise DataError("file is empty", path=str(path))
+    _check_counts(src, tgt, src_path, tgt_path)
+
+    pairs: list[tuple[str, str]] = []
+    skipped = 0
+    for lineno, (s, t) in enumerate(zip(src, tgt), start=1):
+        if _is_blank(s) or _is_blank(t):
+            if not skip_empty:
+                blank_path = src_path if _is_blank(s) else tgt_path
+                raise DataError("empty line (use skip_empty to drop such pairs)", path=str(blank_path), line=lineno)
+            skipped += 1
+            continue
+        pairs.append((s, t))
+    if skipped:
+        logger.info("skipped %d of %d pairs with an empty side in %s / %s", skipped, len(src), src_path, tgt_path)
+    if not pairs:
+        raise DataError(f"no non-empty pairs (paired with {tgt_path})", path=str(src_path))
+    return pairs
+
+
+def length_filter(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    min_len: int = 1,
+    max_len: int,
+    max_ratio: float | None = None,
+) -> list[int]:
+    """Indices of the tokenised pairs to keep.
+
+    A pair is kept when both sides have between `min_len` and `max_len` tokens (inclusive) and,
+    if `max_ratio` is given, the longer side is at most `max_ratio` times the shorter one.
+    """
+    if min_len < 0 or max_len < min_len:
+        raise ValueError(f"need 0 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+    if max_ratio is not None and max_ratio < 1:
+        raise ValueError(f"max_ratio must be >= 1, got {max_ratio}")
+    kept = []
+    for i, (src, tgt) in enumerate(pairs):
+        short, long_ = sorted((len(src), len(tgt)))
+        if short < min_len or long_ > max_len:
+            continue
+        # short == 0 only when min_len == 0; two empty sides have ratio 1.
+        if max_ratio is not None and long_ > max_ratio * short:
+            continue
+        kept.append(i)
+    return kept

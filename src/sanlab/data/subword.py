@@ -1,0 +1,187 @@
+"""Subword segmentation: a thin wrapper around a SentencePiece model with fixed special ids.
+
+Every model trained here uses the same special ids (pad=0, unk=1, bos=2, eos=3), so the
+embedding tables, padding masks and decoders can rely on them. Translation normally uses one
+joint model trained on source and target text (`train_joint`), which lets the two embedding
+tables be tied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import sentencepiece as spm
+
+from sanlab.errors import DataError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+ModelType = Literal["unigram", "bpe"]
+
+
+def _model_prefix(model_path: str | os.PathLike[str]) -> Path:
+    """`dir/name` or `dir/name.model` -> `dir/name` (SentencePiece appends `.model`/`.vocab`)."""
+    path = Path(model_path)
+    return path.with_suffix("") if path.suffix == ".model" else path
+
+
+def _non_empty(texts: Iterable[str], counter: list[int]) -> Iterator[str]:
+    # SentencePiece treats each item as one sentence; blank items only waste a slot.
+    for text in texts:
+        if text.strip():
+            counter[0] += 1
+            yield text
+
+
+class SubwordModel:
+    """A loaded SentencePiece model: encode text to ids and decode ids back to text."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path):
+        self._sp = processor
+        self.path = path
+        expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+        actual = {
+            "pad": processor.pad_id(), "unk": processor.unk_id(), "bos": processor.bos_id(), "eos": processor.eos_id()
+        }
+        if actual != expected:
+            problem = f"special ids are {actual}, sanlab needs {expected}; retrain with SubwordModel.train"
+            raise DataError(problem, path=str(path))
+        self._specials = frozenset((PAD_ID, BOS_ID, EOS_ID))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SubwordModel:
+        """Load `path` (with or without the `.model` suffix)."""
+        prefix = _model_prefix(path)
+        model_file = prefix.with_name(prefix.name + ".model")
+        if not model_file.is_file():
+            raise DataError("SentencePiece model not found", path=str(model_file))
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(model_file))
+        except (OSError, RuntimeError) as exc:
+            raise DataError(f"not a SentencePiece model: {exc}", path=str(model_file)) from exc
+        return cls(processor, model_file)
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        *,
+        model_path: str | os.PathLike[str],
+        vocab_size: int,
+        model_type: ModelType = "unigram",
+        character_coverage: float = 1.0,
+        seed: int = 0,
+    ) -> SubwordModel:
+        """Train a model on in-memory `texts` (one sentence each), write it and load it.
+
+        Writes `<model_path>.model` and `<model_path>.vocab`. `vocab_size` is an upper bound:
+        a tiny corpus yields fewer pieces instead of failing. Training is single-threaded and
+        seeds SentencePiece's global generator with `seed`, so the same texts give the same
+        pieces and scores.
+        """
+        if model_type not in ("unigram", "bpe"):
+            raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
+        if vocab_size <= 4:
+            raise ValueError(f"vocab_size must exceed the 4 special pieces, got {vocab_size}")
+        prefix = _model_prefix(model_path)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        spm.set_random_generator_seed(seed)
+        n_texts = [0]
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=_non_empty(texts, n_texts),
+                model_prefix=str(prefix),
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                hard_vocab_limit=False,
+                # One thread and no input sampling make the result a function of the texts.
+                num_threads=1,
+                input_sentence_size=0,
+                shuffle_input_sentence=False,
+                minloglevel=2,
+            )
+        except RuntimeError as exc:
+            problem = "no non-empty texts to train on" if n_texts[0] == 0 else f"SentencePiece training failed: {exc}"
+            raise DataError(problem, path=str(prefix)) from exc
+        return cls.load(prefix)
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Piece ids of `text`, without BOS/EOS (add them where the model needs them)."""
+        return self._sp.EncodeAsIds(text)
+
+    def encode_pieces(self, text: str) -> list[str]:
+        """Piece strings of `text` (word starts are marked with '▁')."""
+        return self._sp.EncodeAsPieces(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`; pad, BOS and EOS ids are ignored wherever they occur."""
+        return self._sp.DecodeIds([int(i) for i in ids if int(i) not in self._specials])
+
+    def id_to_piece(self, piece_id: int) -> str:
+        if not 0 <= piece_id < self.vocab_size:
+            raise IndexError(f"piece id {piece_id} outside the vocabulary of {self.vocab_size}")
+        return self._sp.IdToPiece(piece_id)
+
+    def piece_to_id(self, piece: str) -> int:
+        """Id of `piece`, or `unk_id` if the model has no such piece."""
+        return self._sp.PieceToId(piece)
+
+    # --- vocabulary -----------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.GetPieceSize()
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"SubwordModel(path={str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def train_joint(
+    src_texts: Iterable[str],
+    tgt_texts: Iterable[str],
+    *,
+    model_path: str | os.PathLike[str],
+    vocab_size: int,
+    model_type: ModelType = "unigram",
+    character_coverage: float = 1.0,
+    seed: int = 0,
+) -> SubwordModel:
+    """Train one model on source and target text together (a joint vocabulary)."""
+    return SubwordModel.train(
+        itertools.chain(src_texts, tgt_texts),
+        model_path=model_path,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        seed=seed,
+    )

@@ -1,0 +1,130 @@
+"""CoNLL-U reading: multiword tokens and empty nodes skipped, exact line numbers on errors."""
+
+from __future__ import annotations
+
+import gzip
+
+import conllu
+import pytest
+
+from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu, write_conllu
+from sanlab.errors import DataError
+
+
+def row(*cols: str) -> str:
+    return "\t".join(cols) + "\n"
+
+
+GOOD = (
+    "# sent_id = 1\n"
+    "# text = I don't know.\n"
+    + row("1", "I", "I", "PRON", "PRP", "_", "4", "nsubj", "_", "_")
+    + row("2-3", "don't", "_", "_", "_", "_", "_", "_", "_", "_")
+    + row("2", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_")
+    + row("3", "n't", "not", "PART", "RB", "_", "4", "advmod", "_", "_")
+    + row("4", "know", "know", "VERB", "VB", "_", "0", "root", "_", "SpaceAfter=No")
+    + row("4.1", "it", "it", "PRON", "PRP", "_", "_", "_", "4:obj", "_")
+    + row("5", ".", ".", "PUNCT", ".", "_", "4", "punct", "_", "_")
+    + "\n\n"  # several blank lines between sentences are tolerated
+    + "# sent_id = 2\n"
+    + row("1", "Hi", "hi", "INTJ", "UH", "_", "0", "root", "_", "_")
+    + "\n"
+)
+
+
+@pytest.mark.parametrize("name", ["good.conllu", "good.conllu.gz"])
+def test_reads_words_and_tags_skipping_multiword_tokens_and_empty_nodes(tmp_path, name):
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(GOOD)
+    else:
+        path.write_text(GOOD, encoding="utf-8")
+    sentences = read_conllu(path)
+    assert sentences == [
+        TaggedSentence(("I", "do", "n't", "know", "."), ("PRON", "AUX", "PART", "VERB", "PUNCT")),
+        TaggedSentence(("Hi",), ("INTJ",)),
+    ]
+    assert read_conllu(path, column="xpos")[0].tags == ("PRP", "VBP", "RB", "VB", ".")
+
+
+def good_lines() -> list[str]:
+    return GOOD.splitlines(keepends=True)
+
+
+# (1-based line to replace, replacement, expected problem); line 5 is the token "do".
+MALFORMED = [
+    (5, row("2", "do", "do", "AUX", "VBP", "_", "4", "aux", "_"), "expected 10 tab-separated columns, found 9"),
+    (5, "2 do do AUX VBP _ 4 aux _ _\n", "expected 10 tab-separated columns, found 1"),
+    (5, row("two", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "invalid token ID 'two'"),
+    (5, row("3", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "token ID 3 out of sequence (expected 2)"),
+    (5, row("2", "do", "do", "_", "VBP", "_", "4", "aux", "_", "_"), "missing UPOS tag ('_') for word 'do'"),
+    (5, row("2", "", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "empty FORM column"),
+    (5, row("2", "do  it", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "two consecutive spaces"),
+]
+
+
+@pytest.mark.parametrize(("lineno", "replacement", "problem"), MALFORMED)
+def test_malformed_line_names_file_line_and_problem(tmp_path, lineno, replacement, problem):
+    lines = good_lines()
+    lines[lineno - 1] = replacement
+    path = tmp_path / "bad.conllu"
+    path.write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        read_conllu(path)
+    assert str(info.value).startswith(f"{path}:{lineno}: ")
+    assert problem in str(info.value)
+    assert (info.value.path, info.value.line) == (str(path), lineno)
+
+
+def test_missing_xpos_is_an_error_only_when_requested(tmp_path):
+    lines = good_lines()
+    lines[12] = row("1", "Hi", "hi", "INTJ", "_", "_", "0", "root", "_", "_")  # line 13
+    path = tmp_path / "x.conllu"
+    path.write_text("".join(lines), encoding="utf-8")
+    assert len(read_conllu(path)) == 2
+    with pytest.raises(DataError, match=r"x\.conllu:13: missing XPOS tag"):
+        read_conllu(path, column="xpos")
+
+
+def test_sentence_without_words(tmp_path):
+    path = tmp_path / "x.conllu"
+    path.write_text(GOOD + "# sent_id = 3\n# text = nothing\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"x\.conllu:15: sentence has no word lines"):
+        read_conllu(path)
+
+
+def test_empty_file_and_bad_column(tmp_path):
+    path = tmp_path / "empty.conllu"
+    path.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"empty\.conllu: no sentences"):
+        read_conllu(path)
+    with pytest.raises(ValueError, match="column"):
+        read_conllu(path, column="deprel")  # type: ignore[arg-type]
+
+
+def test_write_then_read_round_trip(tmp_path):
+    sentences = [
+        TaggedSentence(("Tom", "runs", "fast", "!"), ("PROPN", "VERB", "ADV", "PUNCT")),
+        TaggedSentence(("hi", ",", "you"), ("INTJ", "PUNCT", "PRON")),
+    ]
+    path = tmp_path / "out.conllu"
+    write_conllu(path, sentences, no_space_before=frozenset({"PUNCT"}))
+    assert read_conllu(path) == sentences
+    parsed = conllu.parse(path.read_text(encoding="utf-8"))
+    assert [s.metadata["text"] for s in parsed] == ["Tom runs fast!", "hi, you"]
+    assert parsed[0][2]["misc"] == {"SpaceAfter": "No"}
+    with pytest.raises(ValueError, match="whitespace"):
+        write_conllu(path, [TaggedSentence(("a b",), ("X",))])
+
+
+def test_chunk_sentences_splits_without_dropping():
+    words = tuple("abcdefg")
+    sentence = TaggedSentence(words, tuple(w.upper() for w in words))
+    chunks = chunk_sentences([sentence, TaggedSentence(("x",), ("X",))], max_len=3)
+    assert [c.words for c in chunks] == [("a", "b", "c"), ("d", "e", "f"), ("g",), ("x",)]
+    assert [c.tags for c in chunks][2] == ("G",)
+    with pytest.raises(ValueError):
+        chunk_sentences([sentence], max_len=0)
+    with pytest.raises(ValueError, match="2 words but 1 tags"):
+        TaggedSentence(("a", "b"), ("X",))

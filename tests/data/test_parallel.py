@@ -1,0 +1,109 @@
+"""Reading parallel text: line handling, gzip, and the errors users see for bad files."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+
+import pytest
+
+from sanlab.data.parallel import length_filter, open_text, read_parallel
+from sanlab.errors import DataError
+
+
+def write(path: Path, text: str) -> Path:
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+@pytest.mark.parametrize("name", ["a.txt", "a.txt.gz"])
+def test_open_text_strips_only_the_line_ending(tmp_path, name):
+    path = write(tmp_path / name, "\ufefffirst\n second  \r\nthird")
+    assert list(open_text(path)) == ["first", " second  ", "third"]
+
+
+def test_open_text_reports_bad_utf8_with_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"ok\nstill ok\nbad \xff byte\n")
+    with pytest.raises(DataError, match=r"bad\.txt:3: not valid UTF-8") as info:
+        list(open_text(path))
+    assert info.value.path == str(path) and info.value.line == 3
+
+
+def test_open_text_missing_file_raises_at_call(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.txt: file not found"):
+        open_text(tmp_path / "nope.txt")
+
+
+def test_open_text_corrupt_gzip(tmp_path):
+    path = tmp_path / "broken.gz"
+    path.write_bytes(b"this is not gzip")
+    with pytest.raises(DataError, match=r"broken\.gz"):
+        list(open_text(path))
+
+
+def test_read_parallel_pairs_lines(tmp_path):
+    src = write(tmp_path / "train.en.gz", "a cat .\nthe dog\n")
+    tgt = write(tmp_path / "train.de", "eine katze .\nder hund\n")
+    assert read_parallel(src, tgt) == [("a cat .", "eine katze ."), ("the dog", "der hund")]
+
+
+def test_read_parallel_count_mismatch_names_both_files(tmp_path):
+    src = write(tmp_path / "x.src", "1\n2\n3\n")
+    tgt = write(tmp_path / "x.tgt", "1\n2\n3\n4\n")
+    with pytest.raises(DataError) as info:
+        read_parallel(src, tgt)
+    message = str(info.value)
+    assert str(src) in message and str(tgt) in message
+    assert "has 3 lines" in message and "has 4" in message
+    assert f"line 4 of {tgt} has no partner" in message
+
+
+def test_read_parallel_empty_file(tmp_path):
+    src = write(tmp_path / "x.src", "")
+    tgt = write(tmp_path / "x.tgt", "1\n")
+    with pytest.raises(DataError, match=r"x\.src: file is empty"):
+        read_parallel(src, tgt)
+
+
+def test_read_parallel_missing_file(tmp_path):
+    src = write(tmp_path / "x.src", "1\n")
+    with pytest.raises(DataError, match=r"x\.tgt: file not found"):
+        read_parallel(src, tmp_path / "x.tgt")
+
+
+def test_read_parallel_empty_line_names_file_and_line(tmp_path):
+    src = write(tmp_path / "x.src", "a\nb\nc\n")
+    tgt = write(tmp_path / "x.tgt", "A\n  \nC\n")
+    with pytest.raises(DataError, match=r"x\.tgt:2: empty line") as info:
+        read_parallel(src, tgt)
+    assert info.value.line == 2
+
+
+def test_read_parallel_skip_empty_drops_and_logs(tmp_path, caplog):
+    src = write(tmp_path / "x.src", "a\n\nc\nd\n")
+    tgt = write(tmp_path / "x.tgt", "A\nB\nC\n\t\n")
+    with caplog.at_level(logging.INFO, logger="sanlab.data.parallel"):
+        assert read_parallel(src, tgt, skip_empty=True) == [("a", "A"), ("c", "C")]
+    assert "skipped 2 of 4 pairs" in caplog.text
+
+
+def test_read_parallel_skip_empty_with_nothing_left(tmp_path):
+    src = write(tmp_path / "x.src", " \n")
+    tgt = write(tmp_path / "x.tgt", "A\n")
+    with pytest.raises(DataError, match="no non-empty pairs"):
+        read_parallel(src, tgt, skip_empty=True)
+
+
+def test_length_filter():
+    pairs = [([1, 2], [3, 4, 5]), ([], [1]), ([1] * 6, [1]), ([1] * 9, [1] * 9), ([1], [1] * 4)]
+    assert length_filter(pairs, max_len=8) == [0, 2, 4]
+    assert length_filter(pairs, max_len=9, max_ratio=3) == [0, 3]
+    assert length_filter(pairs, min_len=0, max_len=9, max_ratio=4) == [0, 3, 4]
+    with pytest.raises(ValueError, match="min_len"):
+        length_filter(pairs, min_len=5, max_len=2)

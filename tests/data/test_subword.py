@@ -1,0 +1,73 @@
+"""SentencePiece wrapper: fixed special ids, round trip, determinism, joint training."""
+
+from __future__ import annotations
+
+import pytest
+
+from sanlab.data.subword import SubwordModel, train_joint
+from sanlab.data.synthetic import generate_translation
+from sanlab.errors import DataError
+
+PAIRS = generate_translation(400, seed=3)
+SRC = [s for s, _ in PAIRS]
+TGT = [t for _, t in PAIRS]
+
+
+@pytest.fixture(scope="module")
+def joint(tmp_path_factory) -> SubwordModel:
+    return train_joint(SRC, TGT, model_path=tmp_path_factory.mktemp("spm") / "joint", vocab_size=200)
+
+
+def test_special_ids_and_pieces(joint):
+    assert (joint.pad_id, joint.unk_id, joint.bos_id, joint.eos_id) == (0, 1, 2, 3)
+    assert [joint.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert 4 < joint.vocab_size <= 200 and len(joint) == joint.vocab_size
+    with pytest.raises(IndexError):
+        joint.id_to_piece(joint.vocab_size)
+
+
+@pytest.mark.parametrize("text", [SRC[0], TGT[1], "the small dog often sleeps under einem baum ."])
+def test_round_trip(joint, text):
+    ids = joint.encode(text)
+    assert all(4 <= i < joint.vocab_size for i in ids)
+    assert joint.decode(ids) == text
+    assert "".join(joint.encode_pieces(text)).replace("\u2581", " ").strip() == text
+
+
+def test_decode_ignores_pad_bos_eos(joint):
+    ids = joint.encode(SRC[2])
+    assert joint.decode([joint.bos_id, *ids, joint.eos_id, joint.pad_id, joint.pad_id]) == SRC[2]
+
+
+def test_joint_vocabulary_covers_both_sides(joint):
+    # A word seen only on the target side is encoded without unknown pieces.
+    assert joint.unk_id not in joint.encode("strasse maenner baeume")
+
+
+def test_training_is_deterministic_and_accepts_model_suffix(tmp_path):
+    a = SubwordModel.train(SRC, model_path=tmp_path / "a" / "m.model", vocab_size=80, model_type="bpe")
+    b = SubwordModel.train(iter(SRC), model_path=tmp_path / "b" / "m", vocab_size=80, model_type="bpe")
+    assert a.path.name == "m.model" and (tmp_path / "a" / "m.vocab").exists()
+    assert [a.id_to_piece(i) for i in range(a.vocab_size)] == [b.id_to_piece(i) for i in range(b.vocab_size)]
+    assert a.encode(SRC[5]) == b.encode(SRC[5])
+
+
+def test_load_with_or_without_suffix(joint):
+    for path in (joint.path, joint.path.with_suffix("")):
+        loaded = SubwordModel.load(path)
+        assert loaded.encode(SRC[3]) == joint.encode(SRC[3])
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.model: SentencePiece model not found"):
+        SubwordModel.load(tmp_path / "missing")
+    (tmp_path / "junk.model").write_text("not a model")
+    with pytest.raises(DataError, match=r"junk\.model: not a SentencePiece model"):
+        SubwordModel.load(tmp_path / "junk.model")
+
+
+def test_train_rejects_empty_input(tmp_path):
+    with pytest.raises(DataError, match="no non-empty texts"):
+        SubwordModel.train(["", "  "], model_path=tmp_path / "m", vocab_size=50)
+    with pytest.raises(ValueError, match="model_type"):
+        SubwordModel.train(SRC, model_path=tmp_path / "m", vocab_size=50, model_type="word")  # type: ignore[arg-type]

@@ -1,0 +1,86 @@
+"""The command line: every subcommand has --help; user errors are one clear line, exit code 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sanlab.cli import main
+
+SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo"]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: sanlab " + command in capsys.readouterr().out
+
+
+def test_console_script_is_installed():
+    out = subprocess.run([sys.executable, "-m", "sanlab.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "train" in out.stdout
+
+
+def _config(tmp_path, body):
+    path = tmp_path / "c.yaml"
+    path.write_text(body)
+    return str(path)
+
+
+def test_unknown_config_key_is_named(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\nmodel: {word_dimm: 3}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "model.word_dimm: unknown key" in err and path in err
+
+
+def test_ill_typed_override_is_named(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n")
+    assert main(["train", path, "--set", "train.batch_size=many", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "train.batch_size" in err and "many" in err and "--set" in err
+
+
+def test_print_config_resolves_overrides(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n")
+    assert main(["train", path, "--set", "model.encoder.layers=3", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "layers: 3" in out and "optimizer: rmsprop" in out
+
+
+def test_unknown_attention_part_lists_known_ones(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n"
+                             "model: {encoder: {attention: {parts: [{type: nope}]}}}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    assert "unknown attention part type 'nope'" in capsys.readouterr().err
+
+
+def test_mismatched_parallel_files_name_the_files(tmp_path, capsys):
+    (tmp_path / "a.src").write_text("one\ntwo\nthree\n")
+    (tmp_path / "a.tgt").write_text("eins\nzwei\n")
+    path = _config(tmp_path, f"task: translation\ndata: {{train: {{src: {tmp_path}/a.src, tgt: {tmp_path}/a.tgt}}, "
+                             f"valid: {{src: {tmp_path}/a.src, tgt: {tmp_path}/a.tgt}}}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "a.src" in err and "a.tgt" in err and "3" in err and "2" in err
+
+
+def test_empty_file_is_named(tmp_path, capsys):
+    (tmp_path / "e.src").write_text("")
+    (tmp_path / "e.tgt").write_text("")
+    path = _config(tmp_path, f"task: translation\ndata: {{train: {{src: {tmp_path}/e.src, tgt: {tmp_path}/e.tgt}}, "
+                             f"valid: {{src: {tmp_path}/e.src, tgt: {tmp_path}/e.tgt}}}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "e.src" in err and "empty" in err
+
+
+def test_malformed_conllu_line_is_named(tmp_path, capsys):
+    good = "1\tThe\tthe\tDET\tDT\t_\t2\tdet\t_\t_\n2\tdog\tdog\tNOUN\tNN\t_\t0\troot\t_\t_\n\n"
+    (tmp_path / "bad.conllu").write_text(good + "1\tA\ta\tDET\n\n")
+    path = _config(tmp_path, f"task: tagging\ndata: {{train: {tmp_path}/bad.conllu, dev: {tmp_path}/bad.conllu}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.conllu:4" in err
