@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sanlab.attention.config import AttentionConfig
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
+from sanlab.layers import block_attention  # noqa: F401  (registers the "block" mixer)
+from sanlab.layers.conv_blocks import PreBlockSpec
 
 PRESETS = Path(__file__).parent / "presets"
 
@@ -33,6 +35,7 @@ class StackConfig(Strict):
     attention: AttentionConfig = AttentionConfig()
     mixer: MixerSpec = AttentionMixerConfig()
     cross_attention: AttentionConfig | None = None  # decoder only; None = same heads as ``attention``, no parts
+    pre_blocks: list[PreBlockSpec] = []  # encoder only: sublayers before the mixer (QANet convs), by ``layers``
 
 
 class Seq2SeqConfig(Strict):
@@ -64,6 +67,7 @@ class TaggerConfig(Strict):
     dropout: float = 0.1
     mask_padding: bool = True           # the reference code does not mask padding (profile "reproduce")
     classifier_sees_embedding: bool = True
+    attention_init: Literal["glorot_normal", "torch"] = "glorot_normal"  # Keras glorot_normal per head (C.1, C.10)
     encoder: StackConfig = StackConfig(layers=4, ffn_dim=0,
                                        attention=AttentionConfig(heads=4, bias=False, out_proj=False))
 

@@ -26,5 +26,5 @@ class AttentionConfig(BaseModel):
     dropout: float = 0.0          # on attention probabilities
     bias: bool = True             # biases of the q/k/v/output projections
     out_proj: bool = True         # Dufter et al.'s SAN has no output projection
-    plan: Literal["auto", "dense", "sdpa"] = "auto"
+    plan: Literal["auto", "dense", "sdpa", "banded"] = "auto"
     parts: list[PartSpec] = []

@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from sanlab.attention import plans
+from sanlab.attention import banded, plans
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
 from sanlab.attention.positions import Positions
 from sanlab.attention.state import KV, PrefixState
 
-PLANS = ("auto", "dense", "sdpa")
+PLANS = ("auto", "dense", "sdpa", "banded")
 
 
 @dataclass
@@ -59,6 +59,11 @@ class Attention(nn.Module):
         self.stage_parts = plans.StageParts.sort(list(self.parts))
         if plan == "sdpa" and self.stage_parts.needs_dense():
             raise ValueError("plan 'sdpa' cannot run parts that read the score matrix; use 'auto' or 'dense'")
+        self.banded_ok = banded.supports(self.stage_parts)  # every part window-local (1D/2D-CSAN)
+        if plan == "banded" and self.parts and not self.banded_ok:  # no parts at all: nothing to band, dense
+            names = ", ".join(type(p).__name__ for p in self.parts)
+            raise ValueError(f"plan 'banded' needs window-local parts only (a window mask, at most one head-area "
+                             f"extend, no score/weight/value parts); got parts: {names}")
 
     @property
     def incremental(self) -> bool:
@@ -113,10 +118,14 @@ class Attention(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, trace: dict | None) -> Tensor:
         ctx.q, ctx.k = q, k
+        kw = dict(parts=self.stage_parts, scale=self.scale, dropout=self.dropout, training=self.training)
+        # The banded plan pays off from ~128 keys on (performance-notes.md); a trace needs the dense matrix.
+        if trace is None and self.banded_ok and (self.plan == "banded" or (self.plan == "auto"
+                                                                           and k.shape[2] >= banded.MIN_KEYS)):
+            return banded.attend(q, k, v, ctx, **kw)
         for part in self.stage_parts.extend:
             k, v = part.extend(k, v, ctx)
         ctx.k = k
-        kw = dict(parts=self.stage_parts, scale=self.scale, dropout=self.dropout, training=self.training)
         use_sdpa = self.plan == "sdpa" or (self.plan == "auto" and trace is None and not self.stage_parts.needs_dense())
         if use_sdpa:
             return plans.sdpa(q, k, v, ctx, **kw)
@@ -126,7 +135,8 @@ class Attention(nn.Module):
                         need_trace: bool) -> AttentionOutput:
         """Decode step for parts without an incremental form: recompute all prefix queries."""
         x_all = x if cache is None else torch.cat([cache.x, x], dim=1)  # [b, t, dim]
-        full = Positions.self_attention(None, length=x_all.shape[1], causal=positions.causal, device=x.device)
+        full = Positions.self_attention(positions.key_valid, length=x_all.shape[1], causal=positions.causal,
+                                        device=x.device)
         result = self.forward(x_all, positions=full, need_trace=need_trace)
         new = x.shape[1]
         return AttentionOutput(result.output[:, -new:], PrefixState(x_all), result.trace)

@@ -2,7 +2,8 @@
 
 ``dense`` is the reference: it forms the full [b, h, i, j] score matrix and runs every part.
 ``sdpa`` hands plain masked attention to torch's fused kernel; it is chosen only when no part
-needs the score matrix. Faster plans are added only with a test that they equal ``dense`` in
+needs the score matrix. ``banded`` (module ``banded``) runs window-local parts (1D/2D-CSAN) in
+O(i*window) without forming the matrix. Faster plans are added only with a test that they equal ``dense`` in
 values and gradients.
 """
 

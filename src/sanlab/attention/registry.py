@@ -26,6 +26,11 @@ class PartConfig(BaseModel):
     def applies_to(self, layer_index: int) -> bool:
         return self.layers is None or layer_index in self.layers
 
+    @classmethod
+    def examples(cls) -> list["PartConfig"]:
+        """Representative configurations the contract tests build (default: the defaults)."""
+        return [cls()]
+
 
 @dataclass(frozen=True)
 class BuildContext:

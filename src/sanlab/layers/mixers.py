@@ -41,3 +41,5 @@ def _parse_mixer(value: object) -> MixerConfig:
 
 
 MixerSpec = Annotated[SerializeAsAny[MixerConfig], BeforeValidator(_parse_mixer)]
+
+from sanlab.layers import dynamic_conv, muse  # noqa: E402,F401  (each registers its mixers)

@@ -3,6 +3,14 @@
 A mixer is any module called as ``mixer(x, positions=..., cache=..., use_cache=..., need_trace=...)``
 returning an ``AttentionOutput`` (output, cache, trace): ``Attention``, a convolution mixer,
 or a parallel mix of branches. Layers never know which.
+
+Optional mixer attributes (absent = False), declared by the mixer itself:
+
+    drops_branches  the mixer applies dropout to each of its branch outputs (MUSE's parallel
+                    block), so the layer adds no dropout on that residual
+    wants_memory    a decoder self-mixer that also attends to the source: the layer passes it
+                    ``memory=`` and ``cross_positions=`` (MUSE's parallel cross-attention branch);
+                    such a layer is built with ``cross_attention=None``
 """
 
 from __future__ import annotations
@@ -54,6 +62,10 @@ class Residual(nn.Module):
         return x + fn(x)
 
 
+def _mixer_dropout(mixer: nn.Module, dropout: float) -> float:
+    return 0.0 if getattr(mixer, "drops_branches", False) else dropout
+
+
 class EncoderLayer(nn.Module):
     """[pre-blocks] -> mixer -> [FFN], each a residual sublayer."""
 
@@ -62,7 +74,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.pre_blocks = nn.ModuleList(pre_blocks or [])  # e.g. QANet convolutions before the SAN
         self.mixer, self.ffn = mixer, ffn
-        self.mixer_res = Residual(dim=dim, norm=norm, dropout=dropout)
+        self.mixer_res = Residual(dim=dim, norm=norm, dropout=_mixer_dropout(mixer, dropout))
         self.ffn_res = Residual(dim=dim, norm=norm, dropout=dropout) if ffn is not None else None
 
     def forward(self, x: Tensor, *, positions: Positions, traces: list | None = None) -> Tensor:
@@ -90,13 +102,19 @@ class DecoderLayerState:
 
 
 class DecoderLayer(nn.Module):
-    """self mixer (causal) -> cross-attention -> FFN, each a residual sublayer."""
+    """self mixer (causal) -> [cross-attention] -> [FFN], each a residual sublayer.
 
-    def __init__(self, *, self_mixer: nn.Module, cross_attention: nn.Module, ffn: nn.Module | None, dim: int,
+    Without ``cross_attention`` a mixer that ``wants_memory`` attends to the source itself.
+    """
+
+    def __init__(self, *, self_mixer: nn.Module, cross_attention: nn.Module | None, ffn: nn.Module | None, dim: int,
                  norm: str = "pre", dropout: float = 0.0):
         super().__init__()
         self.self_mixer, self.cross_attention, self.ffn = self_mixer, cross_attention, ffn
-        self.self_res, self.cross_res, self.ffn_res = (Residual(dim=dim, norm=norm, dropout=dropout) for _ in range(3))
+        self.self_res = Residual(dim=dim, norm=norm, dropout=_mixer_dropout(self_mixer, dropout))
+        self.cross_res = Residual(dim=dim, norm=norm, dropout=dropout) if cross_attention is not None else None
+        self.ffn_res = Residual(dim=dim, norm=norm, dropout=dropout) if ffn is not None else None
+        self.mixer_memory = bool(getattr(self_mixer, "wants_memory", False))
 
     def forward(self, x: Tensor, *, memory: Tensor, positions: Positions, cross_positions: Positions,
                 state: DecoderLayerState | None = None, use_cache: bool = False,
@@ -111,9 +129,11 @@ class DecoderLayer(nn.Module):
                 traces.append(result.trace)
             return result.output
 
-        x = self.self_res(x, lambda h: run("self_cache", self.self_mixer, h, positions=positions))
-        x = self.cross_res(x, lambda h: run("cross_cache", self.cross_attention, h, positions=cross_positions,
-                                            memory=memory))
+        source = dict(memory=memory, cross_positions=cross_positions) if self.mixer_memory else {}
+        x = self.self_res(x, lambda h: run("self_cache", self.self_mixer, h, positions=positions, **source))
+        if self.cross_attention is not None:
+            x = self.cross_res(x, lambda h: run("cross_cache", self.cross_attention, h, positions=cross_positions,
+                                                memory=memory))
         if self.ffn is not None:
             x = self.ffn_res(x, self.ffn)
         return x, (DecoderLayerState(**caches) if use_cache else None)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from torch import nn
 
 from sanlab.attention.build import build_attention
+from sanlab.attention.dufter_utils import glorot_normal_attention_
 from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
+from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS
 from sanlab.layers.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from sanlab.models.embeddings import LearnedPositions, SinusoidalPositions, TokenEmbedding
@@ -23,24 +25,47 @@ def _ffn(stack: StackConfig, dim: int, dropout: float) -> FeedForward | None:
     return FeedForward(dim=dim, hidden=stack.ffn_dim, dropout=0.0) if stack.ffn_dim else None
 
 
+def _holds(stack: StackConfig, branch: str) -> bool:
+    """True if the stack's mixer holds the layer's ``ffn`` or ``cross`` attention as its own branch (MUSE)."""
+    return bool(getattr(stack.mixer, f"holds_{branch}", False))
+
+
+def _build_mixer(stack: StackConfig, ctx: BuildContext, *, dropout: float, cross: nn.Module | None = None) -> nn.Module:
+    """The layer's mixer. A mixer config with ``holds_ffn`` (MUSE's parallel block) also receives the FFN,
+    the branch dropout and, if ``holds_cross``, the cross-attention; the layer then gets none of them."""
+    if not _holds(stack, "ffn"):
+        return MIXERS.build(stack.mixer, ctx, attention=stack.attention)
+    return MIXERS.build(stack.mixer, ctx, attention=stack.attention, ffn=_ffn(stack, ctx.dim, dropout), dropout=dropout,
+                        cross_attention=cross)
+
+
 def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, max_len: int) -> Encoder:
     layers = []
     for n in range(stack.layers):
         ctx = _context(stack, dim=dim, index=n, side="encoder", max_len=max_len)
-        mixer = MIXERS.build(stack.mixer, ctx, attention=stack.attention)
-        layers.append(EncoderLayer(mixer=mixer, ffn=_ffn(stack, dim, dropout), dim=dim, norm=norm, dropout=dropout))
+        mixer = _build_mixer(stack, ctx, dropout=dropout)
+        pre_blocks = [PRE_BLOCKS.build(b, ctx, norm=norm, dropout=dropout) for b in stack.pre_blocks if b.applies_to(n)]
+        ffn = None if _holds(stack, "ffn") else _ffn(stack, dim, dropout)
+        layers.append(EncoderLayer(mixer=mixer, ffn=ffn, dim=dim, norm=norm, dropout=dropout,
+                                   pre_blocks=pre_blocks))
     return Encoder(layers, dim=dim, final_norm=norm == "pre")
 
 
 def build_decoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, max_len: int) -> Decoder:
+    if stack.pre_blocks:  # DecoderLayer has no pre-block slot (and no decoding cache for one)
+        raise ValueError(f"pre_blocks are encoder-only; the decoder stack lists {[b.type for b in stack.pre_blocks]}")
     cross_cfg = stack.cross_attention or stack.attention.model_copy(update={"parts": []})
     layers = []
     for n in range(stack.layers):
         ctx = _context(stack, dim=dim, index=n, side="decoder", max_len=max_len)
-        mixer = MIXERS.build(stack.mixer, ctx, attention=stack.attention)
-        cross_ctx = _context(stack, dim=dim, index=n, side="cross", max_len=max_len)
-        cross = build_attention(cross_cfg, BuildContext(**{**cross_ctx.__dict__, "heads": cross_cfg.heads}))
-        layers.append(DecoderLayer(self_mixer=mixer, cross_attention=cross, ffn=_ffn(stack, dim, dropout), dim=dim, norm=norm, dropout=dropout))
+        cross_ctx = BuildContext(**{**_context(stack, dim=dim, index=n, side="cross", max_len=max_len).__dict__,
+                                    "heads": cross_cfg.heads})
+        held = _holds(stack, "ffn") and _holds(stack, "cross")  # MUSE: cross-attention is a parallel branch
+        mixer = _build_mixer(stack, ctx, dropout=dropout, cross=build_attention(cross_cfg, cross_ctx) if held else None)
+        cross = None if held else build_attention(cross_cfg, cross_ctx)
+        ffn = None if _holds(stack, "ffn") else _ffn(stack, dim, dropout)
+        layers.append(DecoderLayer(self_mixer=mixer, cross_attention=cross, ffn=ffn, dim=dim, norm=norm,
+                                   dropout=dropout))
     return Decoder(layers, dim=dim, final_norm=norm == "pre")
 
 
@@ -69,6 +94,8 @@ def build_tagger(config: TaggerConfig, *, vocab_size: int, num_chars: int, num_t
     dufter = config.layer_style == "dufter"
     encoder = build_encoder(config.encoder, dim=d, norm="none" if dufter else config.norm,
                             dropout=config.dropout, max_len=config.max_len)
+    if config.attention_init == "glorot_normal":
+        glorot_normal_attention_(encoder)
     return Tagger(vocab_size=vocab_size, word_dim=config.word_dim, char_cnn=char_cnn, position_mode=config.position,
                   position_dim=config.position_dim, max_len=config.max_len, encoder=encoder, num_tags=num_tags,
                   classifier_sees_embedding=config.classifier_sees_embedding, mask_padding=config.mask_padding)

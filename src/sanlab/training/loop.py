@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,10 +45,17 @@ class Progress:
     position: int = 0        # batches of the current epoch already consumed
     best: float | None = None
     bad_validations: int = 0
-    history: list = field(default_factory=list)
+    train_seconds: float = 0.0   # wall time spent in updates only (no validation, no data preparation)
+    train_tokens: int = 0        # target tokens seen by those updates
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("step", "epoch", "position", "best", "bad_validations")}
+        return {k: getattr(self, k) for k in ("step", "epoch", "position", "best", "bad_validations",
+                                              "train_seconds", "train_tokens")}
+
+    def speed(self) -> dict[str, float]:
+        """Training speed measured the same way for every model: updates and target tokens per second."""
+        seconds = max(self.train_seconds, 1e-9)
+        return {"steps_per_s": self.step / seconds, "tokens_per_s": self.train_tokens / seconds}
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -133,6 +140,7 @@ class Trainer:
         p = self.progress
         metrics = self.task.validate()
         score = metrics[self.task.metric]
+        self.log.scalars("speed", p.speed(), step=p.step)
         improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
         p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
         self.log.scalars("valid", metrics, step=p.step)
@@ -153,6 +161,8 @@ class Trainer:
                 group = batches[p.position: p.position + cfg.accum_steps]
                 t0 = time.monotonic()
                 loss, tokens = self._update(group)
+                p.train_seconds += time.monotonic() - t0
+                p.train_tokens += tokens
                 p.position += len(group)
                 bar.update(len(group))
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")

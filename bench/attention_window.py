@@ -1,0 +1,108 @@
+"""Dense vs banded local-window attention (1D-/2D-CSAN), forward + backward, on this CPU.
+
+Times the attention core (scores -> mask -> softmax -> weighted values) from given q, k, v of
+shape [B, H, I, D]; projections are the same for every plan and left out. Methods are run
+interleaved (rotating order each repeat) and reported as medians with ratios to the dense
+reference of the same length and the same run (performance-notes.md, "timing hygiene").
+
+    .venv/bin/python bench/attention_window.py            # I in 64 128 512, 20 repeats
+    .venv/bin/python bench/attention_window.py --quick    # 5 repeats: for a busy machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from sanlab.attention import banded, plans
+from sanlab.attention.parts.csan2d import HeadArea
+from sanlab.attention.parts.window import WindowMask
+from sanlab.attention.parts_base import AttentionContext
+from sanlab.attention.positions import Positions
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 512])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--size", type=int, default=11, help="window M (odd)")
+    p.add_argument("--area", type=int, default=3, help="2D-CSAN heads N (odd)")
+    p.add_argument("--block", type=int, default=banded.BLOCK, help="queries per block of the banded plan")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="5 repeats, 2 warm-ups")
+    return p.parse_args()
+
+
+def _method(name: str, part, *, block: int):
+    """A function (q, k, v, positions) -> output running one plan over one window part."""
+    parts = plans.StageParts.sort([part])
+
+    def run(q, k, v, positions):
+        ctx = AttentionContext(positions=positions, heads=q.shape[1], head_dim=q.shape[3], q=q, k=k)
+        kw = dict(parts=parts, scale=q.shape[-1] ** -0.5, dropout=0.0, training=True)
+        if name == "banded":
+            return banded.attend(q, k, v, ctx, block=block, **kw)
+        for p in parts.extend:
+            k, v = p.extend(k, v, ctx)
+        if name == "sdpa":
+            return plans.sdpa(q, k, v, ctx, **kw)
+        return plans.dense(q, k, v, ctx, trace=None, **kw)
+
+    return run
+
+
+def _time(run, tensors, positions) -> float:
+    for t in tensors:
+        t.grad = None
+    start = time.perf_counter()
+    run(*tensors, positions).sum().backward()
+    return time.perf_counter() - start
+
+
+def bench_length(args, length: int) -> list[tuple[str, float]]:
+    m = (args.size - 1) // 2
+    g = torch.Generator().manual_seed(length)
+    shape = (args.batch, args.heads, length, args.head_dim)
+    tensors = [torch.randn(shape, generator=g).requires_grad_(True) for _ in range(3)]
+    valid = torch.ones(args.batch, length, dtype=torch.bool)
+    valid[0, length - length // 4:] = False  # some padding, as in a real batch
+    positions = Positions.self_attention(valid, length=length)
+    one_d, two_d = WindowMask(half_width=m), HeadArea(half_width=m, area=args.area, boundary="wrap")
+    methods = {"1D dense": _method("dense", one_d, block=args.block),
+               "1D sdpa+mask": _method("sdpa", one_d, block=args.block),
+               "1D banded": _method("banded", one_d, block=args.block),
+               "2D dense": _method("dense", two_d, block=args.block),
+               "2D banded": _method("banded", two_d, block=args.block)}
+    names = list(methods)
+    warmups, repeats = (2, 5) if args.quick else (3, args.repeats)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmups + repeats):
+        for n in names[r % len(names):] + names[:r % len(names)]:  # rotate the order every repeat
+            elapsed = _time(methods[n], tensors, positions)
+            if r >= warmups:
+                times[n].append(elapsed)
+    return [(n, statistics.median(times[n])) for n in names]
+
+
+def main() -> None:
+    args = _parse()
+    torch.set_num_threads(args.threads)
+    print(f"forward+backward, B={args.batch} H={args.heads} D={args.head_dim} M={args.size} N={args.area} "
+          f"block={args.block} threads={args.threads} torch={torch.__version__} "
+          f"repeats={5 if args.quick else args.repeats}; median ms (ratio to dense of the same window)")
+    print(f"{'I':>5}  {'method':<13} {'ms':>9} {'ratio':>7}")
+    for length in args.lengths:
+        rows = dict(bench_length(args, length))
+        for name, seconds in rows.items():
+            ref = rows["1D dense" if name.startswith("1D") else "2D dense"]
+            print(f"{length:>5}  {name:<13} {seconds * 1e3:>9.2f} {seconds / ref:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()

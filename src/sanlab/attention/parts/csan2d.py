@@ -1,0 +1,125 @@
+"""2D-CSAN: each query attends to an N x M area — the time window of 1D-CSAN in N neighbouring heads.
+
+Yang, Wang, Wong, Chao, Tu, "Convolutional Self-Attention Network", arXiv 2018,
+https://arxiv.org/abs/1810.13320, Eq. 6-8; NAACL 2019 version, https://arxiv.org/abs/1904.03107,
+Eq. 7-9.
+
+    e_ij^{hs}     = q_i^h . k_j^s / sqrt(d)
+    alpha_ij^{hs} = exp(e_ij^{hs}) / sum_{s' in S(h)} sum_{t in W(i)} exp(e_it^{hs'})
+    y_i^h         = sum_{s in S(h)} sum_{j in W(i)} alpha_ij^{hs} v_j^s
+
+``extend`` concatenates the keys/values of the heads S(h) = {h-n .. h+n} along the key axis
+([b, h, n*j, d], block delta = -n..n in order), so the ordinary softmax over the extended key
+axis IS the joint N x M softmax; ``mask`` applies the 1D window to the tiled positions (and,
+for ``clip``, hides the head slots outside [0, H-1]). Head-axis boundary (spec A.3):
+
+    wrap       keys and values of head (h+delta) mod H                       (default)
+    clip       only heads inside [0, H-1]; edge heads see 2 (not 3) head blocks
+    reference  keys of (h+delta) mod H but values of clamp(h+delta, 0, H-1): the released code
+
+No parameters. The ``banded`` plan runs it in O(I*N*M) through ``band_offsets``/``head_sources``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import field_validator
+from torch import Tensor
+
+from sanlab.attention import masks
+from sanlab.attention.core import with_positions
+from sanlab.attention.parts.window import WindowConfig, band_offsets
+from sanlab.attention.parts_base import AttentionContext, AttentionPart
+from sanlab.attention.registry import PARTS, BuildContext
+
+BOUNDARIES = ("wrap", "clip", "reference")
+
+
+class Csan2dConfig(WindowConfig):
+    """2D-CSAN area: ``size`` M (or ``half_width`` m) positions x ``heads_area`` N (odd) heads."""
+
+    type: Literal["csan2d"] = "csan2d"  # type: ignore[assignment]
+    heads_area: int = 3
+    head_boundary: Literal["wrap", "clip", "reference"] = "wrap"
+
+    @field_validator("heads_area")
+    @classmethod
+    def _odd_area(cls, heads_area: int) -> int:
+        if heads_area < 1 or heads_area % 2 == 0:
+            raise ValueError(f"heads_area N must be odd and >= 1 (heads h-n .. h+n), got {heads_area}")
+        return heads_area
+
+    @classmethod
+    def examples(cls) -> list["Csan2dConfig"]:
+        return [cls(size=3), cls(size=5, head_boundary="clip", causal_window="full"),
+                cls(size=3, head_boundary="reference")]
+
+
+def head_sources(*, heads: int, area: int, boundary: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Which head feeds head slot delta of query head h.
+
+    Returns k_src [h, n] and v_src [h, n] (head indices, n = area, delta = -n//2 .. n//2) and
+    valid [h, n] (False only for ``clip`` slots outside [0, H-1]; their indices are clamped).
+    """
+    half = area // 2
+    target = torch.arange(heads)[:, None] + torch.arange(-half, half + 1)[None, :]  # [h, n]
+    wrapped, clamped = target % heads, target.clamp(0, heads - 1)
+    valid = (target >= 0) & (target < heads)
+    if boundary == "wrap":
+        return wrapped, wrapped, torch.ones_like(valid)
+    if boundary == "clip":
+        return clamped, clamped, valid
+    if boundary == "reference":
+        return wrapped, clamped, torch.ones_like(valid)
+    raise ValueError(f"unknown head_boundary {boundary!r}; choose one of {BOUNDARIES}")
+
+
+class HeadArea(AttentionPart):
+    """Borrow the keys/values of neighbouring heads (extend), then window them (mask)."""
+
+    def __init__(self, *, half_width: int, area: int, boundary: str, causal_window: str = "half"):
+        super().__init__()
+        self.half_width, self.area, self.boundary, self.causal_window = half_width, area, boundary, causal_window
+        self.window = 2 * half_width if causal_window == "full" else half_width
+
+    def head_sources(self, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+        return head_sources(heads=heads, area=self.area, boundary=self.boundary)
+
+    def band_offsets(self, *, causal: bool) -> tuple[int, int]:
+        return band_offsets(self.half_width, self.causal_window, causal=causal)
+
+    def extend(self, k: Tensor, v: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+        k_src, v_src, valid = (t.to(k.device) for t in self.head_sources(ctx.heads))
+        b, h, j, d = k.shape
+        n = self.area
+        k_ext = k[:, k_src].reshape(b, h, n * j, d)  # [b, h, n, j, d] -> [b, h, n*j, d]
+        v_ext = v[:, v_src].reshape(b, h, n * j, d)  # [b, h, n, j, d] -> [b, h, n*j, d]
+        pos = ctx.positions
+        # Every head block holds the same time steps: positions and padding are tiled n times.
+        with_positions(ctx, k_pos=pos.k_pos.repeat(n),  # [n*j]
+                       key_valid=None if pos.key_valid is None else pos.key_valid.repeat(1, n))  # [b, n*j]
+        # key_head [h, n*j]: source head of each key column per query head; -1 = no head (clip).
+        ctx.key_head = k_src.masked_fill(~valid, -1).repeat_interleave(j, dim=1)
+        return k_ext, v_ext
+
+    def mask(self, ctx: AttentionContext) -> Tensor:
+        left, right = self.band_offsets(causal=ctx.causal)
+        allowed = masks.band(ctx.q_pos, ctx.k_pos, left=left, right=right)  # [1, 1, i, n*j]
+        if self.boundary == "clip":
+            allowed = allowed & (ctx.key_head >= 0)[None, :, None, :]  # [1, h, i, n*j]
+        return allowed
+
+    def extra_repr(self) -> str:
+        return (f"half_width={self.half_width}, area={self.area}, boundary={self.boundary!r}, "
+                f"causal_window={self.causal_window!r}")
+
+
+@PARTS.register(Csan2dConfig)
+def build_csan2d(config: Csan2dConfig, ctx: BuildContext) -> HeadArea:
+    if config.heads_area > ctx.heads:
+        raise ValueError(f"2D-CSAN heads_area N = {config.heads_area} exceeds the {ctx.heads} heads of "
+                         f"layer {ctx.layer_index} ({ctx.side}); N must be <= heads")
+    return HeadArea(half_width=config.m, area=config.heads_area, boundary=config.head_boundary,
+                    causal_window=config.causal_window)

@@ -1,0 +1,78 @@
+"""Bi_Direct: forward and backward directional masks on dot-product heads (CSAN baseline, spec B.7).
+
+Shen, Zhou, Long, Jiang, Pan & Zhang, "DiSAN: Directional Self-Attention Network for RNN/CNN-Free
+Language Understanding", AAAI 2018, https://arxiv.org/abs/1709.04696, Sec. 3.2 (directional masks
+M^fw, M^bw). CSAN adaptation (reference code ``layers/attention_di.py``): ordinary dot-product
+heads, the first H - 2 H_di heads unmasked, then H_di (forward, backward) pairs in alternation:
+
+    forward head:  key j visible to query i iff j <= i        backward head:  iff j >= i
+
+The diagonal is included, so no row is ever empty (DiSAN itself excludes it and uses
+feature-wise attention; that full model is not what the CSAN table compares). No parameters.
+Encoder-only: under a causal mask the backward heads would see only themselves, so the part is
+not ``causal_safe`` and building it in decoder self-attention raises.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from sanlab.attention.parts_base import AttentionContext, AttentionPart
+from sanlab.attention.registry import PARTS, BuildContext, PartConfig
+
+
+class BiDirectConfig(PartConfig):
+    """``pairs``: number H_di of (forward, backward) head pairs; ``all`` = H/2 (every head directional)."""
+
+    type: Literal["bi_direct"] = "bi_direct"
+    layers: list[int] | None = [0, 1, 2]
+    pairs: int | Literal["all"] = "all"
+
+    @classmethod
+    def examples(cls) -> list["BiDirectConfig"]:
+        return [cls(layers=None), cls(layers=None, pairs=1)]
+
+
+def head_directions(heads: int, pairs: int) -> Tensor:
+    """[h] direction per head: 0 = unmasked, +1 = forward (j <= i), -1 = backward (j >= i)."""
+    plain = heads - 2 * pairs
+    return torch.tensor([0] * plain + [1, -1] * pairs)  # [h]
+
+
+def directional_mask(q_pos: Tensor, k_pos: Tensor, directions: Tensor) -> Tensor:
+    """Boolean [1, h, i, j]: forward heads see j <= i, backward heads j >= i, plain heads everything."""
+    offset = (k_pos[None, :] - q_pos[:, None])[None]  # [1, i, j]
+    sign = directions.to(q_pos.device)[:, None, None]  # [h, 1, 1]
+    return ((offset * sign) <= 0)[None]  # [1, h, i, j]
+
+
+class DirectionalHeads(AttentionPart):
+    """Per-head forward/backward masks (mask stage only, so the fused SDPA plan still applies)."""
+
+    causal_safe = False
+
+    def __init__(self, *, heads: int, pairs: int):
+        super().__init__()
+        self.register_buffer("directions", head_directions(heads, pairs), persistent=False)  # [h]
+        self.pairs = pairs
+
+    def mask(self, ctx: AttentionContext) -> Tensor:
+        return directional_mask(ctx.q_pos, ctx.k_pos, self.directions)  # [1, h, i, j]
+
+    def extra_repr(self) -> str:
+        return f"pairs={self.pairs}, heads={self.directions.numel()}"
+
+
+@PARTS.register(BiDirectConfig)
+def build_bi_direct(config: BiDirectConfig, ctx: BuildContext) -> DirectionalHeads:
+    if ctx.side == "cross":
+        raise ValueError("bi_direct masks self-attention heads by direction; it has no meaning in "
+                         "encoder-decoder attention")
+    pairs = ctx.heads // 2 if config.pairs == "all" else config.pairs
+    if not 1 <= pairs <= ctx.heads // 2:
+        raise ValueError(f"bi_direct pairs = {config.pairs} needs {2 * pairs} heads; the attention has "
+                         f"{ctx.heads}, so pairs must be between 1 and {ctx.heads // 2}")
+    return DirectionalHeads(heads=ctx.heads, pairs=pairs)

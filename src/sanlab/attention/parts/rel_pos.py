@@ -1,0 +1,88 @@
+"""Rel_Pos: clipped relative position representations on keys and values.
+
+Shaw, Uszkoreit & Vaswani, "Self-Attention with Relative Position Representations", NAACL 2018,
+https://arxiv.org/abs/1803.02155, Eq. 3-4 (relation-aware attention) and Eq. 5-7 (clipping):
+
+    a^K_ij = w^K[clip(j - i, -k, k) + k],   a^V_ij = w^V[clip(j - i, -k, k) + k],   w^K, w^V in R^{(2k+1) x D}
+    e_ij^h = q_i^h . (k_j^h + a^K_ij) / sqrt(D)
+    y_i^h  = sum_j alpha_ij^h (v_j^h + a^V_ij)
+
+One pair of tables per layer, shared by all heads (Shaw's efficient form and the CSAN reference
+code both share), k = 16: 2(2k+1)D parameters per attention layer (spec B.1).
+
+Efficient form, never an [i, j, d] tensor: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered
+at the relative index; the value term scatter-adds alpha into the 2k+1 distance buckets and
+multiplies by w^V. The relative index comes from the explicit absolute positions, so the part is
+decoder-capable and incremental (a cached step at position t uses clip(j - t) for j <= t).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from sanlab.attention.parts_base import AttentionContext, AttentionPart
+from sanlab.attention.registry import PARTS, BuildContext, PartConfig
+
+
+class RelPosConfig(PartConfig):
+    """Shaw et al.'s relative positions, in every layer of the stack it is listed in by default.
+
+    ``cross``: allow use in encoder-decoder attention (target position minus source position, as
+    the CSAN reference code does; not in Shaw et al.). List the part in ``cross_attention.parts``
+    and set this to true.
+    """
+
+    type: Literal["rel_pos"] = "rel_pos"
+    max_distance: int = Field(16, ge=0)   # clipping distance k (Shaw's MT setting)
+    cross: bool = False
+
+    @classmethod
+    def examples(cls) -> list["RelPosConfig"]:
+        return [cls(max_distance=2), cls(max_distance=0)]
+
+
+def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
+    """[i, j] table row index clip(k_pos[j] - q_pos[i], -k, k) + k, in 0 .. 2k."""
+    offset = k_pos[None, :] - q_pos[:, None]  # [i, j]
+    return offset.clamp(-max_distance, max_distance) + max_distance  # [i, j]
+
+
+class RelativePositions(AttentionPart):
+    """Adds q . a^K_ij / sqrt(D) to the scores and sum_j alpha_ij a^V_ij to the head outputs."""
+
+    def __init__(self, *, head_dim: int, max_distance: int):
+        super().__init__()
+        self.max_distance = max_distance
+        self.scale = head_dim ** -0.5
+        rows = 2 * max_distance + 1
+        # Shaw et al. do not state the init; Xavier-uniform keeps a^K on the scale of the keys.
+        self.key_table = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, head_dim)))    # [2k+1, d]
+        self.value_table = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, head_dim)))  # [2k+1, d]
+
+    def _index(self, ctx: AttentionContext, like: Tensor) -> Tensor:
+        index = relative_index(ctx.q_pos, ctx.k_pos, self.max_distance)  # [i, j]
+        return index.expand(*like.shape[:2], *index.shape)  # [b, h, i, j]
+
+    def score(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
+        by_distance = torch.einsum("bhid,rd->bhir", ctx.q, self.key_table.to(ctx.q.dtype))  # [b, h, i, 2k+1]
+        return scores + torch.gather(by_distance, -1, self._index(ctx, scores)) * self.scale  # [b, h, i, j]
+
+    def values(self, out: Tensor, weights: Tensor, ctx: AttentionContext) -> Tensor:
+        buckets = weights.new_zeros(*weights.shape[:3], 2 * self.max_distance + 1)  # [b, h, i, 2k+1]
+        buckets = buckets.scatter_add(-1, self._index(ctx, weights), weights)  # [b, h, i, 2k+1]
+        return out + torch.einsum("bhir,rd->bhid", buckets, self.value_table.to(out.dtype))  # [b, h, i, d]
+
+    def extra_repr(self) -> str:
+        return f"max_distance={self.max_distance}"
+
+
+@PARTS.register(RelPosConfig)
+def build_rel_pos(config: RelPosConfig, ctx: BuildContext) -> RelativePositions:
+    if ctx.side == "cross" and not config.cross:
+        raise ValueError("rel_pos in encoder-decoder attention is not Shaw et al.'s method; "
+                         "set cross: true to use target-minus-source relative positions there")
+    return RelativePositions(head_dim=ctx.head_dim, max_distance=config.max_distance)

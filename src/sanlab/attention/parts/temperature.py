@@ -1,0 +1,50 @@
+"""Learnable temperature (+Temp).
+
+Dufter, Schmitt & Schuetze, "Increasing Learning Efficiency of Self-Attention Networks through
+Direct Position Interactions, Learnable Temperature, and Convoluted Attention", COLING 2020,
+https://aclanthology.org/2020.coling-main.324 (no arXiv version), Sec. 2.4; spec C.6.
+
+    q^h = gamma^h_q X W^h_Q,   k^h = gamma^h_k X W^h_K,   v^h = gamma^h_v X W^h_V
+
+Three scalars per head and layer, initialised to 1; no normalisation is performed.
+gamma_q * gamma_k acts as an inverse softmax temperature, gamma_v rescales the head's output.
+A project-stage part: position-wise, so cached keys/values stay valid (incremental, causal-safe),
+and the fused SDPA plan still applies.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from sanlab.attention.parts_base import AttentionContext, AttentionPart
+from sanlab.attention.registry import PARTS, BuildContext, PartConfig
+
+
+class TemperatureConfig(PartConfig):
+    """Per-head scalars gamma_q, gamma_k, gamma_v on the projections (every layer by default)."""
+
+    type: Literal["temperature"] = "temperature"
+
+
+class LearnableTemperature(AttentionPart):
+    """Scale the per-head q, k, v by learned scalars."""
+
+    def __init__(self, *, heads: int):
+        super().__init__()
+        self.gamma_q = nn.Parameter(torch.ones(heads))  # [h]
+        self.gamma_k = nn.Parameter(torch.ones(heads))  # [h]
+        self.gamma_v = nn.Parameter(torch.ones(heads))  # [h]
+
+    def project(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
+        def per_head(x: Tensor, gamma: Tensor) -> Tensor:
+            return x * gamma[None, :, None, None].to(x.dtype)  # [b, h, i|j, d]
+
+        return per_head(q, self.gamma_q), per_head(k, self.gamma_k), per_head(v, self.gamma_v)
+
+
+@PARTS.register(TemperatureConfig)
+def build_temperature(config: TemperatureConfig, ctx: BuildContext) -> LearnableTemperature:
+    return LearnableTemperature(heads=ctx.heads)

@@ -1,0 +1,90 @@
+"""Parameter counts of the CSAN comparison table (Yang et al., NAACL 2019, Table 1; spec B and D.1).
+
+Builds Transformer-Base (preset ``transformer_base``) once plainly and once per variant with the
+variant's config overrides, and reports (variant, parameters, delta to vanilla). Models are built
+on the ``meta`` device: shapes only, no memory, no initialisation cost.
+
+    python -m sanlab.experiments.params
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sanlab.config import PRESETS, Seq2SeqConfig, load_raw
+from sanlab.models.builders import build_seq2seq, count_parameters
+
+_ENC_PARTS = "encoder.attention.parts"
+_DEC_PARTS = "decoder.attention.parts"
+
+# Each variant: dotted model keys -> value, applied over the preset (spec B.0-B.7 defaults).
+BASELINES: dict[str, dict[str, object]] = {
+    "Transformer-Base": {},
+    "+ Bi_Direct": {_ENC_PARTS: [{"type": "bi_direct"}]},
+    "+ Rel_Pos": {_ENC_PARTS: [{"type": "rel_pos"}], _DEC_PARTS: [{"type": "rel_pos"}]},
+    "+ Neighbor": {_ENC_PARTS: [{"type": "neighbor"}]},
+    "+ Local_Hard": {_ENC_PARTS: [{"type": "local_hard"}]},
+    "+ Local_Soft": {_ENC_PARTS: [{"type": "local_soft"}]},
+    "+ Block": {"encoder.mixer": {"type": "block"}},
+    "+ Block (reference)": {"encoder.mixer": {"type": "block", "block_mode": "reference"}},
+    "+ CNNs": {"encoder.pre_blocks": [{"type": "conv"}]},
+    "+ CNNs (full conv)": {"encoder.pre_blocks": [{"type": "conv", "conv_type": "full"}]},
+    "+ 1D-CSAN": {_ENC_PARTS: [{"type": "window", "size": 11, "layers": [0, 1, 2]}]},
+    "+ 2D-CSAN": {_ENC_PARTS: [{"type": "csan2d", "size": 11, "heads_area": 3, "layers": [0, 1, 2]}]},
+}
+
+# Added parameters the papers report (Table 1, both versions), for the printed comparison.
+PUBLISHED_DELTA_M = {"+ Bi_Direct": 0.0, "+ Rel_Pos": 0.1, "+ Neighbor": 0.4, "+ Local_Hard": 0.4,
+                     "+ Local_Soft": 0.8, "+ Block": 6.0, "+ CNNs": 42.6, "+ 1D-CSAN": 0.0, "+ 2D-CSAN": 0.0}
+
+
+@dataclass(frozen=True)
+class ParamRow:
+    variant: str
+    params: int
+    delta: int  # versus the first (vanilla) row
+
+
+def _set(tree: dict, dotted: str, value: object) -> None:
+    *path, last = dotted.split(".")
+    for key in path:
+        tree = tree.setdefault(key, {})
+    tree[last] = value
+
+
+def model_config(overrides: dict[str, object], *, preset: str = "transformer_base") -> Seq2SeqConfig:
+    """The preset's model section with dotted ``overrides`` applied."""
+    raw = load_raw(PRESETS / f"{preset}.yaml").get("model", {})
+    for dotted, value in overrides.items():
+        _set(raw, dotted, value)
+    return Seq2SeqConfig.model_validate(raw)
+
+
+def count_model(config: Seq2SeqConfig, *, vocab_size: int) -> int:
+    with torch.device("meta"):  # parameter shapes only
+        return count_parameters(build_seq2seq(config, vocab_size=vocab_size, pad_id=0))
+
+
+def parameter_table(variants: dict[str, dict[str, object]] | None = None, *, preset: str = "transformer_base",
+                    vocab_size: int = 37000) -> list[ParamRow]:
+    """One row per variant; the first variant is the reference for ``delta``. The deltas do not depend
+    on ``vocab_size`` (37k shared: Vaswani et al.'s base setting)."""
+    variants = BASELINES if variants is None else variants
+    counts = {name: count_model(model_config(o, preset=preset), vocab_size=vocab_size) for name, o in variants.items()}
+    base = next(iter(counts.values()))
+    return [ParamRow(name, n, n - base) for name, n in counts.items()]
+
+
+def format_table(rows: list[ParamRow]) -> str:
+    lines = [f"{'variant':<22} {'params':>12} {'delta':>12} {'delta (M)':>10} {'paper':>8}"]
+    for row in rows:
+        paper = PUBLISHED_DELTA_M.get(row.variant)
+        lines.append(f"{row.variant:<22} {row.params:>12,} {row.delta:>+12,} {row.delta / 1e6:>+10.1f} "
+                     f"{'' if paper is None else f'+{paper:.1f}':>8}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(format_table(parameter_table()))

@@ -1,0 +1,185 @@
+"""Contracts every registered attention part keeps, parametrised over the registry.
+
+Each case is one part type x one of its config's ``examples()``, built with ``PARTS.build`` inside
+a tiny ``Attention`` (width 16, 4 heads, float64, odd lengths, padding), on the encoder side and,
+when the part is ``causal_safe``, on the decoder side. A new part is enrolled by registering it.
+
+    shapes/finite   output [b, i, dim], finite values and gradients, padded query rows exactly 0
+    plans           every fast plan the parts allow (sdpa, banded) == dense, values and gradients
+    cached          step-by-step decoding with the cache == one causal forward over the prefix
+    no leak         under a causal mask, changing a later token leaves earlier outputs unchanged
+    padding         padding the batch to a longer length leaves the real positions unchanged
+    causal_safe     building a part with causal_safe=False for the decoder raises a clear error
+"""
+
+import pytest
+import torch
+
+import sanlab.attention.parts  # noqa: F401  (registers every part)
+from sanlab.attention import Attention, Positions, banded
+from sanlab.attention.build import build_attention
+from sanlab.attention.config import AttentionConfig
+from sanlab.attention.registry import PARTS, BuildContext
+
+DIM, HEADS = 16, 4
+LENGTHS = (9, 6, 3)        # real lengths of the batch rows; the padded length is 9 (odd)
+EXTRA = 4                  # padding appended by the padding contract
+MAX_LEN = 16               # >= every test sequence (9 + EXTRA), for parts sized by max_len
+CHUNKS = (3, 1, 2, 1, 1, 1)  # decoding steps of the cached contract (sum = 9): a prompt, then steps
+
+CASES = [pytest.param(cfg, id=f"{name}-{n}")
+         for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())]
+SIDES = ("encoder", "decoder")
+
+
+def _context(cfg, side: str) -> BuildContext:
+    layer = cfg.layers[0] if cfg.layers else 0  # a layer the part is configured for
+    return BuildContext(dim=DIM, heads=HEADS, layer_index=layer, num_layers=layer + 2, side=side, max_len=MAX_LEN)
+
+
+def _attention(cfg, side: str, plan: str = "dense") -> Attention:
+    torch.manual_seed(0)
+    part = PARTS.build(cfg, _context(cfg, side))
+    return Attention(dim=DIM, heads=HEADS, parts=[part], plan=plan).double().eval()
+
+
+def _decoder_or_skip(cfg, side: str) -> Attention:
+    """The attention of ``side``; a part without a decoder form is checked by the causal_safe contract."""
+    if side == "decoder":
+        try:
+            part = PARTS.build(cfg, _context(cfg, side))
+        except ValueError:
+            pytest.skip("the builder refuses the decoder side (checked by the causal_safe contract)")
+        if not part.causal_safe:
+            pytest.skip("part is not causal_safe (checked by the causal_safe contract)")
+    return _attention(cfg, side)
+
+
+def _inputs(length: int = max(LENGTHS), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(LENGTHS), length, DIM, generator=g, dtype=torch.float64)  # [b, i, dim]
+    valid = torch.arange(length)[None, :] < torch.tensor(LENGTHS)[:, None]  # [b, i]
+    return x, valid
+
+
+def _positions(valid: torch.Tensor, side: str) -> Positions:
+    return Positions.self_attention(valid, length=valid.shape[1], causal=side == "decoder")
+
+
+def _fast_plans(attn: Attention) -> list[str]:
+    fast = [] if attn.stage_parts.needs_dense() else ["sdpa"]
+    return fast + (["banded"] if banded.supports(attn.stage_parts) else [])
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("cfg", CASES)
+def test_shapes_finite_and_padded_rows_zero(cfg, side):
+    attn = _decoder_or_skip(cfg, side)
+    x, valid = _inputs()
+    x.requires_grad_(True)
+    out = attn(x, positions=_positions(valid, side)).output
+    assert out.shape == (len(LENGTHS), max(LENGTHS), DIM)
+    assert torch.isfinite(out).all()
+    assert torch.all(out[~valid] == attn.out_proj(torch.zeros(DIM, dtype=out.dtype)))  # zeroed before W_O
+    out.pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("cfg", CASES)
+def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
+    dense = _decoder_or_skip(cfg, side)
+    plans = _fast_plans(dense)
+    if not plans:
+        pytest.skip("no fast plan for this part: dense is its only plan")
+    monkeypatch.setattr(banded, "BLOCK", 4)  # several query blocks, the last one partial
+    x, valid = _inputs()
+    probe = torch.randn(len(LENGTHS), max(LENGTHS), DIM, dtype=torch.float64)
+    results = []
+    for plan in ["dense", *plans]:
+        attn = _attention(cfg, side, plan)
+        attn.load_state_dict(dense.state_dict())
+        xi = x.clone().requires_grad_(True)
+        out = attn(xi, positions=_positions(valid, side)).output
+        (out * probe).sum().backward()
+        results.append((plan, out, xi.grad, [p.grad for p in attn.parameters()]))
+    _, ref_out, ref_dx, ref_dp = results[0]
+    for plan, out, dx, dp in results[1:]:
+        torch.testing.assert_close(out, ref_out, msg=lambda m: f"plan {plan} values: {m}")
+        torch.testing.assert_close(dx, ref_dx, msg=lambda m: f"plan {plan} input gradient: {m}")
+        for g, ref in zip(dp, ref_dp):
+            if ref is None:
+                assert g is None or torch.all(g == 0)
+            else:
+                torch.testing.assert_close(g, ref, msg=lambda m: f"plan {plan} parameter gradient: {m}")
+
+
+def _decode(attn: Attention, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    cache, outs, start = None, [], 0
+    for size in CHUNKS:
+        end = start + size
+        pos = Positions.self_attention(valid[:, :end], length=size, offset=start, causal=True)
+        result = attn(x[:, start:end], positions=pos, cache=cache, use_cache=True)
+        cache, start = result.cache, end
+        outs.append(result.output)
+    return torch.cat(outs, dim=1)  # [b, i, dim]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full-rows", "padded-rows"])
+@pytest.mark.parametrize("cfg", CASES)
+def test_cached_decoding_equals_full_causal_forward(cfg, padded, monkeypatch):
+    dense = _decoder_or_skip(cfg, "decoder")
+    monkeypatch.setattr(banded, "BLOCK", 2)
+    x, valid = _inputs()
+    valid = valid if padded else torch.ones_like(valid)
+    assert sum(CHUNKS) == x.shape[1]
+    full = dense(x, positions=_positions(valid, "decoder")).output
+    for plan in ["dense", *_fast_plans(dense)]:
+        attn = _attention(cfg, "decoder", plan)
+        attn.load_state_dict(dense.state_dict())
+        torch.testing.assert_close(_decode(attn, x, valid), full, msg=lambda m: f"plan {plan}: {m}")
+
+
+@pytest.mark.parametrize("cfg", CASES)
+def test_later_tokens_do_not_change_earlier_outputs(cfg):
+    attn = _decoder_or_skip(cfg, "decoder")
+    x, _ = _inputs()
+    pos = _positions(torch.ones(x.shape[:2], dtype=torch.bool), "decoder")
+    out = attn(x, positions=pos).output
+    for t in (1, 4, x.shape[1] - 1):
+        changed = x.clone()
+        changed[:, t:] = torch.randn_like(changed[:, t:]) * 3.0
+        torch.testing.assert_close(attn(changed, positions=pos).output[:, :t], out[:, :t],
+                                   msg=lambda m: f"tokens >= {t} leaked into earlier outputs: {m}")
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("cfg", CASES)
+def test_extra_padding_leaves_real_positions_unchanged(cfg, side):
+    attn = _decoder_or_skip(cfg, side)
+    x, valid = _inputs()
+    out = attn(x, positions=_positions(valid, side)).output
+    longer_valid = torch.cat([valid, torch.zeros(x.shape[0], EXTRA, dtype=torch.bool)], dim=1)  # [b, i + EXTRA]
+    longer = torch.cat([x, torch.zeros(x.shape[0], EXTRA, DIM, dtype=x.dtype)], dim=1)  # [b, i + EXTRA, dim]
+    longer[~longer_valid] = torch.randn(int((~longer_valid).sum()), DIM, dtype=x.dtype) * 5.0  # new padding values
+    out_long = attn(longer, positions=_positions(longer_valid, side)).output
+    torch.testing.assert_close(out_long[:, :x.shape[1]][valid], out[valid])
+
+
+@pytest.mark.parametrize("cfg", CASES)
+def test_causal_unsafe_parts_fail_on_the_decoder_side(cfg):
+    """On the decoder side a builder may refuse (clear error), build a causal-safe form (a part may
+    drop what would leak, e.g. capsule vertical routing), or build a causal_safe=False part, which
+    ``build_attention`` must then refuse."""
+    config, ctx = AttentionConfig(heads=HEADS, parts=[cfg]), _context(cfg, "decoder")
+    try:
+        part = PARTS.build(cfg, ctx)
+    except ValueError as err:
+        assert "decoder" in str(err) or "causal" in str(err), f"unclear decoder-side error: {err}"
+        return
+    if part.causal_safe:
+        assert len(build_attention(config, ctx).parts) == 1
+    else:
+        with pytest.raises(ValueError, match="decoder"):
+            build_attention(config, ctx)

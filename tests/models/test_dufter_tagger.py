@@ -1,0 +1,167 @@
+"""Dufter et al.'s tagger with each of their attention modifications: parameter counts of spec C.9
+(derived from the layer shapes, and equal to the paper's Table 1c), Glorot-normal attention init,
+a few training steps per variant, and the shipped recipes."""
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sanlab.attention.config import AttentionConfig
+from sanlab.config import StackConfig, TaggerConfig, load_config
+from sanlab.models.builders import build_tagger, count_parameters
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+# PTB setting of spec C.9: 20,000 words + PAD + OOV, 84 characters, 45 tags + PAD + OOV, t = 60.
+PTB = dict(vocab_size=20_002, num_chars=84, num_tags=47)
+T, HEADS, LAYERS, WORD, CHAR = 60, 4, 4, 300, 64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors gain nothing from a second thread, and on an oversubscribed CPU OpenMP's spinning
+    makes 2 threads 10-20x slower than 1; restore the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=None)  # the two baselines are shared by several deltas
+def _ptb_parameters(position: str = "none", parts: tuple = ()) -> int:
+    config = TaggerConfig(word_dim=WORD, char_dim=CHAR, char_filters=CHAR, char_width=5, char_layers=3,
+                          position=position, position_dim=64, max_len=T, layer_style="dufter",
+                          encoder=StackConfig(layers=LAYERS, ffn_dim=0, attention=AttentionConfig(
+                              heads=HEADS, bias=False, out_proj=False, parts=[dict(p) for p in parts])))
+    return count_parameters(build_tagger(config, **PTB))
+
+
+# Part configs as hashable (key, value) tuples, for the cache above.
+P = (("type", "abs_position"),)
+R = (("type", "rel_position"),)
+R_CODE = (("type", "rel_position"), ("rel_param", "circulant_real"))
+TEMP = (("type", "temperature"),)
+CONV = (("type", "conv_attention"), ("dims", 1))
+CONV2D = (("type", "conv_attention"), ("dims", 2))
+
+
+def _san_formula(width: int) -> int:
+    words = PTB["vocab_size"] * WORD
+    chars = PTB["num_chars"] * CHAR + 3 * (5 * CHAR * CHAR + CHAR)
+    attention = LAYERS * HEADS * 3 * width * (width // HEADS)
+    classifier = 2 * width * PTB["num_tags"] + PTB["num_tags"]
+    return words + chars + attention + classifier
+
+
+def test_ptb_san_total_matches_the_layer_shapes_and_table_1c():
+    san = _ptb_parameters()
+    assert san == _san_formula(WORD + CHAR)
+    assert san == 7_691_823  # Dufter et al., Table 1c
+
+
+@pytest.mark.parametrize("position,parts,base,delta", [
+    ("add", (), "none", T * WORD),                                                        # +PE[add]  18,000
+    ("none", (P,), "none", HEADS * T * T),                                                # +P        14,400
+    ("none", (R,), "none", HEADS * 2 * T),                                                # +R           480
+    ("none", (R_CODE,), "none", HEADS * 2 * T),
+    ("none", (P, R), "none", HEADS * (T * T + 2 * T)),
+    ("add", (TEMP,), "add", LAYERS * HEADS * 3),                                          # +Temp         48
+    ("add", (CONV,), "add", LAYERS * HEADS * (3 * T * T + T)),                            # +Conv    173,760
+    ("add", (CONV2D,), "add", LAYERS * HEADS * (9 + 1)),                                  # +Conv2d      160
+], ids=["pe-add", "p", "r-paper", "r-circulant", "p+r", "temp", "conv", "conv2d"])
+def test_ptb_parameter_deltas(position, parts, base, delta):
+    assert _ptb_parameters(position, parts) - _ptb_parameters(base) == delta
+
+
+def test_ptb_parameter_deltas_equal_table_1c():
+    assert (T * WORD, HEADS * T * T, HEADS * 2 * T, LAYERS * HEADS * 3,
+            LAYERS * HEADS * (3 * T * T + T), LAYERS * HEADS * 10) == (18_000, 14_400, 480, 48, 173_760, 160)
+
+
+def test_pe_concat_widens_the_model_to_428():
+    width = WORD + 64 + CHAR
+    assert _ptb_parameters("concat") == _san_formula(width) + T * 64
+
+
+def test_attention_matrices_start_glorot_normal_per_head():
+    config = TaggerConfig(word_dim=WORD, position="none")
+    model = build_tagger(config, vocab_size=10, num_chars=10, num_tags=5)
+    width = WORD + 64
+    w = model.encoder.layers[0].mixer.q_proj.weight.detach()  # [h*d, width]
+    target = math.sqrt(2.0 / (width + width // 4))  # fan_in = d_in, fan_out = d_h
+    assert abs(w.std().item() - target) < 0.03 * target
+    assert w.abs().max() <= 2 * target / 0.87962566103423978
+
+
+VARIANTS = {
+    "pe-add": ("add", []),
+    "pe-con": ("concat", []),
+    "p+r": ("none", [{"type": "abs_position"}, {"type": "rel_position", "rel_param": "circulant_real"}]),
+    "temp": ("add", [{"type": "temperature"}]),
+    "conv": ("add", [{"type": "conv_attention", "dims": 1}]),
+    "conv2d": ("add", [{"type": "conv_attention", "dims": 2}]),
+}
+
+
+def _tiny(position: str, parts: list, *, mask_padding: bool = True) -> torch.nn.Module:
+    config = TaggerConfig(word_dim=8, char_dim=4, char_filters=4, char_width=3, char_layers=1, position=position,
+                          position_dim=4, max_len=10, mask_padding=mask_padding,
+                          encoder=StackConfig(layers=2, ffn_dim=0, attention=AttentionConfig(
+                              heads=2, bias=False, out_proj=False, parts=parts)))
+    return build_tagger(config, vocab_size=30, num_chars=10, num_tags=5)
+
+
+def _batch(length: int = 10):
+    g = torch.Generator().manual_seed(1)
+    words = torch.randint(2, 30, (4, length), generator=g)
+    words[1, 7:] = 0
+    words[3, 4:] = 0
+    chars = torch.randint(1, 10, (4, length, 5), generator=g)
+    tags = torch.randint(0, 5, (4, length), generator=g)
+    return words, chars, tags
+
+
+@pytest.mark.parametrize("name,mask_padding", [(name, True) for name in VARIANTS]
+                         + [(name, False) for name in ("p+r", "conv", "conv2d")])  # the reference masks nothing
+def test_tiny_tagger_trains_without_nan(name, mask_padding):
+    position, parts = VARIANTS[name]
+    model = _tiny(position, parts, mask_padding=mask_padding)
+    words, chars, tags = _batch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        logits = model(words, chars)
+        loss = F.cross_entropy(logits[words.ne(0)], tags[words.ne(0)])  # PAD tokens weigh 0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
+    part_params = [p for layer in model.encoder.layers for p in layer.mixer.parts.parameters()]
+    assert bool(part_params) == bool(parts)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in part_params)  # the parts are wired in
+
+
+def test_position_interactions_refuse_chunks_longer_than_t():
+    model = _tiny(*VARIANTS["p+r"])
+    words, chars, _ = _batch(length=11)
+    with pytest.raises(ValueError, match="t = 10"):
+        model(words, chars)
+
+
+@pytest.mark.parametrize("name,position,types", [
+    ("ud-ewt-pr.yaml", "none", ["abs_position", "rel_position"]),
+    ("ud-ewt-temp.yaml", "add", ["temperature"]),
+    ("ud-ewt-conv.yaml", "add", ["conv_attention"]),
+    ("ud-ewt-conv2d.yaml", "add", ["conv_attention"]),
+    ("ud-ewt-pe-con.yaml", "concat", []),
+])
+def test_recipes_load_with_the_intended_parts(name, position, types):
+    config = load_config(CONFIGS / name)
+    assert config.model.position == position
+    assert [p.type for p in config.model.encoder.attention.parts] == types
