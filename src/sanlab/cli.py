@@ -84,6 +84,13 @@ def _cmd_demo(args) -> int:
     return run_demo(Path(args.run), quick=args.quick)
 
 
+def _cmd_params(args) -> int:
+    from sanlab.experiments.params import main as print_params
+
+    print_params(args.preset)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sanlab", description="Locality- and interaction-enhanced SANs: "
                                      "train, decode, evaluate and compare.")
@@ -120,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--best", type=int)
     p.add_argument("--output", help="output checkpoint directory (default: <run>/averaged)")
     p.set_defaults(fn=_cmd_average)
+
+    p = sub.add_parser("params", help="parameter counts of every variant against vanilla Transformer-Base")
+    p.add_argument("--preset", default="transformer_base", help="transformer_base | transformer_big")
+    p.set_defaults(fn=_cmd_params)
 
     p = sub.add_parser("demo", help="generate synthetic data, train a tiny translator and tagger, report scores")
     p.add_argument("--run", default="runs/demo", help="where the demo writes data and runs")

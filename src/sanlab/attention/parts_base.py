@@ -38,7 +38,8 @@ class AttentionContext:
 
     q [b, h, i, d] and k [b, h, j, d] are the per-head projections (after the project stage);
     q_full [b, i, h*d] is the query before the head split (Gaussian predictors read it).
-    key_head [j] gives the head each key column comes from when extend added heads (else None).
+    key_head [h, j] gives, per query head, the head each key column comes from when extend added heads
+    (-1 for an empty slot; None without extension).
     allowed [b or 1, h or 1, i, j] is the combined visibility mask, available from the score
     stage on (routing zero-fills invisible scores with it).
     """

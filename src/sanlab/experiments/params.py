@@ -33,6 +33,10 @@ BASELINES: dict[str, dict[str, object]] = {
     "+ CNNs (full conv)": {"encoder.pre_blocks": [{"type": "conv", "conv_type": "full"}]},
     "+ 1D-CSAN": {_ENC_PARTS: [{"type": "window", "size": 11, "layers": [0, 1, 2]}]},
     "+ 2D-CSAN": {_ENC_PARTS: [{"type": "csan2d", "size": 11, "heads_area": 3, "layers": [0, 1, 2]}]},
+    "+ Capsule routing": {_ENC_PARTS: [{"type": "capsule"}], _DEC_PARTS: [{"type": "capsule"}]},
+    "MUSE (parallel block)": {"encoder.mixer": {"type": "muse"}, "decoder.mixer": {"type": "muse"}},
+    "DynamicConv (no attention)": {"encoder.mixer": {"type": "dynamic_conv", "kernel_size": [3, 7, 15, 31, 31, 31]},
+                                   "decoder.mixer": {"type": "dynamic_conv", "kernel_size": [3, 7, 15, 31, 31, 31]}},
 }
 
 # Added parameters the papers report (Table 1, both versions), for the printed comparison.
@@ -78,13 +82,19 @@ def parameter_table(variants: dict[str, dict[str, object]] | None = None, *, pre
 
 
 def format_table(rows: list[ParamRow]) -> str:
-    lines = [f"{'variant':<22} {'params':>12} {'delta':>12} {'delta (M)':>10} {'paper':>8}"]
+    lines = [f"{'variant':<28} {'params':>12} {'delta':>12} {'delta (M)':>10} {'paper':>8}"]
     for row in rows:
         paper = PUBLISHED_DELTA_M.get(row.variant)
-        lines.append(f"{row.variant:<22} {row.params:>12,} {row.delta:>+12,} {row.delta / 1e6:>+10.1f} "
+        lines.append(f"{row.variant:<28} {row.params:>12,} {row.delta:>+12,} {row.delta / 1e6:>+10.1f} "
                      f"{'' if paper is None else f'+{paper:.1f}':>8}")
     return "\n".join(lines)
 
 
+def main(preset: str = "transformer_base") -> None:
+    print(f"Parameters of Transformer variants ({preset}, shared 37k vocabulary; delta vs the first row; "
+          "'paper': the CSAN table's added parameters)")
+    print(format_table(parameter_table(preset=preset)))
+
+
 if __name__ == "__main__":
-    print(format_table(parameter_table()))
+    main()

@@ -1,0 +1,305 @@
+"""The numbers behind the papers' analysis figures, as pure functions (no files, no models).
+
+- n-gram gap: Yang et al., "Convolutional Self-Attention Networks", NAACL 2019,
+  https://arxiv.org/abs/1904.03107, Figure 3 (gain of each n-gram order over the baseline).
+- length buckets: Zhao et al., "MUSE: Parallel Multi-Scale Attention for Sequence to Sequence
+  Learning", https://arxiv.org/abs/1911.09483, Figure 3 (BLEU by source-sentence length).
+- sweep: CSAN Figure 2 (score against the window size M / the number of heads N).
+- gates: MUSE Figure 4 (softmax gate weight of each convolution kernel, Eq. 7, per layer).
+- learning curves: Dufter, Schmitt & Schuetze, COLING 2020,
+  https://aclanthology.org/2020.coling-main.324, Figure 2 (development score over steps).
+- attention maps: one layer/head of an ``Attention`` trace (``scores`` / ``weights`` /
+  ``weights_final``, each [b, h, i, j]); a 2D-CSAN key axis [n*j] is cut into its n head blocks.
+
+``sanlab.experiments.analyze`` reads runs and calls these; ``sanlab.evaluation.plots`` draws.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sanlab.evaluation.bleu import References, bleu_by_length, ngram_precisions
+
+LOWER_IS_BETTER = frozenset({"loss", "ppl"})  # validation metrics where the best record is the minimum
+
+
+# ----------------------------------------------------------------------------- tables
+def _cell(value: Any, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows under named columns; rendered as Markdown (rounded) or CSV (full precision)."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple, ...]
+    digits: int = 2
+
+    def __post_init__(self):
+        bad = [r for r in self.rows if len(r) != len(self.columns)]
+        if bad:
+            raise ValueError(f"table rows must have {len(self.columns)} cells ({self.columns}), got {bad[0]}")
+
+    def column(self, name: str) -> list:
+        return [row[self.columns.index(name)] for row in self.rows]
+
+    def markdown(self) -> str:
+        escape = lambda s: s.replace("|", "\\|")  # noqa: E731  (a token may be "|")
+        lines = ["| " + " | ".join(escape(c) for c in self.columns) + " |",
+                 "|" + "|".join("---" for _ in self.columns) + "|"]
+        lines += ["| " + " | ".join(escape(_cell(v, self.digits)) for v in row) + " |" for row in self.rows]
+        return "\n".join(lines) + "\n"
+
+    def csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(self.columns)
+        writer.writerows([["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in row]
+                          for row in self.rows])
+        return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- n-gram gap (CSAN Fig. 3)
+@dataclass(frozen=True)
+class NgramGap:
+    """Order-n precision of one system (clipped matches / hypothesis n-grams, in %) and its gap
+    to the baseline's precision of the same order (system - baseline, in points)."""
+
+    system: str
+    order: int
+    matches: int
+    total: int
+    precision: float
+    gap: float
+
+
+def ngram_gaps(systems: Mapping[str, Sequence[str]], references: References, *, baseline: str,
+               tokenize: str = "13a", lowercase: bool = False) -> list[NgramGap]:
+    """Per-order precision of every system (the baseline included, gap 0) against one reference set."""
+    if baseline not in systems:
+        raise ValueError(f"baseline {baseline!r} is not one of the systems {list(systems)}")
+    precisions = {name: ngram_precisions(hyps, references, tokenize=tokenize, lowercase=lowercase)
+                  for name, hyps in systems.items()}
+    base = {p.order: p.precision for p in precisions[baseline]}
+    return [NgramGap(system=name, order=p.order, matches=p.matches, total=p.total, precision=p.precision,
+                     gap=p.precision - base[p.order])
+            for name, rows in precisions.items() for p in rows]
+
+
+def ngram_gap_table(gaps: Sequence[NgramGap]) -> Table:
+    return Table(("system", "order", "matches", "total", "precision", "gap"),
+                 tuple((g.system, g.order, g.matches, g.total, g.precision, g.gap) for g in gaps))
+
+
+# ----------------------------------------------------------------------------- length buckets (MUSE Fig. 3)
+@dataclass(frozen=True)
+class BucketScore:
+    system: str
+    bucket: str      # "1-10", ..., ">40" (a length of 0 counts in the first bucket)
+    count: int
+    bleu: float      # NaN for an empty bucket
+
+
+def source_lengths(sources: Sequence[str]) -> list[int]:
+    """Length of each raw (untokenised, un-segmented) source sentence in whitespace words."""
+    return [len(s.split()) for s in sources]
+
+
+def length_buckets(systems: Mapping[str, Sequence[str]], references: References, lengths: Sequence[int], *,
+                   edges: Sequence[int] = (10, 20, 30, 40), tokenize: str = "13a") -> list[BucketScore]:
+    """Corpus BLEU per source-length bucket for each system; ``edges`` are ascending upper bounds."""
+    return [BucketScore(system=name, bucket=row.label, count=row.count, bleu=row.bleu)
+            for name, hyps in systems.items()
+            for row in bleu_by_length(hyps, references, lengths, buckets=edges, tokenize=tokenize)]
+
+
+def length_bucket_table(scores: Sequence[BucketScore]) -> Table:
+    return Table(("system", "bucket", "sentences", "bleu"), tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
+
+
+# ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)
+def dotted_value(tree: Any, key: str) -> Any:
+    """``tree`` followed by a dotted key: names index mappings, integers index lists
+    (``model.encoder.attention.parts.0.size``). A missing step is an error naming what exists there."""
+    node, walked = tree, []
+    for step in key.split("."):
+        if isinstance(node, Mapping):
+            if step not in node:
+                raise KeyError(f"{'.'.join(walked) or '<root>'} has no key {step!r} (keys: {', '.join(map(str, node))})")
+            node = node[step]
+        elif isinstance(node, (list, tuple)):
+            if not step.lstrip("-").isdigit() or not -len(node) <= int(step) < len(node):
+                raise KeyError(f"{'.'.join(walked)} is a list of {len(node)} items; {step!r} is not an index in it")
+            node = node[int(step)]
+        else:
+            raise KeyError(f"{'.'.join(walked)} is a value ({node!r}), not a section; cannot look up {step!r}")
+        walked.append(step)
+    return node
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    run: str
+    value: Any       # the swept setting read from the run's config
+    score: float
+    source: str = ""  # where the score came from, e.g. "valid bleu, step 3000"
+
+
+def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> tuple[int, float]:
+    """(step, score) of the best ``split`` record for ``metric`` (max; min for loss/ppl)."""
+    curve = learning_curve(records, metric=metric, split=split)
+    pick = min if metric in LOWER_IS_BETTER else max
+    return pick(curve, key=lambda point: point[1])
+
+
+def _sort_key(value: Any) -> tuple:
+    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+
+
+def sweep_means(points: Sequence[SweepPoint]) -> list[tuple[Any, float, int]]:
+    """(value, mean score, number of runs) per swept value, ordered by value (seeds are averaged)."""
+    groups: dict[str, tuple[Any, list[float]]] = {}
+    for p in points:
+        groups.setdefault(repr(p.value), (p.value, []))[1].append(p.score)
+    ordered = sorted(groups.values(), key=lambda g: _sort_key(g[0]))
+    return [(value, sum(scores) / len(scores), len(scores)) for value, scores in ordered]
+
+
+def sweep_table(points: Sequence[SweepPoint], *, key: str) -> Table:
+    ordered = sorted(points, key=lambda p: (_sort_key(p.value), p.run))
+    return Table(("run", key, "score", "from"), tuple((p.run, p.value, p.score, p.source) for p in ordered))
+
+
+# ----------------------------------------------------------------------------- learning curves (Dufter Fig. 2)
+def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> list[tuple[int, float]]:
+    """(step, value) of ``metric`` in the ``split`` records of a ``metrics.jsonl``, by step.
+
+    A resumed run may log a step twice (validated again after the restart); the later record wins.
+    """
+    chosen = [r for r in records if r.get("split") == split]
+    if not chosen:
+        splits = sorted({str(r.get("split")) for r in records})
+        raise KeyError(f"no {split!r} records (splits present: {', '.join(splits) or 'none'})")
+    with_metric = {int(r["step"]): float(r[metric]) for r in chosen if metric in r}
+    if not with_metric:
+        names = sorted({k for r in chosen for k in r} - {"split", "step", "time"})
+        raise KeyError(f"no {split!r} record has metric {metric!r} (metrics: {', '.join(names)})")
+    return sorted(with_metric.items())
+
+
+def curves_table(curves: Mapping[str, Sequence[tuple[int, float]]]) -> Table:
+    """Wide table: one row per step (union over runs), one column per run; blank where not logged."""
+    by_run = {name: dict(points) for name, points in curves.items()}
+    steps = sorted({s for points in by_run.values() for s in points})
+    return Table(("step", *curves), tuple((s, *(by_run[name].get(s) for name in curves)) for s in steps), digits=3)
+
+
+# ----------------------------------------------------------------------------- gates (MUSE Fig. 4)
+@dataclass(frozen=True)
+class GateRow:
+    stack: str                   # "encoder" / "decoder" (or the module name if it is neither)
+    layer: int                   # 0-based layer index, as in the config's ``layers`` lists
+    kernels: tuple[int, ...]     # kernel size of each convolution cell
+    weights: tuple[float, ...]   # g = softmax(alpha), one per cell; sums to 1
+
+
+_LAYER_NAME = re.compile(r"(?:^|\.)(encoder|decoder)\.layers\.(\d+)(?:\.|$)")
+
+
+def layer_of(module_name: str) -> tuple[str, int]:
+    """("encoder", 2) for ``encoder.layers.2.mixer.mixer``; (module_name, -1) if it names no stack layer."""
+    match = _LAYER_NAME.search(module_name)
+    return (match.group(1), int(match.group(2))) if match else (module_name, -1)
+
+
+def gate_rows(gates: Mapping[str, Sequence[float]], kernels: Mapping[str, Sequence[int]]) -> list[GateRow]:
+    """One row per MUSE layer, encoder before decoder, by depth."""
+    rows = []
+    for name, weights in gates.items():
+        weights = [float(w) for w in weights]
+        if len(kernels[name]) != len(weights):
+            raise ValueError(f"{name}: {len(weights)} gate weights for kernel sizes {list(kernels[name])}")
+        stack, layer = layer_of(name)
+        rows.append(GateRow(stack, layer, tuple(int(k) for k in kernels[name]), tuple(weights)))
+    return sorted(rows, key=lambda r: ({"encoder": 0, "decoder": 1}.get(r.stack, 2), r.stack, r.layer))
+
+
+def gate_table(rows: Sequence[GateRow]) -> Table:
+    """stack x layer rows, one ``k=<size>`` column per kernel size (blank where a layer lacks it)."""
+    sizes = sorted({k for r in rows for k in r.kernels})
+    cells = [(r.stack, r.layer, *(dict(zip(r.kernels, r.weights)).get(k) for k in sizes)) for r in rows]
+    return Table(("stack", "layer", *(f"k={k}" for k in sizes)), tuple(cells), digits=3)
+
+
+# ----------------------------------------------------------------------------- attention maps
+TRACE_STAGES = ("final", "weights", "weights_final", "scores")
+
+
+def attention_matrix(trace: Mapping[str, Any] | None, *, head: int | None, stage: str = "final",
+                     batch: int = 0) -> np.ndarray:
+    """One head's [i, j] matrix (``head`` None: the mean over heads) from a layer's trace.
+
+    ``stage``: ``weights`` (softmax), ``weights_final`` (after post-softmax parts), ``scores``
+    (pre-softmax), or ``final`` = what the values were multiplied with (``weights_final`` if
+    the layer has post-softmax parts, else ``weights``).
+    """
+    if stage not in TRACE_STAGES:
+        raise ValueError(f"unknown trace stage {stage!r}; choose one of {TRACE_STAGES}")
+    if not trace or "weights" not in trace:
+        raise KeyError(f"this layer recorded no attention weights (trace keys: {sorted(trace or {})}); "
+                       "its mixer is not an attention (e.g. a convolution or block mixer)")
+    name = ("weights_final" if "weights_final" in trace else "weights") if stage == "final" else stage
+    if name not in trace:
+        raise KeyError(f"this layer's trace has no {name!r} (keys: {sorted(trace)}); {name!r} exists only "
+                       "when the layer has post-softmax parts")
+    cube = np.asarray(trace[name][batch], dtype=np.float64)  # [h, i, j]
+    if head is None:
+        return cube.mean(axis=0)  # [i, j]
+    if not 0 <= head < cube.shape[0]:
+        raise IndexError(f"head {head} does not exist; this layer has {cube.shape[0]} heads (0..{cube.shape[0] - 1})")
+    return cube[head]  # [i, j]
+
+
+def key_blocks(matrix: np.ndarray, *, keys: int) -> list[tuple[int, np.ndarray]]:
+    """Cut an [i, n*j] matrix whose key axis repeats ``keys`` = j tokens n times (2D-CSAN's
+    ``extend``: blocks for head offsets -n//2 .. n//2, in order) into (offset, [i, j]) blocks.
+    An ordinary [i, j] matrix is one block with offset 0."""
+    width = matrix.shape[-1]
+    if keys <= 0 or width % keys:
+        raise ValueError(f"the key axis has {width} columns, not a multiple of the {keys} key tokens")
+    n = width // keys
+    return [(delta - n // 2, matrix[:, delta * keys:(delta + 1) * keys]) for delta in range(n)]
+
+
+def split_decoder_traces(traces: Sequence[Mapping | None], *, has_cross: Sequence[bool]
+                         ) -> list[tuple[Mapping | None, Mapping | None]]:
+    """(self trace, cross trace) per decoder layer from the flat list a decoder forward appends to.
+
+    A layer appends its self-mixer's trace, then its cross-attention's if it has a separate one
+    (``has_cross``); a MUSE block with a parallel cross branch puts that one under ``cross_*`` keys.
+    """
+    if len(traces) != len(has_cross) + sum(has_cross):
+        raise ValueError(f"{len(traces)} traces do not fit {len(has_cross)} decoder layers "
+                         f"({sum(has_cross)} with a separate cross-attention)")
+    out, it = [], iter(traces)
+    for cross in has_cross:
+        own = next(it)
+        if cross:
+            out.append((own, next(it)))
+            continue
+        inner = {k[len("cross_"):]: v for k, v in (own or {}).items() if k.startswith("cross_")}
+        out.append((own, inner or None))
+    return out

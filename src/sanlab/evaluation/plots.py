@@ -1,0 +1,95 @@
+"""Rendering of the analysis figures (``sanlab analyze``): matplotlib only, no computation.
+
+Figures are drawn on an Agg canvas directly (``matplotlib.figure.Figure``), never through pyplot,
+so plotting is headless by construction and leaves no global figure state behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DPI = 120
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)  # attaches the Agg canvas: savefig needs no display
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return Path(path)
+
+
+def grouped_bars(path: Path, *, groups: Sequence[str], series: Mapping[str, Sequence[float]], title: str,
+                 xlabel: str, ylabel: str, zero_line: bool = False) -> Path:
+    """One cluster of bars per group (x), one bar colour per series; NaN bars are left out."""
+    fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5 + 2), 3.8))
+    ax = fig.add_subplot()
+    x = np.arange(len(groups))
+    width = 0.8 / max(1, len(series))
+    for n, (name, values) in enumerate(series.items()):
+        ax.bar(x + (n - (len(series) - 1) / 2) * width, np.asarray(values, dtype=float), width, label=name)
+    if zero_line:
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xticks(x, list(groups))
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def lines(path: Path, *, series: Mapping[str, tuple[Sequence, Sequence[float]]], title: str, xlabel: str,
+          ylabel: str, points: Mapping[str, tuple[Sequence, Sequence[float]]] | None = None,
+          reference: tuple[str, float] | None = None, markers: bool = True) -> Path:
+    """One line per series (x, y). Non-numeric x values become evenly spaced categories.
+
+    ``points``: extra scatter markers (e.g. single seeds under their mean); ``reference``: a
+    labelled dashed horizontal line (the baseline of CSAN Fig. 2).
+    """
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.add_subplot()
+    xs_all = [x for xs, _ in [*series.values(), *(points or {}).values()] for x in xs]
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_all)
+    categories = list(dict.fromkeys(str(x) for x in xs_all))
+    place = (lambda xs: list(xs)) if numeric else (lambda xs: [categories.index(str(x)) for x in xs])
+    for name, (xs, ys) in series.items():
+        ax.plot(place(xs), ys, marker="o" if markers else None, markersize=4, label=name)
+    for name, (xs, ys) in (points or {}).items():
+        ax.scatter(place(xs), ys, s=14, alpha=0.6, label=name)
+    if reference is not None:
+        ax.axhline(reference[1], color="grey", linestyle="--", linewidth=1.0, label=reference[0])
+    if not numeric:
+        ax.set_xticks(range(len(categories)), categories)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def heatmap(path: Path, *, blocks: Sequence[tuple[str, np.ndarray]], x_labels: Sequence[str],
+            y_labels: Sequence[str], title: str, colorbar_label: str) -> Path:
+    """Matrices side by side (one per block, sharing the query axis and one colour scale), each
+    [len(y_labels), len(x_labels)], with token labels on both axes and one colour bar."""
+    i, j = len(y_labels), len(x_labels)
+    cell = 0.32
+    fig = Figure(figsize=(min(40.0, 1.6 + len(blocks) * (cell * j + 0.6)), min(30.0, 1.8 + cell * i)))
+    axes = fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0]
+    values = np.concatenate([m.ravel() for _, m in blocks])
+    finite = values[np.isfinite(values)]
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    image = None
+    for ax, (name, matrix) in zip(axes, blocks):
+        image = ax.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
+        ax.set_xticks(range(j), list(x_labels), rotation=90, fontsize="small")
+        ax.set_yticks(range(i), list(y_labels), fontsize="small")
+        if name:
+            ax.set_title(name, fontsize="small")
+    axes[0].set_ylabel("query")
+    for ax in axes:
+        ax.set_xlabel("key")
+    fig.suptitle(title)
+    fig.colorbar(image, ax=list(axes), label=colorbar_label, shrink=0.8)
+    return _save(fig, path)

@@ -1,0 +1,390 @@
+"""``sanlab analyze``: the papers' analysis figures, from run directories.
+
+Every entry point takes run directories and an output prefix ``out`` and writes ``<out>.md``
+(title, table, how the numbers were computed), ``<out>.csv`` (full precision) and ``<out>.png``:
+
+    ngram_gap       CSAN (arXiv 1904.03107) Fig. 3: n-gram precision gap of systems to a baseline
+    length_buckets  MUSE (arXiv 1911.09483) Fig. 3: BLEU by source-length bucket
+    sweep           CSAN Fig. 2: score against a config value swept across runs (window, heads)
+    gates           MUSE Fig. 4: kernel-gate weights per layer of a trained MUSE run
+    curves          Dufter et al. (COLING 2020) Fig. 2: a validation metric over training steps
+    attention_map   one layer/head of a trained model on one sentence (2D-CSAN: one block per head offset)
+
+Translation analyses read the hypotheses ``sanlab evaluate`` wrote (``hyp-<checkpoint>-<split>.txt``);
+they never decode. The computations live in ``sanlab.evaluation.analysis``, the drawing in
+``sanlab.evaluation.plots``. Heavy modules (torch, matplotlib) are imported inside the functions
+so that ``register`` costs the ``sanlab`` command nothing at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sanlab.errors import ConfigError, DataError
+
+PathLike = str | Path
+
+
+# ----------------------------------------------------------------------------- shared plumbing
+def run_labels(run_dirs: Sequence[PathLike]) -> list[str]:
+    """Shortest path suffixes that tell the runs apart (``runs/csan2d``, ``runs/base`` -> csan2d, base)."""
+    parts = [Path(r).resolve().parts for r in run_dirs]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(r) for r in run_dirs]
+
+
+def checked(fn: Callable, *args, context: str, **kwargs) -> Any:
+    """Call an analysis function; its input errors (KeyError / IndexError / ValueError) become
+    ``ConfigError``s that say which run or option they came from."""
+    try:
+        return fn(*args, **kwargs)
+    except (KeyError, IndexError, ValueError) as err:
+        message = err.args[0] if err.args else repr(err)
+        raise ConfigError(f"{context}: {message}") from None
+
+
+def raw_config(run_dir: PathLike) -> dict:
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callable[[Path], Path]) -> dict[str, Path]:
+    """``<out>.md``, ``<out>.csv`` and ``<out>.png`` (``out`` is a prefix: ``results/gap`` -> results/gap.md)."""
+    paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
+    paths["md"].parent.mkdir(parents=True, exist_ok=True)
+    paths["md"].write_text(f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n", encoding="utf-8")
+    paths["csv"].write_text(table.csv(), encoding="utf-8")
+    plot(paths["png"])
+    return paths
+
+
+def _translation_config(run_dir: PathLike):
+    from sanlab.config import TranslationConfig
+    from sanlab.runs import load_run_config
+
+    config = load_run_config(Path(run_dir))
+    if not isinstance(config, TranslationConfig):
+        raise ConfigError(f"{run_dir}: a {config.task} run; this analysis needs translation runs (BLEU)")
+    return config
+
+
+def held_out_split(config, split: str | None) -> tuple[str, Any]:
+    """(name, ParallelFiles) of a held-out split: ``split``, else the first ``data.test`` split, else valid."""
+    files = {**dict(config.data.test), "valid": config.data.valid}
+    name = split or next(iter(config.data.test), "valid")
+    if name not in files:
+        raise ConfigError(f"unknown split {name!r}; the runs have: {', '.join(files)}")
+    return name, files[name]
+
+
+def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int) -> list[str]:
+    """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the references."""
+    path = Path(run_dir) / f"hyp-{Path(checkpoint).name}-{split}.txt"
+    if not path.exists():
+        raise ConfigError(f"{path} not found: decode first with "
+                          f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
+    hyps = path.read_text(encoding="utf-8").split("\n")[:-1]
+    if len(hyps) != expected:
+        raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
+    return hyps
+
+
+def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, checkpoint: str,
+                       sources: PathLike | None = None, references: PathLike | None = None) -> dict:
+    """Sources, references (from the first run's config, or the given files) and each run's hypotheses."""
+    from sanlab.data.parallel import open_text, read_parallel
+
+    configs = [_translation_config(r) for r in run_dirs]
+    name, files = held_out_split(configs[0], split)
+    pairs = read_parallel(files.src, files.tgt)
+    src = list(open_text(sources)) if sources else [s for s, _ in pairs]
+    refs = list(open_text(references)) if references else [t for _, t in pairs]
+    if len(src) != len(refs):
+        raise DataError(f"{len(src)} sources but {len(refs)} references", path=str(sources or references))
+    labels = run_labels(run_dirs)
+    hyps = {label: load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs))
+            for label, r in zip(labels, run_dirs)}
+    return {"split": name, "sources": src, "references": refs, "hypotheses": hyps}
+
+
+# ----------------------------------------------------------------------------- the analyses
+def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike, split: str | None = None,
+              checkpoint: str = "best", references: PathLike | None = None, tokenize: str = "13a") -> dict[str, Path]:
+    """Per-order n-gram precision of each run and its gap to ``baseline`` (CSAN Fig. 3)."""
+    from sanlab.evaluation import analysis, plots
+
+    runs = [Path(baseline)] + [Path(r) for r in run_dirs if Path(r).resolve() != Path(baseline).resolve()]
+    data = translation_inputs(runs, split=split, checkpoint=checkpoint, references=references)
+    base_label = next(iter(data["hypotheses"]))
+    gaps = analysis.ngram_gaps(data["hypotheses"], data["references"], baseline=base_label, tokenize=tokenize)
+    orders = sorted({g.order for g in gaps})
+    series = {s: [next(g.gap for g in gaps if g.system == s and g.order == n) for n in orders]
+              for s in data["hypotheses"] if s != base_label}
+    notes = (f"Split `{data['split']}` ({len(data['references'])} sentences), checkpoint `{checkpoint}`, "
+             f"sacreBLEU tokenizer `{tokenize}`. precision = clipped n-gram matches / hypothesis n-grams "
+             f"(%, unsmoothed); gap = precision - precision of the baseline `{base_label}` (points).")
+    return write_outputs(out, title=f"n-gram precision gap to {base_label}", table=analysis.ngram_gap_table(gaps),
+                         notes=notes, plot=lambda png: plots.grouped_bars(
+                             png, groups=[f"{n}-gram" for n in orders], series=series, zero_line=True,
+                             title=f"Gap of n-gram precision to {base_label}", xlabel="n-gram order",
+                             ylabel="precision gap (points)"))
+
+
+def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequence[int] = (10, 20, 30, 40),
+                   split: str | None = None, checkpoint: str = "best", sources: PathLike | None = None,
+                   references: PathLike | None = None, tokenize: str = "13a") -> dict[str, Path]:
+    """Corpus BLEU per source-length bucket (words of the raw source) for each run (MUSE Fig. 3)."""
+    from sanlab.evaluation import analysis, plots
+
+    data = translation_inputs(run_dirs, split=split, checkpoint=checkpoint, sources=sources, references=references)
+    lengths = analysis.source_lengths(data["sources"])
+    scores = checked(analysis.length_buckets, data["hypotheses"], data["references"], lengths, edges=edges,
+                     tokenize=tokenize, context="--buckets")
+    buckets = list(dict.fromkeys(s.bucket for s in scores))
+    counts = {s.bucket: s.count for s in scores}
+    series = {name: [s.bleu for s in scores if s.system == name] for name in data["hypotheses"]}
+    notes = (f"Split `{data['split']}`, checkpoint `{checkpoint}`; source length in whitespace words of the raw "
+             f"source; each bucket scored as its own corpus (sacreBLEU `{tokenize}`, its own brevity penalty). "
+             "Sentences per bucket: " + ", ".join(f"{b}: {counts[b]}" for b in buckets) + ".")
+    return write_outputs(out, title="BLEU by source length", table=analysis.length_bucket_table(scores), notes=notes,
+                         plot=lambda png: plots.grouped_bars(
+                             png, groups=[f"{b}\n(n={counts[b]})" for b in buckets], series=series,
+                             title="BLEU by source sentence length", xlabel="source length (words)", ylabel="BLEU"))
+
+
+def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:
+    """bleu for translation; tagging: accuracy in validation records, all in ``eval-*.json``."""
+    if raw_config(run_dir).get("task") == "translation":
+        return "bleu"
+    return "accuracy" if score_from == "valid" else "all"
+
+
+def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: str | None,
+              checkpoint: str) -> tuple[float, str]:
+    """(score, where it came from) of a run: its best validation record, or ``eval-<checkpoint>.json``."""
+    from sanlab.evaluation import analysis
+    from sanlab.training.loop import read_metrics
+
+    metric = metric or default_metric(run_dir, score_from=score_from)
+    if score_from == "valid":
+        step, score = checked(analysis.best_validation, read_metrics(Path(run_dir)), metric=metric,
+                              context=f"{run_dir}/metrics.jsonl")
+        return score, f"valid {metric}, step {step}"
+    if score_from != "eval":
+        raise ConfigError(f"score_from must be 'valid' or 'eval', got {score_from!r}")
+    path = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"
+    if not path.exists():
+        raise ConfigError(f"{path} not found: run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` first")
+    results = json.loads(path.read_text(encoding="utf-8"))
+    name = split or next(iter(results))
+    if name not in results or not isinstance(results[name].get(metric), (int, float)):
+        numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
+        raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
+                          f"metrics: {', '.join(numeric)})")
+    return float(results[name][metric]), f"{path.name} {name} {metric}"
+
+
+def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str | None = None,
+          score_from: str = "valid", split: str | None = None, checkpoint: str = "best",
+          baseline: PathLike | None = None) -> dict[str, Path]:
+    """Score against the config value at dotted ``key`` across runs (CSAN Fig. 2); seeds are averaged."""
+    from sanlab.evaluation import analysis, plots
+
+    metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
+    for label, run in zip(run_labels(run_dirs), run_dirs):
+        value = checked(analysis.dotted_value, raw_config(run), key, context=f"{run}/config.yaml")
+        score, source = run_score(run, metric=metric, score_from=score_from, split=split, checkpoint=checkpoint)
+        points.append(analysis.SweepPoint(run=label, value=value, score=score, source=source))
+    reference = None
+    if baseline is not None:
+        base_score, base_source = run_score(baseline, metric=metric, score_from=score_from, split=split,
+                                            checkpoint=checkpoint)
+        reference = (f"baseline {run_labels([baseline])[0]}", base_score)
+    table = analysis.sweep_table(points, key=key)
+    if reference is not None:
+        table = analysis.Table(table.columns, table.rows + ((reference[0], None, reference[1], base_source),))
+    means = analysis.sweep_means(points)
+    notes = ("Runs sharing a value (seeds) are averaged on the plotted line; the dots are single runs."
+             + (" The dashed line is the baseline." if reference else ""))
+    return write_outputs(out, title=f"Sweep over {key}", table=table, notes=notes, plot=lambda png: plots.lines(
+        png, series={"mean": ([m[0] for m in means], [m[1] for m in means])},
+        points={"runs": ([p.value for p in points], [p.score for p in points])}, reference=reference,
+        title=f"{metric} against {key.rsplit('.', 1)[-1]}", xlabel=key, ylabel=metric))
+
+
+def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict[str, Path]:
+    """Gate weight g = softmax(alpha) of each MUSE convolution kernel in every layer (MUSE Fig. 4)."""
+    from sanlab.evaluation import analysis, plots
+    from sanlab.layers.muse import gate_weights
+    from sanlab.runs import load_trained
+
+    _, model, _ = load_trained(Path(run_dir), checkpoint=checkpoint)
+    weights = gate_weights(model)
+    if not weights:
+        raise ConfigError(f"{run_dir}: no MUSE layer with convolution cells (mixer type 'muse') in this model")
+    kernels = {name: [cell.kernel_size for cell in model.get_submodule(name).cells] for name in weights}
+    rows = analysis.gate_rows({n: w.tolist() for n, w in weights.items()}, kernels)
+    series = {}
+    for row in rows:
+        for k, w in zip(row.kernels, row.weights):
+            xs, ys = series.setdefault(f"{row.stack} k={k}", ([], []))
+            xs.append(row.layer)
+            ys.append(w)
+    notes = (f"Checkpoint `{checkpoint}` of `{run_labels([run_dir])[0]}`. g = softmax(alpha) over the cells of a "
+             "layer (MUSE Eq. 7; 1/n at initialisation); layers are 0-based, as in the config's `layers` lists.")
+    return write_outputs(out, title="MUSE kernel gates per layer", table=analysis.gate_table(rows), notes=notes,
+                         plot=lambda png: plots.lines(png, series={k: (v[0], v[1]) for k, v in series.items()},
+                                                      title="MUSE gate weight per kernel and layer",
+                                                      xlabel="layer (0-based)", ylabel="gate weight g"))
+
+
+def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = None,
+           split: str = "valid") -> dict[str, Path]:
+    """``metric`` of the ``split`` records of each run's ``metrics.jsonl`` against the step (Dufter Fig. 2)."""
+    from sanlab.evaluation import analysis, plots
+    from sanlab.training.loop import read_metrics
+
+    metric = metric or default_metric(run_dirs[0])
+    found = {label: checked(analysis.learning_curve, read_metrics(Path(run)), metric=metric, split=split,
+                            context=f"{run}/metrics.jsonl")
+             for label, run in zip(run_labels(run_dirs), run_dirs)}
+    notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
+             "later record.")
+    return write_outputs(out, title=f"Learning curves: {split} {metric}", table=analysis.curves_table(found),
+                         notes=notes, plot=lambda png: plots.lines(
+                             png, series={k: ([s for s, _ in v], [y for _, y in v]) for k, v in found.items()},
+                             title=f"{split} {metric} during training", xlabel="step", ylabel=metric))
+
+
+def attention_map(run_dir: PathLike, *, out: PathLike, sentence: str, side: str = "encoder", layer: int = 0,
+                  head: int | None = 0, target: str | None = None, stage: str = "final",
+                  checkpoint: str = "best") -> dict[str, Path]:
+    """Heat map of one layer/head (``head`` None: mean over heads) of a trained model on ``sentence``."""
+    from sanlab.evaluation import analysis, plots
+    from sanlab.experiments.attention_traces import layer_trace
+
+    found = layer_trace(Path(run_dir), sentence=sentence, side=side, layer=layer, target=target,
+                        checkpoint=checkpoint)
+    where = f"{side} layer {layer}"
+    matrix = checked(analysis.attention_matrix, found.trace, head=head, stage=stage, context=where)
+    blocks = checked(analysis.key_blocks, matrix, keys=len(found.keys), context=where)
+    many = len(blocks) > 1
+    columns = [f"{delta:+d}:{tok}" if many else tok for delta, _ in blocks for tok in found.keys]
+    rows = tuple((q, *(float(x) for _, b in blocks for x in b[i])) for i, q in enumerate(found.queries))
+    table = analysis.Table(("query", *columns), rows, digits=3)
+    head_text = "mean over heads" if head is None else f"head {head}"
+    title = f"{run_labels([run_dir])[0]}: {where}, {head_text} ({stage})"
+    notes = (f"Checkpoint `{checkpoint}`. Rows: queries, columns: keys." + (f" Target: `{found.target}`." if
+             found.target is not None else "") + (" The key axis holds one block per neighbouring head "
+                                                 "(2D-CSAN), labelled by head offset." if many else ""))
+    return write_outputs(out, title=title, table=table, notes=notes, plot=lambda png: plots.heatmap(
+        png, blocks=[(f"head offset {d:+d}" if many else "", b) for d, b in blocks], x_labels=found.keys,
+        y_labels=found.queries, title=title, colorbar_label="score" if stage == "scores" else "attention weight"))
+
+
+# ----------------------------------------------------------------------------- command line
+def _common(p: argparse.ArgumentParser, *, runs: str) -> None:
+    p.add_argument("runs", nargs=runs, metavar="RUN", help="run directories")
+    p.add_argument("--out", required=True, help="output prefix: writes OUT.md, OUT.csv and OUT.png")
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split", help="held-out split (default: the first data.test split, else valid)")
+    p.add_argument("--checkpoint", default="best", help="whose hyp-<checkpoint>-<split>.txt to read (default: best)")
+    p.add_argument("--references", help="reference file instead of the split's target file")
+    p.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer (default: 13a)")
+
+
+def _edges(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,20,30,40, got {text!r}")
+
+
+def _head(text: str) -> int | None:
+    if text == "mean":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a head index or 'mean', got {text!r}")
+
+
+def _report(paths: dict[str, Path]) -> int:
+    print(paths["md"].read_text(encoding="utf-8"), end="")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``sanlab analyze <analysis>`` to the ``sanlab`` parser's subcommands."""
+    parser = subparsers.add_parser("analyze", help="analysis tables and plots of trained runs (the papers' figures)")
+    sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
+
+    p = sub.add_parser("ngram-gap", help="n-gram precision gap of runs to a baseline (CSAN Fig. 3)")
+    _common(p, runs="+")
+    p.add_argument("--baseline", required=True, help="baseline run directory")
+    _eval_args(p)
+    p.set_defaults(fn=lambda a: _report(ngram_gap(a.runs, baseline=a.baseline, out=a.out, split=a.split,
+                                                  checkpoint=a.checkpoint, references=a.references,
+                                                  tokenize=a.tokenize)))
+
+    p = sub.add_parser("length-buckets", help="BLEU by source-length bucket (MUSE Fig. 3)")
+    _common(p, runs="+")
+    p.add_argument("--buckets", type=_edges, default=(10, 20, 30, 40),
+                   help="ascending upper bucket edges in words (default 10,20,30,40: 1-10 ... 31-40, >40)")
+    p.add_argument("--sources", help="source file instead of the split's source file")
+    _eval_args(p)
+    p.set_defaults(fn=lambda a: _report(length_buckets(a.runs, out=a.out, edges=a.buckets, split=a.split,
+                                                       checkpoint=a.checkpoint, sources=a.sources,
+                                                       references=a.references, tokenize=a.tokenize)))
+
+    p = sub.add_parser("sweep", help="score against a config value swept across runs (CSAN Fig. 2)")
+    _common(p, runs="+")
+    p.add_argument("--key", required=True, help="dotted config key, e.g. model.encoder.attention.parts.0.size")
+    p.add_argument("--metric", help="default: bleu (translation); accuracy (valid) / all (eval) for tagging")
+    p.add_argument("--from", dest="score_from", choices=("valid", "eval"), default="valid",
+                   help="best validation record of metrics.jsonl (default) or eval-<checkpoint>.json")
+    p.add_argument("--split", help="with --from eval: the split (default: the first in the file)")
+    p.add_argument("--checkpoint", default="best", help="with --from eval: whose eval-<checkpoint>.json")
+    p.add_argument("--baseline", help="a run drawn as a dashed line")
+    p.set_defaults(fn=lambda a: _report(sweep(a.runs, key=a.key, out=a.out, metric=a.metric, score_from=a.score_from,
+                                              split=a.split, checkpoint=a.checkpoint, baseline=a.baseline)))
+
+    p = sub.add_parser("gates", help="MUSE kernel-gate weights per layer (MUSE Fig. 4)")
+    _common(p, runs=None)
+    p.add_argument("--checkpoint", default="best")
+    p.set_defaults(fn=lambda a: _report(gates(a.runs, out=a.out, checkpoint=a.checkpoint)))
+
+    p = sub.add_parser("curves", help="a metric over training steps, one line per run (Dufter Fig. 2)")
+    _common(p, runs="+")
+    p.add_argument("--metric", help="metric name in metrics.jsonl (default: bleu / accuracy)")
+    p.add_argument("--split", default="valid", help="record split in metrics.jsonl: valid (default), train, speed")
+    p.set_defaults(fn=lambda a: _report(curves(a.runs, out=a.out, metric=a.metric, split=a.split)))
+
+    p = sub.add_parser("attention", help="heat map of one layer/head of a trained model on one sentence")
+    _common(p, runs=None)
+    p.add_argument("--sentence", required=True, help="source sentence (translation) or words (tagging)")
+    p.add_argument("--side", choices=("encoder", "decoder", "cross"), default="encoder",
+                   help="encoder self-attention, decoder self-attention or decoder cross-attention")
+    p.add_argument("--layer", type=int, default=0, help="0-based layer index (default 0)")
+    p.add_argument("--head", type=_head, default=0, help="head index or 'mean' (default 0)")
+    p.add_argument("--target", help="decoder sides: target text (default: the model's own translation)")
+    p.add_argument("--stage", choices=("final", "weights", "weights_final", "scores"), default="final",
+                   help="final = the weights applied to the values (default)")
+    p.add_argument("--checkpoint", default="best")
+    p.set_defaults(fn=lambda a: _report(attention_map(a.runs, out=a.out, sentence=a.sentence, side=a.side,
+                                                      layer=a.layer, head=a.head, target=a.target,
+                                                      stage=a.stage, checkpoint=a.checkpoint)))

@@ -1,0 +1,181 @@
+"""The banded plan equals the dense masked reference, never forms i x j, and is chosen by length."""
+
+import itertools
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from sanlab.attention import Attention, AttentionContext, AttentionPart, Positions, banded
+from sanlab.attention.parts.csan2d import HeadArea
+from sanlab.attention.parts.window import WindowMask
+from sanlab.attention.plans import StageParts
+
+
+def _part(kind: str, m: int, *, boundary: str = "wrap", area: int = 3, causal_window: str = "half") -> AttentionPart:
+    if kind == "1d":
+        return WindowMask(half_width=m, causal_window=causal_window)
+    return HeadArea(half_width=m, area=area, boundary=boundary, causal_window=causal_window)
+
+
+def _pair(part: AttentionPart, *, heads: int = 4) -> tuple[Attention, Attention]:
+    dense = Attention(dim=4 * heads, heads=heads, parts=[part], plan="dense").double()
+    fast = Attention(dim=4 * heads, heads=heads, parts=[part], plan="banded").double()
+    fast.load_state_dict(dense.state_dict())
+    return dense, fast
+
+
+def _valid(length: int) -> torch.Tensor:
+    lengths = torch.tensor([length, max(1, length - 3), 1])
+    return torch.arange(length)[None, :] < lengths[:, None]  # [3, i]
+
+
+PARTS_GRID = [("1d", m, "wrap", "half") for m in (0, 1, 2, 6)] + [("1d", 2, "wrap", "full")] + [
+    ("2d", m, boundary, cw) for m, boundary, cw in itertools.product((1, 2), ("wrap", "clip", "reference"),
+                                                                       ("half", "full"))]
+
+
+@pytest.mark.parametrize("block", [1, 3, 16])
+@pytest.mark.parametrize("length", [1, 5, 11])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind, m, boundary, causal_window", PARTS_GRID)
+def test_banded_equals_dense_values_and_gradients(kind, m, boundary, causal_window, causal, length, block,
+                                                  monkeypatch):
+    monkeypatch.setattr(banded, "BLOCK", block)
+    dense, fast = _pair(_part(kind, m, boundary=boundary, causal_window=causal_window))
+    g = torch.Generator().manual_seed(length * 7 + m)
+    x = torch.randn(3, length, 16, generator=g, dtype=torch.float64)
+    probe = torch.randn(3, length, 16, generator=g, dtype=torch.float64)
+    pos = Positions.self_attention(_valid(length), length=length, causal=causal)
+    grads = []
+    for attn in (dense, fast):
+        attn.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        out = attn(xi, positions=pos).output
+        (out * probe).sum().backward()
+        grads.append((out, xi.grad, [p.grad.clone() for p in attn.parameters()]))
+    (out_d, dx_d, dp_d), (out_b, dx_b, dp_b) = grads
+    torch.testing.assert_close(out_b, out_d)
+    torch.testing.assert_close(dx_b, dx_d)
+    for a, b in zip(dp_b, dp_d):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_cached_decoding_attends_to_the_window_of_cached_keys(kind, monkeypatch):
+    monkeypatch.setattr(banded, "BLOCK", 2)
+    dense, fast = _pair(_part(kind, 2, boundary="clip"))
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    valid = torch.tensor([[True] * 9, [True] * 6 + [False] * 3])
+    full = dense(x, positions=Positions.self_attention(valid, length=9, causal=True)).output
+    cache, steps, start = None, [], 0
+    for size in (4, 1, 3, 1):  # a prompt of 4 queries at positions 0..3, then more
+        pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True)
+        r = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
+        cache, start = r.cache, start + size
+        steps.append(r.output)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def _plan_inputs(*, length: int, key_valid: torch.Tensor | None, heads: int = 2, d: int = 3):
+    q, k, v = (torch.randn(key_valid.shape[0] if key_valid is not None else 1, heads, length, d,
+                           dtype=torch.float64, requires_grad=True) for _ in range(3))
+    ctx = AttentionContext(positions=Positions.self_attention(key_valid, length=length), heads=heads, head_dim=d)
+    return q, k, v, ctx
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_rows_without_visible_keys_are_zero_not_nan(kind):
+    part = _part(kind, 1, boundary="clip")
+    key_valid = torch.tensor([[True, True, False, False, False, False, False],   # queries 3..6: padding only
+                              [False] * 7])                                        # nothing visible at all
+    q, k, v, ctx = _plan_inputs(length=7, key_valid=key_valid, heads=3)
+    out = banded.attend(q, k, v, ctx, parts=StageParts.sort([part]), scale=1.0, dropout=0.0, training=False,
+                        block=3)  # [b, h, i, d], before the attention zeroes padded query rows
+    assert torch.all(out[0, :, 3:] == 0) and torch.all(out[1] == 0)
+    assert torch.all(out[0, :, :3].abs().sum(-1) > 0)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+class _LargestTensor(TorchFunctionMode):
+    """Records the largest tensor any torch function returns inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for t in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return result
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_never_forms_an_i_by_j_matrix(kind):
+    length, heads, d, block, m = 256, 3, 2, 8, 2
+    q, k, v, ctx = _plan_inputs(length=length, key_valid=torch.ones(1, length, dtype=torch.bool), heads=heads, d=d)
+    area = 1 if kind == "1d" else 3
+    parts = StageParts.sort([_part(kind, m, area=area)])
+    with _LargestTensor() as probe:
+        out = banded.attend(q, k, v, ctx, parts=parts, scale=1.0, dropout=0.0, training=False, block=block)
+    span = block + 2 * m
+    # the largest tensors are the scores [b, h, i, n*span] and the key spans [b, h, i/c, n*span, d]
+    assert probe.numel <= heads * length * area * span * max(d, 1)
+    assert probe.numel < heads * length * length / 4
+    assert out.shape == (1, heads, length, d)
+
+
+class _Score(AttentionPart):
+    def score(self, scores, ctx):
+        return scores
+
+
+def test_auto_chooses_banded_by_length_and_dense_for_traces(monkeypatch):
+    calls = []
+    attend = banded.attend
+    monkeypatch.setattr(banded, "attend", lambda *a, **kw: calls.append(1) or attend(*a, **kw))
+    attn = Attention(dim=16, heads=4, parts=[_part("2d", 2)]).eval()
+    short, long = banded.MIN_KEYS - 1, banded.MIN_KEYS
+    attn(torch.randn(1, short, 16), positions=Positions.self_attention(None, length=short))
+    assert calls == []
+    attn(torch.randn(1, long, 16), positions=Positions.self_attention(None, length=long))
+    assert calls == [1]
+    attn(torch.randn(1, long, 16), positions=Positions.self_attention(None, length=long), need_trace=True)
+    assert calls == [1]
+
+
+def test_only_window_local_parts_are_banded():
+    assert banded.supports(StageParts.sort([_part("1d", 1)]))
+    assert banded.supports(StageParts.sort([_part("1d", 1), _part("2d", 2)]))
+    assert not banded.supports(StageParts.sort([]))
+    assert not banded.supports(StageParts.sort([_part("1d", 1), _Score()]))
+    with pytest.raises(ValueError, match="plan 'banded' needs window-local parts only.*_Score"):
+        Attention(dim=16, heads=4, parts=[_part("1d", 1), _Score()], plan="banded")
+
+
+def test_intersection_of_two_windows_is_the_narrower_band():
+    parts = StageParts.sort([_part("1d", 3), _part("1d", 1, causal_window="full")])
+    assert banded.describe(parts, heads=4, causal=False) == banded.Band(1, 1)
+    assert banded.describe(parts, heads=4, causal=True) == banded.Band(2, 0)  # min(3, 2*1) left, causal right
+
+
+def test_positions_outside_the_self_attention_layout_are_refused():
+    q, k, v, _ = _plan_inputs(length=5, key_valid=None)
+    shifted = AttentionContext(positions=Positions(q_pos=torch.arange(5), k_pos=torch.arange(5) + 2), heads=2,
+                               head_dim=3)
+    with pytest.raises(ValueError, match=r"key j at position j.*k_pos \[2, 3, 4, 5, 6\]"):
+        banded.attend(q, k, v, shifted, parts=StageParts.sort([_part("1d", 1)]), scale=1.0, dropout=0.0,
+                      training=False)
+
+
+def test_plan_banded_for_a_whole_stack_leaves_layers_without_parts_dense():
+    # `plan: banded` applies to every layer of a stack; layers the window part skips have nothing to band
+    plain = Attention(dim=16, heads=4, plan="banded").eval()
+    reference = Attention(dim=16, heads=4, plan="dense").eval()
+    reference.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 5, 16)
+    pos = Positions.self_attention(None, length=5)
+    torch.testing.assert_close(plain(x, positions=pos).output, reference(x, positions=pos).output)

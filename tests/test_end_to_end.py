@@ -1,0 +1,84 @@
+"""The CLI pipeline on tiny runs: train -> average -> translate / tag -> evaluate."""
+
+import io
+import json
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sanlab.cli import main
+from sanlab.config import dump_config, validate
+from sanlab.data.synthetic import write_tagging_corpus
+from sanlab.runs import train_run
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory):
+    from training_fixtures import make_reverse_config
+
+    root = tmp_path_factory.mktemp("mt")
+    config = make_reverse_config(root, max_steps=12, valid_every=4, keep_last=3, keep_best=3)
+    train_run(config, root / "run", quiet=True)
+    return root / "run"
+
+
+def test_average_is_the_fp32_mean_of_the_last_checkpoints(translation_run):
+    assert main(["average", "--run", str(translation_run), "--last", "3"]) == 0
+    steps = sorted((translation_run / "checkpoints").glob("step-*"))[-3:]
+    weights = [load_file(str(s / "model.safetensors")) for s in steps]
+    averaged = load_file(str(translation_run / "averaged" / "model.safetensors"))
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, sum(w[name] for w in weights) / 3)
+
+
+def test_translate_reads_stdin_and_writes_one_line_per_input(translation_run, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a b c\nd e\n"))
+    assert main(["translate", "--run", str(translation_run), "--beam", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a b c\n"))
+    assert main(["translate", "--run", str(translation_run), "--beam", "3", "--n-best", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("0 ||| ") for line in lines)
+
+
+def test_evaluate_prints_sacrebleu_signature(translation_run, capsys):
+    assert main(["evaluate", "--run", str(translation_run), "--checkpoint", "last"]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU" in out and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
+    saved = json.loads((translation_run / "eval-last.json").read_text())
+    assert set(saved["valid"]) >= {"bleu", "chrf", "bleu_signature", "hypotheses"}
+
+
+def test_run_directory_records_provenance(translation_run):
+    meta = json.loads((translation_run / "meta.json").read_text())
+    assert meta["seed"] == 3 and meta["versions"]["torch"] and "git_revision" in meta
+    assert (translation_run / "subword.model").exists() and (translation_run / "metrics.jsonl").exists()
+    assert any((translation_run / "tensorboard").iterdir())
+
+
+def test_bf16_autocast_training_runs(tmp_path):
+    from training_fixtures import make_reverse_config
+
+    summary = train_run(make_reverse_config(tmp_path, max_steps=3, bf16=True), tmp_path / "run", quiet=True)
+    assert summary["step"] == 3
+
+
+def test_tagger_pipeline(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 300, "dev": 40, "test": 40})
+    config = validate({"task": "tagging", "data": {"train": str(data / "train.conllu"),
+                                                    "dev": str(data / "dev.conllu"), "test": str(data / "test.conllu")},
+                       "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                                 "encoder": {"layers": 1}},
+                       "train": {"max_epochs": 2, "batch_size": 16, "progress": False}}, source="test")
+    (tmp_path / "c.yaml").write_text(dump_config(config))
+    assert main(["train", str(tmp_path / "c.yaml"), "--run", str(tmp_path / "run"), "--quiet"]) == 0
+    assert main(["evaluate", "--run", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "== dev" in out and "== test" in out and "ambiguous" in out
+    (tmp_path / "in.txt").write_text("the dog runs .\n")
+    assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.txt")]) == 0
+    tagged = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert [line.split("\t")[0] for line in tagged] == ["the", "dog", "runs", "."]

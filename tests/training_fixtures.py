@@ -1,0 +1,34 @@
+"""A tiny translation config on a generated reverse-the-words corpus (shared by several tests)."""
+
+import random
+
+from sanlab.config import validate
+
+WORDS = "a b c d e f g h i j k l m n o p".split()
+
+
+def write_reverse_corpus(root, n=200, seed=0):
+    """The target is the reversed source. Plain files, as a user would have them."""
+    rng = random.Random(seed)
+    for split, size in (("train", n), ("valid", 20)):
+        src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 7))) for _ in range(size)]
+        (root / f"{split}.src").write_text("".join(s + "\n" for s in src))
+        (root / f"{split}.tgt").write_text("".join(" ".join(reversed(s.split())) + "\n" for s in src))
+
+
+def make_reverse_config(root, **train):
+    """A resolved config for a tiny Transformer on the reverse corpus (dropout on: RNG matters)."""
+    if not (root / "train.src").exists():
+        write_reverse_corpus(root)
+    raw = {
+        "task": "translation",
+        "data": {"train": {"src": str(root / "train.src"), "tgt": str(root / "train.tgt")},
+                 "valid": {"src": str(root / "valid.src"), "tgt": str(root / "valid.tgt")},
+                 "subword": {"vocab_size": 40}},
+        "model": {"dim": 16, "dropout": 0.2, "encoder": {"layers": 1, "ffn_dim": 32, "attention": {"heads": 2}},
+                  "decoder": {"layers": 1, "ffn_dim": 32, "attention": {"heads": 2}}},
+        "train": {"seed": 3, "max_tokens": 200, "warmup_steps": 4, "valid_every": 3, "progress": False,
+                  "keep_last": 10, "keep_best": 10, **train},
+        "decode": {"beam": 2, "max_len_b": 3},
+    }
+    return validate(raw, source="test")
