@@ -7,7 +7,7 @@ import pytest
 
 from sanlab.cli import main
 
-SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo"]
+SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo", "params", "analyze"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sanlab.errors import SanlabError
+from sanlab.experiments.analyze import register as register_analyze
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -136,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default="runs/demo", help="where the demo writes data and runs")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test; scores will be low)")
     p.set_defaults(fn=_cmd_demo)
+
+    register_analyze(sub)
     return parser
 
 

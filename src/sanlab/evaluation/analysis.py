@@ -127,7 +127,8 @@ def length_buckets(systems: Mapping[str, Sequence[str]], references: References,
 
 
 def length_bucket_table(scores: Sequence[BucketScore]) -> Table:
-    return Table(("system", "bucket", "sentences", "bleu"), tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
+    return Table(("system", "bucket", "sentences", "bleu"),
+                 tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
 
 
 # ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)
@@ -138,7 +139,8 @@ def dotted_value(tree: Any, key: str) -> Any:
     for step in key.split("."):
         if isinstance(node, Mapping):
             if step not in node:
-                raise KeyError(f"{'.'.join(walked) or '<root>'} has no key {step!r} (keys: {', '.join(map(str, node))})")
+                where, keys = ".".join(walked) or "<root>", ", ".join(map(str, node))
+                raise KeyError(f"{where} has no key {step!r} (keys: {keys})")
             node = node[step]
         elif isinstance(node, (list, tuple)):
             if not step.lstrip("-").isdigit() or not -len(node) <= int(step) < len(node):
@@ -166,7 +168,10 @@ def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "va
 
 
 def _sort_key(value: Any) -> tuple:
-    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+    """Numbers first, by value; then anything else by its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
 
 
 def sweep_means(points: Sequence[SweepPoint]) -> list[tuple[Any, float, int]]:
@@ -190,6 +195,8 @@ def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "val
     A resumed run may log a step twice (validated again after the restart); the later record wins.
     """
     chosen = [r for r in records if r.get("split") == split]
+    if not records:
+        raise KeyError("no records at all (has the run been trained and validated yet?)")
     if not chosen:
         splits = sorted({str(r.get("split")) for r in records})
         raise KeyError(f"no {split!r} records (splits present: {', '.join(splits) or 'none'})")
@@ -248,14 +255,10 @@ def gate_table(rows: Sequence[GateRow]) -> Table:
 TRACE_STAGES = ("final", "weights", "weights_final", "scores")
 
 
-def attention_matrix(trace: Mapping[str, Any] | None, *, head: int | None, stage: str = "final",
-                     batch: int = 0) -> np.ndarray:
-    """One head's [i, j] matrix (``head`` None: the mean over heads) from a layer's trace.
-
-    ``stage``: ``weights`` (softmax), ``weights_final`` (after post-softmax parts), ``scores``
-    (pre-softmax), or ``final`` = what the values were multiplied with (``weights_final`` if
-    the layer has post-softmax parts, else ``weights``).
-    """
+def trace_stage(trace: Mapping[str, Any] | None, stage: str = "final") -> str:
+    """The trace key ``stage`` names: ``weights`` (softmax), ``weights_final`` (after post-softmax
+    parts), ``scores`` (pre-softmax), or ``final`` = what the values were multiplied with
+    (``weights_final`` if the layer has post-softmax parts, else ``weights``)."""
     if stage not in TRACE_STAGES:
         raise ValueError(f"unknown trace stage {stage!r}; choose one of {TRACE_STAGES}")
     if not trace or "weights" not in trace:
@@ -265,7 +268,14 @@ def attention_matrix(trace: Mapping[str, Any] | None, *, head: int | None, stage
     if name not in trace:
         raise KeyError(f"this layer's trace has no {name!r} (keys: {sorted(trace)}); {name!r} exists only "
                        "when the layer has post-softmax parts")
-    cube = np.asarray(trace[name][batch], dtype=np.float64)  # [h, i, j]
+    return name
+
+
+def attention_matrix(trace: Mapping[str, Any] | None, *, head: int | None, stage: str = "final",
+                     batch: int = 0) -> np.ndarray:
+    """One head's [i, j] matrix (``head`` None: the mean over heads) of a layer's trace at ``stage``
+    (see ``trace_stage``)."""
+    cube = np.asarray(trace[trace_stage(trace, stage)][batch], dtype=np.float64)  # [h, i, j]
     if head is None:
         return cube.mean(axis=0)  # [i, j]
     if not 0 <= head < cube.shape[0]:

@@ -26,7 +26,7 @@ def _save(fig: Figure, path: Path) -> Path:
 def grouped_bars(path: Path, *, groups: Sequence[str], series: Mapping[str, Sequence[float]], title: str,
                  xlabel: str, ylabel: str, zero_line: bool = False) -> Path:
     """One cluster of bars per group (x), one bar colour per series; NaN bars are left out."""
-    fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5 + 2), 3.8))
+    fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5 + 2), 3.8), layout="constrained")
     ax = fig.add_subplot()
     x = np.arange(len(groups))
     width = 0.8 / max(1, len(series))
@@ -35,34 +35,40 @@ def grouped_bars(path: Path, *, groups: Sequence[str], series: Mapping[str, Sequ
     if zero_line:
         ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xticks(x, list(groups))
+    ax.set_xlim(-0.5, len(groups) - 0.5)  # keep every group's slot, even when all its bars are NaN
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, path)
 
 
+MAX_INTEGER_TICKS = 12  # up to this many distinct integer x values each get a tick (layers, window sizes)
+
+
 def lines(path: Path, *, series: Mapping[str, tuple[Sequence, Sequence[float]]], title: str, xlabel: str,
           ylabel: str, points: Mapping[str, tuple[Sequence, Sequence[float]]] | None = None,
-          reference: tuple[str, float] | None = None, markers: bool = True) -> Path:
+          reference: tuple[str, float] | None = None, styles: Mapping[str, str] | None = None) -> Path:
     """One line per series (x, y). Non-numeric x values become evenly spaced categories.
 
     ``points``: extra scatter markers (e.g. single seeds under their mean); ``reference``: a
-    labelled dashed horizontal line (the baseline of CSAN Fig. 2).
+    labelled dashed horizontal line (the baseline of CSAN Fig. 2); ``styles``: line style per series.
     """
-    fig = Figure(figsize=(6.0, 3.8))
+    fig = Figure(figsize=(6.0, 3.8), layout="constrained")
     ax = fig.add_subplot()
     xs_all = [x for xs, _ in [*series.values(), *(points or {}).values()] for x in xs]
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_all)
     categories = list(dict.fromkeys(str(x) for x in xs_all))
     place = (lambda xs: list(xs)) if numeric else (lambda xs: [categories.index(str(x)) for x in xs])
     for name, (xs, ys) in series.items():
-        ax.plot(place(xs), ys, marker="o" if markers else None, markersize=4, label=name)
+        ax.plot(place(xs), ys, (styles or {}).get(name, "-"), marker="o", markersize=4, label=name)
     for name, (xs, ys) in (points or {}).items():
         ax.scatter(place(xs), ys, s=14, alpha=0.6, label=name)
     if reference is not None:
         ax.axhline(reference[1], color="grey", linestyle="--", linewidth=1.0, label=reference[0])
     if not numeric:
         ax.set_xticks(range(len(categories)), categories)
+    elif all(isinstance(x, int) for x in xs_all) and len(set(xs_all)) <= MAX_INTEGER_TICKS:
+        ax.set_xticks(sorted(set(xs_all)))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -75,7 +81,8 @@ def heatmap(path: Path, *, blocks: Sequence[tuple[str, np.ndarray]], x_labels: S
     [len(y_labels), len(x_labels)], with token labels on both axes and one colour bar."""
     i, j = len(y_labels), len(x_labels)
     cell = 0.32
-    fig = Figure(figsize=(min(40.0, 1.6 + len(blocks) * (cell * j + 0.6)), min(30.0, 1.8 + cell * i)))
+    fig = Figure(figsize=(min(40.0, 1.6 + len(blocks) * (cell * j + 0.6)), min(30.0, 1.8 + cell * i)),
+                 layout="constrained")
     axes = fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0]
     values = np.concatenate([m.ravel() for _, m in blocks])
     finite = values[np.isfinite(values)]
@@ -91,5 +98,5 @@ def heatmap(path: Path, *, blocks: Sequence[tuple[str, np.ndarray]], x_labels: S
     for ax in axes:
         ax.set_xlabel("key")
     fig.suptitle(title)
-    fig.colorbar(image, ax=list(axes), label=colorbar_label, shrink=0.8)
+    fig.colorbar(image, ax=list(axes), label=colorbar_label, shrink=min(1.0, 0.3 + 0.05 * i))
     return _save(fig, path)

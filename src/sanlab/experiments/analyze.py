@@ -29,6 +29,8 @@ import yaml
 from sanlab.errors import ConfigError, DataError
 
 PathLike = str | Path
+SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+              "cross": "decoder cross-attention"}
 
 
 # ----------------------------------------------------------------------------- shared plumbing
@@ -94,7 +96,8 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
     if not path.exists():
         raise ConfigError(f"{path} not found: decode first with "
                           f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
-    hyps = path.read_text(encoding="utf-8").split("\n")[:-1]
+    text = path.read_text(encoding="utf-8")
+    hyps = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")  # one line per hypothesis
     if len(hyps) != expected:
         raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
     return hyps
@@ -107,7 +110,7 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
 
     configs = [_translation_config(r) for r in run_dirs]
     name, files = held_out_split(configs[0], split)
-    pairs = read_parallel(files.src, files.tgt)
+    pairs = read_parallel(files.src, files.tgt) if not (sources and references) else []
     src = list(open_text(sources)) if sources else [s for s, _ in pairs]
     refs = list(open_text(references)) if references else [t for _, t in pairs]
     if len(src) != len(refs):
@@ -244,9 +247,10 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
     notes = (f"Checkpoint `{checkpoint}` of `{run_labels([run_dir])[0]}`. g = softmax(alpha) over the cells of a "
              "layer (MUSE Eq. 7; 1/n at initialisation); layers are 0-based, as in the config's `layers` lists.")
     return write_outputs(out, title="MUSE kernel gates per layer", table=analysis.gate_table(rows), notes=notes,
-                         plot=lambda png: plots.lines(png, series={k: (v[0], v[1]) for k, v in series.items()},
-                                                      title="MUSE gate weight per kernel and layer",
-                                                      xlabel="layer (0-based)", ylabel="gate weight g"))
+                         plot=lambda png: plots.lines(
+                             png, series=series, styles={k: "--" for k in series if k.startswith("decoder")},
+                             title="MUSE gate weight per kernel and layer", xlabel="layer (0-based)",
+                             ylabel="gate weight g"))
 
 
 def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = None,
@@ -276,7 +280,8 @@ def attention_map(run_dir: PathLike, *, out: PathLike, sentence: str, side: str 
 
     found = layer_trace(Path(run_dir), sentence=sentence, side=side, layer=layer, target=target,
                         checkpoint=checkpoint)
-    where = f"{side} layer {layer}"
+    where = f"{SIDE_NAMES.get(side, side)}, layer {layer}"
+    stage = checked(analysis.trace_stage, found.trace, stage, context=where)
     matrix = checked(analysis.attention_matrix, found.trace, head=head, stage=stage, context=where)
     blocks = checked(analysis.key_blocks, matrix, keys=len(found.keys), context=where)
     many = len(blocks) > 1
@@ -287,7 +292,8 @@ def attention_map(run_dir: PathLike, *, out: PathLike, sentence: str, side: str 
     title = f"{run_labels([run_dir])[0]}: {where}, {head_text} ({stage})"
     notes = (f"Checkpoint `{checkpoint}`. Rows: queries, columns: keys." + (f" Target: `{found.target}`." if
              found.target is not None else "") + (" The key axis holds one block per neighbouring head "
-                                                 "(2D-CSAN), labelled by head offset." if many else ""))
+                                                 "(2D-CSAN), labelled by head offset delta (keys of head "
+                                                 "(h + delta) mod H with the default wrap boundary)." if many else ""))
     return write_outputs(out, title=title, table=table, notes=notes, plot=lambda png: plots.heatmap(
         png, blocks=[(f"head offset {d:+d}" if many else "", b) for d, b in blocks], x_labels=found.keys,
         y_labels=found.queries, title=title, colorbar_label="score" if stage == "scores" else "attention weight"))
@@ -328,11 +334,7 @@ def _report(paths: dict[str, Path]) -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    """Add ``sanlab analyze <analysis>`` to the ``sanlab`` parser's subcommands."""
-    parser = subparsers.add_parser("analyze", help="analysis tables and plots of trained runs (the papers' figures)")
-    sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
-
+def _add_ngram_gap(sub) -> None:
     p = sub.add_parser("ngram-gap", help="n-gram precision gap of runs to a baseline (CSAN Fig. 3)")
     _common(p, runs="+")
     p.add_argument("--baseline", required=True, help="baseline run directory")
@@ -341,6 +343,8 @@ def register(subparsers) -> None:
                                                   checkpoint=a.checkpoint, references=a.references,
                                                   tokenize=a.tokenize)))
 
+
+def _add_length_buckets(sub) -> None:
     p = sub.add_parser("length-buckets", help="BLEU by source-length bucket (MUSE Fig. 3)")
     _common(p, runs="+")
     p.add_argument("--buckets", type=_edges, default=(10, 20, 30, 40),
@@ -351,6 +355,8 @@ def register(subparsers) -> None:
                                                        checkpoint=a.checkpoint, sources=a.sources,
                                                        references=a.references, tokenize=a.tokenize)))
 
+
+def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="score against a config value swept across runs (CSAN Fig. 2)")
     _common(p, runs="+")
     p.add_argument("--key", required=True, help="dotted config key, e.g. model.encoder.attention.parts.0.size")
@@ -363,9 +369,11 @@ def register(subparsers) -> None:
     p.set_defaults(fn=lambda a: _report(sweep(a.runs, key=a.key, out=a.out, metric=a.metric, score_from=a.score_from,
                                               split=a.split, checkpoint=a.checkpoint, baseline=a.baseline)))
 
+
+def _add_gates_and_curves(sub) -> None:
     p = sub.add_parser("gates", help="MUSE kernel-gate weights per layer (MUSE Fig. 4)")
     _common(p, runs=None)
-    p.add_argument("--checkpoint", default="best")
+    p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
     p.set_defaults(fn=lambda a: _report(gates(a.runs, out=a.out, checkpoint=a.checkpoint)))
 
     p = sub.add_parser("curves", help="a metric over training steps, one line per run (Dufter Fig. 2)")
@@ -374,17 +382,28 @@ def register(subparsers) -> None:
     p.add_argument("--split", default="valid", help="record split in metrics.jsonl: valid (default), train, speed")
     p.set_defaults(fn=lambda a: _report(curves(a.runs, out=a.out, metric=a.metric, split=a.split)))
 
+
+def _add_attention(sub) -> None:
     p = sub.add_parser("attention", help="heat map of one layer/head of a trained model on one sentence")
     _common(p, runs=None)
     p.add_argument("--sentence", required=True, help="source sentence (translation) or words (tagging)")
-    p.add_argument("--side", choices=("encoder", "decoder", "cross"), default="encoder",
+    p.add_argument("--side", choices=tuple(SIDE_NAMES), default="encoder",
                    help="encoder self-attention, decoder self-attention or decoder cross-attention")
     p.add_argument("--layer", type=int, default=0, help="0-based layer index (default 0)")
     p.add_argument("--head", type=_head, default=0, help="head index or 'mean' (default 0)")
     p.add_argument("--target", help="decoder sides: target text (default: the model's own translation)")
     p.add_argument("--stage", choices=("final", "weights", "weights_final", "scores"), default="final",
-                   help="final = the weights applied to the values (default)")
-    p.add_argument("--checkpoint", default="best")
+                   help="final (default): the weights applied to the values")
+    p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
     p.set_defaults(fn=lambda a: _report(attention_map(a.runs, out=a.out, sentence=a.sentence, side=a.side,
                                                       layer=a.layer, head=a.head, target=a.target,
                                                       stage=a.stage, checkpoint=a.checkpoint)))
+
+
+def register(subparsers) -> None:
+    """Add ``sanlab analyze <analysis>`` to the ``sanlab`` parser's subcommands."""
+    parser = subparsers.add_parser("analyze", help="analysis tables and plots of trained runs (the papers' figures)",
+                                   description="Each analysis writes OUT.md, OUT.csv and OUT.png.")
+    sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
+    for add in (_add_ngram_gap, _add_length_buckets, _add_sweep, _add_gates_and_curves, _add_attention):
+        add(sub)

@@ -1,0 +1,228 @@
+"""One cell of a comparison grid: train it, evaluate it, and read back what it produced.
+
+Training is ``runs.train_run`` (which resumes a run directory by itself); when it returns, the
+cell writes ``done.json`` (summary, parameter count, threads, the resolved config). Evaluation
+writes ``compare-eval.json`` plus the per-sentence evidence the significance test needs: the
+hypothesis file of ``runs.evaluate_run`` for translation, and ``tags-<checkpoint>-<split>.jsonl``
+(words, gold and predicted tags per sentence) for tagging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from sanlab.config import TaggingConfig, TranslationConfig
+from sanlab.errors import ConfigError
+from sanlab.experiments.grid import (
+    DONE_FILE, EVAL_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, eval_key, read_json,
+)
+from sanlab.models.builders import count_parameters
+from sanlab.runs import average_run, evaluate_run, load_run_config, load_trained, train_run
+from sanlab.training.loop import read_metrics
+
+# Score names of each task: (column, key in the evaluation record); the first is the primary score.
+METRICS = {"translation": (("BLEU", "bleu"), ("chrF", "chrf")),
+           "tagging": (("All", "all"), ("OOV", "oov"), ("Ambig.", "ambiguous"))}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def prepare_synthetic(grid: Grid) -> None:
+    """Write the grid's synthetic corpus into ``<runs_dir>/data`` unless it is already there."""
+    spec = grid.spec.synthetic
+    if spec is None:
+        return
+    from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
+
+    data = grid.runs_dir / "data"
+    stamp, wanted = data / "synthetic.json", spec.model_dump()
+    if stamp.exists():
+        if read_json(stamp) != wanted:
+            raise ConfigError(f"{grid.path}: {data} holds a synthetic corpus made with {read_json(stamp)}, "
+                              f"the grid now asks for {wanted}; delete {data} or choose another runs_dir")
+        return
+    write = write_tagging_corpus if spec.task == "tagging" else write_translation_corpus
+    write(data, seed=spec.seed, sizes={s: spec.sizes[s] for s in SYNTHETIC_SPLITS[spec.task]})
+    _write_json(stamp, wanted)
+
+
+# ----------------------------------------------------------------------------- training
+def run_parameters(run_dir: Path) -> int:
+    """Trainable parameters of a run's model (built from its vocabularies, weights not loaded)."""
+    config = load_run_config(run_dir)
+    if isinstance(config, TranslationConfig):
+        from sanlab.tasks.translation import load_translation_model as load
+    else:
+        from sanlab.tasks.tagging import load_tagging_model as load
+    model, _ = load(config, run_dir)
+    return count_parameters(model)
+
+
+def train_cell(cell: Cell, *, quiet: bool) -> dict:
+    summary = train_run(cell.config, cell.run_dir, quiet=quiet)
+    done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
+            "threads": torch.get_num_threads(), "config": config_dict(cell.config)}
+    _write_json(cell.run_dir / DONE_FILE, done)
+    return done
+
+
+# ----------------------------------------------------------------------------- evaluation
+def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
+    """Score the cell on its split with the grid's checkpoint choice; keep per-sentence evidence."""
+    done = read_json(cell.run_dir / DONE_FILE)
+    if spec.average_last:
+        average_run(cell.run_dir, last=spec.average_last)
+    if isinstance(cell.config, TranslationConfig):
+        result = evaluate_run(cell.run_dir, checkpoint=spec.checkpoint, splits=[cell.split])[cell.split]
+        scores = {"bleu": result["bleu"], "chrf": result["chrf"]}
+        evidence, signature = Path(result["hypotheses"]).name, result["bleu_signature"]
+    else:
+        scores, evidence = evaluate_tagging_cell(cell, checkpoint=spec.checkpoint)
+        signature = None
+    record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
+              "scores": scores, "signature": signature, "evidence": evidence}
+    _write_json(cell.run_dir / EVAL_FILE, record)
+    return record
+
+
+def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
+    """All / OOV / ambiguous accuracy on the split; writes words, gold and predicted tags per sentence.
+
+    Sentences longer than the model's t are tagged chunk by chunk and joined back, so the
+    bootstrap resamples whole sentences (as ``runs.tag_file`` tags them).
+    """
+    from sanlab.data.conllu_io import chunk_sentences, read_conllu
+    from sanlab.evaluation.tagging import tagging_accuracy, word_tags
+    from sanlab.tasks.tagging import predict_tags
+
+    config, model, vocab = load_trained(cell.run_dir, checkpoint=checkpoint)
+    assert isinstance(config, TaggingConfig)
+    d = config.data
+    sents = read_conllu(d.test if cell.split == "test" else d.dev, column=d.column)
+    chunks = [chunk_sentences([s], config.model.max_len) for s in sents]
+    flat = predict_tags(model, vocab, [c for cs in chunks for c in cs], max_chars=config.model.max_word_chars)
+    pred, k = [], 0
+    for cs in chunks:  # join each sentence's chunks back together
+        pred.append([t for chunk in flat[k:k + len(cs)] for t in chunk])
+        k += len(cs)
+    train = read_conllu(d.train, column=d.column)
+    scores = tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
+                              in_vocab=vocab.in_vocab, train_word_tags=word_tags([list(zip(s.words, s.tags))
+                                                                                  for s in train]))
+    name = f"tags-{checkpoint}-{cell.split}.jsonl"
+    with open(cell.run_dir / name, "w", encoding="utf-8") as f:
+        for s, p in zip(sents, pred):
+            f.write(json.dumps({"words": list(s.words), "gold": list(s.tags), "pred": p}, ensure_ascii=False) + "\n")
+    return {"all": scores.all, "oov": scores.oov, "ambiguous": scores.ambiguous, "n_all": scores.n_all,
+            "n_oov": scores.n_oov, "n_ambiguous": scores.n_ambiguous}, name
+
+
+# ----------------------------------------------------------------------------- one cell, start to end
+@dataclass(frozen=True)
+class CellOutcome:
+    cell: Cell
+    trained: bool          # trained (or resumed) in this invocation
+    evaluated: bool        # evaluated in this invocation
+    seconds: float
+    error: str | None = None
+
+
+def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool) -> CellOutcome:
+    """Bring one cell to ``evaluated``: train or resume it if needed, then evaluate it if needed.
+
+    Errors are returned, not raised, so one failing cell does not stop the rest of the grid.
+    """
+    start, trained, evaluated = time.monotonic(), False, False
+    try:
+        state = cell_state(cell, spec)
+        if state.status == "conflict":
+            raise ConfigError(state.detail + "; delete it or choose another runs_dir")
+        if state.status in ("pending", "training"):
+            train_cell(cell, quiet=quiet)
+            trained = True
+        if trained or state.status == "trained":
+            evaluate_cell(cell, spec)
+            evaluated = True
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001  (reported per cell; the grid goes on)
+        detail = "" if isinstance(err, (ConfigError,)) else "\n" + traceback.format_exc(limit=3)
+        return CellOutcome(cell, trained, evaluated, time.monotonic() - start, f"{type(err).__name__}: {err}{detail}")
+    return CellOutcome(cell, trained, evaluated, time.monotonic() - start)
+
+
+def init_worker(threads: int) -> None:
+    """Initializer of a ``--jobs`` worker process: its share of the machine's cores."""
+    torch.set_num_threads(threads)
+
+
+def run_cell_job(job: tuple[Cell, EvalSpec, bool]) -> CellOutcome:
+    cell, spec, quiet = job
+    return run_cell(cell, spec, quiet=quiet)
+
+
+# ----------------------------------------------------------------------------- reading results
+@dataclass(frozen=True)
+class CellResult:
+    """What the table needs from one cell; ``scores`` and ``evidence`` are empty until it is evaluated.
+
+    ``evidence`` is per sentence: hypotheses (translation) or per-token correctness (tagging).
+    """
+
+    variant: str
+    seed: int
+    params: int | None = None
+    speed: dict[str, float] | None = None       # steps_per_s, tokens_per_s (last "speed" record)
+    scores: dict[str, float | None] = field(default_factory=dict)  # keys of METRICS
+    signature: str | None = None
+    evidence: list | None = None
+
+
+def last_speed(run_dir: Path) -> dict[str, float] | None:
+    """The run's last "speed" record: updates and target tokens per second of update time, whole run."""
+    records = [r for r in read_metrics(run_dir) if r.get("split") == "speed"]
+    return {k: records[-1][k] for k in ("steps_per_s", "tokens_per_s")} if records else None
+
+
+def read_evidence(run_dir: Path, record: dict) -> list:
+    path = Path(run_dir) / record["evidence"]
+    if path.suffix == ".txt":
+        return path.read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [[g == p for g, p in zip(r["gold"], r["pred"])] for r in rows]
+
+
+def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
+    """The cell's result if it finished training (scores only if evaluated as the grid asks)."""
+    state = cell_state(cell, spec)
+    if state.status not in ("trained", "evaluated"):
+        return None
+    done = read_json(cell.run_dir / DONE_FILE)
+    result = CellResult(cell.variant, cell.seed, params=done["params"], speed=last_speed(cell.run_dir))
+    if state.status != "evaluated":
+        return result
+    record = read_json(cell.run_dir / EVAL_FILE)
+    return CellResult(cell.variant, cell.seed, params=done["params"], speed=result.speed, scores=record["scores"],
+                      signature=record["signature"], evidence=read_evidence(cell.run_dir, record))
+
+
+def read_references(cell: Cell) -> list[str] | None:
+    """The reference translations of the cell's split (None for tagging)."""
+    if not isinstance(cell.config, TranslationConfig):
+        return None
+    from sanlab.data.parallel import read_parallel
+
+    d = cell.config.data
+    pair = d.valid if cell.split == "valid" else d.test[cell.split]
+    return [t for _, t in read_parallel(pair.src, pair.tgt)]

@@ -1,0 +1,259 @@
+"""``sanlab compare``: run a grid of variants x seeds and print the papers' comparison table.
+
+Each row of the table is a variant: trainable parameters (and the delta to the baseline),
+training speed (steps/s and tokens/s of update time, from the runs' "speed" records, mean over
+seeds), the score as mean ± sample sd over seeds (BLEU and chrF with the sacreBLEU signature
+under the table, or tagging accuracy All / OOV / Ambig.), its delta to the baseline row, and a
+significance mark against the baseline.
+
+Significance: for every seed that both the variant and the baseline have finished, a paired
+bootstrap on that seed's outputs of the same test set (sacreBLEU's ``paired-bs`` for BLEU,
+``paired_bootstrap_accuracy`` over sentences for All accuracy). The row's mark is the majority's:
+↑ if more than half of those tests are significant upwards (⇑ if more than half reach p < 0.01),
+↓/⇓ likewise, nothing otherwise; ``k/n`` follows it when more than one seed was tested.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
+from multiprocessing import get_context
+
+from sanlab.errors import ConfigError
+from sanlab.evaluation.significance import SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu
+from sanlab.experiments.cells import (
+    METRICS, CellOutcome, CellResult, init_worker, prepare_synthetic, read_references, read_result, run_cell,
+    run_cell_job,
+)
+from sanlab.experiments.grid import Cell, EvalSpec, Grid, cell_state, load_grid, slug
+from sanlab.experiments.tables import Report, Row, Section, Stat, Test, render_markdown, write_report
+
+UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# ----------------------------------------------------------------------------- choosing and running cells
+def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = ()) -> list[Cell]:
+    """The cells of the named variants / datasets (names or their directory slugs); all if none named."""
+    def pick(names: Sequence[str], known: list[str], kind: str) -> set[str]:
+        chosen = set()
+        for name in names:
+            match = [k for k in known if name in (k, slug(k))]
+            if not match:
+                raise ConfigError(f"{grid.path}: no {kind} {name!r}; the grid has: {', '.join(known)}")
+            chosen.update(match)
+        return chosen or set(known)
+
+    variants = pick(only, [v.name for v in grid.spec.variants], "variant")
+    sets = pick(datasets, [d.name for d in grid.spec.datasets], "dataset") if grid.spec.datasets else {None}
+    return [c for c in grid.cells if c.variant in variants and c.dataset in sets]
+
+
+def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
+    """The ``--dry-run`` listing: one line per cell with its state and run directory."""
+    rows = [(c.label, cell_state(c, grid.spec.eval).describe(), str(c.run_dir)) for c in cells]
+    width = [max(len(r[k]) for r in rows) for k in range(2)]
+    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d}" for a, b, d in rows]
+    done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
+    return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"])
+
+
+def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = False,
+             log: Callable[[str], None] = print) -> list[CellOutcome]:
+    """Train and evaluate every cell not evaluated yet; ``jobs`` > 1 runs cells in spawned processes,
+    each with ``cores // jobs`` threads. A failing cell is reported and the others go on."""
+    prepare_synthetic(grid)
+    todo = [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"]
+    log(f"{len(cells) - len(todo)} of {len(cells)} cells already evaluated; {len(todo)} to run"
+        + (f" with {jobs} jobs x {max(1, cores() // jobs)} threads" if jobs > 1 and len(todo) > 1 else ""))
+    outcomes = []
+
+    def report(outcome: CellOutcome) -> None:
+        outcomes.append(outcome)
+        what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
+        status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
+        log(f"[{len(outcomes)}/{len(todo)}] {outcome.cell.label}: {status} ({outcome.seconds:.0f}s)")
+
+    if jobs <= 1 or len(todo) <= 1:
+        for cell in todo:
+            report(run_cell(cell, grid.spec.eval, quiet=quiet))
+        return outcomes
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn"),
+                             initializer=init_worker, initargs=(max(1, cores() // jobs),)) as pool:
+        for outcome in pool.map(run_cell_job, [(c, grid.spec.eval, True) for c in todo]):
+            report(outcome)
+    return outcomes
+
+
+# ----------------------------------------------------------------------------- aggregation
+def majority_mark(marks: Sequence[str]) -> tuple[str, int]:
+    """The mark more than half of the seed-matched tests agree on, and how many carry its direction.
+
+    ``["⇑", "↑", ""]`` -> ``("↑", 2)``: two of three are significant upwards, but only one at p < 0.01.
+    """
+    n = len(marks)
+    for weak, strong in (UP, DOWN):
+        direction = sum(m in (weak, strong) for m in marks)
+        if 2 * direction > n:
+            return (strong if 2 * sum(m == strong for m in marks) > n else weak), direction
+    return "", 0
+
+
+def paired_test(task: str, baseline: list, system: list, *, references: list[str] | None,
+                spec: EvalSpec) -> SignificanceResult:
+    if task == "translation":
+        return paired_bootstrap_bleu(baseline, system, references, n_samples=spec.bootstrap_samples,
+                                     seed=spec.bootstrap_seed)
+    return paired_bootstrap_accuracy(baseline, system, n_samples=spec.bootstrap_samples, seed=spec.bootstrap_seed)
+
+
+def _stat(values) -> Stat:
+    return Stat(tuple(v for v in values if v is not None))
+
+
+def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, CellResult],
+         baseline: Row | None, base_results: dict[int, CellResult], references: list[str] | None) -> Row:
+    """One table row from the variant's cell results (seed -> result); ``baseline`` None for the baseline."""
+    metrics = METRICS[grid.task]
+    evaluated = {s: r for s, r in results.items() if r.scores}
+    scores = {col: _stat(r.scores.get(key) for r in evaluated.values()) for col, key in metrics}
+    params = next((r.params for r in results.values() if r.params is not None), None)
+    speeds = [r.speed for r in results.values() if r.speed]
+    steps = _stat(s["steps_per_s"] for s in speeds)
+    tests = []
+    if baseline is not None:
+        for seed in sorted(set(evaluated) & {s for s, r in base_results.items() if r.scores}):
+            result = paired_test(grid.task, base_results[seed].evidence, evaluated[seed].evidence,
+                                 references=references, spec=grid.spec.eval)
+            tests.append(Test(seed=seed, delta=result.delta, p_value=result.p_value, mark=result.mark))
+    mark, support = majority_mark([t.mark for t in tests])
+    primary = metrics[0][0]
+
+    def minus(value, of_baseline: Callable[[Row], float | None]):
+        other = of_baseline(baseline) if baseline is not None else None
+        return None if value is None or other is None else value - other
+
+    return Row(variant=variant, baseline=baseline is None, seeds_planned=tuple(grid.seeds_of(variant)),
+               seeds_done=tuple(sorted(evaluated)), params=params, params_delta=minus(params, lambda b: b.params),
+               steps_per_s=steps, tokens_per_s=_stat(s["tokens_per_s"] for s in speeds),
+               steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean),
+               scores=scores, delta=minus(scores[primary].mean, lambda b: b.scores[primary].mean),
+               mark=mark, mark_support=support, tests=tuple(tests),
+               paper=grid.paper(dataset=dataset, variant=variant), note=grid.variant(variant).note)
+
+
+def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, int], CellResult],
+                  references: list[str] | None) -> Section:
+    """The table of one dataset from cell results keyed by (variant, seed); the baseline row comes first
+    in the grid's variant order, wherever the grid lists it."""
+    by_variant = {v.name: {s: r for (name, s), r in results.items() if name == v.name} for v in grid.spec.variants}
+    base_name = grid.baseline
+    base = _row(grid, dataset=dataset, variant=base_name, results=by_variant[base_name], baseline=None,
+                base_results={}, references=references)
+    rows = [base if v.name == base_name else
+            _row(grid, dataset=dataset, variant=v.name, results=by_variant[v.name], baseline=base,
+                 base_results=by_variant[base_name], references=references) for v in grid.spec.variants]
+    planned = sum(len(grid.seeds_of(v.name)) for v in grid.spec.variants)
+    done = sum(len(r.seeds_done) for r in rows)
+    signatures = tuple(sorted({r.signature for r in results.values() if r.signature}))
+    columns = tuple(dict.fromkeys(k for r in rows for k in r.paper))
+    return Section(dataset=dataset, metrics=tuple(col for col, _ in METRICS[grid.task]), rows=tuple(rows),
+                   done=done, total=planned, signatures=signatures, paper_columns=columns)
+
+
+def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], CellResult], list[str] | None]:
+    """Results of every finished cell of one dataset, and the references of its split (translation)."""
+    results, references = {}, None
+    for cell in (c for c in grid.cells if c.dataset == dataset):
+        result = read_result(cell, grid.spec.eval)
+        if result is not None:
+            results[cell.variant, cell.seed] = result
+            if result.scores and references is None:
+                references = read_references(cell)
+    return results, references
+
+
+def _assignments(tree: dict, prefix: str = "") -> list[str]:
+    """A nested override mapping as ``a.b=value`` strings (for the header)."""
+    out = []
+    for key, value in tree.items():
+        out += _assignments(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={value}"]
+    return out
+
+
+def _header(grid: Grid, sections: list[Section], *, command: str) -> dict[str, str]:
+    import torch
+
+    spec = grid.spec
+    extra = [f"{v.name}: {v.seeds}" for v in spec.variants if v.seeds is not None]
+    done, total = sum(s.done for s in sections), sum(s.total for s in sections)
+    everywhere = _assignments(spec.set) if isinstance(spec.set, dict) else list(spec.set)
+    ev = spec.eval
+    header = {
+        "grid": f"{grid.path} (base recipe {spec.base}; runs in {grid.runs_dir})",
+        "command": command,
+        "machine": f"{platform.system()} {platform.machine()}, {cores()} cores, torch {torch.__version__}, "
+                   f"python {platform.python_version()}",
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "seeds": f"{spec.seeds}" + (f" (except {'; '.join(extra)})" if extra else ""),
+        "data split": ", ".join(sorted({c.split for c in grid.cells})),
+        "checkpoint": ev.checkpoint + (f" (average of the last {ev.average_last})" if ev.average_last else ""),
+        "cells done": f"{done} of {total}" + (" — partial table" if done < total else ""),
+    }
+    if everywhere or grid.cli_overrides:
+        header["overrides for every cell"] = " ".join(everywhere + list(grid.cli_overrides))
+    return header
+
+
+def build_report(grid: Grid, *, command: str) -> Report:
+    sections = []
+    for dataset in grid.datasets:
+        results, references = collect(grid, dataset)
+        sections.append(build_section(grid, dataset=dataset, results=results, references=references))
+    ev = grid.spec.eval
+    test = "sacreBLEU paired bootstrap (paired-bs)" if grid.task == "translation" else \
+        "paired bootstrap over sentences of All accuracy"
+    legend = (
+        "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the means to the baseline row.",
+        f"sig.: {test} against the baseline on the same seed's output, {ev.bootstrap_samples} resamples "
+        f"(seed {ev.bootstrap_seed}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01; with several seeds the mark is the "
+        "majority's, followed by k/n (tests in its direction / seed-matched tests).",
+        "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
+        "tagging): update time only, whole run, mean over seeds; compare them only between cells trained "
+        "with the same --jobs on the same machine.",
+    )
+    return Report(title=grid.spec.title or f"sanlab compare: {grid.name}",
+                  header=_header(grid, sections, command=command), sections=tuple(sections),
+                  reference=grid.spec.reference, notes=tuple(grid.notes()), legend=legend)
+
+
+# ----------------------------------------------------------------------------- the command
+def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | None = None, dry_run: bool = False,
+                table_only: bool = False, jobs: int = 1, only: Sequence[str] = (), datasets: Sequence[str] = (),
+                quiet: bool = False, command: str | None = None, out: Callable[[str], None] = print) -> int:
+    """What ``sanlab compare`` does; returns the exit code (1 if a cell failed)."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir)
+    cells = select_cells(grid, only=only, datasets=datasets)
+    if dry_run:
+        out(describe_cells(grid, cells))
+        return 0
+    failed = []
+    if not table_only:
+        failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet,
+                                      log=lambda m: print(m, file=sys.stderr)) if o.error]
+    report = build_report(grid, command=command or "sanlab compare " + " ".join(sys.argv[1:]))
+    paths = write_report(report, grid.runs_dir)
+    out(render_markdown(report))
+    out(f"(written to {paths['md']}, {paths['csv'].name}, {paths['json'].name})")
+    for o in failed:
+        out(f"FAILED {o.cell.label}: {o.error}")
+    return 1 if failed else 0

@@ -1,0 +1,38 @@
+"""Argument parsing of ``sanlab compare`` (kept apart so ``sanlab --help`` imports nothing heavy).
+
+Wired into ``sanlab.cli`` by ``register(sub)``; the work is ``sanlab.experiments.compare.run_compare``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``compare`` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser("compare", help="train/evaluate a grid of variants x seeds and print the comparison "
+                              "table (reuses finished cells, resumes interrupted ones)")
+    p.add_argument("grid", help="grid YAML (see configs/compare/ and docs/compare.md)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every cell, e.g. --set train.max_steps=2000 (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and their state; run nothing")
+    p.add_argument("--table-only", action="store_true", help="print the table from what exists; run nothing")
+    p.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (each with cores/N threads)")
+    p.add_argument("--only", action="append", default=[], metavar="VARIANT",
+                   help="run only this variant (name or directory slug; repeatable); the table shows all")
+    p.add_argument("--dataset", action="append", default=[], metavar="NAME",
+                   help="run only this dataset of a grid with datasets (repeatable)")
+    p.add_argument("--runs-dir", help="where the cells go (default: the grid's runs_dir or runs/compare/<grid>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or training log lines on the console")
+    p.set_defaults(fn=_cmd_compare)
+    return p
+
+
+def _cmd_compare(args) -> int:
+    from sanlab.experiments.compare import run_compare
+
+    return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
+                       table_only=args.table_only, jobs=args.jobs, only=args.only, datasets=args.dataset,
+                       quiet=args.quiet, command="sanlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]))

@@ -1,0 +1,364 @@
+"""Comparison grids: variants x seeds (x datasets) of one base recipe, planned as run cells.
+
+A grid file (YAML; see ``docs/compare.md``)::
+
+    base: ../multi30k-en-de-transformer.yaml     # a recipe, relative to the grid file
+    seeds: [1]
+    variants:                                    # ordered; the first (or `baseline: true`) is the baseline
+      - {name: vanilla, seeds: [1, 2, 3], paper: {BLEU: 27.31}}
+      - name: 1D-CSAN
+        overrides: ["model.encoder.attention.parts=[{type: window, size: 11, layers: [0, 1]}]"]
+    eval: {checkpoint: best, split: test_2016_flickr}
+    set: [train.max_steps=2000]                  # applied to every cell
+
+Each cell (dataset, variant, seed) is one run directory
+``<runs_dir>[/<dataset-slug>]/<variant-slug>/seed-<s>``. A cell's config is resolved in this
+order: base recipe -> synthetic data paths -> dataset overrides -> variant overrides -> grid
+``set`` -> command-line ``--set`` -> ``train.seed=<s>``. ``set`` and ``--set`` come after the
+variant on purpose: they are the experimenter's budget knobs and must hold for every row alike.
+Paths inside recipes (data, ``runs_dir``) are relative to the working directory, as for
+``sanlab train``; only ``base`` is relative to the grid file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sanlab.config import Config, TranslationConfig, apply_override, load_raw, validate
+from sanlab.errors import ConfigError
+from sanlab.runs import RESUMABLE_KEYS, config_differences
+
+Overrides = list[str] | dict[str, Any]
+DONE_FILE = "done.json"        # written when train_run returns: the cell finished training
+EVAL_FILE = "compare-eval.json"  # written when the cell was evaluated the way the grid asks
+# Keys that do not change what was trained: a finished cell stays finished when only these change.
+NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VariantSpec(_Strict):
+    name: str
+    overrides: Overrides = []
+    note: str | None = None
+    baseline: bool = False
+    seeds: list[int] | None = None              # default: the grid's seeds
+    paper: dict[str, float | str] = {}          # published numbers, printed in "paper ..." columns
+
+
+class DatasetSpec(_Strict):
+    name: str
+    overrides: Overrides = []
+    note: str | None = None
+    paper: dict[str, dict[str, float | str]] = {}  # variant name -> column -> published number
+
+
+class EvalSpec(_Strict):
+    checkpoint: Literal["best", "averaged", "last"] = "best"
+    average_last: int | None = Field(None, ge=1)   # average the last N checkpoints first (checkpoint: averaged)
+    split: str | None = None                       # default: the first test split (translation) / test (tagging)
+    bootstrap_samples: int = Field(1000, ge=1)
+    bootstrap_seed: int = Field(12345, ge=1)
+
+
+class SyntheticSpec(_Strict):
+    """Generate a synthetic corpus into ``<runs_dir>/data`` and point every cell at it."""
+
+    task: Literal["translation", "tagging"]
+    seed: int = 1
+    sizes: dict[str, int]
+
+
+class GridSpec(_Strict):
+    base: str
+    title: str | None = None
+    seeds: list[int] = Field(min_length=1)
+    variants: list[VariantSpec] = Field(min_length=1)
+    datasets: list[DatasetSpec] = []
+    runs_dir: str | None = None                    # default: runs/compare/<grid file stem>
+    eval: EvalSpec = EvalSpec()
+    set: Overrides = []
+    synthetic: SyntheticSpec | None = None
+    reference: str | None = None                   # where the paper columns come from
+    notes: list[str] | str = []
+
+
+@dataclass(frozen=True)
+class Cell:
+    dataset: str | None
+    variant: str
+    seed: int
+    run_dir: Path
+    config: Config
+    split: str
+
+    @property
+    def label(self) -> str:
+        return " / ".join(x for x in (self.dataset, self.variant, f"seed {self.seed}") if x is not None)
+
+
+@dataclass(frozen=True)
+class Grid:
+    path: Path
+    spec: GridSpec
+    runs_dir: Path
+    cells: tuple[Cell, ...]
+    cli_overrides: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def task(self) -> str:
+        return self.cells[0].config.task
+
+    @property
+    def baseline(self) -> str:
+        marked = [v.name for v in self.spec.variants if v.baseline]
+        return marked[0] if marked else self.spec.variants[0].name
+
+    @property
+    def datasets(self) -> list[str | None]:
+        return [d.name for d in self.spec.datasets] or [None]
+
+    def variant(self, name: str) -> VariantSpec:
+        return next(v for v in self.spec.variants if v.name == name)
+
+    def seeds_of(self, variant: str) -> list[int]:
+        return self.variant(variant).seeds or self.spec.seeds
+
+    def cells_of(self, *, dataset: str | None, variant: str) -> list[Cell]:
+        return [c for c in self.cells if c.dataset == dataset and c.variant == variant]
+
+    def paper(self, *, dataset: str | None, variant: str) -> dict[str, float | str]:
+        numbers = dict(self.variant(variant).paper)
+        if dataset is not None:
+            numbers.update(next(d for d in self.spec.datasets if d.name == dataset).paper.get(variant, {}))
+        return numbers
+
+    def notes(self) -> list[str]:
+        notes = self.spec.notes
+        return [notes] if isinstance(notes, str) else list(notes)
+
+
+def slug(name: str) -> str:
+    """A directory name for a variant or dataset: ``2D-CSAN`` -> ``2d-csan``, ``SAN+PE[add]`` -> ``san-pe-add``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "x"
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_spec(path: Path) -> GridSpec:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: grid file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a grid file must be a mapping, got {type(raw).__name__}")
+    try:
+        return GridSpec.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: invalid grid\n" + "\n".join(_describe(e, raw) for e in err.errors())) from None
+
+
+def _describe(error: dict, raw: dict) -> str:
+    """One validation error, naming the variant or dataset it belongs to."""
+    loc = list(error["loc"])
+    where = ".".join(str(x) for x in loc) or "<root>"
+    if len(loc) >= 2 and loc[0] in ("variants", "datasets") and isinstance(loc[1], int):
+        entry = (raw.get(loc[0]) or [None] * (loc[1] + 1))[loc[1]]
+        name = entry.get("name") if isinstance(entry, dict) else None
+        kind = "variant" if loc[0] == "variants" else "dataset"
+        where = f"{kind} {name!r} ({loc[0]}[{loc[1]}])" + ("." + ".".join(map(str, loc[2:])) if loc[2:] else "")
+    msg = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+    return f"  {where}: {msg}"
+
+
+def _check_spec(spec: GridSpec, path: Path) -> None:
+    def fail(message: str):
+        raise ConfigError(f"{path}: {message}")
+
+    for kind, names in (("variant", [v.name for v in spec.variants]), ("dataset", [d.name for d in spec.datasets])):
+        slugs = [slug(n) for n in names]
+        dup = sorted({n for n, s in zip(names, slugs) if slugs.count(s) > 1})
+        if dup:
+            fail(f"{kind} names {dup} collide (same directory name); rename them")
+    if sum(v.baseline for v in spec.variants) > 1:
+        fail(f"more than one variant is marked baseline: {[v.name for v in spec.variants if v.baseline]}")
+    for v in spec.variants:
+        seeds = v.seeds if v.seeds is not None else spec.seeds
+        if not seeds or len(set(seeds)) != len(seeds):
+            fail(f"variant {v.name!r}: seeds must be a non-empty list without repeats, got {seeds}")
+    if len(set(spec.seeds)) != len(spec.seeds):
+        fail(f"seeds must not repeat, got {spec.seeds}")
+    known = {v.name for v in spec.variants}
+    for d in spec.datasets:
+        unknown = sorted(set(d.paper) - known)
+        if unknown:
+            fail(f"dataset {d.name!r}: paper numbers for unknown variant(s) {unknown}; variants: {sorted(known)}")
+    ev = spec.eval
+    if (ev.checkpoint == "averaged") != (ev.average_last is not None):
+        fail(f"eval: checkpoint 'averaged' goes with average_last: N (got checkpoint {ev.checkpoint!r}, "
+             f"average_last {ev.average_last})")
+
+
+def _apply(raw: dict, overrides: Overrides, *, origin: str) -> None:
+    """``key=value`` strings, or a mapping whose keys may be dotted (``model.encoder.layers: 2``)."""
+    if isinstance(overrides, list):
+        for assignment in overrides:
+            try:
+                apply_override(raw, assignment)
+            except ConfigError as err:
+                raise ConfigError(f"{origin}: {err}") from None
+        return
+    for key, value in overrides.items():
+        node, parts = raw, str(key).split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.setdefault(part, {}), dict):
+                raise ConfigError(f"{origin}: {key!r}: {part!r} is not a section")
+            node = node[part]
+        last = parts[-1]
+        if isinstance(value, dict) and isinstance(node.get(last), dict):
+            _apply(node[last], value, origin=origin)
+        else:
+            node[last] = value
+
+
+def _synthetic_paths(spec: SyntheticSpec, data_dir: Path) -> dict:
+    if spec.task == "tagging":
+        return {"data": {s: str(data_dir / f"{s}.conllu") for s in ("train", "dev", "test")}}
+    files = {s: {"src": str(data_dir / f"{s}.src"), "tgt": str(data_dir / f"{s}.tgt")} for s in ("train", "valid", "test")}
+    return {"data": {"train": files["train"], "valid": files["valid"], "test": {"test": files["test"]}}}
+
+
+SYNTHETIC_SPLITS = {"tagging": ("train", "dev", "test"), "translation": ("train", "valid", "test")}
+
+
+def default_split(config: Config) -> str:
+    if isinstance(config, TranslationConfig):
+        return next(iter(config.data.test), "valid")
+    return "test" if config.data.test else "dev"
+
+
+def _check_split(config: Config, split: str, *, origin: str) -> None:
+    if isinstance(config, TranslationConfig):
+        known = ["valid", *config.data.test]
+    else:
+        known = ["dev", *(["test"] if config.data.test else [])]
+    if split not in known:
+        raise ConfigError(f"{origin}: eval split {split!r} is not in this run's data; it has: {', '.join(known)}")
+
+
+def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Path | None = None) -> Grid:
+    """Read and check a grid file; resolve and validate the config of every cell.
+
+    ``overrides`` are command-line ``--set`` assignments for every cell; ``runs_dir`` replaces
+    the grid's. Errors name the grid file and the variant (and dataset) concerned.
+    """
+    path = Path(path)
+    spec = _read_spec(path)
+    _check_spec(spec, path)
+    if spec.synthetic is not None:
+        missing = [s for s in SYNTHETIC_SPLITS[spec.synthetic.task] if s not in spec.synthetic.sizes]
+        if missing:
+            raise ConfigError(f"{path}: synthetic.sizes needs the splits {missing}")
+    root = Path(runs_dir or spec.runs_dir or Path("runs") / "compare" / path.stem)
+    base = load_raw(path.parent / spec.base)
+    cells = []
+    for dataset in spec.datasets or [None]:
+        for variant in spec.variants:
+            for seed in variant.seeds or spec.seeds:
+                cells.append(_plan_cell(spec, base, path=path, root=root, dataset=dataset, variant=variant,
+                                        seed=seed, cli=list(overrides)))
+    return Grid(path=path, spec=spec, runs_dir=root, cells=tuple(cells), cli_overrides=tuple(overrides))
+
+
+def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: DatasetSpec | None,
+               variant: VariantSpec, seed: int, cli: list[str]) -> Cell:
+    where = f"variant {variant.name!r}" + (f" on dataset {dataset.name!r}" if dataset else "")
+    origin = f"{path}: {where}"
+    raw = json.loads(json.dumps(base))  # a deep copy
+    if spec.synthetic is not None:
+        _apply(raw, _synthetic_paths(spec.synthetic, root / "data"), origin=origin)
+    for overrides, what in ((dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
+                            (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")):
+        _apply(raw, overrides, origin=f"{origin} ({what})")
+    config = validate(raw, source=f"{origin} (base {spec.base})")
+    split = spec.eval.split or default_split(config)
+    _check_split(config, split, origin=origin)
+    run_dir = root / (slug(dataset.name) if dataset else "") / slug(variant.name) / f"seed-{seed}"
+    return Cell(dataset=dataset.name if dataset else None, variant=variant.name, seed=seed, run_dir=run_dir,
+                config=config, split=split)
+
+
+# ----------------------------------------------------------------------------- cell state
+@dataclass(frozen=True)
+class CellState:
+    status: Literal["pending", "training", "trained", "evaluated", "conflict"]
+    step: int | None = None
+    detail: str = ""
+
+    def describe(self) -> str:
+        text = {"training": f"training step {self.step}", "trained": f"trained (step {self.step})",
+                "evaluated": f"evaluated (step {self.step})"}.get(self.status, self.status)
+        return text + (f" — {self.detail}" if self.detail else "")
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """Step of the newest complete checkpoint, read without creating anything."""
+    pointer = read_json(Path(run_dir) / "checkpoints" / "latest.json")
+    meta = read_json(Path(run_dir) / "checkpoints" / pointer["checkpoint"] / "meta.json") if pointer else None
+    return meta["step"] if meta else None
+
+
+def config_dict(config: Config) -> dict:
+    return config.model_dump(mode="json")
+
+
+def eval_key(cell: Cell, spec: EvalSpec) -> dict:
+    """What an evaluation depends on besides the weights; a different key means evaluate again."""
+    key = {"checkpoint": spec.checkpoint, "average_last": spec.average_last, "split": cell.split}
+    if isinstance(cell.config, TranslationConfig):
+        key["decode"] = cell.config.decode.model_dump(mode="json")
+    return key
+
+
+def training_changes(done: dict, cell: Cell) -> list[str]:
+    """Config keys that changed since the cell finished training (ignoring decode, logging)."""
+    diff = config_differences(done["config"], config_dict(cell.config))
+    return [k for k in diff if not k.startswith(NOT_TRAINING_KEYS)]
+
+
+def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
+    """pending / training step N / trained / evaluated; ``conflict`` if the directory holds another run."""
+    run = cell.run_dir
+    if not (run / "config.yaml").exists():
+        return CellState("pending")
+    old = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    blocking = [k for k in config_differences(old, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
+    step = latest_step(run)
+    if blocking:
+        return CellState("conflict", step, f"{run} holds a run with other values of: {', '.join(blocking)}")
+    done = read_json(run / DONE_FILE)
+    if done is None or training_changes(done, cell):
+        detail = f"continues: {', '.join(training_changes(done, cell))} changed" if done else ""
+        return CellState("training" if step is not None else "pending", step, detail)
+    record = read_json(run / EVAL_FILE)
+    if record and record["key"] == eval_key(cell, spec) and record["trained_at"] == done["finished_at"]:
+        return CellState("evaluated", step)
+    return CellState("trained", step)

@@ -1,0 +1,224 @@
+"""The comparison table as data, and its Markdown, CSV and JSON renderings.
+
+``compare.build_report`` fills a ``Report``; this module only formats it. One ``Section`` per
+dataset of the grid (a single section without a name when the grid has no datasets).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (n - 1) over seeds; ``sd`` is None for fewer than 2 values."""
+
+    values: tuple[float, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.values) / self.n if self.values else None
+
+    @property
+    def sd(self) -> float | None:
+        if self.n < 2:
+            return None
+        m = self.mean
+        return (sum((v - m) ** 2 for v in self.values) / (self.n - 1)) ** 0.5
+
+    def as_dict(self) -> dict:
+        return {"mean": self.mean, "sd": self.sd, "n": self.n, "values": list(self.values)}
+
+
+@dataclass(frozen=True)
+class Test:
+    """One paired bootstrap of a variant against the baseline on one seed."""
+
+    seed: int
+    delta: float
+    p_value: float
+    mark: str
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    baseline: bool
+    seeds_planned: tuple[int, ...]
+    seeds_done: tuple[int, ...]
+    params: int | None
+    params_delta: int | None
+    steps_per_s: Stat
+    tokens_per_s: Stat
+    steps_delta: float | None           # mean steps/s minus the baseline's
+    scores: dict[str, Stat]              # column -> Stat; the section's primary column first
+    delta: float | None                  # primary mean minus the baseline's
+    mark: str                            # majority significance mark over seed-matched tests
+    mark_support: int                    # how many of the tests carry the mark's direction
+    tests: tuple[Test, ...]
+    paper: dict[str, float | str]
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Section:
+    dataset: str | None
+    metrics: tuple[str, ...]             # score columns, primary first
+    rows: tuple[Row, ...]
+    done: int                            # evaluated cells
+    total: int
+    signatures: tuple[str, ...] = ()     # sacreBLEU BLEU signatures seen (one, normally)
+    paper_columns: tuple[str, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        return self.done < self.total
+
+
+@dataclass(frozen=True)
+class Report:
+    title: str
+    header: dict[str, str]               # grid, command, machine, date, seeds, split, cells, ...
+    sections: tuple[Section, ...]
+    reference: str | None = None
+    notes: tuple[str, ...] = ()
+    legend: tuple[str, ...] = field(default=())
+
+
+# ----------------------------------------------------------------------------- formatting helpers
+def _num(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _signed(x: float | None, digits: int = 2) -> str:
+    return "" if x is None else f"{x:+.{digits}f}".replace("-", "−")
+
+
+def format_stat(stat: Stat, digits: int = 2) -> str:
+    if stat.mean is None:
+        return "—"
+    return _num(stat.mean, digits) + (f" ± {stat.sd:.{digits}f}" if stat.sd is not None else "")
+
+
+def format_mark(row: Row) -> str:
+    if row.baseline or not row.mark:
+        return ""
+    return row.mark + (f" {row.mark_support}/{len(row.tests)}" if len(row.tests) > 1 else "")
+
+
+def _params(row: Row) -> tuple[str, str]:
+    if row.params is None:
+        return "—", ""
+    delta = "" if row.baseline or row.params_delta is None else f"{row.params_delta:+,d}".replace("-", "−")
+    return f"{row.params:,d}", delta
+
+
+def _speed(row: Row) -> tuple[str, str]:
+    steps = _num(row.steps_per_s.mean)
+    if not row.baseline and row.steps_delta is not None:
+        steps += f" ({_signed(row.steps_delta)})"
+    tokens = "—" if row.tokens_per_s.mean is None else f"{row.tokens_per_s.mean:,.0f}"
+    return steps, tokens
+
+
+# ----------------------------------------------------------------------------- Markdown
+def section_markdown(section: Section) -> list[str]:
+    primary = section.metrics[0]
+    head = ["variant", "seeds", "params", "Δ params", "steps/s (Δ)", "tok/s", primary, f"Δ {primary}", "sig.",
+            *section.metrics[1:], *(f"paper {c}" for c in section.paper_columns)]
+    lines = []
+    if section.dataset is not None:
+        lines += [f"### {section.dataset}", ""]
+    if section.partial:
+        lines += [f"**Partial table: {section.done} of {section.total} cells done.**", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for row in section.rows:
+        params, params_delta = _params(row)
+        steps, tokens = _speed(row)
+        name = row.variant + (" (baseline)" if row.baseline else "")
+        cells = [name, f"{len(row.seeds_done)}/{len(row.seeds_planned)}", params, params_delta, steps, tokens,
+                 format_stat(row.scores[primary]), "" if row.baseline else _signed(row.delta), format_mark(row),
+                 *(format_stat(row.scores[m]) for m in section.metrics[1:]),
+                 *(_paper(row.paper.get(c)) for c in section.paper_columns)]
+        lines.append("| " + " | ".join(cells) + " |")
+    for sig in section.signatures:
+        lines += ["", f"sacreBLEU signature: `{sig}`"]
+    notes = [f"- {r.variant}: {r.note}" for r in section.rows if r.note]
+    return lines + ([""] + notes if notes else [])
+
+
+def _paper(value: float | str | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def render_markdown(report: Report) -> str:
+    lines = [f"## {report.title}", ""]
+    lines += [f"- {key}: {value}" for key, value in report.header.items()] + [""]
+    for section in report.sections:
+        lines += section_markdown(section) + [""]
+    lines += list(report.legend)
+    if report.reference:
+        lines += ["", f"Paper columns: {report.reference}"]
+    if report.notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in report.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ----------------------------------------------------------------------------- CSV and JSON
+def render_csv(report: Report) -> str:
+    """One line per (dataset, variant); means, sds and seed counts in separate columns."""
+    metrics = list(dict.fromkeys(m for s in report.sections for m in s.metrics))
+    paper = list(dict.fromkeys(c for s in report.sections for c in s.paper_columns))
+    head = ["dataset", "variant", "baseline", "seeds_done", "seeds_planned", "params", "params_delta",
+            "steps_per_s", "steps_per_s_delta", "tokens_per_s"]
+    head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
+    head += ["delta", "mark", "mark_support", "tests", "p_values"] + [f"paper {c}" for c in paper] + ["note"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(head)
+    for s in report.sections:
+        for r in s.rows:
+            line = [s.dataset or "", r.variant, int(r.baseline), len(r.seeds_done), len(r.seeds_planned), r.params,
+                    r.params_delta, r.steps_per_s.mean, r.steps_delta, r.tokens_per_s.mean]
+            for m in metrics:
+                stat = r.scores.get(m, Stat())
+                line += [stat.mean, stat.sd, stat.n]
+            line += [r.delta, r.mark, r.mark_support, len(r.tests), " ".join(f"{t.p_value:.4g}" for t in r.tests)]
+            line += [r.paper.get(c) for c in paper] + [r.note or ""]
+            writer.writerow(["" if v is None else v for v in line])
+    return out.getvalue()
+
+
+def report_dict(report: Report) -> dict:
+    def row(r: Row) -> dict:
+        d = asdict(r)
+        d.update(steps_per_s=r.steps_per_s.as_dict(), tokens_per_s=r.tokens_per_s.as_dict(),
+                 scores={k: v.as_dict() for k, v in r.scores.items()})
+        return d
+
+    sections = [{"dataset": s.dataset, "metrics": list(s.metrics), "done": s.done, "total": s.total,
+                 "partial": s.partial, "signatures": list(s.signatures), "paper_columns": list(s.paper_columns),
+                 "rows": [row(r) for r in s.rows]} for s in report.sections]
+    return {"title": report.title, "header": report.header, "sections": sections, "reference": report.reference,
+            "notes": list(report.notes)}
+
+
+def write_report(report: Report, out_dir: Path) -> dict[str, Path]:
+    """``table.md``, ``table.csv`` and ``table.json`` in ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out_dir / "table.md", "csv": out_dir / "table.csv", "json": out_dir / "table.json"}
+    paths["md"].write_text(render_markdown(report), encoding="utf-8")
+    paths["csv"].write_text(render_csv(report), encoding="utf-8")
+    paths["json"].write_text(json.dumps(report_dict(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return paths

@@ -1,0 +1,321 @@
+"""``sanlab analyze``: the pure computations on hand-made inputs, and each analysis end to end on
+tiny untrained runs saved with the real ``sanlab.runs`` / checkpoint functions."""
+
+import argparse
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sanlab.config import validate
+from sanlab.data.subword import train_joint
+from sanlab.data.synthetic import generate_translation
+from sanlab.evaluation import analysis as A
+from sanlab.experiments import analyze
+from sanlab.runs import evaluate_run, prepare_run_dir
+from sanlab.training.checkpoint import CheckpointManager
+
+# ----------------------------------------------------------------------------- hand-made corpora
+REF = "the cat sat on the mat"
+BASE_HYP = "the cat on mat"      # 1-grams 4/4, 2-grams 1/3 (the cat), 3-grams 0/2, 4-grams 0/1
+SYS_HYP = "the cat sat on mat"   # 1-grams 5/5, 2-grams 3/4, 3-grams 2/3, 4-grams 1/2
+
+
+def test_ngram_gaps_by_hand():
+    gaps = A.ngram_gaps({"base": [BASE_HYP], "sys": [SYS_HYP]}, [REF], baseline="base")
+    sys = {g.order: g for g in gaps if g.system == "sys"}
+    assert [(sys[n].matches, sys[n].total) for n in (1, 2, 3, 4)] == [(5, 5), (3, 4), (2, 3), (1, 2)]
+    expected_gap = [100 - 100, 75 - 100 / 3, 200 / 3 - 0, 50 - 0]
+    assert [sys[n].gap for n in (1, 2, 3, 4)] == pytest.approx(expected_gap)
+    assert all(g.gap == 0 for g in gaps if g.system == "base")
+
+
+def test_ngram_precision_is_clipped_and_unknown_baseline_named():
+    clipped = A.ngram_gaps({"b": ["the the the"]}, [REF], baseline="b")
+    assert (clipped[0].matches, clipped[0].total) == (2, 3)  # "the" occurs twice in the reference
+    with pytest.raises(ValueError, match="'x' is not one of the systems"):
+        A.ngram_gaps({"b": [REF]}, [REF], baseline="x")
+
+
+def test_length_bucket_assignment_and_scores():
+    sources = ["a", "a b", "a b c", "a b c d e", "a b c d e f"]  # 1, 2, 3, 5, 6 words
+    refs = ["w x y z v"] * 5
+    hyps = [refs[0], refs[0], "p q r s t", refs[0], refs[0]]  # wrong only in the 3-4 bucket
+    lengths = A.source_lengths(sources)
+    assert lengths == [1, 2, 3, 5, 6]
+    rows = A.length_buckets({"s": hyps}, refs, lengths, edges=(2, 4))
+    assert [(r.bucket, r.count) for r in rows] == [("1-2", 2), ("3-4", 1), (">4", 2)]
+    assert [r.bleu for r in rows] == pytest.approx([100.0, 0.0, 100.0])
+    empty = A.length_buckets({"s": hyps}, refs, lengths, edges=(2, 3, 4))  # 4-4 holds no sentence
+    assert empty[2].count == 0 and math.isnan(empty[2].bleu)
+
+
+def test_dotted_value_walks_mappings_and_lists_and_names_misses():
+    tree = {"model": {"encoder": {"attention": {"parts": [{"type": "window", "size": 7}]}}}}
+    assert A.dotted_value(tree, "model.encoder.attention.parts.0.size") == 7
+    with pytest.raises(KeyError, match="list of 1 items; '3'"):
+        A.dotted_value(tree, "model.encoder.attention.parts.3.size")
+    with pytest.raises(KeyError, match="model.encoder has no key 'atention' \\(keys: attention\\)"):
+        A.dotted_value(tree, "model.encoder.atention.heads")
+
+
+RECORDS = [
+    {"split": "train", "step": 1, "loss": 9.0},
+    {"split": "valid", "step": 2, "bleu": 10.0, "loss": 5.0},
+    {"split": "speed", "step": 2, "steps_per_s": 3.0},
+    {"split": "valid", "step": 4, "bleu": 30.0, "loss": 4.0},
+    {"split": "valid", "step": 4, "bleu": 25.0, "loss": 4.5},   # resumed: step 4 validated again
+    {"split": "valid", "step": 6, "bleu": 20.0, "loss": 3.0},
+]
+
+
+def test_learning_curve_and_best_validation():
+    assert A.learning_curve(RECORDS, metric="bleu") == [(2, 10.0), (4, 25.0), (6, 20.0)]
+    assert A.learning_curve(RECORDS, metric="loss", split="train") == [(1, 9.0)]
+    assert A.best_validation(RECORDS, metric="bleu") == (4, 25.0)
+    assert A.best_validation(RECORDS, metric="loss") == (6, 3.0)  # loss: lower is better
+    with pytest.raises(KeyError, match="metrics: bleu, loss"):
+        A.learning_curve(RECORDS, metric="chrf")
+    table = A.curves_table({"a": [(2, 1.0), (4, 2.0)], "b": [(4, 3.0)]})
+    assert table.rows == ((2, 1.0, None), (4, 2.0, 3.0))
+
+
+def test_gate_rows_and_table():
+    gates = {"decoder.layers.0.self_mixer.mixer": [0.4, 0.6], "encoder.layers.1.mixer.mixer": [0.3, 0.7],
+             "encoder.layers.0.mixer.mixer": [0.8, 0.2]}
+    rows = A.gate_rows(gates, {name: [3, 15] for name in gates})
+    assert [(r.stack, r.layer) for r in rows] == [("encoder", 0), ("encoder", 1), ("decoder", 0)]
+    table = A.gate_table(rows)
+    assert table.columns == ("stack", "layer", "k=3", "k=15")
+    assert table.column("k=3") == [0.8, 0.3, 0.4]
+    assert "| encoder | 0 | 0.800 | 0.200 |" in table.markdown()
+
+
+def test_attention_matrix_blocks_and_decoder_split():
+    w = torch.arange(2 * 3 * 6, dtype=torch.float).view(1, 2, 3, 6)  # [b, h, i, n*j] with j = 2, n = 3
+    trace = {"scores": -w, "weights": w, "weights_final": w + 1}
+    assert np.array_equal(A.attention_matrix(trace, head=1), (w + 1)[0, 1].numpy())  # final = weights_final
+    assert np.array_equal(A.attention_matrix(trace, head=None, stage="weights"), w[0].mean(0).numpy())
+    blocks = A.key_blocks(A.attention_matrix(trace, head=0, stage="weights"), keys=2)
+    assert [d for d, _ in blocks] == [-1, 0, 1]
+    assert np.array_equal(blocks[2][1], w[0, 0, :, 4:6].numpy())
+    with pytest.raises(IndexError, match="head 2 does not exist; this layer has 2 heads"):
+        A.attention_matrix(trace, head=2)
+    with pytest.raises(KeyError, match="recorded no attention weights"):
+        A.attention_matrix({}, head=0)
+    s0, c0, s1, m1 = ({"weights": k} for k in "abcd")
+    m1["cross_weights"] = "e"  # a MUSE block with a parallel cross branch: no separate cross trace
+    assert A.split_decoder_traces([s0, c0, m1], has_cross=[True, False]) == [(s0, c0), (m1, {"weights": "e"})]
+
+
+def test_table_markdown_and_csv():
+    table = A.Table(("a", "b"), (("x|y", 1.23456), ("z", float("nan"))))
+    assert table.markdown().splitlines()[2] == "| x\\|y | 1.23 |"
+    assert list(csv.reader(table.csv().splitlines())) == [["a", "b"], ["x|y", "1.23456"], ["z", ""]]
+
+
+# ----------------------------------------------------------------------------- tiny runs
+SMALL = {"dim": 16, "dropout": 0.0, "encoder": {"layers": 2, "ffn_dim": 32, "attention": {"heads": 4}},
+         "decoder": {"layers": 2, "ffn_dim": 32, "attention": {"heads": 4}}}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Synthetic data files, a hand-made 3-sentence test set and one sentencepiece model."""
+    root = tmp_path_factory.mktemp("corpus")
+    pairs = generate_translation(60, seed=3)
+    (root / "train.src").write_text("".join(s + "\n" for s, _ in pairs))
+    (root / "train.tgt").write_text("".join(t + "\n" for _, t in pairs))
+    (root / "test.src").write_text("the dog sleeps .\nthe big cat sees a small bird in the garden .\na man runs .\n")
+    (root / "test.tgt").write_text(f"{REF}\n{REF}\n{REF}\n")
+    train_joint([s for s, _ in pairs], [t for _, t in pairs], model_path=root / "subword", vocab_size=80)
+    return root
+
+
+def make_translation_run(corpus, run, model=None, *, setup=None):
+    """A run directory with an untrained (or ``setup``-modified) model saved as its best checkpoint."""
+    from sanlab.tasks.translation import load_translation_model
+
+    files = {"src": str(corpus / "train.src"), "tgt": str(corpus / "train.tgt")}
+    raw = {"task": "translation", "model": {**SMALL, **(model or {})}, "decode": {"beam": 1, "max_len_b": 4},
+           "data": {"train": files, "valid": files, "subword": {"vocab_size": 80},
+                    "test": {"test": {"src": str(corpus / "test.src"), "tgt": str(corpus / "test.tgt")}}}}
+    config = validate(raw, source="test")
+    prepare_run_dir(run, config, overwrite=True)
+    (run / "subword.model").write_bytes((corpus / "subword.model").read_bytes())
+    torch.manual_seed(0)
+    net, _ = load_translation_model(config, run)
+    if setup:
+        setup(net)
+    CheckpointManager(run, keep_best=1, keep_last=1, higher_is_better=True).save(
+        model=net, state={}, meta={"step": 1, "score": 0.0})
+    return run
+
+
+def _csv(path):
+    return list(csv.reader(path.read_text().splitlines()))
+
+
+def _check_outputs(paths):
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["md"].read_text().startswith("# ")
+    return _csv(paths["csv"])
+
+
+def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
+    base, csan = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "csan")
+    evaluate_run(csan, checkpoint="best")  # writes hyp-best-test.txt the real way
+    (base / "hyp-best-test.txt").write_text(f"{BASE_HYP}\n{SYS_HYP}\n{REF}\n")
+    paths = analyze.ngram_gap([csan], baseline=base, out=tmp_path / "out" / "gap")
+    rows = _check_outputs(paths)
+    assert rows[0] == ["system", "order", "matches", "total", "precision", "gap"]
+    assert [(r[0], r[1]) for r in rows[1:]] == [(s, str(n)) for s in ("base", "csan") for n in (1, 2, 3, 4)]
+    # base: 4/4 + 5/5 + 6/6 unigrams; bigrams 1/3 + 3/4 + 5/5
+    assert [float(r[4]) for r in rows[1:3]] == pytest.approx([100.0, 100 * 9 / 12])
+
+    (csan / "hyp-best-test.txt").write_text(f"{REF}\nwrong words only here\n{REF}\n")
+    paths = analyze.length_buckets([base, csan], out=tmp_path / "len", edges=(4, 8))
+    rows = _check_outputs(paths)
+    assert [(r[0], r[1], r[2]) for r in rows[1:]] == [(s, b, n) for s in ("base", "csan")
+                                                      for b, n in (("1-4", "2"), ("5-8", "0"), (">8", "1"))]
+    assert float(rows[6][3]) == 0.0 and rows[5][3] == ""  # csan: sentence 2 (11 words) wrong; empty bucket
+
+
+def test_missing_hypotheses_say_how_to_make_them(corpus, tmp_path):
+    run = make_translation_run(corpus, tmp_path / "r")
+    with pytest.raises(analyze.ConfigError, match="sanlab evaluate --run .* --checkpoint best --split test"):
+        analyze.length_buckets([run], out=tmp_path / "x")
+
+
+def _sweep_run(corpus, run, *, size, bleus):
+    files = {"src": str(corpus / "train.src"), "tgt": str(corpus / "train.tgt")}
+    model = {**SMALL, "encoder": {**SMALL["encoder"], "attention": {"heads": 4, "parts": [
+        {"type": "window", "size": size}] if size else []}}}
+    prepare_run_dir(run, validate({"task": "translation", "model": model, "data": {"train": files, "valid": files}},
+                                  source="test"), overwrite=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"split": "valid", "step": 10 * (k + 1), "bleu": b}) + "\n"
+                                               for k, b in enumerate(bleus)))
+    return run
+
+
+def test_sweep_over_window_size(corpus, tmp_path):
+    runs = [_sweep_run(corpus, tmp_path / "w5", size=5, bleus=[1.0, 4.0, 2.0]),
+            _sweep_run(corpus, tmp_path / "w3", size=3, bleus=[3.0]),
+            _sweep_run(corpus, tmp_path / "w5b", size=5, bleus=[6.0])]
+    base = _sweep_run(corpus, tmp_path / "base", size=None, bleus=[2.5])
+    key = "model.encoder.attention.parts.0.size"
+    rows = _check_outputs(analyze.sweep(runs, key=key, out=tmp_path / "sweep", baseline=base))
+    assert rows[0] == ["run", key, "score", "from"]
+    assert [r[:3] for r in rows[1:]] == [["w3", "3", "3.0"], ["w5", "5", "4.0"], ["w5b", "5", "6.0"],
+                                         ["baseline base", "", "2.5"]]
+    assert rows[2][3] == "valid bleu, step 20"
+    assert A.sweep_means([A.SweepPoint("a", 5, 4.0), A.SweepPoint("b", 3, 3.0), A.SweepPoint("c", 5, 6.0)]) == \
+        [(3, 3.0, 1), (5, 5.0, 2)]
+    with pytest.raises(analyze.ConfigError, match="base/config.yaml: .*list of 0 items"):
+        analyze.sweep([base], key=key, out=tmp_path / "bad")
+    (runs[1] / "eval-best.json").write_text(json.dumps({"test": {"bleu": 12.5, "chrf": 40.0, "formatted": "x"}}))
+    assert analyze.run_score(runs[1], metric=None, score_from="eval", split=None, checkpoint="best") == \
+        (12.5, "eval-best.json test bleu")
+    with pytest.raises(analyze.ConfigError, match="no 'ter' for split 'test' .*metrics: bleu, chrf"):
+        analyze.run_score(runs[1], metric="ter", score_from="eval", split=None, checkpoint="best")
+
+
+def test_curves_from_metrics_jsonl(corpus, tmp_path):
+    a, b = _sweep_run(corpus, tmp_path / "a", size=3, bleus=[]), _sweep_run(corpus, tmp_path / "b", size=5, bleus=[])
+    (a / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    (b / "metrics.jsonl").write_text(json.dumps({"split": "valid", "step": 3, "bleu": 7.0}) + "\n")
+    rows = _check_outputs(analyze.curves([a, b], out=tmp_path / "curves"))
+    assert rows == [["step", "a", "b"], ["2", "10.0", ""], ["3", "", "7.0"], ["4", "25.0", ""], ["6", "20.0", ""]]
+
+
+def test_gates_of_a_muse_run(corpus, tmp_path):
+    muse = {"type": "muse", "kernel_sizes": [3, 5]}
+    model = {"encoder": {**SMALL["encoder"], "mixer": muse}, "decoder": {**SMALL["decoder"], "mixer": muse}}
+
+    def set_first_gate(net):
+        with torch.no_grad():
+            net.encoder.layers[0].mixer.mixer.gate.copy_(torch.tensor([1.0, 0.0]))
+
+    run = make_translation_run(corpus, tmp_path / "muse", model=model, setup=set_first_gate)
+    rows = _check_outputs(analyze.gates(run, out=tmp_path / "gates"))
+    assert rows[0] == ["stack", "layer", "k=3", "k=5"]
+    assert [r[:2] for r in rows[1:]] == [["encoder", "0"], ["encoder", "1"], ["decoder", "0"], ["decoder", "1"]]
+    e = math.e
+    assert [float(x) for x in rows[1][2:]] == pytest.approx([e / (e + 1), 1 / (e + 1)])  # softmax([1, 0])
+    assert [float(x) for x in rows[2][2:]] == pytest.approx([0.5, 0.5])  # alpha = 1/n at initialisation
+
+
+def test_attention_map_plain_and_cross(corpus, tmp_path):
+    run = make_translation_run(corpus, tmp_path / "base")
+    from sanlab.data.subword import SubwordModel
+
+    spm = SubwordModel.load(run / "subword.model")
+    sentence = "the dog sleeps ."
+    pieces = [spm.id_to_piece(t) for t in spm.encode(sentence)] + ["</s>"]
+    rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "enc", sentence=sentence, layer=1, head=2))
+    assert rows[0] == ["query", *pieces] and [r[0] for r in rows[1:]] == pieces
+    assert all(sum(float(x) for x in r[1:]) == pytest.approx(1.0) for r in rows[1:])  # softmax rows
+    target = "der hund schlaeft ."
+    rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "cross", sentence=sentence, side="cross",
+                                                target=target, head=None))
+    assert rows[0][1:] == pieces and [r[0] for r in rows[1:]] == ["<s>", *spm.encode_pieces(target)]
+    with pytest.raises(analyze.ConfigError, match="layer 5 does not exist: the decoder has 2 layers"):
+        analyze.attention_map(run, out=tmp_path / "x", sentence=sentence, side="decoder", layer=5, target=target)
+
+
+def test_attention_map_of_2d_csan_shows_head_blocks(corpus, tmp_path):
+    parts = [{"type": "csan2d", "size": 3, "heads_area": 3, "layers": [0]}]
+    run = make_translation_run(corpus, tmp_path / "csan2d",
+                               model={"encoder": {**SMALL["encoder"], "attention": {"heads": 4, "parts": parts}}})
+    paths = analyze.attention_map(run, out=tmp_path / "csan2d-map", sentence="the big cat sees a bird .", head=1)
+    rows = _check_outputs(paths)
+    j = len(rows) - 1  # queries = keys = source pieces + </s>
+    assert len(rows[0]) == 1 + 3 * j and [c.split(":")[0] for c in rows[0][1::j]] == ["-1", "+0", "+1"]
+    w = np.array([[float(x) for x in r[1:]] for r in rows[1:]]).reshape(j, 3, j)  # [i, n, j]
+    assert w.sum(axis=(1, 2)) == pytest.approx(np.ones(j))  # one joint softmax over the N x M area
+    far = np.abs(np.arange(j)[:, None] - np.arange(j)[None, :]) > 1  # outside the window M = 3
+    assert np.all(w.transpose(1, 0, 2)[:, far] == 0)
+
+
+def test_attention_map_of_a_tagger(tmp_path):
+    from sanlab.data.conllu_io import TaggedSentence
+    from sanlab.tasks.tagging import VOCAB_FILE, TaggingVocab, load_tagging_model
+
+    raw = {"task": "tagging", "data": {"train": "t.conllu", "dev": "d.conllu"},
+           "model": {"word_dim": 8, "char_dim": 4, "char_filters": 4, "char_layers": 1, "max_len": 6,
+                     "encoder": {"layers": 2, "ffn_dim": 0, "attention": {"heads": 2, "bias": False,
+                                                                          "out_proj": False}}}}
+    config = validate(raw, source="test")
+    run = tmp_path / "tagger"
+    prepare_run_dir(run, config, overwrite=True)
+    train = [TaggedSentence(("dogs", "bark"), ("NOUN", "VERB"))]
+    TaggingVocab.build(train, train, fraction=1.0, max_size=None).save(run / VOCAB_FILE)
+    net, _ = load_tagging_model(config, run)
+    CheckpointManager(run, keep_best=1, keep_last=1, higher_is_better=True).save(model=net, state={},
+                                                                                 meta={"step": 1, "score": 0.0})
+    rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "tag", sentence="dogs bark loudly", layer=1))
+    assert rows[0] == ["query", "dogs", "bark", "loudly"] and len(rows) == 4
+    assert all(sum(float(x) for x in r[1:]) == pytest.approx(1.0) for r in rows[1:])
+    with pytest.raises(analyze.ConfigError, match="has 7 words; the tagger takes 1 to 6"):
+        analyze.attention_map(run, out=tmp_path / "x", sentence="a b c d e f g")
+
+
+def test_command_line(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="sanlab")
+    analyze.register(parser.add_subparsers(dest="command", required=True))
+    for name in ("ngram-gap", "length-buckets", "sweep", "gates", "curves", "attention"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["analyze", name, "--help"])
+        assert f"usage: sanlab analyze {name}" in capsys.readouterr().out
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: tagging\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "valid", "step": 1, "accuracy": 50.0}) + "\n")
+    args = parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "c")])
+    assert args.fn(args) == 0
+    assert "| 1 | 50.000 |" in capsys.readouterr().out
+    args = parser.parse_args(["analyze", "length-buckets", str(run), "--out", "x", "--buckets", "10,20"])
+    assert args.buckets == (10, 20)

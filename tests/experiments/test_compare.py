@@ -1,0 +1,289 @@
+"""``sanlab compare``: grid loading and its errors, cell states, running / reusing / resuming cells,
+the aggregation (mean ± sd, majority significance marks) and the rendered table.
+
+End-to-end tests run the shipped smoke grid (configs/compare/smoke-synthetic.yaml, a synthetic
+tagging corpus) shrunk further by ``--set`` so each cell trains for a handful of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sanlab.errors import ConfigError
+from sanlab.evaluation.significance import paired_bootstrap_accuracy
+from sanlab.experiments import cells as cells_module
+from sanlab.experiments.cells import CellResult
+from sanlab.experiments.compare import (
+    build_report, build_section, describe_cells, majority_mark, paired_test, run_compare, run_grid, select_cells,
+)
+from sanlab.experiments.grid import cell_state, load_grid
+from sanlab.experiments.tables import Stat, format_stat, render_csv, render_markdown
+from sanlab.runs import train_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "configs" / "compare" / "smoke-synthetic.yaml"
+TINY = ["model.word_dim=8", "model.char_dim=4", "model.char_filters=4", "model.encoder.layers=1",
+        "train.batch_size=32", "train.max_steps=4", "train.valid_every=2", "train.max_epochs=1000",
+        "train.keep_best=1", "train.keep_last=1"]
+TAGGER = """\
+task: tagging
+data: {train: t.conllu, dev: d.conllu}
+model: {word_dim: 8, char_dim: 4, char_filters: 4, char_layers: 1, encoder: {layers: 1}}
+"""
+
+
+def _statuses(grid, cells=None) -> dict[tuple[str, int], str]:
+    return {(c.variant, c.seed): cell_state(c, grid.spec.eval).status for c in cells or grid.cells}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- aggregation by hand
+def test_mean_and_sample_sd_by_hand():
+    stat = Stat((1.0, 2.0, 4.0))
+    # mean 7/3; squared deviations 16/9 + 1/9 + 25/9 = 42/9; / (n - 1) = 7/3
+    assert stat.mean == pytest.approx(7 / 3) and stat.sd == pytest.approx(math.sqrt(7 / 3))
+    assert Stat((5.0,)).sd is None and Stat(()).mean is None
+    assert format_stat(Stat((90.0, 92.0))) == "91.00 ± 1.41" and format_stat(Stat((5.0,))) == "5.00"
+
+
+@pytest.mark.parametrize("marks, expected", [
+    ([], ("", 0)), (["⇑"], ("⇑", 1)), ([""], ("", 0)),
+    (["⇑", "↑", ""], ("↑", 2)),        # 2 of 3 upwards, only 1 of 3 at p < 0.01
+    (["⇑", "⇑", "↑"], ("⇑", 3)),
+    (["⇑", ""], ("", 0)),              # 1 of 2 is no majority
+    (["↓", "⇓", "↑"], ("↓", 2)),
+])
+def test_majority_mark(marks, expected):
+    assert majority_mark(marks) == expected
+
+
+def _hand_grid(tmp_path):
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    return load_grid(_write(tmp_path / "g.yaml", """\
+base: tagger.yaml
+seeds: [1, 2]
+variants:
+  - {name: base, paper: {All: 92.4}}
+  - {name: better, overrides: {model.encoder.attention.parts: [{type: temperature}]}, paper: {All: 92.49}}
+  - {name: same, seeds: [1, 2, 3]}
+eval: {bootstrap_samples: 200}
+"""), runs_dir=tmp_path / "runs")
+
+
+def test_section_from_known_per_seed_numbers(tmp_path):
+    grid = _hand_grid(tmp_path)
+    wrong_half = [[i % 2 == 0] * 5 for i in range(40)]     # 20 of 40 sentences all wrong
+    right = [[True] * 5 for _ in range(40)]
+
+    def cell(variant, seed, score, evidence, *, params, steps):
+        return CellResult(variant, seed, params=params, speed={"steps_per_s": steps, "tokens_per_s": 100 * steps},
+                          scores={"all": score, "oov": None, "ambiguous": score - 10}, evidence=evidence)
+
+    results = {("base", 1): cell("base", 1, 90.0, wrong_half, params=1000, steps=2.0),
+               ("base", 2): cell("base", 2, 92.0, wrong_half, params=1000, steps=4.0),
+               ("better", 1): cell("better", 1, 95.0, right, params=1048, steps=1.0),
+               ("better", 2): cell("better", 2, 97.0, right, params=1048, steps=2.0),
+               ("same", 1): cell("same", 1, 90.0, wrong_half, params=1000, steps=2.0)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better, same = section.rows
+    assert (section.done, section.total) == (5, 7) and section.partial
+    assert base.baseline and base.mark == "" and base.tests == () and base.delta is None
+    assert base.scores["All"].mean == 91.0 and base.scores["All"].sd == pytest.approx(math.sqrt(2))
+    assert base.scores["OOV"].n == 0  # an empty OOV subset is no value, not a zero
+    assert better.delta == pytest.approx(5.0) and better.params_delta == 48
+    assert better.steps_per_s.mean == 1.5 and better.steps_delta == pytest.approx(-1.5)
+    # every sentence right vs half of them wrong: each seed's bootstrap says p < 0.01, upwards
+    expected = paired_bootstrap_accuracy(wrong_half, right, n_samples=200, seed=12345)
+    assert [t.p_value for t in better.tests] == [expected.p_value] * 2 and expected.p_value < 0.01
+    assert (better.mark, better.mark_support) == ("⇑", 2)
+    assert same.seeds_done == (1,) and same.seeds_planned == (1, 2, 3)
+    assert [t.p_value for t in same.tests] == [1.0] and same.mark == ""  # identical output: no difference
+    assert section.paper_columns == ("All",) and better.paper == {"All": 92.49}
+    table = "\n".join(render_markdown(build_report(grid, command="test")).splitlines())
+    assert "**Partial table: 0 of 7 cells done.**" in table  # nothing on disk for the real grid
+
+
+def test_markdown_and_csv_rows(tmp_path):
+    from sanlab.experiments.tables import Report
+
+    grid = _hand_grid(tmp_path)
+    flags = [[True, False]] * 10
+    results = {(v, s): CellResult(v, s, params=1000, speed={"steps_per_s": 2.0, "tokens_per_s": 50.0},
+                                  scores={"all": 50.0, "oov": 25.0, "ambiguous": 40.0}, evidence=flags)
+               for v in ("base", "better") for s in (1, 2)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    md = render_markdown(Report(title="t", header={"grid": "g"}, sections=(section,)))
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    assert lines[0].split(" | ")[6:9] == ["All", "Δ All", "sig."] and lines[0].endswith("| paper All |")
+    assert lines[2].startswith("| base (baseline) | 2/2 | 1,000 |  | 2.00 | 50 | 50.00 ± 0.00 |  |  | ")
+    assert lines[3].startswith("| better | 2/2 | 1,000 | +0 | 2.00 (+0.00) | 50 | 50.00 ± 0.00 | +0.00 |  |")
+    assert lines[4].startswith("| same | 0/3 | — |")
+    csv = render_csv(Report(title="t", header={}, sections=(section,))).splitlines()
+    assert csv[0].startswith("dataset,variant,baseline,seeds_done") and len(csv) == 4
+
+
+def test_bleu_significance_on_hand_written_outputs():
+    refs = [f"the {w} dog sees a small red ball in the garden ." for w in ("big", "old", "young", "black") * 10]
+    good, bad = list(refs), ["a cat ." for _ in refs]
+    from sanlab.experiments.grid import EvalSpec
+
+    spec = EvalSpec(bootstrap_samples=100)
+    assert paired_test("translation", bad, good, references=refs, spec=spec).mark == "⇑"
+    assert paired_test("translation", good, bad, references=refs, spec=spec).mark == "⇓"
+
+
+# ----------------------------------------------------------------------------- bad grids
+def test_unknown_variant_key_names_the_grid_and_the_variant(tmp_path):
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    bad = _write(tmp_path / "bad.yaml", "base: tagger.yaml\nseeds: [1]\nvariants:\n  - {name: a}\n"
+                                        "  - {name: b, overides: [model.dropout=0.2]}\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(bad)
+    assert str(bad) in str(err.value) and "variant 'b' (variants[1]).overides: unknown key" in str(err.value)
+
+
+def test_unknown_config_key_in_overrides_names_the_grid_variant_and_key(tmp_path):
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    bad = _write(tmp_path / "bad.yaml", "base: tagger.yaml\nseeds: [1]\nvariants:\n  - {name: a}\n"
+                                        "  - {name: b, overrides: ['model.encoder.atention.heads=2']}\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(bad)
+    message = str(err.value)
+    assert str(bad) in message and "variant 'b'" in message and "model.encoder.atention: unknown key" in message
+
+
+def test_other_grid_mistakes_are_named(tmp_path):
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    head = "base: tagger.yaml\nseeds: [1]\n"
+    cases = {"variants:\n  - {name: a}\neval: {split: test}\n": "eval split 'test' is not in this run's data",
+             "variants:\n  - {name: a, baseline: true}\n  - {name: b, baseline: true}\n": "more than one variant",
+             "variants:\n  - {name: A-1}\n  - {name: a 1}\n": "collide",
+             "variants:\n  - {name: a}\neval: {checkpoint: averaged}\n": "average_last"}
+    for body, expected in cases.items():
+        with pytest.raises(ConfigError, match=expected):
+            load_grid(_write(tmp_path / "g.yaml", head + body))
+    grid = load_grid(_write(tmp_path / "g.yaml", head + "variants:\n  - {name: a}\n"))
+    with pytest.raises(ConfigError, match="no variant 'zzz'; the grid has: a"):
+        select_cells(grid, only=["zzz"])
+
+
+# ----------------------------------------------------------------------------- end to end on the smoke grid
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The smoke grid (2 variants x 2 seeds), run once to the end."""
+    import torch
+
+    torch.set_num_threads(1)
+    runs = tmp_path_factory.mktemp("smoke")
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=runs)
+    assert set(_statuses(grid).values()) == {"pending"}
+    outcomes = run_grid(grid, grid.cells, log=lambda m: None, quiet=True)
+    assert [o.error for o in outcomes] == [None] * 4
+    return grid
+
+
+def test_run_evaluates_every_cell_and_writes_the_table(finished, capsys):
+    assert set(_statuses(finished).values()) == {"evaluated"}
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(finished.runs_dir), table_only=True,
+                       command="sanlab compare smoke") == 0
+    printed = capsys.readouterr().out
+    table = (finished.runs_dir / "table.md").read_text(encoding="utf-8")
+    assert table in printed and "- cells done: 4 of 4" in table and "- command: sanlab compare smoke" in table
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows] == ["| variant", "| SAN+PE[add] (baseline)", "| 1D-CSAN"]
+    report = json.loads((finished.runs_dir / "table.json").read_text(encoding="utf-8"))
+    base, csan = report["sections"][0]["rows"]
+    assert base["tests"] == [] and [t["seed"] for t in csan["tests"]] == [0, 1]
+    assert csan["mark"] == majority_mark([t["mark"] for t in csan["tests"]])[0]
+    for row in (base, csan):  # mean ± sd over the two seeds' own evaluation records
+        seeds = [json.loads((finished.runs_dir / ("san-pe-add" if row is base else "1d-csan") / f"seed-{s}"
+                             / "compare-eval.json").read_text())["scores"]["all"] for s in (0, 1)]
+        assert row["scores"]["All"]["mean"] == pytest.approx(sum(seeds) / 2)
+        assert row["scores"]["All"]["sd"] == pytest.approx(abs(seeds[0] - seeds[1]) / math.sqrt(2))
+    assert base["params"] == csan["params"] and csan["params_delta"] == 0  # a window adds no parameters
+    assert base["steps_per_s"]["n"] == 2 and base["steps_per_s"]["mean"] > 0
+    assert (finished.runs_dir / "table.csv").exists()
+
+
+def test_second_invocation_reuses_finished_cells(finished, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished cell was trained again")
+
+    monkeypatch.setattr(cells_module, "train_run", no_training)
+    monkeypatch.setattr(cells_module, "evaluate_tagging_cell", no_training)
+    stamps = {c.run_dir: (c.run_dir / "done.json").stat().st_mtime_ns for c in finished.cells}
+    assert run_grid(finished, finished.cells, log=lambda m: None) == []
+    assert stamps == {c.run_dir: (c.run_dir / "done.json").stat().st_mtime_ns for c in finished.cells}
+    assert "4 of 4 cells evaluated" in describe_cells(finished, finished.cells)
+
+
+def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):
+    import torch
+
+    torch.set_num_threads(1)
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cells = select_cells(grid, only=["1d-csan"])  # by directory slug
+    cells_module.prepare_synthetic(grid)
+    killed = cells[0]
+    # a grid killed mid-training: checkpoints at step 2, no done.json
+    train_run(killed.config.model_copy(update={"train": killed.config.train.model_copy(update={"max_steps": 2})}),
+              killed.run_dir, quiet=True)
+    assert cell_state(killed, grid.spec.eval).describe() == "training step 2"
+    assert _statuses(grid, cells) == {("1D-CSAN", 0): "training", ("1D-CSAN", 1): "pending"}
+    outcomes = run_grid(grid, cells, log=lambda m: None, quiet=True)
+    assert [o.error for o in outcomes] == [None, None]
+    assert "resumed from" in (killed.run_dir / "train.log").read_text()
+    assert json.loads((killed.run_dir / "done.json").read_text())["summary"]["step"] == 4
+    valid_steps = [r["step"] for r in map(json.loads, (killed.run_dir / "metrics.jsonl").read_text().splitlines())
+                   if r["split"] == "valid"]
+    assert valid_steps == [2, 4]  # continued, not restarted
+    assert _statuses(grid) == {("SAN+PE[add]", 0): "pending", ("SAN+PE[add]", 1): "pending",
+                               ("1D-CSAN", 0): "evaluated", ("1D-CSAN", 1): "evaluated"}
+    report = build_report(grid, command="test")
+    assert "2 of 4 — partial table" in report.header["cells done"]
+
+
+def test_jobs_run_cells_in_spawned_processes(tmp_path):
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cells = select_cells(grid, only=["SAN+PE[add]"])
+    outcomes = run_grid(grid, cells, jobs=2, log=lambda m: None)
+    assert [o.error for o in outcomes] == [None, None]
+    from sanlab.experiments.compare import cores
+
+    threads = {json.loads((c.run_dir / "done.json").read_text())["threads"] for c in cells}
+    assert threads == {max(1, cores() // 2)}
+    assert set(_statuses(grid, cells).values()) == {"evaluated"}
+
+
+def test_translation_grid_prints_bleu_and_its_signature_once(tmp_path):
+    recipe = _write(tmp_path / "mt.yaml", """\
+task: translation
+data: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, subword: {vocab_size: 120}}
+model: {dim: 16, encoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}},
+        decoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}}}
+train: {max_tokens: 400, warmup_steps: 4, max_steps: 3, valid_every: 3, valid_max_sentences: 5, progress: false,
+        keep_best: 1, keep_last: 1}
+decode: {beam: 2, max_len_a: 1.0, max_len_b: 2}
+""")
+    grid_file = _write(tmp_path / "grid.yaml", f"""\
+base: {recipe.name}
+synthetic: {{task: translation, sizes: {{train: 150, valid: 10, test: 20}}}}
+seeds: [1]
+variants:
+  - {{name: vanilla}}
+  - {{name: 1D-CSAN, overrides: ["model.encoder.attention.parts=[{{type: window, size: 3}}]"]}}
+eval: {{bootstrap_samples: 50}}
+""")
+    assert run_compare(str(grid_file), runs_dir=str(tmp_path / "runs"), quiet=True, command="t", out=lambda m: None) == 0
+    table = (tmp_path / "runs" / "table.md").read_text(encoding="utf-8")
+    assert "| BLEU | Δ BLEU | sig. | chrF |" in table and "- data split: test" in table
+    assert table.count("sacreBLEU signature: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:") == 1
+    assert (tmp_path / "runs" / "1d-csan" / "seed-1" / "hyp-best-test.txt").exists()
