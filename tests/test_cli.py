@@ -7,7 +7,7 @@ import pytest
 
 from sanlab.cli import main
 
-SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo", "params", "analyze"]
+SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo", "params", "analyze", "compare"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -84,3 +84,10 @@ def test_malformed_conllu_line_is_named(tmp_path, capsys):
     assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "bad.conllu:4" in err
+
+
+def test_compare_dry_run_lists_cells(capsys):
+    grid = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "configs/compare/dufter-table2-ud.yaml")
+    assert main(["compare", grid, "--dry-run", "--runs-dir", "/nonexistent/sanlab-dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "SAN+PE[add]" in out and "pending" in out

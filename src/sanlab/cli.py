@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sanlab.errors import SanlabError
 from sanlab.experiments.analyze import register as register_analyze
+from sanlab.experiments.compare_cli import register as register_compare
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -138,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test; scores will be low)")
     p.set_defaults(fn=_cmd_demo)
 
+    register_compare(sub)
     register_analyze(sub)
     return parser
 

@@ -50,6 +50,22 @@ class Seq2SeqConfig(Strict):
     decoder: StackConfig = StackConfig()
 
 
+class SanAttentionConfig(AttentionConfig):
+    """Dufter et al.'s heads (spec C.1): 4 heads, no projection biases, no output projection."""
+
+    heads: int = 4
+    bias: bool = False
+    out_proj: bool = False
+
+
+class TaggerStackConfig(StackConfig):
+    """The tagger's SAN stack: 4 attention-only layers (subclassed so that setting one key keeps the others)."""
+
+    layers: int = Field(4, ge=1)
+    ffn_dim: int = Field(0, ge=0)
+    attention: SanAttentionConfig = SanAttentionConfig()
+
+
 class TaggerConfig(Strict):
     """Dufter et al.'s tagger (spec C.10); UD defaults."""
 
@@ -68,8 +84,7 @@ class TaggerConfig(Strict):
     mask_padding: bool = True           # the reference code does not mask padding (profile "reproduce")
     classifier_sees_embedding: bool = True
     attention_init: Literal["glorot_normal", "torch"] = "glorot_normal"  # Keras glorot_normal per head (C.1, C.10)
-    encoder: StackConfig = StackConfig(layers=4, ffn_dim=0,
-                                       attention=AttentionConfig(heads=4, bias=False, out_proj=False))
+    encoder: TaggerStackConfig = TaggerStackConfig()
 
 
 # ----------------------------------------------------------------------------- data
@@ -125,14 +140,28 @@ class TrainConfig(Strict):
     bf16: bool = False
     max_steps: int = 100_000
     max_epochs: int = 100
-    valid_every: int = 1000     # steps; 0 = after every epoch
+    valid_every: int = Field(1000, ge=0)  # steps; 0 = after every epoch
     valid_max_sentences: int | None = None  # decode only this many valid sentences for BLEU
     patience: int = 0           # validations without improvement before stopping; 0 = never
-    keep_best: int = 3
-    keep_last: int = 3
-    log_every: int = 50
+    keep_best: int = Field(3, ge=1)
+    keep_last: int = Field(3, ge=1)
+    log_every: int = Field(50, ge=1)
     threads: int | None = None
     progress: bool = True
+
+
+class TaggerTrainConfig(TrainConfig):
+    """Dufter et al.'s training (spec C.10): RMSprop 1e-3 (Keras defaults), batch 32, early stopping on
+    dev accuracy after every epoch with patience 3."""
+
+    optimizer: Literal["adam", "rmsprop"] = "rmsprop"
+    lr: float = 1e-3
+    eps: float = 1e-7
+    schedule: Literal["inverse_sqrt", "constant"] = "constant"
+    warmup_steps: int = 0
+    label_smoothing: float = 0.0
+    patience: int = 3
+    valid_every: int = Field(0, ge=0)
 
 
 class DecodeConfig(Strict):
@@ -156,8 +185,7 @@ class TaggingConfig(Strict):
     task: Literal["tagging"]
     data: TaggingDataConfig
     model: TaggerConfig = TaggerConfig()
-    train: TrainConfig = TrainConfig(optimizer="rmsprop", lr=1e-3, eps=1e-7, schedule="constant",
-                                     label_smoothing=0.0, patience=3, valid_every=0)
+    train: TaggerTrainConfig = TaggerTrainConfig()
 
 
 RunConfig = Annotated[Union[TranslationConfig, TaggingConfig], Field(discriminator="task")]

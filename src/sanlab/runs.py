@@ -7,7 +7,9 @@ and the vocabularies (sentencepiece model or tagger vocabulary).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -52,7 +54,7 @@ def provenance(config: Config) -> dict:
 
 # Keys that may change when a run is resumed (they do not change what was already trained).
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
-                  "train.log_every", "train.valid_max_sentences", "decode.")
+                  "train.log_every", "decode.beam", "decode.length_penalty", "decode.n_best")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -79,7 +81,10 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     saved = run_dir / "config.yaml"
     text = dump_config(config)
     if saved.exists():
-        diff = config_differences(yaml.safe_load(saved.read_text(encoding="utf-8")), yaml.safe_load(text))
+        # Re-validate the saved config so keys added to the schema since then compare as their defaults.
+        old = yaml.safe_load(dump_config(validate(yaml.safe_load(saved.read_text(encoding="utf-8")),
+                                                  source=str(saved))))
+        diff = config_differences(old, yaml.safe_load(text))
         blocking = [k for k in diff if not k.startswith(RESUMABLE_KEYS)]
         if blocking:
             raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
@@ -143,9 +148,48 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
 
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary."""
+    resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+    with run_lock(Path(run_dir)):
+        return _train_locked(config, Path(run_dir), resuming=resuming, quiet=quiet)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """One training process per run directory (a second one would interleave checkpoints and logs)."""
+    lock = run_dir / ".lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            pid = int(lock.read_text().strip() or 0)
+            if _alive(pid):
+                raise ConfigError(f"{run_dir} is being trained by another process (pid {pid}); wait for it or stop "
+                                  "it first") from None
+            lock.unlink(missing_ok=True)  # left by a process that died: take over
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool) -> dict:
     from sanlab.training.loop import Trainer
 
-    resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet)
@@ -183,13 +227,18 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     from sanlab.training.average import write_average
 
     config = load_run_config(run_dir)
-    manager = CheckpointManager(run_dir, keep_best=0, keep_last=0, higher_is_better=True)
-    chosen = manager.last(last) if last else manager.best(best)
+    kept = config.train.keep_last if last else config.train.keep_best
     wanted = last or best
+    if wanted > kept:  # older survivors are best checkpoints, not the last N: refuse rather than mix them
+        which = "keep_last" if last else "keep_best"
+        raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints but the run keeps {kept} ({which}); "
+                          f"raise train.{which} before training")
+    manager = CheckpointManager(run_dir, keep_best=config.train.keep_best, keep_last=config.train.keep_last,
+                                higher_is_better=True)
+    chosen = manager.last(last) if last else manager.best(best)
     if len(chosen) < wanted:
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, only {len(chosen)} kept "
                           f"(raise train.keep_last / keep_best)")
-    del config
     return write_average(chosen, Path(output) if output else Path(run_dir) / "averaged")
 
 

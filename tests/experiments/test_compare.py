@@ -263,14 +263,15 @@ def test_jobs_run_cells_in_spawned_processes(tmp_path):
     assert set(_statuses(grid, cells).values()) == {"evaluated"}
 
 
-def test_translation_grid_prints_bleu_and_its_signature_once(tmp_path):
+def _run_translation_grid(tmp_path) -> str:
+    """A 2-variant x 1-seed translation grid on a synthetic corpus, run to the end; returns table.md."""
     recipe = _write(tmp_path / "mt.yaml", """\
 task: translation
 data: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, subword: {vocab_size: 120}}
 model: {dim: 16, encoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}},
         decoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}}}
-train: {max_tokens: 400, warmup_steps: 4, max_steps: 3, valid_every: 3, valid_max_sentences: 5, progress: false,
-        keep_best: 1, keep_last: 1}
+train: {max_tokens: 400, warmup_steps: 4, max_steps: 4, valid_every: 2, valid_max_sentences: 5, progress: false,
+        keep_best: 1, keep_last: 2}
 decode: {beam: 2, max_len_a: 1.0, max_len_b: 2}
 """)
     grid_file = _write(tmp_path / "grid.yaml", f"""\
@@ -280,10 +281,71 @@ seeds: [1]
 variants:
   - {{name: vanilla}}
   - {{name: 1D-CSAN, overrides: ["model.encoder.attention.parts=[{{type: window, size: 3}}]"]}}
-eval: {{bootstrap_samples: 50}}
+eval: {{checkpoint: averaged, average_last: 2, bootstrap_samples: 50}}
 """)
     assert run_compare(str(grid_file), runs_dir=str(tmp_path / "runs"), quiet=True, command="t", out=lambda m: None) == 0
-    table = (tmp_path / "runs" / "table.md").read_text(encoding="utf-8")
+    return (tmp_path / "runs" / "table.md").read_text(encoding="utf-8")
+
+
+def test_translation_grid_averages_checkpoints_and_prints_the_bleu_signature_once(tmp_path):
+    table = _run_translation_grid(tmp_path)
     assert "| BLEU | Δ BLEU | sig. | chrF |" in table and "- data split: test" in table
     assert table.count("sacreBLEU signature: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:") == 1
-    assert (tmp_path / "runs" / "1d-csan" / "seed-1" / "hyp-best-test.txt").exists()
+    cell = tmp_path / "runs" / "1d-csan" / "seed-1"
+    assert (cell / "averaged" / "model.safetensors").exists() and (cell / "hyp-averaged-test.txt").exists()
+    assert "- checkpoint: averaged (average of the last 2)" in table
+
+
+def test_new_decode_settings_re_evaluate_without_retraining(tmp_path, monkeypatch):
+    _run_translation_grid(tmp_path)
+    grid = load_grid(tmp_path / "grid.yaml", overrides=["decode.beam=1", "decode.max_len_b=1"],
+                     runs_dir=tmp_path / "runs")
+    assert set(_statuses(grid).values()) == {"trained"}
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a decode change retrained a cell")
+
+    monkeypatch.setattr(cells_module, "train_run", no_training)
+    assert [o.error for o in run_grid(grid, grid.cells, log=lambda m: None)] == [None, None]
+    record = json.loads((tmp_path / "runs" / "vanilla" / "seed-1" / "compare-eval.json").read_text())
+    assert (record["key"]["decode"]["beam"], record["key"]["decode"]["max_len_b"]) == (1, 1)
+    evaluated = json.loads((tmp_path / "runs" / "vanilla" / "seed-1" / "eval-averaged.json").read_text())
+    assert evaluated["test"]["decode"]["beam"] == 1  # decoded with the grid's settings, not the saved ones
+    assert set(_statuses(grid).values()) == {"evaluated"}
+
+
+# ----------------------------------------------------------------------------- the shipped grids
+RECIPES = {"csan-table1-multi30k": {"vanilla": "multi30k-en-de-transformer", "1D-CSAN": "multi30k-en-de-csan1d",
+                                    "2D-CSAN": "multi30k-en-de-csan2d", "Rel_Pos": "multi30k-en-de-relpos",
+                                    "Local_Soft": "multi30k-en-de-localsoft", "MUSE": "multi30k-en-de-muse",
+                                    "DynamicConv": "multi30k-en-de-dynamicconv", "capsule": "multi30k-en-de-capsule"},
+           "dufter-table2-ud": {"SAN+PE[add]": "ud-ewt-tagger", "SAN+P+R": "ud-ewt-pr", "+Temp": "ud-ewt-temp",
+                                "+Conv": "ud-ewt-conv", "+Conv2d": "ud-ewt-conv2d", "1D-CSAN": "ud-ewt-csan1d",
+                                "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse"}}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_grid_variants_are_their_recipes(name):
+    """Each row is its configs/ recipe; the one documented difference: Local_Soft sits in CSAN's layers 0-1."""
+    from sanlab.config import load_config
+    from sanlab.experiments.grid import config_dict
+    from sanlab.runs import config_differences
+
+    grid = load_grid(ROOT / "configs" / "compare" / f"{name}.yaml")
+    for cell in grid.cells:
+        recipe = load_config(ROOT / "configs" / f"{RECIPES[name][cell.variant]}.yaml", [f"train.seed={cell.seed}"])
+        diff = config_differences(config_dict(recipe), config_dict(cell.config))
+        assert diff == (["model.encoder.attention.parts"] if cell.variant == "Local_Soft" else []), cell.label
+    if name == "csan-table1-multi30k":
+        local_soft = next(c for c in grid.cells if c.variant == "Local_Soft").config.model.encoder.attention.parts
+        assert [p.layers for p in local_soft] == [[0, 1]]
+        assert grid.seeds_of("vanilla") == grid.seeds_of("2D-CSAN") == [1, 2, 3] and grid.seeds_of("MUSE") == [1]
+
+
+def test_treebank_grid_has_one_table_per_treebank():
+    grid = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud.yaml")
+    assert grid.datasets == ["English-LinES", "Afrikaans-AfriBooms", "Vietnamese-VTB"] and len(grid.cells) == 15
+    vtb = next(c for c in grid.cells if c.dataset == "Vietnamese-VTB")
+    assert vtb.config.data.train.endswith("UD_Vietnamese-VTB/vi_vtb-ud-train.conllu.gz")
+    assert vtb.run_dir.parts[-3:] == ("vietnamese-vtb", "san-pe-add", "seed-0")
+    assert grid.paper(dataset="Vietnamese-VTB", variant="+Conv2d") == {"All": 86.52}

@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sanlab.attention.config import AttentionConfig
-from sanlab.config import StackConfig, TaggerConfig, load_config
+from sanlab.config import TaggerConfig, load_config
 from sanlab.models.builders import build_tagger, count_parameters
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -35,7 +34,7 @@ def _one_thread():
 def _ptb_parameters(position: str = "none", parts: tuple = ()) -> int:
     config = TaggerConfig(word_dim=WORD, char_dim=CHAR, char_filters=CHAR, char_width=5, char_layers=3,
                           position=position, position_dim=64, max_len=T, layer_style="dufter",
-                          encoder=StackConfig(layers=LAYERS, ffn_dim=0, attention=AttentionConfig(
+                          encoder=dict(layers=LAYERS, ffn_dim=0, attention=dict(
                               heads=HEADS, bias=False, out_proj=False, parts=[dict(p) for p in parts])))
     return count_parameters(build_tagger(config, **PTB))
 
@@ -110,7 +109,7 @@ VARIANTS = {
 def _tiny(position: str, parts: list, *, mask_padding: bool = True) -> torch.nn.Module:
     config = TaggerConfig(word_dim=8, char_dim=4, char_filters=4, char_width=3, char_layers=1, position=position,
                           position_dim=4, max_len=10, mask_padding=mask_padding,
-                          encoder=StackConfig(layers=2, ffn_dim=0, attention=AttentionConfig(
+                          encoder=dict(layers=2, ffn_dim=0, attention=dict(
                               heads=2, bias=False, out_proj=False, parts=parts)))
     return build_tagger(config, vocab_size=30, num_chars=10, num_tags=5)
 

@@ -52,3 +52,28 @@ def _poison_and_train(run, make):
     weights[name][0, 0] = float("nan")
     save_file(weights, str(latest / "model.safetensors"))
     train_run(make(max_steps=6), run, quiet=True)
+
+
+def test_a_run_stopped_by_patience_does_not_train_on_when_rerun(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    # lr 0: the score can never improve, so patience 1 stops the run at its second validation (step 6)
+    first = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
+    again = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
+    assert first["step"] == again["step"] == 6
+
+
+def test_second_process_on_the_same_run_is_refused(tmp_path, tiny_translation):
+    import os
+
+    from sanlab.runs import run_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text(str(os.getppid()))  # a live process holds it
+    with pytest.raises(ConfigError, match="being trained by another process"):
+        with run_lock(run):
+            pass
+    (run / ".lock").write_text("999999999")  # a dead one: taken over
+    with run_lock(run):
+        assert (run / ".lock").read_text() == str(os.getpid())
+    assert not (run / ".lock").exists()

@@ -81,8 +81,8 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [b, h, t, d]
 
-    def _project_new(self, q_in: Tensor, kv_in: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self._split(self.q_proj(q_in)), self._split(self.k_proj(kv_in)), self._split(self.v_proj(kv_in))
+    def _project_new(self, kv_in: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self._split(ctx.q_full), self._split(self.k_proj(kv_in)), self._split(self.v_proj(kv_in))
         for part in self.stage_parts.project:  # position-wise, so cached k/v stay valid
             q, k, v = part.project(q, k, v, ctx)
         return q, k, v
@@ -104,7 +104,7 @@ class Attention(nn.Module):
             for part in self.stage_parts.project:
                 q, _, _ = part.project(q, k, v, ctx)
         else:
-            q, k, v = self._project_new(x, x if memory is None else memory, ctx)
+            q, k, v = self._project_new(x if memory is None else memory, ctx)
             if isinstance(cache, KV):  # self-attention: append the new tokens to the cached ones
                 k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # [b, h, j, d]
         new_cache = KV(k, v) if use_cache else None

@@ -84,7 +84,9 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     if spec.average_last:
         average_run(cell.run_dir, last=spec.average_last)
     if isinstance(cell.config, TranslationConfig):
-        result = evaluate_run(cell.run_dir, checkpoint=spec.checkpoint, splits=[cell.split])[cell.split]
+        # the grid's decode settings, not the ones saved when the cell was trained
+        result = evaluate_run(cell.run_dir, checkpoint=spec.checkpoint, splits=[cell.split],
+                              decode_overrides=cell.config.decode.model_dump())[cell.split]
         scores = {"bleu": result["bleu"], "chrf": result["chrf"]}
         evidence, signature = Path(result["hypotheses"]).name, result["bleu_signature"]
     else:
@@ -147,7 +149,8 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool) -> CellOutcome:
     try:
         state = cell_state(cell, spec)
         if state.status == "conflict":
-            raise ConfigError(state.detail + "; delete it or choose another runs_dir")
+            raise ConfigError(f"{cell.run_dir}: {state.detail}; rerun with the settings (--set) it was trained "
+                              "with, delete it, or choose another --runs-dir")
         if state.status in ("pending", "training"):
             train_cell(cell, quiet=quiet)
             trained = True

@@ -30,7 +30,7 @@ from sanlab.experiments.cells import (
     run_cell_job,
 )
 from sanlab.experiments.grid import Cell, EvalSpec, Grid, cell_state, load_grid, slug
-from sanlab.experiments.tables import Report, Row, Section, Stat, Test, render_markdown, write_report
+from sanlab.experiments.tables import Report, Row, Section, Stat, SeedTest, render_markdown, write_report
 
 UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
 
@@ -130,9 +130,13 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     tests = []
     if baseline is not None:
         for seed in sorted(set(evaluated) & {s for s, r in base_results.items() if r.scores}):
-            result = paired_test(grid.task, base_results[seed].evidence, evaluated[seed].evidence,
-                                 references=references, spec=grid.spec.eval)
-            tests.append(Test(seed=seed, delta=result.delta, p_value=result.p_value, mark=result.mark))
+            try:
+                result = paired_test(grid.task, base_results[seed].evidence, evaluated[seed].evidence,
+                                     references=references, spec=grid.spec.eval)
+            except ValueError as err:  # outputs of different test sets cannot be paired
+                raise ConfigError(f"{grid.path}: cannot pair {variant!r} seed {seed} with the baseline "
+                                  f"{grid.baseline!r}{f' on {dataset}' if dataset else ''}: {err}") from None
+            tests.append(SeedTest(seed=seed, delta=result.delta, p_value=result.p_value, mark=result.mark))
     mark, support = majority_mark([t.mark for t in tests])
     primary = metrics[0][0]
 
@@ -151,8 +155,7 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
 
 def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, int], CellResult],
                   references: list[str] | None) -> Section:
-    """The table of one dataset from cell results keyed by (variant, seed); the baseline row comes first
-    in the grid's variant order, wherever the grid lists it."""
+    """The table of one dataset from cell results keyed by (variant, seed); rows in the grid's order."""
     by_variant = {v.name: {s: r for (name, s), r in results.items() if name == v.name} for v in grid.spec.variants}
     base_name = grid.baseline
     base = _row(grid, dataset=dataset, variant=base_name, results=by_variant[base_name], baseline=None,

@@ -338,27 +338,36 @@ def eval_key(cell: Cell, spec: EvalSpec) -> dict:
     return key
 
 
+def _normalised(raw: dict, *, source: Path) -> dict:
+    """A saved config re-validated, so keys added to the schema since then compare as their defaults."""
+    return config_dict(validate(raw, source=str(source)))
+
+
 def training_changes(done: dict, cell: Cell) -> list[str]:
     """Config keys that changed since the cell finished training (ignoring decode, logging)."""
-    diff = config_differences(done["config"], config_dict(cell.config))
-    return [k for k in diff if not k.startswith(NOT_TRAINING_KEYS)]
+    old = _normalised(done["config"], source=cell.run_dir / DONE_FILE)
+    return [k for k in config_differences(old, config_dict(cell.config)) if not k.startswith(NOT_TRAINING_KEYS)]
 
 
 def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
-    """pending / training step N / trained / evaluated; ``conflict`` if the directory holds another run."""
+    """pending / training step N / trained / evaluated; ``conflict`` if the directory holds another run.
+
+    A finished cell is judged by ``done.json`` alone (decode settings may change: it is only evaluated
+    again); an unfinished one by ``config.yaml``, with the rules ``runs.train_run`` will apply to it.
+    """
     run = cell.run_dir
     if not (run / "config.yaml").exists():
         return CellState("pending")
-    old = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-    blocking = [k for k in config_differences(old, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
-    step = latest_step(run)
+    step, done = latest_step(run), read_json(run / DONE_FILE)
+    changes = training_changes(done, cell) if done else []
+    if done and not changes:
+        record = read_json(run / EVAL_FILE)
+        if record and record["key"] == eval_key(cell, spec) and record["trained_at"] == done["finished_at"]:
+            return CellState("evaluated", step)
+        return CellState("trained", step)
+    saved = _normalised(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")), source=run / "config.yaml")
+    blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
     if blocking:
-        return CellState("conflict", step, f"{run} holds a run with other values of: {', '.join(blocking)}")
-    done = read_json(run / DONE_FILE)
-    if done is None or training_changes(done, cell):
-        detail = f"continues: {', '.join(training_changes(done, cell))} changed" if done else ""
-        return CellState("training" if step is not None else "pending", step, detail)
-    record = read_json(run / EVAL_FILE)
-    if record and record["key"] == eval_key(cell, spec) and record["trained_at"] == done["finished_at"]:
-        return CellState("evaluated", step)
-    return CellState("trained", step)
+        return CellState("conflict", step, f"the directory holds a run with other values of: {', '.join(blocking)}")
+    detail = f"continues: {', '.join(changes)} changed" if changes else ""
+    return CellState("training" if step is not None else "pending", step, detail)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -39,7 +39,7 @@ class Stat:
 
 
 @dataclass(frozen=True)
-class Test:
+class SeedTest:
     """One paired bootstrap of a variant against the baseline on one seed."""
 
     seed: int
@@ -63,7 +63,7 @@ class Row:
     delta: float | None                  # primary mean minus the baseline's
     mark: str                            # majority significance mark over seed-matched tests
     mark_support: int                    # how many of the tests carry the mark's direction
-    tests: tuple[Test, ...]
+    tests: tuple[SeedTest, ...]
     paper: dict[str, float | str]
     note: str | None = None
 
@@ -90,7 +90,7 @@ class Report:
     sections: tuple[Section, ...]
     reference: str | None = None
     notes: tuple[str, ...] = ()
-    legend: tuple[str, ...] = field(default=())
+    legend: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- formatting helpers

@@ -90,6 +90,12 @@ class CheckpointManager:
     def last(self, n: int) -> list[Path]:
         return [Path(m["path"]) for m in self.all()[-n:]]
 
+    def discard_after(self, step: int) -> None:
+        """Remove checkpoints newer than ``step`` (a crash between writing one and updating ``latest.json``)."""
+        for m in self.all():
+            if m["step"] > step:
+                shutil.rmtree(m["path"], ignore_errors=True)
+
     def prune(self) -> None:
         keep = set(self.best(self.keep_best)) | set(self.last(self.keep_last))
         latest = self.latest()

@@ -87,6 +87,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress = Progress(**state["progress"])
         set_rng_state(state["rng"])
+        self.checkpoints.discard_after(self.progress.step)  # written after `latest` by a run that then crashed
         self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch})")
         return True
 
@@ -147,13 +148,16 @@ class Trainer:
         self.log.info(f"step {p.step} epoch {p.epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
                       + (" (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"))
         self._save(metrics)
-        return self.config.patience > 0 and p.bad_validations >= self.config.patience
+        return self._patience_exhausted()
+
+    def _patience_exhausted(self) -> bool:
+        return self.config.patience > 0 and self.progress.bad_validations >= self.config.patience
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
         cfg, p = self.config, self.progress
         start = time.monotonic()
-        stop = p.step >= cfg.max_steps
+        stop = p.step >= cfg.max_steps or self._patience_exhausted()
         while not stop and p.epoch < cfg.max_epochs:
             batches = self.task.epoch_batches(p.epoch)
             bar = self.log.progress_bar(total=len(batches), initial=p.position, desc=f"epoch {p.epoch}")
