@@ -67,9 +67,14 @@ def _cmd_evaluate(args) -> int:
     results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split, decode_overrides=overrides)
     for name, r in results.items():
         print(f"== {name}")
-        print(r.get("formatted") or f"accuracy all {r['all']:.2f}  oov {r['oov']}  ambiguous {r['ambiguous']}  "
-              f"(tokens {r['n_all']}, oov {r['n_oov']}, ambiguous {r['n_ambiguous']})\n{r['report']}")
+        print(r["formatted"] if "formatted" in r else _tagging_summary(r))
     return 0
+
+
+def _tagging_summary(r: dict) -> str:
+    pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+    return (f"accuracy all {pct(r['all'])}  OOV {pct(r['oov'])}  ambiguous {pct(r['ambiguous'])}  "
+            f"(tokens {r['n_all']}, OOV {r['n_oov']}, ambiguous {r['n_ambiguous']})\n{r['report']}")
 
 
 def _cmd_average(args) -> int:

@@ -193,15 +193,16 @@ _ADAPTER = TypeAdapter(RunConfig)
 
 
 # ----------------------------------------------------------------------------- loading
-def _read_yaml(path: Path) -> dict:
+def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
+    """A YAML file that must hold a mapping; errors name the file."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        raise ConfigError(f"{path}: {what} not found") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(f"{path}: a {what} must be a mapping of keys, got {type(data).__name__}")
     return data
 
 
@@ -217,7 +218,7 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
     path = Path(path)
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
-    data = _read_yaml(path)
+    data = read_yaml_mapping(path)
     base = data.pop("base", None)
     if base is None:
         return data

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sanlab.config import Config, TranslationConfig, apply_override, load_raw, validate
+from sanlab.config import Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, validate
 from sanlab.errors import ConfigError
 from sanlab.runs import RESUMABLE_KEYS, config_differences
 
@@ -158,14 +158,7 @@ def slug(name: str) -> str:
 
 # ----------------------------------------------------------------------------- loading
 def _read_spec(path: Path) -> GridSpec:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: grid file not found") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a grid file must be a mapping, got {type(raw).__name__}")
+    raw = read_yaml_mapping(path, what="grid file")
     try:
         return GridSpec.model_validate(raw)
     except ValidationError as err:
