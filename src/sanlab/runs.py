@@ -244,8 +244,8 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best") -> None:
     """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
-    from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
-    from sanlab.tasks.tagging import predict_tags
+    from sanlab.data.conllu_io import TaggedSentence, read_conllu
+    from sanlab.tasks.tagging import tag_sentences
 
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
     if input_path and ".conllu" in Path(input_path).name:
@@ -255,9 +255,8 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
         sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))
                  for line in text.splitlines() if line.strip()]
     out = open(output_path, "w", encoding="utf-8") if output_path else sys.stdout
-    for sent in sents:  # chunks of the model's length t, joined back per sentence
-        tags = [t for chunk in predict_tags(model, vocab, chunk_sentences([sent], config.model.max_len),
-                                            max_chars=config.model.max_word_chars) for t in chunk]
+    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
+    for sent, tags in zip(sents, predicted):
         out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))
         out.write("\n")
     out.flush()

@@ -104,24 +104,17 @@ def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
     Sentences longer than the model's t are tagged chunk by chunk and joined back, so the
     bootstrap resamples whole sentences (as ``runs.tag_file`` tags them).
     """
-    from sanlab.data.conllu_io import chunk_sentences, read_conllu
-    from sanlab.evaluation.tagging import tagging_accuracy, word_tags
-    from sanlab.tasks.tagging import predict_tags
+    from sanlab.data.conllu_io import read_conllu
+    from sanlab.evaluation.tagging import tagging_accuracy
+    from sanlab.tasks.tagging import tag_sentences, training_word_tags
 
     config, model, vocab = load_trained(cell.run_dir, checkpoint=checkpoint)
     assert isinstance(config, TaggingConfig)
     d = config.data
     sents = read_conllu(d.test if cell.split == "test" else d.dev, column=d.column)
-    chunks = [chunk_sentences([s], config.model.max_len) for s in sents]
-    flat = predict_tags(model, vocab, [c for cs in chunks for c in cs], max_chars=config.model.max_word_chars)
-    pred, k = [], 0
-    for cs in chunks:  # join each sentence's chunks back together
-        pred.append([t for chunk in flat[k:k + len(cs)] for t in chunk])
-        k += len(cs)
-    train = read_conllu(d.train, column=d.column)
+    pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
     scores = tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
-                              in_vocab=vocab.in_vocab, train_word_tags=word_tags([list(zip(s.words, s.tags))
-                                                                                  for s in train]))
+                              in_vocab=vocab.in_vocab, train_word_tags=training_word_tags(config))
     name = f"tags-{checkpoint}-{cell.split}.jsonl"
     with open(cell.run_dir / name, "w", encoding="utf-8") as f:
         for s, p in zip(sents, pred):

@@ -141,6 +141,24 @@ def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence]
     return out
 
 
+def tag_sentences(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_len: int,
+                  max_chars: int) -> list[list[str]]:
+    """Predicted tags per whole sentence: sentences longer than t are tagged chunk by chunk and joined."""
+    chunks = [chunk_sentences([s], max_len) for s in sents]
+    flat = predict_tags(model, vocab, [c for cs in chunks for c in cs], max_chars=max_chars)
+    pred, k = [], 0
+    for cs in chunks:
+        pred.append([t for chunk in flat[k:k + len(cs)] for t in chunk])
+        k += len(cs)
+    return pred
+
+
+def training_word_tags(config: TaggingConfig) -> dict:
+    """word -> tags seen in the training data (what makes a word ambiguous, spec C.11)."""
+    train = read_conllu(config.data.train, column=config.data.column)
+    return word_tags([list(zip(s.words, s.tags)) for s in train])
+
+
 def evaluate_tagger(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], train_word_tags, *,
                     max_chars: int) -> TaggingScores:
     pred = predict_tags(model, vocab, sents, max_chars=max_chars)
@@ -162,15 +180,14 @@ def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingC
     from sanlab.evaluation.tagging import format_report, per_tag_report
 
     d = config.data
-    train = read_conllu(d.train, column=d.column)
-    train_word_tags = word_tags([list(zip(s.words, s.tags)) for s in train])
+    train_word_tags = training_word_tags(config)
     files = {"dev": d.dev, **({"test": d.test} if d.test else {})}
     results = {}
     for name in splits or list(files):
         if name not in files:
             raise ValueError(f"unknown split {name!r}; this run has: {', '.join(files)}")
-        sents = chunk_sentences(read_conllu(files[name], column=d.column), config.model.max_len)
-        pred = predict_tags(model, vocab, sents, max_chars=config.model.max_word_chars)
+        sents = read_conllu(files[name], column=d.column)
+        pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
         gold = [list(s.tags) for s in sents]
         s = tagging_accuracy(gold=gold, pred=pred, words=[list(x.words) for x in sents], in_vocab=vocab.in_vocab,
                              train_word_tags=train_word_tags)
