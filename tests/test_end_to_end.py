@@ -2,6 +2,7 @@
 
 import io
 import json
+import math
 import sys
 
 import pytest
@@ -43,6 +44,22 @@ def test_translate_reads_stdin_and_writes_one_line_per_input(translation_run, mo
     assert len(lines) == 3 and all(line.startswith("0 ||| ") for line in lines)
 
 
+def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"].update(beam=3, n_best=2)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a b c\nd e\n"))
+    assert main(["translate", "--run", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]
+
+
 def test_evaluate_prints_sacrebleu_signature(translation_run, capsys):
     assert main(["evaluate", "--run", str(translation_run), "--checkpoint", "last"]) == 0
     out = capsys.readouterr().out
@@ -58,11 +75,29 @@ def test_run_directory_records_provenance(translation_run):
     assert any((translation_run / "tensorboard").iterdir())
 
 
-def test_bf16_autocast_training_runs(tmp_path):
+def test_bf16_autocast_computes_in_bf16_keeps_fp32_weights_and_learns(tmp_path):
     from training_fixtures import make_reverse_config
 
-    summary = train_run(make_reverse_config(tmp_path, max_steps=3, bf16=True), tmp_path / "run", quiet=True)
-    assert summary["step"] == 3
+    seen = set()
+
+    def record(module, args, output):
+        if isinstance(module, torch.nn.Linear) and module.training:
+            seen.add(output.dtype)
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        config = make_reverse_config(tmp_path, max_steps=40, log_every=1, bf16=True, lr=3e-3)
+        summary = train_run(config, tmp_path / "run", quiet=True)
+    finally:
+        hook.remove()
+    assert summary["step"] == 40
+    assert seen == {torch.bfloat16}  # every training matmul ran under autocast
+    saved = load_file(str(sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1] / "model.safetensors"))
+    assert {w.dtype for w in saved.values()} == {torch.float32}
+    losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+              if r["split"] == "train"]
+    assert len(losses) == 40 and all(map(math.isfinite, losses))
+    assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
 
 
 def test_tagger_pipeline(tmp_path, capsys):

@@ -43,9 +43,10 @@ def _cmd_translate(args) -> int:
                                               if v is not None})
     lines = (open(args.input, encoding="utf-8") if args.input else sys.stdin).read().splitlines()
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    results = translate(model, spm, lines, decode=decode, n_best=args.n_best)
+    n_best = args.n_best or config.decode.n_best
+    results = translate(model, spm, lines, decode=decode, n_best=n_best)
     for i, r in enumerate(results):
-        if args.n_best == 1:
+        if n_best == 1:
             out.write(r + "\n")
         else:
             out.writelines(f"{i} ||| {text} ||| {score:.4f}\n" for text, score in r)
@@ -123,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
         if name == "translate":
             p.add_argument("--length-penalty", type=float)
-            p.add_argument("--n-best", type=int, default=1, help="print the N best as 'i ||| text ||| score'")
+            p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "
+                           "(default: the run's decode.n_best)")
         if name == "evaluate":
             p.add_argument("--split", action="append", help="split name (repeatable; default: all test splits)")
 

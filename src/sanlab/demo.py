@@ -29,8 +29,10 @@ def translation_config(data: Path, *, quick: bool) -> dict:
         "model": {"dim": 128, "norm": "pre", "dropout": 0.1,
                   "encoder": {"layers": 2, "ffn_dim": 256, "attention": {"heads": 4}},
                   "decoder": {"layers": 2, "ffn_dim": 256, "attention": {"heads": 4}}},
-        "train": {"seed": SEED, "lr": 2e-3, "warmup_steps": 200, "max_tokens": 3000, "clip_norm": 1.0,
-                  "max_steps": 60 if quick else 1400, "valid_every": 30 if quick else 350,
+        # Budget: ~850 updates (about 200 s on 2 cores) reach greedy valid BLEU ~95 at lr 4e-3; at 2e-3 the
+        # same BLEU took 1,050 updates and the demo overran its 5 minutes.
+        "train": {"seed": SEED, "lr": 4e-3, "warmup_steps": 150, "max_tokens": 3000, "clip_norm": 1.0,
+                  "max_steps": 60 if quick else 850, "valid_every": 30 if quick else 425,
                   "valid_max_sentences": 200, "keep_best": 1, "keep_last": 1, "log_every": 50},
         "decode": {"beam": 4, "max_len_a": 1.5, "max_len_b": 5},
     }
@@ -45,7 +47,7 @@ def tagging_config(data: Path, *, quick: bool) -> dict:
                   "encoder": {"layers": 2, "ffn_dim": 0, "attention": {"heads": 4, "bias": False,
                                                                         "out_proj": False}}},
         "train": {"seed": SEED, "optimizer": "rmsprop", "lr": 2e-3, "eps": 1e-7, "schedule": "constant",
-                  "warmup_steps": 0, "label_smoothing": 0.0, "batch_size": 32, "max_epochs": 1 if quick else 6,
+                  "warmup_steps": 0, "label_smoothing": 0.0, "batch_size": 32, "max_epochs": 1 if quick else 4,
                   "valid_every": 0, "patience": 2, "keep_best": 1, "keep_last": 1},
     }
 

@@ -209,3 +209,17 @@ def test_config_errors_name_the_values():
         Csan2dConfig(heads_area=2)
     with pytest.raises(ValueError, match="heads_area N = 5 exceeds the 4 heads"):
         build_csan2d(Csan2dConfig(heads_area=5), ENCODER)
+
+
+@pytest.mark.parametrize("build, config", [(build_window, WindowConfig()), (build_csan2d, Csan2dConfig())])
+def test_csan_refuses_cross_attention(build, config):
+    ctx = BuildContext(dim=8, heads=4, layer_index=1, num_layers=2, side="cross", max_len=9)
+    with pytest.raises(ValueError, match="not defined for cross-attention .cross layer 1"):
+        build(config, ctx)
+
+
+def test_csan_default_placement_is_the_lowest_three_layers():
+    """Yang et al. localise the lowest 3 of 6 encoder layers; `layers: null` means every layer."""
+    assert WindowConfig().layers == Csan2dConfig().layers == [0, 1, 2]
+    assert [WindowConfig().applies_to(i) for i in range(6)] == [True] * 3 + [False] * 3
+    assert WindowConfig(layers=None).applies_to(5)

@@ -18,7 +18,8 @@ from sanlab.evaluation.significance import paired_bootstrap_accuracy
 from sanlab.experiments import cells as cells_module
 from sanlab.experiments.cells import CellResult
 from sanlab.experiments.compare import (
-    build_report, build_section, describe_cells, majority_mark, paired_test, run_compare, run_grid, select_cells,
+    build_report, build_section, describe_cells, majority_mark, paired_test, run_compare, run_grid, run_order,
+    select_cells,
 )
 from sanlab.experiments.grid import cell_state, load_grid
 from sanlab.experiments.tables import Stat, format_stat, render_csv, render_markdown
@@ -349,3 +350,12 @@ def test_treebank_grid_has_one_table_per_treebank():
     assert vtb.config.data.train.endswith("UD_Vietnamese-VTB/vi_vtb-ud-train.conllu.gz")
     assert vtb.run_dir.parts[-3:] == ("vietnamese-vtb", "san-pe-add", "seed-0")
     assert grid.paper(dataset="Vietnamese-VTB", variant="+Conv2d") == {"All": 86.52}
+
+
+def test_cells_run_breadth_first_over_seeds(tmp_path):
+    """Every row gets its first seed before any row gets its second (partial tables fill every row)."""
+    grid = load_grid(ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml", runs_dir=tmp_path)
+    order = [(c.variant, c.seed) for c in run_order(grid, grid.cells)]
+    rows = [v.name for v in grid.spec.variants]
+    assert order[:len(rows)] == [(name, 1) for name in rows]
+    assert order[len(rows):] == [("vanilla", 2), ("2D-CSAN", 2), ("vanilla", 3), ("2D-CSAN", 3)]

@@ -70,11 +70,16 @@ def test_light_conv_shares_one_softmax_kernel_per_head_across_positions():
     torch.testing.assert_close(conv(x)[0], loop_conv(x, weights, first_offset=-1))
 
 
+KERNELS = {"dynamic": lambda: PredictedKernels(dim=8, heads=2, kernel_size=5),
+           "light": lambda: SharedKernels(heads=2, kernel_size=5)}
+
+
+@pytest.mark.parametrize("kind", sorted(KERNELS))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("t", [3, 8])
-def test_band_equals_unfold_in_values_and_gradients_with_dropconnect(causal, t):
+def test_band_equals_unfold_in_values_and_gradients_with_dropconnect(kind, causal, t):
     torch.manual_seed(0)
-    convs = {alg: DynamicConv(kernels=PredictedKernels(dim=8, heads=2, kernel_size=5), causal=causal,
+    convs = {alg: DynamicConv(kernels=KERNELS[kind](), causal=causal,
                               weight_dropout=0.3, algorithm=alg).double().train() for alg in ("band", "unfold")}
     convs["unfold"].load_state_dict(convs["band"].state_dict())
     x = torch.randn(2, t, 8, dtype=torch.double)
@@ -84,7 +89,7 @@ def test_band_equals_unfold_in_values_and_gradients_with_dropconnect(causal, t):
         torch.manual_seed(1)  # the same DropConnect mask for both algorithms
         outs[alg] = conv(xi)[0]
         outs[alg].pow(2).sum().backward()
-        grads[alg] = (xi.grad, conv.kernels.linear.weight.grad)
+        grads[alg] = (xi.grad, *(w.grad for w in conv.kernels.parameters()))
     torch.testing.assert_close(outs["band"], outs["unfold"])
     for g_band, g_unfold in zip(grads["band"], grads["unfold"]):
         torch.testing.assert_close(g_band, g_unfold)

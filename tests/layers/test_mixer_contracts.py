@@ -1,22 +1,26 @@
-"""Contracts for every registered mixer, enrolled automatically from the MIXERS registry.
+"""Contracts for every registered mixer and pre-block, enrolled automatically from the MIXERS and
+PRE_BLOCKS registries.
 
 Each mixer fills the encoder and (when it has a causal form) the decoder of a tiny Seq2Seq:
 cached step-by-step decoding == the teacher-forced forward; a later target token never changes
 earlier outputs; extra source padding leaves real positions unchanged; finite outputs and gradients.
+A pre-block (CNNs) goes in front of the encoder's self-attention (the decoder refuses pre-blocks).
 """
 
 import pytest
 import torch
 
 from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_seq2seq
 
 import sanlab.config  # noqa: F401  (imports every mixer module, so the registry is complete)
 
 
-def _model(mixer: str, *, decoder: bool):
-    enc = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer={"type": mixer})
+def _model(mixer: str, *, decoder: bool, pre_blocks: list[dict] = ()):
+    enc = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer={"type": mixer},
+                      pre_blocks=list(pre_blocks))
     dec = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4},
                       mixer={"type": mixer if decoder else "attention"})
     torch.manual_seed(0)
@@ -35,9 +39,15 @@ def _decoder_capable(mixer: str) -> bool:
 MIXER_NAMES = MIXERS.names()
 
 
-@pytest.mark.parametrize("mixer", MIXER_NAMES)
-def test_encoder_padding_invariance_and_finite_gradients(mixer):
-    model = _model(mixer, decoder=False)
+# every pre-block type in each of its forms
+PRE_BLOCK_CONFIGS = [{"type": name, **form} for name in PRE_BLOCKS.names()
+                     for form in ({}, {"conv_type": "full", "kernel": 3, "layers": [1]})]
+
+
+@pytest.mark.parametrize("mixer, pre_blocks", [(m, []) for m in MIXER_NAMES]
+                         + [("attention", [block]) for block in PRE_BLOCK_CONFIGS])
+def test_encoder_padding_invariance_and_finite_gradients(mixer, pre_blocks):
+    model = _model(mixer, decoder=False, pre_blocks=pre_blocks)
     src = torch.randint(4, 30, (1, 7))
     tgt = torch.randint(4, 30, (1, 5))
     padded = torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], dim=1)
@@ -66,3 +76,12 @@ def test_decoder_cached_equals_full_and_no_future_leak(mixer):
         changed = tgt.clone()
         changed[:, 4:] = torch.randint(4, 30, (2, 3))
         torch.testing.assert_close(torch.log_softmax(model(src, changed), dim=-1)[:, :4], full[:, :4])
+
+
+def test_every_pre_block_form_is_built_where_it_says():
+    for block in PRE_BLOCK_CONFIGS:
+        model = _model("attention", decoder=False, pre_blocks=[block])
+        config = PRE_BLOCKS.parse(block)
+        assert [len(layer.pre_blocks) for layer in model.encoder.layers] == [int(config.applies_to(i)) for i in (0, 1)]
+    assert [len(layer.pre_blocks) for layer in _model("attention", decoder=False, pre_blocks=[
+        PRE_BLOCK_CONFIGS[1]]).encoder.layers] == [0, 1]

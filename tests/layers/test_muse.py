@@ -33,6 +33,9 @@ def test_gate_weights_are_exactly_one_over_n_at_init(n):
     assert len(weights) == 4  # 2 encoder + 2 decoder layers
     for g in weights.values():
         assert torch.equal(g, torch.full((n,), 1.0 / n))
+    # the softmax above is 1/n for any constant alpha; the init itself matters under weight decay
+    alphas = [m.gate for m in model.modules() if isinstance(m, MultiScaleAttention)]
+    assert len(alphas) == 4 and all(torch.equal(a.detach(), torch.full((n,), 1.0 / n)) for a in alphas)
 
 
 def test_one_value_projection_serves_attention_and_convolutions():

@@ -3,12 +3,13 @@
 Training is ``runs.train_run`` (which resumes a run directory by itself); when it returns, the
 cell writes ``done.json`` (summary, parameter count, threads, the resolved config). Evaluation
 writes ``compare-eval.json`` plus the per-sentence evidence the significance test needs: the
-hypothesis file of ``runs.evaluate_run`` for translation, and ``tags-<checkpoint>-<split>.jsonl``
-(words, gold and predicted tags per sentence) for tagging.
+hypothesis file of ``runs.evaluate_run`` for translation, and ``tags-<checkpoint>-<split>.jsonl.gz``
+(words, gold and predicted tags per sentence; gzip because grids commit it) for tagging.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -115,8 +116,8 @@ def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
     pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
     scores = tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
                               in_vocab=vocab.in_vocab, train_word_tags=training_word_tags(config))
-    name = f"tags-{checkpoint}-{cell.split}.jsonl"
-    with open(cell.run_dir / name, "w", encoding="utf-8") as f:
+    name = f"tags-{checkpoint}-{cell.split}.jsonl.gz"
+    with gzip.open(cell.run_dir / name, "wt", encoding="utf-8") as f:
         for s, p in zip(sents, pred):
             f.write(json.dumps({"words": list(s.words), "gold": list(s.tags), "pred": p}, ensure_ascii=False) + "\n")
     return {"all": scores.all, "oov": scores.oov, "ambiguous": scores.ambiguous, "n_all": scores.n_all,
@@ -195,7 +196,8 @@ def read_evidence(run_dir: Path, record: dict) -> list:
     path = Path(run_dir) / record["evidence"]
     if path.suffix == ".txt":
         return path.read_text(encoding="utf-8").splitlines()
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
     return [[g == p for g, p in zip(r["gold"], r["pred"])] for r in rows]
 
 

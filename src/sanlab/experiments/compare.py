@@ -19,7 +19,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime
 from multiprocessing import get_context
 
@@ -65,12 +65,25 @@ def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
     return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"])
 
 
+def run_order(grid: Grid, cells: Sequence[Cell]) -> list[Cell]:
+    """Breadth-first over seeds: every row's first seed, then every row's second, and so on.
+
+    A grid that runs for days is stopped and its table committed partway; this way each row has a
+    score early, and the extra seeds of the baseline fill in afterwards instead of first.
+    """
+    def rank(cell: Cell) -> int:
+        return grid.seeds_of(cell.variant).index(cell.seed)
+    return sorted(cells, key=rank)  # stable: the grid's row order within one rank
+
+
 def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = False,
-             log: Callable[[str], None] = print) -> list[CellOutcome]:
-    """Train and evaluate every cell not evaluated yet; ``jobs`` > 1 runs cells in spawned processes,
-    each with ``cores // jobs`` threads. A failing cell is reported and the others go on."""
+             log: Callable[[str], None] = print,
+             after_cell: Callable[[CellOutcome], None] | None = None) -> list[CellOutcome]:
+    """Train and evaluate every cell not evaluated yet, in ``run_order``; ``jobs`` > 1 runs cells in
+    spawned processes, each with ``cores // jobs`` threads. A failing cell is reported and the others go
+    on. ``after_cell`` is called as each cell finishes (``run_compare`` rewrites the table there)."""
     prepare_synthetic(grid)
-    todo = [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"]
+    todo = run_order(grid, [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"])
     log(f"{len(cells) - len(todo)} of {len(cells)} cells already evaluated; {len(todo)} to run"
         + (f" with {jobs} jobs x {max(1, cores() // jobs)} threads" if jobs > 1 and len(todo) > 1 else ""))
     outcomes = []
@@ -80,6 +93,8 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
         what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
         status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
         log(f"[{len(outcomes)}/{len(todo)}] {outcome.cell.label}: {status} ({outcome.seconds:.0f}s)")
+        if after_cell is not None:
+            after_cell(outcome)
 
     if jobs <= 1 or len(todo) <= 1:
         for cell in todo:
@@ -87,8 +102,9 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
         return outcomes
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn"),
                              initializer=init_worker, initargs=(max(1, cores() // jobs),)) as pool:
-        for outcome in pool.map(run_cell_job, [(c, grid.spec.eval, True) for c in todo]):
-            report(outcome)
+        futures = [pool.submit(run_cell_job, (c, grid.spec.eval, True)) for c in todo]
+        for future in as_completed(futures):
+            report(future.result())
     return outcomes
 
 
@@ -249,11 +265,14 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     if dry_run:
         out(describe_cells(grid, cells))
         return 0
+    command = command or "sanlab compare " + " ".join(sys.argv[1:])
     failed = []
     if not table_only:
-        failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet,
-                                      log=lambda m: print(m, file=sys.stderr)) if o.error]
-    report = build_report(grid, command=command or "sanlab compare " + " ".join(sys.argv[1:]))
+        # the table on disk is rewritten after every cell, so a grid stopped partway leaves a partial table
+        failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
+                                      after_cell=lambda _: write_report(build_report(grid, command=command),
+                                                                        grid.runs_dir)) if o.error]
+    report = build_report(grid, command=command)
     paths = write_report(report, grid.runs_dir)
     out(render_markdown(report))
     out(f"(written to {paths['md']}, {paths['csv'].name}, {paths['json'].name})")

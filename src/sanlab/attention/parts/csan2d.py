@@ -30,7 +30,7 @@ from torch import Tensor
 
 from sanlab.attention import masks
 from sanlab.attention.core import with_positions
-from sanlab.attention.parts.window import WindowConfig, band_offsets
+from sanlab.attention.parts.window import WindowConfig, band_offsets, refuse_cross_attention
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
 from sanlab.attention.registry import PARTS, BuildContext
 
@@ -118,6 +118,7 @@ class HeadArea(AttentionPart):
 
 @PARTS.register(Csan2dConfig)
 def build_csan2d(config: Csan2dConfig, ctx: BuildContext) -> HeadArea:
+    refuse_cross_attention("2D-CSAN", ctx)
     if config.heads_area > ctx.heads:
         raise ValueError(f"2D-CSAN heads_area N = {config.heads_area} exceeds the {ctx.heads} heads of "
                          f"layer {ctx.layer_index} ({ctx.side}); N must be <= heads")

@@ -32,6 +32,8 @@ class WindowConfig(PartConfig):
     """1D-CSAN window. Give ``size`` (M, odd: the window holds M keys) or ``half_width`` (m); default M = 11."""
 
     type: Literal["window"] = "window"
+    # The papers localise the lowest 3 of 6 encoder layers (upper layers stay global); `layers: null` = all.
+    layers: list[int] | None = [0, 1, 2]
     size: int | None = None
     half_width: int | None = None
     causal_window: Literal["half", "full"] = "half"  # decoder only: [i-m, i] or [i-2m, i]
@@ -101,6 +103,15 @@ class WindowMask(AttentionPart):
         return f"half_width={self.half_width}, causal_window={self.causal_window!r}"
 
 
+def refuse_cross_attention(name: str, ctx: BuildContext) -> None:
+    """A window centred on the query's own position needs queries and keys on one time axis."""
+    if ctx.side == "cross":
+        raise ValueError(f"{name} windows are centred on the query's position in the same sequence; target and "
+                         f"source positions are not aligned, so it is not defined for cross-attention "
+                         f"(cross layer {ctx.layer_index}); list it under attention.parts, not cross_attention.parts")
+
+
 @PARTS.register(WindowConfig)
 def build_window(config: WindowConfig, ctx: BuildContext) -> WindowMask:
+    refuse_cross_attention("1D-CSAN", ctx)
     return WindowMask(half_width=config.m, causal_window=config.causal_window)
