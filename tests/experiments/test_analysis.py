@@ -89,9 +89,12 @@ def test_gate_rows_and_table():
     rows = A.gate_rows(gates, {name: [3, 15] for name in gates})
     assert [(r.stack, r.layer) for r in rows] == [("encoder", 0), ("encoder", 1), ("decoder", 0)]
     table = A.gate_table(rows)
-    assert table.columns == ("stack", "layer", "k=3", "k=15")
+    assert table.columns == ("stack", "layer", "k=3", "k=15", "small/large")
     assert table.column("k=3") == [0.8, 0.3, 0.4]
-    assert "| encoder | 0 | 0.800 | 0.200 |" in table.markdown()
+    assert table.column("small/large") == pytest.approx([4.0, 0.3 / 0.7, 0.4 / 0.6])
+    assert "| encoder | 0 | 0.800 | 0.200 | 4.000 |" in table.markdown()
+    single = A.gate_rows({"encoder.layers.0.mixer.mixer": [1.0]}, {"encoder.layers.0.mixer.mixer": [7]})
+    assert A.gate_table(single).column("small/large") == [None]
 
 
 def test_attention_matrix_blocks_and_decoder_split():
@@ -104,7 +107,7 @@ def test_attention_matrix_blocks_and_decoder_split():
     assert np.array_equal(blocks[2][1], w[0, 0, :, 4:6].numpy())
     with pytest.raises(IndexError, match="head 2 does not exist; this layer has 2 heads"):
         A.attention_matrix(trace, head=2)
-    with pytest.raises(KeyError, match="recorded no attention weights"):
+    with pytest.raises(KeyError, match="recorded no token-to-token weights"):
         A.attention_matrix({}, head=0)
     s0, c0, s1, m1 = ({"weights": k} for k in "abcd")
     m1["cross_weights"] = "e"  # a MUSE block with a parallel cross branch: no separate cross trace
@@ -241,11 +244,11 @@ def test_gates_of_a_muse_run(corpus, tmp_path):
 
     run = make_translation_run(corpus, tmp_path / "muse", model=model, setup=set_first_gate)
     rows = _check_outputs(analyze.gates(run, out=tmp_path / "gates"))
-    assert rows[0] == ["stack", "layer", "k=3", "k=5"]
+    assert rows[0] == ["stack", "layer", "k=3", "k=5", "small/large"]
     assert [r[:2] for r in rows[1:]] == [["encoder", "0"], ["encoder", "1"], ["decoder", "0"], ["decoder", "1"]]
     e = math.e
-    assert [float(x) for x in rows[1][2:]] == pytest.approx([e / (e + 1), 1 / (e + 1)])  # softmax([1, 0])
-    assert [float(x) for x in rows[2][2:]] == pytest.approx([0.5, 0.5])  # alpha = 1/n at initialisation
+    assert [float(x) for x in rows[1][2:]] == pytest.approx([e / (e + 1), 1 / (e + 1), e], abs=1e-3)  # softmax([1, 0])
+    assert [float(x) for x in rows[2][2:]] == pytest.approx([0.5, 0.5, 1.0])  # alpha = 1/n at initialisation
 
 
 def test_attention_map_plain_and_cross(corpus, tmp_path):

@@ -192,3 +192,19 @@ def test_dynamic_conv_preset_has_the_papers_kernel_schedule(tmp_path):
     assert first.linear_in.out_features == 512 and not first.glu  # IWSLT config: Linear d -> d, no GLU
     assert first.conv.kernels.linear.out_features == 4 * 3 and first.conv.weight_dropout == 0.1
     assert [layer.self_mixer.conv.causal for layer in model.decoder.layers] == [True] * 6
+
+
+@pytest.mark.parametrize("kind", sorted(KERNELS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_traced_band_is_the_operator_as_an_attention_map(kind, causal):
+    """trace["weights"] [b, h, i, j] is what multiplies the inputs: band @ x == the convolution."""
+    conv = DynamicConv(kernels=KERNELS[kind](), causal=causal, algorithm="unfold").double().eval()
+    x = torch.randn(2, 7, 8, dtype=torch.double)
+    trace = {}
+    out, _ = conv(x, trace=trace)
+    band = trace["weights"]
+    assert band.shape == (2, 2, 7, 7)
+    xh = x.view(2, 7, 2, 4).transpose(1, 2)  # [b, h, j, d]
+    torch.testing.assert_close((band @ xh).transpose(1, 2).reshape(2, 7, 8), out)
+    if causal:
+        assert torch.equal(band.triu(1), torch.zeros_like(band))  # no weight on later inputs

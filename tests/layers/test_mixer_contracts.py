@@ -18,17 +18,16 @@ from sanlab.models.builders import build_seq2seq
 import sanlab.config  # noqa: F401  (imports every mixer module, so the registry is complete)
 
 
-def _model(mixer: str, *, decoder: bool, pre_blocks: list[dict] = ()):
-    enc = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer={"type": mixer},
-                      pre_blocks=list(pre_blocks))
-    dec = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4},
-                      mixer={"type": mixer if decoder else "attention"})
+def _model(mixer: str | dict, *, decoder: bool, pre_blocks: list[dict] = ()):
+    mixer = {"type": mixer} if isinstance(mixer, str) else mixer
+    enc = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer=mixer, pre_blocks=list(pre_blocks))
+    dec = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer=mixer if decoder else {"type": "attention"})
     torch.manual_seed(0)
     cfg = Seq2SeqConfig(dim=16, dropout=0.0, norm="post", encoder=enc, decoder=dec)
     return build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval()
 
 
-def _decoder_capable(mixer: str) -> bool:
+def _decoder_capable(mixer: str | dict) -> bool:
     try:
         _model(mixer, decoder=True)
     except (ValueError, NotImplementedError):
@@ -37,6 +36,8 @@ def _decoder_capable(mixer: str) -> bool:
 
 
 MIXER_NAMES = MIXERS.names()
+# every mixer in every layer, and in the upper layer only (`layers`: the other layer keeps plain attention)
+MIXER_FORMS = [{"type": name, **form} for name in MIXER_NAMES for form in ({"layers": None}, {"layers": [1]})]
 
 
 # every pre-block type in each of its forms
@@ -44,7 +45,7 @@ PRE_BLOCK_CONFIGS = [{"type": name, **form} for name in PRE_BLOCKS.names()
                      for form in ({}, {"conv_type": "full", "kernel": 3, "layers": [1]})]
 
 
-@pytest.mark.parametrize("mixer, pre_blocks", [(m, []) for m in MIXER_NAMES]
+@pytest.mark.parametrize("mixer, pre_blocks", [(m, []) for m in MIXER_FORMS]
                          + [("attention", [block]) for block in PRE_BLOCK_CONFIGS])
 def test_encoder_padding_invariance_and_finite_gradients(mixer, pre_blocks):
     model = _model(mixer, decoder=False, pre_blocks=pre_blocks)
@@ -58,7 +59,7 @@ def test_encoder_padding_invariance_and_finite_gradients(mixer, pre_blocks):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize("mixer", MIXER_NAMES)
+@pytest.mark.parametrize("mixer", MIXER_FORMS)
 def test_decoder_cached_equals_full_and_no_future_leak(mixer):
     if not _decoder_capable(mixer):
         pytest.skip(f"mixer {mixer!r} has no causal form (its builder refuses the decoder side)")
@@ -85,3 +86,14 @@ def test_every_pre_block_form_is_built_where_it_says():
         assert [len(layer.pre_blocks) for layer in model.encoder.layers] == [int(config.applies_to(i)) for i in (0, 1)]
     assert [len(layer.pre_blocks) for layer in _model("attention", decoder=False, pre_blocks=[
         PRE_BLOCK_CONFIGS[1]]).encoder.layers] == [0, 1]
+
+
+@pytest.mark.parametrize("mixer", MIXER_NAMES)
+def test_a_mixer_fills_only_the_layers_it_selects(mixer):
+    from sanlab.attention.core import Attention
+
+    model = _model({"type": mixer, "layers": [1]}, decoder=False)
+    lower, upper = model.encoder.layers
+    assert isinstance(lower.mixer, Attention) and lower.ffn is not None  # plain attention + its own FFN
+    if mixer != "attention":
+        assert not isinstance(upper.mixer, Attention)

@@ -1,5 +1,8 @@
 """Interrupting and resuming a run gives exactly the parameters of an uninterrupted run."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -77,3 +80,49 @@ def test_second_process_on_the_same_run_is_refused(tmp_path, tiny_translation):
     with run_lock(run):
         assert (run / ".lock").read_text() == str(os.getpid())
     assert not (run / ".lock").exists()
+
+
+def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp_path, tiny_translation, monkeypatch):
+    """Killed mid-run (after the step-3 checkpoint, during update 5): the rerun replays updates 4-7 from the
+    saved data position and RNG state and ends with the uninterrupted run's weights, validations included."""
+    from sanlab.training import loop
+
+    straight = tmp_path / "straight"
+    train_run(tiny_translation(max_steps=7), straight, quiet=True)
+    crashed = tmp_path / "crashed"
+    update = loop.Trainer._update
+
+    def crash_at_five(self, group):
+        if self.progress.step == 4:
+            raise KeyboardInterrupt("killed")
+        return update(self, group)
+
+    monkeypatch.setattr(loop.Trainer, "_update", crash_at_five)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(tiny_translation(max_steps=7), crashed, quiet=True)
+    assert sorted(p.name for p in (crashed / "checkpoints").glob("step-*")) == ["step-00000003"]
+    monkeypatch.setattr(loop.Trainer, "_update", update)
+    train_run(tiny_translation(max_steps=7), crashed, quiet=True)
+    a, b = _final_weights(straight), _final_weights(crashed)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    valid = lambda run: [(r["step"], r["bleu"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                         if r["split"] == "valid"]  # noqa: E731
+    assert valid(crashed)[-2:] == valid(straight)[-2:]
+
+
+def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_translation):
+    """latest.json naming a checkpoint that is gone (or a half-written temp directory) must not restart the run."""
+    from sanlab.training.checkpoint import latest_checkpoint
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=6), run, quiet=True)
+    checkpoints = run / "checkpoints"
+    assert latest_checkpoint(checkpoints).name == "step-00000006"
+    shutil.rmtree(checkpoints / "step-00000006")
+    (checkpoints / ".step-00000009.tmp").mkdir()  # a crash while writing
+    assert latest_checkpoint(checkpoints).name == "step-00000003"
+    summary = train_run(tiny_translation(max_steps=6), run, quiet=True)
+    assert summary["step"] == 6
+    assert "resumed from" in (run / "train.log").read_text() and "step 3" in (run / "train.log").read_text()
+    assert not (checkpoints / ".step-00000009.tmp").exists()

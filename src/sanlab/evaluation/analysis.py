@@ -244,11 +244,21 @@ def gate_rows(gates: Mapping[str, Sequence[float]], kernels: Mapping[str, Sequen
     return sorted(rows, key=lambda r: ({"encoder": 0, "decoder": 1}.get(r.stack, 2), r.stack, r.layer))
 
 
+def small_to_large(row: GateRow) -> float | None:
+    """g of the layer's smallest kernel over g of its largest: the quantity MUSE Fig. 4 plots per layer."""
+    if len(set(row.kernels)) < 2:
+        return None
+    by_size = dict(zip(row.kernels, row.weights))
+    return by_size[min(by_size)] / by_size[max(by_size)]
+
+
 def gate_table(rows: Sequence[GateRow]) -> Table:
-    """stack x layer rows, one ``k=<size>`` column per kernel size (blank where a layer lacks it)."""
+    """stack x layer rows, one ``k=<size>`` column per kernel size (blank where a layer lacks it) and
+    the small/large ratio of MUSE Fig. 4 (blank for a single-kernel layer)."""
     sizes = sorted({k for r in rows for k in r.kernels})
-    cells = [(r.stack, r.layer, *(dict(zip(r.kernels, r.weights)).get(k) for k in sizes)) for r in rows]
-    return Table(("stack", "layer", *(f"k={k}" for k in sizes)), tuple(cells), digits=3)
+    cells = [(r.stack, r.layer, *(dict(zip(r.kernels, r.weights)).get(k) for k in sizes), small_to_large(r))
+             for r in rows]
+    return Table(("stack", "layer", *(f"k={k}" for k in sizes), "small/large"), tuple(cells), digits=3)
 
 
 # ----------------------------------------------------------------------------- attention maps
@@ -262,8 +272,8 @@ def trace_stage(trace: Mapping[str, Any] | None, stage: str = "final") -> str:
     if stage not in TRACE_STAGES:
         raise ValueError(f"unknown trace stage {stage!r}; choose one of {TRACE_STAGES}")
     if not trace or "weights" not in trace:
-        raise KeyError(f"this layer recorded no attention weights (trace keys: {sorted(trace or {})}); "
-                       "its mixer is not an attention (e.g. a convolution or block mixer)")
+        raise KeyError(f"this layer recorded no token-to-token weights (trace keys: {sorted(trace or {})}); "
+                       "its mixer has no such map (the block mixer attends over block summaries)")
     name = ("weights_final" if "weights_final" in trace else "weights") if stage == "final" else stage
     if name not in trace:
         raise KeyError(f"this layer's trace has no {name!r} (keys: {sorted(trace)}); {name!r} exists only "

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sanlab.config import Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, validate
 from sanlab.errors import ConfigError
 from sanlab.runs import RESUMABLE_KEYS, config_differences
+from sanlab.training.checkpoint import latest_checkpoint
 
 Overrides = list[str] | dict[str, Any]
 DONE_FILE = "done.json"        # written when train_run returns: the cell finished training
@@ -313,10 +314,9 @@ def read_json(path: Path) -> dict | None:
 
 
 def latest_step(run_dir: Path) -> int | None:
-    """Step of the newest complete checkpoint, read without creating anything."""
-    pointer = read_json(Path(run_dir) / "checkpoints" / "latest.json")
-    meta = read_json(Path(run_dir) / "checkpoints" / pointer["checkpoint"] / "meta.json") if pointer else None
-    return meta["step"] if meta else None
+    """Step of the checkpoint a resume would start from, read without creating anything."""
+    latest = latest_checkpoint(Path(run_dir) / "checkpoints")
+    return read_json(latest / "meta.json")["step"] if latest else None
 
 
 def config_dict(config: Config) -> dict:

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import AttentionOutput
 from sanlab.attention.positions import Positions
@@ -50,9 +49,6 @@ class BlockMixerConfig(MixerConfig):
     block_mode: Literal["bibosan", "reference"] = "bibosan"
     # auto: ceil((2L)^(1/3)) for bibosan, 4 for reference
     block_len: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
-
-    def applies_to(self, layer_index: int) -> bool:
-        return self.layers is None or layer_index in self.layers
 
 
 def masked_softmax(logits: Tensor, allowed: Tensor, *, dim: int) -> Tensor:
@@ -233,8 +229,6 @@ class BlockSelfAttention(nn.Module):
 
 @MIXERS.register(BlockMixerConfig)
 def build_block_mixer(config: BlockMixerConfig, ctx: BuildContext, *, attention: AttentionConfig) -> nn.Module:
-    if not config.applies_to(ctx.layer_index):
-        return build_attention(attention, ctx)
     if ctx.side != "encoder":
         raise ValueError(f"the block mixer is encoder-only (not causal: a block summary sees later tokens); "
                          f"it was configured for the {ctx.side} side")

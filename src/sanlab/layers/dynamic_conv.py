@@ -57,20 +57,26 @@ def unfold_conv(x: Tensor, weights: Tensor, *, left: int) -> Tensor:
     return _weigh_windows(padded, weights)
 
 
-def band_conv(x: Tensor, weights: Tensor, *, left: int) -> Tensor:
-    """x [b, i, h*d], weights [b, i, h, K] -> [b, i, h*d] through a banded [b, h, i, j] matrix.
+def band_matrix(weights: Tensor, *, left: int) -> Tensor:
+    """weights [b, i, h, K] -> [b, h, i, j]: the weight each output i gives input j (zero off the band).
 
-    Row i of the band holds its K taps at columns i..i+K-1 of the padded input; shifting each
-    row by one is a flat reshape (pad every row by i zeros, re-read with rows one shorter).
+    Row i holds its K taps at columns i..i+K-1 of the padded input; shifting each row by one is a
+    flat reshape (pad every row by i zeros, re-read with rows one shorter). It is also the layer's
+    "attention map" (what ``sanlab analyze attention`` draws for a convolution).
     """
-    b, n, c = x.shape
-    heads, kernel = weights.shape[2:]
+    b, n, heads, kernel = weights.shape
     w = weights.permute(0, 2, 1, 3)  # [b, h, i, K]
     band = F.pad(w, (0, n)).reshape(b, heads, n * (kernel + n))  # [b, h, i*(K+i)]
     band = band[..., : n * (kernel + n - 1)].view(b, heads, n, kernel + n - 1)  # [b, h, i, i+K-1]
-    band = band[..., left:left + n]  # [b, h, i, j] weight of input j for output i
+    return band[..., left:left + n]  # [b, h, i, j]
+
+
+def band_conv(x: Tensor, weights: Tensor, *, left: int) -> Tensor:
+    """x [b, i, h*d], weights [b, i, h, K] -> [b, i, h*d] through the banded [b, h, i, j] matrix."""
+    b, n, c = x.shape
+    heads = weights.shape[2]
     xh = x.view(b, n, heads, c // heads).transpose(1, 2)  # [b, h, j, d]
-    return torch.matmul(band, xh).transpose(1, 2).reshape(b, n, c)  # [b, i, h*d]
+    return torch.matmul(band_matrix(weights, left=left), xh).transpose(1, 2).reshape(b, n, c)  # [b, i, h*d]
 
 
 def _weigh_windows(context: Tensor, weights: Tensor) -> Tensor:
@@ -136,10 +142,15 @@ class DynamicConv(nn.Module):
         weights = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).to(x.dtype)
         return F.dropout(weights, p=self.weight_dropout, training=self.training)
 
-    def forward(self, x: Tensor, *, state: ConvState | None = None,
-                use_cache: bool = False) -> tuple[Tensor, ConvState | None]:
-        """x [b, i, h*d] -> (output [b, i, h*d], state for the next step if ``use_cache``)."""
+    def forward(self, x: Tensor, *, state: ConvState | None = None, use_cache: bool = False,
+                trace: dict | None = None) -> tuple[Tensor, ConvState | None]:
+        """x [b, i, h*d] -> (output [b, i, h*d], state for the next step if ``use_cache``).
+
+        With a ``trace`` dict (full-sequence calls), ``trace["weights"]`` receives the [b, h, i, j] band.
+        """
         weights = self.kernel_weights(x)  # [b, i, h, K]
+        if trace is not None and not use_cache:
+            trace["weights"] = band_matrix(weights, left=self.left).detach()
         if not use_cache:
             band = self.algorithm == "band" or (self.algorithm == "auto" and x.shape[1] <= self.band_max_len)
             return (band_conv if band else unfold_conv)(x, weights, left=self.left), None
@@ -177,8 +188,9 @@ class ConvBlock(nn.Module):
             h = F.glu(h, dim=-1)  # [b, i, h*d]
         if self.mask_padding and positions.query_valid is not None:
             h = h * positions.query_valid[..., None].to(h.dtype)
-        h, state = self.conv(h, state=cache, use_cache=use_cache)
-        return AttentionOutput(self.linear_out(h), state, {} if need_trace else None)
+        trace = {} if need_trace else None
+        h, state = self.conv(h, state=cache, use_cache=use_cache, trace=trace)
+        return AttentionOutput(self.linear_out(h), state, trace)
 
 
 class DynamicConvMixerConfig(MixerConfig):

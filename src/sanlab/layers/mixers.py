@@ -19,10 +19,15 @@ MIXERS = Registry("mixer")
 
 
 class MixerConfig(BaseModel):
-    """Base of every mixer config."""
+    """Base of every mixer config. ``layers``: the layer indices that get this mixer (None = every
+    layer); the other layers of the stack keep plain attention with the stack's parts."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     type: str
+    layers: list[int] | None = None
+
+    def applies_to(self, layer_index: int) -> bool:
+        return self.layers is None or layer_index in self.layers
 
 
 class AttentionMixerConfig(MixerConfig):

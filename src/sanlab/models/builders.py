@@ -9,7 +9,7 @@ from sanlab.attention.dufter_utils import glorot_normal_attention_
 from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
 from sanlab.layers.conv_blocks import PRE_BLOCKS
-from sanlab.layers.mixers import MIXERS
+from sanlab.layers.mixers import MIXERS, AttentionMixerConfig, MixerConfig
 from sanlab.layers.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from sanlab.models.embeddings import LearnedPositions, SinusoidalPositions, TokenEmbedding
 from sanlab.models.seq2seq import Seq2Seq
@@ -25,17 +25,23 @@ def _ffn(stack: StackConfig, dim: int, dropout: float) -> FeedForward | None:
     return FeedForward(dim=dim, hidden=stack.ffn_dim, dropout=0.0) if stack.ffn_dim else None
 
 
-def _holds(stack: StackConfig, branch: str) -> bool:
-    """True if the stack's mixer holds the layer's ``ffn`` or ``cross`` attention as its own branch (MUSE)."""
-    return bool(getattr(stack.mixer, f"holds_{branch}", False))
+def _layer_mixer(stack: StackConfig, index: int) -> MixerConfig:
+    """The stack's mixer in the layers it selects (``mixer.layers``), plain attention in the others."""
+    return stack.mixer if stack.mixer.applies_to(index) else AttentionMixerConfig()
 
 
-def _build_mixer(stack: StackConfig, ctx: BuildContext, *, dropout: float, cross: nn.Module | None = None) -> nn.Module:
+def _holds(mixer: MixerConfig, branch: str) -> bool:
+    """True if the mixer holds the layer's ``ffn`` or ``cross`` attention as its own branch (MUSE)."""
+    return bool(getattr(mixer, f"holds_{branch}", False))
+
+
+def _build_mixer(stack: StackConfig, mixer: MixerConfig, ctx: BuildContext, *, dropout: float,
+                 cross: nn.Module | None = None) -> nn.Module:
     """The layer's mixer. A mixer config with ``holds_ffn`` (MUSE's parallel block) also receives the FFN,
     the branch dropout and, if ``holds_cross``, the cross-attention; the layer then gets none of them."""
-    if not _holds(stack, "ffn"):
-        return MIXERS.build(stack.mixer, ctx, attention=stack.attention)
-    return MIXERS.build(stack.mixer, ctx, attention=stack.attention, ffn=_ffn(stack, ctx.dim, dropout), dropout=dropout,
+    if not _holds(mixer, "ffn"):
+        return MIXERS.build(mixer, ctx, attention=stack.attention)
+    return MIXERS.build(mixer, ctx, attention=stack.attention, ffn=_ffn(stack, ctx.dim, dropout), dropout=dropout,
                         cross_attention=cross)
 
 
@@ -43,9 +49,10 @@ def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
     layers = []
     for n in range(stack.layers):
         ctx = _context(stack, dim=dim, index=n, side="encoder", max_len=max_len)
-        mixer = _build_mixer(stack, ctx, dropout=dropout)
+        mixer_cfg = _layer_mixer(stack, n)
+        mixer = _build_mixer(stack, mixer_cfg, ctx, dropout=dropout)
         pre_blocks = [PRE_BLOCKS.build(b, ctx, norm=norm, dropout=dropout) for b in stack.pre_blocks if b.applies_to(n)]
-        ffn = None if _holds(stack, "ffn") else _ffn(stack, dim, dropout)
+        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim, dropout)
         layers.append(EncoderLayer(mixer=mixer, ffn=ffn, dim=dim, norm=norm, dropout=dropout,
                                    pre_blocks=pre_blocks))
     return Encoder(layers, dim=dim, final_norm=norm == "pre")
@@ -60,10 +67,12 @@ def build_decoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
         ctx = _context(stack, dim=dim, index=n, side="decoder", max_len=max_len)
         cross_ctx = BuildContext(**{**_context(stack, dim=dim, index=n, side="cross", max_len=max_len).__dict__,
                                     "heads": cross_cfg.heads})
-        held = _holds(stack, "ffn") and _holds(stack, "cross")  # MUSE: cross-attention is a parallel branch
-        mixer = _build_mixer(stack, ctx, dropout=dropout, cross=build_attention(cross_cfg, cross_ctx) if held else None)
+        mixer_cfg = _layer_mixer(stack, n)
+        held = _holds(mixer_cfg, "ffn") and _holds(mixer_cfg, "cross")  # MUSE: cross-attention is a parallel branch
+        mixer = _build_mixer(stack, mixer_cfg, ctx, dropout=dropout,
+                             cross=build_attention(cross_cfg, cross_ctx) if held else None)
         cross = None if held else build_attention(cross_cfg, cross_ctx)
-        ffn = None if _holds(stack, "ffn") else _ffn(stack, dim, dropout)
+        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim, dropout)
         layers.append(DecoderLayer(self_mixer=mixer, cross_attention=cross, ffn=ffn, dim=dim, norm=norm,
                                    dropout=dropout))
     return Decoder(layers, dim=dim, final_norm=norm == "pre")

@@ -5,8 +5,10 @@ Layout of one checkpoint directory ``checkpoints/step-00001000/``:
     state.pt            optimizer, step, epoch, data position, RNG states (``torch.save``; loaded
                         with ``weights_only=True``)
     meta.json           step, epoch, validation metrics
-A checkpoint is first written to a temporary directory and renamed into place, so a crash
-never leaves a half-written checkpoint behind; ``latest.json`` is replaced atomically too.
+A checkpoint is first written to a temporary directory, flushed to disk (fsync) and renamed into
+place, so a crash or power loss never leaves a half-written checkpoint behind; ``latest.json`` is
+replaced the same way. A renamed directory is complete by construction, so if ``latest.json`` names
+one that is gone, the newest complete checkpoint is the one to resume from.
 """
 
 from __future__ import annotations
@@ -22,10 +24,24 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file or a directory entry list to disk (directories: POSIX only)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. directories on Windows
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    _fsync(tmp)
     os.replace(tmp, path)
+    _fsync(path.parent)
 
 
 def rng_state() -> dict:
@@ -41,6 +57,26 @@ def _as_tuple(x):
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
+def complete_checkpoints(directory: Path) -> list[dict]:
+    """Meta (plus ``path``) of every complete checkpoint in ``directory``, oldest first."""
+    metas = []
+    for d in sorted(Path(directory).glob("step-*")):
+        if (d / "meta.json").exists():
+            metas.append({**json.loads((d / "meta.json").read_text()), "path": str(d)})
+    return metas
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The checkpoint ``latest.json`` names; if it is gone, the newest complete one (or None). Reads only."""
+    pointer = Path(directory) / "latest.json"
+    if pointer.exists():
+        path = Path(directory) / json.loads(pointer.read_text())["checkpoint"]
+        if (path / "meta.json").exists():
+            return path
+    complete = complete_checkpoints(directory)
+    return Path(complete[-1]["path"]) if complete else None
+
+
 class CheckpointManager:
     """Saves, lists, loads and prunes the checkpoints of one run directory."""
 
@@ -48,10 +84,12 @@ class CheckpointManager:
         self.dir = Path(run_dir) / "checkpoints"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep_best, self.keep_last, self.higher_is_better = keep_best, keep_last, higher_is_better
+        for stale in self.dir.glob(".step-*.tmp"):  # left by a crash while writing; never complete
+            shutil.rmtree(stale, ignore_errors=True)
 
     @staticmethod
     def has_checkpoints(run_dir: Path) -> bool:
-        return (Path(run_dir) / "checkpoints" / "latest.json").exists()
+        return latest_checkpoint(Path(run_dir) / "checkpoints") is not None
 
     def save(self, *, model: nn.Module, state: dict, meta: dict) -> Path:
         name = f"step-{meta['step']:08d}"
@@ -61,26 +99,21 @@ class CheckpointManager:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(state, tmp / "state.pt")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        for f in (*tmp.iterdir(), tmp):
+            _fsync(f)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+        _fsync(self.dir)
         _write_json_atomic(self.dir / "latest.json", {"checkpoint": name})
         self.prune()
         return final
 
     def all(self) -> list[dict]:
         """Meta of every complete checkpoint, oldest first."""
-        metas = []
-        for d in sorted(self.dir.glob("step-*")):
-            if (d / "meta.json").exists():
-                metas.append({**json.loads((d / "meta.json").read_text()), "path": str(d)})
-        return metas
+        return complete_checkpoints(self.dir)
 
     def latest(self) -> Path | None:
-        pointer = self.dir / "latest.json"
-        if not pointer.exists():
-            return None
-        path = self.dir / json.loads(pointer.read_text())["checkpoint"]
-        return path if (path / "meta.json").exists() else None
+        return latest_checkpoint(self.dir)
 
     def best(self, n: int | None = None) -> list[Path]:
         scored = [m for m in self.all() if m.get("score") is not None]
