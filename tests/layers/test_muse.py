@@ -197,10 +197,11 @@ def test_muse_needs_at_least_one_kernel():
         StackConfig(mixer={"type": "muse", "kernel_sizes": []})
 
 
-def _count(tmp_path, preset, **vocab):
+def _count(tmp_path, preset, model: str = "{}", **vocab):
     path = tmp_path / "c.yaml"
     path.write_text(f"base: preset:{preset}\ntask: translation\n"
-                    "data: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n")
+                    "data: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+                    f"model: {model}\n")
     with torch.device("meta"):  # no memory, no init cost: only the shapes are counted
         return count_parameters(build_seq2seq(load_config(path).model, pad_id=0, **vocab))
 
@@ -225,6 +226,21 @@ def test_presets_reproduce_the_released_parameter_counts(tmp_path, preset, vocab
     expected = spec_count(**dims, layers=12, vocab_rows=rows, conv=conv)
     assert expected == logged
     assert _count(tmp_path, preset, **vocab) == logged
+
+
+IWSLT_VOCAB = dict(vocab_size=8848, tgt_vocab_size=6632)
+D512 = "{dim: 512, encoder: {ffn_dim: 1024, layers: %d}, decoder: {ffn_dim: 1024, layers: %d}}"
+
+
+@pytest.mark.parametrize("preset,model,count", [
+    ("muse_iwslt", D512 % (6, 6), 46_440_472),        # MUSE Table 3 "47M"
+    ("muse_iwslt", D512 % (12, 12), 81_559_600),      # MUSE Table 3 "82M"
+    ("transformer_base", "{share_embeddings: false, tie_output: false, encoder: {ffn_dim: 1024, "
+                         "attention: {heads: 4}}, decoder: {ffn_dim: 1024, attention: {heads: 4}}}", 42_864_640),
+    ("dynamic_conv_iwslt", "{}", 38_685_184),         # MUSE Table 3 "DynamicConv 39M"
+])
+def test_the_other_iwslt_rows_of_spec_muse_9(tmp_path, preset, model, count):
+    assert _count(tmp_path, preset, model, **IWSLT_VOCAB) == count
 
 
 def test_sequential_decoder_has_the_same_count_without_an_unused_norm(tmp_path):
