@@ -352,6 +352,8 @@ def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     if not (run / "config.yaml").exists():
         return CellState("pending")
     step, done = latest_step(run), read_json(run / DONE_FILE)
+    if step is None and done:  # a finished cell committed without its checkpoints (results/compare)
+        step = done["summary"]["step"]
     changes = training_changes(done, cell) if done else []
     if done and not changes:
         record = read_json(run / EVAL_FILE)
