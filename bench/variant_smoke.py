@@ -1,6 +1,7 @@
 """Train every variant recipe for a few hundred steps on the synthetic corpora; write a results table.
 
     python bench/variant_smoke.py --steps 300 --out results/variant-smoke.md
+    python bench/variant_smoke.py --steps 300 --only lightconv --only muse-ff   # (re)run some rows, keep the rest
 """
 
 import argparse
@@ -19,29 +20,42 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path("results/variant-smoke.md"))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--only", help="substring of the recipe names to run")
+    parser.add_argument("--only", action="append", default=[],
+                        help="substring of the recipe names to run (repeatable); rows of the others already in "
+                             "--out are kept")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    rows = _kept_rows(args.out) if args.only else {}
     with tempfile.TemporaryDirectory() as work:
         for recipe in recipes():
-            if args.only and args.only not in recipe.name:
+            if args.only and not any(part in recipe.name for part in args.only):
                 continue
             r = smoke_train(recipe, work=Path(work), steps=args.steps)
-            rows.append(f"| {r.recipe} | {r.steps} | {r.first_loss:.3f} | {r.last_loss:.3f} | "
-                        f"{'yes' if r.finite else 'NO'} | {'yes' if r.improved else 'NO'} | {r.seconds:.0f} |")
-            print(rows[-1], flush=True)
+            rows[r.recipe] = (f"| {r.recipe} | {r.steps} | {r.first_loss:.3f} | {r.last_loss:.3f} | "
+                              f"{'yes' if r.finite else 'NO'} | {'yes' if r.improved else 'NO'} | {r.seconds:.0f} |")
+            print(rows[r.recipe], flush=True)
+    order = [recipe.name for recipe in recipes()]
+    rows = [rows[name] for name in order if name in rows]
     header = [f"# Variant smoke training ({args.steps} updates each, synthetic corpora)", "",
               f"Command: `python bench/variant_smoke.py --steps {args.steps} --threads {args.threads}`  ",
               f"Machine: {platform.machine()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; "
               f"{time.strftime('%Y-%m-%d')}. Data: `sanlab.data.synthetic` (seed 1; translation 3,000 pairs, "
               "tagging 800 sentences); models shrunk to d=64 (see `sanlab/experiments/smoke.py`). Seconds are "
-              "wall time and depend on machine load.", "",
+              "wall time and depend on machine load; rows refreshed with `--only` keep the other rows of the "
+              "previous run.", "",
               "| recipe | updates | loss (first 10%) | loss (last 10%) | finite | loss fell | seconds |",
               "|---|---|---|---|---|---|---|"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(header + rows) + "\n")
     print(f"wrote {args.out}")
+
+
+def _kept_rows(path: Path) -> dict[str, str]:
+    """The table rows already in ``path``, by recipe file name."""
+    if not path.exists():
+        return {}
+    lines = [line for line in path.read_text().splitlines() if line.startswith("| ") and ".yaml" in line]
+    return {line.split("|")[1].strip(): line for line in lines}
 
 
 if __name__ == "__main__":
