@@ -2,6 +2,8 @@
 
 import random
 
+from safetensors.torch import load_file
+
 from sanlab.config import validate
 
 WORDS = "a b c d e f g h i j k l m n o p".split()
@@ -32,3 +34,9 @@ def make_reverse_config(root, **train):
         "decode": {"beam": 2, "max_len_b": 3},
     }
     return validate(raw, source="test")
+
+
+def final_weights(run):
+    """The weights of the newest checkpoint of a run directory."""
+    latest = sorted((run / "checkpoints").glob("step-*"))[-1]
+    return load_file(str(latest / "model.safetensors"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -28,9 +29,23 @@ def _cmd_train(args) -> int:
         return 0
     if args.run is None:
         raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch_torchrun(args)
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet)
-    print(f"done: step {summary['step']}, best {summary['best']}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"done: step {summary['step']}, best {summary['best']}")
     return 0
+
+
+def _launch_torchrun(args) -> int:
+    """``sanlab train --nproc N`` = ``torchrun --standalone --nproc_per_node N -m sanlab train ...``."""
+    import subprocess
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+               "-m", "sanlab", "train", args.config, "--run-dir", args.run]
+    command += [x for o in args.overrides for x in ("--set", o)]
+    command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet)) if on]
+    return subprocess.run(command).returncode
 
 
 def _cmd_translate(args) -> int:
@@ -105,9 +120,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train a model (resumes an existing run directory)")
     _add_config_args(p)
-    p.add_argument("--run", help="run directory")
+    # --run-dir: the spelling to use after ``torchrun ... -m sanlab train``, whose parser would take
+    # --run for an abbreviation of its own --run-path.
+    p.add_argument("--run", "--run-dir", dest="run", help="run directory")
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start again")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the console")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel training in N processes (torchrun + DDP, gloo); each update then takes "
+                        "N x train.accum_steps batches")
     p.set_defaults(fn=_cmd_train)
 
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),

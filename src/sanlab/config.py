@@ -148,6 +148,8 @@ class TrainConfig(Strict):
     log_every: int = Field(50, ge=1)
     threads: int | None = None
     progress: bool = True
+    # torchrun/DDP only: set when some parameter gets no gradient in an update (DDP then reports which).
+    find_unused_parameters: bool = False
 
 
 class TaggerTrainConfig(TrainConfig):

@@ -49,11 +49,12 @@ def provenance(config: Config) -> dict:
             versions[lib] = None
     return {"seed": config.train.seed, "versions": versions, "python": platform.python_version(),
             "git_revision": git_revision(), "command": sys.argv, "machine": platform.machine(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "processes": int(os.environ.get("WORLD_SIZE", "1"))}
 
 
 # Keys that may change when a run is resumed (they do not change what was already trained).
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
+                  "train.find_unused_parameters",
                   "train.log_every", "decode.beam", "decode.length_penalty", "decode.n_best")
 
 
@@ -147,10 +148,20 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
 
 
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False) -> dict:
-    """Train (or resume) the run in ``run_dir``. Returns the trainer's summary."""
-    resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
-    with run_lock(Path(run_dir)):
-        return _train_locked(config, Path(run_dir), resuming=resuming, quiet=quiet)
+    """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
+
+    Under torchrun every process calls this; the main one prepares and locks the run directory
+    (see ``training.distributed``)."""
+    from sanlab.training.distributed import from_environment
+
+    run_dir = Path(run_dir)
+    with from_environment() as dist:
+        with dist.main_first():
+            if dist.is_main:
+                resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+        resuming = dist.broadcast(resuming if dist.is_main else None)
+        with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
+            return _train_locked(config, run_dir, resuming=resuming, quiet=quiet, dist=dist)
 
 
 @contextlib.contextmanager
@@ -187,14 +198,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool) -> dict:
+def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool, dist) -> dict:
     from sanlab.training.loop import Trainer
+    from sanlab.training.logging import SilentLogger
 
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet)
-    task = make_task(config, run_dir, log)
-    trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log)
+    log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet) if dist.is_main else SilentLogger(run_dir)
+    if dist.is_main and dist.enabled:
+        log.info(f"distributed data parallel: {dist.world_size} processes (gloo), "
+                 f"{config.train.accum_steps * dist.world_size} batches per update")
+    with dist.main_first():  # the main process writes the vocabulary / subword model, the others read it
+        task = make_task(config, run_dir, log)
+    if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
+        torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
+    trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
     if resuming:
         trainer.resume()
     try:

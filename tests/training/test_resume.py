@@ -9,11 +9,7 @@ from safetensors.torch import load_file
 
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.runs import train_run
-
-
-def _final_weights(run):
-    latest = sorted((run / "checkpoints").glob("step-*"))[-1]
-    return load_file(str(latest / "model.safetensors"))
+from training_fixtures import final_weights
 
 
 def test_resumed_run_equals_uninterrupted(tmp_path, tiny_translation):
@@ -23,7 +19,7 @@ def test_resumed_run_equals_uninterrupted(tmp_path, tiny_translation):
     train_run(tiny_translation(max_steps=3, accum_steps=2), resumed, quiet=True)
     summary = train_run(tiny_translation(max_steps=7, accum_steps=2), resumed, quiet=True)  # resumes at step 3
     assert summary["step"] == 7
-    a, b = _final_weights(straight), _final_weights(resumed)
+    a, b = final_weights(straight), final_weights(resumed)
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
@@ -103,7 +99,7 @@ def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp
     assert sorted(p.name for p in (crashed / "checkpoints").glob("step-*")) == ["step-00000003"]
     monkeypatch.setattr(loop.Trainer, "_update", update)
     train_run(tiny_translation(max_steps=7), crashed, quiet=True)
-    a, b = _final_weights(straight), _final_weights(crashed)
+    a, b = final_weights(straight), final_weights(crashed)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
     valid = lambda run: [(r["step"], r["bleu"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())

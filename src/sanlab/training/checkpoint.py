@@ -80,12 +80,15 @@ def latest_checkpoint(directory: Path) -> Path | None:
 class CheckpointManager:
     """Saves, lists, loads and prunes the checkpoints of one run directory."""
 
-    def __init__(self, run_dir: Path, *, keep_best: int, keep_last: int, higher_is_better: bool):
+    def __init__(self, run_dir: Path, *, keep_best: int, keep_last: int, higher_is_better: bool,
+                 writer: bool = True):
+        """``writer=False``: read only (the non-main processes of a distributed run)."""
         self.dir = Path(run_dir) / "checkpoints"
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.keep_best, self.keep_last, self.higher_is_better = keep_best, keep_last, higher_is_better
-        for stale in self.dir.glob(".step-*.tmp"):  # left by a crash while writing; never complete
-            shutil.rmtree(stale, ignore_errors=True)
+        if writer:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for stale in self.dir.glob(".step-*.tmp"):  # left by a crash while writing; never complete
+                shutil.rmtree(stale, ignore_errors=True)
 
     @staticmethod
     def has_checkpoints(run_dir: Path) -> bool:

@@ -57,3 +57,13 @@ class RunLogger:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+class SilentLogger(RunLogger):
+    """The logger of a distributed run's other processes: the main process reports for all."""
+
+    def __init__(self, run_dir: Path):
+        self.dir, self.progress, self.use_tensorboard, self.quiet, self._writer = Path(run_dir), False, False, True, None
+
+    def info(self, message: str) -> None: ...
+    def scalars(self, split: str, values: dict[str, float], *, step: int) -> None: ...

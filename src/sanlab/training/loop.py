@@ -3,7 +3,9 @@
 A task supplies the model, the batches of each epoch, the loss of one batch and a validation
 function (see ``TrainTask``). Everything needed to continue exactly where a run stopped —
 weights, optimizer, step, epoch, position in the epoch's batch order, RNG states, early-stopping
-counters — is in every checkpoint.
+counters — is in every checkpoint. Under torchrun the same loop runs in every process
+(``training.distributed``): each update's batches are dealt out, DDP sums the gradients, and the
+main process validates and checkpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor, nn
 from sanlab.config import TrainConfig
 from sanlab.errors import TrainingError
 from sanlab.training.checkpoint import CheckpointManager, load_state, load_weights, rng_state, set_rng_state
+from sanlab.training.distributed import Distributed
 from sanlab.training.logging import RunLogger
 from sanlab.training.schedule import learning_rate
 
@@ -32,7 +35,8 @@ class TrainTask(Protocol):
 
     def epoch_batches(self, epoch: int) -> list[Any]: ...
     def batch_tokens(self, batch: Any) -> int: ...
-    def loss(self, batch: Any) -> Tensor: ...          # summed over the batch's tokens
+    def loss(self, batch: Any, *, model: nn.Module | None = None) -> Tensor: ...
+    # ^ summed over the batch's tokens; computed with ``model`` (the DDP wrapper) when given
     def validate(self) -> dict[str, float]: ...
 
 
@@ -68,12 +72,15 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
 
 
 class Trainer:
-    def __init__(self, *, task: TrainTask, config: TrainConfig, run_dir: Path, logger: RunLogger):
+    def __init__(self, *, task: TrainTask, config: TrainConfig, run_dir: Path, logger: RunLogger,
+                 dist: Distributed | None = None):
         self.task, self.config, self.run_dir, self.log = task, config, Path(run_dir), logger
+        self.dist = dist or Distributed.single()
         self.model = task.model
+        self.train_model = self.dist.wrap(self.model, find_unused_parameters=config.find_unused_parameters)
         self.optimizer = build_optimizer(self.model, config)
         self.checkpoints = CheckpointManager(self.run_dir, keep_best=config.keep_best, keep_last=config.keep_last,
-                                             higher_is_better=task.higher_is_better)
+                                             higher_is_better=task.higher_is_better, writer=self.dist.is_main)
         self.progress = Progress()
 
     # ------------------------------------------------------------------ resume
@@ -86,38 +93,59 @@ class Trainer:
         state = load_state(latest)
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress = Progress(**state["progress"])
-        set_rng_state(state["rng"])
-        self.checkpoints.discard_after(self.progress.step)  # written after `latest` by a run that then crashed
+        self._restore_rng(state)
+        if self.dist.is_main:
+            self.checkpoints.discard_after(self.progress.step)  # written after `latest` by a run that then crashed
         self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch})")
         return True
 
-    def _save(self, metrics: dict[str, float]) -> None:
-        state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rng_state()}
+    def _restore_rng(self, state: dict) -> None:
+        per_process = state.get("rng_per_process")
+        if per_process is not None and len(per_process) == self.dist.world_size:
+            set_rng_state(per_process[self.dist.rank])
+        elif self.dist.is_main:
+            set_rng_state(state["rng"])
+        if self.dist.enabled and (per_process is None or len(per_process) != self.dist.world_size):
+            # Other processes keep their fresh per-process seeds: the run goes on, not bit-identically.
+            self.log.info(f"the checkpoint was written by {len(per_process or [0])} process(es), this run has "
+                          f"{self.dist.world_size}: dropout streams of the other processes are reseeded")
+
+    def _save(self, metrics: dict[str, float], rngs: list[dict]) -> None:
+        state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rngs[0]}
+        if self.dist.enabled:
+            state["rng_per_process"] = rngs
         meta = {"step": self.progress.step, "epoch": self.progress.epoch, "metrics": metrics,
                 "score": metrics.get(self.task.metric)}
         self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update
     def _update(self, group: list[Any]) -> tuple[float, int]:
-        """One optimizer step over ``group`` (the accumulated batches); loss per token and tokens."""
+        """One optimizer step over ``group`` (the accumulated batches of all processes); loss per token
+        and tokens. Every process knows the whole group, so the normaliser needs no communication."""
         cfg, p = self.config, self.progress
         lr = learning_rate(p.step + 1, kind=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                            warmup_init_lr=cfg.warmup_init_lr)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         tokens = sum(self.task.batch_tokens(b) for b in group)
+        mine = self.dist.shard(group)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for batch in group:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss = self.task.loss(batch) / tokens
-            if not torch.isfinite(loss):
-                raise TrainingError(f"loss is {loss.item()} at update {p.step + 1} (epoch {p.epoch}); stopping "
-                                    f"without saving it. Last good checkpoint: {self.checkpoints.latest()}. "
-                                    "Try a lower learning rate, longer warm-up or gradient clipping.")
-            loss.backward()
+        total, finite = 0.0, True
+        for k, batch in enumerate(mine):
+            with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                    loss = self.task.loss(batch, model=self.train_model) / tokens
+                finite = finite and bool(torch.isfinite(loss))
+                # DDP averages gradients over processes; scaling by their number makes that a sum.
+                (loss * self.dist.world_size).backward()
             total += loss.item()
+        # One collective per update whatever the number of micro-batches: every process decides alike.
+        total, bad = self.dist.sum(total, float(not finite))
+        if bad:
+            raise TrainingError(f"loss is {total} at update {p.step + 1} (epoch {p.epoch}); stopping "
+                                f"without saving it. Last good checkpoint: {self.checkpoints.latest()}. "
+                                "Try a lower learning rate, longer warm-up or gradient clipping.")
         grad_norm = self._clip()
         if not math.isfinite(grad_norm):
             raise TrainingError(f"gradient norm is {grad_norm} at update {p.step + 1}; stopping without saving it. "
@@ -137,17 +165,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> bool:
-        """Validate, checkpoint, update early stopping. Returns True if training should stop."""
-        p = self.progress
-        metrics = self.task.validate()
-        score = metrics[self.task.metric]
-        self.log.scalars("speed", p.speed(), step=p.step)
-        improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
-        p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
-        self.log.scalars("valid", metrics, step=p.step)
-        self.log.info(f"step {p.step} epoch {p.epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-                      + (" (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"))
-        self._save(metrics)
+        """Validate, checkpoint, update early stopping (main process; the others take its counters).
+        Returns True if training should stop."""
+        p, rngs = self.progress, self.dist.gather(rng_state())
+        if self.dist.is_main:
+            metrics = self.task.validate()
+            score = metrics[self.task.metric]
+            self.log.scalars("speed", p.speed(), step=p.step)
+            improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
+            p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
+            self.log.scalars("valid", metrics, step=p.step)
+            self.log.info(f"step {p.step} epoch {p.epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+                          + (" (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"))
+            self._save(metrics, rngs)
+        if self.dist.enabled:  # in place: the loop holds a reference to it
+            for key, value in self.dist.broadcast(self.progress.as_dict()).items():
+                setattr(self.progress, key, value)
         return self._patience_exhausted()
 
     def _patience_exhausted(self) -> bool:
@@ -161,8 +194,12 @@ class Trainer:
         while not stop and p.epoch < cfg.max_epochs:
             batches = self.task.epoch_batches(p.epoch)
             bar = self.log.progress_bar(total=len(batches), initial=p.position, desc=f"epoch {p.epoch}")
+            per_update = cfg.accum_steps * self.dist.world_size
             while p.position < len(batches) and not stop:
-                group = batches[p.position: p.position + cfg.accum_steps]
+                group = batches[p.position: p.position + per_update]
+                if len(group) < self.dist.world_size:  # too few left for every process to take one
+                    p.position = len(batches)
+                    break
                 t0 = time.monotonic()
                 loss, tokens = self._update(group)
                 p.train_seconds += time.monotonic() - t0
@@ -181,7 +218,7 @@ class Trainer:
                 p.epoch, p.position = p.epoch + 1, 0
                 if not cfg.valid_every:
                     stop = self._validate() or stop
-        if self.checkpoints.last(1) == [] or self._saved_step() != p.step:
+        if self.dist.broadcast(self.checkpoints.last(1) == [] or self._saved_step() != p.step):
             self._validate()  # never end a session with unsaved updates
         elapsed = time.monotonic() - start
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {p.best} "

@@ -1,0 +1,125 @@
+"""Data-parallel training with ``torchrun`` and DistributedDataParallel (CPU: the gloo backend).
+
+``torchrun --standalone --nproc_per_node N -m sanlab train ...`` (or ``sanlab train --nproc N``)
+starts N copies of the same training; this module is what they share. Every process builds the
+same epoch batch order from the seed, and each update's batches are dealt out round-robin, so one
+update of N processes over ``N x accum_steps`` batches has the gradient of one process
+accumulating all of them. Process 0 (the *main* process) validates, logs and writes checkpoints;
+the others wait for it and take its decisions (stop or go on) from a broadcast.
+
+A single process (no ``WORLD_SIZE`` in the environment) gets ``Distributed.single()``, whose
+collectives are identities, so the training loop has one code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+T = TypeVar("T")
+
+# The main process validates (BLEU decoding of the whole dev set) while the others wait in a
+# collective: allow far longer than gloo's 30-minute default.
+COLLECTIVE_TIMEOUT = timedelta(hours=4)
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+
+    @staticmethod
+    def single() -> "Distributed":
+        return Distributed()
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, items: Sequence[T]) -> list[T]:
+        """This process's share of one update's batches (round-robin, so shares differ by at most one)."""
+        return list(items[self.rank::self.world_size])
+
+    def wrap(self, model: nn.Module, *, find_unused_parameters: bool = False) -> nn.Module:
+        """The module to run forward/backward through: DDP averages gradients across processes."""
+        if not self.enabled:
+            return model
+        # Buffers are not synchronised in forward: ours never change in training, and a broadcast inside
+        # a forward only the main process runs (validation) would wait forever for the others.
+        return nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
+                                                   find_unused_parameters=find_unused_parameters)
+
+    def no_sync(self, wrapped: nn.Module, sync: bool):
+        """Skip DDP's gradient all-reduce for accumulation micro-batches (all but the last)."""
+        if self.enabled and not sync:
+            return wrapped.no_sync()
+        return contextlib.nullcontext()
+
+    def sum(self, *values: float) -> list[float]:
+        """Element-wise sums over processes (float64, so token counts stay exact)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def broadcast(self, value: T) -> T:
+        """The main process's ``value`` on every process (any picklable object)."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every process's ``value``, in rank order, on every process."""
+        if not self.enabled:
+            return [value]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Run the block on the main process first (it writes shared files: the run directory, the
+        vocabulary, the subword model), then on the others, which then find and read those files.
+        If the main process fails inside the block, torchrun stops the waiting ones."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
+
+
+@contextlib.contextmanager
+def from_environment() -> Iterator[Distributed]:
+    """The process group torchrun describes in the environment (``RANK``, ``WORLD_SIZE``, ``MASTER_*``),
+    set up for the block and torn down after it; a single process without those variables."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        yield Distributed.single()
+        return
+    rank = int(os.environ["RANK"])
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    try:
+        yield Distributed(rank=rank, world_size=world_size)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
