@@ -108,6 +108,9 @@ def test_section_from_known_per_seed_numbers(tmp_path):
     assert same.seeds_done == (1,) and same.seeds_planned == (1, 2, 3)
     assert [t.p_value for t in same.tests] == [1.0] and same.mark == ""  # identical output: no difference
     assert section.paper_columns == ("All",) and better.paper == {"All": 92.49}
+    # the paper's own Δ (92.49 - 92.40) next to ours (+5.0): same direction; no paper number, no verdict
+    assert section.paper_delta_column == "All" and section.paper_delta(better) == pytest.approx(0.09)
+    assert section.direction(better) == "same" and section.direction(same) == "" and section.direction(base) == ""
     table = "\n".join(render_markdown(build_report(grid, command="test")).splitlines())
     assert "**Partial table: 0 of 7 cells done.**" in table  # nothing on disk for the real grid
 
@@ -123,9 +126,11 @@ def test_markdown_and_csv_rows(tmp_path):
     section = build_section(grid, dataset=None, results=results, references=None)
     md = render_markdown(Report(title="t", header={"grid": "g"}, sections=(section,)))
     lines = [line for line in md.splitlines() if line.startswith("|")]
-    assert lines[0].split(" | ")[6:9] == ["All", "Δ All", "sig."] and lines[0].endswith("| paper All |")
+    assert lines[0].split(" | ")[6:9] == ["All", "Δ All", "sig."]
+    assert lines[0].endswith("| paper All | paper Δ All | direction |")
     assert lines[2].startswith("| base (baseline) | 2/2 | 1,000 |  | 2.00 | 50 | 50.00 ± 0.00 |  |  | ")
     assert lines[3].startswith("| better | 2/2 | 1,000 | +0 | 2.00 (+0.00) | 50 | 50.00 ± 0.00 | +0.00 |  |")
+    assert lines[3].endswith("| 92.49 | +0.09 | flat |")  # our Δ is 0, the paper's is positive
     assert lines[4].startswith("| same | 0/3 | — |")
     csv = render_csv(Report(title="t", header={}, sections=(section,))).splitlines()
     assert csv[0].startswith("dataset,variant,baseline,seeds_done") and len(csv) == 4

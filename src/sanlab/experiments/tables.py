@@ -82,6 +82,35 @@ class Section:
     def partial(self) -> bool:
         return self.done < self.total
 
+    @property
+    def paper_delta_column(self) -> str | None:
+        """The paper column our primary Δ is set against: the one named like the primary metric
+        (``All``, ``BLEU``), else the first ending in it (``UD All``); None if the baseline has no number."""
+        primary = self.metrics[0]
+        named = [c for c in self.paper_columns if c == primary] or \
+                [c for c in self.paper_columns if c.endswith(" " + primary)]
+        base = next((r for r in self.rows if r.baseline), None)
+        if not named or base is None or not isinstance(base.paper.get(named[0]), float):
+            return None
+        return named[0]
+
+    def paper_delta(self, row: Row) -> float | None:
+        """The paper's own Δ of ``row`` against its baseline in ``paper_delta_column``."""
+        column = self.paper_delta_column
+        base = next(r for r in self.rows if r.baseline) if column else None
+        value = row.paper.get(column) if column else None
+        return None if row.baseline or not isinstance(value, float) else value - base.paper[column]
+
+    def direction(self, row: Row) -> str:
+        """``same`` / ``opposite``: whether our Δ has the sign of the paper's; ``flat`` if ours rounds to
+        0.00; ``""`` if either is missing."""
+        paper = self.paper_delta(row)
+        if paper is None or row.delta is None:
+            return ""
+        if abs(row.delta) < 0.005:
+            return "flat"
+        return "same" if (paper > 0) == (row.delta > 0) else "opposite"
+
 
 @dataclass(frozen=True)
 class Report:
@@ -132,8 +161,10 @@ def _speed(row: Row) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- Markdown
 def section_markdown(section: Section) -> list[str]:
     primary = section.metrics[0]
+    versus = section.paper_delta_column
     head = ["variant", "seeds", "params", "Δ params", "steps/s (Δ)", "tok/s", primary, f"Δ {primary}", "sig.",
-            *section.metrics[1:], *(f"paper {c}" for c in section.paper_columns)]
+            *section.metrics[1:], *(f"paper {c}" for c in section.paper_columns),
+            *((f"paper Δ {versus}", "direction") if versus else ())]
     lines = []
     if section.dataset is not None:
         lines += [f"### {section.dataset}", ""]
@@ -147,7 +178,8 @@ def section_markdown(section: Section) -> list[str]:
         cells = [name, f"{len(row.seeds_done)}/{len(row.seeds_planned)}", params, params_delta, steps, tokens,
                  format_stat(row.scores[primary]), "" if row.baseline else _signed(row.delta), format_mark(row),
                  *(format_stat(row.scores[m]) for m in section.metrics[1:]),
-                 *(_paper(row.paper.get(c)) for c in section.paper_columns)]
+                 *(_paper(row.paper.get(c)) for c in section.paper_columns),
+                 *((_signed(section.paper_delta(row)), section.direction(row)) if versus else ())]
         lines.append("| " + " | ".join(cells) + " |")
     for sig in section.signatures:
         lines += ["", f"sacreBLEU signature: `{sig}`"]
@@ -182,7 +214,8 @@ def render_csv(report: Report) -> str:
     head = ["dataset", "variant", "baseline", "seeds_done", "seeds_planned", "params", "params_delta",
             "steps_per_s", "steps_per_s_delta", "tokens_per_s"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
-    head += ["delta", "mark", "mark_support", "tests", "p_values"] + [f"paper {c}" for c in paper] + ["note"]
+    head += ["delta", "mark", "mark_support", "tests", "p_values"] + [f"paper {c}" for c in paper]
+    head += ["paper_delta_column", "paper_delta", "direction", "note"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(head)
@@ -194,7 +227,8 @@ def render_csv(report: Report) -> str:
                 stat = r.scores.get(m, Stat())
                 line += [stat.mean, stat.sd, stat.n]
             line += [r.delta, r.mark, r.mark_support, len(r.tests), " ".join(f"{t.p_value:.4g}" for t in r.tests)]
-            line += [r.paper.get(c) for c in paper] + [r.note or ""]
+            line += [r.paper.get(c) for c in paper]
+            line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or ""]
             writer.writerow(["" if v is None else v for v in line])
     return out.getvalue()
 
@@ -206,9 +240,13 @@ def report_dict(report: Report) -> dict:
                  scores={k: v.as_dict() for k, v in r.scores.items()})
         return d
 
-    sections = [{"dataset": s.dataset, "metrics": list(s.metrics), "done": s.done, "total": s.total,
-                 "partial": s.partial, "signatures": list(s.signatures), "paper_columns": list(s.paper_columns),
-                 "rows": [row(r) for r in s.rows]} for s in report.sections]
+    def section(s: Section) -> dict:
+        rows = [{**row(r), "paper_delta": s.paper_delta(r), "direction": s.direction(r)} for r in s.rows]
+        return {"dataset": s.dataset, "metrics": list(s.metrics), "done": s.done, "total": s.total,
+                "partial": s.partial, "signatures": list(s.signatures), "paper_columns": list(s.paper_columns),
+                "paper_delta_column": s.paper_delta_column, "rows": rows}
+
+    sections = [section(s) for s in report.sections]
     return {"title": report.title, "header": report.header, "sections": sections, "reference": report.reference,
             "notes": list(report.notes)}
 
