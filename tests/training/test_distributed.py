@@ -45,3 +45,13 @@ def test_an_interrupted_two_process_run_resumes_to_the_uninterrupted_parameters(
         torch.testing.assert_close(resumed[name], straight[name], rtol=0, atol=0, msg=name)
     log = (tmp_path / "resumed" / "train.log").read_text()
     assert "2 processes" in log and "resumed from" in log
+
+
+def test_parameters_without_gradient_get_a_clear_error_naming_them(tmp_path, tiny_translation, capfd):
+    (tmp_path / "tiny.yaml").write_text(dump_config(tiny_translation(max_steps=3, valid_every=3)))
+    config = tmp_path / "muse.yaml"  # MUSE's decoder builds a LayerNorm it never calls (parameter parity)
+    config.write_text("base: tiny.yaml\nmodel:\n  decoder:\n"
+                      "    mixer: {type: muse, kernel_sizes: [3, 5], unused_cross_norm: true}\n")
+    assert main(["train", str(config), "--run", str(tmp_path / "muse"), "--nproc", "2", "--quiet"]) != 0
+    err = capfd.readouterr().err
+    assert "--set train.find_unused_parameters=true" in err and "reference_only.weight" in err

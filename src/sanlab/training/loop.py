@@ -10,8 +10,10 @@ main process validates and checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +135,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total, finite = 0.0, True
         for k, batch in enumerate(mine):
-            with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1):
+            with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint():
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                     loss = self.task.loss(batch, model=self.train_model) / tokens
                 finite = finite and bool(torch.isfinite(loss))
@@ -153,6 +155,21 @@ class Trainer:
         self.optimizer.step()
         p.step += 1
         return total, tokens
+
+    @contextlib.contextmanager
+    def _unused_parameters_hint(self):
+        """DDP's error for parameters without a gradient, said in our terms, with their names."""
+        try:
+            yield
+        except RuntimeError as err:
+            if "find_unused_parameters" not in str(err):
+                raise
+            indices = re.search(r"did not receive grad for rank \d+: ([\d ]+)", str(err))
+            names = [n for n, q in self.model.named_parameters() if q.requires_grad]
+            unused = [names[int(i)] for i in indices.group(1).split()] if indices else []
+            raise TrainingError("some parameters get no gradient, which DDP must be told about: rerun with "
+                                "--set train.find_unused_parameters=true"
+                                + (f" (unused: {', '.join(unused)})" if unused else "")) from None
 
     def _clip(self) -> float:
         params = [q for q in self.model.parameters() if q.grad is not None]
