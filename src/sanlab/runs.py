@@ -122,7 +122,7 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     if which == "averaged":
         path = run_dir / "averaged"
     elif which in ("best", "last"):
-        manager = CheckpointManager(run_dir, keep_best=0, keep_last=0, higher_is_better=True)
+        manager = CheckpointManager(run_dir, keep_best=0, keep_last=0, higher_is_better=True, writer=False)
         found = manager.best(1) if which == "best" else manager.last(1)
         if not found:
             raise ConfigError(f"{run_dir}: no checkpoint to load (train first)")
@@ -205,6 +205,9 @@ def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool,
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet) if dist.is_main else SilentLogger(run_dir)
+    if dist.is_main and dist.enabled and torch.get_num_threads() * dist.world_size > (os.cpu_count() or 1):
+        log.info(f"WARNING: {dist.world_size} processes x {torch.get_num_threads()} threads on {os.cpu_count()} "
+                 "cores: oversubscribed (train.threads is per process)")
     if dist.is_main and dist.enabled:
         log.info(f"distributed data parallel: {dist.world_size} processes (gloo), "
                  f"{config.train.accum_steps * dist.world_size} batches per update")
@@ -252,7 +255,7 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints but the run keeps {kept} ({which}); "
                           f"raise train.{which} before training")
     manager = CheckpointManager(run_dir, keep_best=config.train.keep_best, keep_last=config.train.keep_last,
-                                higher_is_better=True)
+                                higher_is_better=True, writer=False)
     chosen = manager.last(last) if last else manager.best(best)
     if len(chosen) < wanted:
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, only {len(chosen)} kept "

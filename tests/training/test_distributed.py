@@ -44,7 +44,10 @@ def test_an_interrupted_two_process_run_resumes_to_the_uninterrupted_parameters(
     for name in straight:  # dropout on: every process's RNG stream was restored
         torch.testing.assert_close(resumed[name], straight[name], rtol=0, atol=0, msg=name)
     log = (tmp_path / "resumed" / "train.log").read_text()
-    assert "2 processes" in log and "resumed from" in log
+    assert "2 processes" in log and "resumed from" in log and "WARNING" not in log
+    _train(tmp_path, tiny_translation, "resumed", nproc=1, max_steps=7, valid_every=3)  # legal, but not silent
+    log = (tmp_path / "resumed" / "train.log").read_text()
+    assert "WARNING: the checkpoint was written by 2 process(es) and this run has 1" in log
 
 
 def test_parameters_without_gradient_get_a_clear_error_naming_them(tmp_path, tiny_translation, capfd):

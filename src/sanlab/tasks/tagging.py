@@ -119,7 +119,7 @@ class TaggingTask:
         return batch.tokens
 
     def loss(self, batch: TagBatch, *, model: torch.nn.Module | None = None) -> Tensor:
-        logits = (model or self.model)(batch.words, batch.chars)  # [b, t, tags]
+        logits = (self.model if model is None else model)(batch.words, batch.chars)  # [b, t, tags]
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tags.flatten(), ignore_index=-100,
                                label_smoothing=self.config.train.label_smoothing, reduction="sum")
 

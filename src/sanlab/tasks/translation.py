@@ -85,7 +85,7 @@ class TranslationTask:
 
     def loss(self, batch: Batch, *, model: torch.nn.Module | None = None,
              label_smoothing: float | None = None) -> Tensor:
-        logits = (model or self.model)(batch.src, batch.tgt_in)  # [b, i, V]
+        logits = (self.model if model is None else model)(batch.src, batch.tgt_in)  # [b, i, V]
         ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=self.spm.pad_id,
                                label_smoothing=ls, reduction="sum")

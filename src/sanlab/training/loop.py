@@ -107,13 +107,16 @@ class Trainer:
             set_rng_state(per_process[self.dist.rank])
         elif self.dist.is_main:
             set_rng_state(state["rng"])
-        if self.dist.enabled and (per_process is None or len(per_process) != self.dist.world_size):
-            # Other processes keep their fresh per-process seeds: the run goes on, not bit-identically.
-            self.log.info(f"the checkpoint was written by {len(per_process or [0])} process(es), this run has "
-                          f"{self.dist.world_size}: dropout streams of the other processes are reseeded")
+        saved = state.get("processes", 1)
+        if saved != self.dist.world_size:
+            # Legal (the weights and optimizer are the same), but not the run it was: say so.
+            self.log.info(f"WARNING: the checkpoint was written by {saved} process(es) and this run has "
+                          f"{self.dist.world_size}: an update now takes {self.dist.world_size} x accum_steps batches "
+                          f"instead of {saved} x, and the other processes' dropout streams are new")
 
     def _save(self, metrics: dict[str, float], rngs: list[dict]) -> None:
-        state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rngs[0]}
+        state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rngs[0],
+                 "processes": self.dist.world_size}
         if self.dist.enabled:
             state["rng_per_process"] = rngs
         meta = {"step": self.progress.step, "epoch": self.progress.epoch, "metrics": metrics,
@@ -187,6 +190,7 @@ class Trainer:
         p, rngs = self.progress, self.dist.gather(rng_state())
         if self.dist.is_main:
             metrics = self.task.validate()
+            rngs[0] = rng_state()  # after validation, as a single process always saved it
             score = metrics[self.task.metric]
             self.log.scalars("speed", p.speed(), step=p.step)
             improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
@@ -212,9 +216,14 @@ class Trainer:
             batches = self.task.epoch_batches(p.epoch)
             bar = self.log.progress_bar(total=len(batches), initial=p.position, desc=f"epoch {p.epoch}")
             per_update = cfg.accum_steps * self.dist.world_size
+            if len(batches) < self.dist.world_size:
+                raise TrainingError(f"epoch {p.epoch} has {len(batches)} batch(es), fewer than the "
+                                    f"{self.dist.world_size} processes: use fewer processes or smaller batches")
             while p.position < len(batches) and not stop:
                 group = batches[p.position: p.position + per_update]
                 if len(group) < self.dist.world_size:  # too few left for every process to take one
+                    self.log.info(f"epoch {p.epoch}: the last {len(group)} batch(es) skipped (fewer than the "
+                                  f"{self.dist.world_size} processes)")
                     p.position = len(batches)
                     break
                 t0 = time.monotonic()
@@ -235,7 +244,8 @@ class Trainer:
                 p.epoch, p.position = p.epoch + 1, 0
                 if not cfg.valid_every:
                     stop = self._validate() or stop
-        if self.dist.broadcast(self.checkpoints.last(1) == [] or self._saved_step() != p.step):
+        unsaved = (self.checkpoints.last(1) == [] or self._saved_step() != p.step) if self.dist.is_main else None
+        if self.dist.broadcast(unsaved):
             self._validate()  # never end a session with unsaved updates
         elapsed = time.monotonic() - start
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {p.best} "
