@@ -78,6 +78,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     """
     run_dir = Path(run_dir)
     if overwrite and run_dir.exists():
+        _refuse_if_training(run_dir)  # never delete a run another process is writing
         shutil.rmtree(run_dir)
     saved = run_dir / "config.yaml"
     text = dump_config(config)
@@ -173,10 +174,7 @@ def run_lock(run_dir: Path):
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             break
         except FileExistsError:
-            pid = int(lock.read_text().strip() or 0)
-            if _alive(pid):
-                raise ConfigError(f"{run_dir} is being trained by another process (pid {pid}); wait for it or stop "
-                                  "it first") from None
+            _refuse_if_training(run_dir)
             lock.unlink(missing_ok=True)  # left by a process that died: take over
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
@@ -184,6 +182,17 @@ def run_lock(run_dir: Path):
         yield
     finally:
         lock.unlink(missing_ok=True)
+
+
+def _refuse_if_training(run_dir: Path) -> None:
+    lock = run_dir / ".lock"
+    try:
+        pid = int(lock.read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return
+    if _alive(pid):
+        raise ConfigError(f"{run_dir} is being trained by another process (pid {pid}); wait for it or stop "
+                          "it first")
 
 
 def _alive(pid: int) -> bool:

@@ -78,6 +78,17 @@ def test_second_process_on_the_same_run_is_refused(tmp_path, tiny_translation):
     assert not (run / ".lock").exists()
 
 
+def test_overwrite_never_deletes_a_run_being_trained(tmp_path, tiny_translation):
+    import os
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2), run, quiet=True)
+    (run / ".lock").write_text(str(os.getppid()))  # a live process is training it
+    with pytest.raises(ConfigError, match="being trained by another process"):
+        train_run(tiny_translation(max_steps=2), run, overwrite=True, quiet=True)
+    assert (run / "checkpoints").exists()
+
+
 def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp_path, tiny_translation, monkeypatch):
     """Killed mid-run (after the step-3 checkpoint, during update 5): the rerun replays updates 4-7 from the
     saved data position and RNG state and ends with the uninterrupted run's weights, validations included."""
