@@ -24,6 +24,14 @@ BASE_HYP = "the cat on mat"      # 1-grams 4/4, 2-grams 1/3 (the cat), 3-grams 0
 SYS_HYP = "the cat sat on mat"   # 1-grams 5/5, 2-grams 3/4, 3-grams 2/3, 4-grams 1/2
 
 
+def test_run_labels_are_short_but_keep_a_cells_variant():
+    from sanlab.experiments.analyze import run_labels
+
+    assert run_labels(["runs/csan2d", "runs/base"]) == ["csan2d", "base"]
+    assert run_labels(["g/conv2d/seed-0"]) == ["conv2d/seed-0"]
+    assert run_labels(["a/x/seed-0", "b/x/seed-0"]) == ["a/x/seed-0", "b/x/seed-0"]
+
+
 def test_ngram_gaps_by_hand():
     gaps = A.ngram_gaps({"base": [BASE_HYP], "sys": [SYS_HYP]}, [REF], baseline="base")
     sys = {g.order: g for g in gaps if g.system == "sys"}

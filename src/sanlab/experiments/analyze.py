@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,12 @@ SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-atte
 
 # ----------------------------------------------------------------------------- shared plumbing
 def run_labels(run_dirs: Sequence[PathLike]) -> list[str]:
-    """Shortest path suffixes that tell the runs apart (``runs/csan2d``, ``runs/base`` -> csan2d, base)."""
+    """Shortest path suffixes that tell the runs apart (``runs/csan2d``, ``runs/base`` -> csan2d, base);
+    a comparison cell (``<variant>/seed-N``) always keeps its variant."""
     parts = [Path(r).resolve().parts for r in run_dirs]
+    least = [2 if re.fullmatch(r"seed-\d+", p[-1]) else 1 for p in parts]
     for depth in range(1, max((len(p) for p in parts), default=1) + 1):
-        labels = ["/".join(p[-depth:]) for p in parts]
+        labels = ["/".join(p[-max(depth, k):]) for p, k in zip(parts, least)]
         if len(set(labels)) == len(labels):
             return labels
     return [str(r) for r in run_dirs]
