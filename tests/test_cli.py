@@ -57,6 +57,15 @@ def test_unknown_attention_part_lists_known_ones(tmp_path, capsys):
     assert "unknown attention part type 'nope'" in capsys.readouterr().err
 
 
+def test_impossible_combination_is_a_config_error_before_any_data_is_read(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: absent.conllu, dev: absent.conllu}\n"
+                             "model: {encoder: {attention: {heads: 4, parts: [{type: csan2d, heads_area: 5}]}}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sanlab train: error: this model cannot be built:") and "absent" not in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_mismatched_parallel_files_name_the_files(tmp_path, capsys):
     (tmp_path / "a.src").write_text("one\ntwo\nthree\n")
     (tmp_path / "a.tgt").write_text("eins\nzwei\n")

@@ -117,3 +117,15 @@ def test_tagger_pipeline(tmp_path, capsys):
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.txt")]) == 0
     tagged = capsys.readouterr().out.split("\n\n")[0].splitlines()
     assert [line.split("\t")[0] for line in tagged] == ["the", "dog", "runs", "."]
+    # untagged CoNLL-U ("_" in UPOS), the usual input of a tagger
+    (tmp_path / "in.conllu").write_text("".join(f"{i}\t{w}\t_\t_\t_\t_\t_\t_\t_\t_\n"
+                                                for i, w in enumerate("the dog runs .".split(), 1)) + "\n")
+    assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.conllu")]) == 0
+    tagged = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert [line.split("\t")[0] for line in tagged] == ["the", "dog", "runs", "."]
+    assert all(line.split("\t")[1] != "_" for line in tagged)
+    # user mistakes are one line each, not a traceback
+    assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt: input file not found" in capsys.readouterr().err
+    assert main(["evaluate", "--run", str(tmp_path / "run"), "--split", "tset"]) == 2
+    assert "unknown split 'tset'; this run has: dev, test" in capsys.readouterr().err

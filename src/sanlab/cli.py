@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from sanlab.errors import SanlabError
+from sanlab.errors import DataError, SanlabError
 from sanlab.experiments.analyze import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
 
@@ -56,6 +56,8 @@ def _cmd_translate(args) -> int:
     decode = config.decode.model_copy(update={k: v for k, v in
                                               (("beam", args.beam), ("length_penalty", args.length_penalty))
                                               if v is not None})
+    if args.input and not Path(args.input).is_file():
+        raise DataError("input file not found", path=args.input)
     lines = (open(args.input, encoding="utf-8") if args.input else sys.stdin).read().splitlines()
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     n_best = args.n_best or config.decode.n_best

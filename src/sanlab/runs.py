@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, validate
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.training.checkpoint import CheckpointManager, load_weights
 from sanlab.training.logging import RunLogger
 
@@ -148,6 +148,22 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
     return config, model.eval(), assets
 
 
+def check_buildable(config: Config) -> None:
+    """Build the model on the meta device (no memory, no data, milliseconds) so that an impossible
+    combination of settings, e.g. 2D-CSAN with more heads in its area than the layer has, is
+    reported before data loading and vocabulary training, as a config error."""
+    from sanlab.models.builders import build_seq2seq, build_tagger
+
+    try:
+        with torch.device("meta"):
+            if isinstance(config, TranslationConfig):
+                build_seq2seq(config.model, vocab_size=16, pad_id=0)
+            else:
+                build_tagger(config.model, vocab_size=16, num_chars=16, num_tags=4)
+    except ValueError as err:
+        raise ConfigError(f"this model cannot be built: {err}") from None
+
+
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
 
@@ -155,6 +171,7 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     (see ``training.distributed``)."""
     from sanlab.training.distributed import from_environment
 
+    check_buildable(config)
     run_dir = Path(run_dir)
     with from_environment() as dist:
         with dist.main_first():
@@ -278,8 +295,10 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     from sanlab.tasks.tagging import tag_sentences
 
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
+    if input_path and not Path(input_path).is_file():
+        raise DataError("input file not found", path=input_path)
     if input_path and ".conllu" in Path(input_path).name:
-        sents = read_conllu(input_path, column=config.data.column)
+        sents = read_conllu(input_path, column=config.data.column, require_tags=False)  # tags, if any, ignored
     else:
         text = Path(input_path).read_text(encoding="utf-8") if input_path else sys.stdin.read()
         sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))

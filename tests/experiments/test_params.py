@@ -45,6 +45,15 @@ def test_block_and_cnn_counts_are_ours_not_the_table(deltas):
     assert deltas["+ CNNs (full conv)"] == 3 * 4 * (7 * D * D + D + 2 * D)
 
 
+def test_the_other_papers_parts_on_transformer_base(deltas):
+    t, layers = 1024, 6  # Dufter's parts: t = model.max_positions; P and R in layer 0 only
+    assert deltas["+ P (layer 0)"] == H * t * t
+    assert deltas["+ R (layer 0)"] == H * 2 * t
+    assert deltas["+ Temp"] == layers * H * 3
+    assert deltas["+ Conv2d"] == layers * H * (3 * 3 + 1)
+    assert deltas["MUSE_FF (attention || FFN)"] < 0 and deltas["LightConv (no attention)"] < 0
+
+
 def test_overrides_are_validated_and_the_table_prints():
     assert model_config(BASELINES["+ Local_Soft"]).encoder.attention.parts[0].type == "local_soft"
     text = format_table(parameter_table({"a": {}, "b": BASELINES["+ Rel_Pos"]}))

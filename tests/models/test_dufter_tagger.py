@@ -155,6 +155,8 @@ def test_position_interactions_refuse_chunks_longer_than_t():
 
 @pytest.mark.parametrize("name,position,types", [
     ("ud-ewt-pr.yaml", "none", ["abs_position", "rel_position"]),
+    ("ud-ewt-p.yaml", "none", ["abs_position"]),
+    ("ud-ewt-r.yaml", "none", ["rel_position"]),
     ("ud-ewt-temp.yaml", "add", ["temperature"]),
     ("ud-ewt-conv.yaml", "add", ["conv_attention"]),
     ("ud-ewt-conv2d.yaml", "add", ["conv_attention"]),
@@ -164,3 +166,24 @@ def test_recipes_load_with_the_intended_parts(name, position, types):
     config = load_config(CONFIGS / name)
     assert config.model.position == position
     assert [p.type for p in config.model.encoder.attention.parts] == types
+
+
+@pytest.mark.parametrize("parts", [
+    [], [{"type": "abs_position"}, {"type": "rel_position"}], [{"type": "temperature"}],
+    [{"type": "conv_attention", "dims": 1}], [{"type": "conv_attention", "dims": 2}],
+    [{"type": "window", "size": 3}], [{"type": "csan2d", "size": 3, "heads_area": 3}], [{"type": "capsule"}],
+], ids=lambda parts: "+".join(p["type"] + str(p.get("dims", "")) for p in parts) or "vanilla")
+def test_tagger_outputs_do_not_depend_on_batch_padding(parts):
+    config = TaggerConfig(word_dim=16, char_dim=8, char_filters=8, char_layers=1, position="add", max_len=12,
+                          encoder=dict(layers=2, ffn_dim=0, attention=dict(heads=4, parts=parts)))
+    torch.manual_seed(0)
+    model = build_tagger(config, vocab_size=30, num_chars=20, num_tags=5).eval()
+    words = torch.randint(2, 30, (1, 5))
+    chars = torch.randint(1, 20, (1, 5, 20)) * (torch.arange(20) < 4)   # words of 4 characters
+    other_words = torch.randint(2, 30, (1, 9))
+    other_chars = torch.randint(1, 20, (1, 9, 20)) * (torch.arange(20) < 7)
+    alone = model(words, chars)
+    batch_words = torch.cat([F.pad(words, (0, 4)), other_words])          # sentence 0 padded to 9 words
+    batch_chars = torch.cat([F.pad(chars, (0, 0, 0, 4)), other_chars])
+    together = model(batch_words, batch_chars)[:1, :5]
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)

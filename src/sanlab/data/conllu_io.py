@@ -76,7 +76,8 @@ def _parse_id(text: str) -> int | tuple | None:
         return None
 
 
-def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str, lineno: int) -> int | None:
+def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str, lineno: int,
+                      require_tags: bool = True) -> int | None:
     """Validate one token line; return its integer ID, or None for a multiword token / empty node."""
 
     def fail(problem: str) -> DataError:
@@ -98,19 +99,20 @@ def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str,
     if token_id != expected_id:
         raise fail(f"token ID {token_id} out of sequence (expected {expected_id})")
     tag = columns[tag_index]
-    if tag in ("", "_"):
+    if require_tags and tag in ("", "_"):
         name = "UPOS" if tag_index == 3 else "XPOS"
         raise fail(f"missing {name} tag ({tag!r}) for word {columns[1]!r} (column {tag_index + 1})")
     return token_id
 
 
-def _check_block(block: Block, *, path: Path, tag_index: int) -> None:
+def _check_block(block: Block, *, path: Path, tag_index: int, require_tags: bool = True) -> None:
     expected_id = 1
     for lineno, line in block:
         if line.startswith("#"):
             continue
         token_id = _check_token_line(
-            line, tag_index=tag_index, expected_id=expected_id, path=str(path), lineno=lineno
+            line, tag_index=tag_index, expected_id=expected_id, path=str(path), lineno=lineno,
+            require_tags=require_tags,
         )
         if token_id is not None:
             expected_id += 1
@@ -129,23 +131,25 @@ def _parse_block(block: Block, *, path: Path, column: TagColumn) -> TaggedSenten
         problem = f"CoNLL-U parse error in the sentence starting here: {exc}"
         raise DataError(problem, path=str(path), line=block[0][0]) from exc
     words = tuple(t["form"] for t in tokens if isinstance(t["id"], int))
-    tags = tuple(t[column] for t in tokens if isinstance(t["id"], int))
+    tags = tuple(t[column] or "_" for t in tokens if isinstance(t["id"], int))  # "_": untagged input
     return TaggedSentence(words, tags)
 
 
-def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos") -> list[TaggedSentence]:
+def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos",
+                require_tags: bool = True) -> list[TaggedSentence]:
     """Read the words and tags (`column` = "upos" or "xpos") of every sentence in a CoNLL-U file.
 
     Raises `DataError` naming the file and 1-based line for a malformed line: a column count
     other than 10, an invalid or out-of-sequence ID, an empty FORM, or a missing tag ("_") on a
-    word line. An empty file also raises. `# global.columns` headers are not supported.
+    word line (unless ``require_tags=False``: text to be tagged, whose missing tags read as "_").
+    An empty file also raises. `# global.columns` headers are not supported.
     """
     if column not in _TAG_INDEX:
         raise ValueError(f"column must be 'upos' or 'xpos', got {column!r}")
     path = Path(path)
     sentences = []
     for block in _blocks(path):
-        _check_block(block, path=path, tag_index=_TAG_INDEX[column])
+        _check_block(block, path=path, tag_index=_TAG_INDEX[column], require_tags=require_tags)
         sentences.append(_parse_block(block, path=path, column=column))
     if not sentences:
         raise DataError("no sentences (the file is empty)", path=str(path))

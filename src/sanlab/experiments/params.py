@@ -17,6 +17,7 @@ from sanlab.config import PRESETS, Seq2SeqConfig, load_raw
 from sanlab.models.builders import build_seq2seq, count_parameters
 
 _ENC_PARTS = "encoder.attention.parts"
+_WU_KERNELS = [3, 7, 15, 31, 31, 31]  # Wu et al.'s kernel width per layer
 _DEC_PARTS = "decoder.attention.parts"
 
 # Each variant: dotted model keys -> value, applied over the preset (spec B.0-B.7 defaults).
@@ -35,8 +36,17 @@ BASELINES: dict[str, dict[str, object]] = {
     "+ 2D-CSAN": {_ENC_PARTS: [{"type": "csan2d", "size": 11, "heads_area": 3, "layers": [0, 1, 2]}]},
     "+ Capsule routing": {_ENC_PARTS: [{"type": "capsule"}], _DEC_PARTS: [{"type": "capsule"}]},
     "MUSE (parallel block)": {"encoder.mixer": {"type": "muse"}, "decoder.mixer": {"type": "muse"}},
-    "DynamicConv (no attention)": {"encoder.mixer": {"type": "dynamic_conv", "kernel_size": [3, 7, 15, 31, 31, 31]},
-                                   "decoder.mixer": {"type": "dynamic_conv", "kernel_size": [3, 7, 15, 31, 31, 31]}},
+    "DynamicConv (no attention)": {"encoder.mixer": {"type": "dynamic_conv", "kernel_size": _WU_KERNELS},
+                                   "decoder.mixer": {"type": "dynamic_conv", "kernel_size": _WU_KERNELS}},
+    "LightConv (no attention)": {"encoder.mixer": {"type": "light_conv", "kernel_size": _WU_KERNELS},
+                                 "decoder.mixer": {"type": "light_conv", "kernel_size": _WU_KERNELS}},
+    "MUSE_FF (attention || FFN)": {"encoder.mixer": {"type": "muse_ff"}, "decoder.mixer": {"type": "muse_ff"}},
+    # Dufter et al.'s parts in the encoder; P, R and Conv grow with t = model.max_positions (1,024 here).
+    "+ P (layer 0)": {_ENC_PARTS: [{"type": "abs_position"}]},
+    "+ R (layer 0)": {_ENC_PARTS: [{"type": "rel_position"}]},
+    "+ Temp": {_ENC_PARTS: [{"type": "temperature"}]},
+    "+ Conv (1D)": {_ENC_PARTS: [{"type": "conv_attention", "dims": 1}]},
+    "+ Conv2d": {_ENC_PARTS: [{"type": "conv_attention", "dims": 2}]},
 }
 
 # Added parameters the papers report (Table 1, both versions), for the printed comparison.
@@ -92,7 +102,7 @@ def format_table(rows: list[ParamRow]) -> str:
 
 def main(preset: str = "transformer_base") -> None:
     print(f"Parameters of Transformer variants ({preset}, shared 37k vocabulary; delta vs the first row; "
-          "'paper': the CSAN table's added parameters)")
+          "'paper': the CSAN table's added parameters; Dufter's P, R and Conv scale with t = model.max_positions)")
     print(format_table(parameter_table(preset=preset)))
 
 

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from sanlab.config import TaggingConfig
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
+from sanlab.errors import ConfigError
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import Tagger
@@ -126,7 +127,19 @@ class TaggingTask:
     def validate(self) -> dict[str, float]:
         scores = evaluate_tagger(self.model, self.vocab, self.dev, self.train_word_tags,
                                  max_chars=self.config.model.max_word_chars)
-        return {"accuracy": scores.all, "oov": scores.oov or 0.0, "ambiguous": scores.ambiguous or 0.0}
+        return {"loss": self.dev_loss(), "accuracy": scores.all, "oov": scores.oov or 0.0,
+                "ambiguous": scores.ambiguous or 0.0}
+
+    @torch.no_grad()
+    def dev_loss(self, batch_size: int = 64) -> float:
+        """Cross-entropy per dev word (the training loss, on dev)."""
+        self.model.eval()
+        total, tokens = 0.0, 0
+        for k in range(0, len(self.dev), batch_size):
+            batch = encode_batch(self.vocab, self.dev[k:k + batch_size], max_chars=self.config.model.max_word_chars)
+            total += float(self.loss(batch))
+            tokens += batch.tokens
+        return total / max(tokens, 1)
 
 
 @torch.no_grad()
@@ -185,7 +198,7 @@ def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingC
     results = {}
     for name in splits or list(files):
         if name not in files:
-            raise ValueError(f"unknown split {name!r}; this run has: {', '.join(files)}")
+            raise ConfigError(f"unknown split {name!r}; this run has: {', '.join(files)}")
         sents = read_conllu(files[name], column=d.column)
         pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
         gold = [list(s.tags) for s in sents]

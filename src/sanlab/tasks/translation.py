@@ -14,6 +14,7 @@ from sanlab.data.batching import TokenBatchSampler, pad_batch
 from sanlab.data.parallel import length_filter, read_parallel
 from sanlab.data.subword import SubwordModel, train_joint
 from sanlab.decoding.search import beam_search
+from sanlab.errors import ConfigError
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
@@ -140,7 +141,7 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordModel, config: TranslationC
     if splits:
         unknown = [s for s in splits if s not in files and s != "valid"]
         if unknown:
-            raise ValueError(f"unknown split(s) {unknown}; this run has: {', '.join(['valid', *files])}")
+            raise ConfigError(f"unknown split(s) {unknown}; this run has: {', '.join(['valid', *files])}")
         files = {s: files.get(s, config.data.valid) for s in splits}
     results = {}
     for name, pair in files.items():
