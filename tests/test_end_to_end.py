@@ -7,12 +7,14 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from sanlab.cli import main
 from sanlab.config import dump_config, validate
 from sanlab.data.synthetic import write_tagging_corpus
-from sanlab.runs import train_run
+from sanlab.errors import ConfigError
+from sanlab.runs import load_trained, train_run
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +131,29 @@ def test_tagger_pipeline(tmp_path, capsys):
     assert "missing.txt: input file not found" in capsys.readouterr().err
     assert main(["evaluate", "--run", str(tmp_path / "run"), "--split", "tset"]) == 2
     assert "unknown split 'tset'; this run has: dev, test" in capsys.readouterr().err
+
+
+def test_separate_source_and_target_vocabularies(tmp_path, capsys):
+    from training_fixtures import make_reverse_config
+
+    config = make_reverse_config(tmp_path, max_steps=4)
+    raw = yaml.safe_load(dump_config(config))
+    raw["data"]["subword"]["joint"] = False
+    with pytest.raises(ConfigError, match="share_embeddings needs data.subword.joint"):
+        validate(raw, source="test")
+    raw["model"]["share_embeddings"] = False
+    (tmp_path / "sep.yaml").write_text(yaml.safe_dump(raw))
+    # the target side gets its own words: a model of one side must not know the other's
+    (tmp_path / "train.tgt").write_text((tmp_path / "train.tgt").read_text().upper())
+    assert main(["train", str(tmp_path / "sep.yaml"), "--run", str(tmp_path / "run"), "--quiet"]) == 0
+    run = tmp_path / "run"
+    assert (run / "subword-src.model").exists() and (run / "subword-tgt.model").exists()
+    assert not (run / "subword.model").exists()
+    _, model, spm = load_trained(run)
+    assert not spm.joint and model.src_embed is not model.tgt_embed
+    assert spm.src.encode("A B") != spm.tgt.encode("A B")
+    (tmp_path / "in.txt").write_text("a b c\n")
+    capsys.readouterr()
+    assert main(["translate", "--run", str(run), "--input", str(tmp_path / "in.txt")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out == out.upper()  # written with the target model's (upper-case) pieces

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.errors import ConfigError
@@ -181,6 +181,13 @@ class TranslationConfig(Strict):
     model: Seq2SeqConfig = Seq2SeqConfig()
     train: TrainConfig = TrainConfig()
     decode: DecodeConfig = DecodeConfig()
+
+    @model_validator(mode="after")
+    def _one_table_needs_one_vocabulary(self) -> "TranslationConfig":
+        if not self.data.subword.joint and self.model.share_embeddings:
+            raise ValueError("model.share_embeddings needs data.subword.joint: true (one vocabulary for both "
+                             "sides); for separate source and target vocabularies set model.share_embeddings: false")
+        return self
 
 
 class TaggingConfig(Strict):

@@ -185,3 +185,20 @@ def train_joint(
         character_coverage=character_coverage,
         seed=seed,
     )
+
+
+class SubwordPair:
+    """The source and the target subword model of a translation run: one joint model used on both
+    sides (the default), or two separate ones. The special ids are the same in every model here,
+    so padding and BOS/EOS never depend on the side."""
+
+    def __init__(self, src: SubwordModel, tgt: SubwordModel | None = None):
+        self.src, self.tgt = src, tgt if tgt is not None else src
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    @property
+    def joint(self) -> bool:
+        return self.src is self.tgt
+
+    def __repr__(self) -> str:
+        return f"SubwordPair(joint={self.src!r})" if self.joint else f"SubwordPair(src={self.src!r}, tgt={self.tgt!r})"

@@ -39,16 +39,16 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
     from sanlab.evaluation.analysis import split_decoder_traces
     from sanlab.tasks.translation import translate
 
-    src = spm.encode(sentence) + [spm.eos_id]
-    src_labels = [spm.id_to_piece(t) for t in src]
+    src = spm.src.encode(sentence) + [spm.eos_id]
+    src_labels = [spm.src.id_to_piece(t) for t in src]
     if side == "encoder":
         traces: list = []
         model.encode(torch.tensor([src]), traces=traces)
         return LayerTrace(_pick(traces, layer, "encoder"), src_labels, src_labels, None)
     if target is None:
         target = translate(model, spm, [sentence], decode=config.decode)[0]
-    tgt = [spm.bos_id] + spm.encode(target)
-    tgt_labels = [spm.id_to_piece(t) for t in tgt]
+    tgt = [spm.bos_id] + spm.tgt.encode(target)
+    tgt_labels = [spm.tgt.id_to_piece(t) for t in tgt]
     memory, memory_valid = model.encode(torch.tensor([src]))
     traces = []
     model.decode(torch.tensor([tgt]), memory=memory, memory_valid=memory_valid, traces=traces)

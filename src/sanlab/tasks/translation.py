@@ -12,7 +12,7 @@ from torch import Tensor
 from sanlab.config import DecodeConfig, TranslationConfig
 from sanlab.data.batching import TokenBatchSampler, pad_batch
 from sanlab.data.parallel import length_filter, read_parallel
-from sanlab.data.subword import SubwordModel, train_joint
+from sanlab.data.subword import SubwordModel, SubwordPair, train_joint
 from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError
 from sanlab.evaluation.bleu import corpus_scores
@@ -20,7 +20,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
 from sanlab.training.logging import RunLogger
 
-SUBWORD_MODEL = "subword"  # <run>/subword.model
+SUBWORD_MODEL = "subword"  # <run>/subword.model (joint), or subword-src.model and subword-tgt.model
 
 
 @dataclass(frozen=True)
@@ -31,29 +31,51 @@ class Batch:
     tokens: int       # real target tokens (the loss is normalised by these)
 
 
+def subword_paths(run_dir: Path) -> dict[str, Path]:
+    run_dir = Path(run_dir)
+    return {"joint": run_dir / f"{SUBWORD_MODEL}.model", "src": run_dir / f"{SUBWORD_MODEL}-src.model",
+            "tgt": run_dir / f"{SUBWORD_MODEL}-tgt.model"}
+
+
+def load_subwords(run_dir: Path) -> SubwordPair:
+    """The run's subword model(s), joint or separate, whichever it was trained with."""
+    paths = subword_paths(run_dir)
+    if paths["joint"].exists():
+        return SubwordPair(SubwordModel.load(paths["joint"]))
+    return SubwordPair(SubwordModel.load(paths["src"]), SubwordModel.load(paths["tgt"]))
+
+
 def load_or_train_subword(config: TranslationConfig, run_dir: Path, pairs: list[tuple[str, str]],
-                          log: RunLogger) -> SubwordModel:
-    """The run's sentencepiece model: trained once on the training data, then reused on resume."""
-    path = Path(run_dir) / f"{SUBWORD_MODEL}.model"
-    if path.exists():
-        return SubwordModel.load(path)
-    sw = config.data.subword
-    if not sw.joint:
-        raise NotImplementedError("separate source/target subword models are not supported yet; use joint: true")
-    log.info(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}")
-    return train_joint((s for s, _ in pairs), (t for _, t in pairs), model_path=path, vocab_size=sw.vocab_size,
-                       model_type=sw.model_type, character_coverage=sw.character_coverage)
+                          log: RunLogger) -> SubwordPair:
+    """The run's sentencepiece model(s): trained once on the training data, then reused on resume."""
+    sw, paths = config.data.subword, subword_paths(run_dir)
+    if paths["joint" if sw.joint else "src"].exists():
+        return load_subwords(run_dir)
+    options = dict(vocab_size=sw.vocab_size, model_type=sw.model_type, character_coverage=sw.character_coverage)
+    if sw.joint:
+        log.info(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}")
+        return SubwordPair(train_joint((s for s, _ in pairs), (t for _, t in pairs), model_path=paths["joint"],
+                                       **options))
+    log.info(f"training source and target {sw.model_type} sentencepiece models, vocabulary {sw.vocab_size} each")
+    # The target model first: a crash between the two leaves no source model, so both are retrained.
+    tgt = SubwordModel.train((t for _, t in pairs), model_path=paths["tgt"], **options)
+    return SubwordPair(SubwordModel.train((s for s, _ in pairs), model_path=paths["src"], **options), tgt)
 
 
-def encode_pairs(spm: SubwordModel, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    return [(spm.encode(s), spm.encode(t)) for s, t in pairs]
+def encode_pairs(spm: SubwordPair, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    return [(spm.src.encode(s), spm.tgt.encode(t)) for s, t in pairs]
 
 
-def collate(spm: SubwordModel, examples: list[tuple[list[int], list[int]]]) -> Batch:
+def collate(spm: SubwordPair, examples: list[tuple[list[int], list[int]]]) -> Batch:
     src, _ = pad_batch([s + [spm.eos_id] for s, _ in examples], spm.pad_id)
     tgt_in, _ = pad_batch([[spm.bos_id] + t for _, t in examples], spm.pad_id)
     tgt_out, _ = pad_batch([t + [spm.eos_id] for _, t in examples], spm.pad_id)
     return Batch(src, tgt_in, tgt_out, tokens=int(tgt_out.ne(spm.pad_id).sum()))
+
+
+def build_model(config: TranslationConfig, spm: SubwordPair) -> Seq2Seq:
+    return build_seq2seq(config.model, vocab_size=spm.src.vocab_size, pad_id=spm.pad_id,
+                         tgt_vocab_size=None if spm.joint else spm.tgt.vocab_size)
 
 
 class TranslationTask:
@@ -69,14 +91,15 @@ class TranslationTask:
         encoded = encode_pairs(self.spm, raw)
         keep = length_filter(encoded, min_len=1, max_len=d.max_len, max_ratio=d.max_ratio)
         self.train = [encoded[i] for i in keep]
-        log.info(f"training pairs: {len(self.train)} of {len(raw)} kept (max_len {d.max_len}); "
-                 f"vocabulary {self.spm.vocab_size}")
+        sizes = (f"{self.spm.src.vocab_size}" if self.spm.joint
+                 else f"{self.spm.src.vocab_size} source, {self.spm.tgt.vocab_size} target")
+        log.info(f"training pairs: {len(self.train)} of {len(raw)} kept (max_len {d.max_len}); vocabulary {sizes}")
         self.sampler = TokenBatchSampler([(len(s) + 1, len(t) + 1) for s, t in self.train],
                                          max_tokens=config.train.max_tokens, shuffle=True, seed=config.train.seed)
         self.valid_raw = read_parallel(d.valid.src, d.valid.tgt, skip_empty=d.skip_empty)
         self.valid = encode_pairs(self.spm, self.valid_raw)
         torch.manual_seed(config.train.seed)
-        self.model = build_seq2seq(config.model, vocab_size=self.spm.vocab_size, pad_id=self.spm.pad_id)
+        self.model = build_model(config, self.spm)
 
     def epoch_batches(self, epoch: int) -> list[Batch]:
         return [collate(self.spm, [self.train[i] for i in idx]) for idx in self.sampler.epoch_batches(epoch)]
@@ -107,11 +130,11 @@ class TranslationTask:
 
 
 @torch.no_grad()
-def translate(model: Seq2Seq, spm: SubwordModel, sentences: list[str], *, decode: DecodeConfig,
+def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
               n_best: int = 1) -> list[str] | list[list[tuple[str, float]]]:
     """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score))."""
     model.eval()
-    ids = [spm.encode(s) + [spm.eos_id] for s in sentences]
+    ids = [spm.src.encode(s) + [spm.eos_id] for s in sentences]
     order = sorted(range(len(ids)), key=lambda k: len(ids[k]))  # similar lengths share a batch
     results: list = [None] * len(ids)
     for start in range(0, len(order), decode.batch_sentences):
@@ -123,17 +146,17 @@ def translate(model: Seq2Seq, spm: SubwordModel, sentences: list[str], *, decode
                            bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
                            length_penalty=decode.length_penalty, n_best=max(n_best, 1))
         for k, nbest in zip(chunk, hyps):
-            results[k] = [(spm.decode(h.tokens), h.score) for h in nbest]
+            results[k] = [(spm.tgt.decode(h.tokens), h.score) for h in nbest]
     return [r[0][0] for r in results] if n_best == 1 else results
 
 
-def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordModel]:
-    """The run's model (untrained weights) and subword model, without reading any corpus."""
-    spm = SubwordModel.load(Path(run_dir) / f"{SUBWORD_MODEL}.model")
-    return build_seq2seq(config.model, vocab_size=spm.vocab_size, pad_id=spm.pad_id), spm
+def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordPair]:
+    """The run's model (untrained weights) and subword model(s), without reading any corpus."""
+    spm = load_subwords(run_dir)
+    return build_model(config, spm), spm
 
 
-def evaluate_translation(model: Seq2Seq, spm: SubwordModel, config: TranslationConfig, *, splits: list[str] | None,
+def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationConfig, *, splits: list[str] | None,
                          decode: DecodeConfig, out_dir: Path, tag: str) -> dict:
     """BLEU and chrF (sacreBLEU, detokenised output vs raw references) on the named test splits
     (default: all of ``data.test``, else the validation set)."""
