@@ -203,6 +203,7 @@ def test_run_evaluates_every_cell_and_writes_the_table(finished, capsys):
     printed = capsys.readouterr().out
     table = (finished.runs_dir / "table.md").read_text(encoding="utf-8")
     assert table in printed and "- cells done: 4 of 4" in table and "- command: sanlab compare smoke" in table
+    assert "- cells trained by: " in table  # from the cells' meta.json: --table-only does not hide how they were made
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert [r.split(" | ")[0] for r in rows] == ["| variant", "| SAN+PE[add] (baseline)", "| 1D-CSAN"]
     report = json.loads((finished.runs_dir / "table.json").read_text(encoding="utf-8"))

@@ -15,13 +15,16 @@ bootstrap on that seed's outputs of the same test set (sacreBLEU's ``paired-bs``
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime
 from multiprocessing import get_context
+from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.evaluation.significance import SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu
@@ -207,6 +210,21 @@ def _assignments(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def _training_commands(grid: Grid) -> list[str]:
+    """The distinct command lines that trained the grid's cells (each run's ``meta.json``), so a table
+    printed later with ``--table-only`` still says how its numbers were made."""
+    commands = []
+    for cell in grid.cells:
+        meta = Path(cell.run_dir) / "meta.json"
+        if meta.exists():
+            argv = json.loads(meta.read_text(encoding="utf-8")).get("command") or []
+            if argv:
+                line = " ".join(["sanlab" if Path(argv[0]).name == "sanlab" else argv[0],
+                                 *(shlex.quote(a) for a in argv[1:])])
+                commands.append(line)
+    return sorted(set(commands))
+
+
 def _header(grid: Grid, sections: list[Section], *, command: str) -> dict[str, str]:
     import torch
 
@@ -215,9 +233,11 @@ def _header(grid: Grid, sections: list[Section], *, command: str) -> dict[str, s
     done, total = sum(s.done for s in sections), sum(s.total for s in sections)
     everywhere = _assignments(spec.set) if isinstance(spec.set, dict) else list(spec.set)
     ev = spec.eval
+    trained_by = _training_commands(grid)
     header = {
         "grid": f"{grid.path} (base recipe {spec.base}; runs in {grid.runs_dir})",
         "command": command,
+        **({"cells trained by": "; ".join(trained_by)} if trained_by and trained_by != [command] else {}),
         "machine": f"{platform.system()} {platform.machine()}, {cores()} cores, torch {torch.__version__}, "
                    f"python {platform.python_version()}",
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
