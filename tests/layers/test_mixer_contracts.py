@@ -3,7 +3,8 @@ PRE_BLOCKS registries.
 
 Each mixer fills the encoder and (when it has a causal form) the decoder of a tiny Seq2Seq:
 cached step-by-step decoding == the teacher-forced forward; a later target token never changes
-earlier outputs; extra source padding leaves real positions unchanged; finite outputs and gradients.
+earlier outputs; extra source padding leaves real positions unchanged; finite outputs and gradients;
+a mixer with a choice of algorithm (band matrix / unfold) gives the same values and gradients with each.
 A pre-block (CNNs) goes in front of the encoder's self-attention (the decoder refuses pre-blocks).
 """
 
@@ -97,3 +98,28 @@ def test_a_mixer_fills_only_the_layers_it_selects(mixer):
     assert isinstance(lower.mixer, Attention) and lower.ffn is not None  # plain attention + its own FFN
     if mixer != "attention":
         assert not isinstance(upper.mixer, Attention)
+
+
+# every mixer with a choice of execution algorithm (fast band matrix vs memory-light unfold)
+ALGORITHM_MIXERS = [name for name in MIXER_NAMES if "algorithm" in MIXERS.entry(name).config.model_fields]
+
+
+@pytest.mark.parametrize("mixer", ALGORITHM_MIXERS)
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+def test_algorithms_agree_in_values_and_gradients(mixer, decoder):
+    if decoder and not _decoder_capable(mixer):
+        pytest.skip(f"mixer {mixer!r} has no causal form")
+    src = torch.randint(4, 30, (2, 9))
+    src[1, 6:] = 0
+    tgt = torch.randint(4, 30, (2, 7))
+    outputs, grads = [], []
+    for algorithm in ("band", "unfold"):
+        model = _model({"type": mixer, "algorithm": algorithm}, decoder=decoder).train()  # same seed: same weights
+        out = model(src, tgt)
+        out.pow(2).sum().backward()
+        outputs.append(out.detach())
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(outputs[0], outputs[1])
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
