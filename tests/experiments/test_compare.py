@@ -365,3 +365,19 @@ def test_cells_run_breadth_first_over_seeds(tmp_path):
     rows = [v.name for v in grid.spec.variants]
     assert order[:len(rows)] == [(name, 1) for name in rows]
     assert order[len(rows):] == [("vanilla", 2), ("2D-CSAN", 2), ("vanilla", 3), ("2D-CSAN", 3)]
+
+
+def test_reproduce_grid_differs_from_the_clean_one_only_by_the_profile_switches():
+    from sanlab.experiments.grid import config_dict
+    from sanlab.runs import config_differences
+
+    clean = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud.yaml")
+    reproduce = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud-reproduce.yaml")
+    assert [(c.dataset, c.variant) for c in clean.cells] == [(c.dataset, c.variant) for c in reproduce.cells]
+    for a, b in zip(clean.cells, reproduce.cells):
+        expected = ["data.vocab_from_all_splits", "model.mask_padding"]
+        if a.variant == "SAN+P+R":
+            expected = sorted(expected + ["model.encoder.attention.parts"])
+            assert b.config.model.encoder.attention.parts[1].rel_param == "circulant_real"
+        assert config_differences(config_dict(a.config), config_dict(b.config)) == expected, a.label
+    assert reproduce.paper(dataset="Vietnamese-VTB", variant="+Conv2d") == {"All": 86.52}
