@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":
-            p.add_argument("--split", action="append", help="split name (repeatable; default: all test splits)")
+            p.add_argument("--split", action="append", help="split name (repeatable; default: a translation run's test splits, a tagging run's dev and test)")
 
     p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
     p.add_argument("--run", required=True)

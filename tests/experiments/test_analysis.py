@@ -91,6 +91,14 @@ def test_learning_curve_and_best_validation():
     assert table.rows == ((2, 1.0, None), (4, 2.0, 3.0))
 
 
+def test_mean_curves_average_only_the_steps_every_seed_logged():
+    curves = {"v/seed-0": [(2, 1.0), (4, 2.0), (6, 5.0)], "v/seed-1": [(2, 3.0), (4, 4.0)], "w/seed-0": [(2, 7.0)]}
+    group_of = {"v/seed-0": "v", "v/seed-1": "v", "w/seed-0": "w"}
+    assert A.mean_curves(curves, group_of) == {"v (mean of 2)": [(2, 2.0), (4, 3.0)], "w (mean of 1)": [(2, 7.0)]}
+    with pytest.raises(ValueError, match="'v' have no validation step in common"):
+        A.mean_curves({"v/seed-0": [(2, 1.0)], "v/seed-1": [(4, 1.0)]}, {"v/seed-0": "v", "v/seed-1": "v"})
+
+
 def test_gate_rows_and_table():
     gates = {"decoder.layers.0.self_mixer.mixer": [0.4, 0.6], "encoder.layers.1.mixer.mixer": [0.3, 0.7],
              "encoder.layers.0.mixer.mixer": [0.8, 0.2]}
@@ -240,6 +248,13 @@ def test_curves_from_metrics_jsonl(corpus, tmp_path):
     (b / "metrics.jsonl").write_text(json.dumps({"split": "valid", "step": 3, "bleu": 7.0}) + "\n")
     rows = _check_outputs(analyze.curves([a, b], out=tmp_path / "curves"))
     assert rows == [["step", "a", "b"], ["2", "10.0", ""], ["3", "", "7.0"], ["4", "25.0", ""], ["6", "20.0", ""]]
+
+
+def test_curves_mean_over_the_seeds_of_comparison_cells(corpus, tmp_path):
+    runs = [_sweep_run(corpus, tmp_path / "grid" / "csan" / f"seed-{seed}", size=3, bleus=bleus)
+            for seed, bleus in ((0, [10.0, 20.0, 40.0]), (1, [14.0, 30.0]))]  # seed 1 stopped early
+    rows = _check_outputs(analyze.curves(runs, out=tmp_path / "mean", mean_over_seeds=True))
+    assert rows == [["step", "csan (mean of 2)"], ["10", "12.0"], ["20", "25.0"]]
 
 
 def test_gates_of_a_muse_run(corpus, tmp_path):

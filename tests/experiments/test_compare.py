@@ -7,8 +7,10 @@ tagging corpus) shrunk further by ``--set`` so each cell trains for a handful of
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,13 +18,13 @@ import pytest
 from sanlab.errors import ConfigError
 from sanlab.evaluation.significance import paired_bootstrap_accuracy
 from sanlab.experiments import cells as cells_module
-from sanlab.experiments.cells import CellResult
+from sanlab.experiments.cells import CellResult, speed_conditions
 from sanlab.experiments.compare import (
     build_report, build_section, describe_cells, majority_mark, paired_test, run_compare, run_grid, run_order,
     select_cells,
 )
-from sanlab.experiments.grid import cell_state, load_grid
-from sanlab.experiments.tables import Stat, format_stat, render_csv, render_markdown
+from sanlab.experiments.grid import cell_state, load_grid, read_json
+from sanlab.experiments.tables import Report, Stat, format_stat, render_csv, render_markdown, section_markdown
 from sanlab.runs import train_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,8 +118,6 @@ def test_section_from_known_per_seed_numbers(tmp_path):
 
 
 def test_markdown_and_csv_rows(tmp_path):
-    from sanlab.experiments.tables import Report
-
     grid = _hand_grid(tmp_path)
     flags = [[True, False]] * 10
     results = {(v, s): CellResult(v, s, params=1000, speed={"steps_per_s": 2.0, "tokens_per_s": 50.0},
@@ -134,6 +134,54 @@ def test_markdown_and_csv_rows(tmp_path):
     assert lines[4].startswith("| same | 0/3 | — |")
     csv = render_csv(Report(title="t", header={}, sections=(section,))).splitlines()
     assert csv[0].startswith("dataset,variant,baseline,seeds_done") and len(csv) == 4
+
+
+def test_speeds_measured_otherwise_than_the_baselines_get_no_delta(tmp_path):
+    grid = _hand_grid(tmp_path)
+
+    def cell(variant, seed, steps, conditions):
+        return CellResult(variant, seed, params=1000, speed={"steps_per_s": steps, "tokens_per_s": 10 * steps},
+                          conditions=conditions)
+
+    results = {("base", 1): cell("base", 1, 2.0, "1 job x 2 threads"),
+               ("better", 1): cell("better", 1, 1.0, "2 jobs x 1 thread"),
+               ("same", 1): cell("same", 1, 1.5, "1 job x 2 threads")}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better, same = section.rows
+    assert not better.speed_comparable and better.steps_delta is None and better.steps_per_s.mean == 1.0
+    assert same.speed_comparable and same.steps_delta == pytest.approx(-0.5)
+    rows = {line.split(" | ")[0]: line.split(" | ")[4] for line in section_markdown(section) if line.startswith("| ")}
+    assert rows["| better"] == "1.00 (†)" and rows["| same"] == "1.50 (−0.50)"
+    assert render_csv(Report(title="t", header={}, sections=(section,))).splitlines()[2].split(",")[10] == \
+        "2 jobs x 1 thread"
+
+
+def test_speed_conditions_of_cells_finished_before_done_json_recorded_jobs(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"command": ["sanlab", "compare", "g.yaml", "--jobs", "2"]}))
+    assert speed_conditions(tmp_path, {"threads": 1}) == "2 jobs x 1 thread"
+    assert speed_conditions(tmp_path, {"threads": 2, "jobs": 1}) == "1 job x 2 threads"  # done.json wins
+    (tmp_path / "meta.json").write_text(json.dumps({"command": ["sanlab", "compare", "g.yaml", "--jobs=3"]}))
+    assert speed_conditions(tmp_path, {"threads": 1}) == "3 jobs x 1 thread"
+
+
+def test_cells_scored_on_other_sentences_are_not_paired(tmp_path):
+    grid = _hand_grid(tmp_path)
+    flags = [[True, False]] * 10
+
+    def cell(variant, gold):
+        return CellResult(variant, 1, params=1000, scores={"all": 50.0, "oov": None, "ambiguous": None},
+                          evidence=flags, scored_against=gold)
+
+    with pytest.raises(ConfigError, match="'better' seed 1 was scored on other sentences than the baseline 'base'"):
+        build_section(grid, dataset=None, results={("base", 1): cell("base", "a"), ("better", 1): cell("better", "b")},
+                      references=None)
+
+
+def test_the_direction_needs_a_paper_delta_with_a_sign(tmp_path):
+    grid = _hand_grid(tmp_path)
+    section = build_section(grid, dataset=None, results={}, references=None)
+    row = replace(section.rows[1], delta=0.8, paper={"All": 92.4})  # the paper's Δ is exactly 0
+    assert section.paper_delta(row) == 0.0 and section.direction(row) == ""
 
 
 def test_bleu_significance_on_hand_written_outputs():
@@ -258,15 +306,50 @@ def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):
     assert "2 of 4 — partial table" in report.header["cells done"]
 
 
+def test_table_only_with_other_settings_does_not_overwrite_the_table(finished, capsys):
+    table = finished.runs_dir / "table.md"
+    before = table.read_text(encoding="utf-8")
+    # a forgotten --set: the finished cells would "continue" to 8 steps and drop out of the table
+    assert run_compare(str(SMOKE), overrides=[*TINY, "train.max_steps=8"], runs_dir=str(finished.runs_dir),
+                       table_only=True, command="sanlab compare smoke") == 1
+    printed = capsys.readouterr().out
+    assert f"NOT written to {finished.runs_dir}: 4 finished cell(s)" in printed
+    assert "SAN+PE[add] / seed 0: training step 4 — continues: train.max_steps changed" in printed
+    assert table.read_text(encoding="utf-8") == before
+
+
+def test_evidence_rewritten_after_scoring_makes_the_cell_score_again(finished):
+    cell = finished.cells[0]
+    record = json.loads((cell.run_dir / "compare-eval.json").read_text())
+    evidence = cell.run_dir / record["evidence"]
+    original = evidence.read_bytes()
+    try:
+        evidence.write_bytes(gzip.compress(b""))  # e.g. another tool rewrote it
+        state = cell_state(cell, finished.spec.eval)
+        assert (state.status, state.detail) == ("trained", f"{record['evidence']} changed or missing since it was "
+                                                           "scored")
+    finally:
+        evidence.write_bytes(original)
+    assert cell_state(cell, finished.spec.eval).status == "evaluated"
+
+
+def test_damaged_json_and_a_dataset_on_a_grid_without_datasets_are_named(finished, tmp_path):
+    bad = _write(tmp_path / "done.json", '{"summary": ')
+    with pytest.raises(ConfigError, match=f"{bad}: not valid JSON"):
+        read_json(bad)
+    with pytest.raises(ConfigError, match="--dataset 'x', but this grid has no datasets"):
+        select_cells(finished, datasets=["x"])
+
+
 def test_jobs_run_cells_in_spawned_processes(tmp_path):
     grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
     cells = select_cells(grid, only=["SAN+PE[add]"])
     outcomes = run_grid(grid, cells, jobs=2, log=lambda m: None)
     assert [o.error for o in outcomes] == [None, None]
-    from sanlab.experiments.compare import cores
+    from sanlab.experiments.cells import cores
 
-    threads = {json.loads((c.run_dir / "done.json").read_text())["threads"] for c in cells}
-    assert threads == {max(1, cores() // 2)}
+    done = [json.loads((c.run_dir / "done.json").read_text()) for c in cells]
+    assert {(d["threads"], d["jobs"]) for d in done} == {(max(1, cores() // 2), 2)}
     assert set(_statuses(grid, cells).values()) == {"evaluated"}
 
 
@@ -328,7 +411,8 @@ RECIPES = {"csan-table1-multi30k": {"vanilla": "multi30k-en-de-transformer", "1D
                                     "DynamicConv": "multi30k-en-de-dynamicconv", "capsule": "multi30k-en-de-capsule"},
            "dufter-table2-ud": {"SAN+PE[add]": "ud-ewt-tagger", "SAN+P+R": "ud-ewt-pr", "+Temp": "ud-ewt-temp",
                                 "+Conv": "ud-ewt-conv", "+Conv2d": "ud-ewt-conv2d", "1D-CSAN": "ud-ewt-csan1d",
-                                "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse"}}
+                                "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse",
+                                "SAN (no position)": "ud-ewt-san"}}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

@@ -207,6 +207,23 @@ def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "val
     return sorted(with_metric.items())
 
 
+def mean_curves(curves: Mapping[str, Sequence[tuple[int, float]]],
+                group_of: Mapping[str, str]) -> dict[str, list[tuple[int, float]]]:
+    """One curve per group (e.g. the seeds of one variant): the mean at each step that every member
+    logged, so no point mixes a different number of runs; a run stopped early ends its group there.
+    Keys are ``"<group> (mean of n)"``."""
+    members: dict[str, list[dict[int, float]]] = {}
+    for name, points in curves.items():
+        members.setdefault(group_of[name], []).append(dict(points))
+    means = {}
+    for group, runs in members.items():
+        steps = sorted(set.intersection(*(set(run) for run in runs)))
+        if not steps:
+            raise ValueError(f"the runs of {group!r} have no validation step in common")
+        means[f"{group} (mean of {len(runs)})"] = [(s, sum(run[s] for run in runs) / len(runs)) for s in steps]
+    return means
+
+
 def curves_table(curves: Mapping[str, Sequence[tuple[int, float]]]) -> Table:
     """Wide table: one row per step (union over runs), one column per run; blank where not logged."""
     by_run = {name: dict(points) for name, points in curves.items()}

@@ -99,8 +99,9 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
     if not path.exists():
         raise ConfigError(f"{path} not found: decode first with "
                           f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
-    text = path.read_text(encoding="utf-8")
-    hyps = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")  # one line per hypothesis
+    from sanlab.tasks.translation import read_hypotheses
+
+    hyps = read_hypotheses(path)
     if len(hyps) != expected:
         raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
     return hyps
@@ -257,17 +258,25 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
 
 
 def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = None,
-           split: str = "valid") -> dict[str, Path]:
-    """``metric`` of the ``split`` records of each run's ``metrics.jsonl`` against the step (Dufter Fig. 2)."""
+           split: str = "valid", mean_over_seeds: bool = False) -> dict[str, Path]:
+    """``metric`` of the ``split`` records of each run's ``metrics.jsonl`` against the step (Dufter Fig. 2).
+
+    ``mean_over_seeds``: comparison cells ``<variant>/seed-N`` of one variant become one line, their mean."""
     from sanlab.evaluation import analysis, plots
     from sanlab.training.loop import read_metrics
 
     metric = metric or default_metric(run_dirs[0])
+    labels = run_labels(run_dirs)
     found = {label: checked(analysis.learning_curve, read_metrics(Path(run)), metric=metric, split=split,
                             context=f"{run}/metrics.jsonl")
-             for label, run in zip(run_labels(run_dirs), run_dirs)}
+             for label, run in zip(labels, run_dirs)}
     notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
              "later record.")
+    if mean_over_seeds:
+        group_of = {label: re.sub(r"/seed-\d+$", "", label) for label in labels}
+        found = checked(analysis.mean_curves, found, group_of, context="--mean-over-seeds")
+        notes += (" Each line is the mean over the seeds of one variant, at the steps all of them logged "
+                  "(a seed that stopped early ends its line there).")
     return write_outputs(out, title=f"Learning curves: {split} {metric}", table=analysis.curves_table(found),
                          notes=notes, plot=lambda png: plots.lines(
                              png, series={k: ([s for s, _ in v], [y for _, y in v]) for k, v in found.items()},
@@ -383,7 +392,10 @@ def _add_gates_and_curves(sub) -> None:
     _common(p, runs="+")
     p.add_argument("--metric", help="metric name in metrics.jsonl (default: bleu / accuracy)")
     p.add_argument("--split", default="valid", help="record split in metrics.jsonl: valid (default), train, speed")
-    p.set_defaults(fn=lambda a: _report(curves(a.runs, out=a.out, metric=a.metric, split=a.split)))
+    p.add_argument("--mean-over-seeds", action="store_true",
+                   help="one line per variant: the mean of its seed-N runs (comparison cells)")
+    p.set_defaults(fn=lambda a: _report(curves(a.runs, out=a.out, metric=a.metric, split=a.split,
+                                               mean_over_seeds=a.mean_over_seeds)))
 
 
 def _add_attention(sub) -> None:

@@ -10,11 +10,13 @@ hypothesis file of ``runs.evaluate_run`` for translation, and ``tags-<checkpoint
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
+import platform
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -22,10 +24,12 @@ import torch
 from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid import (
-    DONE_FILE, EVAL_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, eval_key, read_json,
+    DONE_FILE, EVAL_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, eval_key, file_digest,
+    read_json,
 )
 from sanlab.models.builders import count_parameters
 from sanlab.runs import average_run, evaluate_run, load_run_config, load_trained, train_run
+from sanlab.tasks.translation import read_hypotheses
 from sanlab.training.loop import read_metrics
 
 # Score names of each task: (column, key in the evaluation record); the first is the primary score.
@@ -70,12 +74,36 @@ def run_parameters(run_dir: Path) -> int:
     return count_parameters(model)
 
 
-def train_cell(cell: Cell, *, quiet: bool) -> dict:
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def machine() -> str:
+    return (f"{platform.system()} {platform.machine()}, {cores()} cores, torch {torch.__version__}, "
+            f"python {platform.python_version()}")
+
+
+def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
+    """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
+    trained as many side by side (``jobs``), with as many threads, on the same machine."""
     summary = train_run(cell.config, cell.run_dir, quiet=quiet)
     done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
-            "threads": torch.get_num_threads(), "config": config_dict(cell.config)}
+            "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config)}
     _write_json(cell.run_dir / DONE_FILE, done)
     return done
+
+
+def speed_conditions(run_dir: Path, done: dict) -> str:
+    """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each.
+    Cells finished before ``done.json`` recorded its jobs take them from the command in ``meta.json``."""
+    jobs = done.get("jobs")
+    if jobs is None:
+        argv = (read_json(Path(run_dir) / "meta.json") or {}).get("command") or []
+        values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--jobs"]
+        values += [a.split("=", 1)[1] for a in argv if a.startswith("--jobs=")]
+        jobs = int(values[-1]) if values and values[-1].isdigit() else 1
+    threads = done.get("threads", "?")
+    return f"{jobs} job{'s' if jobs != 1 else ''} x {threads} thread{'s' if threads != 1 else ''}"
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -94,7 +122,8 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
         scores, evidence = evaluate_tagging_cell(cell, checkpoint=spec.checkpoint)
         signature = None
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
-              "scores": scores, "signature": signature, "evidence": evidence}
+              "scores": scores, "signature": signature, "evidence": evidence,
+              "evidence_sha256": file_digest(cell.run_dir / evidence)}
     _write_json(cell.run_dir / EVAL_FILE, record)
     return record
 
@@ -134,7 +163,7 @@ class CellOutcome:
     error: str | None = None
 
 
-def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool) -> CellOutcome:
+def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellOutcome:
     """Bring one cell to ``evaluated``: train or resume it if needed, then evaluate it if needed.
 
     Errors are returned, not raised, so one failing cell does not stop the rest of the grid.
@@ -146,7 +175,7 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool) -> CellOutcome:
             raise ConfigError(f"{cell.run_dir}: {state.detail}; rerun with the settings (--set) it was trained "
                               "with, delete it, or choose another --runs-dir")
         if state.status in ("pending", "training"):
-            train_cell(cell, quiet=quiet)
+            train_cell(cell, quiet=quiet, jobs=jobs)
             trained = True
         if trained or state.status == "trained":
             evaluate_cell(cell, spec)
@@ -164,9 +193,9 @@ def init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_cell_job(job: tuple[Cell, EvalSpec, bool]) -> CellOutcome:
-    cell, spec, quiet = job
-    return run_cell(cell, spec, quiet=quiet)
+def run_cell_job(job: tuple[Cell, EvalSpec, bool, int]) -> CellOutcome:
+    cell, spec, quiet, jobs = job
+    return run_cell(cell, spec, quiet=quiet, jobs=jobs)
 
 
 # ----------------------------------------------------------------------------- reading results
@@ -181,9 +210,12 @@ class CellResult:
     seed: int
     params: int | None = None
     speed: dict[str, float] | None = None       # steps_per_s, tokens_per_s (last "speed" record)
+    conditions: str | None = None               # how the speed was measured (``speed_conditions``)
+    machine: str | None = None                  # where it was trained (recorded since done.json has it)
     scores: dict[str, float | None] = field(default_factory=dict)  # keys of METRICS
     signature: str | None = None
     evidence: list | None = None
+    scored_against: str | None = None           # digest of the gold side of the evidence (tagging)
 
 
 def last_speed(run_dir: Path) -> dict[str, float] | None:
@@ -192,13 +224,23 @@ def last_speed(run_dir: Path) -> dict[str, float] | None:
     return {k: records[-1][k] for k in ("steps_per_s", "tokens_per_s")} if records else None
 
 
-def read_evidence(run_dir: Path, record: dict) -> list:
+def read_evidence(run_dir: Path, record: dict) -> tuple[list, str | None]:
+    """(per-sentence evidence, digest of what it was scored against). Translation: the hypotheses (the
+    references are checked by the caller); tagging: per-token correctness, and a digest of the words
+    and gold tags, so that two cells scored on different test files are never paired."""
     path = Path(run_dir) / record["evidence"]
     if path.suffix == ".txt":
-        return path.read_text(encoding="utf-8").splitlines()
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
-    return [[g == p for g, p in zip(r["gold"], r["pred"])] for r in rows]
+        return read_hypotheses(path), None
+    rows = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                rows.append((row["words"], row["gold"], row["pred"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ConfigError(f"{path}, line {number}: not a tagged sentence ({err})") from None
+    gold = hashlib.sha256(json.dumps([(w, g) for w, g, _ in rows], ensure_ascii=False).encode()).hexdigest()
+    return [[g == p for g, p in zip(gold_tags, pred)] for _, gold_tags, pred in rows], gold
 
 
 def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
@@ -207,12 +249,14 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     if state.status not in ("trained", "evaluated"):
         return None
     done = read_json(cell.run_dir / DONE_FILE)
-    result = CellResult(cell.variant, cell.seed, params=done["params"], speed=last_speed(cell.run_dir))
+    result = CellResult(cell.variant, cell.seed, params=done.get("params"), speed=last_speed(cell.run_dir),
+                        conditions=speed_conditions(cell.run_dir, done), machine=done.get("machine"))
     if state.status != "evaluated":
         return result
     record = read_json(cell.run_dir / EVAL_FILE)
-    return CellResult(cell.variant, cell.seed, params=done["params"], speed=result.speed, scores=record["scores"],
-                      signature=record["signature"], evidence=read_evidence(cell.run_dir, record))
+    evidence, scored_against = read_evidence(cell.run_dir, record)
+    return replace(result, scores=record["scores"], signature=record.get("signature"), evidence=evidence,
+                   scored_against=scored_against)
 
 
 def read_references(cell: Cell) -> list[str] | None:

@@ -16,8 +16,6 @@ bootstrap on that seed's outputs of the same test set (sacreBLEU's ``paired-bs``
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -29,17 +27,13 @@ from pathlib import Path
 from sanlab.errors import ConfigError
 from sanlab.evaluation.significance import SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu
 from sanlab.experiments.cells import (
-    METRICS, CellOutcome, CellResult, init_worker, prepare_synthetic, read_references, read_result, run_cell,
-    run_cell_job,
+    METRICS, CellOutcome, CellResult, cores, init_worker, machine, prepare_synthetic, read_references, read_result,
+    run_cell, run_cell_job,
 )
-from sanlab.experiments.grid import Cell, EvalSpec, Grid, cell_state, load_grid, slug
+from sanlab.experiments.grid import DONE_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid, slug
 from sanlab.experiments.tables import Report, Row, Section, Stat, SeedTest, render_markdown, write_report
 
 UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # ----------------------------------------------------------------------------- choosing and running cells
@@ -55,6 +49,8 @@ def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str
         return chosen or set(known)
 
     variants = pick(only, [v.name for v in grid.spec.variants], "variant")
+    if datasets and not grid.spec.datasets:
+        raise ConfigError(f"{grid.path}: --dataset {datasets[0]!r}, but this grid has no datasets")
     sets = pick(datasets, [d.name for d in grid.spec.datasets], "dataset") if grid.spec.datasets else {None}
     return [c for c in grid.cells if c.variant in variants and c.dataset in sets]
 
@@ -97,17 +93,24 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
         status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
         log(f"[{len(outcomes)}/{len(todo)}] {outcome.cell.label}: {status} ({outcome.seconds:.0f}s)")
         if after_cell is not None:
-            after_cell(outcome)
+            try:
+                after_cell(outcome)
+            except Exception as err:  # noqa: BLE001  (the table is rebuilt at the end; the grid goes on)
+                log(f"could not rewrite the table after {outcome.cell.label}: {type(err).__name__}: {err}")
 
     if jobs <= 1 or len(todo) <= 1:
         for cell in todo:
-            report(run_cell(cell, grid.spec.eval, quiet=quiet))
+            report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1))
         return outcomes
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn"),
                              initializer=init_worker, initargs=(max(1, cores() // jobs),)) as pool:
-        futures = [pool.submit(run_cell_job, (c, grid.spec.eval, True)) for c in todo]
+        futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, jobs)): c for c in todo}
         for future in as_completed(futures):
-            report(future.result())
+            try:
+                outcome = future.result()
+            except Exception as err:  # noqa: BLE001  (e.g. a worker killed by the OOM killer)
+                outcome = CellOutcome(futures[future], False, False, 0.0, f"{type(err).__name__}: {err}")
+            report(outcome)
     return outcomes
 
 
@@ -146,9 +149,14 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     params = next((r.params for r in results.values() if r.params is not None), None)
     speeds = [r.speed for r in results.values() if r.speed]
     steps = _stat(s["steps_per_s"] for s in speeds)
+    conditions = tuple(sorted({r.conditions for r in results.values() if r.speed and r.conditions}))
     tests = []
     if baseline is not None:
         for seed in sorted(set(evaluated) & {s for s, r in base_results.items() if r.scores}):
+            if evaluated[seed].scored_against != base_results[seed].scored_against:
+                raise ConfigError(f"{grid.path}: {variant!r} seed {seed} was scored on other sentences than the "
+                                  f"baseline {grid.baseline!r}{f' on {dataset}' if dataset else ''} (words or gold "
+                                  "tags differ); re-evaluate both on the same test file")
             try:
                 result = paired_test(grid.task, base_results[seed].evidence, evaluated[seed].evidence,
                                      references=references, spec=grid.spec.eval)
@@ -163,10 +171,15 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
         other = of_baseline(baseline) if baseline is not None else None
         return None if value is None or other is None else value - other
 
+    # speeds measured with other jobs x threads than the baseline's are shown, but not set against it
+    comparable = baseline is None or not conditions or not baseline.speed_conditions or \
+        conditions == baseline.speed_conditions
+
     return Row(variant=variant, baseline=baseline is None, seeds_planned=tuple(grid.seeds_of(variant)),
                seeds_done=tuple(sorted(evaluated)), params=params, params_delta=minus(params, lambda b: b.params),
                steps_per_s=steps, tokens_per_s=_stat(s["tokens_per_s"] for s in speeds),
-               steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean),
+               steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean) if comparable else None,
+               speed_conditions=conditions, speed_comparable=comparable,
                scores=scores, delta=minus(scores[primary].mean, lambda b: b.scores[primary].mean),
                mark=mark, mark_support=support, tests=tuple(tests),
                paper=grid.paper(dataset=dataset, variant=variant), note=grid.variant(variant).note)
@@ -225,9 +238,7 @@ def _training_commands(grid: Grid) -> list[str]:
     return sorted(set(commands))
 
 
-def _header(grid: Grid, sections: list[Section], *, command: str) -> dict[str, str]:
-    import torch
-
+def _header(grid: Grid, sections: list[Section], *, command: str, trained_on: Sequence[str]) -> dict[str, str]:
     spec = grid.spec
     extra = [f"{v.name}: {v.seeds}" for v in spec.variants if v.seeds is not None]
     done, total = sum(s.done for s in sections), sum(s.total for s in sections)
@@ -238,8 +249,8 @@ def _header(grid: Grid, sections: list[Section], *, command: str) -> dict[str, s
         "grid": f"{grid.path} (base recipe {spec.base}; runs in {grid.runs_dir})",
         "command": command,
         **({"cells trained by": "; ".join(trained_by)} if trained_by and trained_by != [command] else {}),
-        "machine": f"{platform.system()} {platform.machine()}, {cores()} cores, torch {torch.__version__}, "
-                   f"python {platform.python_version()}",
+        "machine": machine(),
+        **({"cells trained on": "; ".join(trained_on)} if trained_on and list(trained_on) != [machine()] else {}),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "seeds": f"{spec.seeds}" + (f" (except {'; '.join(extra)})" if extra else ""),
         "data split": ", ".join(sorted({c.split for c in grid.cells})),
@@ -252,10 +263,11 @@ def _header(grid: Grid, sections: list[Section], *, command: str) -> dict[str, s
 
 
 def build_report(grid: Grid, *, command: str) -> Report:
-    sections = []
+    sections, machines = [], set()
     for dataset in grid.datasets:
         results, references = collect(grid, dataset)
         sections.append(build_section(grid, dataset=dataset, results=results, references=references))
+        machines |= {r.machine for r in results.values() if r.machine}
     ev = grid.spec.eval
     test = "sacreBLEU paired bootstrap (paired-bs)" if grid.task == "translation" else \
         "paired bootstrap over sentences of All accuracy"
@@ -263,14 +275,37 @@ def build_report(grid: Grid, *, command: str) -> Report:
         "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the means to the baseline row.",
         f"sig.: {test} against the baseline on the same seed's output, {ev.bootstrap_samples} resamples "
         f"(seed {ev.bootstrap_seed}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01; with several seeds the mark is the "
-        "majority's, followed by k/n (tests in its direction / seed-matched tests).",
+        "majority's, followed by k/n (tests in its direction / seed-matched tests); no mark: not significant, or no "
+        "seed shared with the baseline yet (the CSV and JSON give every p-value).",
+        "Δ uses every seed done of each row; the test pairs only the seeds both rows have, so while seeds are "
+        "missing the two can disagree. The bootstrap measures test-set variation of trained models, not "
+        "seed-to-seed variation: with one seed, a mark says these two models differ on this test set.",
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
-        "tagging): update time only, whole run, mean over seeds; compare them only between cells trained "
-        "with the same --jobs on the same machine.",
+        "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "
+        "the same jobs x threads on the same machine." + _speed_legend(sections),
     )
     return Report(title=grid.spec.title or f"sanlab compare: {grid.name}",
-                  header=_header(grid, sections, command=command), sections=tuple(sections),
+                  header=_header(grid, sections, command=command, trained_on=sorted(machines)),
+                  sections=tuple(sections),
                   reference=grid.spec.reference, notes=tuple(grid.notes()), legend=legend)
+
+
+def _speed_legend(sections: Sequence[Section]) -> str:
+    """Which rows' speeds were measured otherwise than their baseline's (marked † in the table)."""
+    odd = [(s, r) for s in sections for r in s.rows if not r.speed_comparable]
+    if not odd:
+        return ""
+    base = {id(s): next(r for r in s.rows if r.baseline) for s, _ in odd}
+    where = "; ".join(f"{r.variant}{f' ({s.dataset})' if s.dataset else ''}: {', '.join(r.speed_conditions)} "
+                      f"(baseline: {', '.join(base[id(s)].speed_conditions)})" for s, r in odd)
+    return f" (†): trained with other jobs x threads than the baseline, so no speed Δ — {where}."
+
+
+def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:
+    """Cells that finished training (``done.json``) but that the grid, with this invocation's
+    overrides, would train again or refuses (``training``/``conflict``): they are not in its table."""
+    states = [(c, cell_state(c, grid.spec.eval)) for c in grid.cells if (Path(c.run_dir) / DONE_FILE).exists()]
+    return [(c, s) for c, s in states if s.status in ("training", "conflict")]
 
 
 # ----------------------------------------------------------------------------- the command
@@ -293,8 +328,15 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
                                       after_cell=lambda _: write_report(build_report(grid, command=command),
                                                                         grid.runs_dir)) if o.error]
     report = build_report(grid, command=command)
-    paths = write_report(report, grid.runs_dir)
     out(render_markdown(report))
+    left_out = mismatched_finished_cells(grid) if table_only else []
+    if left_out:
+        # the committed table would lose these cells: almost always a forgotten or extra --set
+        out(f"NOT written to {grid.runs_dir}: {len(left_out)} finished cell(s) do not match this invocation's "
+            "settings and are missing from the table above (pass the --set they were trained with):")
+        out("\n".join(f"  {cell.label}: {state.describe()}" for cell, state in left_out))
+        return 1
+    paths = write_report(report, grid.runs_dir)
     out(f"(written to {paths['md']}, {paths['csv'].name}, {paths['json'].name})")
     for o in failed:
         out(f"FAILED {o.cell.label}: {o.error}")

@@ -22,6 +22,7 @@ Paths inside recipes (data, ``runs_dir``) are relative to the working directory,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -310,13 +311,43 @@ class CellState:
 
 
 def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    """The JSON object in ``path``, None if there is no such file; a damaged file is a ConfigError naming it."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err}); delete it to redo what wrote it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 
 def latest_step(run_dir: Path) -> int | None:
     """Step of the checkpoint a resume would start from, read without creating anything."""
     latest = latest_checkpoint(Path(run_dir) / "checkpoints")
-    return read_json(latest / "meta.json")["step"] if latest else None
+    if latest is None:
+        return None
+    meta = read_json(latest / "meta.json")
+    if meta is None or "step" not in meta:
+        raise ConfigError(f"{latest}: checkpoint without meta.json (or without its step); delete it to resume "
+                          "from the one before")
+    return meta["step"]
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file: ties an evaluation record to the evidence file it wrote."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def evidence_intact(run_dir: Path, record: dict) -> bool:
+    """Whether the per-sentence evidence an evaluation record names is still what it wrote (``sanlab
+    evaluate`` writes the same ``hyp-*.txt`` and may have replaced it). Records without a digest
+    (written before digests existed) are trusted if the file exists."""
+    path = Path(run_dir) / record.get("evidence", "")
+    if not record.get("evidence") or not path.is_file():
+        return False
+    return "evidence_sha256" not in record or file_digest(path) == record["evidence_sha256"]
 
 
 def config_dict(config: Config) -> dict:
@@ -357,8 +388,10 @@ def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     changes = training_changes(done, cell) if done else []
     if done and not changes:
         record = read_json(run / EVAL_FILE)
-        if record and record["key"] == eval_key(cell, spec) and record["trained_at"] == done["finished_at"]:
-            return CellState("evaluated", step)
+        if record and record.get("key") == eval_key(cell, spec) and record.get("trained_at") == done["finished_at"]:
+            if evidence_intact(run, record):
+                return CellState("evaluated", step)
+            return CellState("trained", step, f"{record.get('evidence')} changed or missing since it was scored")
         return CellState("trained", step)
     saved = _normalised(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")), source=run / "config.yaml")
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -66,6 +67,8 @@ class Row:
     tests: tuple[SeedTest, ...]
     paper: dict[str, float | str]
     note: str | None = None
+    speed_conditions: tuple[str, ...] = ()  # jobs x threads its cells trained with (``cells.speed_conditions``)
+    speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,9 @@ class Section:
 
     def direction(self, row: Row) -> str:
         """``same`` / ``opposite``: whether our Δ has the sign of the paper's; ``flat`` if ours rounds to
-        0.00; ``""`` if either is missing."""
+        0.00; ``""`` if either is missing or the paper's is 0."""
         paper = self.paper_delta(row)
-        if paper is None or row.delta is None:
+        if paper is None or row.delta is None or paper == 0:  # the paper's own Δ has no sign to agree with
             return ""
         if abs(row.delta) < 0.005:
             return "flat"
@@ -152,7 +155,9 @@ def _params(row: Row) -> tuple[str, str]:
 
 def _speed(row: Row) -> tuple[str, str]:
     steps = _num(row.steps_per_s.mean)
-    if not row.baseline and row.steps_delta is not None:
+    if not row.speed_comparable:
+        steps += " (†)"
+    elif not row.baseline and row.steps_delta is not None:
         steps += f" ({_signed(row.steps_delta)})"
     tokens = "—" if row.tokens_per_s.mean is None else f"{row.tokens_per_s.mean:,.0f}"
     return steps, tokens
@@ -212,8 +217,9 @@ def render_csv(report: Report) -> str:
     metrics = list(dict.fromkeys(m for s in report.sections for m in s.metrics))
     paper = list(dict.fromkeys(c for s in report.sections for c in s.paper_columns))
     head = ["dataset", "variant", "baseline", "seeds_done", "seeds_planned", "params", "params_delta",
-            "steps_per_s", "steps_per_s_delta", "tokens_per_s"]
+            "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
+    # p_values: "seed 0: 0.001; seed 1: 0.03"
     head += ["delta", "mark", "mark_support", "tests", "p_values"] + [f"paper {c}" for c in paper]
     head += ["paper_delta_column", "paper_delta", "direction", "note"]
     out = io.StringIO()
@@ -222,11 +228,12 @@ def render_csv(report: Report) -> str:
     for s in report.sections:
         for r in s.rows:
             line = [s.dataset or "", r.variant, int(r.baseline), len(r.seeds_done), len(r.seeds_planned), r.params,
-                    r.params_delta, r.steps_per_s.mean, r.steps_delta, r.tokens_per_s.mean]
+                    r.params_delta, r.steps_per_s.mean, r.steps_delta, r.tokens_per_s.mean,
+                    "; ".join(r.speed_conditions)]
             for m in metrics:
                 stat = r.scores.get(m, Stat())
                 line += [stat.mean, stat.sd, stat.n]
-            line += [r.delta, r.mark, r.mark_support, len(r.tests), " ".join(f"{t.p_value:.4g}" for t in r.tests)]
+            line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value:.4g}" for t in r.tests)]
             line += [r.paper.get(c) for c in paper]
             line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or ""]
             writer.writerow(["" if v is None else v for v in line])
@@ -256,7 +263,10 @@ def write_report(report: Report, out_dir: Path) -> dict[str, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"md": out_dir / "table.md", "csv": out_dir / "table.csv", "json": out_dir / "table.json"}
-    paths["md"].write_text(render_markdown(report), encoding="utf-8")
-    paths["csv"].write_text(render_csv(report), encoding="utf-8")
-    paths["json"].write_text(json.dumps(report_dict(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    texts = {"md": render_markdown(report), "csv": render_csv(report),
+             "json": json.dumps(report_dict(report), indent=2, ensure_ascii=False) + "\n"}
+    for kind, path in paths.items():  # atomically: an interrupted rewrite never leaves half a committed table
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(texts[kind], encoding="utf-8")
+        os.replace(tmp, path)
     return paths

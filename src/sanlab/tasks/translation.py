@@ -156,6 +156,17 @@ def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Se
     return build_model(config, spm), spm
 
 
+def write_hypotheses(path: Path, hyps: list[str]) -> None:
+    """One hypothesis per line, each ending in "\\n" (an empty hypothesis is an empty line)."""
+    Path(path).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+
+
+def read_hypotheses(path: Path) -> list[str]:
+    """What ``write_hypotheses`` wrote. Not ``splitlines()``: that also splits at U+2028, U+0085 and
+    the like, which a hypothesis may contain."""
+    text = Path(path).read_text(encoding="utf-8")
+    return text.removesuffix("\n").split("\n") if text else []
+
 def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationConfig, *, splits: list[str] | None,
                          decode: DecodeConfig, out_dir: Path, tag: str) -> dict:
     """BLEU and chrF (sacreBLEU, detokenised output vs raw references) on the named test splits
@@ -172,7 +183,7 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         hyps = translate(model, spm, [s for s, _ in raw], decode=decode)
         scores = corpus_scores(hyps, [t for _, t in raw])
         hyp_path = Path(out_dir) / f"hyp-{Path(tag).name}-{name}.txt"
-        hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        write_hypotheses(hyp_path, hyps)
         results[name] = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                          "chrf_signature": scores.chrf_signature, "formatted": scores.format(),
                          "hypotheses": str(hyp_path), "sentences": len(raw),
