@@ -22,7 +22,7 @@ import yaml
 
 from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, validate
 from sanlab.errors import ConfigError, DataError
-from sanlab.training.checkpoint import CheckpointManager, load_weights
+from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint, load_weights
 from sanlab.training.logging import RunLogger
 
 LIBRARIES = ("torch", "sacrebleu", "sentencepiece", "conllu", "safetensors", "pydantic", "numpy")
@@ -92,12 +92,22 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
             raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
                               f"{', '.join(blocking)}. Resume with the same config, pass --overwrite to start "
                               "again, or choose another --run directory")
+        _refuse_shorter_budget(run_dir, config)
         saved.write_text(text, encoding="utf-8")
         return CheckpointManager.has_checkpoints(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     saved.write_text(text, encoding="utf-8")
     (run_dir / "meta.json").write_text(json.dumps(provenance(config), indent=2), encoding="utf-8")
     return False
+
+
+def _refuse_shorter_budget(run_dir: Path, config: Config) -> None:
+    """A resume never shortens a run: its weights would be saved under a budget they have exceeded."""
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    step = json.loads((latest / "meta.json").read_text(encoding="utf-8")).get("step") if latest else None
+    if step is not None and step > config.train.max_steps:
+        raise ConfigError(f"{run_dir} has trained {step} updates, more than train.max_steps={config.train.max_steps}; "
+                          "a shorter budget needs a new run (another --run directory, or --overwrite)")
 
 
 def load_run_config(run_dir: Path) -> Config:

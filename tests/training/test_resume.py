@@ -32,6 +32,15 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_translation):
         train_run(tiny_translation(max_steps=3, lr=0.5), run, quiet=True)
 
 
+def test_resume_refuses_a_budget_the_run_has_already_passed(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=4), run, quiet=True)
+    config = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match="has trained 4 updates, more than train.max_steps=2"):
+        train_run(tiny_translation(max_steps=2), run, quiet=True)
+    assert (run / "config.yaml").read_text() == config  # the run still says what it was trained with
+
+
 def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=3), run, quiet=True)
