@@ -177,6 +177,21 @@ def test_cells_scored_on_other_sentences_are_not_paired(tmp_path):
                       references=None)
 
 
+def test_translation_cells_scored_against_other_references_are_not_paired(tmp_path, monkeypatch):
+    from sanlab.experiments import compare
+
+    _write(tmp_path / "mt.yaml", "task: translation\ndata: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, "
+                                 "test: {t: {src: a.src, tgt: a.tgt}}}\n")
+    grid = load_grid(_write(tmp_path / "g.yaml", "base: mt.yaml\nseeds: [1]\nvariants:\n  - {name: a}\n"
+                                                 "  - {name: b, overrides: [data.test.t.tgt=b.tgt]}\n"),
+                     runs_dir=tmp_path / "runs")
+    monkeypatch.setattr(compare, "read_result", lambda cell, spec: CellResult(
+        cell.variant, cell.seed, scores={"bleu": 1.0, "chrf": 1.0}, evidence=["x"]))
+    monkeypatch.setattr(compare, "read_references", lambda cell: ["x"])
+    with pytest.raises(ConfigError, match=r"b / seed 1 was scored against .*b\.tgt, a / seed 1 against .*a\.tgt"):
+        compare.collect(grid, None)
+
+
 def test_the_direction_needs_a_paper_delta_with_a_sign(tmp_path):
     grid = _hand_grid(tmp_path)
     section = build_section(grid, dataset=None, results={}, references=None)

@@ -259,6 +259,14 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
                    scored_against=scored_against)
 
 
+def reference_file(cell: Cell) -> str | None:
+    """The target file of the cell's split (translation), which its hypotheses were scored against."""
+    if not isinstance(cell.config, TranslationConfig):
+        return None
+    d = cell.config.data
+    return str((d.valid if cell.split == "valid" else d.test[cell.split]).tgt)
+
+
 def read_references(cell: Cell) -> list[str] | None:
     """The reference translations of the cell's split (None for tagging)."""
     if not isinstance(cell.config, TranslationConfig):

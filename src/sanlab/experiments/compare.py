@@ -28,7 +28,7 @@ from sanlab.errors import ConfigError
 from sanlab.evaluation.significance import SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu
 from sanlab.experiments.cells import (
     METRICS, CellOutcome, CellResult, cores, init_worker, machine, prepare_synthetic, read_references, read_result,
-    run_cell, run_cell_job,
+    reference_file, run_cell, run_cell_job,
 )
 from sanlab.experiments.grid import DONE_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid, slug
 from sanlab.experiments.tables import Report, Row, Section, Stat, SeedTest, render_markdown, write_report
@@ -205,13 +205,16 @@ def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, i
 
 def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], CellResult], list[str] | None]:
     """Results of every finished cell of one dataset, and the references of its split (translation)."""
-    results, references = {}, None
+    results, references, source = {}, None, None
     for cell in (c for c in grid.cells if c.dataset == dataset):
         result = read_result(cell, grid.spec.eval)
         if result is not None:
             results[cell.variant, cell.seed] = result
             if result.scores and references is None:
-                references = read_references(cell)
+                references, source = read_references(cell), cell
+            elif result.scores and references is not None and reference_file(cell) != reference_file(source):
+                raise ConfigError(f"{grid.path}: {cell.label} was scored against {reference_file(cell)}, "
+                                  f"{source.label} against {reference_file(source)}: their outputs cannot be paired")
     return results, references
 
 
