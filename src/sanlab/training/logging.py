@@ -63,7 +63,7 @@ class SilentLogger(RunLogger):
     """The logger of a distributed run's other processes: the main process reports for all."""
 
     def __init__(self, run_dir: Path):
-        self.dir, self.progress, self.use_tensorboard, self.quiet, self._writer = Path(run_dir), False, False, True, None
+        super().__init__(run_dir, progress=False, tensorboard=False, quiet=True)
 
     def info(self, message: str) -> None: ...
     def scalars(self, split: str, values: dict[str, float], *, step: int) -> None: ...

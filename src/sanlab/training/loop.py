@@ -124,7 +124,7 @@ class Trainer:
         self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update
-    def _update(self, group: list[Any]) -> tuple[float, int]:
+    def update(self, group: list[Any]) -> tuple[float, int]:
         """One optimizer step over ``group`` (the accumulated batches of all processes); loss per token
         and tokens. Every process knows the whole group, so the normaliser needs no communication."""
         cfg, p = self.config, self.progress
@@ -227,7 +227,7 @@ class Trainer:
                     p.position = len(batches)
                     break
                 t0 = time.monotonic()
-                loss, tokens = self._update(group)
+                loss, tokens = self.update(group)
                 p.train_seconds += time.monotonic() - t0
                 p.train_tokens += tokens
                 p.position += len(group)
