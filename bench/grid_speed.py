@@ -6,7 +6,8 @@ loads. Here one process builds every variant's model and task from its cell conf
 seed), takes the same real batches of epoch 0, and times the trainer's own update (`Trainer.update`:
 forward, backward, clipping, optimizer step) in rounds: each round runs U updates of every variant,
 in an order that rotates from round to round, so a load change hits all variants alike. Reported:
-median over rounds of updates/s and tokens/s, and the ratio to the baseline row from the same run.
+median over rounds of updates/s and tokens/s, and the median over rounds of the ratio to the baseline's
+updates/s in the same round (paired by round, so a round that ran faster for everyone cancels out).
 
     .venv/bin/python bench/grid_speed.py configs/compare/dufter-table2-ud.yaml --threads 2 \\
         --updates 20 --rounds 3 --out results/dufter-ewt-speed.md
@@ -86,15 +87,17 @@ def first_seed_cells(grid: Grid, dataset: str | None) -> list[Cell]:
 
 def table(contenders: list[Contender], baseline: str) -> list[str]:
     base = next(c for c in contenders if c.cell.variant == baseline)
-    base_rate = statistics.median(u / s for u, s in zip(base.updates, base.seconds))
-    lines = ["| variant | params | updates/s (median) | tokens/s (median) | speed vs baseline | updates/s per round |",
+    base_rates = [u / s for u, s in zip(base.updates, base.seconds)]
+    lines = ["| variant | params | updates/s (median) | tokens/s (median) | speed vs baseline (median of per-round ratios) "
+             "| updates/s per round |",
              "|---|---:|---:|---:|---:|---|"]
     for c in contenders:
         ups = [u / s for u, s in zip(c.updates, c.seconds)]
         tps = [n / s for n, s in zip(c.tokens, c.seconds)]
         name = c.cell.variant + (" (baseline)" if c is base else "")
         lines.append(f"| {name} | {c.params:,d} | {statistics.median(ups):.2f} | {statistics.median(tps):,.0f} | "
-                     f"{statistics.median(ups) / base_rate:.2f} | {' '.join(f'{u:.2f}' for u in ups)} |")
+                     f"{statistics.median(u / b for u, b in zip(ups, base_rates)):.2f} | "
+                     f"{' '.join(f'{u:.2f}' for u in ups)} |")
     return lines
 
 
