@@ -106,18 +106,18 @@ def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp
     straight = tmp_path / "straight"
     train_run(tiny_translation(max_steps=7), straight, quiet=True)
     crashed = tmp_path / "crashed"
-    update = loop.Trainer._update
+    update = loop.Trainer.update
 
     def crash_at_five(self, group):
         if self.progress.step == 4:
             raise KeyboardInterrupt("killed")
         return update(self, group)
 
-    monkeypatch.setattr(loop.Trainer, "_update", crash_at_five)
+    monkeypatch.setattr(loop.Trainer, "update", crash_at_five)
     with pytest.raises(KeyboardInterrupt):
         train_run(tiny_translation(max_steps=7), crashed, quiet=True)
     assert sorted(p.name for p in (crashed / "checkpoints").glob("step-*")) == ["step-00000003"]
-    monkeypatch.setattr(loop.Trainer, "_update", update)
+    monkeypatch.setattr(loop.Trainer, "update", update)
     train_run(tiny_translation(max_steps=7), crashed, quiet=True)
     a, b = final_weights(straight), final_weights(crashed)
     for name in a:
