@@ -259,12 +259,15 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
                    scored_against=scored_against)
 
 
+def _split_files(cell: Cell):
+    """The (src, tgt) files of the cell's split (translation)."""
+    d = cell.config.data
+    return d.valid if cell.split == "valid" else d.test[cell.split]
+
+
 def reference_file(cell: Cell) -> str | None:
     """The target file of the cell's split (translation), which its hypotheses were scored against."""
-    if not isinstance(cell.config, TranslationConfig):
-        return None
-    d = cell.config.data
-    return str((d.valid if cell.split == "valid" else d.test[cell.split]).tgt)
+    return str(_split_files(cell).tgt) if isinstance(cell.config, TranslationConfig) else None
 
 
 def read_references(cell: Cell) -> list[str] | None:
@@ -273,6 +276,5 @@ def read_references(cell: Cell) -> list[str] | None:
         return None
     from sanlab.data.parallel import read_parallel
 
-    d = cell.config.data
-    pair = d.valid if cell.split == "valid" else d.test[cell.split]
+    pair = _split_files(cell)
     return [t for _, t in read_parallel(pair.src, pair.tgt)]
