@@ -107,6 +107,11 @@ def test_section_from_known_per_seed_numbers(tmp_path):
     expected = paired_bootstrap_accuracy(wrong_half, right, n_samples=200, seed=12345)
     assert [t.p_value for t in better.tests] == [expected.p_value] * 2 and expected.p_value < 0.01
     assert (better.mark, better.mark_support) == ("⇑", 2)
+    # over both seeds of both rows: each row's runs are alike, so no seed variation and the paired test's p
+    assert better.seeds_test.p_value == expected.p_value and better.seeds_test.mark == "⇑"
+    assert (better.seeds_test.seeds, better.seeds_test.baseline_seeds) == ((1, 2), (1, 2))
+    assert better.seeds_test.delta == pytest.approx(100.0 - 50.0)  # from the evidence, not the stored scores
+    assert same.seeds_test is None  # one seed shows no seed variation
     assert same.seeds_done == (1,) and same.seeds_planned == (1, 2, 3)
     assert [t.p_value for t in same.tests] == [1.0] and same.mark == ""  # identical output: no difference
     assert section.paper_columns == ("All",) and better.paper == {"All": 92.49}
@@ -126,14 +131,15 @@ def test_markdown_and_csv_rows(tmp_path):
     section = build_section(grid, dataset=None, results=results, references=None)
     md = render_markdown(Report(title="t", header={"grid": "g"}, sections=(section,)))
     lines = [line for line in md.splitlines() if line.startswith("|")]
-    assert lines[0].split(" | ")[6:9] == ["All", "Δ All", "sig."]
+    assert lines[0].split(" | ")[6:10] == ["All", "Δ All", "sig.", "sig. (seeds)"]  # both rows have 2 seeds
     assert lines[0].endswith("| paper All | paper Δ All | direction |")
     assert lines[2].startswith("| base (baseline) | 2/2 | 1,000 |  | 2.00 | 50 | 50.00 ± 0.00 |  |  | ")
-    assert lines[3].startswith("| better | 2/2 | 1,000 | +0 | 2.00 (+0.00) | 50 | 50.00 ± 0.00 | +0.00 |  |")
+    assert lines[3].startswith("| better | 2/2 | 1,000 | +0 | 2.00 (+0.00) | 50 | 50.00 ± 0.00 | +0.00 |  | p = 1.00 |")
     assert lines[3].endswith("| 92.49 | +0.09 | flat |")  # our Δ is 0, the paper's is positive
     assert lines[4].startswith("| same | 0/3 | — |")
     csv = render_csv(Report(title="t", header={}, sections=(section,))).splitlines()
     assert csv[0].startswith("dataset,variant,baseline,seeds_done") and len(csv) == 4
+    assert ",seeds_test_mark,seeds_test_p," in csv[0] and ",,1.0," in csv[2]
 
 
 def test_speeds_measured_otherwise_than_the_baselines_get_no_delta(tmp_path):

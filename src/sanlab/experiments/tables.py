@@ -50,6 +50,18 @@ class SeedTest:
 
 
 @dataclass(frozen=True)
+class SeedsTest:
+    """The two-level bootstrap (seeds and sentences) of a row against the baseline over all their
+    seeds; made only when both have two or more, since one run shows no seed variation."""
+
+    seeds: tuple[int, ...]
+    baseline_seeds: tuple[int, ...]
+    delta: float
+    p_value: float
+    mark: str
+
+
+@dataclass(frozen=True)
 class Row:
     variant: str
     baseline: bool
@@ -69,6 +81,7 @@ class Row:
     note: str | None = None
     speed_conditions: tuple[str, ...] = ()  # jobs x threads its cells trained with (``cells.speed_conditions``)
     speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
+    seeds_test: SeedsTest | None = None     # over all seeds of both rows (``significance.seed_bootstrap``)
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,10 @@ class Section:
     @property
     def partial(self) -> bool:
         return self.done < self.total
+
+    @property
+    def has_seeds_tests(self) -> bool:
+        return any(r.seeds_test is not None for r in self.rows)
 
     @property
     def paper_delta_column(self) -> str | None:
@@ -146,6 +163,13 @@ def format_mark(row: Row) -> str:
     return row.mark + (f" {row.mark_support}/{len(row.tests)}" if len(row.tests) > 1 else "")
 
 
+def _seeds_mark(row: Row) -> str:
+    test = row.seeds_test
+    if test is None:
+        return ""
+    return test.mark or f"p = {test.p_value:.2f}"
+
+
 def _params(row: Row) -> tuple[str, str]:
     if row.params is None:
         return "—", ""
@@ -167,8 +191,9 @@ def _speed(row: Row) -> tuple[str, str]:
 def section_markdown(section: Section) -> list[str]:
     primary = section.metrics[0]
     versus = section.paper_delta_column
+    seeds_column = section.has_seeds_tests
     head = ["variant", "seeds", "params", "Δ params", "steps/s (Δ)", "tok/s", primary, f"Δ {primary}", "sig.",
-            *section.metrics[1:], *(f"paper {c}" for c in section.paper_columns),
+            *(("sig. (seeds)",) if seeds_column else ()), *section.metrics[1:], *(f"paper {c}" for c in section.paper_columns),
             *((f"paper Δ {versus}", "direction") if versus else ())]
     lines = []
     if section.dataset is not None:
@@ -182,7 +207,7 @@ def section_markdown(section: Section) -> list[str]:
         name = row.variant + (" (baseline)" if row.baseline else "")
         cells = [name, f"{len(row.seeds_done)}/{len(row.seeds_planned)}", params, params_delta, steps, tokens,
                  format_stat(row.scores[primary]), "" if row.baseline else _signed(row.delta), format_mark(row),
-                 *(format_stat(row.scores[m]) for m in section.metrics[1:]),
+                 *((_seeds_mark(row),) if seeds_column else ()), *(format_stat(row.scores[m]) for m in section.metrics[1:]),
                  *(_paper(row.paper.get(c)) for c in section.paper_columns),
                  *((_signed(section.paper_delta(row)), section.direction(row)) if versus else ())]
         lines.append("| " + " | ".join(cells) + " |")
@@ -220,7 +245,8 @@ def render_csv(report: Report) -> str:
             "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
     # p_values: "seed 0: 0.001; seed 1: 0.03"
-    head += ["delta", "mark", "mark_support", "tests", "p_values"] + [f"paper {c}" for c in paper]
+    head += ["delta", "mark", "mark_support", "tests", "p_values", "seeds_test_mark", "seeds_test_p"]
+    head += [f"paper {c}" for c in paper]
     head += ["paper_delta_column", "paper_delta", "direction", "note"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -234,6 +260,7 @@ def render_csv(report: Report) -> str:
                 stat = r.scores.get(m, Stat())
                 line += [stat.mean, stat.sd, stat.n]
             line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value:.4g}" for t in r.tests)]
+            line += [r.seeds_test.mark, r.seeds_test.p_value] if r.seeds_test else [None, None]
             line += [r.paper.get(c) for c in paper]
             line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or ""]
             writer.writerow(["" if v is None else v for v in line])
