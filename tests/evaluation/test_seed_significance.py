@@ -28,7 +28,7 @@ def _tagger_runs(rng: np.random.Generator, *, difficulty: np.ndarray, lengths: n
     return runs
 
 
-def _corpus(rng: np.random.Generator, n_sent: int = 120) -> tuple[np.ndarray, np.ndarray]:
+def _corpus(rng: np.random.Generator, n_sent: int = 150) -> tuple[np.ndarray, np.ndarray]:
     return rng.normal(0.0, 1.0, size=n_sent), rng.integers(5, 25, size=n_sent)
 
 
