@@ -77,8 +77,8 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     larger ``train.max_steps``); pass ``--overwrite`` to start again or choose another directory.
     """
     run_dir = Path(run_dir)
+    _refuse_if_training(run_dir)  # never delete, or rewrite the config of, a run another process is writing
     if overwrite and run_dir.exists():
-        _refuse_if_training(run_dir)  # never delete a run another process is writing
         shutil.rmtree(run_dir)
     saved = run_dir / "config.yaml"
     text = dump_config(config)

@@ -98,6 +98,20 @@ def test_overwrite_never_deletes_a_run_being_trained(tmp_path, tiny_translation)
     assert (run / "checkpoints").exists()
 
 
+def test_a_second_process_leaves_the_running_runs_config_alone(tmp_path, tiny_translation):
+    # a resumable difference (a longer budget) would otherwise be written into the running run's
+    # config.yaml before the lock refused the second process
+    import os
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2), run, quiet=True)
+    config = (run / "config.yaml").read_text()
+    (run / ".lock").write_text(str(os.getppid()))
+    with pytest.raises(ConfigError, match="being trained by another process"):
+        train_run(tiny_translation(max_steps=5), run, quiet=True)
+    assert (run / "config.yaml").read_text() == config
+
+
 def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp_path, tiny_translation, monkeypatch):
     """Killed mid-run (after the step-3 checkpoint, during update 5): the rerun replays updates 4-7 from the
     saved data position and RNG state and ends with the uninterrupted run's weights, validations included."""
