@@ -433,7 +433,7 @@ RECIPES = {"csan-table1-multi30k": {"vanilla": "multi30k-en-de-transformer", "1D
            "dufter-table2-ud": {"SAN+PE[add]": "ud-ewt-tagger", "SAN+P+R": "ud-ewt-pr", "+Temp": "ud-ewt-temp",
                                 "+Conv": "ud-ewt-conv", "+Conv2d": "ud-ewt-conv2d", "1D-CSAN": "ud-ewt-csan1d",
                                 "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse",
-                                "SAN (no position)": "ud-ewt-san"}}
+                                "SAN (no position)": "ud-ewt-san", "MUSE_FF (no convolution)": "ud-ewt-muse-ff"}}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
