@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, validate
+from sanlab.config import Config, TranslationConfig, dump_config, validate
 from sanlab.errors import ConfigError, DataError
+from sanlab.files import write_json, write_text
 from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint, load_weights
 from sanlab.training.logging import RunLogger
 
@@ -93,11 +94,11 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
                               f"{', '.join(blocking)}. Resume with the same config, pass --overwrite to start "
                               "again, or choose another --run directory")
         _refuse_shorter_budget(run_dir, config)
-        saved.write_text(text, encoding="utf-8")
+        write_text(saved, text)
         return CheckpointManager.has_checkpoints(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(text, encoding="utf-8")
-    (run_dir / "meta.json").write_text(json.dumps(provenance(config), indent=2), encoding="utf-8")
+    write_text(saved, text)
+    write_json(run_dir / "meta.json", provenance(config))
     return False
 
 
@@ -194,7 +195,8 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
-    """One training process per run directory (a second one would interleave checkpoints and logs)."""
+    """One process at a time trains or evaluates a run directory (a second one would interleave checkpoints,
+    logs or evaluation files)."""
     lock = run_dir / ".lock"
     for _ in range(2):
         try:
@@ -218,7 +220,7 @@ def _refuse_if_training(run_dir: Path) -> None:
     except (FileNotFoundError, ValueError):
         return
     if _alive(pid):
-        raise ConfigError(f"{run_dir} is being trained by another process (pid {pid}); wait for it or stop "
+        raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {pid}); wait for it or stop "
                           "it first")
 
 
@@ -275,7 +277,7 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
 
         results = evaluate_tagging_splits(model, assets, config, splits=splits)
     out = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"
-    out.write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_json(out, results)
     return results
 
 

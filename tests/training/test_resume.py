@@ -78,7 +78,7 @@ def test_second_process_on_the_same_run_is_refused(tmp_path, tiny_translation):
     run = tmp_path / "run"
     run.mkdir()
     (run / ".lock").write_text(str(os.getppid()))  # a live process holds it
-    with pytest.raises(ConfigError, match="being trained by another process"):
+    with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
         with run_lock(run):
             pass
     (run / ".lock").write_text("999999999")  # a dead one: taken over
@@ -93,7 +93,7 @@ def test_overwrite_never_deletes_a_run_being_trained(tmp_path, tiny_translation)
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2), run, quiet=True)
     (run / ".lock").write_text(str(os.getppid()))  # a live process is training it
-    with pytest.raises(ConfigError, match="being trained by another process"):
+    with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
         train_run(tiny_translation(max_steps=2), run, overwrite=True, quiet=True)
     assert (run / "checkpoints").exists()
 
@@ -107,7 +107,7 @@ def test_a_second_process_leaves_the_running_runs_config_alone(tmp_path, tiny_tr
     train_run(tiny_translation(max_steps=2), run, quiet=True)
     config = (run / "config.yaml").read_text()
     (run / ".lock").write_text(str(os.getppid()))
-    with pytest.raises(ConfigError, match="being trained by another process"):
+    with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
         train_run(tiny_translation(max_steps=5), run, quiet=True)
     assert (run / "config.yaml").read_text() == config
 

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from sanlab.errors import ConfigError, DataError
+from sanlab.files import write_text
 
 PathLike = str | Path
 SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -68,8 +69,8 @@ def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callabl
     """``<out>.md``, ``<out>.csv`` and ``<out>.png`` (``out`` is a prefix: ``results/gap`` -> results/gap.md)."""
     paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
-    paths["md"].write_text(f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n", encoding="utf-8")
-    paths["csv"].write_text(table.csv(), encoding="utf-8")
+    write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
+    write_text(paths["csv"], table.csv())
     plot(paths["png"])
     return paths
 

@@ -23,24 +23,19 @@ import torch
 
 from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError
+from sanlab.files import replacing, write_json
 from sanlab.experiments.grid import (
     DONE_FILE, EVAL_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, eval_key, file_digest,
     read_json,
 )
 from sanlab.models.builders import count_parameters
-from sanlab.runs import average_run, evaluate_run, load_run_config, load_trained, train_run
+from sanlab.runs import average_run, evaluate_run, load_run_config, load_trained, run_lock, train_run
 from sanlab.tasks.translation import read_hypotheses
 from sanlab.training.loop import read_metrics
 
 # Score names of each task: (column, key in the evaluation record); the first is the primary score.
 METRICS = {"translation": (("BLEU", "bleu"), ("chrF", "chrf")),
            "tagging": (("All", "all"), ("OOV", "oov"), ("Ambig.", "ambiguous"))}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def prepare_synthetic(grid: Grid) -> None:
@@ -59,7 +54,7 @@ def prepare_synthetic(grid: Grid) -> None:
         return
     write = write_tagging_corpus if spec.task == "tagging" else write_translation_corpus
     write(data, seed=spec.seed, sizes={s: spec.sizes[s] for s in SYNTHETIC_SPLITS[spec.task]})
-    _write_json(stamp, wanted)
+    write_json(stamp, wanted)
 
 
 # ----------------------------------------------------------------------------- training
@@ -89,7 +84,7 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
     summary = train_run(cell.config, cell.run_dir, quiet=quiet)
     done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
             "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config)}
-    _write_json(cell.run_dir / DONE_FILE, done)
+    write_json(cell.run_dir / DONE_FILE, done)
     return done
 
 
@@ -124,7 +119,7 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
               "scores": scores, "signature": signature, "evidence": evidence,
               "evidence_sha256": file_digest(cell.run_dir / evidence)}
-    _write_json(cell.run_dir / EVAL_FILE, record)
+    write_json(cell.run_dir / EVAL_FILE, record)
     return record
 
 
@@ -146,7 +141,7 @@ def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
     scores = tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
                               in_vocab=vocab.in_vocab, train_word_tags=training_word_tags(config))
     name = f"tags-{checkpoint}-{cell.split}.jsonl.gz"
-    with gzip.open(cell.run_dir / name, "wt", encoding="utf-8") as f:
+    with replacing(cell.run_dir / name, compress=True) as f:  # the committed evidence is never half written
         for s, p in zip(sents, pred):
             f.write(json.dumps({"words": list(s.words), "gold": list(s.tags), "pred": p}, ensure_ascii=False) + "\n")
     return {"all": scores.all, "oov": scores.oov, "ambiguous": scores.ambiguous, "n_all": scores.n_all,
@@ -178,7 +173,8 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
             train_cell(cell, quiet=quiet, jobs=jobs)
             trained = True
         if trained or state.status == "trained":
-            evaluate_cell(cell, spec)
+            with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
+                evaluate_cell(cell, spec)
             evaluated = True
     except KeyboardInterrupt:
         raise

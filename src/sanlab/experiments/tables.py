@@ -9,9 +9,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from sanlab.files import write_text
 
 
 @dataclass(frozen=True)
@@ -292,8 +293,6 @@ def write_report(report: Report, out_dir: Path) -> dict[str, Path]:
     paths = {"md": out_dir / "table.md", "csv": out_dir / "table.csv", "json": out_dir / "table.json"}
     texts = {"md": render_markdown(report), "csv": render_csv(report),
              "json": json.dumps(report_dict(report), indent=2, ensure_ascii=False) + "\n"}
-    for kind, path in paths.items():  # atomically: an interrupted rewrite never leaves half a committed table
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(texts[kind], encoding="utf-8")
-        os.replace(tmp, path)
+    for kind, path in paths.items():  # an interrupted rewrite never leaves half a committed table
+        write_text(path, texts[kind])
     return paths

@@ -15,6 +15,7 @@ from torch import Tensor
 from sanlab.config import TaggingConfig
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
 from sanlab.errors import ConfigError
+from sanlab.files import write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import Tagger
@@ -53,7 +54,7 @@ class TaggingVocab:
         return TaggingVocab(words, chars, tags)
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"words": self.words, "chars": self.chars, "tags": self.tags}), encoding="utf-8")
+        write_json(path, {"words": self.words, "chars": self.chars, "tags": self.tags}, indent=None)
 
     @staticmethod
     def load(path: Path) -> "TaggingVocab":

@@ -15,6 +15,7 @@ from sanlab.data.parallel import length_filter, read_parallel
 from sanlab.data.subword import SubwordModel, SubwordPair, train_joint
 from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError
+from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
@@ -158,7 +159,7 @@ def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Se
 
 def write_hypotheses(path: Path, hyps: list[str]) -> None:
     """One hypothesis per line, each ending in "\\n" (an empty hypothesis is an empty line)."""
-    Path(path).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    write_text(path, "".join(h + "\n" for h in hyps))
 
 
 def read_hypotheses(path: Path) -> list[str]:
@@ -166,6 +167,7 @@ def read_hypotheses(path: Path) -> list[str]:
     the like, which a hypothesis may contain."""
     text = Path(path).read_text(encoding="utf-8")
     return text.removesuffix("\n").split("\n") if text else []
+
 
 def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationConfig, *, splits: list[str] | None,
                          decode: DecodeConfig, out_dir: Path, tag: str) -> dict:

@@ -23,25 +23,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-
-def _fsync(path: Path) -> None:
-    """Flush a file or a directory entry list to disk (directories: POSIX only)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. directories on Windows
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)
+from sanlab.files import fsync, write_json
 
 
 def rng_state() -> dict:
@@ -103,11 +85,11 @@ class CheckpointManager:
         torch.save(state, tmp / "state.pt")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         for f in (*tmp.iterdir(), tmp):
-            _fsync(f)
+            fsync(f)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync(self.dir)
-        _write_json_atomic(self.dir / "latest.json", {"checkpoint": name})
+        fsync(self.dir)
+        write_json(self.dir / "latest.json", {"checkpoint": name})
         self.prune()
         return final
 

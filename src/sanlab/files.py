@@ -1,0 +1,55 @@
+"""Files written whole or not at all.
+
+Every file sanlab writes for later reading (configs, evaluation records, hypotheses, tables) goes
+to a temporary name beside its destination, is flushed to disk and renamed over it: a crash, a
+full disk or a second process reading at the same moment sees the old file or the new one, never
+half of one. (Checkpoint directories are renamed the same way, in ``training.checkpoint``.)
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+def fsync(path: Path) -> None:
+    """Flush a file or a directory entry list to disk (directories: POSIX only)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. directories on Windows
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
+    """A text stream (UTF-8; gzip if ``compress``) whose content replaces ``path`` when the block ends
+    without an error; on an error the destination is untouched and the temporary file removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    opener = gzip.open if compress else open
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as stream:
+            yield stream
+        fsync(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync(path.parent)
+
+
+def write_text(path: Path | str, text: str) -> None:
+    with replacing(path) as f:
+        f.write(text)
+
+
+def write_json(path: Path | str, data, *, indent: int | None = 2) -> None:
+    write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
