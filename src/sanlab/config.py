@@ -107,7 +107,7 @@ class TranslationDataConfig(Strict):
     subword: SubwordConfig = SubwordConfig()
     max_len: int = 200          # subword tokens per side, longer training pairs are dropped
     max_ratio: float | None = None
-    skip_empty: bool = False     # drop pairs with an empty side instead of failing
+    skip_empty: bool = False     # drop train/valid pairs with an empty side instead of failing (test sets: every line)
 
 
 class TaggingDataConfig(Strict):

@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -50,7 +51,24 @@ def provenance(config: Config) -> dict:
             versions[lib] = None
     return {"seed": config.train.seed, "versions": versions, "python": platform.python_version(),
             "git_revision": git_revision(), "command": sys.argv, "machine": platform.machine(),
-            "threads": torch.get_num_threads(), "processes": int(os.environ.get("WORLD_SIZE", "1"))}
+            **_session_conditions(config)}
+
+
+def _session_conditions(config: Config) -> dict:
+    # threads as training will set them (meta.json is written before _train_locked applies train.threads)
+    return {"threads": config.train.threads or torch.get_num_threads(),
+            "processes": int(os.environ.get("WORLD_SIZE", "1"))}
+
+
+def record_session(run_dir: Path, config: Config, *, step: int) -> None:
+    """Append this training session to ``meta.json``'s ``sessions``: a resumed run may have been continued
+    with other code, command, threads or processes than the ones recorded when it was created."""
+    path = Path(run_dir) / "meta.json"
+    meta = json.loads(path.read_text(encoding="utf-8")) if path.exists() else provenance(config)
+    session = {"started_at": datetime.now().astimezone().isoformat(timespec="seconds"), "from_step": step,
+               "git_revision": git_revision(), "command": sys.argv, **_session_conditions(config)}
+    meta["sessions"] = [*meta.get("sessions", []), session]
+    write_json(path, meta)
 
 
 # Keys that may change when a run is resumed (they do not change what was already trained).
@@ -256,6 +274,8 @@ def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool,
     trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
     if resuming:
         trainer.resume()
+    if dist.is_main:
+        record_session(run_dir, config, step=trainer.progress.step)
     try:
         return trainer.fit()
     finally:

@@ -57,6 +57,7 @@ MALFORMED = [
     (5, row("2", "do", "do", "AUX", "VBP", "_", "4", "aux", "_"), "expected 10 tab-separated columns, found 9"),
     (5, "2 do do AUX VBP _ 4 aux _ _\n", "expected 10 tab-separated columns, found 1"),
     (5, row("two", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "invalid token ID 'two'"),
+    (5, row("²", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "invalid token ID '²'"),  # "²".isdigit()
     (5, row("3", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "token ID 3 out of sequence (expected 2)"),
     (5, row("2", "do", "do", "_", "VBP", "_", "4", "aux", "_", "_"), "missing UPOS tag ('_') for word 'do'"),
     (5, row("2", "", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "empty FORM column"),
@@ -75,6 +76,17 @@ def test_malformed_line_names_file_line_and_problem(tmp_path, lineno, replacemen
     assert str(info.value).startswith(f"{path}:{lineno}: ")
     assert problem in str(info.value)
     assert (info.value.path, info.value.line) == (str(path), lineno)
+
+
+def test_conllu_plus_columns_are_refused_unless_they_are_the_standard_ten(tmp_path):
+    path = tmp_path / "plus.conllu"
+    path.write_text("# global.columns = ID FORM UPOS HEAD DEPREL MISC PARSEME:MWE\n" + GOOD, encoding="utf-8")
+    with pytest.raises(DataError, match=r"plus.conllu:1: CoNLL-U Plus columns .* are not supported"):
+        read_conllu(path)
+    path.write_text("# global.columns = ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC\n" + GOOD, encoding="utf-8")
+    plain = tmp_path / "plain.conllu"
+    plain.write_text(GOOD, encoding="utf-8")
+    assert read_conllu(path) == read_conllu(plain)
 
 
 def test_missing_xpos_is_an_error_only_when_requested(tmp_path):

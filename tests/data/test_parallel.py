@@ -107,3 +107,14 @@ def test_length_filter():
     assert length_filter(pairs, min_len=0, max_len=9, max_ratio=4) == [0, 3, 4]
     with pytest.raises(ValueError, match="min_len"):
         length_filter(pairs, min_len=5, max_len=2)
+
+
+def test_read_parallel_keep_empty_keeps_every_line_and_the_modes_exclude_each_other(tmp_path):
+    src = write(tmp_path / "x.src", "a\n\nc\n")
+    tgt = write(tmp_path / "x.tgt", "A\nB\n \n")
+    assert read_parallel(src, tgt, keep_empty=True) == [("a", "A"), ("", "B"), ("c", " ")]
+    messages = []
+    assert read_parallel(src, tgt, skip_empty=True, log=messages.append) == [("a", "A")]
+    assert messages == [f"skipped 2 of 3 pairs with an empty side in {src} / {tgt}"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        read_parallel(src, tgt, skip_empty=True, keep_empty=True)

@@ -156,3 +156,13 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_tran
     assert summary["step"] == 6
     assert "resumed from" in (run / "train.log").read_text() and "step 3" in (run / "train.log").read_text()
     assert not (checkpoints / ".step-00000009.tmp").exists()
+
+
+def test_meta_json_records_every_session_with_the_threads_it_trained_with(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, threads=1), run, quiet=True)
+    train_run(tiny_translation(max_steps=4, threads=1), run, quiet=True)  # resumed
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["threads"] == 1 and meta["processes"] == 1
+    assert [s["from_step"] for s in meta["sessions"]] == [0, 2]
+    assert all(s["threads"] == 1 and s["command"] for s in meta["sessions"])

@@ -24,6 +24,7 @@ from sanlab.errors import DataError
 
 TagColumn = Literal["upos", "xpos"]
 _N_COLUMNS = 10
+_STANDARD_COLUMNS = ["ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC"]
 _TAG_INDEX = {"upos": 3, "xpos": 4}
 
 
@@ -68,7 +69,7 @@ def _blocks(path: Path) -> Iterator[Block]:
 
 
 def _parse_id(text: str) -> int | tuple | None:
-    if text.isdigit() and text[0] != "0":  # the common case, without a regex
+    if text.isascii() and text.isdigit() and text[0] != "0":  # the common case, without a regex ("²".isdigit())
         return int(text)
     try:
         return parse_id_value(text)
@@ -108,6 +109,9 @@ def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str,
 def _check_block(block: Block, *, path: Path, tag_index: int, require_tags: bool = True) -> None:
     expected_id = 1
     for lineno, line in block:
+        if line.startswith("# global.columns") and line.split("=", 1)[-1].split() != _STANDARD_COLUMNS:
+            raise DataError(f"CoNLL-U Plus columns ({line.strip()}) are not supported: only the 10 CoNLL-U columns "
+                            f"{' '.join(_STANDARD_COLUMNS)}", path=str(path), line=lineno)
         if line.startswith("#"):
             continue
         token_id = _check_token_line(
@@ -142,7 +146,8 @@ def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos",
     Raises `DataError` naming the file and 1-based line for a malformed line: a column count
     other than 10, an invalid or out-of-sequence ID, an empty FORM, or a missing tag ("_") on a
     word line (unless ``require_tags=False``: text to be tagged, whose missing tags read as "_").
-    An empty file also raises. `# global.columns` headers are not supported.
+    An empty file also raises, and so does a CoNLL-U Plus ``# global.columns`` header that names other
+    columns than the standard ten (the tag column would be read from the wrong place).
     """
     if column not in _TAG_INDEX:
         raise ValueError(f"column must be 'upos' or 'xpos', got {column!r}")

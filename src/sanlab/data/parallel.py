@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -80,13 +80,18 @@ def _check_counts(src: list[str], tgt: list[str], src_path: Path, tgt_path: Path
     )
 
 
-def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = False) -> list[tuple[str, str]]:
+def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = False, keep_empty: bool = False,
+                  log: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
     """Read two line-aligned files into `(source, target)` pairs.
 
     Raises `DataError` for a missing or empty file, differing line counts (naming both files,
     both counts and the first line without a partner) and a blank line on either side.
-    With `skip_empty=True` pairs with a blank side are dropped instead; their number is logged.
+    With `skip_empty=True` pairs with a blank side are dropped instead, and their number goes to
+    ``log`` (the run's log; the module logger if None). With `keep_empty=True` they are kept as they
+    are: scoring a test set needs every one of its lines.
     """
+    if skip_empty and keep_empty:
+        raise ValueError("skip_empty and keep_empty exclude each other")
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     src, tgt = list(open_text(src_path)), list(open_text(tgt_path))
     for path, lines in ((src_path, src), (tgt_path, tgt)):
@@ -97,15 +102,16 @@ def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = 
     pairs: list[tuple[str, str]] = []
     skipped = 0
     for lineno, (s, t) in enumerate(zip(src, tgt), start=1):
-        if _is_blank(s) or _is_blank(t):
+        if (_is_blank(s) or _is_blank(t)) and not keep_empty:
             if not skip_empty:
                 blank_path = src_path if _is_blank(s) else tgt_path
-                raise DataError("empty line (use skip_empty to drop such pairs)", path=str(blank_path), line=lineno)
+                raise DataError("empty line (set data.skip_empty: true to drop such pairs from training and validation)",
+                                path=str(blank_path), line=lineno)
             skipped += 1
             continue
         pairs.append((s, t))
     if skipped:
-        logger.info("skipped %d of %d pairs with an empty side in %s / %s", skipped, len(src), src_path, tgt_path)
+        (log or logger.info)(f"skipped {skipped} of {len(src)} pairs with an empty side in {src_path} / {tgt_path}")
     if not pairs:
         raise DataError(f"no non-empty pairs (paired with {tgt_path})", path=str(src_path))
     return pairs

@@ -115,7 +115,7 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
 
     configs = [_translation_config(r) for r in run_dirs]
     name, files = held_out_split(configs[0], split)
-    pairs = read_parallel(files.src, files.tgt) if not (sources and references) else []
+    pairs = read_parallel(files.src, files.tgt, keep_empty=True) if not (sources and references) else []  # as scored
     src = list(open_text(sources)) if sources else [s for s, _ in pairs]
     refs = list(open_text(references)) if references else [t for _, t in pairs]
     if len(src) != len(refs):

@@ -273,4 +273,4 @@ def read_references(cell: Cell) -> list[str] | None:
     from sanlab.data.parallel import read_parallel
 
     pair = _split_files(cell)
-    return [t for _, t in read_parallel(pair.src, pair.tgt)]
+    return [t for _, t in read_parallel(pair.src, pair.tgt, keep_empty=True)]  # every line, as evaluation scores

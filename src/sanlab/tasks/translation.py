@@ -87,7 +87,7 @@ class TranslationTask:
     def __init__(self, config: TranslationConfig, run_dir: Path, log: RunLogger):
         self.config, self.log = config, log
         d = config.data
-        raw = read_parallel(d.train.src, d.train.tgt, skip_empty=d.skip_empty)
+        raw = read_parallel(d.train.src, d.train.tgt, skip_empty=d.skip_empty, log=log.info)
         self.spm = load_or_train_subword(config, run_dir, raw, log)
         encoded = encode_pairs(self.spm, raw)
         keep = length_filter(encoded, min_len=1, max_len=d.max_len, max_ratio=d.max_ratio)
@@ -97,7 +97,7 @@ class TranslationTask:
         log.info(f"training pairs: {len(self.train)} of {len(raw)} kept (max_len {d.max_len}); vocabulary {sizes}")
         self.sampler = TokenBatchSampler([(len(s) + 1, len(t) + 1) for s, t in self.train],
                                          max_tokens=config.train.max_tokens, shuffle=True, seed=config.train.seed)
-        self.valid_raw = read_parallel(d.valid.src, d.valid.tgt, skip_empty=d.skip_empty)
+        self.valid_raw = read_parallel(d.valid.src, d.valid.tgt, skip_empty=d.skip_empty, log=log.info)
         self.valid = encode_pairs(self.spm, self.valid_raw)
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
@@ -181,8 +181,13 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         files = {s: files.get(s, config.data.valid) for s in splits}
     results = {}
     for name, pair in files.items():
-        raw = read_parallel(pair.src, pair.tgt)
-        hyps = translate(model, spm, [s for s, _ in raw], decode=decode)
+        # every line of a test set is scored (data.skip_empty applies to training and validation only):
+        # an empty source has nothing to translate, so its hypothesis is empty
+        raw = read_parallel(pair.src, pair.tgt, keep_empty=True)
+        filled = [k for k, (s, _) in enumerate(raw) if s.strip()]
+        hyps = [""] * len(raw)
+        for k, hyp in zip(filled, translate(model, spm, [raw[k][0] for k in filled], decode=decode)):
+            hyps[k] = hyp
         scores = corpus_scores(hyps, [t for _, t in raw])
         hyp_path = Path(out_dir) / f"hyp-{Path(tag).name}-{name}.txt"
         write_hypotheses(hyp_path, hyps)
