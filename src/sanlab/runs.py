@@ -94,11 +94,13 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
 
     Resuming with a different config is an error unless only ``RESUMABLE_KEYS`` differ (e.g. a
     larger ``train.max_steps``); pass ``--overwrite`` to start again or choose another directory.
+    Call it holding ``run_lock(run_dir)`` (``train_run`` does), so that no other process is writing the run.
     """
     run_dir = Path(run_dir)
-    _refuse_if_training(run_dir)  # never delete, or rewrite the config of, a run another process is writing
     if overwrite and run_dir.exists():
-        shutil.rmtree(run_dir)
+        for entry in run_dir.iterdir():
+            if entry.name != LOCK_FILE:  # the lock we hold stays: a new file would be a second lock
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     saved = run_dir / "config.yaml"
     text = dump_config(config)
     if saved.exists():
@@ -203,55 +205,47 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     check_buildable(config)
     run_dir = Path(run_dir)
     with from_environment() as dist:
-        with dist.main_first():
-            if dist.is_main:
-                resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
-        resuming = dist.broadcast(resuming if dist.is_main else None)
+        # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
+        # must never touch a run another process is writing
         with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
+            with dist.main_first():
+                if dist.is_main:
+                    resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+            resuming = dist.broadcast(resuming if dist.is_main else None)
             return _train_locked(config, run_dir, resuming=resuming, quiet=quiet, dist=dist)
+
+
+LOCK_FILE = ".lock"
 
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
     """One process at a time trains or evaluates a run directory (a second one would interleave checkpoints,
-    logs or evaluation files)."""
-    lock = run_dir / ".lock"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            _refuse_if_training(run_dir)
-            lock.unlink(missing_ok=True)  # left by a process that died: take over
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
+    logs or evaluation files); a second one gets a ConfigError naming the holder's pid.
+
+    The lock is the operating system's (``flock`` on ``DIR/.lock``, POSIX), held as long as the block runs:
+    the kernel releases it when the process ends, however it ends, so a crashed run leaves no stale lock
+    and nothing has to guess from a pid whether its holder is alive. The file stays (deleting it would let
+    a third process lock a new file while the second still holds the old one); it names the last holder.
+    """
+    import fcntl
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
+                          "it or stop it first") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
         yield
     finally:
-        lock.unlink(missing_ok=True)
-
-
-def _refuse_if_training(run_dir: Path) -> None:
-    lock = run_dir / ".lock"
-    try:
-        pid = int(lock.read_text().strip() or 0)
-    except (FileNotFoundError, ValueError):
-        return
-    if _alive(pid):
-        raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {pid}); wait for it or stop "
-                          "it first")
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.close(fd)  # releases the lock
 
 
 def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool, dist) -> dict:

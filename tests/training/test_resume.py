@@ -1,6 +1,9 @@
 """Interrupting and resuming a run gives exactly the parameters of an uninterrupted run."""
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 
 import pytest
@@ -70,45 +73,57 @@ def test_a_run_stopped_by_patience_does_not_train_on_when_rerun(tmp_path, tiny_t
     assert first["step"] == again["step"] == 6
 
 
-def test_second_process_on_the_same_run_is_refused(tmp_path, tiny_translation):
-    import os
+@contextlib.contextmanager
+def _locked_by_another_process(run):
+    """Hold the run's lock as another process would: its own open file description with an flock."""
+    run.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run / ".lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.write(fd, b"4242")
+    try:
+        yield
+    finally:
+        os.close(fd)
 
+
+def test_second_process_on_the_same_run_is_refused_and_a_dead_holders_lock_is_free(tmp_path):
     from sanlab.runs import run_lock
 
     run = tmp_path / "run"
-    run.mkdir()
-    (run / ".lock").write_text(str(os.getppid()))  # a live process holds it
-    with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
-        with run_lock(run):
-            pass
-    (run / ".lock").write_text("999999999")  # a dead one: taken over
+    with _locked_by_another_process(run):
+        with pytest.raises(ConfigError, match=r"being trained or evaluated by another process \(pid 4242\)"):
+            with run_lock(run):
+                pass
+    # the holder is gone (its descriptor closed, as when a process dies): the file is left, the lock is free
+    assert (run / ".lock").read_text() == "4242"
     with run_lock(run):
         assert (run / ".lock").read_text() == str(os.getpid())
-    assert not (run / ".lock").exists()
+        with pytest.raises(ConfigError, match="another process"):  # one holder at a time, even in one process
+            with run_lock(run):
+                pass
 
 
 def test_overwrite_never_deletes_a_run_being_trained(tmp_path, tiny_translation):
-    import os
-
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2), run, quiet=True)
-    (run / ".lock").write_text(str(os.getppid()))  # a live process is training it
-    with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
-        train_run(tiny_translation(max_steps=2), run, overwrite=True, quiet=True)
+    with _locked_by_another_process(run):
+        with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
+            train_run(tiny_translation(max_steps=2), run, overwrite=True, quiet=True)
     assert (run / "checkpoints").exists()
+    train_run(tiny_translation(max_steps=2), run, overwrite=True, quiet=True)  # free again: starts afresh
+    assert [s["from_step"] for s in json.loads((run / "meta.json").read_text())["sessions"]] == [0]
 
 
 def test_a_second_process_leaves_the_running_runs_config_alone(tmp_path, tiny_translation):
     # a resumable difference (a longer budget) would otherwise be written into the running run's
-    # config.yaml before the lock refused the second process
-    import os
-
+    # config.yaml before the second process found the lock taken
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2), run, quiet=True)
     config = (run / "config.yaml").read_text()
-    (run / ".lock").write_text(str(os.getppid()))
-    with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
-        train_run(tiny_translation(max_steps=5), run, quiet=True)
+    with _locked_by_another_process(run):
+        with pytest.raises(ConfigError, match="being trained or evaluated by another process"):
+            train_run(tiny_translation(max_steps=5), run, quiet=True)
     assert (run / "config.yaml").read_text() == config
 
 
