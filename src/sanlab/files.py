@@ -46,6 +46,23 @@ def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
     fsync(path.parent)
 
 
+def read_json(path: Path | str) -> dict | None:
+    """The JSON object in ``path`` (a file sanlab wrote), None if there is no such file; a damaged file is
+    a ConfigError naming it."""
+    from sanlab.errors import ConfigError
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err}); delete it to redo what wrote it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
 def write_text(path: Path | str, text: str) -> None:
     with replacing(path) as f:
         f.write(text)

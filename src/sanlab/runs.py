@@ -23,7 +23,7 @@ import yaml
 
 from sanlab.config import Config, TranslationConfig, dump_config, validate
 from sanlab.errors import ConfigError, DataError
-from sanlab.files import write_json, write_text
+from sanlab.files import read_json, write_json, write_text
 from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint, load_weights
 from sanlab.training.logging import RunLogger
 
@@ -278,8 +278,14 @@ def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool,
 
 def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
                  decode_overrides: dict | None = None) -> dict:
-    """Score a trained run on its held-out splits; writes hypotheses and ``eval-*.json`` into the run."""
+    """Score a trained run on its held-out splits; writes hypotheses and ``eval-<checkpoint>.json`` into the run.
+
+    Each split's record names the checkpoint it scored (directory and update), since ``best`` and ``last``
+    move when a run is resumed. Splits scored earlier from the same checkpoint stay in the file; records
+    of another checkpoint are dropped rather than mixed with the new ones.
+    """
     config, model, assets = load_trained(run_dir, checkpoint=checkpoint)
+    scored = scored_checkpoint(run_dir, checkpoint, config)
     if isinstance(config, TranslationConfig):
         from sanlab.tasks.translation import evaluate_translation
 
@@ -290,9 +296,25 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
         from sanlab.tasks.tagging import evaluate_tagging_splits
 
         results = evaluate_tagging_splits(model, assets, config, splits=splits)
+    results = {name: {**record, **scored} for name, record in results.items()}
     out = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"
-    write_json(out, results)
+    earlier = read_json(out) or {}
+    kept = {name: r for name, r in earlier.items() if isinstance(r, dict) and
+            (r.get("checkpoint"), r.get("step")) == (scored["checkpoint"], scored["step"])}
+    write_json(out, {**kept, **results})
     return results
+
+
+def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
+    """``{"checkpoint": <directory, relative to the run when inside it>, "step": <update or None>}`` of what
+    ``checkpoint`` (best / last / averaged / a path) names now."""
+    path = select_checkpoint(run_dir, checkpoint, config)
+    meta = read_json(path / "meta.json") or {}
+    try:
+        name = str(path.resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        name = str(path)
+    return {"checkpoint": name, "step": meta.get("step")}
 
 
 def average_run(run_dir: Path, *, last: int | None = None, best: int | None = None,

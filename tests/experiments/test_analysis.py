@@ -15,7 +15,7 @@ from sanlab.data.subword import train_joint
 from sanlab.data.synthetic import generate_translation
 from sanlab.evaluation import analysis as A
 from sanlab.experiments import analyze
-from sanlab.runs import evaluate_run, prepare_run_dir
+from sanlab.runs import evaluate_run, load_run_config, prepare_run_dir
 from sanlab.training.checkpoint import CheckpointManager
 
 # ----------------------------------------------------------------------------- hand-made corpora
@@ -201,6 +201,28 @@ def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
     assert [(r[0], r[1], r[2]) for r in rows[1:]] == [(s, b, n) for s in ("base", "csan")
                                                       for b, n in (("1-4", "2"), ("5-8", "0"), (">8", "1"))]
     assert float(rows[6][3]) == 0.0 and rows[5][3] == ""  # csan: sentence 2 (11 words) wrong; empty bucket
+
+
+def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpus, tmp_path):
+    run = make_translation_run(corpus, tmp_path / "r")
+    evaluate_run(run, checkpoint="best", splits=["test"])
+    evaluate_run(run, checkpoint="best", splits=["valid"])  # a second split joins the first
+    record = json.loads((run / "eval-best.json").read_text())
+    assert sorted(record) == ["test", "valid"]
+    assert (record["test"]["checkpoint"], record["test"]["step"]) == ("checkpoints/step-00000001", 1)
+    assert analyze.run_score(run, metric="bleu", score_from="eval", split="test", checkpoint="best")[0] == \
+        record["test"]["bleu"]
+    # the run trains on and finds a better checkpoint: the old record no longer says what "best" is
+    from sanlab.tasks.translation import load_translation_model
+
+    net, _ = load_translation_model(load_run_config(run), run)
+    CheckpointManager(run, keep_best=1, keep_last=1, higher_is_better=True).save(
+        model=net, state={}, meta={"step": 2, "score": 1.0})
+    with pytest.raises(analyze.ConfigError, match=r"scored checkpoints/step-00000001 \(step 1\), but the run's "
+                                                  r"'best' checkpoint is now checkpoints/step-00000002 \(step 2\)"):
+        analyze.run_score(run, metric="bleu", score_from="eval", split="test", checkpoint="best")
+    evaluate_run(run, checkpoint="best", splits=["test"])  # records of the old checkpoint are dropped
+    assert sorted(json.loads((run / "eval-best.json").read_text())) == ["test"]
 
 
 def test_missing_hypotheses_say_how_to_make_them(corpus, tmp_path):

@@ -23,7 +23,8 @@ from sanlab.experiments.compare import (
     build_report, build_section, describe_cells, majority_mark, paired_test, run_compare, run_grid, run_order,
     select_cells,
 )
-from sanlab.experiments.grid import cell_state, load_grid, read_json
+from sanlab.experiments.grid import cell_state, load_grid
+from sanlab.files import read_json
 from sanlab.experiments.tables import Report, Stat, format_stat, render_csv, render_markdown, section_markdown
 from sanlab.runs import train_run
 

@@ -200,6 +200,15 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
         numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
         raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
                           f"metrics: {', '.join(numeric)})")
+    recorded = {k: results[name][k] for k in ("checkpoint", "step") if k in results[name]}
+    if recorded:  # files from before the record named its checkpoint are taken as they are
+        from sanlab.runs import load_run_config, scored_checkpoint
+
+        now = scored_checkpoint(Path(run_dir), checkpoint, load_run_config(run_dir))
+        if recorded != now:
+            raise ConfigError(f"{path} scored {recorded['checkpoint']} (step {recorded.get('step')}), but the run's "
+                              f"{checkpoint!r} checkpoint is now {now['checkpoint']} (step {now['step']}): run "
+                              f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` again")
     return float(results[name][metric]), f"{path.name} {name} {metric}"
 
 

@@ -23,11 +23,10 @@ import torch
 
 from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError
-from sanlab.files import replacing, write_json
 from sanlab.experiments.grid import (
     DONE_FILE, EVAL_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, eval_key, file_digest,
-    read_json,
 )
+from sanlab.files import read_json, replacing, write_json
 from sanlab.models.builders import count_parameters
 from sanlab.runs import average_run, evaluate_run, load_run_config, load_trained, run_lock, train_run
 from sanlab.tasks.translation import read_hypotheses

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sanlab.config import Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, validate
 from sanlab.errors import ConfigError
+from sanlab.files import read_json
 from sanlab.runs import RESUMABLE_KEYS, config_differences
 from sanlab.training.checkpoint import latest_checkpoint
 
@@ -310,17 +311,6 @@ class CellState:
         return text + (f" — {self.detail}" if self.detail else "")
 
 
-def read_json(path: Path) -> dict | None:
-    """The JSON object in ``path``, None if there is no such file; a damaged file is a ConfigError naming it."""
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: not valid JSON ({err}); delete it to redo what wrote it") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
 
 
 def latest_step(run_dir: Path) -> int | None:
