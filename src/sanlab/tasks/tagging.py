@@ -120,10 +120,12 @@ class TaggingTask:
     def batch_tokens(self, batch: TagBatch) -> int:
         return batch.tokens
 
-    def loss(self, batch: TagBatch, *, model: torch.nn.Module | None = None) -> Tensor:
+    def loss(self, batch: TagBatch, *, model: torch.nn.Module | None = None,
+             label_smoothing: float | None = None) -> Tensor:
         logits = (self.model if model is None else model)(batch.words, batch.chars)  # [b, t, tags]
+        ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tags.flatten(), ignore_index=-100,
-                               label_smoothing=self.config.train.label_smoothing, reduction="sum")
+                               label_smoothing=ls, reduction="sum")
 
     def validate(self) -> dict[str, float]:
         scores = evaluate_tagger(self.model, self.vocab, self.dev, self.train_word_tags,
@@ -133,12 +135,12 @@ class TaggingTask:
 
     @torch.no_grad()
     def dev_loss(self, batch_size: int = 64) -> float:
-        """Cross-entropy per dev word (the training loss, on dev)."""
+        """Negative log-likelihood per dev word (no label smoothing, like translation's validation loss)."""
         self.model.eval()
         total, tokens = 0.0, 0
         for k in range(0, len(self.dev), batch_size):
             batch = encode_batch(self.vocab, self.dev[k:k + batch_size], max_chars=self.config.model.max_word_chars)
-            total += float(self.loss(batch))
+            total += float(self.loss(batch, label_smoothing=0.0))
             tokens += batch.tokens
         return total / max(tokens, 1)
 

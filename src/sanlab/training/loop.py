@@ -84,6 +84,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, keep_best=config.keep_best, keep_last=config.keep_last,
                                              higher_is_better=task.higher_is_better, writer=self.dist.is_main)
         self.progress = Progress()
+        self._interval = [0.0, 0]  # loss sum and updates since the last train record (logged as their mean)
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> bool:
@@ -233,8 +234,10 @@ class Trainer:
                 p.position += len(group)
                 bar.update(len(group))
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                self._interval = [self._interval[0] + loss, self._interval[1] + 1]
                 if p.step % cfg.log_every == 0:
-                    self.log.scalars("train", {"loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                    mean_loss, self._interval = self._interval[0] / self._interval[1], [0.0, 0]
+                    self.log.scalars("train", {"loss": mean_loss, "lr": self.optimizer.param_groups[0]["lr"],
                                                "tokens_per_s": tokens / max(time.monotonic() - t0, 1e-9)}, step=p.step)
                 stop = p.step >= cfg.max_steps
                 if cfg.valid_every and (p.step % cfg.valid_every == 0 or stop):

@@ -1,0 +1,53 @@
+"""What metrics.jsonl says about training: the train loss of a record is the mean of its interval."""
+
+import json
+
+import pytest
+import torch
+
+from sanlab.runs import train_run
+
+
+def test_train_loss_record_is_the_mean_over_the_updates_since_the_last_one(tmp_path, tiny_translation, monkeypatch):
+    from sanlab.training import loop
+
+    seen, update = [], loop.Trainer.update
+
+    def recording(self, group):
+        loss, tokens = update(self, group)
+        seen.append(loss)
+        return loss, tokens
+
+    monkeypatch.setattr(loop.Trainer, "update", recording)
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=6, log_every=3), run, quiet=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["loss"]) for r in records if r["split"] == "train"]
+    assert [s for s, _ in train] == [3, 6]
+    assert [loss for _, loss in train] == pytest.approx([sum(seen[:3]) / 3, sum(seen[3:6]) / 3])
+
+
+def test_tagging_dev_loss_is_the_nll_whatever_the_training_label_smoothing(tmp_path):
+    import torch.nn.functional as F
+
+    from sanlab.config import validate
+    from sanlab.data.synthetic import write_tagging_corpus
+    from sanlab.tasks.tagging import TaggingTask, encode_batch
+    from sanlab.training.logging import SilentLogger
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 60, "dev": 20, "test": 20})
+    config = validate({"task": "tagging", "data": {"train": str(data / "train.conllu"), "dev": str(data / "dev.conllu")},
+                       "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                                 "encoder": {"layers": 1}},
+                       "train": {"label_smoothing": 0.4, "progress": False}}, source="test")
+    (tmp_path / "run").mkdir()
+    task = TaggingTask(config, tmp_path / "run", SilentLogger(tmp_path / "run"))
+    batch = encode_batch(task.vocab, task.dev, max_chars=config.model.max_word_chars)
+    with torch.no_grad():
+        logits = task.model.eval()(batch.words, batch.chars).flatten(0, 1)
+        nll, smoothed = (F.cross_entropy(logits, batch.tags.flatten(), ignore_index=-100, reduction="sum",
+                                         label_smoothing=ls) for ls in (0.0, 0.4))
+        assert task.dev_loss() == pytest.approx(float(nll) / batch.tokens, rel=1e-5)
+        assert float(task.loss(batch)) == pytest.approx(float(smoothed))  # training: the smoothed objective
+        assert abs(float(smoothed) - float(nll)) > 1.0
