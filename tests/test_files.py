@@ -35,3 +35,41 @@ def test_compressed(tmp_path):
         f.write('{"pred": ["NOUN"]}\n')
     with gzip.open(path, "rt", encoding="utf-8") as f:
         assert f.read() == '{"pred": ["NOUN"]}\n'
+
+
+def test_replace_directory_swaps_a_complete_directory_in(tmp_path):
+    from sanlab.files import replace_directory
+
+    final, tmp = tmp_path / "averaged", tmp_path / ".averaged.tmp"
+    for directory, text in ((final, "old"), (tmp, "new")):
+        directory.mkdir()
+        (directory / "model.safetensors").write_text(text)
+    replace_directory(tmp, final)
+    assert (final / "model.safetensors").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["averaged"]
+
+
+def test_input_lines_split_at_newlines_only(tmp_path, monkeypatch):
+    import io
+
+    from sanlab.data.parallel import input_lines
+
+    text = "\ufeffone\u2028sentence\r\nzwei\n"  # U+2028 inside a line is not a line break here
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert input_lines(None) == ["one\u2028sentence", "zwei"]
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    assert input_lines(tmp_path / "in.txt") == ["one\u2028sentence", "zwei"]
+
+
+def test_output_stream_leaves_no_partial_file(tmp_path):
+    from sanlab.files import output_stream
+
+    path = tmp_path / "out.txt"
+    with pytest.raises(KeyError):
+        with output_stream(path) as out:
+            out.write("first line\n")
+            raise KeyError("the model failed halfway")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    with output_stream(path) as out:
+        out.write("done\n")
+    assert path.read_text() == "done\n"

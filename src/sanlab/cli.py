@@ -49,6 +49,8 @@ def _launch_torchrun(args) -> int:
 
 
 def _cmd_translate(args) -> int:
+    from sanlab.data.parallel import input_lines
+    from sanlab.files import output_stream
     from sanlab.runs import load_trained
     from sanlab.tasks.translation import translate
 
@@ -58,16 +60,15 @@ def _cmd_translate(args) -> int:
                                               if v is not None})
     if args.input and not Path(args.input).is_file():
         raise DataError("input file not found", path=args.input)
-    lines = (open(args.input, encoding="utf-8") if args.input else sys.stdin).read().splitlines()
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    lines = input_lines(args.input)
     n_best = args.n_best or config.decode.n_best
     results = translate(model, spm, lines, decode=decode, n_best=n_best)
-    for i, r in enumerate(results):
-        if n_best == 1:
-            out.write(r + "\n")
-        else:
-            out.writelines(f"{i} ||| {text} ||| {score:.4f}\n" for text, score in r)
-    out.flush()
+    with output_stream(args.output) as out:
+        for i, r in enumerate(results):
+            if n_best == 1:
+                out.write(r + "\n")
+            else:
+                out.writelines(f"{i} ||| {text} ||| {score:.4f}\n" for text, score in r)
     return 0
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +63,33 @@ def read_json(path: Path | str) -> dict | None:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data
+
+
+def replace_directory(tmp: Path, final: Path) -> None:
+    """Move the finished directory ``tmp`` (flushed here) to ``final``. An older ``final`` is renamed aside
+    first and deleted after, so ``final`` is never a mix of the two; only for the instant between the two
+    renames is it absent (a crash there leaves the old one as ``.<name>.old``)."""
+    for f in (*tmp.iterdir(), tmp):
+        fsync(f)
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def output_stream(path: Path | str | None) -> Iterator[IO[str]]:
+    """``replacing(path)``, or standard output (flushed at the end) when ``path`` is None: a command's
+    output file is complete or absent, never the first half of a run that failed."""
+    if path is None:
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    with replacing(path) as stream:
+        yield stream
 
 
 def write_text(path: Path | str, text: str) -> None:

@@ -340,6 +340,8 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best") -> None:
     """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
     from sanlab.data.conllu_io import TaggedSentence, read_conllu
+    from sanlab.data.parallel import input_lines
+    from sanlab.files import output_stream
     from sanlab.tasks.tagging import tag_sentences
 
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
@@ -348,12 +350,10 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     if input_path and ".conllu" in Path(input_path).name:
         sents = read_conllu(input_path, column=config.data.column, require_tags=False)  # tags, if any, ignored
     else:
-        text = Path(input_path).read_text(encoding="utf-8") if input_path else sys.stdin.read()
         sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))
-                 for line in text.splitlines() if line.strip()]
-    out = open(output_path, "w", encoding="utf-8") if output_path else sys.stdout
+                 for line in input_lines(input_path) if line.strip()]
     predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
-    for sent, tags in zip(sents, predicted):
-        out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))
-        out.write("\n")
-    out.flush()
+    with output_stream(output_path) as out:
+        for sent, tags in zip(sents, predicted):
+            out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))
+            out.write("\n")

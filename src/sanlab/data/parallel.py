@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -62,6 +63,18 @@ def open_text(path: PathLike) -> Iterator[str]:
     """
     path = Path(path)
     return _iter_lines(_open_binary(path), path)
+
+
+def input_lines(path: PathLike | None) -> list[str]:
+    """The lines of an input file (as ``open_text``) or of standard input when ``path`` is None.
+
+    Lines end at "\n" only (and a "\r" before it): ``str.splitlines`` would also split a sentence at
+    U+2028, U+0085 and the like, and one input line must stay one output line.
+    """
+    if path is not None:
+        return list(open_text(path))
+    text = sys.stdin.read().removeprefix("\ufeff")
+    return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 
 def _is_blank(line: str) -> bool:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from sanlab.files import replace_directory, write_json
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -31,7 +31,6 @@ def write_average(checkpoints: list[Path], output: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(average_weights(checkpoints), str(tmp / "model.safetensors"))
-    (tmp / "meta.json").write_text(json.dumps({"averaged": [str(p) for p in checkpoints]}, indent=2))
-    shutil.rmtree(output, ignore_errors=True)
-    os.replace(tmp, output)
+    write_json(tmp / "meta.json", {"averaged": [str(p) for p in checkpoints]})
+    replace_directory(tmp, output)
     return output

@@ -14,7 +14,6 @@ one that is gone, the newest complete checkpoint is the one to resume from.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from sanlab.files import fsync, write_json
+from sanlab.files import replace_directory, write_json
 
 
 def rng_state() -> dict:
@@ -69,7 +68,7 @@ class CheckpointManager:
         self.keep_best, self.keep_last, self.higher_is_better = keep_best, keep_last, higher_is_better
         if writer:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in self.dir.glob(".step-*.tmp"):  # left by a crash while writing; never complete
+            for stale in [*self.dir.glob(".step-*.tmp"), *self.dir.glob(".step-*.old")]:  # left by a crash
                 shutil.rmtree(stale, ignore_errors=True)
 
     @staticmethod
@@ -84,11 +83,7 @@ class CheckpointManager:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(state, tmp / "state.pt")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        for f in (*tmp.iterdir(), tmp):
-            fsync(f)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        fsync(self.dir)
+        replace_directory(tmp, final)
         write_json(self.dir / "latest.json", {"checkpoint": name})
         self.prune()
         return final
