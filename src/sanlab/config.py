@@ -8,7 +8,7 @@ A config file may start with ``base: other.yaml`` (relative to the file) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -181,6 +181,13 @@ class TranslationConfig(Strict):
     model: Seq2SeqConfig = Seq2SeqConfig()
     train: TrainConfig = TrainConfig()
     decode: DecodeConfig = DecodeConfig()
+
+    @model_validator(mode="after")
+    def _training_pairs_fit_the_model(self) -> "TranslationConfig":
+        if self.data.max_len + 1 > self.model.max_positions:  # + EOS (source) / BOS (target input)
+            raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) exceeds "
+                             f"model.max_positions {self.model.max_positions}: lower one or raise the other")
+        return self
 
     @model_validator(mode="after")
     def _one_table_needs_one_vocabulary(self) -> "TranslationConfig":

@@ -22,3 +22,42 @@ def test_blank_test_lines_are_scored_with_empty_hypotheses_and_skipped_training_
     assert result["sentences"] == 3
     hyps = read_hypotheses(run / "hyp-last-t.txt")
     assert len(hyps) == 3 and hyps[1] == ""
+
+
+def test_sentences_longer_than_the_model_accepts_are_named_and_translations_capped(tmp_path, tiny_translation):
+    import pytest
+
+    from sanlab.config import DecodeConfig
+    from sanlab.errors import ConfigError, DataError
+    from sanlab.runs import load_trained
+    from sanlab.tasks.translation import translate
+
+    raw = tiny_translation(max_steps=1).model_dump()
+    raw["model"]["max_positions"] = 8
+    raw["data"]["max_len"] = 7
+    run = tmp_path / "run"
+    train_run(validate(raw, source="test"), run, quiet=True)
+    _, model, spm = load_trained(run, checkpoint="last")
+    with pytest.raises(DataError, match=r"test.src:2: \d+ subword tokens .*model.max_positions = 8"):
+        translate(model, spm, ["a b", "a b c d e f g h i j k l", ""], decode=DecodeConfig(), source="test.src")
+    long_output = DecodeConfig(beam=2, max_len_a=10.0, max_len_b=50)  # would allow 70+ tokens
+    hyps = translate(model, spm, ["a b c", ""], decode=long_output, n_best=1)
+    assert len(spm.tgt.encode(hyps[0])) <= 8 and hyps[1] == ""
+    raw["data"]["max_len"] = 8
+    with pytest.raises(ConfigError, match="data.max_len 8 .* exceeds model.max_positions 8"):
+        validate(raw, source="test")
+
+
+def test_a_validation_pair_too_long_for_the_model_stops_training_before_it_starts(tmp_path, tiny_translation):
+    import pytest
+
+    from sanlab.errors import DataError
+
+    raw = tiny_translation(max_steps=1).model_dump()
+    raw["model"]["max_positions"] = 9
+    raw["data"]["max_len"] = 8
+    (tmp_path / "valid.src").write_text("a b\n" + "a b c d e f g h i j k l m n o p\n")
+    (tmp_path / "valid.tgt").write_text("b a\n" + "p o n m l k j i h g f e d c b a\n")
+    with pytest.raises(DataError, match=r"valid.src: validation pair 2 has \d+ subword tokens"):
+        train_run(validate(raw, source="test"), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

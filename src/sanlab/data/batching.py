@@ -3,7 +3,8 @@
 Examples are sorted by length and cut into batches whose padded size fits `max_tokens`, so
 little compute goes to padding. Each epoch draws its randomness from a generator seeded by
 `(seed, epoch)` alone: the batches of an epoch are a pure function of the lengths, the seed and
-the epoch number, which is what makes resuming from `{"epoch", "position"}` exact.
+the epoch number, which is what makes resuming from `{"epoch", "position"}` exact (the trainer
+keeps that position in its checkpoints, ``training.loop.Progress``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class TokenBatchSampler:
     length are first permuted, so batch contents vary between epochs, and the order of the batches
     is shuffled; both use a generator seeded by `(seed, epoch)`. With `shuffle=False` batches come
     shortest first and are the same every epoch. Usable as a DataLoader `batch_sampler`
-    (`set_epoch` before iterating), or through `BatchStream` for resumable training.
+    (`set_epoch` before iterating).
     """
 
     def __init__(
@@ -107,64 +108,6 @@ class TokenBatchSampler:
         if current:
             batches.append(current)
         return batches
-
-
-class BatchStream:
-    """An endless, resumable iterator over the batches of successive epochs.
-
-    `state_dict()` is `{"epoch": e, "position": p}`: the next batch is batch `p` of epoch `e`.
-    Rebuilding the sampler with the same lengths and arguments and calling `load_state_dict`
-    continues with exactly the batches an uninterrupted run would have produced.
-    """
-
-    def __init__(self, sampler: TokenBatchSampler, *, epoch: int = 0, position: int = 0):
-        self.sampler = sampler
-        self._epoch = epoch
-        self._position = position
-        self._cache: tuple[int, list[list[int]]] | None = None
-
-    @property
-    def epoch(self) -> int:
-        """Epoch of the next batch."""
-        return self._epoch
-
-    @property
-    def position(self) -> int:
-        """Index of the next batch within its epoch."""
-        return self._position
-
-    def _batches(self) -> list[list[int]]:
-        if self._cache is None or self._cache[0] != self._epoch:
-            self._cache = (self._epoch, self.sampler.epoch_batches(self._epoch))
-        return self._cache[1]
-
-    def __iter__(self) -> BatchStream:
-        return self
-
-    def __next__(self) -> list[int]:
-        batches = self._batches()
-        if self._position >= len(batches):
-            self._epoch, self._position = self._epoch + 1, 0
-            batches = self._batches()
-        batch = batches[self._position]
-        self._position += 1
-        return batch
-
-    def rest_of_epoch(self) -> Iterator[list[int]]:
-        """Yield the remaining batches of the current epoch; afterwards the stream is at the next epoch."""
-        while self._position < len(self._batches()):
-            yield next(self)
-        self._epoch, self._position = self._epoch + 1, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "position": self._position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        epoch, position = int(state["epoch"]), int(state["position"])
-        n_batches = len(self.sampler)
-        if epoch < 0 or not 0 <= position <= n_batches:
-            raise ValueError(f"invalid batch state {state}: epochs have {n_batches} batches")
-        self._epoch, self._position = epoch, position
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

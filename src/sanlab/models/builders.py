@@ -93,7 +93,7 @@ def build_seq2seq(config: Seq2SeqConfig, *, vocab_size: int, pad_id: int, tgt_vo
     return Seq2Seq(src_embed=src_embed, tgt_embed=tgt_embed, positions=positions,
                    encoder=build_encoder(config.encoder, **common), decoder=build_decoder(config.decoder, **common),
                    dim=d, vocab_size=tgt_vocab_size, pad_id=pad_id, dropout=config.dropout,
-                   tie_output=config.tie_output)
+                   tie_output=config.tie_output, max_length=config.max_positions)
 
 
 def build_tagger(config: TaggerConfig, *, vocab_size: int, num_chars: int, num_tags: int) -> Tagger:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -26,8 +25,10 @@ class Seq2Seq(nn.Module):
     """Transformer encoder-decoder with optionally shared embeddings and a tied generator."""
 
     def __init__(self, *, src_embed: nn.Module, tgt_embed: nn.Module, positions: nn.Module, encoder: Encoder,
-                 decoder: Decoder, dim: int, vocab_size: int, pad_id: int, dropout: float, tie_output: bool):
+                 decoder: Decoder, dim: int, vocab_size: int, pad_id: int, dropout: float, tie_output: bool,
+                 max_length: int | None = None):
         super().__init__()
+        self.max_length = max_length  # longest token sequence on either side it accepts (model.max_positions)
         self.src_embed, self.tgt_embed, self.positions = src_embed, tgt_embed, positions
         self.encoder, self.decoder = encoder, decoder
         self.dropout = nn.Dropout(dropout)

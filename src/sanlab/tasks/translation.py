@@ -14,7 +14,7 @@ from sanlab.data.batching import TokenBatchSampler, pad_batch
 from sanlab.data.parallel import length_filter, read_parallel
 from sanlab.data.subword import SubwordModel, SubwordPair, train_joint
 from sanlab.decoding.search import beam_search
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
@@ -92,13 +92,25 @@ class TranslationTask:
         encoded = encode_pairs(self.spm, raw)
         keep = length_filter(encoded, min_len=1, max_len=d.max_len, max_ratio=d.max_ratio)
         self.train = [encoded[i] for i in keep]
+        if not self.train:
+            raise DataError(f"no training pair has 1 to data.max_len = {d.max_len} subword tokens on both sides"
+                            + (f" within data.max_ratio = {d.max_ratio}" if d.max_ratio else ""), path=str(d.train.src))
         sizes = (f"{self.spm.src.vocab_size}" if self.spm.joint
                  else f"{self.spm.src.vocab_size} source, {self.spm.tgt.vocab_size} target")
         log.info(f"training pairs: {len(self.train)} of {len(raw)} kept (max_len {d.max_len}); vocabulary {sizes}")
         self.sampler = TokenBatchSampler([(len(s) + 1, len(t) + 1) for s, t in self.train],
                                          max_tokens=config.train.max_tokens, shuffle=True, seed=config.train.seed)
+        if self.sampler.oversized:
+            log.info(f"WARNING: {len(self.sampler.oversized)} training pairs are longer than train.max_tokens = "
+                     f"{config.train.max_tokens} alone and get a batch of their own, over the budget "
+                     f"(raise train.max_tokens or lower data.max_len)")
         self.valid_raw = read_parallel(d.valid.src, d.valid.tgt, skip_empty=d.skip_empty, log=log.info)
         self.valid = encode_pairs(self.spm, self.valid_raw)
+        longest = max(range(len(self.valid)), key=lambda k: max(map(len, self.valid[k])))
+        if max(map(len, self.valid[longest])) + 1 > config.model.max_positions:  # found now, not at update 250
+            raise DataError(f"validation pair {longest + 1} has {max(map(len, self.valid[longest]))} subword tokens "
+                            f"on one side, more than model.max_positions = {config.model.max_positions} allows",
+                            path=str(d.valid.src))
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 
@@ -132,17 +144,29 @@ class TranslationTask:
 
 @torch.no_grad()
 def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
-              n_best: int = 1) -> list[str] | list[list[tuple[str, float]]]:
-    """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score))."""
+              n_best: int = 1, source: str | None = None) -> list[str] | list[list[tuple[str, float]]]:
+    """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score)).
+
+    An empty sentence has nothing to translate and gets an empty translation (score 0). A sentence longer
+    than the model accepts (``model.max_positions``) is a DataError naming its line of ``source``; the
+    length allowed to a translation is capped there too.
+    """
     model.eval()
-    ids = [spm.src.encode(s) + [spm.eos_id] for s in sentences]
-    order = sorted(range(len(ids)), key=lambda k: len(ids[k]))  # similar lengths share a batch
-    results: list = [None] * len(ids)
+    ids = [spm.src.encode(s) + [spm.eos_id] if s.strip() else [] for s in sentences]
+    limit = model.max_length
+    for k, x in enumerate(ids):
+        if limit is not None and len(x) > limit:
+            raise DataError(f"{len(x)} subword tokens (with end of sentence), more than the model accepts "
+                            f"(model.max_positions = {limit}); split the sentence", path=source or "<input>", line=k + 1)
+    results: list = [[("", 0.0)] if not x else None for x in ids]
+    order = sorted((k for k, x in enumerate(ids) if x), key=lambda k: len(ids[k]))  # similar lengths share a batch
     for start in range(0, len(order), decode.batch_sentences):
         chunk = order[start:start + decode.batch_sentences]
         src, _ = pad_batch([ids[k] for k in chunk], spm.pad_id)
         src_len = src.ne(spm.pad_id).sum(-1)
         max_lengths = (src_len.float() * decode.max_len_a + decode.max_len_b).long()
+        if limit is not None:
+            max_lengths = max_lengths.clamp(max=limit)  # L output tokens: the decoder reads positions 0..L-1
         hyps = beam_search(model.decode_step, model.start_decoding(src), batch_size=len(chunk), beam_size=decode.beam,
                            bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
                            length_penalty=decode.length_penalty, n_best=max(n_best, 1))
@@ -184,10 +208,7 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         # every line of a test set is scored (data.skip_empty applies to training and validation only):
         # an empty source has nothing to translate, so its hypothesis is empty
         raw = read_parallel(pair.src, pair.tgt, keep_empty=True)
-        filled = [k for k, (s, _) in enumerate(raw) if s.strip()]
-        hyps = [""] * len(raw)
-        for k, hyp in zip(filled, translate(model, spm, [raw[k][0] for k in filled], decode=decode)):
-            hyps[k] = hyp
+        hyps = translate(model, spm, [s for s, _ in raw], decode=decode, source=str(pair.src))
         scores = corpus_scores(hyps, [t for _, t in raw])
         hyp_path = Path(out_dir) / f"hyp-{Path(tag).name}-{name}.txt"
         write_hypotheses(hyp_path, hyps)
