@@ -247,7 +247,7 @@ class Trainer:
                 p.epoch, p.position = p.epoch + 1, 0
                 if not cfg.valid_every:
                     stop = self._validate() or stop
-        unsaved = (self.checkpoints.last(1) == [] or self._saved_step() != p.step) if self.dist.is_main else None
+        unsaved = (self._saved_step() != p.step) if self.dist.is_main else None
         if self.dist.broadcast(unsaved):
             self._validate()  # never end a session with unsaved updates
         elapsed = time.monotonic() - start
