@@ -92,3 +92,5 @@ def test_bleu_by_length_rejects_bad_input():
         bleu_by_length([HYP], [REF], [3, 4], buckets=(10,))
     with pytest.raises(ValueError, match="strictly increasing"):
         bleu_by_length([HYP], [REF], [3], buckets=(20, 10))
+    with pytest.raises(ValueError, match="upper edges >= 1"):  # 0 would count length-0 sentences twice
+        bleu_by_length([HYP], [REF], [0], buckets=(0, 10))

@@ -231,10 +231,10 @@ def test_missing_hypotheses_say_how_to_make_them(corpus, tmp_path):
         analyze.length_buckets([run], out=tmp_path / "x")
 
 
-def _sweep_run(corpus, run, *, size, bleus):
+def _sweep_run(corpus, run, *, size, bleus, parts=None):
     files = {"src": str(corpus / "train.src"), "tgt": str(corpus / "train.tgt")}
-    model = {**SMALL, "encoder": {**SMALL["encoder"], "attention": {"heads": 4, "parts": [
-        {"type": "window", "size": size}] if size else []}}}
+    parts = parts if parts is not None else [{"type": "window", "size": size}] if size else []
+    model = {**SMALL, "encoder": {**SMALL["encoder"], "attention": {"heads": 4, "parts": parts}}}
     prepare_run_dir(run, validate({"task": "translation", "model": model, "data": {"train": files, "valid": files}},
                                   source="test"), overwrite=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps({"split": "valid", "step": 10 * (k + 1), "bleu": b}) + "\n"
@@ -257,6 +257,14 @@ def test_sweep_over_window_size(corpus, tmp_path):
         [(3, 3.0, 1), (5, 5.0, 2)]
     with pytest.raises(analyze.ConfigError, match="base/config.yaml: .*list of 0 items"):
         analyze.sweep([base], key=key, out=tmp_path / "bad")
+    # M given as half_width (or left at its default) is not in `size`: named, and window_size places every run
+    by_half_width = _sweep_run(corpus, tmp_path / "hw", size=None, bleus=[5.0],
+                               parts=[{"type": "window", "half_width": 2}])
+    with pytest.raises(analyze.ConfigError, match="hw/config.yaml: .*size is not set .*window_size"):
+        analyze.sweep([by_half_width], key=key, out=tmp_path / "none")
+    rows = _csv(analyze.sweep([runs[1], by_half_width], key="model.encoder.attention.parts.0.window_size",
+                              out=tmp_path / "ws")["csv"])
+    assert [r[:3] for r in rows[1:]] == [["w3", "3", "3.0"], ["hw", "5", "5.0"]]
     (runs[1] / "eval-best.json").write_text(json.dumps({"test": {"bleu": 12.5, "chrf": 40.0, "formatted": "x"}}))
     assert analyze.run_score(runs[1], metric=None, score_from="eval", split=None, checkpoint="best") == \
         (12.5, "eval-best.json test bleu")
@@ -367,3 +375,13 @@ def test_command_line(tmp_path, capsys):
     assert "| 1 | 50.000 |" in capsys.readouterr().out
     args = parser.parse_args(["analyze", "length-buckets", str(run), "--out", "x", "--buckets", "10,20"])
     assert args.buckets == (10, 20)
+
+
+def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(corpus, tmp_path):
+    base, csan = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "csan")
+    for run, first in ((base, BASE_HYP), (csan, REF)):
+        (run / "hyp-best-test.txt").write_text(f"{first}\n{REF}\n")
+    refs = tmp_path / "other-refs.txt"
+    refs.write_text(f"{REF}\n{REF}\n")  # another test set of 2 lines; the config's test files have 3
+    rows = _csv(analyze.ngram_gap([csan], baseline=base, out=tmp_path / "gap", references=refs)["csv"])
+    assert [r[0] for r in rows[1:]] == ["base"] * 4 + ["csan"] * 4

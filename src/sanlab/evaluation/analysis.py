@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from sanlab.evaluation.bleu import References, bleu_by_length, ngram_precisions
 
@@ -133,11 +134,17 @@ def length_bucket_table(scores: Sequence[BucketScore]) -> Table:
 
 # ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)
 def dotted_value(tree: Any, key: str) -> Any:
-    """``tree`` followed by a dotted key: names index mappings, integers index lists
+    """``tree`` followed by a dotted key: names index mappings and attributes of config objects (their
+    properties too, e.g. a window part's ``window_size``), integers index lists
     (``model.encoder.attention.parts.0.size``). A missing step is an error naming what exists there."""
     node, walked = tree, []
     for step in key.split("."):
-        if isinstance(node, Mapping):
+        if isinstance(node, BaseModel):  # a validated config section
+            if not hasattr(node, step):
+                where, keys = ".".join(walked) or "<root>", ", ".join(type(node).model_fields)
+                raise KeyError(f"{where} has no key {step!r} (keys: {keys})")
+            node = getattr(node, step)
+        elif isinstance(node, Mapping):
             if step not in node:
                 where, keys = ".".join(walked) or "<root>", ", ".join(map(str, node))
                 raise KeyError(f"{where} has no key {step!r} (keys: {keys})")

@@ -167,8 +167,9 @@ class LengthBucket:
 def _bucket_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
     """(low, high] pairs from ascending upper edges, plus an open bucket above the last edge."""
     edges = list(buckets)
-    if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 0:
-        raise ValueError(f"buckets must be non-empty, non-negative and strictly increasing, got {edges}")
+    if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 1:
+        # an edge of 0 would make an empty first bucket "1-0" that also claims the length-0 sentences
+        raise ValueError(f"buckets must be non-empty upper edges >= 1, strictly increasing, got {edges}")
     lows = [0, *edges]
     highs: list[int | None] = [*edges, None]
     return list(zip(lows, highs))
@@ -187,7 +188,8 @@ def bleu_by_length(
 
     ``buckets`` are ascending upper edges: ``(10, 20, 30)`` gives 1-10, 11-20, 21-30 and >30
     (a length of 0 falls in the first bucket). Each bucket is scored as its own corpus, so
-    the brevity penalty is the bucket's, as in the paper's plot.
+    the brevity penalty is the bucket's (our reading: the paper gives BLEU per length group
+    without saying how it was computed).
     """
     streams = reference_streams(references, n_hypotheses=len(hypotheses))
     if len(src_lengths) != len(hypotheses):

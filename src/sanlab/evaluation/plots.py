@@ -24,16 +24,17 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def grouped_bars(path: Path, *, groups: Sequence[str], series: Mapping[str, Sequence[float]], title: str,
-                 xlabel: str, ylabel: str, zero_line: bool = False) -> Path:
-    """One cluster of bars per group (x), one bar colour per series; NaN bars are left out."""
+                 xlabel: str, ylabel: str, hline: float | None = None) -> Path:
+    """One cluster of bars per group (x), one bar colour per series; NaN bars are left out. ``hline``: a grey
+    horizontal line at that value (0 for gaps, 1 for ratios)."""
     fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5 + 2), 3.8), layout="constrained")
     ax = fig.add_subplot()
     x = np.arange(len(groups))
     width = 0.8 / max(1, len(series))
     for n, (name, values) in enumerate(series.items()):
         ax.bar(x + (n - (len(series) - 1) / 2) * width, np.asarray(values, dtype=float), width, label=name)
-    if zero_line:
-        ax.axhline(0.0, color="grey", linewidth=0.8)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8)
     ax.set_xticks(x, list(groups))
     ax.set_xlim(-0.5, len(groups) - 0.5)  # keep every group's slot, even when all its bars are NaN
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,6 +57,13 @@ def checked(fn: Callable, *args, context: str, **kwargs) -> Any:
     except (KeyError, IndexError, ValueError) as err:
         message = err.args[0] if err.args else repr(err)
         raise ConfigError(f"{context}: {message}") from None
+
+
+def load_config_of(run_dir: PathLike):
+    """The run's validated config (defaults filled in; properties such as a window's ``window_size``)."""
+    from sanlab.runs import load_run_config
+
+    return load_run_config(Path(run_dir))
 
 
 def raw_config(run_dir: PathLike) -> dict:
@@ -109,16 +117,19 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
 
 
 def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, checkpoint: str,
-                       sources: PathLike | None = None, references: PathLike | None = None) -> dict:
-    """Sources, references (from the first run's config, or the given files) and each run's hypotheses."""
+                       sources: PathLike | None = None, references: PathLike | None = None,
+                       need_sources: bool = True) -> dict:
+    """Sources (unless not ``need_sources``), references (from the first run's config, or the given files)
+    and each run's hypotheses."""
     from sanlab.data.parallel import open_text, read_parallel
 
     configs = [_translation_config(r) for r in run_dirs]
     name, files = held_out_split(configs[0], split)
-    pairs = read_parallel(files.src, files.tgt, keep_empty=True) if not (sources and references) else []  # as scored
-    src = list(open_text(sources)) if sources else [s for s, _ in pairs]
+    from_config = not references or (need_sources and not sources)
+    pairs = read_parallel(files.src, files.tgt, keep_empty=True) if from_config else []  # every line, as scored
     refs = list(open_text(references)) if references else [t for _, t in pairs]
-    if len(src) != len(refs):
+    src = (list(open_text(sources)) if sources else [s for s, _ in pairs]) if need_sources else None
+    if src is not None and len(src) != len(refs):
         raise DataError(f"{len(src)} sources but {len(refs)} references", path=str(sources or references))
     labels = run_labels(run_dirs)
     hyps = {label: load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs))
@@ -133,7 +144,7 @@ def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike
     from sanlab.evaluation import analysis, plots
 
     runs = [Path(baseline)] + [Path(r) for r in run_dirs if Path(r).resolve() != Path(baseline).resolve()]
-    data = translation_inputs(runs, split=split, checkpoint=checkpoint, references=references)
+    data = translation_inputs(runs, split=split, checkpoint=checkpoint, references=references, need_sources=False)
     base_label = next(iter(data["hypotheses"]))
     gaps = analysis.ngram_gaps(data["hypotheses"], data["references"], baseline=base_label, tokenize=tokenize)
     orders = sorted({g.order for g in gaps})
@@ -144,7 +155,7 @@ def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike
              f"(%, unsmoothed); gap = precision - precision of the baseline `{base_label}` (points).")
     return write_outputs(out, title=f"n-gram precision gap to {base_label}", table=analysis.ngram_gap_table(gaps),
                          notes=notes, plot=lambda png: plots.grouped_bars(
-                             png, groups=[f"{n}-gram" for n in orders], series=series, zero_line=True,
+                             png, groups=[f"{n}-gram" for n in orders], series=series, hline=0.0,
                              title=f"Gap of n-gram precision to {base_label}", xlabel="n-gram order",
                              ylabel="precision gap (points)"))
 
@@ -220,7 +231,11 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
 
     metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
     for label, run in zip(run_labels(run_dirs), run_dirs):
-        value = checked(analysis.dotted_value, raw_config(run), key, context=f"{run}/config.yaml")
+        value = checked(analysis.dotted_value, load_config_of(run), key, context=f"{run}/config.yaml")
+        if value is None:
+            raise ConfigError(f"{run}/config.yaml: {key} is not set (null), so the run cannot be placed on the sweep's "
+                              "axis; sweep the value it trained with (for a window part: "
+                              "...parts.N.window_size, whether M was given as size, half_width or the default)")
         score, source = run_score(run, metric=metric, score_from=score_from, split=split, checkpoint=checkpoint)
         points.append(analysis.SweepPoint(run=label, value=value, score=score, source=source))
     reference = None
@@ -233,7 +248,10 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
         table = analysis.Table(table.columns, table.rows + ((reference[0], None, reference[1], base_source),))
     means = analysis.sweep_means(points)
     notes = ("Runs sharing a value (seeds) are averaged on the plotted line; the dots are single runs."
-             + (" The dashed line is the baseline." if reference else ""))
+             + (" The dashed line is the baseline." if reference else "")
+             + (" Scores are the best validation record logged during training (translation: greedy decoding of "
+                "the first `train.valid_max_sentences` sentences), a quick look that flatters every run a little; "
+                "`--from eval` uses the beam-search scores of `sanlab evaluate`." if score_from == "valid" else ""))
     return write_outputs(out, title=f"Sweep over {key}", table=table, notes=notes, plot=lambda png: plots.lines(
         png, series={"mean": ([m[0] for m in means], [m[1] for m in means])},
         points={"runs": ([p.value for p in points], [p.score for p in points])}, reference=reference,
@@ -252,19 +270,19 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
         raise ConfigError(f"{run_dir}: no MUSE layer with convolution cells (mixer type 'muse') in this model")
     kernels = {name: [cell.kernel_size for cell in model.get_submodule(name).cells] for name in weights}
     rows = analysis.gate_rows({n: w.tolist() for n, w in weights.items()}, kernels)
-    series = {}
-    for row in rows:
-        for k, w in zip(row.kernels, row.weights):
-            xs, ys = series.setdefault(f"{row.stack} k={k}", ([], []))
-            xs.append(row.layer)
-            ys.append(w)
+    layers = sorted({r.layer for r in rows})
+    ratios = {stack: [next((analysis.small_to_large(r) or math.nan for r in rows
+                            if r.stack == stack and r.layer == n), math.nan) for n in layers]
+              for stack in dict.fromkeys(r.stack for r in rows)}
     notes = (f"Checkpoint `{checkpoint}` of `{run_labels([run_dir])[0]}`. g = softmax(alpha) over the cells of a "
-             "layer (MUSE Eq. 7; 1/n at initialisation); layers are 0-based, as in the config's `layers` lists.")
+             "layer (MUSE Eq. 7; 1/n at initialisation); layers are 0-based, as in the config's `layers` lists. "
+             "small/large = g of the layer's smallest kernel over g of its largest, the bars of MUSE Fig. 4 "
+             "(above 1: the layer leans on the small kernel); the plot draws it per layer and stack.")
     return write_outputs(out, title="MUSE kernel gates per layer", table=analysis.gate_table(rows), notes=notes,
-                         plot=lambda png: plots.lines(
-                             png, series=series, styles={k: "--" for k in series if k.startswith("decoder")},
-                             title="MUSE gate weight per kernel and layer", xlabel="layer (0-based)",
-                             ylabel="gate weight g"))
+                         plot=lambda png: plots.grouped_bars(
+                             png, groups=[f"layer {n}" for n in layers], series=ratios, hline=1.0,
+                             title="MUSE: small-kernel over large-kernel gate weight per layer",
+                             xlabel="layer (0-based)", ylabel="g(smallest k) / g(largest k)"))
 
 
 def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = None,

@@ -68,6 +68,11 @@ class WindowConfig(PartConfig):
             return self.half_width
         return ((self.size or DEFAULT_SIZE) - 1) // 2
 
+    @property
+    def window_size(self) -> int:
+        """M = 2m + 1 keys, however it was given (size, half_width or the default): what a sweep plots."""
+        return 2 * self.m + 1
+
     @classmethod
     def examples(cls) -> list["WindowConfig"]:
         return [cls(size=3), cls(size=5, causal_window="full")]
