@@ -434,7 +434,8 @@ RECIPES = {"csan-table1-multi30k": {"vanilla": "multi30k-en-de-transformer", "1D
            "dufter-table2-ud": {"SAN+PE[add]": "ud-ewt-tagger", "SAN+P+R": "ud-ewt-pr", "+Temp": "ud-ewt-temp",
                                 "+Conv": "ud-ewt-conv", "+Conv2d": "ud-ewt-conv2d", "1D-CSAN": "ud-ewt-csan1d",
                                 "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse",
-                                "SAN (no position)": "ud-ewt-san", "MUSE_FF (no convolution)": "ud-ewt-muse-ff"}}
+                                "SAN (no position)": "ud-ewt-san", "MUSE_FF (no convolution)": "ud-ewt-muse-ff",
+                                "SAN+PE[con]": "ud-ewt-pe-con"}}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
