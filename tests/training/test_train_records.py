@@ -51,3 +51,30 @@ def test_tagging_dev_loss_is_the_nll_whatever_the_training_label_smoothing(tmp_p
         assert task.dev_loss() == pytest.approx(float(nll) / batch.tokens, rel=1e-5)
         assert float(task.loss(batch)) == pytest.approx(float(smoothed))  # training: the smoothed objective
         assert abs(float(smoothed) - float(nll)) > 1.0
+
+
+def test_without_the_padding_mask_a_chunk_is_tagged_alike_whatever_its_batch(tmp_path):
+    # the reference pads every chunk to t and attends over the padding (spec C.10); padding to the batch's
+    # longest chunk instead made a sentence's tags depend on its batch neighbours
+    from sanlab.config import validate
+    from sanlab.data.conllu_io import TaggedSentence
+    from sanlab.data.synthetic import write_tagging_corpus
+    from sanlab.tasks.tagging import PAD_WORD, TaggingTask, encode_batch
+    from sanlab.training.logging import SilentLogger
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 60, "dev": 20, "test": 20})
+    config = validate({"task": "tagging", "data": {"train": str(data / "train.conllu"), "dev": str(data / "dev.conllu")},
+                       "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1, "max_len": 12,
+                                 "mask_padding": False, "encoder": {"layers": 1}}}, source="test")
+    (tmp_path / "run").mkdir()
+    task = TaggingTask(config, tmp_path / "run", SilentLogger(tmp_path / "run"))
+    model, vocab, max_chars = task.model.eval(), task.vocab, config.model.max_word_chars
+    short = TaggedSentence(("a", "b", "c"), ("X", "X", "X"))
+    long = TaggedSentence(tuple("abcdefghij"), ("X",) * 10)
+    alone = encode_batch(vocab, [short], max_chars=max_chars, pad_to=model.pad_to)
+    paired = encode_batch(vocab, [short, long], max_chars=max_chars, pad_to=model.pad_to)
+    assert alone.words.shape == (1, 12) and model.pad_to == 12
+    assert alone.chars[0, 5, :5].tolist() == [vocab.char_id.get(c, 1) for c in PAD_WORD]  # padding spelled <PAD>
+    with torch.no_grad():
+        torch.testing.assert_close(model(alone.words, alone.chars)[0], model(paired.words, paired.chars)[0])

@@ -62,17 +62,19 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
 def tagging_trace(model, vocab, config, *, sentence: str, layer: int) -> LayerTrace:
     """The tagger's encoder self-attention over the whitespace words of ``sentence``."""
     from sanlab.data.conllu_io import TaggedSentence
-    from sanlab.tasks.tagging import encode_batch
+    from sanlab.tasks.tagging import PAD_WORD, encode_batch
 
     words = sentence.split()
     if not 0 < len(words) <= config.model.max_len:
         raise ConfigError(f"the sentence has {len(words)} words; the tagger takes 1 to {config.model.max_len} "
                           "(model.max_len) at once")
     batch = encode_batch(vocab, [TaggedSentence(tuple(words), ("_",) * len(words))],
-                         max_chars=config.model.max_word_chars)
+                         max_chars=config.model.max_word_chars, pad_to=model.pad_to)
     traces: list = []
     model(batch.words, batch.chars, traces=traces)
-    return LayerTrace(_pick(traces, layer, "encoder"), words, words, None)
+    # without the padding mask the chunk is padded to t and attends over it: the map shows that padding
+    labels = words + [PAD_WORD] * (batch.words.shape[1] - len(words))
+    return LayerTrace(_pick(traces, layer, "encoder"), labels, labels, None)
 
 
 def layer_trace(run_dir: Path, *, sentence: str, side: str = "encoder", layer: int = 0, target: str | None = None,

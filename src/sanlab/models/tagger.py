@@ -52,12 +52,21 @@ class Tagger(nn.Module):
         self.word_embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         nn.init.uniform_(self.word_embed.weight, -0.05, 0.05)
         self.char_cnn, self.encoder = char_cnn, encoder
-        self.position_mode, self.mask_padding = position_mode, mask_padding
+        self.position_mode, self.mask_padding, self.max_len = position_mode, mask_padding, max_len
         pos_dim = word_dim if position_mode == "add" else position_dim
         self.positions = LearnedPositions(max_positions=max_len, dim=pos_dim) if position_mode != "none" else None
         self.model_dim = word_dim + (position_dim if position_mode == "concat" else 0) + char_cnn.out_dim
         self.classifier_sees_embedding = classifier_sees_embedding
         self.classifier = nn.Linear(self.model_dim * (2 if classifier_sees_embedding else 1), num_tags)
+
+    @property
+    def pad_to(self) -> int | None:
+        """The length every batch must be padded to, or None for "the batch's longest chunk".
+
+        Without the padding mask (the reference behaviour, spec C.10) every chunk is padded to t and
+        attends over its padding, so the padding must not depend on which chunks share a batch.
+        """
+        return None if self.mask_padding else self.max_len
 
     def embed(self, words: Tensor, chars: Tensor, pos: Tensor) -> Tensor:
         w = self.word_embed(words)  # [b, t, word_dim]

@@ -70,18 +70,34 @@ class TagBatch:
     tokens: int
 
 
-def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int) -> TagBatch:
-    t = max(len(s.words) for s in sents)
+PAD_WORD = "<PAD>"  # how the reference spells a padding word to its character CNN (spec C.10)
+
+
+def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
+                 pad_to: int | None = None) -> TagBatch:
+    """Word, character and tag ids of chunks, padded to the longest chunk, or to ``pad_to`` (``Tagger.pad_to``:
+    the reference's fixed length t, whose padding words are spelled "<PAD>" to the character CNN)."""
+    longest = max(len(s.words) for s in sents)
+    if pad_to is not None and longest > pad_to:
+        raise ValueError(f"a chunk of {longest} words is longer than the {pad_to} it must be padded to")
+    t = pad_to or longest
     words = torch.zeros(len(sents), t, dtype=torch.long)
     chars = torch.zeros(len(sents), t, max_chars, dtype=torch.long)
+    if pad_to is not None:
+        chars[:, :, :len(PAD_WORD[:max_chars])] = torch.tensor(char_ids(vocab, PAD_WORD[:max_chars]))
     tags = torch.full((len(sents), t), -100, dtype=torch.long)
     unknown = vocab.tag_id[UNKNOWN_TAG]
     for b, s in enumerate(sents):
         for i, (w, tag) in enumerate(zip(s.words, s.tags)):
             words[b, i] = vocab.word_id.get(w, UNK)
-            chars[b, i, :len(w[:max_chars])] = torch.tensor([vocab.char_id.get(c, UNK) for c in w[:max_chars]])
+            chars[b, i] = 0
+            chars[b, i, :len(w[:max_chars])] = torch.tensor(char_ids(vocab, w[:max_chars]))
             tags[b, i] = vocab.tag_id.get(tag, unknown)
     return TagBatch(words, chars, tags, tokens=int(sum(len(s.words) for s in sents)))
+
+
+def char_ids(vocab: TaggingVocab, word: str) -> list[int]:
+    return [vocab.char_id.get(c, UNK) for c in word]
 
 
 class TaggingTask:
@@ -115,7 +131,8 @@ class TaggingTask:
         random.Random(self.config.train.seed * 1_000_003 + epoch).shuffle(order)
         size = self.config.train.batch_size
         return [encode_batch(self.vocab, [self.train[i] for i in order[k:k + size]],
-                             max_chars=self.config.model.max_word_chars) for k in range(0, len(order), size)]
+                             max_chars=self.config.model.max_word_chars, pad_to=self.model.pad_to)
+                for k in range(0, len(order), size)]
 
     def batch_tokens(self, batch: TagBatch) -> int:
         return batch.tokens
@@ -139,7 +156,8 @@ class TaggingTask:
         self.model.eval()
         total, tokens = 0.0, 0
         for k in range(0, len(self.dev), batch_size):
-            batch = encode_batch(self.vocab, self.dev[k:k + batch_size], max_chars=self.config.model.max_word_chars)
+            batch = encode_batch(self.vocab, self.dev[k:k + batch_size], max_chars=self.config.model.max_word_chars,
+                                 pad_to=self.model.pad_to)
             total += float(self.loss(batch, label_smoothing=0.0))
             tokens += batch.tokens
         return total / max(tokens, 1)
@@ -151,7 +169,7 @@ def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence]
     model.eval()
     out = []
     for k in range(0, len(sents), batch_size):
-        batch = encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars)
+        batch = encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars, pad_to=model.pad_to)
         pred = model(batch.words, batch.chars).argmax(-1)  # [b, t]
         out += [[vocab.tags[int(p)] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
     return out
