@@ -66,6 +66,15 @@ def test_impossible_combination_is_a_config_error_before_any_data_is_read(tmp_pa
     assert not (tmp_path / "r").exists()
 
 
+def test_gaussian_localness_and_2d_csan_in_one_layer_are_refused(tmp_path, capsys):
+    # local_soft counts the keys for L(i) and averages them; 2D-CSAN repeats them per head of its area
+    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+                             "model: {encoder: {attention: {heads: 4, parts: [{type: csan2d, layers: [0]}, "
+                             "{type: local_soft, layers: [0]}]}}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "LocalSoft measure the sentence from the keys, which HeadArea repeats" in capsys.readouterr().err
+
+
 def test_mismatched_parallel_files_name_the_files(tmp_path, capsys):
     (tmp_path / "a.src").write_text("one\ntwo\nthree\n")
     (tmp_path / "a.tgt").write_text("eins\nzwei\n")

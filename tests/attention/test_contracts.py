@@ -7,6 +7,7 @@ when the part is ``causal_safe``, on the decoder side. A new part is enrolled by
     shapes/finite   output [b, i, dim], finite values and gradients, padded query rows exactly 0
     plans           every fast plan the parts allow (sdpa, banded) == dense, values and gradients
     cached          step-by-step decoding with the cache == one causal forward over the prefix
+    cached cross    decoder queries step by step over a cached encoder memory == all queries at once
     no leak         under a causal mask, changing a later token leaves earlier outputs unchanged
     padding         padding the batch to a longer length leaves the real positions unchanged
     causal_safe     building a part with causal_safe=False for the decoder raises a clear error
@@ -183,3 +184,35 @@ def test_causal_unsafe_parts_fail_on_the_decoder_side(cfg):
     else:
         with pytest.raises(ValueError, match="decoder"):
             build_attention(config, ctx)
+
+
+MEMORY = 7  # encoder memory length of the cross-attention contract (rows of the batch: 7, 6 and 3 valid)
+
+
+@pytest.mark.parametrize("cfg", CASES)
+def test_cached_cross_attention_equals_one_pass(cfg):
+    """Decoder queries arriving step by step over a fixed, padded encoder memory (keys and values cached
+    once) give what all queries at once give: for parts with a cross-attention form (Shaw's cross
+    relative positions, temperatures, Gaussian localness, position interactions, ...)."""
+    try:
+        part = PARTS.build(cfg, _context(cfg, "cross"))
+    except ValueError:
+        pytest.skip("no cross-attention form (the builder refuses it)")
+    torch.manual_seed(0)
+    attn = Attention(dim=DIM, heads=HEADS, parts=[part]).double().eval()
+    x, valid = _inputs()
+    memory, _ = _inputs(length=MEMORY, seed=2)
+    memory_valid = torch.arange(MEMORY)[None, :] < torch.tensor([7, 6, 3])[:, None]
+
+    def cross(query: Positions) -> Positions:
+        return Positions.cross_attention(query, memory_valid, memory_length=MEMORY)
+
+    full = attn(x, positions=cross(_positions(valid, "decoder")), memory=memory).output
+    cache, outs, start = None, [], 0
+    for size in CHUNKS:
+        end = start + size
+        query = Positions.self_attention(valid[:, :end], length=size, offset=start, causal=True)
+        result = attn(x[:, start:end], positions=cross(query), memory=memory, cache=cache, use_cache=True)
+        cache, start = result.cache, end
+        outs.append(result.output)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full)

@@ -35,7 +35,7 @@ def test_window_3_on_length_5_is_the_hand_written_band():
                               [0, 1, 1, 1, 0],
                               [0, 0, 1, 1, 1],
                               [0, 0, 0, 1, 1]]
-    assert part.window == 1 and WindowConfig(half_width=1).m == 1 and WindowConfig().m == 5
+    assert part.half_width == 1 and WindowConfig(half_width=1).m == 1 and WindowConfig().m == 5
 
 
 def test_decoder_windows_half_and_full():

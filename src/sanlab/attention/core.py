@@ -56,6 +56,11 @@ class Attention(nn.Module):
         self.v_proj = v_proj if v_proj is not None else nn.Linear(kv_dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias) if out_proj else nn.Identity()
         self.parts = nn.ModuleList(parts or [])
+        extending = [type(p).__name__ for p in self.parts if p.extends_keys]
+        measuring = [type(p).__name__ for p in self.parts if p.measures_keys]
+        if extending and measuring:
+            raise ValueError(f"attention parts {', '.join(measuring)} measure the sentence from the keys, which "
+                             f"{', '.join(extending)} repeats per head block; put them in different layers")
         self.stage_parts = plans.StageParts.sort(list(self.parts))
         if plan == "sdpa" and self.stage_parts.needs_dense():
             raise ValueError("plan 'sdpa' cannot run parts that read the score matrix; use 'auto' or 'dense'")

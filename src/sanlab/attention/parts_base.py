@@ -16,8 +16,9 @@ Class attributes say what the part allows:
     incremental   it is exact when only cached keys/values of earlier steps are kept (most
                   parts); if False the attention keeps the layer input and recomputes the prefix
     causal_safe   it may run under a causal mask without letting the future leak in
-    window        half-width m if the part only lets keys with |i - j| <= m through
-                  (the banded plan can then skip everything else)
+    extends_keys  its ``extend`` adds key blocks (2D-CSAN repeats keys and positions per head in its area)
+    measures_keys it reads the sentence length or the mean key from the keys; it cannot share a layer with
+                  a part that extends them (the counts would include the copies)
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class AttentionPart(nn.Module):
 
     incremental: bool = True
     causal_safe: bool = True
-    window: int | None = None
+    extends_keys: bool = False
+    measures_keys: bool = False
 
     def project(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError

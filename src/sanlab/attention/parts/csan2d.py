@@ -79,10 +79,11 @@ def head_sources(*, heads: int, area: int, boundary: str) -> tuple[Tensor, Tenso
 class HeadArea(AttentionPart):
     """Borrow the keys/values of neighbouring heads (extend), then window them (mask)."""
 
+    extends_keys = True
+
     def __init__(self, *, half_width: int, area: int, boundary: str, causal_window: str = "half"):
         super().__init__()
         self.half_width, self.area, self.boundary, self.causal_window = half_width, area, boundary, causal_window
-        self.window = 2 * half_width if causal_window == "full" else half_width
 
     def head_sources(self, heads: int) -> tuple[Tensor, Tensor, Tensor]:
         return head_sources(heads=heads, area=self.area, boundary=self.boundary)

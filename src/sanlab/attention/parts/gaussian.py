@@ -128,6 +128,8 @@ class Predictor(nn.Module):
 class GaussianLocalness(AttentionPart):
     """Adds ``gaussian_bias`` to the scores of the last ``local_heads`` heads. Subclasses give c and w."""
 
+    measures_keys = True  # L(i) and the mean key come from the keys as projected, one block per head
+
     def __init__(self, *, heads: int, local_heads: int):
         super().__init__()
         self.heads, self.local_heads = heads, local_heads

@@ -31,9 +31,10 @@ from sanlab.attention.registry import PARTS, BuildContext, PartConfig
 class RelPosConfig(PartConfig):
     """Shaw et al.'s relative positions, in every layer of the stack it is listed in by default.
 
-    ``cross``: allow use in encoder-decoder attention (target position minus source position, as
-    the CSAN reference code does; not in Shaw et al.). List the part in ``cross_attention.parts``
-    and set this to true.
+    ``cross``: allow use in encoder-decoder attention, with the offset j - i of source position j and
+    target position i as in self-attention (cross use follows the CSAN reference code; not in Shaw et
+    al.; the table is learned, so the sign only names its rows). List the part in
+    ``cross_attention.parts`` and set this to true.
     """
 
     type: Literal["rel_pos"] = "rel_pos"

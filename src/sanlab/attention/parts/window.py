@@ -94,8 +94,6 @@ class WindowMask(AttentionPart):
     def __init__(self, *, half_width: int, causal_window: str = "half"):
         super().__init__()
         self.half_width, self.causal_window = half_width, causal_window
-        # Largest |i - j| ever let through: the banded plan only looks that far.
-        self.window = 2 * half_width if causal_window == "full" else half_width
 
     def band_offsets(self, *, causal: bool) -> tuple[int, int]:
         return band_offsets(self.half_width, self.causal_window, causal=causal)
