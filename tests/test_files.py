@@ -2,6 +2,7 @@
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,23 @@ def test_output_stream_leaves_no_partial_file(tmp_path):
     with output_stream(path) as out:
         out.write("done\n")
     assert path.read_text() == "done\n"
+
+
+def test_a_symlink_is_written_through_and_special_files_directly(tmp_path):
+    from sanlab.files import output_stream
+
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    write_text(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    with output_stream("/dev/null") as out:  # not replaced by a regular file
+        out.write("discarded\n")
+    assert not Path("/dev/null").is_file() and not list(Path("/dev").glob(".null.*"))
+
+
+def test_gzip_output_is_the_same_bytes_for_the_same_text(tmp_path):
+    for name in ("a.gz", "b.gz"):
+        with replacing(tmp_path / name, compress=True) as f:
+            f.write("same text\n")
+    assert (tmp_path / "a.gz").read_bytes() == (tmp_path / "b.gz").read_bytes()

@@ -79,11 +79,22 @@ def _cmd_tag(args) -> int:
     return 0
 
 
+def _locked_run(run_dir: str):
+    """The run directory's lock for commands that write into it (evaluate, average), after checking it is a
+    run directory (so a mistyped path is an error, not a new empty directory)."""
+    from sanlab.runs import load_run_config, run_lock
+
+    load_run_config(Path(run_dir))
+    return run_lock(Path(run_dir))
+
+
 def _cmd_evaluate(args) -> int:
     from sanlab.runs import evaluate_run
 
     overrides = {"beam": args.beam} if args.beam else {}
-    results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split, decode_overrides=overrides)
+    with _locked_run(args.run):
+        results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
+                               decode_overrides=overrides)
     for name, r in results.items():
         print(f"== {name}")
         print(r["formatted"] if "formatted" in r else _tagging_summary(r))
@@ -99,7 +110,8 @@ def _tagging_summary(r: dict) -> str:
 def _cmd_average(args) -> int:
     from sanlab.runs import average_run
 
-    path = average_run(Path(args.run), last=args.last, best=args.best, output=args.output)
+    with _locked_run(args.run):
+        path = average_run(Path(args.run), last=args.last, best=args.best, output=args.output)
     print(f"wrote {path}")
     return 0
 

@@ -9,10 +9,13 @@ half of one. (Checkpoint directories are renamed the same way, in ``training.che
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,13 +37,25 @@ def fsync(path: Path) -> None:
 @contextmanager
 def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
     """A text stream (UTF-8; gzip if ``compress``) whose content replaces ``path`` when the block ends
-    without an error; on an error the destination is untouched and the temporary file removed."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    opener = gzip.open if compress else open
+    without an error; on an error the destination is untouched and the temporary file removed.
+
+    A symlink is followed (its target is replaced, the link stays). The temporary file has a unique name,
+    so two processes writing the same file never share one. Gzip output carries no name or time in its
+    header, so the same text gives the same bytes (committed evidence files).
+    """
+    path = Path(os.path.realpath(path))
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with opener(tmp, "wt", encoding="utf-8") as stream:
-            yield stream
+        with open(fd, "wb") as raw:
+            if compress:
+                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed, \
+                        io.TextIOWrapper(packed, encoding="utf-8") as stream:
+                    yield stream
+            else:
+                with io.TextIOWrapper(raw, encoding="utf-8") as stream:
+                    yield stream
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the file it replaces was an ordinary one
         fsync(tmp)
         os.replace(tmp, path)
     finally:
@@ -87,6 +102,10 @@ def output_stream(path: Path | str | None) -> Iterator[IO[str]]:
     if path is None:
         yield sys.stdout
         sys.stdout.flush()
+        return
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):  # /dev/null, a FIFO, /dev/fd/N
+        with open(path, "w", encoding="utf-8") as stream:
+            yield stream
         return
     with replacing(path) as stream:
         yield stream

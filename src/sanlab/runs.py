@@ -64,7 +64,7 @@ def record_session(run_dir: Path, config: Config, *, step: int) -> None:
     """Append this training session to ``meta.json``'s ``sessions``: a resumed run may have been continued
     with other code, command, threads or processes than the ones recorded when it was created."""
     path = Path(run_dir) / "meta.json"
-    meta = json.loads(path.read_text(encoding="utf-8")) if path.exists() else provenance(config)
+    meta = read_json(path) or provenance(config)
     session = {"started_at": datetime.now().astimezone().isoformat(timespec="seconds"), "from_step": step,
                "git_revision": git_revision(), "command": sys.argv, **_session_conditions(config)}
     meta["sessions"] = [*meta.get("sessions", []), session]
@@ -232,7 +232,7 @@ def run_lock(run_dir: Path):
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR)
+    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -240,6 +240,9 @@ def run_lock(run_dir: Path):
         os.close(fd)
         raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
                           "it or stop it first") from None
+    except BaseException:
+        os.close(fd)
+        raise
     try:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
@@ -297,24 +300,35 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
 
         results = evaluate_tagging_splits(model, assets, config, splits=splits)
     results = {name: {**record, **scored} for name, record in results.items()}
-    out = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"
+    tag = Path(checkpoint).name
+    out = Path(run_dir) / f"eval-{tag}.json"
     earlier = read_json(out) or {}
-    kept = {name: r for name, r in earlier.items() if isinstance(r, dict) and
-            (r.get("checkpoint"), r.get("step")) == (scored["checkpoint"], scored["step"])}
+    kept = {name: r for name, r in earlier.items() if isinstance(r, dict) and same_weights(r, scored)}
+    for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
+        (Path(run_dir) / f"hyp-{tag}-{name}.txt").unlink(missing_ok=True)
     write_json(out, {**kept, **results})
     return results
 
 
+SCORED_KEYS = ("checkpoint", "step", "averaged")  # what identifies the weights an eval record scored
+
+
 def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
-    """``{"checkpoint": <directory, relative to the run when inside it>, "step": <update or None>}`` of what
-    ``checkpoint`` (best / last / averaged / a path) names now."""
+    """What ``checkpoint`` (best / last / averaged / a path) names now: ``{"checkpoint": <directory, relative
+    to the run when inside it>, "step": <update or None>}``, plus ``"averaged"`` (the checkpoints
+    averaged) for an average, which has no step of its own."""
     path = select_checkpoint(run_dir, checkpoint, config)
     meta = read_json(path / "meta.json") or {}
     try:
         name = str(path.resolve().relative_to(Path(run_dir).resolve()))
     except ValueError:
         name = str(path)
-    return {"checkpoint": name, "step": meta.get("step")}
+    return {"checkpoint": name, "step": meta.get("step"),
+            **({"averaged": meta["averaged"]} if "averaged" in meta else {})}
+
+
+def same_weights(record: dict, scored: dict) -> bool:
+    return all(record.get(k) == scored.get(k) for k in SCORED_KEYS)
 
 
 def average_run(run_dir: Path, *, last: int | None = None, best: int | None = None,

@@ -107,16 +107,15 @@ def test_a_real_difference_larger_than_the_seed_variation_is_found():
 
 
 def test_resampled_seed_means_have_the_unbiased_seed_variance():
-    # Three runs whose scores differ by seed only (every sentence scores alike in a run): the bootstrap
-    # spread of the mean over runs is then pure seed resampling, and must match s^2 / k, not the
-    # plug-in (k - 1) / k * s^2 / k.
-    per_run = [np.array([[h, 10]] * 50) for h in (6, 7, 9)]
-    zero = [np.array([[0, 10]] * 50)]
-    res = seed_bootstrap(zero, per_run, lambda s: 100.0 * s[..., 0] / s[..., 1], metric="accuracy",
-                         n_samples=4000, seed=3)
-    scores = np.array([60.0, 70.0, 90.0])
-    # estimate_ci gives a 95% half-width: 1.96 sd for a normal spread; allow for the 3-point distribution
-    assert res.system.ci / 1.96 == pytest.approx(scores.std(ddof=1) / np.sqrt(3), rel=0.15)
+    # Two runs scoring 0 and 100 on every sentence: sentence resampling changes nothing, so the spread is
+    # pure seed resampling. Drawing 2 of {0, 100} gives means 0, 50, 100 (deviations -50, 0, +50 from 50);
+    # scaled by sqrt(k / (k - 1)) = sqrt(2) they are -70.7, 0, +70.7, so sacreBLEU's percentile 95%
+    # half-width is 70.7 (it would be 50 without the correction).
+    runs = [np.array([[0, 10]] * 50), np.array([[10, 10]] * 50)]
+    res = seed_bootstrap(runs[:1], runs, lambda s: 100.0 * s[..., 0] / s[..., 1], metric="accuracy",
+                         n_samples=2000, seed=3)
+    assert res.system.score == 50.0
+    assert res.system.ci == pytest.approx(50.0 * np.sqrt(2))
 
 
 def test_input_errors():

@@ -32,17 +32,29 @@ def test_sentences_longer_than_the_model_accepts_are_named_and_translations_capp
     from sanlab.runs import load_trained
     from sanlab.tasks.translation import translate
 
+    from sanlab.tasks import translation
+
     raw = tiny_translation(max_steps=1).model_dump()
     raw["model"]["max_positions"] = 8
+    raw["model"]["positions"] = "learned"  # a table of 8 positions: one more would fail, not pass silently
     raw["data"]["max_len"] = 7
     run = tmp_path / "run"
     train_run(validate(raw, source="test"), run, quiet=True)
     _, model, spm = load_trained(run, checkpoint="last")
     with pytest.raises(DataError, match=r"test.src:2: \d+ subword tokens .*model.max_positions = 8"):
         translate(model, spm, ["a b", "a b c d e f g h i j k l", ""], decode=DecodeConfig(), source="test.src")
+    asked, search = [], translation.beam_search
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["max_lengths"].tolist())
+        return search(*args, **kwargs)
+
     long_output = DecodeConfig(beam=2, max_len_a=10.0, max_len_b=50)  # would allow 70+ tokens
-    hyps = translate(model, spm, ["a b c", ""], decode=long_output, n_best=1)
-    assert len(spm.tgt.encode(hyps[0])) <= 8 and hyps[1] == ""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(translation, "beam_search", spy)
+        hyps = translate(model, spm, ["a b c", ""], decode=long_output, n_best=1)
+    assert asked == [[8]]  # 8 output tokens read decoder positions 0..7: exactly the table
+    assert hyps[1] == ""
     raw["data"]["max_len"] = 8
     with pytest.raises(ConfigError, match="data.max_len 8 .* exceeds model.max_positions 8"):
         validate(raw, source="test")

@@ -211,12 +211,12 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
         numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
         raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
                           f"metrics: {', '.join(numeric)})")
-    recorded = {k: results[name][k] for k in ("checkpoint", "step") if k in results[name]}
-    if recorded:  # files from before the record named its checkpoint are taken as they are
-        from sanlab.runs import load_run_config, scored_checkpoint
+    if "checkpoint" in results[name]:  # files from before the record named its checkpoint are taken as they are
+        from sanlab.runs import load_run_config, same_weights, scored_checkpoint
 
+        recorded = results[name]
         now = scored_checkpoint(Path(run_dir), checkpoint, load_run_config(run_dir))
-        if recorded != now:
+        if not same_weights(recorded, now):
             raise ConfigError(f"{path} scored {recorded['checkpoint']} (step {recorded.get('step')}), but the run's "
                               f"{checkpoint!r} checkpoint is now {now['checkpoint']} (step {now['step']}): run "
                               f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` again")
@@ -271,9 +271,12 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
     kernels = {name: [cell.kernel_size for cell in model.get_submodule(name).cells] for name in weights}
     rows = analysis.gate_rows({n: w.tolist() for n, w in weights.items()}, kernels)
     layers = sorted({r.layer for r in rows})
-    ratios = {stack: [next((analysis.small_to_large(r) or math.nan for r in rows
-                            if r.stack == stack and r.layer == n), math.nan) for n in layers]
-              for stack in dict.fromkeys(r.stack for r in rows)}
+    def ratio(stack: str, layer: int) -> float:
+        row = next((r for r in rows if r.stack == stack and r.layer == layer), None)
+        value = analysis.small_to_large(row) if row is not None else None
+        return math.nan if value is None else value  # no bar: no such layer, or a single kernel
+
+    ratios = {stack: [ratio(stack, n) for n in layers] for stack in dict.fromkeys(r.stack for r in rows)}
     notes = (f"Checkpoint `{checkpoint}` of `{run_labels([run_dir])[0]}`. g = softmax(alpha) over the cells of a "
              "layer (MUSE Eq. 7; 1/n at initialisation); layers are 0-based, as in the config's `layers` lists. "
              "small/large = g of the layer's smallest kernel over g of its largest, the bars of MUSE Fig. 4 "

@@ -173,8 +173,9 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
             trained = True
         if trained or state.status == "trained":
             with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
-                evaluate_cell(cell, spec)
-            evaluated = True
+                if trained or cell_state(cell, spec).status == "trained":  # it may have scored it meanwhile
+                    evaluate_cell(cell, spec)
+                    evaluated = True
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001  (reported per cell; the grid goes on)

@@ -108,9 +108,9 @@ class TranslationTask:
         self.valid = encode_pairs(self.spm, self.valid_raw)
         longest = max(range(len(self.valid)), key=lambda k: max(map(len, self.valid[k])))
         if max(map(len, self.valid[longest])) + 1 > config.model.max_positions:  # found now, not at update 250
-            raise DataError(f"validation pair {longest + 1} has {max(map(len, self.valid[longest]))} subword tokens "
-                            f"on one side, more than model.max_positions = {config.model.max_positions} allows",
-                            path=str(d.valid.src))
+            raise DataError(f"validation pair {longest + 1} (counted after data.skip_empty) has "
+                            f"{max(map(len, self.valid[longest]))} subword tokens on one side, more than "
+                            f"model.max_positions = {config.model.max_positions} allows", path=str(d.valid.src))
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 
