@@ -96,3 +96,13 @@ def test_pad_batch():
     assert lengths.tolist() == [3, 1, 0]
     with pytest.raises(ValueError):
         pad_batch([], pad_id=0)
+
+
+def test_lazy_batches_build_only_what_is_read():
+    from sanlab.data.batching import LazyBatches
+
+    built = []
+    batches = LazyBatches([[0, 1], [2], [3, 4, 5]], lambda idx: built.append(idx) or sum(idx))
+    assert len(batches) == 3 and built == []
+    assert batches[1:3] == [2, 12] and batches[0] == 1
+    assert built == [[2], [3, 4, 5], [0, 1]]

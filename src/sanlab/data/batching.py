@@ -9,7 +9,8 @@ keeps that position in its checkpoints, ``training.loop.Progress``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,6 +109,22 @@ class TokenBatchSampler:
         if current:
             batches.append(current)
         return batches
+
+
+class LazyBatches(Sequence):
+    """An epoch's batches, built from their example indices only when read (``batches[k]`` or a slice):
+    one epoch's padded tensors are never all in memory at once, which matters at WMT scale."""
+
+    def __init__(self, index_batches: list[list[int]], build: Callable[[list[int]], Any]):
+        self.index_batches, self.build = index_batches, build
+
+    def __len__(self) -> int:
+        return len(self.index_batches)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self.build(idx) for idx in self.index_batches[k]]
+        return self.build(self.index_batches[k])
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

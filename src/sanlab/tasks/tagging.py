@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sanlab.config import TaggingConfig
+from sanlab.data.batching import LazyBatches
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
 from sanlab.errors import ConfigError
 from sanlab.files import write_json
@@ -126,13 +127,14 @@ class TaggingTask:
         self.model = build_tagger(config.model, vocab_size=len(self.vocab.words), num_chars=len(self.vocab.chars),
                                   num_tags=len(self.vocab.tags))
 
-    def epoch_batches(self, epoch: int) -> list[TagBatch]:
+    def epoch_batches(self, epoch: int) -> LazyBatches:
         order = list(range(len(self.train)))
         random.Random(self.config.train.seed * 1_000_003 + epoch).shuffle(order)
         size = self.config.train.batch_size
-        return [encode_batch(self.vocab, [self.train[i] for i in order[k:k + size]],
-                             max_chars=self.config.model.max_word_chars, pad_to=self.model.pad_to)
-                for k in range(0, len(order), size)]
+        return LazyBatches([order[k:k + size] for k in range(0, len(order), size)],
+                           lambda idx: encode_batch(self.vocab, [self.train[i] for i in idx],
+                                                    max_chars=self.config.model.max_word_chars,
+                                                    pad_to=self.model.pad_to))
 
     def batch_tokens(self, batch: TagBatch) -> int:
         return batch.tokens

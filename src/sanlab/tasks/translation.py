@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sanlab.config import DecodeConfig, TranslationConfig
-from sanlab.data.batching import TokenBatchSampler, pad_batch
+from sanlab.data.batching import LazyBatches, TokenBatchSampler, pad_batch
 from sanlab.data.parallel import length_filter, read_parallel
 from sanlab.data.subword import SubwordModel, SubwordPair, train_joint
 from sanlab.decoding.search import beam_search
@@ -114,8 +114,8 @@ class TranslationTask:
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 
-    def epoch_batches(self, epoch: int) -> list[Batch]:
-        return [collate(self.spm, [self.train[i] for i in idx]) for idx in self.sampler.epoch_batches(epoch)]
+    def epoch_batches(self, epoch: int) -> LazyBatches:
+        return LazyBatches(self.sampler.epoch_batches(epoch), lambda idx: collate(self.spm, [self.train[i] for i in idx]))
 
     def batch_tokens(self, batch: Batch) -> int:
         return batch.tokens

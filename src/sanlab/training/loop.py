@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +36,7 @@ class TrainTask(Protocol):
     metric: str              # primary validation metric (selects the best checkpoint, early stopping)
     higher_is_better: bool
 
-    def epoch_batches(self, epoch: int) -> list[Any]: ...
+    def epoch_batches(self, epoch: int) -> Sequence[Any]: ...  # len() and slices; may build batches lazily
     def batch_tokens(self, batch: Any) -> int: ...
     def loss(self, batch: Any, *, model: nn.Module | None = None) -> Tensor: ...
     # ^ summed over the batch's tokens; computed with ``model`` (the DDP wrapper) when given
