@@ -1,5 +1,6 @@
 """The CLI pipeline on tiny runs: train -> average -> translate / tag -> evaluate."""
 
+import contextlib
 import io
 import json
 import math
@@ -68,6 +69,21 @@ def test_evaluate_prints_sacrebleu_signature(translation_run, capsys):
     assert "BLEU" in out and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
     saved = json.loads((translation_run / "eval-last.json").read_text())
     assert set(saved["valid"]) >= {"bleu", "chrf", "bleu_signature", "hypotheses"}
+
+
+def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(translation_run, tmp_path, capsys):
+    run = str(translation_run)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    cases = [(["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--n-best", "8"],
+              "invalid decode settings: decode: n_best 8 is more than the beam of 2 can return"),
+             (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--beam", "0"],
+              "decode.beam: Input should be greater than or equal to 1"),
+             (["tag", "--run", run, "--input", str(tmp_path / "in.txt")], "is a translation run; `sanlab tag` needs"),
+             (["average", "--run", run, "--last", "0"], "expected a number >= 1, got 0")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) if argv[0] == "average" else contextlib.nullcontext():
+            assert main(argv) == 2
+        assert message in capsys.readouterr().err, argv
 
 
 def test_run_directory_records_provenance(translation_run):

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from sanlab.errors import DataError, SanlabError
+from sanlab.errors import ConfigError, DataError, SanlabError
 from sanlab.experiments.analyze import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
 
@@ -54,15 +54,18 @@ def _cmd_translate(args) -> int:
     from sanlab.runs import load_trained
     from sanlab.tasks.translation import translate
 
+    from sanlab.config import TranslationConfig
+
     config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint)
-    decode = config.decode.model_copy(update={k: v for k, v in
-                                              (("beam", args.beam), ("length_penalty", args.length_penalty))
-                                              if v is not None})
+    if not isinstance(config, TranslationConfig):
+        raise ConfigError(f"{args.run} is a {config.task} run; `sanlab translate` needs a translation run "
+                          "(use `sanlab tag`)")
+    decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best)
     if args.input and not Path(args.input).is_file():
         raise DataError("input file not found", path=args.input)
     lines = input_lines(args.input)
-    n_best = args.n_best or config.decode.n_best
-    results = translate(model, spm, lines, decode=decode, n_best=n_best)
+    n_best = decode.n_best
+    results = translate(model, spm, lines, decode=decode, n_best=n_best, source=args.input or "<stdin>")
     with output_stream(args.output) as out:
         for i, r in enumerate(results):
             if n_best == 1:
@@ -91,7 +94,7 @@ def _locked_run(run_dir: str):
 def _cmd_evaluate(args) -> int:
     from sanlab.runs import evaluate_run
 
-    overrides = {"beam": args.beam} if args.beam else {}
+    overrides = {"beam": args.beam} if args.beam is not None else {}
     with _locked_run(args.run):
         results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
                                decode_overrides=overrides)
@@ -127,6 +130,17 @@ def _cmd_params(args) -> int:
 
     print_params(args.preset)
     return 0
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,8 +181,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
     p.add_argument("--run", required=True)
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--last", type=int)
-    group.add_argument("--best", type=int)
+    group.add_argument("--last", type=_positive, help="average the last N checkpoints")
+    group.add_argument("--best", type=_positive, help="average the N best checkpoints")
     p.add_argument("--output", help="output checkpoint directory (default: <run>/averaged)")
     p.set_defaults(fn=_cmd_average)
 

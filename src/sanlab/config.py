@@ -167,12 +167,28 @@ class TaggerTrainConfig(TrainConfig):
 
 
 class DecodeConfig(Strict):
-    beam: int = 5
+    beam: int = Field(5, ge=1)
     length_penalty: float = 1.0
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    n_best: int = 1
-    batch_sentences: int = 64
+    max_len_a: float = Field(1.2, ge=0)   # max output length = a * source length + b (then capped at max_positions)
+    max_len_b: int = Field(10, ge=0)
+    n_best: int = Field(1, ge=1)
+    batch_sentences: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _n_best_within_the_beam(self) -> "DecodeConfig":
+        if self.n_best > self.beam:
+            raise ValueError(f"n_best {self.n_best} is more than the beam of {self.beam} can return")
+        return self
+
+    def updated(self, **values) -> "DecodeConfig":
+        """These settings with ``values`` changed (None values are left out), validated like a config file."""
+        try:
+            return DecodeConfig.model_validate({**self.model_dump(), **{k: v for k, v in values.items()
+                                                                       if v is not None}})
+        except ValidationError as err:
+            problems = "; ".join("decode" + "".join(f".{part}" for part in e["loc"]) + ": "
+                                 + e["msg"].removeprefix("Value error, ") for e in err.errors())
+            raise ConfigError(f"invalid decode settings: {problems}") from None
 
 
 class TranslationConfig(Strict):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from sanlab.config import Config, TranslationConfig, dump_config, validate
+from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, validate
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
 from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint, load_weights
@@ -292,12 +292,15 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     if isinstance(config, TranslationConfig):
         from sanlab.tasks.translation import evaluate_translation
 
-        decode = config.decode.model_copy(update=decode_overrides or {})
+        decode = config.decode.updated(**(decode_overrides or {}))
         results = evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
                                        tag=checkpoint)
     else:
         from sanlab.tasks.tagging import evaluate_tagging_splits
 
+        if decode_overrides:
+            raise ConfigError(f"{run_dir} is a tagging run: decode settings ({', '.join(decode_overrides)}) do not "
+                              "apply")
         results = evaluate_tagging_splits(model, assets, config, splits=splits)
     results = {name: {**record, **scored} for name, record in results.items()}
     tag = Path(checkpoint).name
@@ -359,6 +362,8 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     from sanlab.tasks.tagging import tag_sentences
 
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
+    if not isinstance(config, TaggingConfig):
+        raise ConfigError(f"{run_dir} is a {config.task} run; `sanlab tag` needs a tagging run (use `sanlab translate`)")
     if input_path and not Path(input_path).is_file():
         raise DataError("input file not found", path=input_path)
     if input_path and ".conllu" in Path(input_path).name:

@@ -21,7 +21,8 @@ def _context(stack: StackConfig, *, dim: int, index: int, side: str, max_len: in
                         side=side, max_len=max_len)
 
 
-def _ffn(stack: StackConfig, dim: int, dropout: float) -> FeedForward | None:
+def _ffn(stack: StackConfig, dim: int) -> FeedForward | None:
+    # no dropout inside the FFN (fairseq's activation_dropout 0); the residual dropout follows it
     return FeedForward(dim=dim, hidden=stack.ffn_dim, dropout=0.0) if stack.ffn_dim else None
 
 
@@ -41,7 +42,7 @@ def _build_mixer(stack: StackConfig, mixer: MixerConfig, ctx: BuildContext, *, d
     the branch dropout and, if ``holds_cross``, the cross-attention; the layer then gets none of them."""
     if not _holds(mixer, "ffn"):
         return MIXERS.build(mixer, ctx, attention=stack.attention)
-    return MIXERS.build(mixer, ctx, attention=stack.attention, ffn=_ffn(stack, ctx.dim, dropout), dropout=dropout,
+    return MIXERS.build(mixer, ctx, attention=stack.attention, ffn=_ffn(stack, ctx.dim), dropout=dropout,
                         cross_attention=cross)
 
 
@@ -52,7 +53,7 @@ def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
         mixer_cfg = _layer_mixer(stack, n)
         mixer = _build_mixer(stack, mixer_cfg, ctx, dropout=dropout)
         pre_blocks = [PRE_BLOCKS.build(b, ctx, norm=norm, dropout=dropout) for b in stack.pre_blocks if b.applies_to(n)]
-        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim, dropout)
+        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim)
         layers.append(EncoderLayer(mixer=mixer, ffn=ffn, dim=dim, norm=norm, dropout=dropout,
                                    pre_blocks=pre_blocks))
     return Encoder(layers, dim=dim, final_norm=norm == "pre")
@@ -72,7 +73,7 @@ def build_decoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
         mixer = _build_mixer(stack, mixer_cfg, ctx, dropout=dropout,
                              cross=build_attention(cross_cfg, cross_ctx) if held else None)
         cross = None if held else build_attention(cross_cfg, cross_ctx)
-        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim, dropout)
+        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim)
         layers.append(DecoderLayer(self_mixer=mixer, cross_attention=cross, ffn=ffn, dim=dim, norm=norm,
                                    dropout=dropout))
     return Decoder(layers, dim=dim, final_norm=norm == "pre")

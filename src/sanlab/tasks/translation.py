@@ -137,7 +137,7 @@ class TranslationTask:
             tokens += batch.tokens
         n = self.config.train.valid_max_sentences or len(self.valid_raw)
         sources, refs = [s for s, _ in self.valid_raw[:n]], [t for _, t in self.valid_raw[:n]]
-        hyps = translate(self.model, self.spm, sources, decode=self.config.decode.model_copy(update={"beam": 1}))
+        hyps = translate(self.model, self.spm, sources, decode=self.config.decode.updated(beam=1, n_best=1))
         loss = total / tokens
         return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "bleu": corpus_scores(hyps, refs).bleu}
 
