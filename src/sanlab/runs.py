@@ -54,10 +54,14 @@ def provenance(config: Config) -> dict:
             **_session_conditions(config)}
 
 
+GRID_JOBS_ENV = "SANLAB_GRID_JOBS"
+
+
 def _session_conditions(config: Config) -> dict:
     # threads as training will set them (meta.json is written before _train_locked applies train.threads)
+    # jobs: cells a `sanlab compare --jobs` grid trains side by side with this one (set in its workers)
     return {"threads": config.train.threads or torch.get_num_threads(),
-            "processes": int(os.environ.get("WORLD_SIZE", "1"))}
+            "processes": int(os.environ.get("WORLD_SIZE", "1")), "jobs": int(os.environ.get(GRID_JOBS_ENV, "1"))}
 
 
 def record_session(run_dir: Path, config: Config, *, step: int) -> None:
@@ -113,7 +117,10 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
             raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
                               f"{', '.join(blocking)}. Resume with the same config, pass --overwrite to start "
                               "again, or choose another --run directory")
-        _refuse_shorter_budget(run_dir, config)
+        problem = shorter_budget(run_dir, config, old)
+        if problem:
+            raise ConfigError(f"{run_dir}: {problem}; a shorter budget needs a new run (another --run directory, "
+                              "or --overwrite)")
         write_text(saved, text)
         return CheckpointManager.has_checkpoints(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -122,13 +129,24 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     return False
 
 
-def _refuse_shorter_budget(run_dir: Path, config: Config) -> None:
-    """A resume never shortens a run: its weights would be saved under a budget they have exceeded."""
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    step = json.loads((latest / "meta.json").read_text(encoding="utf-8")).get("step") if latest else None
-    if step is not None and step > config.train.max_steps:
-        raise ConfigError(f"{run_dir} has trained {step} updates, more than train.max_steps={config.train.max_steps}; "
-                          "a shorter budget needs a new run (another --run directory, or --overwrite)")
+def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | None = None) -> str | None:
+    """Why resuming ``run_dir`` (trained under the config dict ``old``) with ``config`` would shorten it
+    or tighten its stopping rule, or None. A resume must not: the weights would be saved under a budget
+    they have exceeded (a finished run relabelled with settings it did not train under). ``trained``
+    ({"step", "epoch"}, e.g. a finished run's summary) stands in when the checkpoints are not there."""
+    latest = latest_checkpoint(Path(run_dir) / "checkpoints")
+    meta = json.loads((latest / "meta.json").read_text(encoding="utf-8")) if latest else (trained or {})
+    train = config.train
+    step, epoch, patience = meta.get("step"), meta.get("epoch"), old.get("train", {}).get("patience")
+    if step is not None and step > train.max_steps:
+        return f"it has trained {step} updates, more than train.max_steps={train.max_steps}"
+    if epoch is not None and epoch > train.max_epochs:
+        return f"it has trained {epoch} epochs, more than train.max_epochs={train.max_epochs}"
+    tighter = train.patience > 0 and (patience == 0 or train.patience < patience)  # 0: never stop early
+    if meta and patience is not None and tighter:
+        return (f"it was trained with train.patience={patience}; train.patience={train.patience} would stop it "
+                "under a rule it did not train under")
+    return None
 
 
 def load_run_config(run_dir: Path) -> Config:
@@ -285,7 +303,9 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
 
     Each split's record names the checkpoint it scored (directory and update), since ``best`` and ``last``
     move when a run is resumed. Splits scored earlier from the same checkpoint stay in the file; records
-    of another checkpoint are dropped rather than mixed with the new ones.
+    of another checkpoint are dropped (with their hypotheses) rather than mixed with the new ones. Records
+    written before checkpoints were named cannot be told apart and are kept, files and all: deleting them
+    could delete what a comparison grid scored.
     """
     config, model, assets = load_trained(run_dir, checkpoint=checkpoint)
     scored = scored_checkpoint(run_dir, checkpoint, config)
@@ -306,7 +326,8 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     tag = Path(checkpoint).name
     out = Path(run_dir) / f"eval-{tag}.json"
     earlier = read_json(out) or {}
-    kept = {name: r for name, r in earlier.items() if isinstance(r, dict) and same_weights(r, scored)}
+    kept = {name: r for name, r in earlier.items()
+            if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
     for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
         (Path(run_dir) / f"hyp-{tag}-{name}.txt").unlink(missing_ok=True)
     write_json(out, {**kept, **results})

@@ -223,6 +223,20 @@ def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpu
         analyze.run_score(run, metric="bleu", score_from="eval", split="test", checkpoint="best")
     evaluate_run(run, checkpoint="best", splits=["test"])  # records of the old checkpoint are dropped
     assert sorted(json.loads((run / "eval-best.json").read_text())) == ["test"]
+    assert not (run / "hyp-best-valid.txt").exists()  # with their hypotheses
+
+
+def test_eval_records_from_before_checkpoints_were_named_are_kept_with_their_files(corpus, tmp_path):
+    run = make_translation_run(corpus, tmp_path / "r")
+    evaluate_run(run, checkpoint="best", splits=["test"])
+    legacy = json.loads((run / "eval-best.json").read_text())
+    for key in ("checkpoint", "step"):
+        del legacy["test"][key]
+    (run / "eval-best.json").write_text(json.dumps(legacy))
+    hypotheses = (run / "hyp-best-test.txt").read_bytes()  # e.g. the evidence a comparison grid scored
+    evaluate_run(run, checkpoint="best", splits=["valid"])
+    assert sorted(json.loads((run / "eval-best.json").read_text())) == ["test", "valid"]
+    assert (run / "hyp-best-test.txt").read_bytes() == hypotheses
 
 
 def test_missing_hypotheses_say_how_to_make_them(corpus, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, TrainingError
 from sanlab.evaluation.significance import paired_bootstrap_accuracy
 from sanlab.experiments import cells as cells_module
 from sanlab.experiments.cells import CellResult, speed_conditions
@@ -159,16 +159,43 @@ def test_speeds_measured_otherwise_than_the_baselines_get_no_delta(tmp_path):
     assert same.speed_comparable and same.steps_delta == pytest.approx(-0.5)
     rows = {line.split(" | ")[0]: line.split(" | ")[4] for line in section_markdown(section) if line.startswith("| ")}
     assert rows["| better"] == "1.00 (†)" and rows["| same"] == "1.50 (−0.50)"
-    assert render_csv(Report(title="t", header={}, sections=(section,))).splitlines()[2].split(",")[10] == \
+    assert render_csv(Report(title="t", header={}, sections=(section,))).splitlines()[2].split(",")[11] == \
         "2 jobs x 1 thread"
 
 
 def test_speed_conditions_of_cells_finished_before_done_json_recorded_jobs(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"command": ["sanlab", "compare", "g.yaml", "--jobs", "2"]}))
     assert speed_conditions(tmp_path, {"threads": 1}) == "2 jobs x 1 thread"
-    assert speed_conditions(tmp_path, {"threads": 2, "jobs": 1}) == "1 job x 2 threads"  # done.json wins
+    # created by a --jobs 2 grid, finished alone: both sessions count
+    assert speed_conditions(tmp_path, {"threads": 2, "jobs": 1}) == "mixed (2 jobs x 2 threads; 1 job x 2 threads)"
     (tmp_path / "meta.json").write_text(json.dumps({"command": ["sanlab", "compare", "g.yaml", "--jobs=3"]}))
     assert speed_conditions(tmp_path, {"threads": 1}) == "3 jobs x 1 thread"
+    # started alone, finished side by side (a resumed cell): its speed averages both, so it is "mixed"
+    (tmp_path / "meta.json").write_text(json.dumps({"command": ["sanlab", "train", "c.yaml"], "threads": 2}))
+    assert speed_conditions(tmp_path, {"threads": 1, "jobs": 2}) == "mixed (1 job x 2 threads; 2 jobs x 1 thread)"
+
+
+def test_speed_conditions_follow_every_training_session(tmp_path):
+    sessions = [{"command": ["sanlab", "compare", "g.yaml", "--jobs", "2"], "threads": 1},  # before "jobs" was kept
+                {"command": ["sanlab", "compare", "g.yaml"], "threads": 1, "jobs": 2}]
+    (tmp_path / "meta.json").write_text(json.dumps({"command": sessions[0]["command"], "sessions": sessions}))
+    assert speed_conditions(tmp_path, {"threads": 1, "jobs": 2}) == "2 jobs x 1 thread"
+    sessions.append({"command": ["sanlab", "compare", "g.yaml"], "threads": 2, "jobs": 1})
+    (tmp_path / "meta.json").write_text(json.dumps({"command": sessions[0]["command"], "sessions": sessions}))
+    assert speed_conditions(tmp_path, {"threads": 2, "jobs": 1}) == "mixed (2 jobs x 1 thread; 1 job x 2 threads)"
+
+
+def test_a_baseline_trained_under_mixed_conditions_gives_no_speed_delta(tmp_path):
+    grid = _hand_grid(tmp_path)
+
+    def cell(variant, conditions):
+        return CellResult(variant, 1, params=1000, speed={"steps_per_s": 1.0, "tokens_per_s": 10.0},
+                          conditions=conditions)
+
+    mixed = "mixed (1 job x 2 threads; 2 jobs x 1 thread)"
+    section = build_section(grid, dataset=None, results={("base", 1): cell("base", mixed),
+                                                         ("better", 1): cell("better", mixed)}, references=None)
+    assert [(r.speed_comparable, r.steps_delta) for r in section.rows[:2]] == [(False, None), (False, None)]
 
 
 def test_cells_scored_on_other_sentences_are_not_paired(tmp_path):
@@ -179,9 +206,28 @@ def test_cells_scored_on_other_sentences_are_not_paired(tmp_path):
         return CellResult(variant, 1, params=1000, scores={"all": 50.0, "oov": None, "ambiguous": None},
                           evidence=flags, scored_against=gold)
 
-    with pytest.raises(ConfigError, match="'better' seed 1 was scored on other sentences than the baseline 'base'"):
-        build_section(grid, dataset=None, results={("base", 1): cell("base", "a"), ("better", 1): cell("better", "b")},
-                      references=None)
+    section = build_section(grid, dataset=None, results={("base", 1): cell("base", "a"),
+                                                         ("better", 1): cell("better", "b")}, references=None)
+    better = section.rows[1]  # the row keeps its scores, gets no test, and the table says why
+    assert better.tests == () and better.mark == "" and better.scores["All"].mean == 50.0
+    assert "'better' seed 1 was scored on other sentences than the baseline 'base'" in better.problem
+    md = section_markdown(section)
+    assert any(line.startswith("| better (‡) | 1/2 |") for line in md)
+    assert any(line.startswith("- (‡) better: no test against the baseline: 'better' seed 1") for line in md)
+
+
+def test_failed_cells_are_counted_and_named_in_the_table(tmp_path):
+    grid = _hand_grid(tmp_path)
+    results = {("base", 1): CellResult("base", 1, params=1000, scores={"all": 50.0, "oov": None, "ambiguous": None},
+                                       evidence=[[True, False]] * 10)}
+    section = build_section(grid, dataset=None, results=results, references=None,
+                            failures={("better", 2): "TrainingError: loss is nan at update 7 (epoch 0)"})
+    assert section.rows[1].seeds_failed == (2,)
+    md = section_markdown(section)
+    assert any(line.startswith("| better | 0/2 (1 failed) |") for line in md)
+    assert "- FAILED better / seed 2: TrainingError: loss is nan at update 7 (epoch 0)" in md
+    csv = render_csv(Report(title="t", header={}, sections=(section,))).splitlines()
+    assert csv[0].split(",")[7] == "seeds_failed" and csv[2].split(",")[7] == "1"
 
 
 def test_translation_cells_scored_against_other_references_are_not_paired(tmp_path, monkeypatch):
@@ -361,6 +407,94 @@ def test_damaged_json_and_a_dataset_on_a_grid_without_datasets_are_named(finishe
         read_json(bad)
     with pytest.raises(ConfigError, match="--dataset 'x', but this grid has no datasets"):
         select_cells(finished, datasets=["x"])
+
+
+def test_a_lower_patience_makes_finished_cells_conflict_instead_of_being_relabelled(finished):
+    # the smoke cells trained with patience 0 (never stop early): any patience would have stopped them sooner
+    tighter = load_grid(SMOKE, overrides=[*TINY, "train.patience=1"], runs_dir=finished.runs_dir)
+    state = cell_state(tighter.cells[0], tighter.spec.eval)
+    assert state.status == "conflict" and "train.patience=0; train.patience=1 would stop it" in state.detail
+    longer = load_grid(SMOKE, overrides=[*TINY, "train.max_steps=6"], runs_dir=finished.runs_dir)
+    assert cell_state(longer.cells[0], longer.spec.eval).status == "training"  # a larger budget trains on
+
+
+def test_a_test_file_changed_after_scoring_makes_the_cell_score_again(finished):
+    cell = finished.cells[0]
+    record = json.loads((cell.run_dir / "compare-eval.json").read_text())
+    (path,) = record["data_sha256"]
+    original = Path(path).read_bytes()
+    try:
+        Path(path).write_bytes(original + b"\n")  # corrected in place
+        state = cell_state(cell, finished.spec.eval)
+        assert (state.status, state.detail) == ("trained", f"{path} changed since the cell was scored")
+    finally:
+        Path(path).write_bytes(original)
+    assert cell_state(cell, finished.spec.eval).status == "evaluated"
+
+
+def test_a_failed_cell_leaves_its_error_in_the_table_until_it_succeeds(tmp_path, monkeypatch):
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cells = select_cells(grid, only=["1D-CSAN"])
+
+    def nan_loss(cell, **kwargs):
+        raise TrainingError("loss is nan at update 3 (epoch 0)")
+
+    monkeypatch.setattr(cells_module, "train_cell", nan_loss)
+    outcomes = run_grid(grid, cells, log=lambda m: None, quiet=True)
+    assert all("loss is nan" in o.error for o in outcomes)
+    report = build_report(grid, command="test")
+    table = render_markdown(report)
+    assert "| 1D-CSAN | 0/2 (2 failed) |" in table
+    assert "- FAILED 1D-CSAN / seed 0: TrainingError: loss is nan at update 3 (epoch 0)" in table
+    monkeypatch.undo()
+    import torch
+
+    torch.set_num_threads(1)
+    assert [o.error for o in run_grid(grid, cells[:1], log=lambda m: None, quiet=True)] == [None]
+    assert not (cells[0].run_dir / "failed.json").exists()
+    assert "| 1D-CSAN | 1/2 (1 failed) |" in render_markdown(build_report(grid, command="test"))
+
+
+def test_a_dead_worker_sends_its_cells_to_a_new_pool(tmp_path, monkeypatch):
+    """A worker killed (e.g. by the OOM killer) breaks the pool, which fails every cell it held: they go
+    to a new pool once; a cell whose pool breaks twice is a failure, and the grid goes on."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from sanlab.experiments import compare
+
+    pools, breaks = [], {"SAN+PE[add] / seed 0": 1, "SAN+PE[add] / seed 1": 2}
+
+    class DyingPool:
+        def __init__(self, **kwargs):
+            pools.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, job):
+            future, label = Future(), job[0].label
+            if breaks.get(label, 0) > 0:
+                breaks[label] -= 1
+                future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            else:
+                future.set_result(cells_module.CellOutcome(job[0], True, True, 0.0))
+            return future
+
+    monkeypatch.setattr(compare, "ProcessPoolExecutor", DyingPool)
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    logged = []
+    outcomes = run_grid(grid, grid.cells, jobs=2, log=logged.append)
+    by_label = {o.cell.label: o.error for o in outcomes}
+    assert len(pools) == 2 and len(outcomes) == 4
+    assert by_label["SAN+PE[add] / seed 0"] is None and by_label["1D-CSAN / seed 1"] is None
+    assert "a worker process died twice" in by_label["SAN+PE[add] / seed 1"]
+    dead = next(c for c in grid.cells if c.label == "SAN+PE[add] / seed 1")
+    assert (dead.run_dir / "failed.json").exists()
+    assert "a worker process died; 2 cell(s) go to a new pool of 2 workers" in logged
 
 
 def test_jobs_run_cells_in_spawned_processes(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.decoding.cache import reorder
 from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_seq2seq
@@ -25,15 +26,30 @@ def _model(mixer: str | dict, *, decoder: bool, pre_blocks: list[dict] = ()):
     dec = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer=mixer if decoder else {"type": "attention"})
     torch.manual_seed(0)
     cfg = Seq2SeqConfig(dim=16, dropout=0.0, norm="post", encoder=enc, decoder=dec)
-    return build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval()
+    model = build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # off the initial values: gates, biases and scales that start neutral now matter
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+# Mixers without a causal form. Fixed here so that a regression refusing the decoder fails instead of skipping.
+ENCODER_ONLY_MIXERS = {"block"}
 
 
 def _decoder_capable(mixer: str | dict) -> bool:
-    try:
-        _model(mixer, decoder=True)
-    except (ValueError, NotImplementedError):
-        return False
-    return True
+    name = mixer if isinstance(mixer, str) else mixer["type"]
+    return name not in ENCODER_ONLY_MIXERS
+
+
+def test_encoder_only_mixers_refuse_the_decoder_and_the_others_build():
+    for name in MIXER_NAMES:
+        if name in ENCODER_ONLY_MIXERS:
+            with pytest.raises(ValueError, match="decoder|causal"):
+                _model(name, decoder=True)
+        else:
+            _model(name, decoder=True)
 
 
 MIXER_NAMES = MIXERS.names()
@@ -68,6 +84,7 @@ def test_decoder_cached_equals_full_and_no_future_leak(mixer):
     src = torch.randint(4, 30, (2, 6))
     src[1, 4:] = 0
     tgt = torch.randint(4, 30, (2, 7))
+    swap = torch.tensor([1, 0])  # beams reordered mid-decode: the caches must follow their rows
     with torch.no_grad():
         full = torch.log_softmax(model(src, tgt), dim=-1)
         state, steps = model.start_decoding(src), []
@@ -75,6 +92,13 @@ def test_decoder_cached_equals_full_and_no_future_leak(mixer):
             log_probs, state = model.decode_step(tgt[:, t:t + 1], state)
             steps.append(log_probs)
         torch.testing.assert_close(torch.stack(steps, 1), full.float())  # decode_step returns fp32
+        state, steps = model.start_decoding(src), []
+        for t in range(tgt.shape[1]):
+            if t == 3:
+                state = reorder(state, swap)
+            log_probs, state = model.decode_step(tgt[swap if t >= 3 else slice(None), t:t + 1], state)
+            steps.append(log_probs)
+        torch.testing.assert_close(torch.stack(steps[3:], 1), full[swap, 3:].float())
         changed = tgt.clone()
         changed[:, 4:] = torch.randint(4, 30, (2, 3))
         torch.testing.assert_close(torch.log_softmax(model(src, changed), dim=-1)[:, :4], full[:, :4])

@@ -44,6 +44,23 @@ def test_resume_refuses_a_budget_the_run_has_already_passed(tmp_path, tiny_trans
     assert (run / "config.yaml").read_text() == config  # the run still says what it was trained with
 
 
+def test_resume_refuses_fewer_epochs_or_a_tighter_patience_but_accepts_a_looser_one(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=2), run, quiet=True)
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["checkpoint"]
+    epoch = json.loads((run / "checkpoints" / latest / "meta.json").read_text())["epoch"]
+    assert epoch >= 1
+    config = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match="train.patience=2; train.patience=1 would stop it"):
+        train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
+    with pytest.raises(ConfigError, match=f"trained {epoch} epochs, more than train.max_epochs={epoch - 1}"):
+        train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=2, max_epochs=epoch - 1), run,
+                  quiet=True)
+    assert (run / "config.yaml").read_text() == config
+    looser = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=3), run, quiet=True)
+    assert looser["step"] > 0  # a larger patience continues the run
+
+
 def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=3), run, quiet=True)

@@ -24,11 +24,12 @@ import torch
 from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid import (
-    DONE_FILE, EVAL_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, eval_key, file_digest,
+    DONE_FILE, EVAL_FILE, FAILED_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests,
+    eval_key, file_digest, split_files,
 )
 from sanlab.files import read_json, replacing, write_json
 from sanlab.models.builders import count_parameters
-from sanlab.runs import average_run, evaluate_run, load_run_config, load_trained, run_lock, train_run
+from sanlab.runs import GRID_JOBS_ENV, average_run, evaluate_run, load_run_config, load_trained, run_lock, train_run
 from sanlab.tasks.translation import read_hypotheses
 from sanlab.training.loop import read_metrics
 
@@ -88,16 +89,27 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
 
 
 def speed_conditions(run_dir: Path, done: dict) -> str:
-    """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each.
-    Cells finished before ``done.json`` recorded its jobs take them from the command in ``meta.json``."""
-    jobs = done.get("jobs")
-    if jobs is None:
-        argv = (read_json(Path(run_dir) / "meta.json") or {}).get("command") or []
-        values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--jobs"]
-        values += [a.split("=", 1)[1] for a in argv if a.startswith("--jobs=")]
-        jobs = int(values[-1]) if values and values[-1].isdigit() else 1
-    threads = done.get("threads", "?")
-    return f"{jobs} job{'s' if jobs != 1 else ''} x {threads} thread{'s' if threads != 1 else ''}"
+    """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each;
+    ``"mixed (...)"`` when the run's training sessions (``meta.json``) differ, since its speed is an
+    average over all of them. Sessions recorded before ``jobs`` was take it from their command line."""
+    meta = read_json(Path(run_dir) / "meta.json") or {}
+    sessions = meta.get("sessions") or []
+    last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"))
+    if not sessions:  # runs created before sessions were recorded: the first command and the last session
+        seen = [(_jobs_in(meta.get("command")), meta.get("threads", last[1])) if meta.get("command") else last, last]
+    else:
+        seen = [(s.get("jobs", _jobs_in(s.get("command"))), s.get("threads", "?")) for s in sessions[:-1]] + [last]
+    distinct = list(dict.fromkeys(seen))
+    text = [f"{j} job{'s' if j != 1 else ''} x {t} thread{'s' if t != 1 else ''}" for j, t in distinct]
+    return text[0] if len(text) == 1 else f"mixed ({'; '.join(text)})"
+
+
+def _jobs_in(argv: list[str] | None) -> int:
+    """The ``--jobs`` of a recorded command line (1 without it: one cell at a time)."""
+    argv = argv or []
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--jobs"]
+    values += [a.split("=", 1)[1] for a in argv if a.startswith("--jobs=")]
+    return int(values[-1]) if values and values[-1].isdigit() else 1
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -117,7 +129,7 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
         signature = None
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
               "scores": scores, "signature": signature, "evidence": evidence,
-              "evidence_sha256": file_digest(cell.run_dir / evidence)}
+              "evidence_sha256": file_digest(cell.run_dir / evidence), "data_sha256": data_digests(cell)}
     write_json(cell.run_dir / EVAL_FILE, record)
     return record
 
@@ -180,13 +192,31 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
         raise
     except Exception as err:  # noqa: BLE001  (reported per cell; the grid goes on)
         detail = "" if isinstance(err, (ConfigError,)) else "\n" + traceback.format_exc(limit=3)
-        return CellOutcome(cell, trained, evaluated, time.monotonic() - start, f"{type(err).__name__}: {err}{detail}")
+        outcome = CellOutcome(cell, trained, evaluated, time.monotonic() - start, f"{type(err).__name__}: {err}{detail}")
+        record_failure(outcome)
+        return outcome
+    (cell.run_dir / FAILED_FILE).unlink(missing_ok=True)
     return CellOutcome(cell, trained, evaluated, time.monotonic() - start)
 
 
-def init_worker(threads: int) -> None:
-    """Initializer of a ``--jobs`` worker process: its share of the machine's cores."""
+def record_failure(outcome: CellOutcome) -> None:
+    """Keep a failed cell's error in its run directory (``failed.json``), so the table, which may be
+    printed later with ``--table-only`` and is committed, says which cells failed and why."""
+    outcome.cell.run_dir.mkdir(parents=True, exist_ok=True)  # a cell may fail before its run directory exists
+    write_json(outcome.cell.run_dir / FAILED_FILE, {"error": outcome.error, "at": time.time()})
+
+
+def read_failure(cell: Cell) -> str | None:
+    """The first line of the error a cell last failed with, or None."""
+    record = read_json(cell.run_dir / FAILED_FILE)
+    return (record.get("error") or "unknown error").splitlines()[0] if record else None
+
+
+def init_worker(threads: int, jobs: int) -> None:
+    """Initializer of a ``--jobs`` worker process: its share of the machine's cores, and how many cells
+    train side by side (recorded with each training session, see ``runs.record_session``)."""
     torch.set_num_threads(threads)
+    os.environ[GRID_JOBS_ENV] = str(jobs)
 
 
 def run_cell_job(job: tuple[Cell, EvalSpec, bool, int]) -> CellOutcome:
@@ -255,15 +285,9 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
                    scored_against=scored_against)
 
 
-def _split_files(cell: Cell):
-    """The (src, tgt) files of the cell's split (translation)."""
-    d = cell.config.data
-    return d.valid if cell.split == "valid" else d.test[cell.split]
-
-
 def reference_file(cell: Cell) -> str | None:
     """The target file of the cell's split (translation), which its hypotheses were scored against."""
-    return str(_split_files(cell).tgt) if isinstance(cell.config, TranslationConfig) else None
+    return str(split_files(cell)[1]) if isinstance(cell.config, TranslationConfig) else None
 
 
 def read_references(cell: Cell) -> list[str] | None:
@@ -272,5 +296,5 @@ def read_references(cell: Cell) -> list[str] | None:
         return None
     from sanlab.data.parallel import read_parallel
 
-    pair = _split_files(cell)
-    return [t for _, t in read_parallel(pair.src, pair.tgt, keep_empty=True)]  # every line, as evaluation scores
+    src, tgt = split_files(cell)
+    return [t for _, t in read_parallel(src, tgt, keep_empty=True)]  # every line, as evaluation scores

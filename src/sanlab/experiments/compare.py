@@ -25,6 +25,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime
 from multiprocessing import get_context
 from pathlib import Path
@@ -34,8 +35,8 @@ from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
 )
 from sanlab.experiments.cells import (
-    METRICS, CellOutcome, CellResult, cores, init_worker, machine, prepare_synthetic, read_references, read_result,
-    reference_file, run_cell, run_cell_job,
+    METRICS, CellOutcome, CellResult, cores, init_worker, machine, prepare_synthetic, read_failure, read_references,
+    read_result, record_failure, reference_file, run_cell, run_cell_job,
 )
 from sanlab.experiments.grid import DONE_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid, slug
 from sanlab.experiments.tables import Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report
@@ -110,15 +111,34 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
         for cell in todo:
             report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1))
         return outcomes
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn"),
-                             initializer=init_worker, initargs=(threads,)) as pool:
-        futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, jobs)): c for c in todo}
-        for future in as_completed(futures):
-            try:
-                outcome = future.result()
-            except Exception as err:  # noqa: BLE001  (e.g. a worker killed by the OOM killer)
-                outcome = CellOutcome(futures[future], False, False, 0.0, f"{type(err).__name__}: {err}")
-            report(outcome)
+    workers = min(jobs, len(todo))
+    remaining, deaths = list(todo), {}
+    while remaining:
+        broken = []
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                 initializer=init_worker, initargs=(threads, workers)) as pool:
+            futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, workers)): c for c in remaining}
+            for future in as_completed(futures):
+                cell = futures[future]
+                try:
+                    outcome = future.result()
+                except BrokenProcessPool as err:
+                    # a worker died (e.g. the OOM killer): the pool fails every cell it still held, so the
+                    # cells go to a new pool (they resume from their checkpoints); twice is a failure
+                    deaths[cell.label] = deaths.get(cell.label, 0) + 1
+                    if deaths[cell.label] < 2:
+                        broken.append(cell)
+                        continue
+                    outcome = CellOutcome(cell, False, False, 0.0, f"a worker process died twice while this cell "
+                                                                   f"was queued or running ({err})")
+                    record_failure(outcome)
+                except Exception as err:  # noqa: BLE001  (the grid goes on)
+                    outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
+                    record_failure(outcome)
+                report(outcome)
+        if broken:
+            log(f"a worker process died; {len(broken)} cell(s) go to a new pool of {workers} workers")
+        remaining = broken
     return outcomes
 
 
@@ -162,13 +182,39 @@ def seeds_test(task: str, baseline: dict[int, CellResult], system: dict[int, Cel
                      p_value=result.p_value, mark=result.mark)
 
 
+def _tests(grid: Grid, *, dataset: str | None, variant: str, evaluated: dict[int, CellResult],
+           base_results: dict[int, CellResult], references: list[str] | None
+           ) -> tuple[list[SeedTest], SeedsTest | None]:
+    """The per-seed paired tests and the seeds test of one row against the baseline."""
+    base_evaluated = {s: r for s, r in base_results.items() if r.scores}
+    where = f"the baseline {grid.baseline!r}{f' on {dataset}' if dataset else ''}"
+    for seed, result in evaluated.items():
+        # every pairing (same seed, or across seeds) needs one test set, token for token
+        if any(result.scored_against != b.scored_against for b in base_evaluated.values()):
+            raise ConfigError(f"{variant!r} seed {seed} was scored on other sentences than {where} (words, gold "
+                              "tags or references differ); re-evaluate both on the same test file")
+    tests = []
+    try:
+        for seed in sorted(set(evaluated) & set(base_evaluated)):
+            result = paired_test(grid.task, base_evaluated[seed].evidence, evaluated[seed].evidence,
+                                 references=references, spec=grid.spec.eval)
+            tests.append(SeedTest(seed=seed, delta=result.delta, p_value=result.p_value, mark=result.mark))
+        seeds_result = seeds_test(grid.task, base_evaluated, evaluated, references=references, spec=grid.spec.eval)
+    except ValueError as err:  # outputs of different test sets cannot be paired
+        raise ConfigError(f"cannot pair {variant!r} with {where}: {err}") from None
+    return tests, seeds_result
+
+
 def _stat(values) -> Stat:
     return Stat(tuple(v for v in values if v is not None))
 
 
 def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, CellResult],
-         baseline: Row | None, base_results: dict[int, CellResult], references: list[str] | None) -> Row:
-    """One table row from the variant's cell results (seed -> result); ``baseline`` None for the baseline."""
+         baseline: Row | None, base_results: dict[int, CellResult], references: list[str] | None,
+         failed: dict[int, str] | None = None) -> Row:
+    """One table row from the variant's cell results (seed -> result); ``baseline`` None for the baseline.
+    ``failed``: seed -> error of cells that failed and are not evaluated. A row that cannot be paired with
+    the baseline keeps its scores, gets no test, and says why in ``problem``."""
     metrics = METRICS[grid.task]
     evaluated = {s: r for s, r in results.items() if r.scores}
     scores = {col: _stat(r.scores.get(key) for r in evaluated.values()) for col, key in metrics}
@@ -176,24 +222,13 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     speeds = [r.speed for r in results.values() if r.speed]
     steps = _stat(s["steps_per_s"] for s in speeds)
     conditions = tuple(sorted({r.conditions for r in results.values() if r.speed and r.conditions}))
-    tests, seeds_result = [], None
+    tests, seeds_result, problem = [], None, None
     if baseline is not None:
-        base_evaluated = {s: r for s, r in base_results.items() if r.scores}
-        where = f"the baseline {grid.baseline!r}{f' on {dataset}' if dataset else ''}"
-        for seed, result in evaluated.items():
-            # every pairing (same seed, or across seeds) needs one test set, token for token
-            if any(result.scored_against != b.scored_against for b in base_evaluated.values()):
-                raise ConfigError(f"{grid.path}: {variant!r} seed {seed} was scored on other sentences than "
-                                  f"{where} (words or gold tags differ); re-evaluate both on the same test file")
         try:
-            for seed in sorted(set(evaluated) & set(base_evaluated)):
-                result = paired_test(grid.task, base_evaluated[seed].evidence, evaluated[seed].evidence,
-                                     references=references, spec=grid.spec.eval)
-                tests.append(SeedTest(seed=seed, delta=result.delta, p_value=result.p_value, mark=result.mark))
-            seeds_result = seeds_test(grid.task, base_evaluated, evaluated, references=references,
-                                      spec=grid.spec.eval)
-        except ValueError as err:  # outputs of different test sets cannot be paired
-            raise ConfigError(f"{grid.path}: cannot pair {variant!r} with {where}: {err}") from None
+            tests, seeds_result = _tests(grid, dataset=dataset, variant=variant, evaluated=evaluated,
+                                         base_results=base_results, references=references)
+        except ConfigError as err:
+            problem = str(err)
     mark, support = majority_mark([t.mark for t in tests])
     primary = metrics[0][0]
 
@@ -201,9 +236,14 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
         other = of_baseline(baseline) if baseline is not None else None
         return None if value is None or other is None else value - other
 
-    # speeds measured with other jobs x threads than the baseline's are shown, but not set against it
-    comparable = baseline is None or not conditions or not baseline.speed_conditions or \
-        conditions == baseline.speed_conditions
+    # speeds measured with other jobs x threads than the baseline's, or under several (a resumed run), are
+    # shown but not set against it
+    mixed = len(conditions) > 1 or any(c.startswith("mixed") for c in conditions)
+    if baseline is None:
+        comparable = not mixed
+    else:
+        comparable = not conditions or not baseline.speed_conditions or \
+            (not mixed and baseline.speed_comparable and conditions == baseline.speed_conditions)
 
     return Row(variant=variant, baseline=baseline is None, seeds_planned=tuple(grid.seeds_of(variant)),
                seeds_done=tuple(sorted(evaluated)), params=params, params_delta=minus(params, lambda b: b.params),
@@ -212,25 +252,34 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
                speed_conditions=conditions, speed_comparable=comparable,
                scores=scores, delta=minus(scores[primary].mean, lambda b: b.scores[primary].mean),
                mark=mark, mark_support=support, tests=tuple(tests), seeds_test=seeds_result,
-               paper=grid.paper(dataset=dataset, variant=variant), note=grid.variant(variant).note)
+               paper=grid.paper(dataset=dataset, variant=variant), note=grid.variant(variant).note,
+               seeds_failed=tuple(sorted(failed or {})), problem=problem)
 
 
 def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, int], CellResult],
-                  references: list[str] | None) -> Section:
-    """The table of one dataset from cell results keyed by (variant, seed); rows in the grid's order."""
-    by_variant = {v.name: {s: r for (name, s), r in results.items() if name == v.name} for v in grid.spec.variants}
+                  references: list[str] | None, failures: dict[tuple[str, int], str] | None = None) -> Section:
+    """The table of one dataset from cell results keyed by (variant, seed), and the errors of failed
+    cells keyed alike; rows in the grid's order."""
+    failures = failures or {}
+
+    def of(variant: str, table: dict) -> dict:
+        return {s: r for (name, s), r in table.items() if name == variant}
+
+    by_variant = {v.name: of(v.name, results) for v in grid.spec.variants}
     base_name = grid.baseline
     base = _row(grid, dataset=dataset, variant=base_name, results=by_variant[base_name], baseline=None,
-                base_results={}, references=references)
+                base_results={}, references=references, failed=of(base_name, failures))
     rows = [base if v.name == base_name else
             _row(grid, dataset=dataset, variant=v.name, results=by_variant[v.name], baseline=base,
-                 base_results=by_variant[base_name], references=references) for v in grid.spec.variants]
+                 base_results=by_variant[base_name], references=references, failed=of(v.name, failures))
+            for v in grid.spec.variants]
     planned = sum(len(grid.seeds_of(v.name)) for v in grid.spec.variants)
     done = sum(len(r.seeds_done) for r in rows)
     signatures = tuple(sorted({r.signature for r in results.values() if r.signature}))
     columns = tuple(dict.fromkeys(k for r in rows for k in r.paper))
     return Section(dataset=dataset, metrics=tuple(col for col, _ in METRICS[grid.task]), rows=tuple(rows),
-                   done=done, total=planned, signatures=signatures, paper_columns=columns)
+                   done=done, total=planned, signatures=signatures, paper_columns=columns,
+                   failures=tuple(f"{v} / seed {s}: {e}" for (v, s), e in sorted(failures.items())))
 
 
 def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], CellResult], list[str] | None]:
@@ -246,6 +295,16 @@ def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], Cell
                 raise ConfigError(f"{grid.path}: {cell.label} was scored against {reference_file(cell)}, "
                                   f"{source.label} against {reference_file(source)}: their outputs cannot be paired")
     return results, references
+
+
+def failures(grid: Grid, dataset: str | None) -> dict[tuple[str, int], str]:
+    """(variant, seed) -> error of the dataset's cells that failed (``failed.json``) and are not evaluated."""
+    found = {}
+    for cell in (c for c in grid.cells if c.dataset == dataset):
+        error = read_failure(cell)
+        if error and cell_state(cell, grid.spec.eval).status != "evaluated":
+            found[cell.variant, cell.seed] = error
+    return found
 
 
 def _assignments(tree: dict, prefix: str = "") -> list[str]:
@@ -299,7 +358,8 @@ def build_report(grid: Grid, *, command: str) -> Report:
     sections, machines = [], set()
     for dataset in grid.datasets:
         results, references = collect(grid, dataset)
-        sections.append(build_section(grid, dataset=dataset, results=results, references=references))
+        sections.append(build_section(grid, dataset=dataset, results=results, references=references,
+                                      failures=failures(grid, dataset)))
         machines |= {r.machine for r in results.values() if r.machine}
     ev = grid.spec.eval
     test = "sacreBLEU paired bootstrap (paired-bs)" if grid.task == "translation" else \
@@ -307,7 +367,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
     legend = (
         "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the means to the baseline row.",
         f"sig.: {test} against the baseline on the same seed's output, {ev.bootstrap_samples} resamples "
-        f"(seed {ev.bootstrap_seed}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01; with several seeds the mark is the "
+        f"(seed {ev.bootstrap_seed}{_smallest_p(ev.bootstrap_samples)}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01; with several seeds the mark is the "
         "majority's, followed by k/n (tests in its direction / seed-matched tests); no mark: not significant, or no "
         "seed shared with the baseline yet (the CSV and JSON give every p-value).",
         "Δ uses every seed done of each row; the test pairs only the seeds both rows have, so while seeds are "
@@ -327,6 +387,14 @@ def build_report(grid: Grid, *, command: str) -> Report:
                   header=_header(grid, sections, command=command, trained_on=sorted(machines)),
                   sections=tuple(sections),
                   reference=grid.spec.reference, notes=tuple(grid.notes()), legend=legend)
+
+
+def _smallest_p(samples: int) -> str:
+    """A warning when too few resamples make a mark impossible: the smallest p is 1 / (samples + 1)."""
+    if samples >= 100:
+        return ""
+    cannot = "no mark" if samples < 20 else "no ⇑/⇓"
+    return f"; with {samples} resamples the smallest p is {1 / (samples + 1):.3g}, so {cannot} can appear"
 
 
 def _speed_legend(sections: Sequence[Section]) -> str:
@@ -360,23 +428,31 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         out(describe_cells(grid, cells))
         return 0
     command = command or "sanlab compare " + " ".join(sys.argv[1:])
+
+    def write_table() -> None:
+        # a finished cell that does not match this invocation's settings would drop out of the table:
+        # the committed table is then left as it is (checked before every write)
+        if not mismatched_finished_cells(grid):
+            write_report(build_report(grid, command=command), grid.runs_dir)
+
     failed = []
     if not table_only:
         # the table on disk is rewritten after every cell, so a grid stopped partway leaves a partial table
         failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
-                                      after_cell=lambda _: write_report(build_report(grid, command=command),
-                                                                        grid.runs_dir)) if o.error]
-    report = build_report(grid, command=command)
-    out(render_markdown(report))
-    left_out = mismatched_finished_cells(grid) if table_only else []
-    if left_out:
-        # the committed table would lose these cells: almost always a forgotten or extra --set
-        out(f"NOT written to {grid.runs_dir}: {len(left_out)} finished cell(s) do not match this invocation's "
-            "settings and are missing from the table above (pass the --set they were trained with):")
-        out("\n".join(f"  {cell.label}: {state.describe()}" for cell, state in left_out))
-        return 1
-    paths = write_report(report, grid.runs_dir)
-    out(f"(written to {paths['md']}, {paths['csv'].name}, {paths['json'].name})")
-    for o in failed:
-        out(f"FAILED {o.cell.label}: {o.error}")
+                                      after_cell=lambda _: write_table()) if o.error]
+    try:
+        report = build_report(grid, command=command)
+        out(render_markdown(report))
+        left_out = mismatched_finished_cells(grid)
+        if left_out:
+            # almost always a forgotten or extra --set
+            out(f"NOT written to {grid.runs_dir}: {len(left_out)} finished cell(s) do not match this invocation's "
+                "settings and are missing from the table above (pass the --set they were trained with):")
+            out("\n".join(f"  {cell.label}: {state.describe()}" for cell, state in left_out))
+            return 1
+        paths = write_report(report, grid.runs_dir)
+        out(f"(written to {paths['md']}, {paths['csv'].name}, {paths['json'].name})")
+    finally:
+        for o in failed:
+            out(f"FAILED {o.cell.label}: {o.error}")
     return 1 if failed else 0

@@ -22,6 +22,7 @@ Paths inside recipes (data, ``runs_dir``) are relative to the working directory,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -35,12 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sanlab.config import Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, validate
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
-from sanlab.runs import RESUMABLE_KEYS, config_differences
+from sanlab.runs import RESUMABLE_KEYS, config_differences, shorter_budget
 from sanlab.training.checkpoint import latest_checkpoint
 
 Overrides = list[str] | dict[str, Any]
 DONE_FILE = "done.json"        # written when train_run returns: the cell finished training
 EVAL_FILE = "compare-eval.json"  # written when the cell was evaluated the way the grid asks
+FAILED_FILE = "failed.json"      # the last error of a cell that failed; removed when it is evaluated
 # Keys that do not change what was trained: a finished cell stays finished when only these change.
 NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
 
@@ -330,6 +332,31 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def split_files(cell: Cell) -> list[Path]:
+    """The data files the cell is scored on: source and reference (translation) or the CoNLL-U file."""
+    d = cell.config.data
+    if isinstance(cell.config, TranslationConfig):
+        pair = d.valid if cell.split == "valid" else d.test[cell.split]
+        return [Path(pair.src), Path(pair.tgt)]
+    return [Path(d.test if cell.split == "test" else d.dev)]
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_of(path: str, mtime_ns: int, size: int) -> str:
+    return file_digest(Path(path))
+
+
+def data_digests(cell: Cell) -> dict[str, str]:
+    """sha256 of each file the cell is scored on (missing files are left out); recorded with an
+    evaluation, so a test set corrected in place makes the cell score again."""
+    found = {}
+    for path in split_files(cell):
+        if path.is_file():
+            stat = path.stat()
+            found[str(path)] = _digest_of(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    return found
+
+
 def evidence_intact(run_dir: Path, record: dict) -> bool:
     """Whether the per-sentence evidence an evaluation record names is still what it wrote (``sanlab
     evaluate`` writes the same ``hyp-*.txt`` and may have replaced it). Records without a digest
@@ -364,11 +391,19 @@ def training_changes(done: dict, cell: Cell) -> list[str]:
 
 
 def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
-    """pending / training step N / trained / evaluated; ``conflict`` if the directory holds another run.
+    """pending / training step N / trained / evaluated; ``conflict`` if the directory holds another run
+    or cannot be read (the detail says why: one unreadable cell does not stop the grid).
 
     A finished cell is judged by ``done.json`` alone (decode settings may change: it is only evaluated
     again); an unfinished one by ``config.yaml``, with the rules ``runs.train_run`` will apply to it.
     """
+    try:
+        return _cell_state(cell, spec)
+    except ConfigError as err:
+        return CellState("conflict", None, str(err))
+
+
+def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     run = cell.run_dir
     if not (run / "config.yaml").exists():
         return CellState("pending")
@@ -379,6 +414,10 @@ def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     if done and not changes:
         record = read_json(run / EVAL_FILE)
         if record and record.get("key") == eval_key(cell, spec) and record.get("trained_at") == done["finished_at"]:
+            changed = [p for p, digest in (record.get("data_sha256") or {}).items()
+                       if data_digests(cell).get(p, digest) != digest]  # records before digests are trusted
+            if changed:
+                return CellState("trained", step, f"{', '.join(changed)} changed since the cell was scored")
             if evidence_intact(run, record):
                 return CellState("evaluated", step)
             return CellState("trained", step, f"{record.get('evidence')} changed or missing since it was scored")
@@ -387,5 +426,8 @@ def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
     if blocking:
         return CellState("conflict", step, f"the directory holds a run with other values of: {', '.join(blocking)}")
+    shorter = shorter_budget(run, cell.config, saved, trained=done["summary"] if done else None)
+    if shorter:
+        return CellState("conflict", step, shorter)
     detail = f"continues: {', '.join(changes)} changed" if changes else ""
     return CellState("training" if step is not None else "pending", step, detail)

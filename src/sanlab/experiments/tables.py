@@ -83,6 +83,8 @@ class Row:
     speed_conditions: tuple[str, ...] = ()  # jobs x threads its cells trained with (``cells.speed_conditions``)
     speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
     seeds_test: SeedsTest | None = None     # over all seeds of both rows (``significance.seed_bootstrap``)
+    seeds_failed: tuple[int, ...] = ()      # seeds whose cell failed (``failed.json``) and is not evaluated
+    problem: str | None = None              # why the row has no test against the baseline, if it cannot have one
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Section:
     total: int
     signatures: tuple[str, ...] = ()     # sacreBLEU BLEU signatures seen (one, normally)
     paper_columns: tuple[str, ...] = ()
+    failures: tuple[str, ...] = ()       # "variant / seed s: error" of the failed cells
 
     @property
     def partial(self) -> bool:
@@ -206,7 +209,11 @@ def section_markdown(section: Section) -> list[str]:
         params, params_delta = _params(row)
         steps, tokens = _speed(row)
         name = row.variant + (" (baseline)" if row.baseline else "")
-        cells = [name, f"{len(row.seeds_done)}/{len(row.seeds_planned)}", params, params_delta, steps, tokens,
+        seeds = f"{len(row.seeds_done)}/{len(row.seeds_planned)}" + \
+            (f" ({len(row.seeds_failed)} failed)" if row.seeds_failed else "")
+        if row.problem:
+            name += " (‡)"
+        cells = [name, seeds, params, params_delta, steps, tokens,
                  format_stat(row.scores[primary]), "" if row.baseline else _signed(row.delta), format_mark(row),
                  *((_seeds_mark(row),) if seeds_column else ()), *(format_stat(row.scores[m]) for m in section.metrics[1:]),
                  *(_paper(row.paper.get(c)) for c in section.paper_columns),
@@ -215,7 +222,9 @@ def section_markdown(section: Section) -> list[str]:
     for sig in section.signatures:
         lines += ["", f"sacreBLEU signature: `{sig}`"]
     notes = [f"- {r.variant}: {r.note}" for r in section.rows if r.note]
-    return lines + ([""] + notes if notes else [])
+    problems = [f"- (‡) {r.variant}: no test against the baseline: {r.problem}" for r in section.rows if r.problem]
+    failures = [f"- FAILED {f}" for f in section.failures]
+    return lines + ([""] + notes if notes else []) + ([""] + problems + failures if problems or failures else [])
 
 
 def _paper(value: float | str | None) -> str:
@@ -243,19 +252,19 @@ def render_csv(report: Report) -> str:
     metrics = list(dict.fromkeys(m for s in report.sections for m in s.metrics))
     paper = list(dict.fromkeys(c for s in report.sections for c in s.paper_columns))
     head = ["dataset", "variant", "baseline", "seeds_done", "seeds_planned", "params", "params_delta",
-            "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions"]
+            "seeds_failed", "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
     # p_values: "seed 0: 0.001; seed 1: 0.03"
     head += ["delta", "mark", "mark_support", "tests", "p_values", "seeds_test_mark", "seeds_test_p"]
     head += [f"paper {c}" for c in paper]
-    head += ["paper_delta_column", "paper_delta", "direction", "note"]
+    head += ["paper_delta_column", "paper_delta", "direction", "note", "problem"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(head)
     for s in report.sections:
         for r in s.rows:
             line = [s.dataset or "", r.variant, int(r.baseline), len(r.seeds_done), len(r.seeds_planned), r.params,
-                    r.params_delta, r.steps_per_s.mean, r.steps_delta, r.tokens_per_s.mean,
+                    r.params_delta, len(r.seeds_failed), r.steps_per_s.mean, r.steps_delta, r.tokens_per_s.mean,
                     "; ".join(r.speed_conditions)]
             for m in metrics:
                 stat = r.scores.get(m, Stat())
@@ -263,7 +272,7 @@ def render_csv(report: Report) -> str:
             line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value:.4g}" for t in r.tests)]
             line += [r.seeds_test.mark, r.seeds_test.p_value] if r.seeds_test else [None, None]
             line += [r.paper.get(c) for c in paper]
-            line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or ""]
+            line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or "", r.problem or ""]
             writer.writerow(["" if v is None else v for v in line])
     return out.getvalue()
 
@@ -279,7 +288,7 @@ def report_dict(report: Report) -> dict:
         rows = [{**row(r), "paper_delta": s.paper_delta(r), "direction": s.direction(r)} for r in s.rows]
         return {"dataset": s.dataset, "metrics": list(s.metrics), "done": s.done, "total": s.total,
                 "partial": s.partial, "signatures": list(s.signatures), "paper_columns": list(s.paper_columns),
-                "paper_delta_column": s.paper_delta_column, "rows": rows}
+                "paper_delta_column": s.paper_delta_column, "failures": list(s.failures), "rows": rows}
 
     sections = [section(s) for s in report.sections]
     return {"title": report.title, "header": report.header, "sections": sections, "reference": report.reference,
