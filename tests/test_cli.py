@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,12 @@ def test_help(command, capsys):
 
 
 def test_console_script_is_installed():
-    out = subprocess.run([sys.executable, "-m", "sanlab.cli", "--help"], capture_output=True, text=True)
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "sanlab"]
+    assert script.value == "sanlab.cli:main"
+    installed = Path(sys.executable).parent / "sanlab"  # the script pip wrote next to this interpreter
+    out = subprocess.run([str(installed) if installed.exists() else "sanlab", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "train" in out.stdout
 
 
@@ -48,6 +54,48 @@ def test_print_config_resolves_overrides(tmp_path, capsys):
     assert main(["train", path, "--set", "model.encoder.layers=3", "--print-config"]) == 0
     out = capsys.readouterr().out
     assert "layers: 3" in out and "optimizer: rmsprop" in out
+
+
+def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, capsys):
+    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+                             "model: {encoder: {layers: 3, attention: {parts: [{type: window, layers: [3, 4]}]}}}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    assert ("model.encoder: Value error, attention.parts[0] (window): layers [3, 4] name no layer of a stack of 3 "
+            "layers (indices 0-2)") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("task: tagging\ndata: {train: a, dev: b\n", r"c\.yaml.*line 3"),       # unclosed flow mapping
+    ("- just\n- a list\n", r"c\.yaml.*mapping"),
+    ("base: c.yaml\ntask: tagging\n", r"c\.yaml.*(cycle|loop|itself)"),
+    ("base: missing.yaml\n", r"missing\.yaml"),
+    ("base: preset:nope\n", r"unknown preset .preset:nope.; known presets"),
+])
+def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
+    import re
+
+    path = _config(tmp_path, body)
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(expected, err, re.S), err
+    assert "Traceback" not in err
+
+
+def test_a_missing_config_file_is_named(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "none.yaml"), "--print-config"]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+
+
+def test_set_reaches_into_lists_that_are_there(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n"
+                             "model: {encoder: {attention: {parts: [{type: window, size: 5}]}}}\n")
+    assert main(["train", path, "--set", "model.encoder.attention.parts.0.size=7", "--print-config"]) == 0
+    assert "size: 7" in capsys.readouterr().out
+    for key, expected in [("model.encoder.attention.parts.1.size=7", "is a list of 1 item(s); '1' is not an index"),
+                          ("model.decoder.attention.parts.0.size=7", "is not set in the file, so it has no item 0"),
+                          ("data.train.x=1", "data.train is a value, not a section")]:
+        assert main(["train", path, "--set", key, "--print-config"]) == 2
+        assert expected in capsys.readouterr().err
 
 
 def test_unknown_attention_part_lists_known_ones(tmp_path, capsys):
@@ -82,7 +130,7 @@ def test_mismatched_parallel_files_name_the_files(tmp_path, capsys):
                              f"valid: {{src: {tmp_path}/a.src, tgt: {tmp_path}/a.tgt}}}}\n")
     assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "a.src" in err and "a.tgt" in err and "3" in err and "2" in err
+    assert "a.src" in err and "a.tgt" in err and "3 lines" in err and "2" in err.split("3 lines", 1)[1]
 
 
 def test_empty_file_is_named(tmp_path, capsys):

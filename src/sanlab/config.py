@@ -37,6 +37,25 @@ class StackConfig(Strict):
     cross_attention: AttentionConfig | None = None  # decoder only; None = same heads as ``attention``, no parts
     pre_blocks: list[PreBlockSpec] = []  # encoder only: sublayers before the mixer (QANet convs), by ``layers``
 
+    @model_validator(mode="after")
+    def _layer_indices_exist(self) -> "StackConfig":
+        """A part, mixer or pre-block whose ``layers`` name none of the stack's layers would silently do
+        nothing. Indices beyond a shallower stack are allowed next to ones it has: defaults such as CSAN's
+        "lowest three layers" [0, 1, 2] mean the ones a 1- or 2-layer stack has."""
+        placed = [(f"attention.parts[{i}] ({p.type})", p) for i, p in enumerate(self.attention.parts)]
+        placed += [(f"cross_attention.parts[{i}] ({p.type})", p)
+                   for i, p in enumerate(self.cross_attention.parts if self.cross_attention else [])]
+        placed += [(f"mixer ({self.mixer.type})", self.mixer)]
+        placed += [(f"pre_blocks[{i}] ({b.type})", b) for i, b in enumerate(self.pre_blocks)]
+        for where, item in placed:
+            layers = getattr(item, "layers", None)
+            if layers is None:
+                continue
+            if any(i < 0 for i in layers) or not any(i < self.layers for i in layers):
+                raise ValueError(f"{where}: layers {layers} name no layer of a stack of {self.layers} layers "
+                                 f"(indices 0-{self.layers - 1})")
+        return self
+
 
 class Seq2SeqConfig(Strict):
     dim: int = 512
@@ -270,13 +289,40 @@ def apply_override(raw: dict, assignment: str) -> dict:
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
-    node, parts = raw, key.strip().split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.setdefault(part, {}), dict):
-            raise ConfigError(f"--set {key}: {part!r} is not a section")
-        node = node[part]
-    node[parts[-1]] = value
+    try:
+        set_key(raw, key, value)
+    except ConfigError as err:
+        raise ConfigError(f"--set {err}") from None
     return raw
+
+
+def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
+    """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections are created; a number
+    indexes an item of a list that is there (``model.encoder.attention.parts.0.size``). With ``merge``,
+    a mapping value is merged into a mapping already at ``key`` instead of replacing it."""
+    node, parts = raw, key.strip().split(".")
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the config"
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{key}: {where} is a list of {len(node)} item(s); {part!r} is not an index of it")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"{key}: {where} is a value, not a section")
+        if depth == len(parts) - 1:
+            if merge and isinstance(value, dict) and isinstance(node[part] if isinstance(node, list) else
+                                                                node.get(part), dict):
+                for sub, item in value.items():
+                    set_key(node[part], str(sub), item, merge=True)
+            else:
+                node[part] = value
+            return
+        if isinstance(node, dict) and part not in node:
+            if parts[depth + 1].isdigit():
+                raise ConfigError(f"{key}: {'.'.join(parts[:depth + 1])} is not set in the file, so it has no item "
+                                  f"{parts[depth + 1]}; set the whole list instead")
+            node[part] = {}
+        node = node[part]
 
 
 def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:

@@ -33,7 +33,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sanlab.config import Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, validate
+from sanlab.config import (
+    Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, set_key, validate,
+)
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
 from sanlab.runs import RESUMABLE_KEYS, config_differences, shorter_budget
@@ -221,16 +223,10 @@ def _apply(raw: dict, overrides: Overrides, *, origin: str) -> None:
                 raise ConfigError(f"{origin}: {err}") from None
         return
     for key, value in overrides.items():
-        node, parts = raw, str(key).split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.setdefault(part, {}), dict):
-                raise ConfigError(f"{origin}: {key!r}: {part!r} is not a section")
-            node = node[part]
-        last = parts[-1]
-        if isinstance(value, dict) and isinstance(node.get(last), dict):
-            _apply(node[last], value, origin=origin)
-        else:
-            node[last] = value
+        try:
+            set_key(raw, str(key), value, merge=True)
+        except ConfigError as err:
+            raise ConfigError(f"{origin}: {err}") from None
 
 
 def _synthetic_paths(spec: SyntheticSpec, data_dir: Path) -> dict:
