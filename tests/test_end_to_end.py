@@ -63,12 +63,34 @@ def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tm
     assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]
 
 
-def test_evaluate_prints_sacrebleu_signature(translation_run, capsys):
+def test_evaluate_prints_sacrebleu_signature_and_its_scores(translation_run, capsys):
+    import sacrebleu
+
+    from sanlab.data.parallel import read_parallel
+    from sanlab.tasks.translation import read_hypotheses
+
     assert main(["evaluate", "--run", str(translation_run), "--checkpoint", "last"]) == 0
     out = capsys.readouterr().out
     assert "BLEU" in out and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
-    saved = json.loads((translation_run / "eval-last.json").read_text())
-    assert set(saved["valid"]) >= {"bleu", "chrf", "bleu_signature", "hypotheses"}
+    saved = json.loads((translation_run / "eval-last.json").read_text())["valid"]
+    config = load_trained(translation_run, checkpoint="last")[0]
+    references = [t for _, t in read_parallel(config.data.valid.src, config.data.valid.tgt, keep_empty=True)]
+    hypotheses = read_hypotheses(translation_run / "hyp-last-valid.txt")
+    assert len(hypotheses) == len(references)  # line-aligned with the references
+    assert saved["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert saved["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+
+
+def test_translations_come_back_in_input_order_whatever_the_batching(translation_run):
+    from sanlab.tasks.translation import translate
+
+    config, model, spm = load_trained(translation_run, checkpoint="last")
+    sentences = ["a b c d e f", "b", "c d e", "", "d e f a b c d", "e f"]  # lengths out of order, an empty one
+    decode = config.decode.updated(beam=2, batch_sentences=2)
+    together = translate(model, spm, sentences, decode=decode)
+    alone = [translate(model, spm, [s], decode=decode)[0] for s in sentences]
+    assert together == alone and together[3] == ""
+    assert len(set(together)) > 2  # outputs differ, so a shuffled order would show
 
 
 def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(translation_run, tmp_path, capsys):

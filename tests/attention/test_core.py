@@ -62,6 +62,35 @@ def test_trace_returns_scores_and_weights_the_model_used():
     assert w.shape == (3, 4, 7, 7)
     torch.testing.assert_close(w[1, :, :5].sum(-1), torch.ones(4, 5))
     assert torch.all(w[1, :, :, 5:] == 0)
+    torch.testing.assert_close(result.output, _output_from_weights(attn, x, w, valid))
+
+
+@pytest.mark.parametrize("part", [{"type": "conv_attention"}, {"type": "window", "size": 3}])
+def test_traced_weights_are_the_ones_applied_after_every_part(part):
+    """The output is out_proj(weights @ V) with the traced weights: ``weights_final`` when a part rewrote
+    them after the softmax (convolved attention), else ``weights`` (a window masks before the softmax)."""
+    import sanlab.attention.parts  # noqa: F401  (registers every part)
+    from sanlab.attention.registry import BuildContext, PARTS
+
+    x, valid = _inputs()
+    config = PARTS.parse(part)
+    torch.manual_seed(0)
+    built = PARTS.build(config, BuildContext(dim=16, heads=4, layer_index=0, num_layers=1, side="encoder", max_len=7))
+    attn = Attention(dim=16, heads=4, parts=[built], plan="dense").eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    result = attn(x, positions=Positions.self_attention(valid, length=7), need_trace=True)
+    applied = result.trace.get("weights_final", result.trace["weights"])
+    assert ("weights_final" in result.trace) == (part["type"] == "conv_attention")
+    torch.testing.assert_close(result.output, _output_from_weights(attn, x, applied, valid))
+
+
+def _output_from_weights(attn: Attention, x: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    b, i, _ = x.shape
+    v = attn.v_proj(x).view(b, i, attn.heads, attn.head_dim).transpose(1, 2)  # [b, h, j, d]
+    merged = (weights @ v).transpose(1, 2).reshape(b, i, attn.dim) * valid[..., None]  # padded queries: 0
+    return attn.out_proj(merged)
 
 
 def test_incremental_self_attention_cache_equals_full():

@@ -7,6 +7,8 @@ import pytest
 from sanlab.data.conllu_io import read_conllu
 from sanlab.data.parallel import read_parallel
 
+pytestmark = pytest.mark.slow  # parses the full corpora (several seconds): not in the inner loop
+
 UPOS = {"ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
         "SCONJ", "SYM", "VERB", "X"}
 

@@ -211,6 +211,51 @@ def test_batched_equals_one_sentence_at_a_time(beam_size, alpha, style):
     assert len({len(h[0].tokens) for h in batched}) > 2
 
 
+def _reference_beam(table: torch.Tensor, *, k: int, max_len: int, penalty, min_length: int = 0) -> list[tuple]:
+    """The module docstring's rules written out plainly, one sentence, lists of hypotheses, no tensors,
+    no cache: a check on the batched search that shares none of its code. ``table`` [prev, last, V]."""
+    vocab = table.shape[-1]
+    live, finished = [((), 0.0)], []          # (tokens, cumulative log-prob)
+    for t in range(max_len):
+        candidates = []
+        for beam, (tokens, logp) in enumerate(live):
+            prev, last = ((BOS, BOS) + tokens)[-2:]
+            for v in range(vocab):
+                if v == PAD or (v == EOS and t < min_length) or (t + 1 == max_len and v != EOS):
+                    continue
+                candidates.append((logp + float(table[prev, last, v]), beam, v))
+        candidates.sort(key=lambda c: (-c[0], c[1], c[2]))  # score, then lower beam, then lower token
+        next_live = []
+        for rank, (logp, beam, v) in enumerate(candidates[:2 * k]):
+            if v == EOS:
+                if rank < k and len(finished) < k:
+                    finished.append((live[beam][0], logp))
+            elif len(next_live) < k and math.isfinite(logp):
+                next_live.append((live[beam][0] + (v,), logp))
+        live = next_live
+        if len(finished) >= k or not live:
+            break
+    ranked = sorted(finished, key=lambda h: -penalty(h[1], len(h[0]) + 1))  # stable: ties keep finishing order
+    return [(list(tokens), penalty(logp, len(tokens) + 1)) for tokens, logp in ranked]
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize("min_length", [0, 2])
+def test_batched_beam_equals_a_plain_reference_search(beam_size, alpha, min_length):
+    max_lengths = [m for m in MAX_LENGTHS if m > min_length]  # room for EOS after min_length tokens
+    n = len(max_lengths)
+    model = TrigramModel(n, seed=3)
+    found = beam_search(model, model.cache(list(range(n))), batch_size=n, max_lengths=torch.tensor(max_lengths),
+                        beam_size=beam_size, n_best=beam_size, length_penalty=alpha, min_length=min_length,
+                        **SPECIAL)
+    for s, max_len in enumerate(max_lengths):
+        expected = _reference_beam(model.table[s].double(), k=beam_size, max_len=max_len, penalty=_fairseq(alpha),
+                                   min_length=min_length)
+        assert [h.tokens for h in found[s]] == [tokens for tokens, _ in expected], f"sentence {s}"
+        assert [h.score for h in found[s]] == pytest.approx([score for _, score in expected], rel=1e-5)
+
+
 def _argmax_loop(table: torch.Tensor, max_len: int) -> tuple[list[int], float]:
     prev, last, total, tokens = BOS, BOS, torch.zeros(()), []
     for t in range(max_len):

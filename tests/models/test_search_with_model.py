@@ -45,3 +45,22 @@ def test_greedy_matches_argmax_of_the_model():
             tokens.append(nxt)
             prefix = torch.cat([prefix, torch.tensor([[nxt]])], dim=1)
     assert hyp.tokens == tokens
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_beam_scores_are_the_models_own_log_probs(beam):
+    """Each hypothesis's positional scores are what one teacher-forced forward over BOS + its tokens gives
+    (a cache reordered wrongly inside the model's layers would score another prefix)."""
+    model = tiny_seq2seq(eos_bias=True)
+    src = torch.randint(4, 50, (3, 7), generator=torch.Generator().manual_seed(3))
+    src[2, 4:] = 0
+    with torch.no_grad():
+        for b, hyps in enumerate(_decode(model, src, beam=beam)):
+            length = int(src[b].ne(0).sum())
+            for h in hyps:
+                target = torch.tensor([[2, *h.tokens]])  # BOS + tokens; the last position predicts EOS
+                log_probs = torch.log_softmax(model(src[b:b + 1, :length], target)[0].float(), dim=-1)
+                expected = log_probs[torch.arange(len(h.tokens) + 1), torch.tensor([*h.tokens, 3])]
+                assert h.positional_scores == pytest.approx(expected.tolist(), abs=1e-4)
+                assert h.log_prob == pytest.approx(float(expected.sum()), abs=1e-4)
+                assert h.score == pytest.approx(h.log_prob / (len(h.tokens) + 1), abs=1e-4)

@@ -198,3 +198,47 @@ def test_meta_json_records_every_session_with_the_threads_it_trained_with(tmp_pa
     assert meta["threads"] == 1 and meta["processes"] == 1
     assert [s["from_step"] for s in meta["sessions"]] == [0, 2]
     assert all(s["threads"] == 1 and s["command"] for s in meta["sessions"])
+
+
+def test_a_checkpoint_write_that_fails_halfway_leaves_the_last_good_one(tmp_path, tiny_translation, monkeypatch):
+    """The disk fills while the step-6 checkpoint is written (after its weights, before its state): no
+    step-6 directory appears, latest.json still names step 3, and the rerun clears the half-written
+    temporary directory and trains on to the uninterrupted weights."""
+    from sanlab.training import checkpoint
+
+    straight = tmp_path / "straight"
+    train_run(tiny_translation(max_steps=9), straight, quiet=True)
+    run = tmp_path / "run"
+    save = checkpoint.torch.save
+
+    def disk_full(obj, path, *args, **kwargs):
+        if "step-00000006" in str(path):
+            raise OSError(28, "No space left on device")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train_run(tiny_translation(max_steps=9), run, quiet=True)
+    checkpoints = run / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000003"]
+    assert json.loads((checkpoints / "latest.json").read_text()) == {"checkpoint": "step-00000003"}
+    assert [p.name for p in checkpoints.glob(".step-*.tmp")] == [".step-00000006.tmp"]
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    train_run(tiny_translation(max_steps=9), run, quiet=True)
+    assert not list(checkpoints.glob(".step-*"))
+    a, b = final_weights(straight), final_weights(run)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_non_finite_gradient_norm_stops_without_saving(tmp_path, tiny_translation, monkeypatch):
+    from sanlab.training import loop
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=3), run, quiet=True)
+    clip = loop.Trainer._clip
+    monkeypatch.setattr(loop.Trainer, "_clip", lambda self: float("inf") if self.progress.step == 4 else clip(self))
+    with pytest.raises(TrainingError, match=r"gradient norm is inf at update 5; stopping without saving it\. "
+                                            r"Last good checkpoint: .*step-00000003"):
+        train_run(tiny_translation(max_steps=9), run, quiet=True)
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000003"]
