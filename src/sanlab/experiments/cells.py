@@ -96,7 +96,8 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
     sessions = meta.get("sessions") or []
     last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"))
     if not sessions:  # runs created before sessions were recorded: the first command and the last session
-        seen = [(_jobs_in(meta.get("command")), meta.get("threads", last[1])) if meta.get("command") else last, last]
+        # (their meta.json "threads" was read before train.threads applied, so the last session's stand in)
+        seen = [(_jobs_in(meta.get("command")), last[1]) if meta.get("command") else last, last]
     else:
         seen = [(s.get("jobs", _jobs_in(s.get("command"))), s.get("threads", "?")) for s in sessions[:-1]] + [last]
     distinct = list(dict.fromkeys(seen))

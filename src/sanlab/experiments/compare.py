@@ -405,7 +405,8 @@ def _speed_legend(sections: Sequence[Section]) -> str:
     base = {id(s): next(r for r in s.rows if r.baseline) for s, _ in odd}
     where = "; ".join(f"{r.variant}{f' ({s.dataset})' if s.dataset else ''}: {', '.join(r.speed_conditions)} "
                       f"(baseline: {', '.join(base[id(s)].speed_conditions)})" for s, r in odd)
-    return f" (†): trained with other jobs x threads than the baseline, so no speed Δ — {where}."
+    return (f" (†): trained with other jobs x threads than the baseline, or under several (a resumed cell: "
+            f"'mixed'), so no speed Δ — {where}.")
 
 
 def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:
