@@ -61,7 +61,7 @@ class Seq2SeqConfig(Strict):
     dim: int = 512
     norm: Literal["pre", "post"] = "post"
     dropout: float = 0.1
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"  # learned: one table per side, max_positions rows
     max_positions: int = 1024
     share_embeddings: bool = True   # one table for source and target (needs the joint vocabulary)
     tie_output: bool = True         # generator weight = target embedding

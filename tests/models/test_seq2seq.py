@@ -32,6 +32,16 @@ def test_cached_decoding_equals_full_forward(norm, positions):
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_learned_positions_have_one_table_per_side_and_sinusoidal_none():
+    learned = tiny("pre", "learned")
+    assert learned.src_positions is not learned.tgt_positions
+    names = [n for n, _ in learned.named_parameters() if "positions" in n]
+    assert names == ["src_positions.table.weight", "tgt_positions.table.weight"]
+    sinusoidal = tiny("pre", "sinusoidal")
+    assert not [n for n, _ in sinusoidal.named_parameters() if "positions" in n]
+    assert not [k for k in sinusoidal.state_dict() if "positions" in k]  # old checkpoints still load
+
+
 def test_padding_invariance():
     model = tiny()
     src = torch.randint(4, 50, (1, 6))

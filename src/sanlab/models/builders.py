@@ -88,10 +88,13 @@ def build_seq2seq(config: Seq2SeqConfig, *, vocab_size: int, pad_id: int, tgt_vo
     src_embed = TokenEmbedding(vocab_size=vocab_size, dim=d, pad_id=pad_id)
     tgt_embed = src_embed if config.share_embeddings else TokenEmbedding(vocab_size=tgt_vocab_size, dim=d,
                                                                          pad_id=pad_id)
-    positions = (SinusoidalPositions(d) if config.positions == "sinusoidal"
-                 else LearnedPositions(max_positions=config.max_positions, dim=d, init_std=d ** -0.5))
+    if config.positions == "sinusoidal":  # a fixed function: one module serves both sides
+        src_positions = tgt_positions = SinusoidalPositions(d)
+    else:  # learned: one table per side, as fairseq and OpenNMT-py keep them
+        src_positions, tgt_positions = (LearnedPositions(max_positions=config.max_positions, dim=d, init_std=d ** -0.5)
+                                        for _ in range(2))
     common = dict(dim=d, norm=config.norm, dropout=config.dropout, max_len=config.max_positions)
-    return Seq2Seq(src_embed=src_embed, tgt_embed=tgt_embed, positions=positions,
+    return Seq2Seq(src_embed=src_embed, tgt_embed=tgt_embed, src_positions=src_positions, tgt_positions=tgt_positions,
                    encoder=build_encoder(config.encoder, **common), decoder=build_decoder(config.decoder, **common),
                    dim=d, vocab_size=tgt_vocab_size, pad_id=pad_id, dropout=config.dropout,
                    tie_output=config.tie_output, max_length=config.max_positions)

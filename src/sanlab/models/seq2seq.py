@@ -24,12 +24,14 @@ class DecodeState:
 class Seq2Seq(nn.Module):
     """Transformer encoder-decoder with optionally shared embeddings and a tied generator."""
 
-    def __init__(self, *, src_embed: nn.Module, tgt_embed: nn.Module, positions: nn.Module, encoder: Encoder,
+    def __init__(self, *, src_embed: nn.Module, tgt_embed: nn.Module, src_positions: nn.Module,
+                 tgt_positions: nn.Module, encoder: Encoder,
                  decoder: Decoder, dim: int, vocab_size: int, pad_id: int, dropout: float, tie_output: bool,
                  max_length: int | None = None):
         super().__init__()
         self.max_length = max_length  # longest token sequence on either side it accepts (model.max_positions)
-        self.src_embed, self.tgt_embed, self.positions = src_embed, tgt_embed, positions
+        self.src_embed, self.tgt_embed = src_embed, tgt_embed
+        self.src_positions, self.tgt_positions = src_positions, tgt_positions  # the same module if sinusoidal
         self.encoder, self.decoder = encoder, decoder
         self.dropout = nn.Dropout(dropout)
         self.pad_id = pad_id
@@ -37,14 +39,15 @@ class Seq2Seq(nn.Module):
         if tie_output:
             self.generator.weight = tgt_embed.weight
 
-    def _embed(self, embed: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
-        return self.dropout(embed(tokens) + self.positions(positions)[None])  # [b, t, dim]
+    def _embed(self, embed: nn.Module, table: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
+        return self.dropout(embed(tokens) + table(positions)[None])  # [b, t, dim]
 
     def encode(self, src: Tensor, *, traces: list | None = None) -> tuple[Tensor, Tensor]:
         """src [b, j] -> memory [b, j, dim], memory_valid [b, j]."""
         valid = src.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=src.shape[1], device=src.device)
-        return self.encoder(self._embed(self.src_embed, src, pos.q_pos), positions=pos, traces=traces), valid
+        x = self._embed(self.src_embed, self.src_positions, src, pos.q_pos)
+        return self.encoder(x, positions=pos, traces=traces), valid
 
     def decode(self, tgt_in: Tensor, *, memory: Tensor, memory_valid: Tensor, states=None, offset: int = 0,
                use_cache: bool = False, traces: list | None = None):
@@ -52,7 +55,7 @@ class Seq2Seq(nn.Module):
         valid = None if use_cache else tgt_in.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=tgt_in.shape[1], offset=offset, causal=True, device=tgt_in.device)
         cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1])
-        x = self._embed(self.tgt_embed, tgt_in, pos.q_pos)
+        x = self._embed(self.tgt_embed, self.tgt_positions, tgt_in, pos.q_pos)
         h, states = self.decoder(x, memory=memory, positions=pos, cross_positions=cross, states=states,
                                  use_cache=use_cache, traces=traces)
         return self.generator(h), states
