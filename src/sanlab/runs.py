@@ -140,8 +140,10 @@ def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | 
     step, epoch, patience = meta.get("step"), meta.get("epoch"), old.get("train", {}).get("patience")
     if step is not None and step > train.max_steps:
         return f"it has trained {step} updates, more than train.max_steps={train.max_steps}"
-    if epoch is not None and epoch > train.max_epochs:
-        return f"it has trained {epoch} epochs, more than train.max_epochs={train.max_epochs}"
+    into = meta.get("position") or 0  # batches into the epoch in progress (recorded since checkpoints name it)
+    if epoch is not None and (epoch > train.max_epochs or (epoch == train.max_epochs and into > 0)):
+        trained = f"{epoch} epochs" + (f" and {into} batches of the next" if into else "")
+        return f"it has trained {trained}, more than train.max_epochs={train.max_epochs}"
     tighter = train.patience > 0 and (patience == 0 or train.patience < patience)  # 0: never stop early
     if meta and patience is not None and tighter:
         return (f"it was trained with train.patience={patience}; train.patience={train.patience} would stop it "

@@ -237,6 +237,10 @@ def test_eval_records_from_before_checkpoints_were_named_are_kept_with_their_fil
     evaluate_run(run, checkpoint="best", splits=["valid"])
     assert sorted(json.loads((run / "eval-best.json").read_text())) == ["test", "valid"]
     assert (run / "hyp-best-test.txt").read_bytes() == hypotheses
+    # but an analysis does not take the kept record for current: it cannot say which weights it scored
+    with pytest.raises(analyze.ConfigError, match="'test' record is from before records named their checkpoint"):
+        analyze.run_score(run, metric="bleu", score_from="eval", split="test", checkpoint="best")
+    assert analyze.run_score(run, metric="bleu", score_from="eval", split="valid", checkpoint="best")
 
 
 def test_missing_hypotheses_say_how_to_make_them(corpus, tmp_path):

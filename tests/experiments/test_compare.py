@@ -184,6 +184,10 @@ def test_speed_conditions_follow_every_training_session(tmp_path):
     sessions.append({"command": ["sanlab", "compare", "g.yaml"], "threads": 2, "jobs": 1})
     (tmp_path / "meta.json").write_text(json.dumps({"command": sessions[0]["command"], "sessions": sessions}))
     assert speed_conditions(tmp_path, {"threads": 2, "jobs": 1}) == "mixed (2 jobs x 1 thread; 1 job x 2 threads)"
+    # created before sessions were recorded (alone), resumed side by side: the creating command counts
+    resumed = [{"command": ["sanlab", "compare", "g.yaml", "--jobs", "2"], "threads": 1, "from_step": 2750}]
+    (tmp_path / "meta.json").write_text(json.dumps({"command": ["sanlab", "compare", "g.yaml"], "sessions": resumed}))
+    assert speed_conditions(tmp_path, {"threads": 1, "jobs": 2}) == "mixed (1 job x 1 thread; 2 jobs x 1 thread)"
 
 
 def test_a_baseline_trained_under_mixed_conditions_gives_no_speed_delta(tmp_path):
@@ -212,6 +216,7 @@ def test_cells_scored_on_other_sentences_are_not_paired(tmp_path):
     better = section.rows[1]  # the row keeps its scores, gets no test, and the table says why
     assert better.tests == () and better.mark == "" and better.scores["All"].mean == 50.0
     assert "'better' seed 1 was scored on other sentences than the baseline 'base'" in better.problem
+    assert better.delta is None and section.direction(better) == ""
     md = section_markdown(section)
     assert any(line.startswith("| better (‡) | 1/2 |") for line in md)
     assert any(line.startswith("- (‡) better: no test against the baseline: 'better' seed 1") for line in md)
@@ -240,10 +245,13 @@ def test_translation_cells_scored_against_other_references_are_not_paired(tmp_pa
                                                  "  - {name: b, overrides: [data.test.t.tgt=b.tgt]}\n"),
                      runs_dir=tmp_path / "runs")
     monkeypatch.setattr(compare, "read_result", lambda cell, spec: CellResult(
-        cell.variant, cell.seed, scores={"bleu": 1.0, "chrf": 1.0}, evidence=["x"]))
-    monkeypatch.setattr(compare, "read_references", lambda cell: ["x"])
-    with pytest.raises(ConfigError, match=r"b / seed 1 was scored against .*b\.tgt, a / seed 1 against .*a\.tgt"):
-        compare.collect(grid, None)
+        cell.variant, cell.seed, scores={"bleu": 1.0, "chrf": 1.0}, evidence=["x"],
+        scored_against=cells_module.reference_file(cell)))
+    monkeypatch.setattr(compare, "read_references", lambda cell: [f"references of {cell.variant}"])
+    results, references = compare.collect(grid, None)
+    assert references == ["references of a"]  # the baseline's
+    row = build_section(grid, dataset=None, results=results, references=references).rows[1]
+    assert row.tests == () and row.delta is None and "'b' seed 1 was scored on other sentences" in row.problem
 
 
 def test_the_direction_needs_a_paper_delta_with_a_sign(tmp_path):
@@ -428,6 +436,11 @@ def test_a_test_file_changed_after_scoring_makes_the_cell_score_again(finished):
         Path(path).write_bytes(original + b"\n")  # corrected in place
         state = cell_state(cell, finished.spec.eval)
         assert (state.status, state.detail) == ("trained", f"{path} changed since the cell was scored")
+        table = (finished.runs_dir / "table.md").read_text(encoding="utf-8")
+        # --table-only cannot score them again: it must not write a table without their scores
+        assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(finished.runs_dir), table_only=True,
+                           command="t", out=lambda m: None) == 1
+        assert (finished.runs_dir / "table.md").read_text(encoding="utf-8") == table
     finally:
         Path(path).write_bytes(original)
     assert cell_state(cell, finished.spec.eval).status == "evaluated"
@@ -456,19 +469,19 @@ def test_a_failed_cell_leaves_its_error_in_the_table_until_it_succeeds(tmp_path,
     assert "| 1D-CSAN | 1/2 (1 failed) |" in render_markdown(build_report(grid, command="test"))
 
 
-def test_a_dead_worker_sends_its_cells_to_a_new_pool(tmp_path, monkeypatch):
-    """A worker killed (e.g. by the OOM killer) breaks the pool, which fails every cell it held: they go
-    to a new pool once; a cell whose pool breaks twice is a failure, and the grid goes on."""
+def test_a_dead_worker_sends_its_cells_to_a_new_pool_then_each_to_its_own(tmp_path, monkeypatch):
+    """A worker killed (e.g. by the OOM killer) breaks the pool, which fails every cell it held: they go to
+    a new pool; if that breaks too, each left goes to a pool of its own, where a death is the cell's own."""
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
     from sanlab.experiments import compare
 
-    pools, breaks = [], {"SAN+PE[add] / seed 0": 1, "SAN+PE[add] / seed 1": 2}
+    pools, breaks = [], {"SAN+PE[add] / seed 0": 1, "SAN+PE[add] / seed 1": 3}
 
     class DyingPool:
-        def __init__(self, **kwargs):
-            pools.append(self)
+        def __init__(self, *, max_workers, **kwargs):
+            pools.append(max_workers)
 
         def __enter__(self):
             return self
@@ -490,12 +503,14 @@ def test_a_dead_worker_sends_its_cells_to_a_new_pool(tmp_path, monkeypatch):
     logged = []
     outcomes = run_grid(grid, grid.cells, jobs=2, log=logged.append)
     by_label = {o.cell.label: o.error for o in outcomes}
-    assert len(pools) == 2 and len(outcomes) == 4
+    assert pools == [2, 2, 1] and len(outcomes) == 4  # all 4, the 2 broken, then the one left alone
     assert by_label["SAN+PE[add] / seed 0"] is None and by_label["1D-CSAN / seed 1"] is None
-    assert "a worker process died twice" in by_label["SAN+PE[add] / seed 1"]
+    assert "its worker process died" in by_label["SAN+PE[add] / seed 1"]
     dead = next(c for c in grid.cells if c.label == "SAN+PE[add] / seed 1")
     assert (dead.run_dir / "failed.json").exists()
-    assert "a worker process died; 2 cell(s) go to a new pool of 2 workers" in logged
+    assert [m for m in logged if m.startswith("a worker")] == [
+        "a worker process died; 2 cell(s) go to a new pool",
+        "a worker process died; 1 cell(s) go to pools of their own, one at a time, to find the one that dies"]
 
 
 def test_jobs_run_cells_in_spawned_processes(tmp_path):

@@ -47,18 +47,29 @@ def test_resume_refuses_a_budget_the_run_has_already_passed(tmp_path, tiny_trans
 def test_resume_refuses_fewer_epochs_or_a_tighter_patience_but_accepts_a_looser_one(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=2), run, quiet=True)
-    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["checkpoint"]
-    epoch = json.loads((run / "checkpoints" / latest / "meta.json").read_text())["epoch"]
+    checkpoints = run / "checkpoints"
+    latest = json.loads((checkpoints / "latest.json").read_text())["checkpoint"]
+    epoch = json.loads((checkpoints / latest / "meta.json").read_text())["epoch"]
     assert epoch >= 1
     config = (run / "config.yaml").read_text()
     with pytest.raises(ConfigError, match="train.patience=2; train.patience=1 would stop it"):
         train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
-    with pytest.raises(ConfigError, match=f"trained {epoch} epochs, more than train.max_epochs={epoch - 1}"):
+    with pytest.raises(ConfigError, match=f"trained {epoch} epochs.*, more than train.max_epochs={epoch - 1}"):
         train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=2, max_epochs=epoch - 1), run,
                   quiet=True)
     assert (run / "config.yaml").read_text() == config
+    stopped = json.loads((checkpoints / latest / "meta.json").read_text())["step"]
     looser = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=3), run, quiet=True)
-    assert looser["step"] > 0  # a larger patience continues the run
+    assert looser["step"] > stopped  # a larger patience continues the run
+
+
+def test_resume_refuses_max_epochs_equal_to_an_epoch_already_begun(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    summary = train_run(tiny_translation(max_steps=4, valid_every=4), run, quiet=True)
+    assert summary["position"] > 0  # stopped by max_steps inside an epoch
+    with pytest.raises(ConfigError, match=f"trained {summary['epoch']} epochs and {summary['position']} batches of "
+                                          f"the next, more than train.max_epochs={summary['epoch']}"):
+        train_run(tiny_translation(max_steps=4, valid_every=4, max_epochs=summary["epoch"]), run, quiet=True)
 
 
 def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):

@@ -211,6 +211,11 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
         numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
         raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
                           f"metrics: {', '.join(numeric)})")
+    named = [k for k, r in results.items() if isinstance(r, dict) and "checkpoint" in r]
+    if named and "checkpoint" not in results[name]:  # kept by `evaluate` beside newer records: maybe stale
+        raise ConfigError(f"{path}: the {name!r} record is from before records named their checkpoint, while "
+                          f"{', '.join(named)} name theirs, so it may come from other weights: run `sanlab evaluate "
+                          f"--run {run_dir} --checkpoint {checkpoint} --split {name}` again")
     if "checkpoint" in results[name]:  # files from before the record named its checkpoint are taken as they are
         from sanlab.runs import load_run_config, same_weights, scored_checkpoint
 

@@ -100,6 +100,8 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
         seen = [(_jobs_in(meta.get("command")), last[1]) if meta.get("command") else last, last]
     else:
         seen = [(s.get("jobs", _jobs_in(s.get("command"))), s.get("threads", "?")) for s in sessions[:-1]] + [last]
+        if sessions[0].get("from_step"):  # created before sessions were recorded: its first command counts too
+            seen.insert(0, (_jobs_in(meta.get("command")), sessions[0].get("threads", "?")))
     distinct = list(dict.fromkeys(seen))
     text = [f"{j} job{'s' if j != 1 else ''} x {t} thread{'s' if t != 1 else ''}" for j, t in distinct]
     return text[0] if len(text) == 1 else f"mixed ({'; '.join(text)})"
@@ -178,9 +180,10 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
     start, trained, evaluated = time.monotonic(), False, False
     try:
         state = cell_state(cell, spec)
-        if state.status == "conflict":
-            raise ConfigError(f"{cell.run_dir}: {state.detail}; rerun with the settings (--set) it was trained "
-                              "with, delete it, or choose another --runs-dir")
+        if state.status == "conflict":  # a refusal, not a failure of the cell: nothing is written into it
+            return CellOutcome(cell, False, False, time.monotonic() - start,
+                               f"ConfigError: {cell.run_dir}: {state.detail}; rerun with the settings (--set) it "
+                               "was trained with, delete it, or choose another --runs-dir")
         if state.status in ("pending", "training"):
             train_cell(cell, quiet=quiet, jobs=jobs)
             trained = True
@@ -242,7 +245,7 @@ class CellResult:
     scores: dict[str, float | None] = field(default_factory=dict)  # keys of METRICS
     signature: str | None = None
     evidence: list | None = None
-    scored_against: str | None = None           # digest of the gold side of the evidence (tagging)
+    scored_against: str | None = None           # digest of the gold side (tagging) or the reference file
 
 
 def last_speed(run_dir: Path) -> dict[str, float] | None:
@@ -282,6 +285,8 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
         return result
     record = read_json(cell.run_dir / EVAL_FILE)
     evidence, scored_against = read_evidence(cell.run_dir, record)
+    if scored_against is None:  # translation: the references it was scored against
+        scored_against = reference_file(cell)
     return replace(result, scores=record["scores"], signature=record.get("signature"), evidence=evidence,
                    scored_against=scored_against)
 

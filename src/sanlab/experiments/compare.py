@@ -38,7 +38,7 @@ from sanlab.experiments.cells import (
     METRICS, CellOutcome, CellResult, cores, init_worker, machine, prepare_synthetic, read_failure, read_references,
     read_result, record_failure, reference_file, run_cell, run_cell_job,
 )
-from sanlab.experiments.grid import DONE_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid, slug
+from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid, slug
 from sanlab.experiments.tables import Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report
 
 UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
@@ -111,35 +111,46 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
         for cell in todo:
             report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1))
         return outcomes
-    workers = min(jobs, len(todo))
-    remaining, deaths = list(todo), {}
+    # A worker that dies (e.g. the OOM killer) breaks the pool, which then fails every cell it held, not
+    # only the culprit. The first time, those cells go to a new pool of the same width (they resume from
+    # their checkpoints); after that, each goes to a pool of its own, so a death names its cell.
+    remaining, width, breaks = list(todo), min(jobs, len(todo)), 0
     while remaining:
-        broken = []
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                 initializer=init_worker, initargs=(threads, workers)) as pool:
-            futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, workers)): c for c in remaining}
-            for future in as_completed(futures):
-                cell = futures[future]
-                try:
-                    outcome = future.result()
-                except BrokenProcessPool as err:
-                    # a worker died (e.g. the OOM killer): the pool fails every cell it still held, so the
-                    # cells go to a new pool (they resume from their checkpoints); twice is a failure
-                    deaths[cell.label] = deaths.get(cell.label, 0) + 1
-                    if deaths[cell.label] < 2:
-                        broken.append(cell)
-                        continue
-                    outcome = CellOutcome(cell, False, False, 0.0, f"a worker process died twice while this cell "
-                                                                   f"was queued or running ({err})")
-                    record_failure(outcome)
-                except Exception as err:  # noqa: BLE001  (the grid goes on)
-                    outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
-                    record_failure(outcome)
-                report(outcome)
-        if broken:
-            log(f"a worker process died; {len(broken)} cell(s) go to a new pool of {workers} workers")
-        remaining = broken
+        batches = [remaining] if breaks < 2 else [[c] for c in remaining]
+        remaining = []
+        for batch in batches:
+            remaining += _run_pool(grid, batch, workers=width, threads=threads, report=report, alone=breaks >= 2)
+        if remaining:
+            breaks += 1
+            log(f"a worker process died; {len(remaining)} cell(s) go to "
+                + ("a new pool" if breaks < 2 else "pools of their own, one at a time, to find the one that dies"))
     return outcomes
+
+
+def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, report: Callable[[CellOutcome], None],
+              alone: bool) -> list[Cell]:
+    """Run ``cells`` in one process pool; returns the cells a broken pool left unfinished (or, when a cell
+    ran ``alone`` in its pool, reports it as failed: the death was its own)."""
+    broken, side_by_side = [], 1 if alone else workers
+    with ProcessPoolExecutor(max_workers=side_by_side, mp_context=get_context("spawn"),
+                             initializer=init_worker, initargs=(threads, side_by_side)) as pool:
+        futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
+        for future in as_completed(futures):
+            cell = futures[future]
+            try:
+                outcome = future.result()
+            except BrokenProcessPool as err:
+                if not alone:
+                    broken.append(cell)
+                    continue
+                outcome = CellOutcome(cell, False, False, 0.0, f"its worker process died ({err}), also when it "
+                                                               "ran in a pool of its own")
+                record_failure(outcome)
+            except Exception as err:  # noqa: BLE001  (the grid goes on)
+                outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
+                record_failure(outcome)
+            report(outcome)
+    return broken
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -250,7 +261,8 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
                steps_per_s=steps, tokens_per_s=_stat(s["tokens_per_s"] for s in speeds),
                steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean) if comparable else None,
                speed_conditions=conditions, speed_comparable=comparable,
-               scores=scores, delta=minus(scores[primary].mean, lambda b: b.scores[primary].mean),
+               scores=scores,
+               delta=None if problem else minus(scores[primary].mean, lambda b: b.scores[primary].mean),
                mark=mark, mark_support=support, tests=tuple(tests), seeds_test=seeds_result,
                paper=grid.paper(dataset=dataset, variant=variant), note=grid.variant(variant).note,
                seeds_failed=tuple(sorted(failed or {})), problem=problem)
@@ -283,18 +295,17 @@ def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, i
 
 
 def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], CellResult], list[str] | None]:
-    """Results of every finished cell of one dataset, and the references of its split (translation)."""
-    results, references, source = {}, None, None
+    """Results of every finished cell of one dataset, and the references of its split (translation): the
+    baseline's when it has an evaluated cell. A row scored against other references is not paired with it
+    (``CellResult.scored_against``), and the table says so."""
+    results = {}
     for cell in (c for c in grid.cells if c.dataset == dataset):
         result = read_result(cell, grid.spec.eval)
         if result is not None:
             results[cell.variant, cell.seed] = result
-            if result.scores and references is None:
-                references, source = read_references(cell), cell
-            elif result.scores and references is not None and reference_file(cell) != reference_file(source):
-                raise ConfigError(f"{grid.path}: {cell.label} was scored against {reference_file(cell)}, "
-                                  f"{source.label} against {reference_file(source)}: their outputs cannot be paired")
-    return results, references
+    scored = sorted((c for c in grid.cells if c.dataset == dataset and (c.variant, c.seed) in results
+                     and results[c.variant, c.seed].scores), key=lambda c: c.variant != grid.baseline)
+    return results, (read_references(scored[0]) if scored else None)
 
 
 def failures(grid: Grid, dataset: str | None) -> dict[tuple[str, int], str]:
@@ -411,9 +422,11 @@ def _speed_legend(sections: Sequence[Section]) -> str:
 
 def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:
     """Cells that finished training (``done.json``) but that the grid, with this invocation's
-    overrides, would train again or refuses (``training``/``conflict``): they are not in its table."""
+    overrides, would train again or refuses (``training``/``conflict``), or would score again although
+    they were scored (e.g. other ``decode.*``): their scores are not in its table."""
     states = [(c, cell_state(c, grid.spec.eval)) for c in grid.cells if (Path(c.run_dir) / DONE_FILE).exists()]
-    return [(c, s) for c, s in states if s.status in ("training", "conflict")]
+    return [(c, s) for c, s in states if s.status in ("training", "conflict")
+            or (s.status == "trained" and (Path(c.run_dir) / EVAL_FILE).exists())]
 
 
 # ----------------------------------------------------------------------------- the command
@@ -448,7 +461,8 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         if left_out:
             # almost always a forgotten or extra --set
             out(f"NOT written to {grid.runs_dir}: {len(left_out)} finished cell(s) do not match this invocation's "
-                "settings and are missing from the table above (pass the --set they were trained with):")
+                "settings and are missing from the table above (pass the --set they were trained with; or, if the "
+                "new settings are meant, run the grid until those cells are trained and scored again):")
             out("\n".join(f"  {cell.label}: {state.describe()}" for cell, state in left_out))
             return 1
         paths = write_report(report, grid.runs_dir)

@@ -121,8 +121,8 @@ class Trainer:
                  "processes": self.dist.world_size}
         if self.dist.enabled:
             state["rng_per_process"] = rngs
-        meta = {"step": self.progress.step, "epoch": self.progress.epoch, "metrics": metrics,
-                "score": metrics.get(self.task.metric)}
+        meta = {"step": self.progress.step, "epoch": self.progress.epoch, "position": self.progress.position,
+                "metrics": metrics, "score": metrics.get(self.task.metric)}
         self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update
@@ -254,7 +254,7 @@ class Trainer:
         elapsed = time.monotonic() - start
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {p.best} "
                       f"({elapsed:.0f}s this session)")
-        return {"step": p.step, "epoch": p.epoch, "best": p.best, "seconds": elapsed}
+        return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": p.best, "seconds": elapsed}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
