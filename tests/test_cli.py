@@ -123,6 +123,14 @@ def test_gaussian_localness_and_2d_csan_in_one_layer_are_refused(tmp_path, capsy
     assert "LocalSoft measure the sentence from the keys, which HeadArea repeats" in capsys.readouterr().err
 
 
+def test_capsule_routing_and_2d_csan_in_one_layer_are_refused_before_training(tmp_path, capsys):
+    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+                             "model: {encoder: {attention: {heads: 4, parts: [{type: csan2d, layers: [0]}, "
+                             "{type: capsule, layers: [0]}]}}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "CapsuleRouting need one key column per position, which HeadArea extends" in capsys.readouterr().err
+
+
 def test_mismatched_parallel_files_name_the_files(tmp_path, capsys):
     (tmp_path / "a.src").write_text("one\ntwo\nthree\n")
     (tmp_path / "a.tgt").write_text("eins\nzwei\n")

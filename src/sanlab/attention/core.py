@@ -61,6 +61,10 @@ class Attention(nn.Module):
         if extending and measuring:
             raise ValueError(f"attention parts {', '.join(measuring)} measure the sentence from the keys, which "
                              f"{', '.join(extending)} repeats per head block; put them in different layers")
+        square = [type(p).__name__ for p in self.parts if p.square_keys]
+        if extending and square:
+            raise ValueError(f"attention parts {', '.join(square)} need one key column per position, which "
+                             f"{', '.join(extending)} extends with other heads' keys; put them in different layers")
         self.stage_parts = plans.StageParts.sort(list(self.parts))
         if plan == "sdpa" and self.stage_parts.needs_dense():
             raise ValueError("plan 'sdpa' cannot run parts that read the score matrix; use 'auto' or 'dense'")

@@ -19,6 +19,8 @@ Class attributes say what the part allows:
     extends_keys  its ``extend`` adds key blocks (2D-CSAN repeats keys and positions per head in its area)
     measures_keys it reads the sentence length or the mean key from the keys; it cannot share a layer with
                   a part that extends them (the counts would include the copies)
+    square_keys   it reads the scores or weights as a grid of positions, one key column per position
+                  (capsule routing, convolved attention); it cannot share a layer with a part that extends keys
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class AttentionPart(nn.Module):
     causal_safe: bool = True
     extends_keys: bool = False
     measures_keys: bool = False
+    square_keys: bool = False
 
     def project(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError

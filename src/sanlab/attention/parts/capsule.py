@@ -60,6 +60,7 @@ class CapsuleRouting(AttentionPart):
     every other one, so a part with either is not causal-safe.
     """
 
+    square_keys = True  # routes over the [i, j] score matrix of one sequence
     incremental = False
 
     def __init__(self, *, heads: int, iters: int, routing_input: str, vertical: bool, horizontal: str | None,

@@ -69,6 +69,7 @@ class ConvolvedAttention(AttentionPart):
 
     incremental = False  # row i mixes the rows of queries i-1 (i-2): recompute the prefix
     causal_safe = True   # causal rows + re-applied causal mask (spec C.12)
+    square_keys = True   # convolves the t x t grid of (query, key) positions
 
     def __init__(self, *, heads: int, t: int, dims: int, causal: bool):
         super().__init__()
