@@ -101,6 +101,8 @@ class TaggerConfig(Strict):
     norm: Literal["pre", "post"] = "pre"  # for layer_style transformer
     dropout: float = 0.1
     mask_padding: bool = True           # the reference code does not mask padding (profile "reproduce")
+    train_pad_rows: bool = False        # the reference (Keras) trains the PAD rows of the word and character
+                                        # tables (profile "reproduce"); here they stay fixed, as padding
     classifier_sees_embedding: bool = True
     attention_init: Literal["glorot_normal", "torch"] = "glorot_normal"  # Keras glorot_normal per head (C.1, C.10)
     encoder: TaggerStackConfig = TaggerStackConfig()

@@ -632,7 +632,7 @@ def test_reproduce_grid_differs_from_the_clean_one_only_by_the_profile_switches(
     reproduce = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud-reproduce.yaml")
     assert [(c.dataset, c.variant) for c in clean.cells] == [(c.dataset, c.variant) for c in reproduce.cells]
     for a, b in zip(clean.cells, reproduce.cells):
-        expected = ["data.vocab_from_all_splits", "model.mask_padding"]
+        expected = ["data.vocab_from_all_splits", "model.mask_padding", "model.train_pad_rows"]
         if a.variant == "SAN+P+R":
             expected = sorted(expected + ["model.encoder.attention.parts"])
             assert b.config.model.encoder.attention.parts[1].rel_param == "circulant_real"

@@ -187,3 +187,21 @@ def test_tagger_outputs_do_not_depend_on_batch_padding(parts):
     batch_chars = torch.cat([F.pad(chars, (0, 0, 0, 4)), other_chars])
     together = model(batch_words, batch_chars)[:1, :5]
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("train_pad_rows", [False, True])
+def test_pad_rows_of_the_word_and_char_tables_train_only_in_the_reproduce_profile(train_pad_rows):
+    """Keras trains every embedding row, PAD (index 0) included (spec C.10); the clean profile keeps the
+    PAD rows as drawn. Either way they start as drawn (uniform ±0.05), not at zero."""
+    from sanlab.config import TaggerConfig
+    from sanlab.models.builders import build_tagger
+
+    torch.manual_seed(0)
+    model = build_tagger(TaggerConfig(mask_padding=not train_pad_rows, train_pad_rows=train_pad_rows),
+                         vocab_size=30, num_chars=20, num_tags=5)
+    words = torch.tensor([[5, 6, 0, 0]])                    # two words, then PAD words
+    chars = torch.tensor([[[3, 4, 0], [5, 0, 0], [0, 0, 0], [0, 0, 0]]])  # words padded with PAD characters
+    model(words, chars).sum().backward()
+    for table in (model.word_embed, model.char_cnn.embed):
+        assert table.weight[0].abs().max() > 0
+        assert bool(table.weight.grad[0].abs().max() > 0) == train_pad_rows

@@ -102,7 +102,7 @@ def build_seq2seq(config: Seq2SeqConfig, *, vocab_size: int, pad_id: int, tgt_vo
 
 def build_tagger(config: TaggerConfig, *, vocab_size: int, num_chars: int, num_tags: int) -> Tagger:
     char_cnn = CharCNN(num_chars=num_chars, dim=config.char_dim, filters=config.char_filters,
-                       width=config.char_width, layers=config.char_layers)
+                       width=config.char_width, layers=config.char_layers, train_pad_row=config.train_pad_rows)
     d = config.word_dim + (config.position_dim if config.position == "concat" else 0) + char_cnn.out_dim
     dufter = config.layer_style == "dufter"
     encoder = build_encoder(config.encoder, dim=d, norm="none" if dufter else config.norm,
@@ -111,7 +111,8 @@ def build_tagger(config: TaggerConfig, *, vocab_size: int, num_chars: int, num_t
         glorot_normal_attention_(encoder)
     return Tagger(vocab_size=vocab_size, word_dim=config.word_dim, char_cnn=char_cnn, position_mode=config.position,
                   position_dim=config.position_dim, max_len=config.max_len, encoder=encoder, num_tags=num_tags,
-                  classifier_sees_embedding=config.classifier_sees_embedding, mask_padding=config.mask_padding)
+                  classifier_sees_embedding=config.classifier_sees_embedding, mask_padding=config.mask_padding,
+                  train_pad_row=config.train_pad_rows)
 
 
 def count_parameters(module: nn.Module) -> int:

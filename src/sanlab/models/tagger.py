@@ -21,9 +21,11 @@ POSITION_MODES = ("add", "concat", "none")
 class CharCNN(nn.Module):
     """Character embedding -> n x [Conv1d(same padding), ReLU] -> max over characters."""
 
-    def __init__(self, *, num_chars: int, dim: int, filters: int, width: int, layers: int):
+    def __init__(self, *, num_chars: int, dim: int, filters: int, width: int, layers: int,
+                 train_pad_row: bool = False):
         super().__init__()
-        self.embed = nn.Embedding(num_chars, dim, padding_idx=0)
+        # the PAD row is drawn like the others (Keras uniform) and, unless trained, kept as drawn
+        self.embed = nn.Embedding(num_chars, dim, padding_idx=None if train_pad_row else 0)
         nn.init.uniform_(self.embed.weight, -0.05, 0.05)
         convs, in_dim = [], dim
         for _ in range(layers):
@@ -45,11 +47,11 @@ class Tagger(nn.Module):
 
     def __init__(self, *, vocab_size: int, word_dim: int, char_cnn: CharCNN, position_mode: str,
                  position_dim: int, max_len: int, encoder: Encoder, num_tags: int,
-                 classifier_sees_embedding: bool = True, mask_padding: bool = True):
+                 classifier_sees_embedding: bool = True, mask_padding: bool = True, train_pad_row: bool = False):
         super().__init__()
         if position_mode not in POSITION_MODES:
             raise ValueError(f"unknown position mode {position_mode!r}; choose one of {POSITION_MODES}")
-        self.word_embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        self.word_embed = nn.Embedding(vocab_size, word_dim, padding_idx=None if train_pad_row else 0)
         nn.init.uniform_(self.word_embed.weight, -0.05, 0.05)
         self.char_cnn, self.encoder = char_cnn, encoder
         self.position_mode, self.mask_padding, self.max_len = position_mode, mask_padding, max_len
