@@ -221,7 +221,7 @@ def _reference_beam(table: torch.Tensor, *, k: int, max_len: int, penalty, min_l
         for beam, (tokens, logp) in enumerate(live):
             prev, last = ((BOS, BOS) + tokens)[-2:]
             for v in range(vocab):
-                if v == PAD or (v == EOS and t < min_length) or (t + 1 == max_len and v != EOS):
+                if v in (PAD, BOS) or (v == EOS and t < min_length) or (t + 1 == max_len and v != EOS):
                     continue
                 candidates.append((logp + float(table[prev, last, v]), beam, v))
         candidates.sort(key=lambda c: (-c[0], c[1], c[2]))  # score, then lower beam, then lower token
@@ -260,7 +260,7 @@ def _argmax_loop(table: torch.Tensor, max_len: int) -> tuple[list[int], float]:
     prev, last, total, tokens = BOS, BOS, torch.zeros(()), []
     for t in range(max_len):
         lp = table[prev, last].clone()
-        lp[PAD] = float("-inf")
+        lp[[PAD, BOS]] = float("-inf")
         if t + 1 == max_len:
             lp[torch.arange(lp.numel()) != EOS] = float("-inf")
         token = int(lp.argmax())
@@ -270,6 +270,15 @@ def _argmax_loop(table: torch.Tensor, max_len: int) -> tuple[list[int], float]:
         tokens.append(token)
         prev, last = last, token
     return tokens, float(total)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_bos_and_pad_are_never_emitted_even_when_the_model_prefers_them(beam_size):
+    model = TableModel([{"*": {PAD: 0.3, BOS: 0.4, A: 0.2, EOS: 0.1}}])
+    hyps = beam_search(model, model.cache(), batch_size=1, beam_size=beam_size, n_best=beam_size,
+                       max_lengths=torch.tensor([4]), **SPECIAL)[0]
+    assert hyps and all(set(h.tokens) <= {A} for h in hyps)
+    assert hyps[0].positional_scores[0] == pytest.approx(math.log(0.2))  # not renormalised
 
 
 def test_greedy_is_beam_one_and_a_hand_argmax_loop():

@@ -39,7 +39,9 @@ def test_greedy_matches_argmax_of_the_model():
         prefix = torch.tensor([[2]])
         tokens = []
         for _ in range(8):  # max length 9 counts the (forced) EOS
-            nxt = int(model(src, prefix)[0, -1].argmax())
+            logits = model(src, prefix)[0, -1]
+            logits[[0, 2]] = float("-inf")  # PAD and BOS are never emitted
+            nxt = int(logits.argmax())
             if nxt == 3:
                 break
             tokens.append(nxt)

@@ -20,7 +20,7 @@ The rules, those of fairseq's ``SequenceGenerator`` with every tie and edge case
   from the cache, so later steps run on fewer rows.
 * Hypotheses are ranked by the length-normalised score; ties keep the order of finishing.
 
-Masking does not renormalise: PAD is never chosen, EOS is banned while fewer than
+Masking does not renormalise: PAD and BOS are never chosen, EOS is banned while fewer than
 ``min_length`` tokens were emitted, and at the max length every token but EOS is banned; the
 chosen token keeps the log-prob the model gave it. Every decision of a sentence depends only on
 its own rows, so (given a step function that treats rows independently) its result does not
@@ -116,7 +116,7 @@ def beam_search(
         # 2. Score the next token of every row: [N, V], masked by min and max length.
         log_probs, cache = step(beams.tokens[:, -1:], cache)
         _check_log_probs(log_probs, rows=beams.tokens.shape[0], ids=(bos, eos, pad))
-        log_probs = _restrict(log_probs, t=t, max_len=beams.max_len.repeat_interleave(k), eos=eos, pad=pad,
+        log_probs = _restrict(log_probs, t=t, max_len=beams.max_len.repeat_interleave(k), bos=bos, eos=eos, pad=pad,
                               min_length=min_length)
         # 3. The best 2k continuations of each sentence over all its beams.
         candidates = _top_candidates(beams.scores, log_probs)
@@ -205,10 +205,14 @@ def _start(*, batch_size: int, k: int, bos: int, max_lengths: Tensor) -> _Beams:
     )
 
 
-def _restrict(log_probs: Tensor, *, t: int, max_len: Tensor, eos: int, pad: int, min_length: int) -> Tensor:
-    """Ban PAD, EOS before ``min_length`` tokens, and all but EOS in rows at their max length."""
+def _restrict(log_probs: Tensor, *, t: int, max_len: Tensor, bos: int, eos: int, pad: int,
+              min_length: int) -> Tensor:
+    """Ban PAD and BOS (never a target; a model still gives them some mass), EOS before ``min_length``
+    tokens, and all but EOS in rows at their max length."""
     out = log_probs.clone()
     out[:, pad] = float("-inf")
+    if bos != eos:  # fairseq-style vocabularies use one symbol for both
+        out[:, bos] = float("-inf")
     if t < min_length:
         out[:, eos] = float("-inf")
     force = max_len <= t + 1  # [N] the token chosen now is the last one allowed
