@@ -1,0 +1,36 @@
+"""The bench scripts run end to end on small inputs and report against their baseline (the numbers
+themselves are measurements, never asserted)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_grid_speed_reports_every_variant_against_the_baseline(tmp_path):
+    out = tmp_path / "speed.md"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "grid_speed.py"), "configs/compare/smoke-synthetic.yaml",
+                    "--threads", "1", "--updates", "1", "--rounds", "2", "--warmup", "0", "--out", str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["SAN+PE[add] (baseline)", "1D-CSAN"]
+    assert rows[0][4] == "1.00" and len(rows[1][5].split()) == 2  # the ratio to itself; one rate per round
+
+
+@pytest.mark.slow
+def test_char_cnn_bench_times_both_paths_on_a_synthetic_tagger(tmp_path):
+    from sanlab.data.synthetic import write_tagging_corpus
+
+    write_tagging_corpus(tmp_path, seed=1, sizes={"train": 64, "dev": 8, "test": 8})
+    out = tmp_path / "char.md"
+    data = [f"--set=data.{s}={tmp_path / f'{s}.conllu'}" for s in ("train", "dev", "test")]
+    subprocess.run([sys.executable, str(ROOT / "bench" / "char_cnn.py"), "configs/ud-ewt-tagger.yaml", *data,
+                    "--set=model.encoder.layers=1", "--threads", "1", "--updates", "1", "--rounds", "2",
+                    "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+    rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["every word slot (reference)", "distinct words of the batch"]
+    assert rows[0][2] == "1.00" and float(rows[1][1]) > 0
