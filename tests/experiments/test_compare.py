@@ -459,6 +459,8 @@ def test_a_failed_cell_leaves_its_error_in_the_table_until_it_succeeds(tmp_path,
     report = build_report(grid, command="test")
     table = render_markdown(report)
     assert "| 1D-CSAN | 0/2 (2 failed) |" in table
+    assert "1D-CSAN / seed 1  pending (last attempt failed: TrainingError: loss is nan at update 3 (epoch 0))" in \
+        describe_cells(grid, cells)
     assert "- FAILED 1D-CSAN / seed 0: TrainingError: loss is nan at update 3 (epoch 0)" in table
     monkeypatch.undo()
     import torch

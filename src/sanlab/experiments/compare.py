@@ -65,7 +65,12 @@ def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str
 
 def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
     """The ``--dry-run`` listing: one line per cell with its state and run directory."""
-    rows = [(c.label, cell_state(c, grid.spec.eval).describe(), str(c.run_dir)) for c in cells]
+    def state(cell: Cell) -> str:
+        described, error = cell_state(cell, grid.spec.eval), read_failure(cell)
+        failed = error and described.status != "evaluated"
+        return described.describe() + (f" (last attempt failed: {error})" if failed else "")
+
+    rows = [(c.label, state(c), str(c.run_dir)) for c in cells]
     width = [max(len(r[k]) for r in rows) for k in range(2)]
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d}" for a, b, d in rows]
     done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
