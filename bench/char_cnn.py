@@ -62,7 +62,8 @@ def main() -> int:
         log = SilentLogger(Path(scratch))
         task = make_task(config, Path(scratch), log)
         state = copy.deepcopy(task.model.state_dict())
-        batches = task.epoch_batches(0)
+        epoch = task.epoch_batches(0)  # built when read: take only the batches the rounds use
+        batches = [epoch[i] for i in range(min(len(epoch), 2 + args.rounds * args.updates))]
         trainers, groups = {}, {}
         for name, distinct in (("every slot", False), ("distinct words", True)):
             task.model.load_state_dict(state)

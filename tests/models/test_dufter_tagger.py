@@ -231,3 +231,29 @@ def test_char_cnn_on_distinct_words_equals_every_slot_in_values_and_gradients():
     torch.testing.assert_close(fast, ref)
     for name in ref_grads:
         torch.testing.assert_close(fast_grads[name], ref_grads[name], msg=name)
+
+
+def test_char_cnn_on_distinct_words_keeps_bf16_gradients_of_frequent_words():
+    """Under bf16 autocast the gradients of a word repeated in most slots (padding words without the
+    mask) are summed in fp32, so the distinct path is as close to fp32 as running every slot."""
+    from sanlab.models.tagger import CharCNN
+
+    g = torch.Generator().manual_seed(0)
+    chars = torch.randint(1, 30, (32, 60, 20), generator=g)
+    chars[:, 30:] = chars[0, 0]  # half the slots: one repeated word
+
+    def grads(distinct: bool, bf16: bool) -> dict:
+        torch.manual_seed(1)
+        cnn = CharCNN(num_chars=30, dim=16, filters=16, width=5, layers=2, train_pad_row=True)
+        cnn.distinct_words = distinct
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = cnn(chars)
+        out.float().sum().backward()
+        return {n: p.grad for n, p in cnn.named_parameters()}
+
+    exact = grads(False, bf16=False)
+    for distinct in (False, True):
+        approx = grads(distinct, bf16=True)
+        for name in ("embed.weight", "convs.0.bias"):
+            error = (approx[name] - exact[name]).norm() / exact[name].norm()
+            assert error < 0.02, (distinct, name, float(error))

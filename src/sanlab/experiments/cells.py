@@ -212,7 +212,10 @@ def record_failure(outcome: CellOutcome) -> None:
 
 def read_failure(cell: Cell) -> str | None:
     """The first line of the error a cell last failed with, or None."""
-    record = read_json(cell.run_dir / FAILED_FILE)
+    try:
+        record = read_json(cell.run_dir / FAILED_FILE)
+    except ConfigError as err:  # a damaged record must not stop the listing or the table
+        return f"(unreadable {FAILED_FILE}: {err})"
     return (record.get("error") or "unknown error").splitlines()[0] if record else None
 
 

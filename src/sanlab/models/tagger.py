@@ -48,7 +48,10 @@ class CharCNN(nn.Module):
         if not self.distinct_words:
             return self._words(flat).view(b, t, -1)
         distinct, index = torch.unique(flat, dim=0, return_inverse=True)  # [u, c], [b*t]
-        return self._words(distinct)[index].view(b, t, -1)  # [b, t, filters]
+        words = self._words(distinct)  # [u, filters]
+        # gathered in fp32: the backward sums the gradients of every repeat (thousands of "<PAD>" slots
+        # without the padding mask), which a bf16 sum under autocast would lose
+        return words.float()[index].to(words.dtype).view(b, t, -1)  # [b, t, filters]
 
     def _words(self, chars: Tensor) -> Tensor:
         x = self.embed(chars).transpose(1, 2)  # [n, dim, c]
