@@ -477,7 +477,7 @@ def test_a_dead_worker_sends_its_cells_to_a_new_pool_then_each_to_its_own(tmp_pa
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
-    from sanlab.experiments import compare
+    from sanlab.experiments import running
 
     pools, breaks = [], {"SAN+PE[add] / seed 0": 1, "SAN+PE[add] / seed 1": 3}
 
@@ -500,7 +500,7 @@ def test_a_dead_worker_sends_its_cells_to_a_new_pool_then_each_to_its_own(tmp_pa
                 future.set_result(cells_module.CellOutcome(job[0], True, True, 0.0))
             return future
 
-    monkeypatch.setattr(compare, "ProcessPoolExecutor", DyingPool)
+    monkeypatch.setattr(running, "ProcessPoolExecutor", DyingPool)
     grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
     logged = []
     outcomes = run_grid(grid, grid.cells, jobs=2, log=logged.append)

@@ -24,138 +24,19 @@ import json
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime
-from multiprocessing import get_context
 from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
 )
-from sanlab.experiments.cells import (
-    METRICS, CellOutcome, CellResult, cores, init_worker, machine, prepare_synthetic, read_failure, read_references,
-    read_result, record_failure, reference_file, run_cell, run_cell_job,
-)
-from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid, slug
+from sanlab.experiments.cells import METRICS, CellResult, machine, read_failure, read_references, read_result
+from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid
+from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report
 
 UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
-
-
-# ----------------------------------------------------------------------------- choosing and running cells
-def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = ()) -> list[Cell]:
-    """The cells of the named variants / datasets (names or their directory slugs); all if none named."""
-    def pick(names: Sequence[str], known: list[str], kind: str) -> set[str]:
-        chosen = set()
-        for name in names:
-            match = [k for k in known if name in (k, slug(k))]
-            if not match:
-                raise ConfigError(f"{grid.path}: no {kind} {name!r}; the grid has: {', '.join(known)}")
-            chosen.update(match)
-        return chosen or set(known)
-
-    variants = pick(only, [v.name for v in grid.spec.variants], "variant")
-    if datasets and not grid.spec.datasets:
-        raise ConfigError(f"{grid.path}: --dataset {datasets[0]!r}, but this grid has no datasets")
-    sets = pick(datasets, [d.name for d in grid.spec.datasets], "dataset") if grid.spec.datasets else {None}
-    return [c for c in grid.cells if c.variant in variants and c.dataset in sets]
-
-
-def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
-    """The ``--dry-run`` listing: one line per cell with its state and run directory."""
-    def state(cell: Cell) -> str:
-        described, error = cell_state(cell, grid.spec.eval), read_failure(cell)
-        failed = error and described.status != "evaluated"
-        return described.describe() + (f" (last attempt failed: {error})" if failed else "")
-
-    rows = [(c.label, state(c), str(c.run_dir)) for c in cells]
-    width = [max(len(r[k]) for r in rows) for k in range(2)]
-    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d}" for a, b, d in rows]
-    done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
-    return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"])
-
-
-def run_order(grid: Grid, cells: Sequence[Cell]) -> list[Cell]:
-    """Breadth-first over seeds: every row's first seed, then every row's second, and so on.
-
-    A grid that runs for days is stopped and its table committed partway; this way each row has a
-    score early, and the extra seeds of the baseline fill in afterwards instead of first.
-    """
-    def rank(cell: Cell) -> int:
-        return grid.seeds_of(cell.variant).index(cell.seed)
-    return sorted(cells, key=rank)  # stable: the grid's row order within one rank
-
-
-def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = False,
-             log: Callable[[str], None] = print,
-             after_cell: Callable[[CellOutcome], None] | None = None) -> list[CellOutcome]:
-    """Train and evaluate every cell not evaluated yet, in ``run_order``; ``jobs`` > 1 runs cells in
-    spawned processes, each with ``cores // jobs`` threads. A failing cell is reported and the others go
-    on. ``after_cell`` is called as each cell finishes (``run_compare`` rewrites the table there)."""
-    prepare_synthetic(grid)
-    todo = run_order(grid, [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"])
-    threads = max(1, cores() // jobs)
-    log(f"{len(cells) - len(todo)} of {len(cells)} cells already evaluated; {len(todo)} to run"
-        + (f" with {jobs} jobs x {threads} thread{'s' if threads > 1 else ''}" if jobs > 1 and len(todo) > 1 else ""))
-    outcomes = []
-
-    def report(outcome: CellOutcome) -> None:
-        outcomes.append(outcome)
-        what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
-        status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
-        log(f"[{len(outcomes)}/{len(todo)}] {outcome.cell.label}: {status} ({outcome.seconds:.0f}s)")
-        if after_cell is not None:
-            try:
-                after_cell(outcome)
-            except Exception as err:  # noqa: BLE001  (the table is rebuilt at the end; the grid goes on)
-                log(f"could not rewrite the table after {outcome.cell.label}: {type(err).__name__}: {err}")
-
-    if jobs <= 1 or len(todo) <= 1:
-        for cell in todo:
-            report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1))
-        return outcomes
-    # A worker that dies (e.g. the OOM killer) breaks the pool, which then fails every cell it held, not
-    # only the culprit. The first time, those cells go to a new pool of the same width (they resume from
-    # their checkpoints); after that, each goes to a pool of its own, so a death names its cell.
-    remaining, width, breaks = list(todo), min(jobs, len(todo)), 0
-    while remaining:
-        batches = [remaining] if breaks < 2 else [[c] for c in remaining]
-        remaining = []
-        for batch in batches:
-            remaining += _run_pool(grid, batch, workers=width, threads=threads, report=report, alone=breaks >= 2)
-        if remaining:
-            breaks += 1
-            log(f"a worker process died; {len(remaining)} cell(s) go to "
-                + ("a new pool" if breaks < 2 else "pools of their own, one at a time, to find the one that dies"))
-    return outcomes
-
-
-def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, report: Callable[[CellOutcome], None],
-              alone: bool) -> list[Cell]:
-    """Run ``cells`` in one process pool; returns the cells a broken pool left unfinished (or, when a cell
-    ran ``alone`` in its pool, reports it as failed: the death was its own)."""
-    broken, side_by_side = [], 1 if alone else workers
-    with ProcessPoolExecutor(max_workers=side_by_side, mp_context=get_context("spawn"),
-                             initializer=init_worker, initargs=(threads, side_by_side)) as pool:
-        futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
-        for future in as_completed(futures):
-            cell = futures[future]
-            try:
-                outcome = future.result()
-            except BrokenProcessPool as err:
-                if not alone:
-                    broken.append(cell)
-                    continue
-                outcome = CellOutcome(cell, False, False, 0.0, f"its worker process died ({err}), also when it "
-                                                               "ran in a pool of its own")
-                record_failure(outcome)
-            except Exception as err:  # noqa: BLE001  (the grid goes on)
-                outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
-                record_failure(outcome)
-            report(outcome)
-    return broken
 
 
 # ----------------------------------------------------------------------------- aggregation
