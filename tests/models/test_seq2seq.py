@@ -42,6 +42,15 @@ def test_learned_positions_have_one_table_per_side_and_sinusoidal_none():
     assert not [k for k in sinusoidal.state_dict() if "positions" in k]  # old checkpoints still load
 
 
+def test_weights_saved_with_one_learned_position_table_load_into_both():
+    model = tiny("pre", "learned")
+    state = {k: v for k, v in model.state_dict().items() if "positions" not in k}
+    state["positions.table.weight"] = torch.randn_like(model.src_positions.table.weight)
+    model.load_state_dict(state)  # strict: the old key is consumed, both new ones are filled
+    for table in (model.src_positions, model.tgt_positions):
+        torch.testing.assert_close(table.table.weight, state["positions.table.weight"])
+
+
 def test_padding_invariance():
     model = tiny()
     src = torch.randint(4, 50, (1, 6))

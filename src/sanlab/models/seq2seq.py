@@ -32,6 +32,7 @@ class Seq2Seq(nn.Module):
         self.max_length = max_length  # longest token sequence on either side it accepts (model.max_positions)
         self.src_embed, self.tgt_embed = src_embed, tgt_embed
         self.src_positions, self.tgt_positions = src_positions, tgt_positions  # the same module if sinusoidal
+        self.register_load_state_dict_pre_hook(_one_position_table_per_side)
         self.encoder, self.decoder = encoder, decoder
         self.dropout = nn.Dropout(dropout)
         self.pad_id = pad_id
@@ -77,3 +78,13 @@ class Seq2Seq(nn.Module):
                                      states=state.layers, offset=state.offset, use_cache=True)
         log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)
         return log_probs, DecodeState(state.memory, state.memory_valid, layers, state.offset + tokens.shape[1])
+
+
+def _one_position_table_per_side(module, state_dict, prefix, *args) -> None:
+    """Weights saved before learned positions had one table per side (one ``positions`` table served
+    both) load into both tables."""
+    old = f"{prefix}positions.table.weight"
+    if old in state_dict:
+        table = state_dict.pop(old)
+        for side in ("src_positions", "tgt_positions"):
+            state_dict.setdefault(f"{prefix}{side}.table.weight", table)
