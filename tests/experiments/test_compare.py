@@ -515,6 +515,7 @@ def test_a_dead_worker_sends_its_cells_to_a_new_pool_then_each_to_its_own(tmp_pa
         "a worker process died; 1 cell(s) go to pools of their own, one at a time, to find the one that dies"]
 
 
+@pytest.mark.slow  # spawns worker processes that import torch: ~6 s
 def test_jobs_run_cells_in_spawned_processes(tmp_path):
     grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
     cells = select_cells(grid, only=["SAN+PE[add]"])
