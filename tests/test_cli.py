@@ -114,21 +114,18 @@ def test_impossible_combination_is_a_config_error_before_any_data_is_read(tmp_pa
     assert not (tmp_path / "r").exists()
 
 
-def test_gaussian_localness_and_2d_csan_in_one_layer_are_refused(tmp_path, capsys):
+@pytest.mark.parametrize("part, message", [
     # local_soft counts the keys for L(i) and averages them; 2D-CSAN repeats them per head of its area
+    ("local_soft", "LocalSoft measure the sentence from the keys, which HeadArea repeats"),
+    # capsule routing reads the scores as a grid of positions, one key column each
+    ("capsule", "CapsuleRouting need one key column per position, which HeadArea extends"),
+])
+def test_parts_that_cannot_share_a_layer_with_2d_csan_are_refused_before_training(tmp_path, capsys, part, message):
     path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
                              "model: {encoder: {attention: {heads: 4, parts: [{type: csan2d, layers: [0]}, "
-                             "{type: local_soft, layers: [0]}]}}}\n")
+                             f"{{type: {part}, layers: [0]}}]}}}}}}\n")
     assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
-    assert "LocalSoft measure the sentence from the keys, which HeadArea repeats" in capsys.readouterr().err
-
-
-def test_capsule_routing_and_2d_csan_in_one_layer_are_refused_before_training(tmp_path, capsys):
-    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
-                             "model: {encoder: {attention: {heads: 4, parts: [{type: csan2d, layers: [0]}, "
-                             "{type: capsule, layers: [0]}]}}}\n")
-    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
-    assert "CapsuleRouting need one key column per position, which HeadArea extends" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_mismatched_parallel_files_name_the_files(tmp_path, capsys):

@@ -57,14 +57,13 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(dim, dim, bias=bias) if out_proj else nn.Identity()
         self.parts = nn.ModuleList(parts or [])
         extending = [type(p).__name__ for p in self.parts if p.extends_keys]
-        measuring = [type(p).__name__ for p in self.parts if p.measures_keys]
-        if extending and measuring:
-            raise ValueError(f"attention parts {', '.join(measuring)} measure the sentence from the keys, which "
-                             f"{', '.join(extending)} repeats per head block; put them in different layers")
-        square = [type(p).__name__ for p in self.parts if p.square_keys]
-        if extending and square:
-            raise ValueError(f"attention parts {', '.join(square)} need one key column per position, which "
-                             f"{', '.join(extending)} extends with other heads' keys; put them in different layers")
+        # parts that read the keys as one column per position cannot follow a part that extends them
+        for flag, why in (("measures_keys", "measure the sentence from the keys, which {} repeats per head block"),
+                          ("square_keys", "need one key column per position, which {} extends with other heads' keys")):
+            readers = [type(p).__name__ for p in self.parts if getattr(p, flag)]
+            if extending and readers:
+                raise ValueError(f"attention parts {', '.join(readers)} {why.format(', '.join(extending))}; "
+                                 "put them in different layers")
         self.stage_parts = plans.StageParts.sort(list(self.parts))
         if plan == "sdpa" and self.stage_parts.needs_dense():
             raise ValueError("plan 'sdpa' cannot run parts that read the score matrix; use 'auto' or 'dense'")
