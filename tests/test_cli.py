@@ -70,6 +70,8 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
     ("base: c.yaml\ntask: tagging\n", r"c\.yaml.*(cycle|loop|itself)"),
     ("base: missing.yaml\n", r"missing\.yaml"),
     ("base: preset:nope\n", r"unknown preset .preset:nope.; known presets"),
+    ("task: tagging\ntrain: {lr: 0.5}\ndata: {train: a, dev: b}\ntrain: {seed: 7}\n",
+     r"c\.yaml.*key 'train' is given twice \(first on line 2\).*line 4"),  # PyYAML would drop lr silently
 ])
 def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     import re
@@ -79,6 +81,21 @@ def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     err = capsys.readouterr().err
     assert re.search(expected, err, re.S), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("setting, key", [
+    ("train.batch_size=0", "train.batch_size"), ("train.max_tokens=0", "train.max_tokens"),
+    ("train.patience=-1", "train.patience"), ("train.valid_max_sentences=0", "train.valid_max_sentences"),
+    ("train.lr=-0.1", "train.lr"), ("train.warmup_steps=-5", "train.warmup_steps"),
+    ("train.label_smoothing=1.0", "train.label_smoothing"), ("data.vocab_max=0", "data.vocab_max"),
+    ("model.max_len=0", "model.max_len"), ("model.dropout=1.5", "model.dropout"),
+])
+def test_out_of_range_values_are_config_errors_naming_the_key(tmp_path, capsys, setting, key):
+    """Caught when the config is read, not as a traceback after data preparation (or read as "all"/"never")."""
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n")
+    assert main(["train", path, "--set", setting, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err, err
 
 
 def test_a_missing_config_file_is_named(tmp_path, capsys):

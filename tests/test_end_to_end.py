@@ -38,10 +38,10 @@ def test_average_is_the_fp32_mean_of_the_last_checkpoints(translation_run):
 
 
 def test_translate_reads_stdin_and_writes_one_line_per_input(translation_run, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("a b c\nd e\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\nd e\n")))
     assert main(["translate", "--run", str(translation_run), "--beam", "2"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
-    monkeypatch.setattr(sys, "stdin", io.StringIO("a b c\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\n")))
     assert main(["translate", "--run", str(translation_run), "--beam", "3", "--n-best", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(line.startswith("0 ||| ") for line in lines)
@@ -57,7 +57,7 @@ def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tm
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["decode"].update(beam=3, n_best=2)
     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    monkeypatch.setattr(sys, "stdin", io.StringIO("a b c\nd e\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\nd e\n")))
     assert main(["translate", "--run", str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]

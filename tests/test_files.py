@@ -56,10 +56,21 @@ def test_input_lines_split_at_newlines_only(tmp_path, monkeypatch):
     from sanlab.data.parallel import input_lines
 
     text = "\ufeffone\u2028sentence\r\nzwei\n"  # U+2028 inside a line is not a line break here
-    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
     assert input_lines(None) == ["one\u2028sentence", "zwei"]
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     assert input_lines(tmp_path / "in.txt") == ["one\u2028sentence", "zwei"]
+
+
+def test_bad_bytes_on_stdin_are_a_data_error_naming_the_line(monkeypatch):
+    import io
+
+    from sanlab.data.parallel import input_lines
+    from sanlab.errors import DataError
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"fine\n\xff bad\n")))
+    with pytest.raises(DataError, match=r"<stdin>:2: not valid UTF-8"):
+        input_lines(None)
 
 
 def test_output_stream_leaves_no_partial_file(tmp_path):

@@ -160,7 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_train)
 
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
-                           ("tag", _cmd_tag, "tag tokenised text (one sentence per line) or a CoNLL-U file"),
+                           ("tag", _cmd_tag, "tag tokenised text (one sentence per line, split at spaces; blank lines are "
+                            "skipped) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
+                            "Vietnamese's); one word<TAB>tag block per sentence"),
                            ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="trained run directory")

@@ -21,6 +21,13 @@ from sanlab.layers.conv_blocks import PreBlockSpec
 
 PRESETS = Path(__file__).parent / "presets"
 
+# Bounds shared by many keys: a value outside them is a config error naming the key, not a traceback from
+# deep inside data preparation (or, worse, a silent meaning such as "all" or "never").
+Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, lt=1)]  # dropout, smoothing, decay rates
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -58,11 +65,11 @@ class StackConfig(Strict):
 
 
 class Seq2SeqConfig(Strict):
-    dim: int = 512
+    dim: Positive = 512
     norm: Literal["pre", "post"] = "post"
-    dropout: float = 0.1
+    dropout: Fraction = 0.1
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"  # learned: one table per side, max_positions rows
-    max_positions: int = 1024
+    max_positions: Positive = 1024
     share_embeddings: bool = True   # one table for source and target (needs the joint vocabulary)
     tie_output: bool = True         # generator weight = target embedding
     encoder: StackConfig = StackConfig()
@@ -88,32 +95,35 @@ class TaggerStackConfig(StackConfig):
 class TaggerConfig(Strict):
     """Dufter et al.'s tagger (spec C.10); UD defaults."""
 
-    word_dim: int = 128
-    char_dim: int = 64
-    char_filters: int = 64
-    char_width: int = 5
-    char_layers: int = 3
-    max_word_chars: int = 20
+    word_dim: Positive = 128
+    char_dim: Positive = 64
+    char_filters: Positive = 64
+    char_width: Positive = 5
+    char_layers: NonNegative = 3
+    max_word_chars: Positive = 20
     position: Literal["add", "concat", "none"] = "add"
-    position_dim: int = 64              # for concat
-    max_len: int = 60                   # t: sentences are split into chunks of this length
+    position_dim: Positive = 64         # for concat
+    max_len: Positive = 60              # t: sentences are split into chunks of this length
     layer_style: Literal["dufter", "transformer"] = "dufter"
     norm: Literal["pre", "post"] = "pre"  # for layer_style transformer
-    dropout: float = 0.1
+    dropout: Fraction = 0.1
     mask_padding: bool = True           # the reference code does not mask padding (profile "reproduce")
     train_pad_rows: bool = False        # the reference (Keras) trains the PAD rows of the word and character
                                         # tables (profile "reproduce"); here they stay fixed, as padding
     classifier_sees_embedding: bool = True
     attention_init: Literal["glorot_normal", "torch"] = "glorot_normal"  # Keras glorot_normal per head (C.1, C.10)
+    dense_init: Literal["glorot_uniform", "torch"] = "torch"  # char CNN and classifier: Keras' Glorot-uniform
+                                        # kernels and zero biases (C.10; profile "reproduce") or PyTorch's
+                                        # defaults, with which the clean recipe's grids were trained
     encoder: TaggerStackConfig = TaggerStackConfig()
 
 
 # ----------------------------------------------------------------------------- data
 class SubwordConfig(Strict):
-    vocab_size: int = 8000
+    vocab_size: int = Field(8000, ge=8)
     model_type: Literal["unigram", "bpe"] = "unigram"
     joint: bool = True
-    character_coverage: float = 1.0
+    character_coverage: float = Field(1.0, gt=0, le=1)
 
 
 class ParallelFiles(Strict):
@@ -126,8 +136,8 @@ class TranslationDataConfig(Strict):
     valid: ParallelFiles
     test: dict[str, ParallelFiles] = {}
     subword: SubwordConfig = SubwordConfig()
-    max_len: int = 200          # subword tokens per side, longer training pairs are dropped
-    max_ratio: float | None = None
+    max_len: Positive = 200     # subword tokens per side, longer training pairs are dropped
+    max_ratio: Annotated[float, Field(gt=0)] | None = None
     skip_empty: bool = False     # drop train/valid pairs with an empty side instead of failing (test sets: every line)
 
 
@@ -137,7 +147,7 @@ class TaggingDataConfig(Strict):
     test: str | None = None
     column: Literal["upos", "xpos"] = "upos"
     vocab_fraction: float = Field(0.5, gt=0, le=1)  # most frequent share of word types (UD: half)
-    vocab_max: int | None = None                    # or a fixed size (PTB: 20,000)
+    vocab_max: Positive | None = None               # or a fixed size (PTB: 20,000)
     vocab_from_all_splits: bool = False             # the reference counts train+dev+test
 
 
@@ -145,29 +155,29 @@ class TaggingDataConfig(Strict):
 class TrainConfig(Strict):
     seed: int = 1
     optimizer: Literal["adam", "rmsprop"] = "adam"
-    lr: float = 7e-4
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    rmsprop_alpha: float = 0.9
-    weight_decay: float = 0.0
+    lr: NonNegativeFloat = 7e-4
+    betas: tuple[Fraction, Fraction] = (0.9, 0.98)
+    eps: Annotated[float, Field(gt=0)] = 1e-9
+    rmsprop_alpha: Fraction = 0.9
+    weight_decay: NonNegativeFloat = 0.0
     schedule: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
-    warmup_steps: int = 4000
-    warmup_init_lr: float = 1e-7
-    label_smoothing: float = 0.1
-    max_tokens: int = 4096      # translation: padded tokens per batch (max over both sides)
-    batch_size: int = 32        # tagging: sentences (chunks) per batch
-    accum_steps: int = Field(1, ge=1)
-    clip_norm: float = 0.0      # 0 = no clipping
+    warmup_steps: NonNegative = 4000
+    warmup_init_lr: NonNegativeFloat = 1e-7
+    label_smoothing: Fraction = 0.1
+    max_tokens: Positive = 4096  # translation: padded tokens per batch (max over both sides)
+    batch_size: Positive = 32   # tagging: sentences (chunks) per batch
+    accum_steps: Positive = 1
+    clip_norm: NonNegativeFloat = 0.0  # 0 = no clipping
     bf16: bool = False
-    max_steps: int = 100_000
-    max_epochs: int = 100
-    valid_every: int = Field(1000, ge=0)  # steps; 0 = after every epoch
-    valid_max_sentences: int | None = None  # decode only this many valid sentences for BLEU
-    patience: int = 0           # validations without improvement before stopping; 0 = never
+    max_steps: NonNegative = 100_000  # 0 saves the initial weights (validated)
+    max_epochs: NonNegative = 100
+    valid_every: NonNegative = 1000  # steps; 0 = after every epoch
+    valid_max_sentences: Positive | None = None  # decode only this many valid sentences for BLEU (None = all)
+    patience: NonNegative = 0   # validations without improvement before stopping; 0 = never
     keep_best: int = Field(3, ge=1)
     keep_last: int = Field(3, ge=1)
     log_every: int = Field(50, ge=1)
-    threads: int | None = None
+    threads: Positive | None = None
     progress: bool = True
     # torchrun/DDP only: set when some parameter gets no gradient in an update (DDP then reports which).
     find_unused_parameters: bool = False
@@ -178,13 +188,13 @@ class TaggerTrainConfig(TrainConfig):
     dev accuracy after every epoch with patience 3."""
 
     optimizer: Literal["adam", "rmsprop"] = "rmsprop"
-    lr: float = 1e-3
-    eps: float = 1e-7
+    lr: NonNegativeFloat = 1e-3
+    eps: Annotated[float, Field(gt=0)] = 1e-7
     schedule: Literal["inverse_sqrt", "constant"] = "constant"
-    warmup_steps: int = 0
-    label_smoothing: float = 0.0
-    patience: int = 3
-    valid_every: int = Field(0, ge=0)
+    warmup_steps: NonNegative = 0
+    label_smoothing: Fraction = 0.0
+    patience: NonNegative = 3
+    valid_every: NonNegative = 0
 
 
 class DecodeConfig(Strict):
@@ -246,10 +256,33 @@ _ADAPTER = TypeAdapter(RunConfig)
 
 
 # ----------------------------------------------------------------------------- loading
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last one,
+    so a second ``train:`` block would drop every key of the first)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {first_line[key] + 1})",
+                    key_node.start_mark)
+            first_line[key] = key_node.start_mark.line
+        except TypeError:  # an unhashable key: the base constructor reports it
+            pass
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
-    """A YAML file that must hold a mapping; errors name the file."""
+    """A YAML file that must hold a mapping (each key once); errors name the file and line."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} not found") from None
     except yaml.YAMLError as err:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, validate
+from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, read_yaml_mapping, validate
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
 from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint, load_weights
@@ -109,8 +109,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     text = dump_config(config)
     if saved.exists():
         # Re-validate the saved config so keys added to the schema since then compare as their defaults.
-        old = yaml.safe_load(dump_config(validate(yaml.safe_load(saved.read_text(encoding="utf-8")),
-                                                  source=str(saved))))
+        old = yaml.safe_load(dump_config(validate(read_yaml_mapping(saved, what="run config"), source=str(saved))))
         diff = config_differences(old, yaml.safe_load(text))
         blocking = [k for k in diff if not k.startswith(RESUMABLE_KEYS)]
         if blocking:
@@ -155,7 +154,7 @@ def load_run_config(run_dir: Path) -> Config:
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    return validate(yaml.safe_load(path.read_text(encoding="utf-8")), source=str(path))
+    return validate(read_yaml_mapping(path, what="run config"), source=str(path))
 
 
 def make_task(config: Config, run_dir: Path, log: RunLogger):

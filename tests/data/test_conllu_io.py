@@ -99,6 +99,15 @@ def test_missing_xpos_is_an_error_only_when_requested(tmp_path):
         read_conllu(path, column="xpos")
 
 
+def test_two_spaces_in_misc_are_accepted(tmp_path):
+    """UD allows spaces in MISC; only two spaces in ID..XPOS could shift the columns that are read."""
+    lines = good_lines()
+    lines[4] = row("2", "do", "do", "AUX", "VBP", "_", "4", "aux", "_", "Gloss=do  it")
+    path = tmp_path / "x.conllu"
+    path.write_text("".join(lines), encoding="utf-8")
+    assert read_conllu(path)[0].tags == ("PRON", "AUX", "PART", "VERB", "PUNCT")
+
+
 def test_sentence_without_words(tmp_path):
     path = tmp_path / "x.conllu"
     path.write_text(GOOD + "# sent_id = 3\n# text = nothing\n", encoding="utf-8")

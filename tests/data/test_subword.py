@@ -48,6 +48,7 @@ def test_training_is_deterministic_and_accepts_model_suffix(tmp_path):
     a = SubwordModel.train(SRC, model_path=tmp_path / "a" / "m.model", vocab_size=80, model_type="bpe")
     b = SubwordModel.train(iter(SRC), model_path=tmp_path / "b" / "m", vocab_size=80, model_type="bpe")
     assert a.path.name == "m.model" and (tmp_path / "a" / "m.vocab").exists()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["m.model", "m.vocab"]  # staging files renamed
     assert [a.id_to_piece(i) for i in range(a.vocab_size)] == [b.id_to_piece(i) for i in range(b.vocab_size)]
     assert a.encode(SRC[5]) == b.encode(SRC[5])
 
@@ -69,5 +70,6 @@ def test_load_errors(tmp_path):
 def test_train_rejects_empty_input(tmp_path):
     with pytest.raises(DataError, match="no non-empty texts"):
         SubwordModel.train(["", "  "], model_path=tmp_path / "m", vocab_size=50)
+    assert list(tmp_path.iterdir()) == []  # no model, not even a partial one, for a resume to pick up
     with pytest.raises(ValueError, match="model_type"):
         SubwordModel.train(SRC, model_path=tmp_path / "m", vocab_size=50, model_type="word")  # type: ignore[arg-type]

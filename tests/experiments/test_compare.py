@@ -588,12 +588,15 @@ RECIPES = {"csan-table1-multi30k": {"vanilla": "multi30k-en-de-transformer", "1D
                                 "+Conv": "ud-ewt-conv", "+Conv2d": "ud-ewt-conv2d", "1D-CSAN": "ud-ewt-csan1d",
                                 "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse",
                                 "SAN (no position)": "ud-ewt-san", "MUSE_FF (no convolution)": "ud-ewt-muse-ff",
-                                "SAN+PE[con]": "ud-ewt-pe-con"}}
+                                "SAN+PE[con]": "ud-ewt-pe-con", "SAN+PE[add], Keras init": "ud-ewt-tagger"}}
+# The documented differences between a row and its recipe.
+RECIPE_DIFFERENCES = {"Local_Soft": ["model.encoder.attention.parts"],  # in CSAN's layers 0-1
+                      "SAN+PE[add], Keras init": ["model.dense_init"]}  # the diagnostic of the reference's init
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_grid_variants_are_their_recipes(name):
-    """Each row is its configs/ recipe; the one documented difference: Local_Soft sits in CSAN's layers 0-1."""
+    """Each row is its configs/ recipe, but for the documented differences."""
     from sanlab.config import load_config
     from sanlab.experiments.grid import config_dict
     from sanlab.runs import config_differences
@@ -602,7 +605,7 @@ def test_grid_variants_are_their_recipes(name):
     for cell in grid.cells:
         recipe = load_config(ROOT / "configs" / f"{RECIPES[name][cell.variant]}.yaml", [f"train.seed={cell.seed}"])
         diff = config_differences(config_dict(recipe), config_dict(cell.config))
-        assert diff == (["model.encoder.attention.parts"] if cell.variant == "Local_Soft" else []), cell.label
+        assert diff == RECIPE_DIFFERENCES.get(cell.variant, []), cell.label
     if name == "csan-table1-multi30k":
         local_soft = next(c for c in grid.cells if c.variant == "Local_Soft").config.model.encoder.attention.parts
         assert [p.layers for p in local_soft] == [[0, 1]]
@@ -635,7 +638,7 @@ def test_reproduce_grid_differs_from_the_clean_one_only_by_the_profile_switches(
     reproduce = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud-reproduce.yaml")
     assert [(c.dataset, c.variant) for c in clean.cells] == [(c.dataset, c.variant) for c in reproduce.cells]
     for a, b in zip(clean.cells, reproduce.cells):
-        expected = ["data.vocab_from_all_splits", "model.mask_padding", "model.train_pad_rows"]
+        expected = ["data.vocab_from_all_splits", "model.dense_init", "model.mask_padding", "model.train_pad_rows"]
         if a.variant == "SAN+P+R":
             expected = sorted(expected + ["model.encoder.attention.parts"])
             assert b.config.model.encoder.attention.parts[1].rel_param == "circulant_real"

@@ -10,7 +10,7 @@ from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.layers.block_attention import (BiBloSA, BlockSelfAttention, FeatureAttention, ReferenceBlockAttention,
                                            direction_mask, intra_block_mask, split_blocks)
-from sanlab.layers.conv_blocks import ConvBlock
+from sanlab.layers.conv_blocks import QANetConvBlock
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_decoder, build_encoder, build_seq2seq, count_parameters
 
@@ -106,15 +106,15 @@ def test_block_mixer_only_in_selected_encoder_layers():
 # ----------------------------------------------------------------------------- CNNs
 def test_conv_block_parameter_counts():
     d, k = 512, 7
-    separable = ConvBlock(dim=d, count=1, kernel=k, conv_type="separable", norm="pre", dropout=0.0)
-    full = ConvBlock(dim=d, count=1, kernel=k, conv_type="full", norm="pre", dropout=0.0)
+    separable = QANetConvBlock(dim=d, count=1, kernel=k, conv_type="separable", norm="pre", dropout=0.0)
+    full = QANetConvBlock(dim=d, count=1, kernel=k, conv_type="full", norm="pre", dropout=0.0)
     assert _n(separable) == k * d + d * d + d + 2 * d == 267_264  # depthwise (no bias) + pointwise + LayerNorm
     assert _n(full) == k * d * d + d + 2 * d
 
 
 def test_separable_conv_equals_a_hand_loop():
     torch.manual_seed(0)
-    block = ConvBlock(dim=2, count=1, kernel=3, conv_type="separable", norm="none", dropout=0.0).double()
+    block = QANetConvBlock(dim=2, count=1, kernel=3, conv_type="separable", norm="none", dropout=0.0).double()
     x = torch.randn(1, 4, 2, dtype=torch.double)
     out = block(x, positions=Positions.self_attention(None, length=4))
     conv = block.convs[0]
@@ -129,7 +129,7 @@ def test_separable_conv_equals_a_hand_loop():
 @pytest.mark.parametrize("conv_type", ["separable", "full"])
 def test_conv_block_masks_padding_and_ignores_extra_padding(conv_type):
     torch.manual_seed(0)
-    block = ConvBlock(dim=8, count=4, kernel=7, conv_type=conv_type, norm="pre", dropout=0.0).double()
+    block = QANetConvBlock(dim=8, count=4, kernel=7, conv_type=conv_type, norm="pre", dropout=0.0).double()
     x = torch.randn(2, 9, 8, dtype=torch.double)
     pos = Positions.self_attention(_valid(), length=9)
     out = block(x, positions=pos)
@@ -143,14 +143,14 @@ def test_conv_block_masks_padding_and_ignores_extra_padding(conv_type):
 
 def test_causal_conv_block_never_sees_the_future():
     torch.manual_seed(0)
-    block = ConvBlock(dim=8, count=2, kernel=4, conv_type="separable", norm="pre", dropout=0.0, causal=True).double()
+    block = QANetConvBlock(dim=8, count=2, kernel=4, conv_type="separable", norm="pre", dropout=0.0, causal=True).double()
     x = torch.randn(1, 7, 8, dtype=torch.double)
     pos = Positions.self_attention(None, length=7, causal=True)
     changed = x.clone()
     changed[0, 4:] += 1.0
     torch.testing.assert_close(block(changed, positions=pos)[0, :4], block(x, positions=pos)[0, :4])
     with pytest.raises(ValueError, match="odd kernel width, got 4"):
-        ConvBlock(dim=8, count=1, kernel=4, conv_type="separable", norm="pre", dropout=0.0)
+        QANetConvBlock(dim=8, count=1, kernel=4, conv_type="separable", norm="pre", dropout=0.0)
 
 
 def test_pre_blocks_config_hook_in_the_encoder_only():

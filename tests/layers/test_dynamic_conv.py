@@ -194,6 +194,21 @@ def test_dynamic_conv_preset_has_the_papers_kernel_schedule(tmp_path):
     assert [layer.self_mixer.conv.causal for layer in model.decoder.layers] == [True] * 6
 
 
+def test_conv_block_init_follows_fairseq():
+    """fairseq's lightconv: Xavier-uniform Linear layers with zero biases around the convolution, but the
+    kernel predictor re-initialised by DynamicConv1dTBC.reset_parameters() to nn.Linear's U(+-1/sqrt(d))."""
+    torch.manual_seed(0)
+    d = 512
+    conv = DynamicConv(kernels=PredictedKernels(dim=d, heads=4, kernel_size=3), causal=False)
+    block = dc.ConvBlock(dim=d, conv=conv, glu=False)
+    xavier = math.sqrt(6 / (d + d))
+    assert block.linear_in.weight.abs().max() > 1 / math.sqrt(d)  # wider than nn.Linear's default: Xavier
+    assert block.linear_in.weight.abs().max() <= xavier and not block.linear_in.bias.any()
+    assert block.linear_out.weight.abs().max() <= xavier and not block.linear_out.bias.any()
+    predictor = block.conv.kernels.linear.weight  # [h*K, d]
+    assert predictor.abs().max() <= 1 / math.sqrt(d) and predictor.abs().max() > 0.9 / math.sqrt(d)
+
+
 @pytest.mark.parametrize("kind", sorted(KERNELS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_traced_band_is_the_operator_as_an_attention_map(kind, causal):

@@ -192,6 +192,18 @@ def test_reference_init_zeroes_biases_and_widens_output_projections():
     assert biases and all(torch.all(b == 0) for b in biases)
 
 
+def test_projection_parts_are_refused_where_they_would_miss_the_convolutions():
+    """Temperature's gamma_v would scale the attention's V but not the V the convolution cells read."""
+    with_temperature = {"heads": H, "parts": [{"type": "temperature"}]}
+    stack = StackConfig(layers=1, ffn_dim=F_DIM, attention=with_temperature, mixer=MUSE)
+    with pytest.raises(ValueError, match="LearnableTemperature.*MUSE_FF"):
+        build_seq2seq(Seq2SeqConfig(dim=D, encoder=stack, decoder=StackConfig(layers=1, ffn_dim=F_DIM)),
+                      vocab_size=V, pad_id=0)
+    ff_stack = StackConfig(layers=1, ffn_dim=F_DIM, attention=with_temperature, mixer={"type": "muse_ff"})
+    build_seq2seq(Seq2SeqConfig(dim=D, encoder=ff_stack, decoder=StackConfig(layers=1, ffn_dim=F_DIM)),
+                  vocab_size=V, pad_id=0)  # no convolutions: nothing is missed
+
+
 def test_muse_needs_at_least_one_kernel():
     with pytest.raises(ValueError, match="kernel_sizes"):
         StackConfig(mixer={"type": "muse", "kernel_sizes": []})

@@ -96,6 +96,23 @@ def test_attention_matrices_start_glorot_normal_per_head():
     assert w.abs().max() <= 2 * target / 0.87962566103423978
 
 
+@pytest.mark.parametrize("dense_init", ["glorot_uniform", "torch"])
+def test_char_cnn_and_classifier_start_as_keras_defaults_in_the_reproduce_profile(dense_init):
+    """Spec C.10: Glorot-uniform kernels (a Conv1D's fans count its width) and zero biases; "torch" keeps
+    PyTorch's U(+-1/sqrt(fan_in)) weights and biases, with which the clean recipe's grids were trained."""
+    torch.manual_seed(0)
+    config = TaggerConfig(word_dim=WORD, position="none", dense_init=dense_init)
+    model = build_tagger(config, vocab_size=10, num_chars=10, num_tags=47)
+    width = WORD + 64
+    layers = [(conv, 5 * CHAR, 5 * CHAR) for conv in model.char_cnn.convs] + [(model.classifier, 2 * width, 47)]
+    for layer, fan_in, fan_out in layers:
+        w, bound = layer.weight.detach(), math.sqrt(6 / (fan_in + fan_out))
+        if dense_init == "glorot_uniform":
+            assert 0.95 * bound < w.abs().max() <= bound and not layer.bias.any()
+        else:
+            assert w.abs().max() <= 1 / math.sqrt(fan_in) < 0.95 * bound and layer.bias.any()
+
+
 VARIANTS = {
     "pe-add": ("add", []),
     "pe-con": ("concat", []),

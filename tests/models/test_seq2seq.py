@@ -70,6 +70,21 @@ def test_shared_and_tied_embeddings_count_once():
     assert shared.generator.weight is shared.tgt_embed.weight
 
 
+def test_untied_output_projection_is_initialised_as_fairseqs():
+    stack = StackConfig(layers=1, ffn_dim=48, attention={"heads": 4})
+    cfg = Seq2SeqConfig(dim=256, tie_output=False, encoder=stack, decoder=stack)
+    torch.manual_seed(0)
+    weight = build_seq2seq(cfg, vocab_size=4000, pad_id=0).generator.weight  # N(0, d^-1/2), not U(+-d^-1/2)
+    assert abs(weight.std().item() - 256 ** -0.5) < 0.002 and weight.abs().max() > 256 ** -0.5
+
+
+def test_decoding_from_an_offset_needs_the_cache():
+    model = tiny()
+    memory, valid = model.encode(torch.randint(4, 50, (1, 6)))
+    with pytest.raises(ValueError, match="offset 2 needs use_cache"):
+        model.decode(torch.randint(4, 50, (1, 1)), memory=memory, memory_valid=valid, offset=2)
+
+
 def _preset_params(tmp_path, preset, vocab):
     path = tmp_path / "c.yaml"
     path.write_text(f"base: preset:{preset}\ntask: translation\n"

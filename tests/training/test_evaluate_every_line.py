@@ -70,7 +70,10 @@ def test_a_validation_pair_too_long_for_the_model_stops_training_before_it_start
     raw["data"]["max_len"] = 8
     (tmp_path / "valid.src").write_text("a b\n" + "a b c d e f g h i j k l m n o p\n")
     (tmp_path / "valid.tgt").write_text("b a\n" + "p o n m l k j i h g f e d c b a\n")
+    with pytest.raises(DataError, match=r"valid.src:2: this pair has \d+ subword tokens"):
+        train_run(validate(raw, source="test"), tmp_path / "run", quiet=True)
+    raw["data"]["skip_empty"] = True  # pairs are then counted after the empty ones were dropped
     with pytest.raises(DataError, match=r"valid.src: validation pair 2 \(counted after data.skip_empty\) has "
                                         r"\d+ subword tokens"):
-        train_run(validate(raw, source="test"), tmp_path / "run", quiet=True)
+        train_run(validate(raw, source="test"), tmp_path / "run2", quiet=True)
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

@@ -28,6 +28,31 @@ def test_resumed_run_equals_uninterrupted(tmp_path, tiny_translation):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+def test_resumed_tagging_run_equals_uninterrupted(tmp_path):
+    """The tagger validates after every epoch: 1 + 2 epochs in two sessions == 3 straight (dropout on)."""
+    from sanlab.config import validate
+    from sanlab.data.synthetic import write_tagging_corpus
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 60, "dev": 20, "test": 20})
+
+    def config(epochs):
+        return validate({"task": "tagging", "data": {"train": str(data / "train.conllu"), "dev": str(data / "dev.conllu")},
+                         "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                                   "encoder": {"layers": 1}},
+                         "train": {"batch_size": 8, "max_epochs": epochs, "patience": 0, "progress": False,
+                                   "seed": 5}}, source="test")
+
+    train_run(config(3), tmp_path / "straight", quiet=True)
+    train_run(config(1), tmp_path / "resumed", quiet=True)
+    summary = train_run(config(3), tmp_path / "resumed", quiet=True)
+    assert summary["epoch"] == 3
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
 def test_resume_refuses_a_different_model(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=3), run, quiet=True)
@@ -99,6 +124,17 @@ def test_a_run_stopped_by_patience_does_not_train_on_when_rerun(tmp_path, tiny_t
     first = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
     again = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
     assert first["step"] == again["step"] == 6
+
+
+def test_raising_the_budget_on_resume_stops_where_a_straight_run_stops(tmp_path, tiny_translation):
+    """The validation at max_steps=4 is off the valid_every=3 schedule: checkpointed, not counted for patience."""
+    settings = dict(lr=0.0, warmup_steps=0, valid_every=3, patience=3)
+    straight = train_run(tiny_translation(max_steps=12, **settings), tmp_path / "straight", quiet=True)
+    train_run(tiny_translation(max_steps=4, **settings), tmp_path / "legs", quiet=True)
+    assert (tmp_path / "legs" / "checkpoints" / "step-00000004").is_dir()  # the first leg's work is saved
+    legs = train_run(tiny_translation(max_steps=12, **settings), tmp_path / "legs", quiet=True)
+    assert straight["step"] == legs["step"] == 12  # lr 0: validations at 3 (best), 6, 9, 12 -> patience 3 at 12
+    assert "not counted for early stopping" in (tmp_path / "legs" / "train.log").read_text()
 
 
 @contextlib.contextmanager

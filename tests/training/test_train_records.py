@@ -78,3 +78,20 @@ def test_without_the_padding_mask_a_chunk_is_tagged_alike_whatever_its_batch(tmp
     assert alone.chars[0, 5, :5].tolist() == [vocab.char_id.get(c, 1) for c in PAD_WORD]  # padding spelled <PAD>
     with torch.no_grad():
         torch.testing.assert_close(model(alone.words, alone.chars)[0], model(paired.words, paired.chars)[0])
+
+
+def test_a_record_torn_by_a_kill_is_skipped_and_the_next_starts_a_new_line(tmp_path):
+    from sanlab.errors import ConfigError
+    from sanlab.training.logging import RunLogger
+    from sanlab.training.loop import read_metrics
+
+    log = RunLogger(tmp_path, tensorboard=False, quiet=True)
+    log.scalars("valid", {"bleu": 1.0}, step=1)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"split": "valid", "step": 2, "bl')  # the process died here
+    log.scalars("valid", {"bleu": 3.0}, step=3)
+    assert [(r["step"], r["bleu"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (3, 3.0)]
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("not json at all\n")
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl:4: not a JSON record"):
+        read_metrics(tmp_path)

@@ -7,6 +7,7 @@ where it makes sense, the 1-based line number, so the CLI can print it as is.
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import os
 import sys
@@ -73,8 +74,9 @@ def input_lines(path: PathLike | None) -> list[str]:
     """
     if path is not None:
         return list(open_text(path))
-    text = sys.stdin.read().removeprefix("\ufeff")
-    return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
+    # Bytes, decoded line by line as for files: the text layer would turn bad bytes into surrogates (or fail
+    # without a line number, depending on the locale)
+    return list(_iter_lines(io.BytesIO(sys.stdin.buffer.read()), Path("<stdin>")))
 
 
 def _is_blank(line: str) -> bool:

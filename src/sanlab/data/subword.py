@@ -89,12 +89,15 @@ class SubwordModel:
             raise ValueError(f"vocab_size must exceed the 4 special pieces, got {vocab_size}")
         prefix = _model_prefix(model_path)
         prefix.parent.mkdir(parents=True, exist_ok=True)
+        # SentencePiece writes its files in place: train under a temporary name and rename, so a crash
+        # never leaves a truncated model that a resumed run would load (the .model file lands last).
+        staging = prefix.with_name(f".{prefix.name}.{os.getpid()}.tmp")
         spm.set_random_generator_seed(seed)
         n_texts = [0]
         try:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=_non_empty(texts, n_texts),
-                model_prefix=str(prefix),
+                model_prefix=str(staging),
                 vocab_size=vocab_size,
                 model_type=model_type,
                 character_coverage=character_coverage,
@@ -110,8 +113,12 @@ class SubwordModel:
                 minloglevel=2,
             )
         except RuntimeError as exc:
+            for suffix in (".vocab", ".model"):
+                staging.with_name(staging.name + suffix).unlink(missing_ok=True)
             problem = "no non-empty texts to train on" if n_texts[0] == 0 else f"SentencePiece training failed: {exc}"
             raise DataError(problem, path=str(prefix)) from exc
+        for suffix in (".vocab", ".model"):
+            os.replace(staging.with_name(staging.name + suffix), prefix.with_name(prefix.name + suffix))
         return cls.load(prefix)
 
     # --- encoding -------------------------------------------------------------------------

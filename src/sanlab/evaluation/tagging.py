@@ -7,8 +7,8 @@ The three accuracies of C.11:
 
 * **All** — every token.
 * **OOV** — tokens whose word is *outside the model's vocabulary* (maps to the OOV index).
-  This is not "unseen in training": the vocabulary is built on all splits and cut by
-  frequency, so pass the vocabulary itself (a set, or a predicate such as
+  This is not "unseen in training": the vocabulary is cut by frequency (and, in the reproduce
+  profile, counted on all splits), so pass the vocabulary itself (a set, or a predicate such as
   ``lambda w: vocab.index(w) != OOV``), never the training words.
 * **Ambiguous** — in-vocabulary tokens whose word type occurs with more than one distinct tag
   in the *training* data. OOV tokens are excluded, and an in-vocabulary word never seen in

@@ -26,8 +26,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import write_text
 
@@ -70,7 +68,9 @@ def raw_config(run_dir: PathLike) -> dict:
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    from sanlab.config import read_yaml_mapping  # here: importing the schema imports torch
+
+    return read_yaml_mapping(path, what="run config")
 
 
 def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callable[[Path], Path]) -> dict[str, Path]:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sanlab.config import (
@@ -418,7 +417,7 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
                 return CellState("evaluated", step)
             return CellState("trained", step, f"{record.get('evidence')} changed or missing since it was scored")
         return CellState("trained", step)
-    saved = _normalised(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")), source=run / "config.yaml")
+    saved = _normalised(read_yaml_mapping(run / "config.yaml", what="run config"), source=run / "config.yaml")
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
     if blocking:
         return CellState("conflict", step, f"the directory holds a run with other values of: {', '.join(blocking)}")

@@ -214,7 +214,9 @@ class BlockSelfAttention(nn.Module):
             return REFERENCE_BLOCK_LEN
         lengths = positions.lengths()
         longest = int(lengths.max()) if lengths is not None else positions.q_pos.numel()
-        return max(1, math.ceil((2 * longest) ** (1 / 3)))  # Bi-BloSA's r = ceil((2n)^(1/3))
+        # Bi-BloSA's r = ceil((2n)^(1/3)) over the batch's longest sentence: as in the reference, a
+        # sentence's output depends on what it is batched with (an integer block_len does not)
+        return max(1, math.ceil((2 * longest) ** (1 / 3)))
 
     def forward(self, x: Tensor, *, positions: Positions, cache=None, use_cache: bool = False,
                 need_trace: bool = False, memory: Tensor | None = None) -> AttentionOutput:

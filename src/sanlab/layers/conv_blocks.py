@@ -72,7 +72,7 @@ class FullConv(nn.Module):
 CONVS = {"separable": SeparableConv, "full": FullConv}
 
 
-class ConvBlock(nn.Module):
+class QANetConvBlock(nn.Module):
     """``count`` residual sublayers ReLU(conv(mask * x)) with the host's norm placement and dropout."""
 
     def __init__(self, *, dim: int, count: int, kernel: int, conv_type: str, norm: str, dropout: float,
@@ -101,8 +101,8 @@ class ConvBlock(nn.Module):
 
 
 @PRE_BLOCKS.register(ConvBlockConfig)
-def build_conv_block(config: ConvBlockConfig, ctx: BuildContext, *, norm: str, dropout: float) -> ConvBlock:
-    return ConvBlock(dim=ctx.dim, count=config.count, kernel=config.kernel, conv_type=config.conv_type,
+def build_conv_block(config: ConvBlockConfig, ctx: BuildContext, *, norm: str, dropout: float) -> QANetConvBlock:
+    return QANetConvBlock(dim=ctx.dim, count=config.count, kernel=config.kernel, conv_type=config.conv_type,
                      norm=norm, dropout=dropout, causal=ctx.causal)
 
 

@@ -175,11 +175,11 @@ class ConvBlock(nn.Module):
         self.linear_in = nn.Linear(dim, 2 * dim if glu else dim)
         self.glu, self.conv, self.mask_padding = glu, conv, mask_padding
         self.linear_out = nn.Linear(dim, dim)
-        for linear in (self.linear_in, self.linear_out, getattr(conv.kernels, "linear", None)):
-            if linear is not None:  # fairseq's Linear: Xavier-uniform weights, zero biases
-                nn.init.xavier_uniform_(linear.weight)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+        for linear in (self.linear_in, self.linear_out):  # fairseq's Linear: Xavier-uniform weights, zero biases
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+        # The kernel predictor keeps PyTorch's default init: fairseq builds it with its Xavier Linear,
+        # but DynamicConv1dTBC.reset_parameters() then calls nn.Linear.reset_parameters() on it.
 
     def forward(self, x: Tensor, *, positions: Positions, cache: ConvState | None = None, use_cache: bool = False,
                 need_trace: bool = False) -> AttentionOutput:

@@ -55,6 +55,11 @@ class MultiScaleAttention(nn.Module):
             raise ValueError("MultiScaleAttention fuses the output projection; build its attention with out_proj=False")
         if not cells:
             raise ValueError("MultiScaleAttention needs at least one convolution cell (without cells use MUSE_FF)")
+        if attention.stage_parts.project:  # e.g. temperature's gamma_v would scale the attention's V only
+            names = ", ".join(type(part).__name__ for part in attention.stage_parts.project)
+            raise ValueError(f"MUSE's convolutions read the shared value projection directly, so attention parts "
+                             f"that rescale the projections ({names}) would reach only the attention branch; "
+                             "use them with MUSE_FF or plain attention")
         self.attention, self.cells, self.mask_padding = attention, nn.ModuleList(cells), mask_padding
         self.gate = nn.Parameter(torch.full((len(cells),), 1.0 / len(cells)))  # alpha, Eq. 7
         self.out_proj = nn.Linear(2 * attention.dim, attention.dim)  # W^O over [Z ; D]

@@ -13,7 +13,7 @@ from sanlab.layers.mixers import MIXERS, AttentionMixerConfig, MixerConfig
 from sanlab.layers.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from sanlab.models.embeddings import LearnedPositions, SinusoidalPositions, TokenEmbedding
 from sanlab.models.seq2seq import Seq2Seq
-from sanlab.models.tagger import CharCNN, Tagger
+from sanlab.models.tagger import CharCNN, Tagger, keras_dense_init_
 
 
 def _context(stack: StackConfig, *, dim: int, index: int, side: str, max_len: int) -> BuildContext:
@@ -109,10 +109,13 @@ def build_tagger(config: TaggerConfig, *, vocab_size: int, num_chars: int, num_t
                             dropout=config.dropout, max_len=config.max_len)
     if config.attention_init == "glorot_normal":
         glorot_normal_attention_(encoder)
-    return Tagger(vocab_size=vocab_size, word_dim=config.word_dim, char_cnn=char_cnn, position_mode=config.position,
-                  position_dim=config.position_dim, max_len=config.max_len, encoder=encoder, num_tags=num_tags,
-                  classifier_sees_embedding=config.classifier_sees_embedding, mask_padding=config.mask_padding,
-                  train_pad_row=config.train_pad_rows)
+    tagger = Tagger(vocab_size=vocab_size, word_dim=config.word_dim, char_cnn=char_cnn, position_mode=config.position,
+                    position_dim=config.position_dim, max_len=config.max_len, encoder=encoder, num_tags=num_tags,
+                    classifier_sees_embedding=config.classifier_sees_embedding, mask_padding=config.mask_padding,
+                    train_pad_row=config.train_pad_rows)
+    if config.dense_init == "glorot_uniform":
+        keras_dense_init_(tagger)
+    return tagger
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -28,7 +28,11 @@ class TokenEmbedding(nn.Module):
 
 
 class SinusoidalPositions(nn.Module):
-    """sin/cos position encodings (Vaswani et al. 2017, 3.5), computed for any positions given."""
+    """sin/cos position encodings (Vaswani et al. 2017, 3.5), computed for any positions given.
+
+    The paper's layout (sin and cos of one frequency side by side, positions from 0). fairseq puts all
+    sines before all cosines, divides by dim/2 - 1 instead of dim/2 and starts at position 2: a fixed
+    permutation and a slightly different set of frequencies, so its weights do not load here unchanged."""
 
     def __init__(self, dim: int):
         super().__init__()

@@ -39,6 +39,8 @@ class Seq2Seq(nn.Module):
         self.generator = nn.Linear(dim, vocab_size, bias=False)
         if tie_output:
             self.generator.weight = tgt_embed.weight
+        else:  # fairseq's untied output projection (and the released MUSE/DynamicConv code): N(0, d^-1/2)
+            nn.init.normal_(self.generator.weight, mean=0.0, std=dim ** -0.5)
 
     def _embed(self, embed: nn.Module, table: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
         return self.dropout(embed(tokens) + table(positions)[None])  # [b, t, dim]
@@ -53,6 +55,8 @@ class Seq2Seq(nn.Module):
     def decode(self, tgt_in: Tensor, *, memory: Tensor, memory_valid: Tensor, states=None, offset: int = 0,
                use_cache: bool = False, traces: list | None = None):
         """tgt_in [b, i] (tokens at positions offset..offset+i-1) -> logits [b, i, V], new layer states."""
+        if offset and not use_cache:  # the earlier positions' keys live only in a cache
+            raise ValueError(f"decode at offset {offset} needs use_cache=True (without a cache decode from 0)")
         valid = None if use_cache else tgt_in.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=tgt_in.shape[1], offset=offset, causal=True, device=tgt_in.device)
         cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1])

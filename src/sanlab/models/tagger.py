@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from sanlab.attention.dufter_utils import glorot_uniform_
 from sanlab.attention.positions import Positions
 from sanlab.layers.transformer import Encoder
 from sanlab.models.embeddings import LearnedPositions
@@ -58,6 +59,16 @@ class CharCNN(nn.Module):
         for conv in self.convs:
             x = torch.relu(conv(x))  # [n, filters, c]
         return x.max(dim=-1).values  # [n, filters]
+
+
+def keras_dense_init_(tagger: "Tagger") -> None:
+    """Keras' defaults for the char CNN's convolutions and the classifier (spec C.10): Glorot-uniform
+    kernels (a Conv1D kernel's fans are width x channels) and zero biases."""
+    for layer in [*tagger.char_cnn.convs, tagger.classifier]:
+        width = layer.kernel_size[0] if isinstance(layer, nn.Conv1d) else 1
+        fan_in, fan_out = layer.weight.shape[1] * width, layer.weight.shape[0] * width
+        glorot_uniform_(layer.weight, fan_in=fan_in, fan_out=fan_out)
+        nn.init.zeros_(layer.bias)
 
 
 class Tagger(nn.Module):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from sanlab.config import TaggingConfig
 from sanlab.data.batching import LazyBatches
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
 from sanlab.errors import ConfigError
-from sanlab.files import write_json
+from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import Tagger
@@ -59,7 +58,10 @@ class TaggingVocab:
 
     @staticmethod
     def load(path: Path) -> "TaggingVocab":
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = read_json(path)
+        if data is None or not {"words", "chars", "tags"} <= data.keys():
+            raise ConfigError(f"{path}: " + ("missing" if data is None else "not a tagging vocabulary (words, chars, "
+                                             "tags)") + "; a run directory keeps it beside config.yaml")
         return TaggingVocab(data["words"], data["chars"], data["tags"])
 
 
@@ -149,8 +151,9 @@ class TaggingTask:
     def validate(self) -> dict[str, float]:
         scores = evaluate_tagger(self.model, self.vocab, self.dev, self.train_word_tags,
                                  max_chars=self.config.model.max_word_chars)
-        return {"loss": self.dev_loss(), "accuracy": scores.all, "oov": scores.oov or 0.0,
-                "ambiguous": scores.ambiguous or 0.0}
+        subsets = {"oov": scores.oov, "ambiguous": scores.ambiguous}  # None when the dev set has no such word
+        return {"loss": self.dev_loss(), "accuracy": scores.all,
+                **{name: value for name, value in subsets.items() if value is not None}}
 
     @torch.no_grad()
     def dev_loss(self, batch_size: int = 64) -> float:

@@ -108,9 +108,10 @@ class TranslationTask:
         self.valid = encode_pairs(self.spm, self.valid_raw)
         longest = max(range(len(self.valid)), key=lambda k: max(map(len, self.valid[k])))
         if max(map(len, self.valid[longest])) + 1 > config.model.max_positions:  # found now, not at update 250
-            raise DataError(f"validation pair {longest + 1} (counted after data.skip_empty) has "
-                            f"{max(map(len, self.valid[longest]))} subword tokens on one side, more than "
-                            f"model.max_positions = {config.model.max_positions} allows", path=str(d.valid.src))
+            which = f"validation pair {longest + 1} (counted after data.skip_empty)" if d.skip_empty else "this pair"
+            raise DataError(f"{which} has {max(map(len, self.valid[longest]))} subword tokens on one side, more than "
+                            f"model.max_positions = {config.model.max_positions} allows", path=str(d.valid.src),
+                            line=None if d.skip_empty else longest + 1)
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from sanlab.files import replace_directory, write_json
+from sanlab.files import read_json, replace_directory, write_json
 
 
 def rng_state() -> dict:
@@ -42,16 +42,18 @@ def complete_checkpoints(directory: Path) -> list[dict]:
     """Meta (plus ``path``) of every complete checkpoint in ``directory``, oldest first."""
     metas = []
     for d in sorted(Path(directory).glob("step-*")):
-        if (d / "meta.json").exists():
-            metas.append({**json.loads((d / "meta.json").read_text()), "path": str(d)})
+        meta = read_json(d / "meta.json")  # a damaged one is an error naming it
+        if meta is not None:
+            metas.append({**meta, "path": str(d)})
     return metas
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
     """The checkpoint ``latest.json`` names; if it is gone, the newest complete one (or None). Reads only."""
     pointer = Path(directory) / "latest.json"
-    if pointer.exists():
-        path = Path(directory) / json.loads(pointer.read_text())["checkpoint"]
+    latest = read_json(pointer)
+    if latest is not None:
+        path = Path(directory) / latest["checkpoint"]
         if (path / "meta.json").exists():
             return path
     complete = complete_checkpoints(directory)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,8 +34,14 @@ class RunLogger:
             f.write(line + "\n")
 
     def scalars(self, split: str, values: dict[str, float], *, step: int) -> None:
-        with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"split": split, "step": step, "time": time.time(), **values}) + "\n")
+        path, torn = self.dir / "metrics.jsonl", False
+        if path.exists() and path.stat().st_size:  # a kill mid-write leaves a torn last line: start a new one
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(("\n" if torn else "") + json.dumps({"split": split, "step": step, "time": time.time(),
+                                                        **values}) + "\n")
         if self.use_tensorboard:
             writer = self._tensorboard()
             for key, value in values.items():

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
-from sanlab.errors import TrainingError
+from sanlab.errors import ConfigError, TrainingError
 from sanlab.training.checkpoint import CheckpointManager, load_state, load_weights, rng_state, set_rng_state
 from sanlab.training.distributed import Distributed
 from sanlab.training.logging import RunLogger
@@ -186,9 +186,13 @@ class Trainer:
         return saved[-1]["step"] if saved else None
 
     # ------------------------------------------------------------------ validation
-    def _validate(self) -> bool:
+    def _validate(self, *, on_schedule: bool = True) -> bool:
         """Validate, checkpoint, update early stopping (main process; the others take its counters).
-        Returns True if training should stop."""
+        Returns True if training should stop.
+
+        A validation off the ``valid_every`` schedule (the budget ends between two, or a session ends
+        with unsaved updates) is checkpointed but leaves the early-stopping counters alone, so a run
+        whose budget is raised on resume stops where one trained straight through would."""
         p, rngs = self.progress, self.dist.gather(rng_state())
         if self.dist.is_main:
             metrics = self.task.validate()
@@ -196,10 +200,14 @@ class Trainer:
             score = metrics[self.task.metric]
             self.log.scalars("speed", p.speed(), step=p.step)
             improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
-            p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
+            if on_schedule:
+                p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
+                verdict = " (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"
+            else:
+                verdict = " (off the validation schedule: not counted for early stopping)"
             self.log.scalars("valid", metrics, step=p.step)
-            self.log.info(f"step {p.step} epoch {p.epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-                          + (" (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"))
+            self.log.info(f"step {p.step} epoch {p.epoch}: "
+                          + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + verdict)
             self._save(metrics, rngs)
         if self.dist.enabled:  # in place: the loop holds a reference to it
             for key, value in self.dist.broadcast(self.progress.as_dict()).items():
@@ -242,7 +250,7 @@ class Trainer:
                                                "tokens_per_s": tokens / max(time.monotonic() - t0, 1e-9)}, step=p.step)
                 stop = p.step >= cfg.max_steps
                 if cfg.valid_every and (p.step % cfg.valid_every == 0 or stop):
-                    stop = self._validate() or stop
+                    stop = self._validate(on_schedule=p.step % cfg.valid_every == 0) or stop
             bar.close()
             if p.position >= len(batches):
                 p.epoch, p.position = p.epoch + 1, 0
@@ -250,7 +258,7 @@ class Trainer:
                     stop = self._validate() or stop
         unsaved = (self._saved_step() != p.step) if self.dist.is_main else None
         if self.dist.broadcast(unsaved):
-            self._validate()  # never end a session with unsaved updates
+            self._validate(on_schedule=False)  # never end a session with unsaved updates
         elapsed = time.monotonic() - start
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {p.best} "
                       f"({elapsed:.0f}s this session)")
@@ -258,5 +266,19 @@ class Trainer:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of ``metrics.jsonl``. A line cut short by a kill while it was appended is skipped (the
+    logger starts the next record on a new line); any other damage is an error naming the line."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if not line.startswith("{") or line.rstrip().endswith("}"):  # not a torn record: real damage
+                raise ConfigError(f"{path}:{lineno}: not a JSON record ({err})") from None
+    return records
