@@ -108,17 +108,27 @@ def test_section_from_known_per_seed_numbers(tmp_path):
     expected = paired_bootstrap_accuracy(wrong_half, right, n_samples=200, seed=12345)
     assert [t.p_value for t in better.tests] == [expected.p_value] * 2 and expected.p_value < 0.01
     assert (better.mark, better.mark_support) == ("⇑", 2)
-    # over both seeds of both rows: each row's runs are alike, so no seed variation and the paired test's p
-    assert better.seeds_test.p_value == expected.p_value and better.seeds_test.mark == "⇑"
+    # over both seeds of both rows: each row's runs are alike, so no seed variation and the paired test's p;
+    # two seeds a side give the p but no mark (SEEDS_FOR_A_MARK)
+    assert better.seeds_test.p_value == expected.p_value and better.seeds_test.mark == ""
     assert (better.seeds_test.seeds, better.seeds_test.baseline_seeds) == ((1, 2), (1, 2))
     assert better.seeds_test.delta == pytest.approx(100.0 - 50.0)  # from the evidence, not the stored scores
     assert same.seeds_test is None  # one seed shows no seed variation
     assert same.seeds_done == (1,) and same.seeds_planned == (1, 2, 3)
     assert [t.p_value for t in same.tests] == [1.0] and same.mark == ""  # identical output: no difference
     assert section.paper_columns == ("All",) and better.paper == {"All": 92.49}
-    # the paper's own Δ (92.49 - 92.40) next to ours (+5.0): same direction; no paper number, no verdict
+    # the paper's own Δ (92.49 - 92.40) is below PAPER_DELTA_FLOOR: no sign to agree with; no number, no verdict
     assert section.paper_delta_column == "All" and section.paper_delta(better) == pytest.approx(0.09)
-    assert section.direction(better) == "same" and section.direction(same) == "" and section.direction(base) == ""
+    assert section.direction(better) == "paper ≈ 0" and section.direction(same) == "" and section.direction(base) == ""
+    # a paper Δ of +0.6: ours agrees when significant; the seeds test decides where there is one
+    shown = replace(better, paper={"All": 93.0})
+    assert replace(section, rows=(base, shown)).direction(shown) == "n.s."  # 2 seeds: no mark
+    marked = replace(shown, seeds_test=replace(shown.seeds_test, mark="⇑"))
+    assert replace(section, rows=(base, marked)).direction(marked) == "same"
+    worse = replace(marked, delta=-5.0)
+    assert replace(section, rows=(base, worse)).direction(worse) == "opposite"
+    per_seed = replace(shown, seeds_test=None)  # no seeds test: the per-seed mark (⇑ 2/2) decides
+    assert replace(section, rows=(base, per_seed)).direction(per_seed) == "same"
     table = "\n".join(render_markdown(build_report(grid, command="test")).splitlines())
     assert "**Partial table: 0 of 7 cells done.**" in table  # nothing on disk for the real grid
 
@@ -136,7 +146,7 @@ def test_markdown_and_csv_rows(tmp_path):
     assert lines[0].endswith("| paper All | paper Δ All | direction |")
     assert lines[2].startswith("| base (baseline) | 2/2 | 1,000 |  | 2.00 | 50 | 50.00 ± 0.00 |  |  | ")
     assert lines[3].startswith("| better | 2/2 | 1,000 | +0 | 2.00 (+0.00) | 50 | 50.00 ± 0.00 | +0.00 |  | p = 1.00 |")
-    assert lines[3].endswith("| 92.49 | +0.09 | flat |")  # our Δ is 0, the paper's is positive
+    assert lines[3].endswith("| 92.49 | +0.09 | paper ≈ 0 |")  # the paper's own Δ is below PAPER_DELTA_FLOOR
     assert lines[4].startswith("| same | 0/3 | — |")
     csv = render_csv(Report(title="t", header={}, sections=(section,))).splitlines()
     assert csv[0].startswith("dataset,variant,baseline,seeds_done") and len(csv) == 4
@@ -258,7 +268,7 @@ def test_the_direction_needs_a_paper_delta_with_a_sign(tmp_path):
     grid = _hand_grid(tmp_path)
     section = build_section(grid, dataset=None, results={}, references=None)
     row = replace(section.rows[1], delta=0.8, paper={"All": 92.4})  # the paper's Δ is exactly 0
-    assert section.paper_delta(row) == 0.0 and section.direction(row) == ""
+    assert section.paper_delta(row) == 0.0 and section.direction(row) == "paper ≈ 0"
 
 
 def test_bleu_significance_on_hand_written_outputs():

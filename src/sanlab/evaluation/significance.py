@@ -10,8 +10,12 @@ and multeval), so an arrow means the same thing in a BLEU table and in an accura
 4. ``p = (#{b : s_b > d} + 1) / (B + 1)``  (sacreBLEU ``_compute_p_value``:
    ``c = np.sum(stats > real_difference).item(); p = (c + 1) / (len(stats) + 1)``).
 
-The test is two-sided (it looks at |d|); the direction comes from the sign of the delta, which
-``significance_mark`` turns into an arrow. Mean and 95% CI (half-width, "mu ± ci") of each system
+Although it looks at |d|, the test is in effect **one-sided in the direction of the observed delta**:
+unless the effect is tiny, mean(d*) is close to d, so ``s_b > d`` asks how often the resampled
+difference exceeds its own mean by d, i.e. p is close to P(the difference would flip sign) - Koehn's
+(2004) "A beats B in 95% of resamples". A mark at p < 0.05 is therefore a directional 5% test, a two-sided
+10% one (checked in a null simulation on real EWT outputs: 9% of p-values below 0.05). The papers' marks
+follow the same convention; ``significance_mark`` turns the sign of the delta into the arrow. Mean and 95% CI (half-width, "mu ± ci") of each system
 come from the same resamples, via sacreBLEU's ``estimate_ci``.
 
 One deliberate deviation: when the two systems tie on every resample (e.g. identical output),

@@ -37,6 +37,10 @@ from sanlab.experiments.running import describe_cells, run_grid, run_order, sele
 from sanlab.experiments.tables import Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report
 
 UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
+# Below this many seeds a side the seeds test shows its p but no mark: with 2 the spread of the runs is
+# estimated from one degree of freedom, and in a simulated null with seed variation it rejected up to
+# 20% at p < 0.05 (10-16% with 3; docs/compare.md).
+SEEDS_FOR_A_MARK = 3
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -64,7 +68,8 @@ def paired_test(task: str, baseline: list, system: list, *, references: list[str
 def seeds_test(task: str, baseline: dict[int, CellResult], system: dict[int, CellResult], *,
                references: list[str] | None, spec: EvalSpec) -> SeedsTest | None:
     """``significance.seed_bootstrap_*`` over every evaluated seed of both rows; None with fewer than
-    two seeds on either side (one run shows no seed variation)."""
+    two seeds on either side (one run shows no seed variation), and no mark (the p only) with fewer than
+    ``SEEDS_FOR_A_MARK``."""
     if len(baseline) < 2 or len(system) < 2:
         return None
     base_runs = [baseline[s].evidence for s in sorted(baseline)]
@@ -75,8 +80,9 @@ def seeds_test(task: str, baseline: dict[int, CellResult], system: dict[int, Cel
     else:
         result = seed_bootstrap_accuracy(base_runs, sys_runs, n_samples=spec.bootstrap_samples,
                                          seed=spec.bootstrap_seed)
+    enough = min(len(baseline), len(system)) >= SEEDS_FOR_A_MARK
     return SeedsTest(seeds=tuple(sorted(system)), baseline_seeds=tuple(sorted(baseline)), delta=result.delta,
-                     p_value=result.p_value, mark=result.mark)
+                     p_value=result.p_value, mark=result.mark if enough else "")
 
 
 def _tests(grid: Grid, *, dataset: str | None, variant: str, evaluated: dict[int, CellResult],
@@ -262,19 +268,23 @@ def build_report(grid: Grid, *, command: str) -> Report:
     test = "sacreBLEU paired bootstrap (paired-bs)" if grid.task == "translation" else \
         "paired bootstrap over sentences of All accuracy"
     legend = (
-        "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the means to the baseline row.",
+        "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the unrounded means to the "
+        "baseline row (so it may differ by 0.01 from the difference of the printed means).",
         f"sig.: {test} against the baseline on the same seed's output, {ev.bootstrap_samples} resamples "
-        f"(seed {ev.bootstrap_seed}{_smallest_p(ev.bootstrap_samples)}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01; with several seeds the mark is the "
-        "majority's, followed by k/n (tests in its direction / seed-matched tests); no mark: not significant, or no "
-        "seed shared with the baseline yet (the CSV and JSON give every p-value).",
+        f"(seed {ev.bootstrap_seed}{_smallest_p(ev.bootstrap_samples)}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01, where p is "
+        "sacreBLEU's, in effect one-sided in the direction of Δ as Koehn's (2004) test (↑ is a two-sided 10% level); "
+        "with several seeds the mark is the majority's, followed by k/n (tests in its direction / seed-matched "
+        "tests); no mark: not significant, or no seed shared with the baseline yet (the CSV and JSON give every "
+        "p-value).",
         "Δ uses every seed done of each row; the test pairs only the seeds both rows have, so while seeds are "
         "missing the two can disagree. The bootstrap measures test-set variation of trained models, not "
         "seed-to-seed variation: with one seed, a mark says these two models differ on this test set.",
         *((f"sig. (seeds): a two-level bootstrap against the baseline over all seeds of both rows "
            f"(seeds and sentences resampled, {ev.bootstrap_samples} resamples), for rows where both have 2 or more "
-           "seeds; unlike sig. it asks whether the difference of the means beats seed-to-seed variation too. With "
-           "3 seeds a side it is still lenient (in a simulated null with seed variation it rejected 10-16% at "
-           "p < 0.05, the per-seed majority 59-87%; docs/compare.md).",) if any(s.has_seeds_tests for s in sections)
+           "seeds; unlike sig. it asks whether the difference of the means beats seed-to-seed variation too. "
+           f"A mark needs {SEEDS_FOR_A_MARK} or more seeds a side (with fewer, its p is shown). Even then it is "
+           "lenient (in a simulated null with seed variation it rejected 10-16% at p < 0.05, the per-seed majority "
+           "59-87%; docs/compare.md), but unlike the per-seed majority it sees seed variation at all.",) if any(s.has_seeds_tests for s in sections)
           else ()),
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
         "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "

@@ -14,6 +14,10 @@ from pathlib import Path
 
 from sanlab.files import write_text
 
+# A paper's own Δ smaller than this (in points of BLEU or accuracy) is read as no effect: there is no
+# sign for ours to agree or disagree with (e.g. Dufter's +Temp, +0.09 on the UD mean).
+PAPER_DELTA_FLOOR = 0.1
+
 
 @dataclass(frozen=True)
 class Stat:
@@ -126,13 +130,18 @@ class Section:
         return None if row.baseline or not isinstance(value, float) else value - base.paper[column]
 
     def direction(self, row: Row) -> str:
-        """``same`` / ``opposite``: whether our Δ has the sign of the paper's; ``flat`` if ours rounds to
-        0.00; ``""`` if either is missing or the paper's is 0."""
+        """``same`` / ``opposite``: whether our Δ, when significant, has the sign of the paper's; ``n.s.``
+        when ours is not significant (the seeds test decides where there is one, else the per-seed mark);
+        ``paper ≈ 0`` when the paper's own Δ is below ``PAPER_DELTA_FLOOR`` (no sign to agree with);
+        ``""`` if either Δ is missing."""
         paper = self.paper_delta(row)
-        if paper is None or row.delta is None or paper == 0:  # the paper's own Δ has no sign to agree with
+        if paper is None or row.delta is None:
             return ""
-        if abs(row.delta) < 0.005:
-            return "flat"
+        if abs(paper) < PAPER_DELTA_FLOOR:
+            return "paper ≈ 0"
+        significant = row.seeds_test.mark if row.seeds_test is not None else row.mark
+        if not significant:
+            return "n.s."
         return "same" if (paper > 0) == (row.delta > 0) else "opposite"
 
 
