@@ -562,10 +562,11 @@ eval: {{checkpoint: averaged, average_last: 2, bootstrap_samples: 50}}
     return (tmp_path / "runs" / "table.md").read_text(encoding="utf-8")
 
 
-def test_translation_grid_averages_checkpoints_and_prints_the_bleu_signature_once(tmp_path):
+def test_translation_grid_averages_checkpoints_and_prints_the_sacrebleu_signatures_once(tmp_path):
     table = _run_translation_grid(tmp_path)
     assert "| BLEU | Δ BLEU | sig. | chrF |" in table and "- data split: test" in table
-    assert table.count("sacreBLEU signature: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:") == 1
+    assert table.count("sacreBLEU signature: `BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:") == 1
+    assert table.count("sacreBLEU signature: `chrF2|nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:") == 1
     cell = tmp_path / "runs" / "1d-csan" / "seed-1"
     assert (cell / "averaged" / "model.safetensors").exists() and (cell / "hyp-averaged-test.txt").exists()
     assert "- checkpoint: averaged (average of the last 2)" in table

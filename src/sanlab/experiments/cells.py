@@ -127,11 +127,12 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
                               decode_overrides=cell.config.decode.model_dump())[cell.split]
         scores = {"bleu": result["bleu"], "chrf": result["chrf"]}
         evidence, signature = Path(result["hypotheses"]).name, result["bleu_signature"]
+        signatures = {"chrf_signature": result["chrf_signature"]}
     else:
         scores, evidence = evaluate_tagging_cell(cell, checkpoint=spec.checkpoint)
-        signature = None
+        signature, signatures = None, {}
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
-              "scores": scores, "signature": signature, "evidence": evidence,
+              "scores": scores, "signature": signature, **signatures, "evidence": evidence,
               "evidence_sha256": file_digest(cell.run_dir / evidence), "data_sha256": data_digests(cell)}
     write_json(cell.run_dir / EVAL_FILE, record)
     return record
@@ -246,7 +247,8 @@ class CellResult:
     conditions: str | None = None               # how the speed was measured (``speed_conditions``)
     machine: str | None = None                  # where it was trained (recorded since done.json has it)
     scores: dict[str, float | None] = field(default_factory=dict)  # keys of METRICS
-    signature: str | None = None
+    signature: str | None = None                # sacreBLEU's BLEU signature (translation)
+    chrf_signature: str | None = None           # and chrF's (recorded since 2026-11-23)
     evidence: list | None = None
     scored_against: str | None = None           # digest of the gold side (tagging) or the reference file
 
@@ -290,8 +292,8 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     evidence, scored_against = read_evidence(cell.run_dir, record)
     if scored_against is None:  # translation: the references it was scored against
         scored_against = reference_file(cell)
-    return replace(result, scores=record["scores"], signature=record.get("signature"), evidence=evidence,
-                   scored_against=scored_against)
+    return replace(result, scores=record["scores"], signature=record.get("signature"),
+                   chrf_signature=record.get("chrf_signature"), evidence=evidence, scored_against=scored_against)
 
 
 def reference_file(cell: Cell) -> str | None:

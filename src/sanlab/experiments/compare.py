@@ -179,7 +179,9 @@ def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, i
             for v in grid.spec.variants]
     planned = sum(len(grid.seeds_of(v.name)) for v in grid.spec.variants)
     done = sum(len(r.seeds_done) for r in rows)
-    signatures = tuple(sorted({r.signature for r in results.values() if r.signature}))
+    # as sacreBLEU prints them: the metric's name, then its signature
+    signatures = tuple(sorted({f"BLEU|{r.signature}" for r in results.values() if r.signature}
+                              | {f"chrF2|{r.chrf_signature}" for r in results.values() if r.chrf_signature}))
     columns = tuple(dict.fromkeys(k for r in rows for k in r.paper))
     return Section(dataset=dataset, metrics=tuple(col for col, _ in METRICS[grid.task]), rows=tuple(rows),
                    done=done, total=planned, signatures=signatures, paper_columns=columns,

@@ -98,7 +98,7 @@ class Section:
     rows: tuple[Row, ...]
     done: int                            # evaluated cells
     total: int
-    signatures: tuple[str, ...] = ()     # sacreBLEU BLEU signatures seen (one, normally)
+    signatures: tuple[str, ...] = ()     # sacreBLEU signatures seen, "BLEU|..." and "chrF2|..." (one each, normally)
     paper_columns: tuple[str, ...] = ()
     failures: tuple[str, ...] = ()       # "variant / seed s: error" of the failed cells
 
