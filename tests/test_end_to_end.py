@@ -108,6 +108,27 @@ def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(trans
         assert message in capsys.readouterr().err, argv
 
 
+def test_a_checkpoint_pruned_while_it_is_loaded_is_chosen_again(translation_run, monkeypatch):
+    """A training process may delete the chosen checkpoint between choosing and reading it."""
+    import sanlab.runs as runs
+
+    real, calls = runs.load_weights, []
+
+    def pruned_once(model, path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise FileNotFoundError(f"No such file or directory: {path}/model.safetensors")
+        real(model, path)
+
+    monkeypatch.setattr(runs, "load_weights", pruned_once)
+    load_trained(translation_run, checkpoint="best")
+    assert len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(runs, "load_weights", lambda model, path: (_ for _ in ()).throw(FileNotFoundError(path)))
+    with pytest.raises(ConfigError, match="disappeared while it was loaded"):
+        load_trained(translation_run, checkpoint="best")
+
+
 def test_run_directory_records_provenance(translation_run):
     meta = json.loads((translation_run / "meta.json").read_text())
     assert meta["seed"] == 3 and meta["versions"]["torch"] and "git_revision" in meta

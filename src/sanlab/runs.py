@@ -194,7 +194,15 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
     else:
         from sanlab.tasks.tagging import load_tagging_model as load
     model, assets = load(config, run_dir)
-    load_weights(model, select_checkpoint(run_dir, checkpoint, config))
+    for attempt in range(3):
+        path = select_checkpoint(run_dir, checkpoint, config)
+        try:
+            load_weights(model, path)
+            break
+        except FileNotFoundError:  # a training process pruned it between choosing and reading: choose again
+            if attempt == 2 or checkpoint not in ("best", "last"):
+                raise ConfigError(f"{path}: the checkpoint disappeared while it was loaded (is a training process "
+                                  "pruning this run's checkpoints?); try again") from None
     return config, model.eval(), assets
 
 
