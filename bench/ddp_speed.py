@@ -10,7 +10,6 @@ distorts both columns differently.
 """
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from sanlab.training.loop import read_metrics
+
 
 def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, updates: int) -> dict:
     command = [sys.executable, "-m", "sanlab", "train", str(config), "--run", str(run), "--quiet",
@@ -31,7 +32,7 @@ def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, 
     start = time.monotonic()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - start
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run)
     speed = [x for x in lines if x["split"] == "speed"][-1]
     return {"steps_per_s": speed["steps_per_s"], "tokens_per_s": speed["tokens_per_s"], "wall": wall}
 

@@ -98,6 +98,14 @@ def test_out_of_range_values_are_config_errors_naming_the_key(tmp_path, capsys, 
     assert key in err and "Traceback" not in err, err
 
 
+def test_yaml_anchors_and_merge_keys_still_load(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\nx: &base {lr: 0.002}\n"
+                             "train: {<<: *base, batch_size: 16}\n")
+    from sanlab.config import read_yaml_mapping
+
+    assert read_yaml_mapping(path)["train"] == {"lr": 0.002, "batch_size": 16}
+
+
 def test_a_missing_config_file_is_named(tmp_path, capsys):
     assert main(["train", str(tmp_path / "none.yaml"), "--print-config"]) == 2
     assert "none.yaml" in capsys.readouterr().err

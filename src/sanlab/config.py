@@ -264,6 +264,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     first_line: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" merges a mapping; SafeLoader handles it
+            continue
         key = loader.construct_object(key_node, deep=True)
         try:
             if key in first_line:

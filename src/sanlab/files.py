@@ -69,10 +69,10 @@ def read_json(path: Path | str) -> dict | None:
     from sanlab.errors import ConfigError
 
     path = Path(path)
-    if not path.exists():
-        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:  # also when another process removed it just now
+        return None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}: not valid JSON ({err}); delete it to redo what wrote it") from None
     if not isinstance(data, dict):

@@ -8,7 +8,6 @@ and the vocabularies (sentencepiece model or tagger vocabulary).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -134,7 +133,7 @@ def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | 
     they have exceeded (a finished run relabelled with settings it did not train under). ``trained``
     ({"step", "epoch"}, e.g. a finished run's summary) stands in when the checkpoints are not there."""
     latest = latest_checkpoint(Path(run_dir) / "checkpoints")
-    meta = json.loads((latest / "meta.json").read_text(encoding="utf-8")) if latest else (trained or {})
+    meta = (read_json(latest / "meta.json") or {}) if latest else (trained or {})
     train = config.train
     step, epoch, patience = meta.get("step"), meta.get("epoch"), old.get("train", {}).get("patience")
     if step is not None and step > train.max_steps:
@@ -178,6 +177,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
         if not found:
             raise ConfigError(f"{run_dir}: no checkpoint to load (train first)")
         path = found[0]
+        if not path.exists():  # pruned by a training process since it was listed: the caller may choose again
+            raise FileNotFoundError(f"{path} was removed")
     else:
         path = Path(which)
     if not (path / "model.safetensors").exists():
@@ -195,13 +196,13 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
         from sanlab.tasks.tagging import load_tagging_model as load
     model, assets = load(config, run_dir)
     for attempt in range(3):
-        path = select_checkpoint(run_dir, checkpoint, config)
         try:
+            path = select_checkpoint(run_dir, checkpoint, config)
             load_weights(model, path)
             break
-        except FileNotFoundError:  # a training process pruned it between choosing and reading: choose again
+        except FileNotFoundError as err:  # a training process pruned it between choosing and reading: choose again
             if attempt == 2 or checkpoint not in ("best", "last"):
-                raise ConfigError(f"{path}: the checkpoint disappeared while it was loaded (is a training process "
+                raise ConfigError(f"{err}: the checkpoint disappeared while it was loaded (is a training process "
                                   "pruning this run's checkpoints?); try again") from None
     return config, model.eval(), assets
 

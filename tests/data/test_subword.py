@@ -67,6 +67,25 @@ def test_load_errors(tmp_path):
         SubwordModel.load(tmp_path / "junk.model")
 
 
+def test_a_training_that_dies_halfway_leaves_no_model_to_resume_from(tmp_path, monkeypatch):
+    """SentencePiece writes its files in place; we train under a staging name, so a failure after it began
+    writing leaves no m.model that a resumed run would take for a finished one."""
+    import sentencepiece as spm
+
+    def dies_after_writing(**options):
+        list(options["sentence_iterator"])  # it read the texts
+        prefix = options["model_prefix"]
+        for suffix in (".model", ".vocab"):
+            with open(prefix + suffix, "wb") as f:
+                f.write(b"truncated")
+        raise RuntimeError("killed while writing")
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", dies_after_writing)
+    with pytest.raises(DataError, match="SentencePiece training failed"):
+        SubwordModel.train(SRC, model_path=tmp_path / "m", vocab_size=80)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_rejects_empty_input(tmp_path):
     with pytest.raises(DataError, match="no non-empty texts"):
         SubwordModel.train(["", "  "], model_path=tmp_path / "m", vocab_size=50)

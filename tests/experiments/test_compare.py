@@ -121,14 +121,17 @@ def test_section_from_known_per_seed_numbers(tmp_path):
     assert section.paper_delta_column == "All" and section.paper_delta(better) == pytest.approx(0.09)
     assert section.direction(better) == "paper ≈ 0" and section.direction(same) == "" and section.direction(base) == ""
     # a paper Δ of +0.6: ours agrees when significant; the seeds test decides where there is one
+    def direction(row):
+        return replace(section, rows=(base, row)).direction(row)
+
     shown = replace(better, paper={"All": 93.0})
-    assert replace(section, rows=(base, shown)).direction(shown) == "n.s."  # 2 seeds: no mark
-    marked = replace(shown, seeds_test=replace(shown.seeds_test, mark="⇑"))
-    assert replace(section, rows=(base, marked)).direction(marked) == "same"
-    worse = replace(marked, delta=-5.0)
-    assert replace(section, rows=(base, worse)).direction(worse) == "opposite"
-    per_seed = replace(shown, seeds_test=None)  # no seeds test: the per-seed mark (⇑ 2/2) decides
-    assert replace(section, rows=(base, per_seed)).direction(per_seed) == "same"
+    assert direction(shown) == "same"  # the seeds test has 2 seeds a side, too few to decide: ⇑ 2/2 does
+    assert direction(replace(shown, delta=-5.0, mark="⇓")) == "opposite"
+    assert direction(replace(shown, mark="")) == "n.s."
+    three = replace(shown.seeds_test, seeds=(1, 2, 3), baseline_seeds=(1, 2, 3))
+    assert direction(replace(shown, seeds_test=replace(three, mark=""))) == "n.s."  # 3 a side: the seeds test decides
+    assert direction(replace(shown, seeds_test=replace(three, mark="↑"), mark="")) == "same"
+    assert direction(replace(shown, paper={"All": 92.50})) == "same"  # +0.10 as printed is not below the floor
     table = "\n".join(render_markdown(build_report(grid, command="test")).splitlines())
     assert "**Partial table: 0 of 7 cells done.**" in table  # nothing on disk for the real grid
 

@@ -20,7 +20,6 @@ two-level bootstrap over seeds and sentences of the difference of the means
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -28,19 +27,18 @@ from datetime import datetime
 from pathlib import Path
 
 from sanlab.errors import ConfigError
+from sanlab.files import read_json
 from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
 )
 from sanlab.experiments.cells import METRICS, CellResult, machine, read_failure, read_references, read_result
 from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
-from sanlab.experiments.tables import Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report
+from sanlab.experiments.tables import (
+    PAPER_DELTA_FLOOR, SEEDS_FOR_A_MARK, Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report,
+)
 
 UP, DOWN = ("↑", "⇑"), ("↓", "⇓")
-# Below this many seeds a side the seeds test shows its p but no mark: with 2 the spread of the runs is
-# estimated from one degree of freedom, and in a simulated null with seed variation it rejected up to
-# 20% at p < 0.05 (10-16% with 3; docs/compare.md).
-SEEDS_FOR_A_MARK = 3
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -227,7 +225,7 @@ def _training_commands(grid: Grid) -> list[str]:
     for cell in grid.cells:
         meta = Path(cell.run_dir) / "meta.json"
         if meta.exists():
-            argv = json.loads(meta.read_text(encoding="utf-8")).get("command") or []
+            argv = (read_json(meta) or {}).get("command") or []
             if argv:
                 line = " ".join(["sanlab" if Path(argv[0]).name == "sanlab" else argv[0],
                                  *(shlex.quote(a) for a in argv[1:])])
@@ -288,6 +286,10 @@ def build_report(grid: Grid, *, command: str) -> Report:
            "lenient (in a simulated null with seed variation it rejected 10-16% at p < 0.05, the per-seed majority "
            "59-87%; docs/compare.md), but unlike the per-seed majority it sees seed variation at all.",) if any(s.has_seeds_tests for s in sections)
           else ()),
+        *((f"direction: whether our Δ has the sign of the paper's Δ, said only when ours is significant (the "
+           f"seeds test with {SEEDS_FOR_A_MARK}+ seeds a side, else sig.): same / opposite; n.s. when ours is not; "
+           f"paper ≈ 0 when the paper's Δ is below {PAPER_DELTA_FLOOR} (no sign to agree with). A direction, not "
+           "a reproduction of the size.",) if any(s.paper_delta_column for s in sections) else ()),
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
         "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "
         "the same jobs x threads on the same machine." + _speed_legend(sections),

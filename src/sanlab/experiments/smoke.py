@@ -8,7 +8,6 @@ committed) and by a slow test (short runs).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from sanlab.config import load_config
 from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
 from sanlab.runs import train_run
+from sanlab.training.loop import read_metrics
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -66,8 +66,7 @@ def smoke_train(recipe: Path, *, work: Path, steps: int) -> SmokeResult:
     overrides = (_translation_overrides if translation else _tagging_overrides)(data, steps)
     run = work / recipe.stem
     summary = train_run(load_config(recipe, overrides), run, overwrite=True, quiet=True)
-    losses = [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-              if r["split"] == "train"]
+    losses = [r["loss"] for r in read_metrics(run) if r["split"] == "train"]
     tenth = max(1, len(losses) // 10)
     first, last = sum(losses[:tenth]) / tenth, sum(losses[-tenth:]) / tenth
     return SmokeResult(recipe.name, summary["step"], first, last, all(map(math.isfinite, losses)),

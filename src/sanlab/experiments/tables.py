@@ -17,6 +17,10 @@ from sanlab.files import write_text
 # A paper's own Δ smaller than this (in points of BLEU or accuracy) is read as no effect: there is no
 # sign for ours to agree or disagree with (e.g. Dufter's +Temp, +0.09 on the UD mean).
 PAPER_DELTA_FLOOR = 0.1
+# The seeds test marks (and decides the direction column) only with this many seeds a side: with 2 the
+# spread of the runs rests on one degree of freedom, and in a simulated null with seed variation it
+# rejected up to 20% at p < 0.05 (10-16% with 3; docs/compare.md).
+SEEDS_FOR_A_MARK = 3
 
 
 @dataclass(frozen=True)
@@ -131,15 +135,18 @@ class Section:
 
     def direction(self, row: Row) -> str:
         """``same`` / ``opposite``: whether our Δ, when significant, has the sign of the paper's; ``n.s.``
-        when ours is not significant (the seeds test decides where there is one, else the per-seed mark);
+        when ours is not significant (the seeds test decides where it can mark, i.e. with
+        ``SEEDS_FOR_A_MARK`` seeds a side, else the per-seed majority mark);
         ``paper ≈ 0`` when the paper's own Δ is below ``PAPER_DELTA_FLOOR`` (no sign to agree with);
         ``""`` if either Δ is missing."""
         paper = self.paper_delta(row)
         if paper is None or row.delta is None:
             return ""
-        if abs(paper) < PAPER_DELTA_FLOOR:
+        if round(abs(paper), 2) < PAPER_DELTA_FLOOR:  # as printed: +0.10 is not below 0.1
             return "paper ≈ 0"
-        significant = row.seeds_test.mark if row.seeds_test is not None else row.mark
+        seeds = row.seeds_test
+        decides = seeds is not None and min(len(seeds.seeds), len(seeds.baseline_seeds)) >= SEEDS_FOR_A_MARK
+        significant = seeds.mark if decides else row.mark
         if not significant:
             return "n.s."
         return "same" if (paper > 0) == (row.delta > 0) else "opposite"

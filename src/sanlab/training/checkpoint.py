@@ -109,7 +109,7 @@ class CheckpointManager:
         """Remove checkpoints newer than ``step`` (a crash between writing one and updating ``latest.json``)."""
         for m in self.all():
             if m["step"] > step:
-                shutil.rmtree(m["path"], ignore_errors=True)
+                _remove(Path(m["path"]))
 
     def prune(self) -> None:
         keep = set(self.best(self.keep_best)) | set(self.last(self.keep_last))
@@ -117,7 +117,18 @@ class CheckpointManager:
         for m in self.all():
             path = Path(m["path"])
             if path not in keep and path != latest:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
+
+
+def _remove(checkpoint: Path) -> None:
+    """Rename out of the ``step-*`` namespace first, so that a reader (``sanlab translate`` beside the
+    training) never sees a half-deleted checkpoint; a crash leaves ``.old``, cleared at the next start."""
+    doomed = checkpoint.with_name(f".{checkpoint.name}.old")
+    try:
+        checkpoint.rename(doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def load_weights(model: nn.Module, checkpoint: Path) -> None:

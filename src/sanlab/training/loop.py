@@ -204,7 +204,8 @@ class Trainer:
                 p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
                 verdict = " (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"
             else:
-                verdict = " (off the validation schedule: not counted for early stopping)"
+                verdict = (" (" + ("a new best; " if improved else "")
+                           + "off the validation schedule: not counted for early stopping)")
             self.log.scalars("valid", metrics, step=p.step)
             self.log.info(f"step {p.step} epoch {p.epoch}: "
                           + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + verdict)
@@ -260,9 +261,19 @@ class Trainer:
         if self.dist.broadcast(unsaved):
             self._validate(on_schedule=False)  # never end a session with unsaved updates
         elapsed = time.monotonic() - start
-        self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {p.best} "
+        best = self._best_saved() if self.dist.is_main else p.best
+        self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {best} "
                       f"({elapsed:.0f}s this session)")
-        return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": p.best, "seconds": elapsed}
+        return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed}
+
+    def _best_saved(self) -> float | None:
+        """The best validation score of the saved checkpoints (the best ones are always kept), an
+        off-schedule validation's included; ``progress.best`` is early stopping's reference, which
+        leaves those out."""
+        scores = [m["score"] for m in self.checkpoints.all() if m.get("score") is not None]
+        if not scores:
+            return self.progress.best
+        return max(scores) if self.task.higher_is_better else min(scores)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
