@@ -61,6 +61,9 @@ def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tm
     assert main(["translate", "--run", str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\n")))
+    assert main(["translate", "--run", str(run), "--beam", "1"]) == 2  # n_best 2 from the run: say what to pass
+    assert "--beam 1 cannot return the run's decode.n_best = 2 hypotheses; pass --n-best" in capsys.readouterr().err
 
 
 def test_evaluate_prints_sacrebleu_signature_and_its_scores(translation_run, capsys):

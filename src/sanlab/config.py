@@ -200,7 +200,7 @@ class TaggerTrainConfig(TrainConfig):
 class DecodeConfig(Strict):
     beam: int = Field(5, ge=1)
     length_penalty: float = 1.0
-    max_len_a: float = Field(1.2, ge=0)   # max output length = a * source length + b (then capped at max_positions)
+    max_len_a: float = Field(1.2, ge=0)   # at most int(a * source length + b) tokens, then EOS (as fairseq; capped at max_positions)
     max_len_b: int = Field(10, ge=0)
     n_best: int = Field(1, ge=1)
     batch_sentences: int = Field(64, ge=1)

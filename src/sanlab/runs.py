@@ -156,14 +156,19 @@ def load_run_config(run_dir: Path) -> Config:
     return validate(read_yaml_mapping(path, what="run config"), source=str(path))
 
 
-def make_task(config: Config, run_dir: Path, log: RunLogger):
+def task_class(config: Config) -> type:
+    """The task that trains ``config`` (its class: ``metric`` and ``higher_is_better`` without building it)."""
     if isinstance(config, TranslationConfig):
         from sanlab.tasks.translation import TranslationTask
 
-        return TranslationTask(config, run_dir, log)
+        return TranslationTask
     from sanlab.tasks.tagging import TaggingTask
 
-    return TaggingTask(config, run_dir, log)
+    return TaggingTask
+
+
+def make_task(config: Config, run_dir: Path, log: RunLogger):
+    return task_class(config)(config, run_dir, log)
 
 
 def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
@@ -172,7 +177,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     if which == "averaged":
         path = run_dir / "averaged"
     elif which in ("best", "last"):
-        manager = CheckpointManager(run_dir, keep_best=0, keep_last=0, higher_is_better=True, writer=False)
+        manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
+                                    higher_is_better=task_class(config).higher_is_better, writer=False)
         found = manager.best(1) if which == "best" else manager.last(1)
         if not found:
             raise ConfigError(f"{run_dir}: no checkpoint to load (train first)")
@@ -322,7 +328,8 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     if isinstance(config, TranslationConfig):
         from sanlab.tasks.translation import evaluate_translation
 
-        decode = config.decode.updated(**(decode_overrides or {}))
+        # one hypothesis per sentence is scored, so a run's n_best (for `translate`) must not limit --beam
+        decode = config.decode.updated(**{"n_best": 1, **(decode_overrides or {})})
         results = evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
                                        tag=checkpoint)
     else:
@@ -377,7 +384,7 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints but the run keeps {kept} ({which}); "
                           f"raise train.{which} before training")
     manager = CheckpointManager(run_dir, keep_best=config.train.keep_best, keep_last=config.train.keep_last,
-                                higher_is_better=True, writer=False)
+                                higher_is_better=task_class(config).higher_is_better, writer=False)
     chosen = manager.last(last) if last else manager.best(best)
     if len(chosen) < wanted:
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, only {len(chosen)} kept "

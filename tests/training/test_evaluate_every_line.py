@@ -77,3 +77,37 @@ def test_a_validation_pair_too_long_for_the_model_stops_training_before_it_start
                                         r"\d+ subword tokens"):
         train_run(validate(raw, source="test"), tmp_path / "run2", quiet=True)
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_max_output_lengths_follow_fairseqs_rule_in_double_precision():
+    import torch
+
+    from sanlab.config import DecodeConfig
+    from sanlab.tasks.translation import max_output_lengths
+
+    src_len = torch.tensor([1, 50, 90, 100])
+    # fairseq: int(a * len + b) tokens, then EOS; float32 would give 126 for 1.3 * 90 + 10 and 114 for 2.1 * 50 + 10
+    assert max_output_lengths(src_len, DecodeConfig(max_len_a=1.3, max_len_b=10), None).tolist() == [12, 76, 128, 141]
+    assert max_output_lengths(src_len, DecodeConfig(max_len_a=2.1, max_len_b=10), None).tolist() == [
+        int(2.1 * n + 10) + 1 for n in (1, 50, 90, 100)]
+    assert max_output_lengths(src_len, DecodeConfig(max_len_a=2.1, max_len_b=10), 100).tolist() == [13, 100, 100, 100]
+    # a = b = 0 allows the end of sentence alone (an empty translation), not a zero-length search
+    assert max_output_lengths(src_len, DecodeConfig(max_len_a=0, max_len_b=0), None).tolist() == [1, 1, 1, 1]
+
+
+def test_a_zero_length_budget_translates_to_empty_lines_and_evaluate_ignores_the_runs_n_best(tmp_path,
+                                                                                             tiny_translation):
+    from sanlab.config import DecodeConfig
+    from sanlab.runs import load_trained
+    from sanlab.tasks.translation import translate
+
+    raw = tiny_translation(max_steps=1).model_dump()
+    raw["decode"]["beam"], raw["decode"]["n_best"] = 3, 3  # for `translate`; evaluate scores one hypothesis
+    (tmp_path / "test.src").write_text("a b c\nd e\n")
+    (tmp_path / "test.tgt").write_text("c b a\ne d\n")
+    raw["data"]["test"] = {"t": {"src": str(tmp_path / "test.src"), "tgt": str(tmp_path / "test.tgt")}}
+    run = tmp_path / "run"
+    train_run(validate(raw, source="test"), run, quiet=True)
+    _, model, spm = load_trained(run, checkpoint="last")
+    assert translate(model, spm, ["a b c", "d e"], decode=DecodeConfig(max_len_a=0, max_len_b=0)) == ["", ""]
+    assert evaluate_run(run, checkpoint="last", splits=["t"], decode_overrides={"beam": 1})["t"]["sentences"] == 2

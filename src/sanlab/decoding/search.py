@@ -24,7 +24,8 @@ Masking does not renormalise: PAD and BOS are never chosen, EOS is banned while 
 ``min_length`` tokens were emitted, and at the max length every token but EOS is banned; the
 chosen token keeps the log-prob the model gave it. Every decision of a sentence depends only on
 its own rows, so (given a step function that treats rows independently) its result does not
-depend on the other sentences in the batch.
+depend on the other sentences in the batch. (One mixer does not: Block attention with
+``block_len: auto`` takes its block length from the batch's longest sentence; docs/variants.md.)
 """
 
 from __future__ import annotations

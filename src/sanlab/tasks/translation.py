@@ -143,6 +143,14 @@ class TranslationTask:
         return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "bleu": corpus_scores(hyps, refs).bleu}
 
 
+def max_output_lengths(src_len: torch.Tensor, decode: DecodeConfig, limit: int | None) -> torch.Tensor:
+    """Output tokens allowed per sentence, EOS included: fairseq's ``int(a * source length + b)`` tokens (the
+    source counting its EOS) and then EOS, at most ``limit`` (the decoder reads positions 0..L-1). In
+    float64 like fairseq's Python floats: float32 gives 126 for int(1.3 * 90 + 10)."""
+    lengths = (src_len.double() * decode.max_len_a + decode.max_len_b).long() + 1
+    return lengths if limit is None else lengths.clamp(max=limit)
+
+
 @torch.no_grad()
 def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
               n_best: int = 1, source: str | None = None) -> list[str] | list[list[tuple[str, float]]]:
@@ -165,15 +173,13 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
         chunk = order[start:start + decode.batch_sentences]
         src, _ = pad_batch([ids[k] for k in chunk], spm.pad_id)
         src_len = src.ne(spm.pad_id).sum(-1)
-        max_lengths = (src_len.float() * decode.max_len_a + decode.max_len_b).long()
-        if limit is not None:
-            max_lengths = max_lengths.clamp(max=limit)  # L output tokens: the decoder reads positions 0..L-1
+        max_lengths = max_output_lengths(src_len, decode, limit)
         hyps = beam_search(model.decode_step, model.start_decoding(src), batch_size=len(chunk), beam_size=decode.beam,
                            bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
                            length_penalty=decode.length_penalty, n_best=max(n_best, 1))
         for k, nbest in zip(chunk, hyps):
             results[k] = [(spm.tgt.decode(h.tokens), h.score) for h in nbest]
-    return [r[0][0] for r in results] if n_best == 1 else results
+    return [r[0][0] if r else "" for r in results] if n_best == 1 else results
 
 
 def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordPair]:

@@ -98,8 +98,11 @@ class CheckpointManager:
         return latest_checkpoint(self.dir)
 
     def best(self, n: int | None = None) -> list[Path]:
+        """The ``n`` best-scoring checkpoints, best first; of equal scores the newest first (as fairseq's
+        checkpoint_best, which a tie replaces): early validations often tie, e.g. at BLEU 0."""
         scored = [m for m in self.all() if m.get("score") is not None]
-        scored.sort(key=lambda m: m["score"], reverse=self.higher_is_better)
+        sign = 1 if self.higher_is_better else -1
+        scored.sort(key=lambda m: (sign * m["score"], m["step"]), reverse=True)
         return [Path(m["path"]) for m in scored[: n or len(scored)]]
 
     def last(self, n: int) -> list[Path]:
