@@ -24,6 +24,18 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture
+def shared_file(shared_data):
+    """``shared_file("multi30k/train.en.gz")``: that file of the real data, or a skip naming the one missing
+    (a partial copy of ../shared/data skips instead of failing with FileNotFoundError)."""
+    def need(relative: str) -> Path:
+        path = shared_data / relative
+        if not path.is_file():
+            pytest.skip(f"real data file {relative} not found under {shared_data}")
+        return path
+    return need
+
+
 # Let tests import the shared helpers module (tests/tests_helpers.py) under importlib import mode.
 import sys  # noqa: E402
 

@@ -33,7 +33,9 @@ def test_average_is_the_fp32_mean_of_the_last_checkpoints(translation_run):
     steps = sorted((translation_run / "checkpoints").glob("step-*"))[-3:]
     weights = [load_file(str(s / "model.safetensors")) for s in steps]
     averaged = load_file(str(translation_run / "averaged" / "model.safetensors"))
+    assert averaged.keys() == weights[0].keys()  # no tensor dropped
     for name, value in averaged.items():
+        assert value.dtype == weights[0][name].dtype
         torch.testing.assert_close(value, sum(w[name] for w in weights) / 3)
 
 

@@ -171,9 +171,11 @@ def test_positions_outside_the_self_attention_layout_are_refused():
                       training=False)
 
 
-def test_plan_banded_for_a_whole_stack_leaves_layers_without_parts_dense():
+def test_plan_banded_for_a_whole_stack_leaves_layers_without_parts_dense(monkeypatch):
     # `plan: banded` applies to every layer of a stack; layers the window part skips have nothing to band
+    monkeypatch.setattr(banded, "attend", lambda *a, **k: pytest.fail("a layer without parts ran the banded plan"))
     plain = Attention(dim=16, heads=4, plan="banded").eval()
+    assert not plain.banded_ok
     reference = Attention(dim=16, heads=4, plan="dense").eval()
     reference.load_state_dict(plain.state_dict())
     x = torch.randn(2, 5, 16)

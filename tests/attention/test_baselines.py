@@ -66,14 +66,15 @@ def test_rel_pos_equals_naive_materialised_form_values_and_gradients(causal):
     torch.manual_seed(0)
     attn = _build({"type": "rel_pos", "max_distance": 2}, side="decoder" if causal else "encoder").double()
     part = attn.parts[0]
-    x = torch.randn(2, 7, 16, dtype=torch.double)
+    x = torch.randn(2, 7, 16, dtype=torch.double, requires_grad=True)
     valid = torch.ones(2, 7, dtype=torch.bool)
     valid[1, 4:] = False
     pos = Positions.self_attention(valid, length=7, causal=causal)
     fast = attn(x, positions=pos).output
     naive = _naive_rel_pos(attn, part, x, pos)
     torch.testing.assert_close(fast, naive)
-    grads = [torch.autograd.grad(out.pow(2).sum(), [part.key_table, part.value_table]) for out in (fast, naive)]
+    wrt = [x, part.key_table, part.value_table, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+    grads = [torch.autograd.grad(out.pow(2).sum(), wrt) for out in (fast, naive)]
     for g_fast, g_naive in zip(*grads):
         torch.testing.assert_close(g_fast, g_naive)
 
@@ -214,7 +215,11 @@ def test_bi_direct_is_encoder_only_and_parameter_free():
         _build({"type": "bi_direct", "pairs": 3})
 
 
-def test_bi_direct_runs_on_the_fused_plan_and_equals_dense():
+def test_bi_direct_runs_on_the_fused_plan_and_equals_dense(monkeypatch):
+    from sanlab.attention import plans
+
+    calls, fused_plan = [], plans.sdpa
+    monkeypatch.setattr(plans, "sdpa", lambda *a, **k: calls.append(1) or fused_plan(*a, **k))
     torch.manual_seed(0)
     dense = _build({"type": "bi_direct", "pairs": 1}).double().eval()
     x = torch.randn(2, 6, 16, dtype=torch.double)
@@ -222,6 +227,7 @@ def test_bi_direct_runs_on_the_fused_plan_and_equals_dense():
     valid[0, 4:] = False
     pos = Positions.self_attention(valid, length=6)
     fused = dense(x, positions=pos).output  # auto -> SDPA: the part only masks
+    assert calls == [1]
     traced = dense(x, positions=pos, need_trace=True)  # a trace forces the dense plan
     torch.testing.assert_close(fused, traced.output)
     assert torch.all(traced.trace["weights"][:, 2].triu(1) == 0)  # forward head: nothing above the diagonal

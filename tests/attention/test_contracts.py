@@ -80,6 +80,18 @@ def _positions(valid: torch.Tensor, side: str) -> Positions:
     return Positions.self_attention(valid, length=valid.shape[1], causal=side == "decoder")
 
 
+CASE_ID = {id(case.values[0]): case.id for case in CASES}
+# The fast plans each case must have, pinned here: the contract below derives them from the parts
+# (needs_dense, banded.supports), so a regression there would otherwise skip the comparison silently.
+EXPECTED_FAST_PLANS = {
+    "bi_direct-0": {"encoder": ["sdpa"]}, "bi_direct-1": {"encoder": ["sdpa"]},
+    "capsule-2": {"decoder": ["sdpa"]},  # vertical routing only, which the decoder form drops
+    **{f"csan2d-{n}": {"encoder": ["banded"], "decoder": ["banded"]} for n in range(3)},
+    "temperature-0": {"encoder": ["sdpa"], "decoder": ["sdpa"]},
+    **{f"window-{n}": {"encoder": ["sdpa", "banded"], "decoder": ["sdpa", "banded"]} for n in range(2)},
+}
+
+
 def _fast_plans(attn: Attention) -> list[str]:
     fast = [] if attn.stage_parts.needs_dense() else ["sdpa"]
     return fast + (["banded"] if banded.supports(attn.stage_parts) else [])
@@ -108,6 +120,7 @@ def test_shapes_finite_and_padded_rows_zero(cfg, side, perturb):
 def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
     dense = _decoder_or_skip(cfg, side)
     plans = _fast_plans(dense)
+    assert plans == EXPECTED_FAST_PLANS.get(CASE_ID[id(cfg)], {}).get(side, [])
     if not plans:
         pytest.skip("no fast plan for this part: dense is its only plan")
     monkeypatch.setattr(banded, "BLOCK", 4)  # several query blocks, the last one partial
@@ -212,7 +225,7 @@ def test_cached_cross_attention_equals_one_pass(cfg):
     """Decoder queries arriving step by step over a fixed, padded encoder memory (keys and values cached
     once) give what all queries at once give: for parts with a cross-attention form (Shaw's cross
     relative positions, temperatures, Gaussian localness, position interactions, ...)."""
-    if cfg.type not in CROSS_CAPABLE:
+    if cfg.type not in CROSS_CAPABLE and not getattr(cfg, "cross", False):  # rel_pos: only with cross: true
         with pytest.raises(ValueError, match="cross-attention|encoder-decoder|same sequence"):
             PARTS.build(cfg, _context(cfg, "cross"))
         return
@@ -233,6 +246,50 @@ def test_cached_cross_attention_equals_one_pass(cfg):
         cache, start = result.cache, end
         outs.append(result.output)
     torch.testing.assert_close(torch.cat(outs, dim=1), full)
+
+
+CROSS_CASES = [pytest.param(None, id="no-parts")] + [c for c in CASES if c.values[0].type in CROSS_CAPABLE
+                                                     or getattr(c.values[0], "cross", False)]
+
+
+@pytest.mark.parametrize("cfg", CROSS_CASES)
+def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkeypatch):
+    """Every translation model's cross-attention runs the fused SDPA plan (non-square, padded memory)."""
+    from sanlab.attention import plans
+
+    calls, fused = [], plans.sdpa
+    monkeypatch.setattr(plans, "sdpa", lambda *a, **k: calls.append(1) or fused(*a, **k))
+
+    def build(plan: str) -> Attention:
+        torch.manual_seed(0)
+        parts = [] if cfg is None else [PARTS.build(cfg, _context(cfg, "cross"))]
+        attn = Attention(dim=DIM, heads=HEADS, parts=parts, plan=plan).double().eval()
+        _perturb(attn)
+        return attn
+
+    dense = build("dense")
+    if dense.stage_parts.needs_dense():
+        pytest.skip("no fast plan for this part in cross-attention: dense is its only plan")
+    x, valid = _inputs()
+    memory, _ = _inputs(length=MEMORY, seed=2)
+    memory_valid = torch.arange(MEMORY)[None, :] < torch.tensor([7, 6, 3])[:, None]
+    positions = Positions.cross_attention(_positions(valid, "decoder"), memory_valid, memory_length=MEMORY)
+    probe = torch.randn(len(LENGTHS), max(LENGTHS), DIM, dtype=torch.float64)
+    results = []
+    for plan in ("dense", "sdpa"):
+        attn = build(plan)
+        attn.load_state_dict(dense.state_dict())
+        xi, mi = x.clone().requires_grad_(True), memory.clone().requires_grad_(True)
+        out = attn(xi, positions=positions, memory=mi).output
+        (out * probe).sum().backward()
+        results.append((out, xi.grad, mi.grad, [p.grad for p in attn.parameters()]))
+    assert calls == [1]  # the sdpa plan ran the fused kernel, so dense is not compared with itself
+    (ref, ref_dx, ref_dm, ref_dp), (out, dx, dm, dp) = results
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dx, ref_dx)
+    torch.testing.assert_close(dm, ref_dm)
+    for g, r in zip(dp, ref_dp):
+        torch.testing.assert_close(g, r)
 
 
 # ----------------------------------------------------------------------------- two parts in one layer

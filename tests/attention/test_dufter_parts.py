@@ -44,19 +44,20 @@ def _random_conv(dims: int, *, t: int = 5, heads: int = 2, causal: bool = False)
 
 
 def _conv1d_loop(a, weight, bias, *, causal):
-    """A'[h, i, j'] = ReLU(b[h, j'] + sum_{k, j} W[h, k, j, j'] A[h, i + k - shift, j]); rows outside are 0."""
+    """A'[h, i, j'] = ReLU(b[h, j'] + sum_{k, j} W[h, k, j, j'] A[h, i + k - shift, j]); rows outside are 0.
+    Scalar tensor arithmetic, so autograd gives the reference gradients too."""
     heads, n, _ = a.shape
     shift = 2 if causal else 1
     out = torch.zeros_like(a)
     for h in range(heads):
         for i in range(n):
             for jj in range(n):
-                s = bias[h, jj].item()
+                s = bias[h, jj]
                 for k in range(3):
                     r = i + k - shift
                     if 0 <= r < n:
-                        s += sum(weight[h, k, j, jj].item() * a[h, r, j].item() for j in range(n))
-                out[h, i, jj] = max(s, 0.0)
+                        s = s + sum(weight[h, k, j, jj] * a[h, r, j] for j in range(n))
+                out[h, i, jj] = torch.relu(s)
     return out
 
 
@@ -68,36 +69,44 @@ def _conv2d_loop(a, weight, bias, *, causal):
     for h in range(heads):
         for i in range(n):
             for j in range(n):
-                s = bias[h].item()
+                s = bias[h]
                 for k in range(3):
                     for l in range(3):
                         r, c = i + k - shift, j + l - 1
                         if 0 <= r < n and 0 <= c < n:
-                            s += weight[h, k, l].item() * a[h, r, c].item()
-                out[h, i, j] = max(s, 0.0)
+                            s = s + weight[h, k, l] * a[h, r, c]
+                out[h, i, j] = torch.relu(s)
     return out
+
+
+def _assert_same_values_and_gradients(got, expected, inputs):
+    torch.testing.assert_close(got, expected)
+    probe = torch.randn(got.shape, generator=torch.Generator().manual_seed(5), dtype=got.dtype)
+    for g, e, name in zip(torch.autograd.grad((got * probe).sum(), inputs),
+                          torch.autograd.grad((expected * probe).sum(), inputs), ("A", "weight", "bias")):
+        torch.testing.assert_close(g, e, msg=lambda m: f"gradient of {name}: {m}")
 
 
 @pytest.mark.parametrize("dims", [1, 2])
 @pytest.mark.parametrize("length", [5, 3])  # a full t x t matrix, and a shorter one placed on the t-grid
-def test_conv_attention_equals_hand_loop(dims, length):
+def test_conv_attention_equals_hand_loop_values_and_gradients(dims, length):
     part = _random_conv(dims)
-    a = torch.rand(1, 2, length, length, dtype=torch.float64)
+    a = torch.rand(1, 2, length, length, dtype=torch.float64, requires_grad=True)
     got = part.weights(a, _ctx(length))
     if dims == 1:  # only channels j, j' < length exist: the grid's other columns are zero inputs, then cropped
         expected = _conv1d_loop(a[0], part.weight[..., :length, :length], part.bias[:, :length], causal=False)
     else:
         expected = _conv2d_loop(a[0], part.weight, part.bias, causal=False)
-    torch.testing.assert_close(got[0], expected)
+    _assert_same_values_and_gradients(got[0], expected, (a, part.weight, part.bias))
 
 
 @pytest.mark.parametrize("dims", [1, 2])
 def test_causal_conv_attention_equals_hand_loop_with_causal_rows_and_remask(dims):
     part = _random_conv(dims, causal=True)
     ctx = _ctx(5, causal=True)
-    a = torch.rand(1, 2, 5, 5, dtype=torch.float64).tril()  # a causal softmax output
+    a = torch.rand(1, 2, 5, 5, dtype=torch.float64).tril().requires_grad_(True)  # a causal softmax output
     expected = (_conv1d_loop if dims == 1 else _conv2d_loop)(a[0], part.weight, part.bias, causal=True).tril()
-    torch.testing.assert_close(part.weights(a, ctx)[0], expected)
+    _assert_same_values_and_gradients(part.weights(a, ctx)[0], expected, (a, part.weight, part.bias))
 
 
 def test_circulant_real_equals_real_part_of_fft_circulant_and_is_symmetric():

@@ -21,11 +21,13 @@ import sanlab.config  # noqa: F401  (imports every mixer module, so the registry
 
 
 def _model(mixer: str | dict, *, decoder: bool, pre_blocks: list[dict] = ()):
-    mixer = {"type": mixer} if isinstance(mixer, str) else mixer
-    enc = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer=mixer, pre_blocks=list(pre_blocks))
-    dec = StackConfig(layers=2, ffn_dim=32, attention={"heads": 4}, mixer=mixer if decoder else {"type": "attention"})
+    mixer = dict({"type": mixer} if isinstance(mixer, str) else mixer)
+    attention = {"heads": 4, "parts": mixer.pop("attention_parts", [])}  # (a test form's parts of the attention)
+    enc = StackConfig(layers=2, ffn_dim=32, attention=attention, mixer=mixer, pre_blocks=list(pre_blocks))
+    dec = StackConfig(layers=2, ffn_dim=32, attention=attention, mixer=mixer if decoder else {"type": "attention"})
     torch.manual_seed(0)
-    cfg = Seq2SeqConfig(dim=16, dropout=0.0, norm="post", encoder=enc, decoder=dec)
+    # max_positions 16: the longest test sequence is 11, and convolved attention works on a t x t grid of it
+    cfg = Seq2SeqConfig(dim=16, dropout=0.0, norm="post", encoder=enc, decoder=dec, max_positions=16)
     model = build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # off the initial values: gates, biases and scales that start neutral now matter
@@ -76,7 +78,21 @@ def test_encoder_padding_invariance_and_finite_gradients(mixer, pre_blocks):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize("mixer", MIXER_FORMS)
+# options that change the decoder's incremental path, beyond each mixer's defaults; attention parts that
+# keep the decoder's inputs (PrefixState: capsule routing, convolved attention) must follow reordered beams
+DECODER_OPTION_FORMS = [
+    {"type": "dynamic_conv", "kernel_size": [3, 5], "heads": 2, "glu": False},
+    {"type": "light_conv", "kernel_size": [5, 3], "heads": 2, "glu": True},
+    {"type": "muse", "kernel_sizes": [3, 5], "decoder_cross": "sequential"},
+    {"type": "muse", "kernel_sizes": [3], "attention_parts": [{"type": "window", "size": 3}]},
+    {"type": "attention", "attention_parts": [{"type": "capsule"}]},
+    {"type": "attention", "attention_parts": [{"type": "conv_attention", "dims": 2}]},
+    {"type": "attention", "attention_parts": [{"type": "local_hard", "truncate": True, "window": 2.0}]},
+    {"type": "attention", "attention_parts": [{"type": "local_hard", "luong_exact": True, "window": 2.0}]},
+]
+
+
+@pytest.mark.parametrize("mixer", MIXER_FORMS + DECODER_OPTION_FORMS)
 def test_decoder_cached_equals_full_and_no_future_leak(mixer):
     if not _decoder_capable(mixer):
         pytest.skip(f"mixer {mixer!r} has no causal form (its builder refuses the decoder side)")

@@ -15,10 +15,7 @@ def tiny(norm="pre", positions="sinusoidal", share=True):
     return build_seq2seq(cfg, vocab_size=50, pad_id=0).eval()
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
-def test_cached_decoding_equals_full_forward(norm, positions):
-    model = tiny(norm, positions)
+def _assert_cached_decoding_equals_full_forward(model):
     src = torch.randint(4, 50, (3, 9))
     src[1, 6:] = 0
     tgt = torch.randint(4, 50, (3, 7))
@@ -30,6 +27,34 @@ def test_cached_decoding_equals_full_forward(norm, positions):
             log_probs, state = model.decode_step(tgt[:, t:t + 1], state)
             steps.append(log_probs)
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_cached_decoding_equals_full_forward(norm, positions):
+    model = tiny(norm, positions)
+    _assert_cached_decoding_equals_full_forward(model)
+
+
+def test_cached_decoding_with_parts_in_cross_attention_equals_full_forward():
+    """Cross-attention parts that read the query's position (Shaw's cross relative positions, Gaussian
+    localness, temperatures) get the decoder's absolute offset at every cached step; parameters are moved
+    off their initial values (temperatures 1 would hide a step that skipped them)."""
+    parts = [{"type": "rel_pos", "max_distance": 3, "cross": True}, {"type": "local_soft"},
+             {"type": "temperature"}]
+    stack = StackConfig(layers=2, ffn_dim=48, attention={"heads": 4})
+    decoder = StackConfig(layers=2, ffn_dim=48, attention={"heads": 4},
+                          cross_attention={"heads": 4, "parts": parts})
+    cfg = Seq2SeqConfig(dim=32, dropout=0.0, encoder=stack, decoder=decoder)
+    torch.manual_seed(0)
+    model = build_seq2seq(cfg, vocab_size=50, pad_id=0).eval()
+    cross = model.decoder.layers[0].cross_attention
+    assert [type(p).__name__ for p in cross.parts] == ["RelativePositions", "LocalSoft", "LearnableTemperature"]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    _assert_cached_decoding_equals_full_forward(model)
 
 
 def test_learned_positions_have_one_table_per_side_and_sinusoidal_none():

@@ -28,10 +28,12 @@ def _no_dropout(tiny_translation):
 
 def test_two_processes_train_what_one_process_accumulating_their_batches_trains(tmp_path, tiny_translation):
     make = _no_dropout(tiny_translation)  # dropout streams differ per process by design
-    two = _train(tmp_path, make, "two", nproc=2, max_steps=5, valid_every=5)
-    one = _train(tmp_path, make, "one", nproc=1, max_steps=5, valid_every=5, accum_steps=2)
+    # Adam's eps = 1 makes the update about linear in small gradients: with the default 1e-9 Adam cancels
+    # any constant factor, so gradients summed wrongly over processes (halved) would still pass
+    two = _train(tmp_path, make, "two", nproc=2, max_steps=5, valid_every=5, eps=1.0)
+    one = _train(tmp_path, make, "one", nproc=1, max_steps=5, valid_every=5, accum_steps=2, eps=1.0)
     assert two.keys() == one.keys()
-    moved = _train(tmp_path, make, "start", nproc=1, max_steps=0, valid_every=5)
+    moved = _train(tmp_path, make, "start", nproc=1, max_steps=0, valid_every=5, eps=1.0)
     for name in one:  # same update up to the order of the floating-point sums
         torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-6, msg=name)
     assert any(not torch.equal(one[n], moved[n]) for n in one)  # and training did change the weights

@@ -43,7 +43,7 @@ class RelPosConfig(PartConfig):
 
     @classmethod
     def examples(cls) -> list["RelPosConfig"]:
-        return [cls(max_distance=2), cls(max_distance=0)]
+        return [cls(max_distance=2), cls(max_distance=0), cls(max_distance=2, cross=True)]
 
 
 def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
