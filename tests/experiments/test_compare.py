@@ -626,6 +626,28 @@ def test_grid_variants_are_their_recipes(name):
         assert grid.seeds_of("vanilla") == grid.seeds_of("2D-CSAN") == [1, 2, 3] and grid.seeds_of("MUSE") == [1]
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "compare").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_grid_resolves_every_cell(path):
+    grid = load_grid(path)
+    assert grid.cells and len({c.run_dir for c in grid.cells}) == len(grid.cells)
+
+
+def test_window_sweep_rows_are_the_csan1d_recipe_with_their_window():
+    from sanlab.config import load_config
+    from sanlab.experiments.grid import config_dict
+    from sanlab.runs import config_differences
+
+    grid = load_grid(ROOT / "configs" / "compare" / "csan-window-sweep-ud.yaml")
+    recipe = load_config(ROOT / "configs" / "ud-ewt-csan1d.yaml", ["train.seed=0"])
+    sizes = {}
+    for cell in grid.cells:
+        assert config_differences(config_dict(recipe), config_dict(cell.config)) in ([], ["model.encoder.attention.parts"])
+        (part,) = cell.config.model.encoder.attention.parts
+        assert part.layers == [0, 1]
+        sizes[cell.variant] = part.window_size
+    assert sizes == {f"M = {m}": m for m in (11, 3, 5, 7, 15, 25)}
+
+
 def test_treebank_grid_has_one_table_per_treebank():
     grid = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud.yaml")
     assert grid.datasets == ["English-LinES", "Afrikaans-AfriBooms", "Vietnamese-VTB"] and len(grid.cells) == 15
