@@ -15,3 +15,11 @@ def tiny_seq2seq(*, dim=32, heads=4, layers=2, vocab=50, norm="pre", eos_bias=Fa
         with torch.no_grad():
             model.tgt_embed.weight[3] *= 4
     return model
+
+
+def count_calls(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` so each call appends 1 to the returned list (and still runs it): a test can
+    then assert which code path ran, not only that two paths agree."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls

@@ -11,6 +11,8 @@ from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.plans import StageParts
 
+from tests_helpers import count_calls
+
 
 def _part(kind: str, m: int, *, boundary: str = "wrap", area: int = 3, causal_window: str = "half") -> AttentionPart:
     if kind == "1d":
@@ -134,9 +136,7 @@ class _Score(AttentionPart):
 
 
 def test_auto_chooses_banded_by_length_and_dense_for_traces(monkeypatch):
-    calls = []
-    attend = banded.attend
-    monkeypatch.setattr(banded, "attend", lambda *a, **kw: calls.append(1) or attend(*a, **kw))
+    calls = count_calls(monkeypatch, banded, "attend")
     attn = Attention(dim=16, heads=4, parts=[_part("2d", 2)]).eval()
     short, long = banded.MIN_KEYS - 1, banded.MIN_KEYS
     attn(torch.randn(1, short, 16), positions=Positions.self_attention(None, length=short))

@@ -217,9 +217,9 @@ def test_bi_direct_is_encoder_only_and_parameter_free():
 
 def test_bi_direct_runs_on_the_fused_plan_and_equals_dense(monkeypatch):
     from sanlab.attention import plans
+    from tests_helpers import count_calls
 
-    calls, fused_plan = [], plans.sdpa
-    monkeypatch.setattr(plans, "sdpa", lambda *a, **k: calls.append(1) or fused_plan(*a, **k))
+    calls = count_calls(monkeypatch, plans, "sdpa")
     torch.manual_seed(0)
     dense = _build({"type": "bi_direct", "pairs": 1}).double().eval()
     x = torch.randn(2, 6, 16, dtype=torch.double)

@@ -256,9 +256,9 @@ CROSS_CASES = [pytest.param(None, id="no-parts")] + [c for c in CASES if c.value
 def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkeypatch):
     """Every translation model's cross-attention runs the fused SDPA plan (non-square, padded memory)."""
     from sanlab.attention import plans
+    from tests_helpers import count_calls
 
-    calls, fused = [], plans.sdpa
-    monkeypatch.setattr(plans, "sdpa", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    calls = count_calls(monkeypatch, plans, "sdpa")
 
     def build(plan: str) -> Attention:
         torch.manual_seed(0)
