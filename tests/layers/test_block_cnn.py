@@ -112,18 +112,40 @@ def test_conv_block_parameter_counts():
     assert _n(full) == k * d * d + d + 2 * d
 
 
-def test_separable_conv_equals_a_hand_loop():
+def _hand_conv(conv, window):
+    """One output position of a conv pre-block by hand: ``window`` is the k padded inputs [k, d] it reads."""
+    if hasattr(conv, "depthwise"):  # DW_k (per channel, no bias) then PW
+        w = conv.depthwise.weight[:, 0]  # [d, k]
+        dw = torch.stack([sum(w[c, t] * window[t, c] for t in range(window.shape[0])) for c in range(window.shape[1])])
+        return conv.pointwise.weight @ dw + conv.pointwise.bias
+    w = conv.conv.weight  # [d_out, d_in, k]: one dense kernel
+    return conv.conv.bias + sum(w[:, :, t] @ window[t] for t in range(window.shape[0]))
+
+
+@pytest.mark.parametrize("conv_type", ["separable", "full"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_conv_block_equals_a_hand_loop(conv_type, causal):
     torch.manual_seed(0)
-    block = QANetConvBlock(dim=2, count=1, kernel=3, conv_type="separable", norm="none", dropout=0.0).double()
-    x = torch.randn(1, 4, 2, dtype=torch.double)
-    out = block(x, positions=Positions.self_attention(None, length=4))
-    conv = block.convs[0]
-    w = conv.depthwise.weight[:, 0]  # [d, k]
-    padded = torch.cat([torch.zeros(1, 2, dtype=torch.double), x[0], torch.zeros(1, 2, dtype=torch.double)])
-    for i in range(4):
-        dw = torch.stack([sum(w[c, t] * padded[i + t, c] for t in range(3)) for c in range(2)])
-        expected = x[0, i] + torch.relu(conv.pointwise.weight @ dw + conv.pointwise.bias)  # residual, no norm
-        torch.testing.assert_close(out[0, i], expected)
+    k, d, t = 3, 4, 5
+    block = QANetConvBlock(dim=d, count=1, kernel=k, conv_type=conv_type, norm="none", dropout=0.0,
+                           causal=causal).double()
+    with torch.no_grad():  # unit-scale weights, so that the ReLUs are not all closed
+        for p in block.parameters():
+            p.normal_()
+    x = torch.randn(1, t, d, dtype=torch.double, requires_grad=True)
+    out = block(x, positions=Positions.self_attention(None, length=t, causal=causal))
+    assert (out - x).ne(0).any(dim=-1).all(), "every position's convolution must contribute for the check to bite"
+    left, right = (k - 1, 0) if causal else (k // 2, k // 2)  # causal: i-k+1 .. i; same: i-1 .. i+1
+    padded = torch.cat([torch.zeros(left, d, dtype=torch.double), x[0], torch.zeros(right, d, dtype=torch.double)])
+    expected = torch.stack([x[0, i] + torch.relu(_hand_conv(block.convs[0], padded[i:i + k]))  # residual, no norm
+                            for i in range(t)])
+    torch.testing.assert_close(out[0], expected)
+    weights = torch.randn_like(expected)
+    params = [x, *block.parameters()]
+    got = torch.autograd.grad((out[0] * weights).sum(), params)
+    want = torch.autograd.grad((expected * weights).sum(), params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
 
 
 @pytest.mark.parametrize("conv_type", ["separable", "full"])
@@ -147,8 +169,10 @@ def test_causal_conv_block_never_sees_the_future():
     x = torch.randn(1, 7, 8, dtype=torch.double)
     pos = Positions.self_attention(None, length=7, causal=True)
     changed = x.clone()
-    changed[0, 4:] += 1.0
-    torch.testing.assert_close(block(changed, positions=pos)[0, :4], block(x, positions=pos)[0, :4])
+    changed[0, 4:] = torch.randn(3, 8, dtype=torch.double)  # not a constant shift: the pre-norm would remove it
+    out, out_changed = block(x, positions=pos), block(changed, positions=pos)
+    torch.testing.assert_close(out_changed[0, :4], out[0, :4])
+    assert not torch.allclose(out_changed[0, 4:], out[0, 4:])  # the change does reach the block
     with pytest.raises(ValueError, match="odd kernel width, got 4"):
         QANetConvBlock(dim=8, count=1, kernel=4, conv_type="separable", norm="pre", dropout=0.0)
 
