@@ -74,7 +74,8 @@ class LocalHardConfig(GaussianConfig):
 
     @classmethod
     def examples(cls) -> list["LocalHardConfig"]:
-        return [cls(layers=None), cls(layers=None, window=2.0, truncate=True, luong_exact=True)]
+        return [cls(layers=None), cls(layers=None, window=2.0, truncate=True, luong_exact=True),
+                cls(layers=None, window=2.0, truncate=True), cls(layers=None, window=2.0, luong_exact=True)]
 
 
 class LocalSoftConfig(GaussianConfig):
