@@ -26,7 +26,7 @@ from sanlab.experiments.compare import (
 from sanlab.experiments.grid import cell_state, load_grid
 from sanlab.files import read_json
 from sanlab.experiments.tables import Report, Stat, format_stat, render_csv, render_markdown, section_markdown
-from sanlab.runs import train_run
+from sanlab.runs import git_revision, train_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "compare" / "smoke-synthetic.yaml"
@@ -411,6 +411,7 @@ def test_table_only_with_other_settings_does_not_overwrite_the_table(finished, c
 def test_evidence_rewritten_after_scoring_makes_the_cell_score_again(finished):
     cell = finished.cells[0]
     record = json.loads((cell.run_dir / "compare-eval.json").read_text())
+    assert record["git_revision"] == git_revision()  # the code that scored it (provenance, not in the key)
     evidence = cell.run_dir / record["evidence"]
     original = evidence.read_bytes()
     try:

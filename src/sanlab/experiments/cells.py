@@ -29,7 +29,8 @@ from sanlab.experiments.grid import (
 )
 from sanlab.files import read_json, replacing, write_json
 from sanlab.models.builders import count_parameters
-from sanlab.runs import GRID_JOBS_ENV, average_run, evaluate_run, load_run_config, load_trained, run_lock, train_run
+from sanlab.runs import (GRID_JOBS_ENV, average_run, evaluate_run, git_revision, load_run_config, load_trained,
+                         run_lock, train_run)
 from sanlab.tasks.translation import read_hypotheses
 from sanlab.training.loop import read_metrics
 
@@ -133,7 +134,9 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
         signature, signatures = None, {}
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
               "scores": scores, "signature": signature, **signatures, "evidence": evidence,
-              "evidence_sha256": file_digest(cell.run_dir / evidence), "data_sha256": data_digests(cell)}
+              "evidence_sha256": file_digest(cell.run_dir / evidence), "data_sha256": data_digests(cell),
+              # provenance only, not in the key: which code scored it (meta.json says which code trained it)
+              "git_revision": git_revision()}
     write_json(cell.run_dir / EVAL_FILE, record)
     return record
 
