@@ -9,7 +9,7 @@ when the part is ``causal_safe``, on the decoder side. A new part is enrolled by
     cached          step-by-step decoding with the cache == one causal forward over the prefix
     cached cross    decoder queries step by step over a cached encoder memory == all queries at once
     no leak         under a causal mask, changing a later token leaves earlier outputs unchanged
-    padding         padding the batch to a longer length leaves the real positions unchanged
+    padding         padding the batch (or the encoder memory) to a longer length leaves the real positions unchanged
     causal_safe     building a part with causal_safe=False for the decoder raises a clear error
 """
 
@@ -290,6 +290,29 @@ def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkey
     torch.testing.assert_close(dm, ref_dm)
     for g, r in zip(dp, ref_dp):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("cfg", CROSS_CASES)
+def test_extra_memory_padding_leaves_cross_attention_unchanged(cfg):
+    """Padding the encoder memory further (with garbage) changes no real query row: parts that read the
+    memory length (Gaussian centres predicted in [0, L)) must take L from the valid keys, not the tensor."""
+    if cfg is None:
+        attn = Attention(dim=DIM, heads=HEADS).double().eval()
+        _perturb(attn)
+    else:
+        attn = _attention(cfg, "cross")
+    x, valid = _inputs()
+    query = _positions(valid, "decoder")
+    memory, _ = _inputs(length=MEMORY, seed=2)
+    memory_valid = torch.arange(MEMORY)[None, :] < torch.tensor([7, 6, 3])[:, None]
+    out = attn(x, positions=Positions.cross_attention(query, memory_valid, memory_length=MEMORY),
+               memory=memory).output
+    longer_valid = torch.cat([memory_valid, torch.zeros(len(LENGTHS), EXTRA, dtype=torch.bool)], dim=1)
+    longer = torch.cat([memory, torch.zeros(len(LENGTHS), EXTRA, DIM, dtype=memory.dtype)], dim=1)
+    longer[~longer_valid] = torch.randn(int((~longer_valid).sum()), DIM, dtype=memory.dtype) * 5.0
+    out_long = attn(x, positions=Positions.cross_attention(query, longer_valid, memory_length=MEMORY + EXTRA),
+                    memory=longer).output
+    torch.testing.assert_close(out_long[valid], out[valid])
 
 
 # ----------------------------------------------------------------------------- two parts in one layer
