@@ -89,10 +89,23 @@ def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     ("train.lr=-0.1", "train.lr"), ("train.warmup_steps=-5", "train.warmup_steps"),
     ("train.label_smoothing=1.0", "train.label_smoothing"), ("data.vocab_max=0", "data.vocab_max"),
     ("model.max_len=0", "model.max_len"), ("model.dropout=1.5", "model.dropout"),
+    ("train.lr=.inf", "train.lr"), ("train.lr=nan", "train.lr"),  # non-finite numbers anywhere in a config
+    ("model.encoder.attention.heads=0", "model.encoder.attention.heads"),
+    ("model.encoder.attention.heads=-4", "model.encoder.attention.heads"),
+    ("model.encoder.attention.dropout=1.5", "model.encoder.attention.dropout"),
 ])
 def test_out_of_range_values_are_config_errors_naming_the_key(tmp_path, capsys, setting, key):
     """Caught when the config is read, not as a traceback after data preparation (or read as "all"/"never")."""
     path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n")
+    assert main(["train", path, "--set", setting, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("setting, key", [("data.max_ratio=0.5", "data.max_ratio"),
+                                          ("decode.length_penalty=.nan", "decode.length_penalty")])
+def test_out_of_range_translation_values_are_config_errors_naming_the_key(tmp_path, capsys, setting, key):
+    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n")
     assert main(["train", path, "--set", setting, "--print-config"]) == 2
     err = capsys.readouterr().err
     assert key in err and "Traceback" not in err, err

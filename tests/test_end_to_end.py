@@ -39,6 +39,17 @@ def test_average_is_the_fp32_mean_of_the_last_checkpoints(translation_run):
         torch.testing.assert_close(value, sum(w[name] for w in weights) / 3)
 
 
+def test_average_replaces_only_an_averaged_checkpoint(translation_run, capsys):
+    """--output may replace an earlier average, never a run, its checkpoints or a training checkpoint."""
+    assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0  # replaces the earlier average
+    step = sorted((translation_run / "checkpoints").glob("step-*"))[-1]
+    before = sorted(p.relative_to(translation_run) for p in translation_run.rglob("*"))
+    for target in (translation_run, translation_run / "checkpoints", step):
+        assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(target)]) == 2
+        assert f"{target}: exists and is not an averaged checkpoint" in capsys.readouterr().err
+    assert sorted(p.relative_to(translation_run) for p in translation_run.rglob("*")) == before
+
+
 def test_translate_reads_stdin_and_writes_one_line_per_input(translation_run, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\nd e\n")))
     assert main(["translate", "--run", str(translation_run), "--beam", "2"]) == 0
@@ -105,6 +116,12 @@ def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(trans
               "invalid decode settings: decode: n_best 8 is more than the beam of 2 can return"),
              (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--beam", "0"],
               "decode.beam: Input should be greater than or equal to 1"),
+             (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--beam", "-1"],
+              "decode.beam: Input should be greater than or equal to 1"),
+             (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--length-penalty", "nan"],
+              "decode.length_penalty: Input should be a finite number"),
+             (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--length-penalty=-inf"],
+              "decode.length_penalty: Input should be a finite number"),
              (["tag", "--run", run, "--input", str(tmp_path / "in.txt")], "is a translation run; `sanlab tag` needs"),
              (["average", "--run", run, "--last", "0"], "expected a number >= 1, got 0")]
     for argv, message in cases:

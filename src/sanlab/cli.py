@@ -60,7 +60,7 @@ def _cmd_translate(args) -> int:
     if not isinstance(config, TranslationConfig):
         raise ConfigError(f"{args.run} is a {config.task} run; `sanlab translate` needs a translation run "
                           "(use `sanlab tag`)")
-    if args.beam and args.n_best is None and config.decode.n_best > args.beam:  # (--beam 0: the config check)
+    if args.beam and args.beam > 0 and args.n_best is None and config.decode.n_best > args.beam:  # (< 1: updated())
         raise ConfigError(f"--beam {args.beam} cannot return the run's decode.n_best = {config.decode.n_best} "
                           f"hypotheses; pass --n-best (at most {args.beam})")
     decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best)

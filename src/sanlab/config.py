@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from sanlab.attention.config import AttentionConfig
+from sanlab.attention.registry import STRICT_SCHEMA
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
 from sanlab.layers import block_attention  # noqa: F401  (registers the "block" mixer)
@@ -30,7 +31,7 @@ Fraction = Annotated[float, Field(ge=0, lt=1)]  # dropout, smoothing, decay rate
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = STRICT_SCHEMA
 
 
 # ----------------------------------------------------------------------------- model
@@ -79,7 +80,7 @@ class Seq2SeqConfig(Strict):
 class SanAttentionConfig(AttentionConfig):
     """Dufter et al.'s heads (spec C.1): 4 heads, no projection biases, no output projection."""
 
-    heads: int = 4
+    heads: int = Field(4, ge=1)
     bias: bool = False
     out_proj: bool = False
 
@@ -137,7 +138,7 @@ class TranslationDataConfig(Strict):
     test: dict[str, ParallelFiles] = {}
     subword: SubwordConfig = SubwordConfig()
     max_len: Positive = 200     # subword tokens per side, longer training pairs are dropped
-    max_ratio: Annotated[float, Field(gt=0)] | None = None
+    max_ratio: Annotated[float, Field(ge=1)] | None = None  # longer side / shorter side
     skip_empty: bool = False     # drop train/valid pairs with an empty side instead of failing (test sets: every line)
 
 

@@ -100,11 +100,19 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     Call it holding ``run_lock(run_dir)`` (``train_run`` does), so that no other process is writing the run.
     """
     run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    contents = [e.name for e in run_dir.iterdir() if e.name != LOCK_FILE] if run_dir.is_dir() else []
+    if contents and not saved.exists():
+        if overwrite:  # a directory that is not a run (data, notes) is never emptied
+            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml) and not empty; --overwrite only "
+                              "replaces run directories: choose another --run directory")
+        if (run_dir / "checkpoints").exists():  # a resume could not be checked; a fresh start would replace them
+            raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
+                              "move the checkpoints away (or choose another --run directory) to start again")
     if overwrite and run_dir.exists():
         for entry in run_dir.iterdir():
             if entry.name != LOCK_FILE:  # the lock we hold stays: a new file would be a second lock
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    saved = run_dir / "config.yaml"
     text = dump_config(config)
     if saved.exists():
         # Re-validate the saved config so keys added to the schema since then compare as their defaults.

@@ -310,7 +310,9 @@ def test_other_grid_mistakes_are_named(tmp_path):
     cases = {"variants:\n  - {name: a}\neval: {split: test}\n": "eval split 'test' is not in this run's data",
              "variants:\n  - {name: a, baseline: true}\n  - {name: b, baseline: true}\n": "more than one variant",
              "variants:\n  - {name: A-1}\n  - {name: a 1}\n": "collide",
-             "variants:\n  - {name: a}\neval: {checkpoint: averaged}\n": "average_last"}
+             "variants:\n  - {name: a}\neval: {checkpoint: averaged}\n": "average_last",
+             "set: {train.keep_last: 2}\nvariants:\n  - {name: a}\neval: {checkpoint: averaged, average_last: 3}\n":
+                 r"variant 'a': eval.average_last 3 > train.keep_last 2; the run would not keep"}
     for body, expected in cases.items():
         with pytest.raises(ConfigError, match=expected):
             load_grid(_write(tmp_path / "g.yaml", head + body))

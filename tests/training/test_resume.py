@@ -106,6 +106,38 @@ def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == saved
 
 
+def test_non_finite_weights_are_never_validated_or_saved(tmp_path, tiny_translation, monkeypatch):
+    """A step can overflow with a finite loss and gradient (here: forced after update 2)."""
+    from sanlab.training import loop
+
+    update = loop.Trainer.update
+
+    def overflowing_update(self, group):
+        result = update(self, group)
+        if self.progress.step == 2:
+            with torch.no_grad():
+                next(self.model.parameters())[0] = float("inf")
+        return result
+
+    monkeypatch.setattr(loop.Trainer, "update", overflowing_update)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"weights are not finite after update 2 \(1 tensors, e.g. .*"
+                                            r"Last good checkpoint: .*step-00000001"):
+        train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+    assert [p.name for p in (run / "checkpoints").glob("step-*")] == ["step-00000001"]
+
+
+def test_a_huge_finite_step_stops_at_validation(tmp_path, tiny_translation):
+    """lr 1e30: update 1 leaves finite weights whose outputs overflow; the validation loss says so before
+    anything is decoded or saved."""
+    run = tmp_path / "run"
+    config = tiny_translation(max_steps=3, valid_every=1, lr=1e30, schedule="constant", warmup_steps=0)
+    with pytest.raises(TrainingError, match=r"validation loss is (nan|inf) after update 1: the model's outputs are "
+                                            r"not finite.*Last good checkpoint: None"):
+        train_run(config, run, quiet=True)
+    assert not list((run / "checkpoints").glob("step-*"))
+
+
 def _poison_and_train(run, make):
     """Resume the run after setting one weight to NaN: the next loss is NaN."""
     from safetensors.torch import save_file
@@ -180,6 +212,29 @@ def test_overwrite_never_deletes_a_run_being_trained(tmp_path, tiny_translation)
     assert (run / "checkpoints").exists()
     train_run(tiny_translation(max_steps=2), run, overwrite=True, quiet=True)  # free again: starts afresh
     assert [s["from_step"] for s in json.loads((run / "meta.json").read_text())["sessions"]] == [0]
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path, tiny_translation):
+    data = tmp_path / "corpus"
+    data.mkdir()
+    (data / "train.src").write_text("kept\n")
+    with pytest.raises(ConfigError, match=r"corpus: not a run directory \(no config.yaml\) and not empty"):
+        train_run(tiny_translation(max_steps=2), data, overwrite=True, quiet=True)
+    assert sorted(p.name for p in data.iterdir() if p.name != ".lock") == ["train.src"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    train_run(tiny_translation(max_steps=2), empty, overwrite=True, quiet=True)  # an empty directory is fine
+    assert (empty / "config.yaml").exists()
+
+
+def test_checkpoints_without_their_config_are_never_retrained_over(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2), run, quiet=True)
+    (run / "config.yaml").unlink()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match="has checkpoints but no config.yaml: restore config.yaml to resume"):
+        train_run(tiny_translation(max_steps=2), run, quiet=True)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
 
 
 def test_a_second_process_leaves_the_running_runs_config_alone(tmp_path, tiny_translation):

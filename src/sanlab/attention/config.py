@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny
+from pydantic import BaseModel, BeforeValidator, Field, SerializeAsAny
 
-from sanlab.attention.registry import PARTS, PartConfig
+from sanlab.attention.registry import PARTS, STRICT_SCHEMA, PartConfig
 
 
 def _parse_part(value: object) -> PartConfig:
@@ -21,9 +21,9 @@ PartSpec = Annotated[SerializeAsAny[PartConfig], BeforeValidator(_parse_part)]
 class AttentionConfig(BaseModel):
     """One attention module. ``parts`` are applied in every layer their ``layers`` field selects."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    heads: int = 8
-    dropout: float = 0.0          # on attention probabilities
+    model_config = STRICT_SCHEMA
+    heads: int = Field(8, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)  # on attention probabilities
     bias: bool = True             # biases of the q/k/v/output projections
     out_proj: bool = True         # Dufter et al.'s SAN has no output projection
     plan: Literal["auto", "dense", "sdpa", "banded"] = "auto"

@@ -14,12 +14,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sanlab.errors import ConfigError
 
+# Every config schema: unknown keys and non-finite numbers (.inf, .nan in YAML) are errors, and so is an
+# assignment that breaks a field's type or bounds.
+STRICT_SCHEMA = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
 
 class PartConfig(BaseModel):
     """Base of every attention part config. ``layers``: which layer indices get the part
     (None = every layer of the stack it is listed in)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = STRICT_SCHEMA
     type: str
     layers: list[int] | None = None
 

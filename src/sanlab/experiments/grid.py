@@ -49,7 +49,7 @@ NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_ev
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class VariantSpec(_Strict):
@@ -290,6 +290,10 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     config = validate(raw, source=f"{origin} (base {spec.base})")
     split = spec.eval.split or default_split(config)
     _check_split(config, split, origin=origin)
+    if spec.eval.average_last and spec.eval.average_last > config.train.keep_last:  # found only after training
+        raise ConfigError(f"{origin}: eval.average_last {spec.eval.average_last} > train.keep_last "
+                          f"{config.train.keep_last}; the run would not keep the checkpoints to average: raise "
+                          "train.keep_last (in set:)")
     run_dir = root / (slug(dataset.name) if dataset else "") / slug(variant.name) / f"seed-{seed}"
     return Cell(dataset=dataset.name if dataset else None, variant=variant.name, seed=seed, run_dir=run_dir,
                 config=config, split=split)

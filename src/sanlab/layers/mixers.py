@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny
+from pydantic import BaseModel, BeforeValidator, SerializeAsAny
 
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
-from sanlab.attention.registry import BuildContext, Registry
+from sanlab.attention.registry import STRICT_SCHEMA, BuildContext, Registry
 
 MIXERS = Registry("mixer")
 
@@ -22,7 +22,7 @@ class MixerConfig(BaseModel):
     """Base of every mixer config. ``layers``: the layer indices that get this mixer (None = every
     layer); the other layers of the stack keep plain attention with the stack's parts."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = STRICT_SCHEMA
     type: str
     layers: list[int] | None = None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,10 +138,12 @@ class TranslationTask:
             batch = collate(self.spm, self.valid[start:start + 64])
             total += float(self.loss(batch, label_smoothing=0.0))
             tokens += batch.tokens
+        loss = total / tokens
+        if not math.isfinite(loss):  # outputs not finite: nothing to decode (the trainer stops on it)
+            return {"loss": loss, "ppl": loss, "bleu": 0.0}
         n = self.config.train.valid_max_sentences or len(self.valid_raw)
         sources, refs = [s for s, _ in self.valid_raw[:n]], [t for _, t in self.valid_raw[:n]]
         hyps = translate(self.model, self.spm, sources, decode=self.config.decode.updated(beam=1, n_best=1))
-        loss = total / tokens
         return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "bleu": corpus_scores(hyps, refs).bleu}
 
 

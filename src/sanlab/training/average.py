@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from sanlab.files import replace_directory, write_json
+from sanlab.errors import ConfigError
+from sanlab.files import read_json, replace_directory, write_json
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -24,9 +25,20 @@ def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
     return {name: (t / len(checkpoints)).float().contiguous() for name, t in total.items()}
 
 
+def is_averaged_checkpoint(path: Path) -> bool:
+    """A directory this module wrote: its meta.json lists the checkpoints it averages."""
+    try:
+        return path.is_dir() and "averaged" in (read_json(path / "meta.json") or {})
+    except ConfigError:  # a damaged meta.json: not ours to replace
+        return False
+
+
 def write_average(checkpoints: list[Path], output: Path) -> Path:
     """Write the averaged weights to the checkpoint directory ``output`` (atomically)."""
     output = Path(output)
+    if output.exists() and not is_averaged_checkpoint(output):  # it would be deleted and replaced
+        raise ConfigError(f"{output}: exists and is not an averaged checkpoint (no meta.json naming the averaged "
+                          "checkpoints); refusing to replace it: choose a new --output")
     tmp = output.with_name(f".{output.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -194,8 +194,13 @@ class Trainer:
         with unsaved updates) is checkpointed but leaves the early-stopping counters alone, so a run
         whose budget is raised on resume stops where one trained straight through would."""
         p, rngs = self.progress, self.dist.gather(rng_state())
+        self._check_weights_finite()
         if self.dist.is_main:
             metrics = self.task.validate()
+            if not math.isfinite(metrics.get("loss", 0.0)):
+                raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
+                                    f"are not finite; stopping without saving it. Last good checkpoint: "
+                                    f"{self.checkpoints.latest()}. Try a lower learning rate or gradient clipping.")
             rngs[0] = rng_state()  # after validation, as a single process always saved it
             score = metrics[self.task.metric]
             self.log.scalars("speed", p.speed(), step=p.step)
@@ -214,6 +219,15 @@ class Trainer:
             for key, value in self.dist.broadcast(self.progress.as_dict()).items():
                 setattr(self.progress, key, value)
         return self._patience_exhausted()
+
+    def _check_weights_finite(self) -> None:
+        """A finite loss and gradient can still give non-finite weights (an overflowing step); they must
+        never be validated or saved. Every process holds the same weights, so all of them stop alike."""
+        bad = [name for name, q in self.model.named_parameters() if not bool(torch.isfinite(q).all())]
+        if bad:
+            raise TrainingError(f"weights are not finite after update {self.progress.step} ({len(bad)} tensors, "
+                                f"e.g. {bad[0]}); stopping without saving them. Last good checkpoint: "
+                                f"{self.checkpoints.latest()}. Try a lower learning rate or gradient clipping.")
 
     def _patience_exhausted(self) -> bool:
         return self.config.patience > 0 and self.progress.bad_validations >= self.config.patience
