@@ -68,7 +68,9 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
     ("task: tagging\ndata: {train: a, dev: b\n", r"c\.yaml.*line 3"),       # unclosed flow mapping
     ("- just\n- a list\n", r"c\.yaml.*mapping"),
     ("base: c.yaml\ntask: tagging\n", r"c\.yaml.*(cycle|loop|itself)"),
-    ("base: missing.yaml\n", r"missing\.yaml"),
+    ("base: missing.yaml\n", r"c\.yaml: base 'missing\.yaml': .*missing\.yaml: config file not found"),
+    ("base: 3\n", r"c\.yaml: base must be a file name .* got 3"),
+    ("base: ./\n", r"c\.yaml: base '\./': .* is a directory, not a config file"),
     ("base: preset:nope\n", r"unknown preset .preset:nope.; known presets"),
     ("task: tagging\ntrain: {lr: 0.5}\ndata: {train: a, dev: b}\ntrain: {seed: 7}\n",
      r"c\.yaml.*key 'train' is given twice \(first on line 2\).*line 4"),  # PyYAML would drop lr silently
@@ -81,6 +83,15 @@ def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     err = capsys.readouterr().err
     assert re.search(expected, err, re.S), err
     assert "Traceback" not in err
+
+
+def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_bytes("task: tagging\n# café\n".encode("latin-1"))
+    assert main(["train", str(path), "--print-config"]) == 2
+    assert "c.yaml, line 2: not valid UTF-8 (byte 0xe9" in capsys.readouterr().err
+    assert main(["train", str(tmp_path), "--print-config"]) == 2
+    assert f"{tmp_path}: is a directory, not a config file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("setting, key", [

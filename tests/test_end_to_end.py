@@ -123,6 +123,11 @@ def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(trans
              (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--length-penalty=-inf"],
               "decode.length_penalty: Input should be a finite number"),
              (["tag", "--run", run, "--input", str(tmp_path / "in.txt")], "is a translation run; `sanlab tag` needs"),
+             (["translate", "--run", run, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "no" / "o")],
+              f"--output {tmp_path / 'no' / 'o'}: the directory {tmp_path / 'no'} does not exist"),
+             (["tag", "--run", run, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)],
+              f"--output {tmp_path}: is a directory; give a file name"),
+             (["translate", "--run", str(tmp_path / "in.txt")], "not a run directory"),
              (["average", "--run", run, "--last", "0"], "expected a number >= 1, got 0")]
     for argv, message in cases:
         with pytest.raises(SystemExit) if argv[0] == "average" else contextlib.nullcontext():

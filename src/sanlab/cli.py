@@ -50,12 +50,13 @@ def _launch_torchrun(args) -> int:
 
 def _cmd_translate(args) -> int:
     from sanlab.data.parallel import input_lines
-    from sanlab.files import output_stream
+    from sanlab.files import check_output_file, output_stream
     from sanlab.runs import load_trained
     from sanlab.tasks.translation import translate
 
     from sanlab.config import TranslationConfig
 
+    check_output_file(args.output)  # before the model is loaded and the input decoded
     config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint)
     if not isinstance(config, TranslationConfig):
         raise ConfigError(f"{args.run} is a {config.task} run; `sanlab translate` needs a translation run "
@@ -157,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run", "--run-dir", dest="run", help="run directory")
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start again")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the console")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
+    p.add_argument("--nproc", type=_positive, default=1, metavar="N",
                    help="data-parallel training in N processes (torchrun + DDP, gloo); each update then takes "
                         "N x train.accum_steps batches")
     p.set_defaults(fn=_cmd_train)

@@ -288,6 +288,12 @@ def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
         data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a {what}") from None
+    except UnicodeDecodeError as err:
+        line = Path(path).read_bytes()[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "
+                          f"{err.start})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
@@ -311,10 +317,15 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
     base = data.pop("base", None)
     if base is None:
         return data
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
     base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
     if str(base).startswith("preset:") and not base_path.exists():
         known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
         raise ConfigError(f"{path}: unknown preset {base!r}; known presets: {known}")
+    if not base_path.is_file():
+        problem = "is a directory, not a config file" if base_path.is_dir() else "config file not found"
+        raise ConfigError(f"{path}: base {base!r}: {base_path}: {problem}")
     return _merge(load_raw(base_path, _seen + (path.resolve(),)), data)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sanlab.config import validate
 from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
+from sanlab.errors import ConfigError
 from sanlab.runs import evaluate_run, load_trained, train_run
 
 SEED = 1
@@ -55,6 +56,8 @@ def tagging_config(data: Path, *, quick: bool) -> dict:
 def run_demo(root: Path, *, quick: bool = False) -> int:
     start = time.monotonic()
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root}: is a file, not a directory for the demo's data and runs; choose another --run")
     mt_data, tag_data = root / "data" / "translation", root / "data" / "tagging"
     write_translation_corpus(mt_data, seed=SEED)
     write_tagging_corpus(tag_data, seed=SEED)

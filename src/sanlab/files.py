@@ -95,6 +95,19 @@ def replace_directory(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_output_file(path: Path | str | None, *, flag: str = "--output") -> None:
+    """Fail before any work if ``path`` cannot be written as a file (None: standard output)."""
+    from sanlab.errors import ConfigError
+
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the directory {parent} does not exist")
+
+
 @contextmanager
 def output_stream(path: Path | str | None) -> Iterator[IO[str]]:
     """``replacing(path)``, or standard output (flushed at the end) when ``path`` is None: a command's

@@ -273,6 +273,8 @@ def run_lock(run_dir: Path):
     import fcntl
 
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: is a file, not a run directory; choose another --run")
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
     try:
@@ -394,6 +396,8 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     manager = CheckpointManager(run_dir, keep_best=config.train.keep_best, keep_last=config.train.keep_last,
                                 higher_is_better=task_class(config).higher_is_better, writer=False)
     chosen = manager.last(last) if last else manager.best(best)
+    if not chosen:
+        raise ConfigError(f"{run_dir}: has no checkpoints to average (train it first)")
     if len(chosen) < wanted:
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, only {len(chosen)} kept "
                           f"(raise train.keep_last / keep_best)")
@@ -404,9 +408,10 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
     from sanlab.data.conllu_io import TaggedSentence, read_conllu
     from sanlab.data.parallel import input_lines
-    from sanlab.files import output_stream
+    from sanlab.files import check_output_file, output_stream
     from sanlab.tasks.tagging import tag_sentences
 
+    check_output_file(output_path)
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
     if not isinstance(config, TaggingConfig):
         raise ConfigError(f"{run_dir} is a {config.task} run; `sanlab tag` needs a tagging run (use `sanlab translate`)")

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from sanlab.errors import ConfigError, TrainingError
-from sanlab.runs import train_run
+from sanlab.runs import load_trained, train_run
 from training_fixtures import final_weights
 
 
@@ -347,3 +347,48 @@ def test_a_non_finite_gradient_norm_stops_without_saving(tmp_path, tiny_translat
                                             r"Last good checkpoint: .*step-00000003"):
         train_run(tiny_translation(max_steps=9), run, quiet=True)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000003"]
+
+
+def test_damaged_checkpoint_files_are_errors_naming_the_file(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+    state, weights = newest / "state.pt", newest / "model.safetensors"
+    good_state, good_weights = state.read_bytes(), weights.read_bytes()
+    state.write_bytes(good_state[:100])
+    with pytest.raises(ConfigError, match=f"{state}: damaged, cannot be read"):
+        train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+    state.write_bytes(good_state)
+    weights.write_bytes(good_weights[:5])
+    with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):
+        load_trained(run, checkpoint="last")
+    weights.write_bytes(good_weights)
+    pointer = run / "checkpoints" / "latest.json"
+    pointer.write_text('{"checkpoint": 5}')
+    with pytest.raises(ConfigError, match=f"{pointer}: expected"):
+        train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+
+
+def test_a_checkpoint_of_another_model_is_named(tmp_path, tiny_translation):
+    run, other = tmp_path / "run", tmp_path / "other"
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    config = tiny_translation(max_steps=1)
+    train_run(config.model_copy(update={"model": config.model.model_copy(update={"dim": 8})}), other, quiet=True)
+    foreign = sorted((other / "checkpoints").glob("step-*"))[-1]
+    with pytest.raises(ConfigError, match=f"{foreign}/model.safetensors: holds the weights of another model"):
+        load_trained(run, checkpoint=str(foreign))
+
+
+def test_a_run_path_that_is_a_file_is_refused_and_an_untrained_run_has_nothing_to_average(tmp_path, tiny_translation):
+    from sanlab.runs import average_run, prepare_run_dir
+
+    afile = tmp_path / "afile"
+    afile.write_text("not a run\n")
+    with pytest.raises(ConfigError, match="afile: is a file, not a run directory"):
+        train_run(tiny_translation(max_steps=1), afile, quiet=True)
+    assert afile.read_text() == "not a run\n"
+    run = tmp_path / "run"
+    run.mkdir()
+    prepare_run_dir(run, tiny_translation(max_steps=1), overwrite=False)  # config.yaml, no checkpoints yet
+    with pytest.raises(ConfigError, match="run: has no checkpoints to average"):
+        average_run(run, last=1)

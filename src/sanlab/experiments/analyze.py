@@ -350,7 +350,14 @@ def attention_map(run_dir: PathLike, *, out: PathLike, sentence: str, side: str 
 # ----------------------------------------------------------------------------- command line
 def _common(p: argparse.ArgumentParser, *, runs: str) -> None:
     p.add_argument("runs", nargs=runs, metavar="RUN", help="run directories")
-    p.add_argument("--out", required=True, help="output prefix: writes OUT.md, OUT.csv and OUT.png")
+    p.add_argument("--out", required=True, type=_out_prefix, help="output prefix: writes OUT.md, OUT.csv and OUT.png")
+
+
+def _out_prefix(text: str) -> str:
+    """Checked when the command line is read, before any run is loaded."""
+    if not Path(text).parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the directory {Path(text).parent} of {text!r} does not exist")
+    return text
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from sanlab.config import TaggingConfig, TranslationConfig
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import (
     DONE_FILE, EVAL_FILE, FAILED_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests,
     eval_key, file_digest, split_files,
@@ -199,7 +199,8 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001  (reported per cell; the grid goes on)
-        detail = "" if isinstance(err, (ConfigError,)) else "\n" + traceback.format_exc(limit=3)
+        # the user's errors (config, data, a NaN loss) say what and where; a bug gets its traceback
+        detail = "" if isinstance(err, SanlabError) else "\n" + traceback.format_exc(limit=3)
         outcome = CellOutcome(cell, trained, evaluated, time.monotonic() - start, f"{type(err).__name__}: {err}{detail}")
         record_failure(outcome)
         return outcome

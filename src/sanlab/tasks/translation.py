@@ -40,10 +40,10 @@ def subword_paths(run_dir: Path) -> dict[str, Path]:
             "tgt": run_dir / f"{SUBWORD_MODEL}-tgt.model"}
 
 
-def load_subwords(run_dir: Path) -> SubwordPair:
-    """The run's subword model(s), joint or separate, whichever it was trained with."""
+def load_subwords(run_dir: Path, *, joint: bool) -> SubwordPair:
+    """The run's subword model(s): one joint model, or a source and a target one (``data.subword.joint``)."""
     paths = subword_paths(run_dir)
-    if paths["joint"].exists():
+    if joint:
         return SubwordPair(SubwordModel.load(paths["joint"]))
     return SubwordPair(SubwordModel.load(paths["src"]), SubwordModel.load(paths["tgt"]))
 
@@ -53,7 +53,7 @@ def load_or_train_subword(config: TranslationConfig, run_dir: Path, pairs: list[
     """The run's sentencepiece model(s): trained once on the training data, then reused on resume."""
     sw, paths = config.data.subword, subword_paths(run_dir)
     if paths["joint" if sw.joint else "src"].exists():
-        return load_subwords(run_dir)
+        return load_subwords(run_dir, joint=sw.joint)
     options = dict(vocab_size=sw.vocab_size, model_type=sw.model_type, character_coverage=sw.character_coverage)
     if sw.joint:
         log.info(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}")
@@ -188,7 +188,7 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
 
 def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordPair]:
     """The run's model (untrained weights) and subword model(s), without reading any corpus."""
-    spm = load_subwords(run_dir)
+    spm = load_subwords(run_dir, joint=config.data.subword.joint)
     return build_model(config, spm), spm
 
 

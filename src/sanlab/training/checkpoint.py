@@ -19,9 +19,11 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
 
 
@@ -53,6 +55,9 @@ def latest_checkpoint(directory: Path) -> Path | None:
     pointer = Path(directory) / "latest.json"
     latest = read_json(pointer)
     if latest is not None:
+        if not isinstance(latest.get("checkpoint"), str):
+            raise ConfigError(f"{pointer}: expected {{\"checkpoint\": \"step-N\"}}, found {latest}; delete it to "
+                              "resume from the newest complete checkpoint")
         path = Path(directory) / latest["checkpoint"]
         if (path / "meta.json").exists():
             return path
@@ -135,8 +140,22 @@ def _remove(checkpoint: Path) -> None:
 
 
 def load_weights(model: nn.Module, checkpoint: Path) -> None:
-    load_model(model, str(Path(checkpoint) / "model.safetensors"))
+    path = Path(checkpoint) / "model.safetensors"
+    try:
+        load_model(model, str(path))
+    except SafetensorError as err:
+        raise ConfigError(f"{path}: damaged, not a readable safetensors file ({err})") from None
+    except RuntimeError as err:  # missing, unexpected or differently shaped tensors
+        detail = " ".join(str(err).split())
+        raise ConfigError(f"{path}: holds the weights of another model than this run's config builds: "
+                          f"{detail[:300]}{'...' if len(detail) > 300 else ''}") from None
 
 
 def load_state(checkpoint: Path) -> dict:
-    return torch.load(Path(checkpoint) / "state.pt", weights_only=True)
+    path = Path(checkpoint) / "state.pt"
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ConfigError(f"{path}: damaged, cannot be read ({err})") from None
