@@ -81,7 +81,8 @@ def main() -> int:
             for name in names if r % 2 == 0 else names[::-1]:
                 seconds[name].append(_time(trainers[name], groups[name], args.updates))
     rate = {n: statistics.median(args.updates / s for s in seconds[n]) for n in names}
-    ratio = statistics.median(a / b for a, b in zip(seconds["every slot"], seconds["distinct words"]))
+    per_round = [a / b for a, b in zip(seconds["every slot"], seconds["distinct words"])]
+    ratio = statistics.median(per_round)
     lines = [
         f"# Tagger character CNN: distinct words vs every slot ({datetime.now().astimezone():%Y-%m-%d})", "",
         f"Command: `python bench/char_cnn.py {' '.join(sys.argv[1:])}`", "",
@@ -91,7 +92,9 @@ def main() -> int:
         "| char CNN runs on | updates/s | ratio |", "|---|---:|---:|",
         f"| every word slot (reference) | {rate['every slot']:.2f} | 1.00 |",
         f"| distinct words of the batch | {rate['distinct words']:.2f} | {ratio:.2f} |", "",
-        "ratio: median over rounds of the speed of distinct words over every slot in the same round.",
+        "ratio: median over rounds of the speed of distinct words over every slot in the same round "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in per_round)}); it need not equal the ratio of the two "
+        "median speeds.",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

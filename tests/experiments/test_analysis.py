@@ -2,6 +2,7 @@
 tiny untrained runs saved with the real ``sanlab.runs`` / checkpoint functions."""
 
 import argparse
+import sys
 import csv
 import json
 import math
@@ -377,7 +378,7 @@ def test_attention_map_of_a_tagger(tmp_path):
         analyze.attention_map(run, out=tmp_path / "x", sentence="a b c d e f g")
 
 
-def test_command_line(tmp_path, capsys):
+def test_command_line(tmp_path, capsys, monkeypatch):
     parser = argparse.ArgumentParser(prog="sanlab")
     analyze.register(parser.add_subparsers(dest="command", required=True))
     for name in ("ngram-gap", "length-buckets", "sweep", "gates", "curves", "attention"):
@@ -388,9 +389,15 @@ def test_command_line(tmp_path, capsys):
     run.mkdir()
     (run / "config.yaml").write_text("task: tagging\n")
     (run / "metrics.jsonl").write_text(json.dumps({"split": "valid", "step": 1, "accuracy": 50.0}) + "\n")
-    args = parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "c")])
+    argv = ["analyze", "curves", str(run), "--out", str(tmp_path / "c")]
+    monkeypatch.setattr(sys, "argv", ["sanlab", *argv])
+    args = parser.parse_args(argv)
     assert args.fn(args) == 0
     assert "| 1 | 50.000 |" in capsys.readouterr().out
+    assert f"Command: `sanlab analyze curves {run} --out {tmp_path / 'c'}` (" in (tmp_path / "c.md").read_text()
+    with pytest.raises(SystemExit):  # checked before any run is read
+        parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "no" / "c")])
+    assert "argument --out: the directory" in capsys.readouterr().err
     args = parser.parse_args(["analyze", "length-buckets", str(run), "--out", "x", "--buckets", "10,20"])
     assert args.buckets == (10, 20)
 

@@ -383,7 +383,23 @@ def _head(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a head index or 'mean', got {text!r}")
 
 
+def _add_provenance(md: Path) -> None:
+    """The command line, date and machine under a table written from the command line, so that the file
+    says how to make it again."""
+    import platform
+    import shlex
+    import sys
+    from datetime import datetime
+
+    import torch
+
+    stamp = (f"\nCommand: `sanlab {shlex.join(sys.argv[1:])}` ({datetime.now().astimezone():%Y-%m-%d}; "
+             f"{platform.system()} {platform.machine()}, torch {torch.__version__}).\n")
+    write_text(md, md.read_text(encoding="utf-8") + stamp)
+
+
 def _report(paths: dict[str, Path]) -> int:
+    _add_provenance(paths["md"])
     print(paths["md"].read_text(encoding="utf-8"), end="")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
