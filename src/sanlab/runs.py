@@ -196,7 +196,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     else:
         path = Path(which)
     if not (path / "model.safetensors").exists():
-        raise ConfigError(f"{path}: no model.safetensors in this checkpoint directory")
+        hint = f" (run `sanlab average --run {run_dir} --last N` first)" if which == "averaged" else ""
+        raise ConfigError(f"{path}: no model.safetensors in this checkpoint directory{hint}")
     return path
 
 

@@ -222,6 +222,10 @@ def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpu
     with pytest.raises(analyze.ConfigError, match=r"scored checkpoints/step-00000001 \(step 1\), but the run's "
                                                   r"'best' checkpoint is now checkpoints/step-00000002 \(step 2\)"):
         analyze.run_score(run, metric="bleu", score_from="eval", split="test", checkpoint="best")
+    for stale_hypotheses in (lambda: analyze.length_buckets([run], out=tmp_path / "len", edges=(4, 8)),
+                             lambda: analyze.ngram_gap([run], baseline=run, out=tmp_path / "gap")):
+        with pytest.raises(analyze.ConfigError, match=r"scored checkpoints/step-00000001 \(step 1\), but"):
+            stale_hypotheses()
     evaluate_run(run, checkpoint="best", splits=["test"])  # records of the old checkpoint are dropped
     assert sorted(json.loads((run / "eval-best.json").read_text())) == ["test"]
     assert not (run / "hyp-best-valid.txt").exists()  # with their hypotheses
@@ -339,6 +343,11 @@ def test_attention_map_plain_and_cross(corpus, tmp_path):
     assert rows[0][1:] == pieces and [r[0] for r in rows[1:]] == ["<s>", *spm.encode_pieces(target)]
     with pytest.raises(analyze.ConfigError, match="layer 5 does not exist: the decoder has 2 layers"):
         analyze.attention_map(run, out=tmp_path / "x", sentence=sentence, side="decoder", layer=5, target=target)
+    limit = load_run_config(run).model.max_positions
+    for side, long_sentence, long_target in (("encoder", "dog " * limit, None), ("cross", sentence, "hund " * limit)):
+        with pytest.raises(analyze.ConfigError, match=rf"subword tokens \(with BOS/EOS\), more than the model "
+                                                      rf"accepts \(model.max_positions = {limit}\)"):
+            analyze.attention_map(run, out=tmp_path / "x", sentence=long_sentence, side=side, target=long_target)
 
 
 def test_attention_map_of_2d_csan_shows_head_blocks(corpus, tmp_path):
@@ -398,6 +407,12 @@ def test_command_line(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):  # checked before any run is read
         parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "no" / "c")])
     assert "argument --out: the directory" in capsys.readouterr().err
+    for argv, message in ((["curves", str(run), "--out", f"{tmp_path}/"], "names no file"),
+                          (["ngram-gap", str(run), "--baseline", str(run), "--out", "x", "--tokenize", "foo"],
+                           "unknown sacreBLEU tokenizer 'foo'; choose one of none, zh, 13a")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["analyze", *argv])
+        assert message in capsys.readouterr().err
     args = parser.parse_args(["analyze", "length-buckets", str(run), "--out", "x", "--buckets", "10,20"])
     assert args.buckets == (10, 20)
 

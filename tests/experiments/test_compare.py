@@ -304,6 +304,20 @@ def test_unknown_config_key_in_overrides_names_the_grid_variant_and_key(tmp_path
     assert str(bad) in message and "variant 'b'" in message and "model.encoder.atention: unknown key" in message
 
 
+def test_synthetic_data_replaces_the_recipes_test_sets(tmp_path):
+    """The Multi30k recipe's test_2016_flickr must not survive as the default eval split of a synthetic grid."""
+    grid = load_grid(_write(tmp_path / "g.yaml", f"""\
+base: {ROOT / "configs" / "multi30k-en-de-transformer.yaml"}
+synthetic: {{task: translation, sizes: {{train: 10, valid: 5, test: 5}}}}
+seeds: [1]
+variants:
+  - {{name: a}}
+"""), runs_dir=tmp_path / "runs")
+    (cell,) = grid.cells
+    assert list(cell.config.data.test) == ["test"] and cell.split == "test"
+    assert cell.config.data.test["test"].src == str(tmp_path / "runs" / "data" / "test.src")
+
+
 def test_other_grid_mistakes_are_named(tmp_path):
     _write(tmp_path / "tagger.yaml", TAGGER)
     head = "base: tagger.yaml\nseeds: [1]\n"
@@ -316,6 +330,9 @@ def test_other_grid_mistakes_are_named(tmp_path):
     for body, expected in cases.items():
         with pytest.raises(ConfigError, match=expected):
             load_grid(_write(tmp_path / "g.yaml", head + body))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="afile: is a file, not a directory for the grid's cells"):
+        load_grid(_write(tmp_path / "g.yaml", head + "variants:\n  - {name: a}\n"), runs_dir=tmp_path / "afile")
     grid = load_grid(_write(tmp_path / "g.yaml", head + "variants:\n  - {name: a}\n"))
     with pytest.raises(ConfigError, match="no variant 'zzz'; the grid has: a"):
         select_cells(grid, only=["zzz"])
@@ -683,3 +700,41 @@ def test_reproduce_grid_differs_from_the_clean_one_only_by_the_profile_switches(
             assert b.config.model.encoder.attention.parts[1].rel_param == "circulant_real"
         assert config_differences(config_dict(a.config), config_dict(b.config)) == expected, a.label
     assert reproduce.paper(dataset="Vietnamese-VTB", variant="+Conv2d") == {"All": 86.52}
+
+
+@pytest.mark.slow  # two processes that import torch: ~9 s
+def test_grid_workers_die_with_the_grid_process(tmp_path):
+    """Killing `sanlab compare` (kill, the OOM killer) must not leave workers training locked cells."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text("""\
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from sanlab.experiments.cells import init_worker
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_worker,
+                             initargs=(1, 1, os.getpid())) as pool:
+        print(pool.submit(os.getpid).result(), flush=True)
+        pool.submit(time.sleep, 120)
+        time.sleep(120)
+""")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail(f"worker {worker} outlived the killed grid process")

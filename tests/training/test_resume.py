@@ -392,3 +392,8 @@ def test_a_run_path_that_is_a_file_is_refused_and_an_untrained_run_has_nothing_t
     prepare_run_dir(run, tiny_translation(max_steps=1), overwrite=False)  # config.yaml, no checkpoints yet
     with pytest.raises(ConfigError, match="run: has no checkpoints to average"):
         average_run(run, last=1)
+    trained = tmp_path / "trained"
+    train_run(tiny_translation(max_steps=1), trained, quiet=True)
+    with pytest.raises(ConfigError, match=r"averaged: no model.safetensors in this checkpoint directory \(run "
+                                          r"`sanlab average --run .*trained --last N` first\)"):
+        load_trained(trained, checkpoint="averaged")

@@ -110,6 +110,10 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
                           f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
     from sanlab.tasks.translation import read_hypotheses
 
+    record = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"  # written with the hypotheses
+    results = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+    if isinstance(results.get(split), dict):
+        check_current(record, results, split, run_dir=run_dir, checkpoint=checkpoint)
     hyps = read_hypotheses(path)
     if len(hyps) != expected:
         raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
@@ -211,6 +215,13 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
         numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
         raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
                           f"metrics: {', '.join(numeric)})")
+    check_current(path, results, name, run_dir=run_dir, checkpoint=checkpoint)
+    return float(results[name][metric]), f"{path.name} {name} {metric}"
+
+
+def check_current(path: Path, results: dict, name: str, *, run_dir: PathLike, checkpoint: str) -> None:
+    """The ``name`` record of ``path`` (eval-<checkpoint>.json) scored the weights that ``checkpoint`` names
+    now; otherwise (the run trained on, or was averaged again) its scores and hypotheses are stale."""
     named = [k for k, r in results.items() if isinstance(r, dict) and "checkpoint" in r]
     if named and "checkpoint" not in results[name]:  # kept by `evaluate` beside newer records: maybe stale
         raise ConfigError(f"{path}: the {name!r} record is from before records named their checkpoint, while "
@@ -224,8 +235,7 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
         if not same_weights(recorded, now):
             raise ConfigError(f"{path} scored {recorded['checkpoint']} (step {recorded.get('step')}), but the run's "
                               f"{checkpoint!r} checkpoint is now {now['checkpoint']} (step {now['step']}): run "
-                              f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` again")
-    return float(results[name][metric]), f"{path.name} {name} {metric}"
+                              f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {name}` again")
 
 
 def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str | None = None,
@@ -353,8 +363,20 @@ def _common(p: argparse.ArgumentParser, *, runs: str) -> None:
     p.add_argument("--out", required=True, type=_out_prefix, help="output prefix: writes OUT.md, OUT.csv and OUT.png")
 
 
+def _tokenizer(name: str) -> str:
+    from sacrebleu.metrics import BLEU
+
+    if name not in BLEU.TOKENIZERS:
+        raise argparse.ArgumentTypeError(f"unknown sacreBLEU tokenizer {name!r}; choose one of "
+                                         f"{', '.join(BLEU.TOKENIZERS)}")
+    return name
+
+
 def _out_prefix(text: str) -> str:
     """Checked when the command line is read, before any run is loaded."""
+    if not Path(text).name or text.endswith(("/", "\\")):
+        raise argparse.ArgumentTypeError(f"{text!r} names no file: give a prefix such as results/gap "
+                                         "(for results/gap.md, .csv, .png)")
     if not Path(text).parent.is_dir():
         raise argparse.ArgumentTypeError(f"the directory {Path(text).parent} of {text!r} does not exist")
     return text
@@ -364,7 +386,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", help="held-out split (default: the first data.test split, else valid)")
     p.add_argument("--checkpoint", default="best", help="whose hyp-<checkpoint>-<split>.txt to read (default: best)")
     p.add_argument("--references", help="reference file instead of the split's target file")
-    p.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer (default: 13a)")
+    p.add_argument("--tokenize", default="13a", type=_tokenizer, help="sacreBLEU tokenizer (default: 13a)")
 
 
 def _edges(text: str) -> tuple[int, ...]:

@@ -33,6 +33,12 @@ def _pick(traces: list, layer: int, what: str):
 
 
 @torch.no_grad()
+def _check_length(model, tokens: list[int], what: str) -> None:
+    if model.max_length is not None and len(tokens) > model.max_length:
+        raise ConfigError(f"{what} is {len(tokens)} subword tokens (with BOS/EOS), more than the model accepts "
+                          f"(model.max_positions = {model.max_length})")
+
+
 def translation_trace(model, spm, config, *, sentence: str, side: str, layer: int, target: str | None) -> LayerTrace:
     """Encoder self-attention, or decoder self/cross-attention with ``target`` teacher-forced
     (default: the model's own translation with the run's decode settings)."""
@@ -40,6 +46,7 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
     from sanlab.tasks.translation import translate
 
     src = spm.src.encode(sentence) + [spm.eos_id]
+    _check_length(model, src, "the sentence")
     src_labels = [spm.src.id_to_piece(t) for t in src]
     if side == "encoder":
         traces: list = []
@@ -48,6 +55,7 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
     if target is None:
         target = translate(model, spm, [sentence], decode=config.decode)[0]
     tgt = [spm.bos_id] + spm.tgt.encode(target)
+    _check_length(model, tgt, "the target")
     tgt_labels = [spm.tgt.id_to_piece(t) for t in tgt]
     memory, memory_valid = model.encode(torch.tensor([src]))
     traces = []

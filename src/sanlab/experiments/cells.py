@@ -224,11 +224,30 @@ def read_failure(cell: Cell) -> str | None:
     return (record.get("error") or "unknown error").splitlines()[0] if record else None
 
 
-def init_worker(threads: int, jobs: int) -> None:
+def init_worker(threads: int, jobs: int, parent: int) -> None:
     """Initializer of a ``--jobs`` worker process: its share of the machine's cores, and how many cells
-    train side by side (recorded with each training session, see ``runs.record_session``)."""
+    train side by side (recorded with each training session, see ``runs.record_session``); ``parent`` is
+    the grid process's pid."""
+    die_with_parent(parent)
     torch.set_num_threads(threads)
     os.environ[GRID_JOBS_ENV] = str(jobs)
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: the kernel sends this process SIGTERM when the grid process dies, however it dies (``kill``,
+    the OOM killer), so no orphan goes on training a cell that a rerun would then find locked. A checkpoint
+    being written is not damaged (they are renamed into place) and the run's lock goes with the process."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGTERM) != 0:  # 1 = PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):  # not Linux: workers outlive a killed grid process there
+        return
+    if os.getppid() != parent:  # the parent died before the request: nothing will signal
+        os._exit(1)
 
 
 def run_cell_job(job: tuple[Cell, EvalSpec, bool, int]) -> CellOutcome:

@@ -267,6 +267,8 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
         if missing:
             raise ConfigError(f"{path}: synthetic.sizes needs the splits {missing}")
     root = Path(runs_dir or spec.runs_dir or Path("runs") / "compare" / path.stem)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root}: is a file, not a directory for the grid's cells (runs_dir / --runs-dir)")
     base = load_raw(path.parent / spec.base)
     cells = []
     for dataset in spec.datasets or [None]:
@@ -282,7 +284,9 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     where = f"variant {variant.name!r}" + (f" on dataset {dataset.name!r}" if dataset else "")
     origin = f"{path}: {where}"
     raw = json.loads(json.dumps(base))  # a deep copy
-    if spec.synthetic is not None:
+    if spec.synthetic is not None:  # replaces the recipe's data files, test sets included (not merged into them)
+        if isinstance(raw.get("data"), dict):
+            raw["data"].pop("test", None)
         _apply(raw, _synthetic_paths(spec.synthetic, root / "data"), origin=origin)
     for overrides, what in ((dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
                             (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")):

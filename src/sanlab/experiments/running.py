@@ -5,6 +5,7 @@ a dying worker. ``compare`` builds the table from what these runs leave behind.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -110,7 +111,7 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
     ran ``alone`` in its pool, reports it as failed: the death was its own)."""
     broken, side_by_side = [], 1 if alone else workers
     with ProcessPoolExecutor(max_workers=side_by_side, mp_context=get_context("spawn"),
-                             initializer=init_worker, initargs=(threads, side_by_side)) as pool:
+                             initializer=init_worker, initargs=(threads, side_by_side, os.getpid())) as pool:
         futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
         for future in as_completed(futures):
             cell = futures[future]
