@@ -427,6 +427,18 @@ def test_table_only_with_other_settings_does_not_overwrite_the_table(finished, c
     assert table.read_text(encoding="utf-8") == before
 
 
+def test_a_cell_trained_on_outside_the_grid_is_a_conflict(finished, monkeypatch):
+    from sanlab.experiments import grid as grid_module
+
+    cell = finished.cells[0]
+    done_step = json.loads((cell.run_dir / "done.json").read_text())["summary"]["step"]
+    monkeypatch.setattr(grid_module, "latest_step", lambda run: done_step + 5 if run == cell.run_dir else None)
+    state = cell_state(cell, finished.spec.eval)
+    assert (state.status, state.detail) == ("conflict", f"trained on after the grid finished it (checkpoints reach "
+                                            f"step {done_step + 5}, done.json says {done_step}): not the grid's cell "
+                                            "any more")
+
+
 def test_evidence_rewritten_after_scoring_makes_the_cell_score_again(finished):
     cell = finished.cells[0]
     record = json.loads((cell.run_dir / "compare-eval.json").read_text())
