@@ -377,6 +377,18 @@ def test_run_evaluates_every_cell_and_writes_the_table(finished, capsys):
     assert (finished.runs_dir / "table.csv").exists()
 
 
+def test_every_mode_refuses_cells_trained_on_another_synthetic_corpus(finished, tmp_path):
+    text = SMOKE.read_text().replace("base: ../ud-ewt-tagger.yaml", f"base: {ROOT / 'configs' / 'ud-ewt-tagger.yaml'}")
+    other = _write(tmp_path / "other.yaml", text.replace("synthetic: {task: tagging, seed: 1,",
+                                                         "synthetic: {task: tagging, seed: 2,"))
+    for mode in ({"dry_run": True}, {"table_only": True}):
+        with pytest.raises(ConfigError, match="holds a synthetic corpus made with .*'seed': 1.*the grid now asks"):
+            run_compare(str(other), overrides=TINY, runs_dir=str(finished.runs_dir), command="t",
+                        out=lambda m: None, **mode)
+    with pytest.raises(ConfigError, match="--dry-run lists the cells and --table-only prints the table: choose one"):
+        run_compare(str(SMOKE), dry_run=True, table_only=True)
+
+
 def test_second_invocation_reuses_finished_cells(finished, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a finished cell was trained again")
@@ -437,6 +449,19 @@ def test_a_cell_trained_on_outside_the_grid_is_a_conflict(finished, monkeypatch)
     assert (state.status, state.detail) == ("conflict", f"trained on after the grid finished it (checkpoints reach "
                                             f"step {done_step + 5}, done.json says {done_step}): not the grid's cell "
                                             "any more")
+
+
+def test_a_damaged_meta_json_does_not_stop_the_table(finished):
+    """meta.json is provenance (speed conditions, training commands): the table says it is unreadable."""
+    meta = finished.cells[0].run_dir / "meta.json"
+    original = meta.read_bytes()
+    try:
+        meta.write_text('{"seed": 0, "sess')
+        table = render_markdown(build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir),
+                                             command="test"))
+        assert "unknown (meta.json unreadable)" in table
+    finally:
+        meta.write_bytes(original)
 
 
 def test_evidence_rewritten_after_scoring_makes_the_cell_score_again(finished):

@@ -39,20 +39,29 @@ METRICS = {"translation": (("BLEU", "bleu"), ("chrF", "chrf")),
            "tagging": (("All", "all"), ("OOV", "oov"), ("Ambig.", "ambiguous"))}
 
 
+def check_synthetic(grid: Grid) -> bool:
+    """True if the grid's synthetic corpus is in ``<runs_dir>/data``; an error if another one is there
+    (its cells were trained on other data: --dry-run and --table-only check this too)."""
+    spec = grid.spec.synthetic
+    data = grid.runs_dir / "data"
+    stamp = data / "synthetic.json"
+    if spec is None or not stamp.exists():
+        return False
+    if read_json(stamp) != spec.model_dump():
+        raise ConfigError(f"{grid.path}: {data} holds a synthetic corpus made with {read_json(stamp)}, "
+                          f"the grid now asks for {spec.model_dump()}; delete {data} or choose another runs_dir")
+    return True
+
+
 def prepare_synthetic(grid: Grid) -> None:
     """Write the grid's synthetic corpus into ``<runs_dir>/data`` unless it is already there."""
     spec = grid.spec.synthetic
-    if spec is None:
+    if spec is None or check_synthetic(grid):
         return
     from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
 
     data = grid.runs_dir / "data"
     stamp, wanted = data / "synthetic.json", spec.model_dump()
-    if stamp.exists():
-        if read_json(stamp) != wanted:
-            raise ConfigError(f"{grid.path}: {data} holds a synthetic corpus made with {read_json(stamp)}, "
-                              f"the grid now asks for {wanted}; delete {data} or choose another runs_dir")
-        return
     write = write_tagging_corpus if spec.task == "tagging" else write_translation_corpus
     write(data, seed=spec.seed, sizes={s: spec.sizes[s] for s in SYNTHETIC_SPLITS[spec.task]})
     write_json(stamp, wanted)
@@ -93,7 +102,10 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
     """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each;
     ``"mixed (...)"`` when the run's training sessions (``meta.json``) differ, since its speed is an
     average over all of them. Sessions recorded before ``jobs`` was take it from their command line."""
-    meta = read_json(Path(run_dir) / "meta.json") or {}
+    try:
+        meta = read_json(Path(run_dir) / "meta.json") or {}
+    except ConfigError:  # provenance only: a damaged file must not stop the table
+        return "unknown (meta.json unreadable)"
     sessions = meta.get("sessions") or []
     last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"))
     if not sessions:  # runs created before sessions were recorded: the first command and the last session

@@ -31,7 +31,8 @@ from sanlab.files import read_json
 from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
 )
-from sanlab.experiments.cells import METRICS, CellResult, machine, read_failure, read_references, read_result
+from sanlab.experiments.cells import (METRICS, CellResult, check_synthetic, machine, read_failure, read_references,
+                                     read_result)
 from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import (
@@ -223,13 +224,13 @@ def _training_commands(grid: Grid) -> list[str]:
     printed later with ``--table-only`` still says how its numbers were made."""
     commands = []
     for cell in grid.cells:
-        meta = Path(cell.run_dir) / "meta.json"
-        if meta.exists():
-            argv = (read_json(meta) or {}).get("command") or []
-            if argv:
-                line = " ".join(["sanlab" if Path(argv[0]).name == "sanlab" else argv[0],
-                                 *(shlex.quote(a) for a in argv[1:])])
-                commands.append(line)
+        try:
+            argv = (read_json(Path(cell.run_dir) / "meta.json") or {}).get("command") or []
+        except ConfigError:  # provenance only: its cell's speed says "unknown (meta.json unreadable)"
+            argv = []
+        if argv:
+            commands.append(" ".join(["sanlab" if Path(argv[0]).name == "sanlab" else argv[0],
+                                      *(shlex.quote(a) for a in argv[1:])]))
     return sorted(set(commands))
 
 
@@ -336,7 +337,10 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     """What ``sanlab compare`` does; returns the exit code (1 if a cell failed)."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if dry_run and table_only:
+        raise ConfigError("--dry-run lists the cells and --table-only prints the table: choose one")
     grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir)
+    check_synthetic(grid)
     cells = select_cells(grid, only=only, datasets=datasets)
     if dry_run:
         out(describe_cells(grid, cells))
