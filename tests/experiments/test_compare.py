@@ -473,10 +473,18 @@ def test_evidence_rewritten_after_scoring_makes_the_cell_score_again(finished):
     try:
         evidence.write_bytes(gzip.compress(b""))  # e.g. another tool rewrote it
         state = cell_state(cell, finished.spec.eval)
-        assert (state.status, state.detail) == ("trained", f"{record['evidence']} changed or missing since it was "
-                                                           "scored")
+        assert (state.status, state.detail) == ("trained", f"{record['evidence']} or the recorded scores changed "
+                                                           "(or the file is missing) since it was scored")
     finally:
         evidence.write_bytes(original)
+    assert cell_state(cell, finished.spec.eval).status == "evaluated"
+    path = cell.run_dir / "compare-eval.json"
+    text = path.read_text()
+    try:  # a score edited by hand is not taken: the cell is scored again
+        path.write_text(json.dumps({**record, "scores": {**record["scores"], "all": 99.0}}))
+        assert cell_state(cell, finished.spec.eval).status == "trained"
+    finally:
+        path.write_text(text)
     assert cell_state(cell, finished.spec.eval).status == "evaluated"
 
 

@@ -25,7 +25,7 @@ from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import (
     DONE_FILE, EVAL_FILE, FAILED_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests,
-    eval_key, file_digest, split_files,
+    eval_key, file_digest, scores_digest, split_files,
 )
 from sanlab.files import read_json, replacing, write_json
 from sanlab.models.builders import count_parameters
@@ -149,6 +149,7 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
               "evidence_sha256": file_digest(cell.run_dir / evidence), "data_sha256": data_digests(cell),
               # provenance only, not in the key: which code scored it (meta.json says which code trained it)
               "git_revision": git_revision()}
+    record["scores_sha256"] = scores_digest(record)
     write_json(cell.run_dir / EVAL_FILE, record)
     return record
 

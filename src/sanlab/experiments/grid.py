@@ -367,7 +367,17 @@ def evidence_intact(run_dir: Path, record: dict) -> bool:
     path = Path(run_dir) / record.get("evidence", "")
     if not record.get("evidence") or not path.is_file():
         return False
+    if "scores_sha256" in record and scores_digest(record) != record["scores_sha256"]:  # scores edited by hand
+        return False
     return "evidence_sha256" not in record or file_digest(path) == record["evidence_sha256"]
+
+
+def scores_digest(record: dict) -> str:
+    """sha256 of an evaluation record's scores with its evidence digest: a score edited by hand (or a merge
+    gone wrong) makes the cell score again instead of entering the table."""
+    text = json.dumps({"scores": record.get("scores"), "evidence_sha256": record.get("evidence_sha256")},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def config_dict(config: Config) -> dict:
@@ -426,7 +436,8 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
                 return CellState("trained", step, f"{', '.join(changed)} changed since the cell was scored")
             if evidence_intact(run, record):
                 return CellState("evaluated", step)
-            return CellState("trained", step, f"{record.get('evidence')} changed or missing since it was scored")
+            return CellState("trained", step, f"{record.get('evidence')} or the recorded scores changed (or the "
+                                              "file is missing) since it was scored")
         return CellState("trained", step)
     saved = _normalised(read_yaml_mapping(run / "config.yaml", what="run config"), source=run / "config.yaml")
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
