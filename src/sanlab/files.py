@@ -73,7 +73,7 @@ def read_json(path: Path | str) -> dict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:  # also when another process removed it just now
         return None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid JSON ({err}); delete it to redo what wrote it") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")

@@ -110,7 +110,8 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
             raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
                               "move the checkpoints away (or choose another --run directory) to start again")
     if overwrite and run_dir.exists():
-        for entry in run_dir.iterdir():
+        # config.yaml last: interrupted, the directory is still a run that --overwrite will empty
+        for entry in sorted(run_dir.iterdir(), key=lambda e: e.name == "config.yaml"):
             if entry.name != LOCK_FILE:  # the lock we hold stays: a new file would be a second lock
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     text = dump_config(config)

@@ -449,6 +449,9 @@ def test_a_cell_trained_on_outside_the_grid_is_a_conflict(finished, monkeypatch)
     assert (state.status, state.detail) == ("conflict", f"trained on after the grid finished it (checkpoints reach "
                                             f"step {done_step + 5}, done.json says {done_step}): not the grid's cell "
                                             "any more")
+    # but a budget the grid itself raised resumes past done.json (e.g. killed after a checkpoint): it goes on
+    longer = load_grid(SMOKE, overrides=[*TINY, f"train.max_steps={done_step + 20}"], runs_dir=finished.runs_dir)
+    assert cell_state(longer.cells[0], longer.spec.eval).status == "training"
 
 
 def test_a_damaged_meta_json_does_not_stop_the_table(finished):

@@ -355,9 +355,10 @@ def test_damaged_checkpoint_files_are_errors_naming_the_file(tmp_path, tiny_tran
     newest = sorted((run / "checkpoints").glob("step-*"))[-1]
     state, weights = newest / "state.pt", newest / "model.safetensors"
     good_state, good_weights = state.read_bytes(), weights.read_bytes()
-    state.write_bytes(good_state[:100])
-    with pytest.raises(ConfigError, match=f"{state}: damaged, cannot be read"):
-        train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+    for damage in (good_state[:100], b"hello world garbage"):  # a torn zip; not a zip at all
+        state.write_bytes(damage)
+        with pytest.raises(ConfigError, match=f"{state}: damaged, cannot be read"):
+            train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
     state.write_bytes(good_state)
     weights.write_bytes(good_weights[:5])
     with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):

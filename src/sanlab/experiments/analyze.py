@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sanlab.errors import ConfigError, DataError
-from sanlab.files import write_text
+from sanlab.files import read_json, write_text
 
 PathLike = str | Path
 SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -111,7 +111,7 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
     from sanlab.tasks.translation import read_hypotheses
 
     record = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"  # written with the hypotheses
-    results = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+    results = read_json(record) or {}
     if isinstance(results.get(split), dict):
         check_current(record, results, split, run_dir=run_dir, checkpoint=checkpoint)
     hyps = read_hypotheses(path)

@@ -32,13 +32,13 @@ def _pick(traces: list, layer: int, what: str):
     return traces[layer]
 
 
-@torch.no_grad()
 def _check_length(model, tokens: list[int], what: str) -> None:
     if model.max_length is not None and len(tokens) > model.max_length:
         raise ConfigError(f"{what} is {len(tokens)} subword tokens (with BOS/EOS), more than the model accepts "
                           f"(model.max_positions = {model.max_length})")
 
 
+@torch.no_grad()
 def translation_trace(model, spm, config, *, sentence: str, side: str, layer: int, target: str | None) -> LayerTrace:
     """Encoder self-attention, or decoder self/cross-attention with ``target`` teacher-forced
     (default: the model's own translation with the run's decode settings)."""

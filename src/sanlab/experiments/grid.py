@@ -423,10 +423,11 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     step, done = latest_step(run), read_json(run / DONE_FILE)
     if step is None and done:  # a finished cell committed without its checkpoints (results/compare)
         step = done["summary"]["step"]
-    if done and step > done["summary"]["step"]:  # e.g. `sanlab train` on the cell with a larger budget
+    changes = training_changes(done, cell) if done else []
+    if done and not changes and step > done["summary"]["step"]:  # e.g. `sanlab train` with a larger budget; a
+        # budget the grid itself raised (changes) resumes past done.json and is judged by config.yaml below
         return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step {step}, "
                                            f"{DONE_FILE} says {done['summary']['step']}): not the grid's cell any more")
-    changes = training_changes(done, cell) if done else []
     if done and not changes:
         record = read_json(run / EVAL_FILE)
         if record and record.get("key") == eval_key(cell, spec) and record.get("trained_at") == done["finished_at"]:

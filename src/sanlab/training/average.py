@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from sanlab.errors import ConfigError
@@ -17,7 +18,11 @@ def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
         raise ValueError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
-        weights = load_file(str(Path(path) / "model.safetensors"))
+        try:
+            weights = load_file(str(Path(path) / "model.safetensors"))
+        except SafetensorError as err:
+            raise ConfigError(f"{Path(path) / 'model.safetensors'}: damaged, not a readable safetensors file "
+                              f"({err})") from None
         if total and weights.keys() != total.keys():
             raise ValueError(f"{path}: its tensors differ from {checkpoints[0]}; cannot average different models")
         for name, tensor in weights.items():

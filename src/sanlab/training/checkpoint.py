@@ -157,5 +157,5 @@ def load_state(checkpoint: Path) -> dict:
         return torch.load(path, weights_only=True)
     except FileNotFoundError:
         raise
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConfigError(f"{path}: damaged, cannot be read ({err})") from None
+    except Exception as err:  # noqa: BLE001  (damage shows as RuntimeError, UnpicklingError, KeyError, EOFError...)
+        raise ConfigError(f"{path}: damaged, cannot be read ({type(err).__name__}: {err})") from None
