@@ -363,6 +363,10 @@ def test_damaged_checkpoint_files_are_errors_naming_the_file(tmp_path, tiny_tran
     weights.write_bytes(good_weights[:5])
     with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):
         load_trained(run, checkpoint="last")
+    from sanlab.runs import average_run
+
+    with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):
+        average_run(run, last=1)
     weights.write_bytes(good_weights)
     pointer = run / "checkpoints" / "latest.json"
     pointer.write_text('{"checkpoint": 5}')

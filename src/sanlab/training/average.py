@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
+from sanlab.training.checkpoint import read_weights
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -18,11 +18,7 @@ def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
         raise ValueError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
-        try:
-            weights = load_file(str(Path(path) / "model.safetensors"))
-        except SafetensorError as err:
-            raise ConfigError(f"{Path(path) / 'model.safetensors'}: damaged, not a readable safetensors file "
-                              f"({err})") from None
+        weights = read_weights(path)
         if total and weights.keys() != total.keys():
             raise ValueError(f"{path}: its tensors differ from {checkpoints[0]}; cannot average different models")
         for name, tensor in weights.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from sanlab.errors import ConfigError
@@ -139,12 +139,25 @@ def _remove(checkpoint: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``checkpoint``/model.safetensors; a damaged file is a one-line error naming it."""
+    path = Path(checkpoint) / "model.safetensors"
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise _damaged(path, err) from None
+
+
+def _damaged(path: Path, err: Exception) -> ConfigError:
+    return ConfigError(f"{path}: damaged, not a readable safetensors file ({err})")
+
+
 def load_weights(model: nn.Module, checkpoint: Path) -> None:
     path = Path(checkpoint) / "model.safetensors"
     try:
         load_model(model, str(path))
     except SafetensorError as err:
-        raise ConfigError(f"{path}: damaged, not a readable safetensors file ({err})") from None
+        raise _damaged(path, err) from None
     except RuntimeError as err:  # missing, unexpected or differently shaped tensors
         detail = " ".join(str(err).split())
         raise ConfigError(f"{path}: holds the weights of another model than this run's config builds: "
