@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from sanlab import invocation
 from sanlab.errors import ConfigError, DataError, SanlabError
 from sanlab.experiments.analyze import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
@@ -207,9 +208,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     try:
-        return args.fn(args)
+        with invocation.running(argv):  # provenance records this command, also when called from Python
+            return args.fn(args)
     except SanlabError as err:
         print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -12,7 +12,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from sanlab import invocation
 from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, read_yaml_mapping, validate
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
@@ -49,7 +49,7 @@ def provenance(config: Config) -> dict:
         except metadata.PackageNotFoundError:
             versions[lib] = None
     return {"seed": config.train.seed, "versions": versions, "python": platform.python_version(),
-            "git_revision": git_revision(), "command": sys.argv, "machine": platform.machine(),
+            "git_revision": git_revision(), "command": invocation.command(), "machine": platform.machine(),
             **_session_conditions(config)}
 
 
@@ -69,7 +69,7 @@ def record_session(run_dir: Path, config: Config, *, step: int) -> None:
     path = Path(run_dir) / "meta.json"
     meta = read_json(path) or provenance(config)
     session = {"started_at": datetime.now().astimezone().isoformat(timespec="seconds"), "from_step": step,
-               "git_revision": git_revision(), "command": sys.argv, **_session_conditions(config)}
+               "git_revision": git_revision(), "command": invocation.command(), **_session_conditions(config)}
     meta["sessions"] = [*meta.get("sessions", []), session]
     write_json(path, meta)
 

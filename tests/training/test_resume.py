@@ -305,6 +305,25 @@ def test_meta_json_records_every_session_with_the_threads_it_trained_with(tmp_pa
     assert all(s["threads"] == 1 and s["command"] for s in meta["sessions"])
 
 
+def test_a_programmatic_cli_call_records_its_own_command_not_the_host_process(tmp_path, tiny_translation,
+                                                                                 monkeypatch):
+    import sys
+
+    from sanlab import invocation
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    monkeypatch.setattr(sys, "argv", ["host-script.py", "--its-own-flag"])
+    config = tmp_path / "c.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=1, threads=1)))
+    argv = ["train", str(config), "--run", str(tmp_path / "run"), "--quiet"]
+    assert main(argv) == 0
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["command"] == ["sanlab", *argv] and meta["sessions"][-1]["command"] == ["sanlab", *argv]
+    assert invocation.command() == ["host-script.py", "--its-own-flag"]  # restored once main returns
+    assert invocation.command_line(["/x/.venv/bin/sanlab", "compare", "g 1.yaml"]) == "sanlab compare 'g 1.yaml'"
+
+
 def test_a_checkpoint_write_that_fails_halfway_leaves_the_last_good_one(tmp_path, tiny_translation, monkeypatch):
     """The disk fills while the step-6 checkpoint is written (after its weights, before its state): no
     step-6 directory appears, latest.json still names step 3, and the rerun clears the half-written

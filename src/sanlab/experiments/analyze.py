@@ -409,13 +409,13 @@ def _add_provenance(md: Path) -> None:
     """The command line, date and machine under a table written from the command line, so that the file
     says how to make it again."""
     import platform
-    import shlex
-    import sys
     from datetime import datetime
 
     import torch
 
-    stamp = (f"\nCommand: `sanlab {shlex.join(sys.argv[1:])}` ({datetime.now().astimezone():%Y-%m-%d}; "
+    from sanlab.invocation import command_line
+
+    stamp = (f"\nCommand: `{command_line()}` ({datetime.now().astimezone():%Y-%m-%d}; "
              f"{platform.system()} {platform.machine()}, torch {torch.__version__}).\n")
     write_text(md, md.read_text(encoding="utf-8") + stamp)
 

@@ -20,7 +20,6 @@ two-level bootstrap over seeds and sentences of the difference of the means
 
 from __future__ import annotations
 
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
+from sanlab.invocation import command_line
 from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
 )
@@ -229,8 +229,7 @@ def _training_commands(grid: Grid) -> list[str]:
         except ConfigError:  # provenance only: its cell's speed says "unknown (meta.json unreadable)"
             argv = []
         if argv:
-            commands.append(" ".join(["sanlab" if Path(argv[0]).name == "sanlab" else argv[0],
-                                      *(shlex.quote(a) for a in argv[1:])]))
+            commands.append(command_line(argv))
     return sorted(set(commands))
 
 
@@ -345,7 +344,7 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     if dry_run:
         out(describe_cells(grid, cells))
         return 0
-    command = command or "sanlab compare " + " ".join(sys.argv[1:])
+    command = command or command_line()
 
     def write_table() -> None:
         # a finished cell that does not match this invocation's settings would drop out of the table:

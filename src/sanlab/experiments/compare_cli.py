@@ -6,8 +6,6 @@ Wired into ``sanlab.cli`` by ``register(sub)``; the work is ``sanlab.experiments
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -35,4 +33,4 @@ def _cmd_compare(args) -> int:
 
     return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                        table_only=args.table_only, jobs=args.jobs, only=args.only, datasets=args.dataset,
-                       quiet=args.quiet, command="sanlab " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+                       quiet=args.quiet)
