@@ -404,9 +404,11 @@ def test_command_line(tmp_path, capsys, monkeypatch):
     assert args.fn(args) == 0
     assert "| 1 | 50.000 |" in capsys.readouterr().out
     assert f"Command: `sanlab analyze curves {run} --out {tmp_path / 'c'}` (" in (tmp_path / "c.md").read_text()
+    assert args.fn(parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "new" / "dir" / "c")])) == 0
+    assert (tmp_path / "new" / "dir" / "c.png").is_file()  # missing directories are created
     with pytest.raises(SystemExit):  # checked before any run is read
-        parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "no" / "c")])
-    assert "argument --out: the directory" in capsys.readouterr().err
+        parser.parse_args(["analyze", "curves", str(run), "--out", str(run / "config.yaml" / "sub" / "c")])
+    assert f"argument --out: {run / 'config.yaml'} is a file, so the directory" in capsys.readouterr().err
     for argv, message in ((["curves", str(run), "--out", f"{tmp_path}/"], "names no file"),
                           (["ngram-gap", str(run), "--baseline", str(run), "--out", "x", "--tokenize", "foo"],
                            "unknown sacreBLEU tokenizer 'foo'; choose one of none, zh, 13a")):

@@ -377,8 +377,11 @@ def _out_prefix(text: str) -> str:
     if not Path(text).name or text.endswith(("/", "\\")):
         raise argparse.ArgumentTypeError(f"{text!r} names no file: give a prefix such as results/gap "
                                          "(for results/gap.md, .csv, .png)")
-    if not Path(text).parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the directory {Path(text).parent} of {text!r} does not exist")
+    # missing directories are created (``write_outputs``); a file where one should be is refused now
+    existing = next(p for p in Path(text).absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is a file, so the directory {Path(text).parent} of {text!r} "
+                                         "cannot be created")
     return text
 
 
