@@ -1,9 +1,10 @@
 """The command line this process runs, for provenance (meta.json, table and analysis footers).
 
 ``sanlab.cli.main(argv)`` sets it for the length of the call, so a programmatic ``main([...])`` records
-its own arguments, not the host process's ``sys.argv``. It lives in the environment so that the worker
-processes of ``sanlab compare --jobs`` (spawned, not forked) inherit it. Without the CLI (a library call
-from a script) it is the script's ``sys.argv``.
+its own arguments, not the host process's ``sys.argv``. It lives in the environment (``SANLAB_COMMAND``,
+internal) so that the worker processes of ``sanlab compare --jobs`` (spawned, not forked) inherit it; the
+torchrun workers of ``sanlab train --nproc N`` inherit it and keep it, since the command to record is the
+user's, not the relaunch. Without the CLI (a library call from a script) it is the script's ``sys.argv``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ COMMAND_ENV = "SANLAB_COMMAND"
 
 @contextmanager
 def running(argv: Sequence[str]) -> Iterator[None]:
-    """Within this block, ``command()`` is ``["sanlab", *argv]``."""
+    """Within this block, ``command()`` is ``["sanlab", *argv]``, or in a data-parallel worker of a sanlab
+    command (``WORLD_SIZE`` set, command inherited), that command."""
     previous = os.environ.get(COMMAND_ENV)
-    os.environ[COMMAND_ENV] = json.dumps(["sanlab", *argv])
+    if previous is None or "WORLD_SIZE" not in os.environ:
+        os.environ[COMMAND_ENV] = json.dumps(["sanlab", *argv])
     try:
         yield
     finally:

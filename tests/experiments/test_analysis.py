@@ -398,17 +398,27 @@ def test_command_line(tmp_path, capsys, monkeypatch):
     run.mkdir()
     (run / "config.yaml").write_text("task: tagging\n")
     (run / "metrics.jsonl").write_text(json.dumps({"split": "valid", "step": 1, "accuracy": 50.0}) + "\n")
+    monkeypatch.delenv("SANLAB_COMMAND", raising=False)
     argv = ["analyze", "curves", str(run), "--out", str(tmp_path / "c")]
     monkeypatch.setattr(sys, "argv", ["sanlab", *argv])
     args = parser.parse_args(argv)
     assert args.fn(args) == 0
     assert "| 1 | 50.000 |" in capsys.readouterr().out
     assert f"Command: `sanlab analyze curves {run} --out {tmp_path / 'c'}` (" in (tmp_path / "c.md").read_text()
+    from sanlab.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["host-script.py"])  # through main(), the footer is main's own command
+    assert main(["analyze", "curves", str(run), "--out", str(tmp_path / "m")]) == 0
+    assert f"Command: `sanlab analyze curves {run} --out {tmp_path / 'm'}` (" in (tmp_path / "m.md").read_text()
     assert args.fn(parser.parse_args(["analyze", "curves", str(run), "--out", str(tmp_path / "new" / "dir" / "c")])) == 0
     assert (tmp_path / "new" / "dir" / "c.png").is_file()  # missing directories are created
-    with pytest.raises(SystemExit):  # checked before any run is read
-        parser.parse_args(["analyze", "curves", str(run), "--out", str(run / "config.yaml" / "sub" / "c")])
-    assert f"argument --out: {run / 'config.yaml'} is a file, so the directory" in capsys.readouterr().err
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # mkdir could not replace it
+    for out, message in ((run / "config.yaml" / "sub" / "c", f"{run / 'config.yaml'} is not a directory, so the"),
+                         (tmp_path / "dangling" / "c", f"{tmp_path / 'dangling'} is not a directory, so the"),
+                         ("~/figures/c", "'~/figures/c' starts with '~', which the shell did not expand")):
+        with pytest.raises(SystemExit):  # checked before any run is read
+            parser.parse_args(["analyze", "curves", str(run), "--out", str(out)])
+        assert f"argument --out: {message}" in capsys.readouterr().err
     for argv, message in ((["curves", str(run), "--out", f"{tmp_path}/"], "names no file"),
                           (["ngram-gap", str(run), "--baseline", str(run), "--out", "x", "--tokenize", "foo"],
                            "unknown sacreBLEU tokenizer 'foo'; choose one of none, zh, 13a")):

@@ -313,6 +313,7 @@ def test_a_programmatic_cli_call_records_its_own_command_not_the_host_process(tm
     from sanlab.cli import main
     from sanlab.config import dump_config
 
+    monkeypatch.delenv(invocation.COMMAND_ENV, raising=False)
     monkeypatch.setattr(sys, "argv", ["host-script.py", "--its-own-flag"])
     config = tmp_path / "c.yaml"
     config.write_text(dump_config(tiny_translation(max_steps=1, threads=1)))
@@ -322,6 +323,15 @@ def test_a_programmatic_cli_call_records_its_own_command_not_the_host_process(tm
     assert meta["command"] == ["sanlab", *argv] and meta["sessions"][-1]["command"] == ["sanlab", *argv]
     assert invocation.command() == ["host-script.py", "--its-own-flag"]  # restored once main returns
     assert invocation.command_line(["/x/.venv/bin/sanlab", "compare", "g 1.yaml"]) == "sanlab compare 'g 1.yaml'"
+    with invocation.running(["train", "c.yaml", "--nproc", "2"]):
+        with invocation.running(["evaluate", "--run", "r"]):  # nested: the inner call's own command
+            assert invocation.command() == ["sanlab", "evaluate", "--run", "r"]
+        monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun worker of `sanlab train --nproc 2`: keeps the user's command
+        with invocation.running(["train", "c.yaml", "--run-dir", "r", "--quiet"]):
+            assert invocation.command() == ["sanlab", "train", "c.yaml", "--nproc", "2"]
+    with invocation.running(["train", "c.yaml", "--run-dir", "r"]):  # plain torchrun -m sanlab: its own command
+        assert invocation.command() == ["sanlab", "train", "c.yaml", "--run-dir", "r"]
+    assert invocation.command() == ["host-script.py", "--its-own-flag"]
 
 
 def test_a_checkpoint_write_that_fails_halfway_leaves_the_last_good_one(tmp_path, tiny_translation, monkeypatch):
@@ -386,6 +396,10 @@ def test_damaged_checkpoint_files_are_errors_naming_the_file(tmp_path, tiny_tran
 
     with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):
         average_run(run, last=1)
+    weights.unlink()
+    for load in (lambda: average_run(run, last=1), lambda: load_trained(run, checkpoint="last")):
+        with pytest.raises(ConfigError, match=f"{newest}: no model.safetensors in this checkpoint directory"):
+            load()
     weights.write_bytes(good_weights)
     pointer = run / "checkpoints" / "latest.json"
     pointer.write_text('{"checkpoint": 5}')

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -377,11 +378,15 @@ def _out_prefix(text: str) -> str:
     if not Path(text).name or text.endswith(("/", "\\")):
         raise argparse.ArgumentTypeError(f"{text!r} names no file: give a prefix such as results/gap "
                                          "(for results/gap.md, .csv, .png)")
-    # missing directories are created (``write_outputs``); a file where one should be is refused now
-    existing = next(p for p in Path(text).absolute().parents if p.exists())
-    if not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{existing} is a file, so the directory {Path(text).parent} of {text!r} "
-                                         "cannot be created")
+    if text.startswith("~"):  # a quoted ~ is not expanded by the shell: it would make a directory named ~
+        raise argparse.ArgumentTypeError(f"{text!r} starts with '~', which the shell did not expand; give the path "
+                                         "without quotes or spelled out")
+    # missing directories are created (``write_outputs``); anything else in the way is refused now.
+    # lexists: a dangling symlink is in the way too (mkdir cannot replace it)
+    existing = next((p for p in Path(text).absolute().parents if os.path.lexists(p)), None)
+    if existing is None or not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is not a directory, so the directory {Path(text).parent} of "
+                                         f"{text!r} cannot be created")
     return text
 
 

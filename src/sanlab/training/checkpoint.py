@@ -140,15 +140,18 @@ def _remove(checkpoint: Path) -> None:
 
 
 def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The tensors of ``checkpoint``/model.safetensors; a damaged file is a one-line error naming it."""
+    """The tensors of ``checkpoint``/model.safetensors (for averaging); an unreadable file is a one-line error."""
     path = Path(checkpoint) / "model.safetensors"
     try:
         return load_file(str(path))
-    except SafetensorError as err:
-        raise _damaged(path, err) from None
+    except (SafetensorError, OSError) as err:
+        raise _unreadable(path, err) from None
 
 
-def _damaged(path: Path, err: Exception) -> ConfigError:
+def _unreadable(path: Path, err: Exception) -> ConfigError:
+    """The one message for a model.safetensors that cannot be read, shared by loading and averaging."""
+    if isinstance(err, FileNotFoundError):
+        return ConfigError(f"{path.parent}: no model.safetensors in this checkpoint directory")  # as load_trained says
     return ConfigError(f"{path}: damaged, not a readable safetensors file ({err})")
 
 
@@ -156,8 +159,8 @@ def load_weights(model: nn.Module, checkpoint: Path) -> None:
     path = Path(checkpoint) / "model.safetensors"
     try:
         load_model(model, str(path))
-    except SafetensorError as err:
-        raise _damaged(path, err) from None
+    except (SafetensorError, OSError) as err:
+        raise _unreadable(path, err) from None
     except RuntimeError as err:  # missing, unexpected or differently shaped tensors
         detail = " ".join(str(err).split())
         raise ConfigError(f"{path}: holds the weights of another model than this run's config builds: "
