@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sanlab import invocation
 from sanlab.errors import ConfigError, DataError, SanlabError
-from sanlab.experiments.analyze import register as register_analyze
+from sanlab.experiments.analyze_cli import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
 
 

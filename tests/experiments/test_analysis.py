@@ -15,7 +15,7 @@ from sanlab.config import validate
 from sanlab.data.subword import train_joint
 from sanlab.data.synthetic import generate_translation
 from sanlab.evaluation import analysis as A
-from sanlab.experiments import analyze
+from sanlab.experiments import analyze, analyze_cli
 from sanlab.runs import evaluate_run, load_run_config, prepare_run_dir
 from sanlab.training.checkpoint import CheckpointManager
 
@@ -389,7 +389,7 @@ def test_attention_map_of_a_tagger(tmp_path):
 
 def test_command_line(tmp_path, capsys, monkeypatch):
     parser = argparse.ArgumentParser(prog="sanlab")
-    analyze.register(parser.add_subparsers(dest="command", required=True))
+    analyze_cli.register(parser.add_subparsers(dest="command", required=True))
     for name in ("ngram-gap", "length-buckets", "sweep", "gates", "curves", "attention"):
         with pytest.raises(SystemExit):
             parser.parse_args(["analyze", name, "--help"])
