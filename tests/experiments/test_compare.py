@@ -338,6 +338,19 @@ def test_other_grid_mistakes_are_named(tmp_path):
         select_cells(grid, only=["zzz"])
 
 
+def test_seed_filter_picks_the_seed_of_every_chosen_variant_that_has_it(tmp_path):
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    grid = load_grid(_write(tmp_path / "g.yaml", "base: tagger.yaml\nseeds: [1]\nvariants:\n"
+                            "  - {name: base, baseline: true, seeds: [1, 2, 3]}\n  - {name: b}\n"
+                            "  - {name: c, seeds: [1, 2]}\n"))
+    label = lambda cells: [(c.variant, c.seed) for c in cells]  # noqa: E731
+    assert label(select_cells(grid, seeds=[2])) == [("base", 2), ("c", 2)]
+    assert label(select_cells(grid, only=["base"], seeds=[3, 2])) == [("base", 2), ("base", 3)]
+    assert len(select_cells(grid)) == 6
+    with pytest.raises(ConfigError, match="no cell with seed 3 among the chosen variants; their seeds: 1, 2"):
+        select_cells(grid, only=["b", "c"], seeds=[1, 3])
+
+
 # ----------------------------------------------------------------------------- end to end on the smoke grid
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):

@@ -22,6 +22,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="run only this variant (name or directory slug; repeatable); the table shows all")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
                    help="run only this dataset of a grid with datasets (repeatable)")
+    p.add_argument("--seed", dest="seeds", action="append", default=[], type=int, metavar="N",
+                   help="run only this seed of the chosen variants (repeatable), e.g. to train one cell at a time")
     p.add_argument("--runs-dir", help="where the cells go (default: the grid's runs_dir or runs/compare/<grid>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or training log lines on the console")
     p.set_defaults(fn=_cmd_compare)
@@ -33,4 +35,4 @@ def _cmd_compare(args) -> int:
 
     return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                        table_only=args.table_only, jobs=args.jobs, only=args.only, datasets=args.dataset,
-                       quiet=args.quiet)
+                       seeds=args.seeds, quiet=args.quiet)

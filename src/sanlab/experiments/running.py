@@ -18,8 +18,10 @@ from sanlab.experiments.cells import (
 from sanlab.experiments.grid import Cell, Grid, cell_state, slug
 
 
-def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = ()) -> list[Cell]:
-    """The cells of the named variants / datasets (names or their directory slugs); all if none named."""
+def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),
+                 seeds: Sequence[int] = ()) -> list[Cell]:
+    """The cells of the named variants / datasets (names or their directory slugs) and seeds; all if none
+    named. A seed needs only to be one of some chosen variant's (the baseline often has more seeds)."""
     def pick(names: Sequence[str], known: list[str], kind: str) -> set[str]:
         chosen = set()
         for name in names:
@@ -33,7 +35,13 @@ def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str
     if datasets and not grid.spec.datasets:
         raise ConfigError(f"{grid.path}: --dataset {datasets[0]!r}, but this grid has no datasets")
     sets = pick(datasets, [d.name for d in grid.spec.datasets], "dataset") if grid.spec.datasets else {None}
-    return [c for c in grid.cells if c.variant in variants and c.dataset in sets]
+    chosen = [c for c in grid.cells if c.variant in variants and c.dataset in sets]
+    missing = sorted(set(seeds) - {c.seed for c in chosen})
+    if missing:
+        have = sorted({c.seed for c in chosen})
+        raise ConfigError(f"{grid.path}: no cell with seed {missing[0]} among the chosen variants; their seeds: "
+                          f"{', '.join(map(str, have))}")
+    return [c for c in chosen if not seeds or c.seed in seeds]
 
 
 def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
