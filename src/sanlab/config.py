@@ -42,8 +42,21 @@ class StackConfig(Strict):
     ffn_dim: int = Field(2048, ge=0)   # 0 = no feed-forward sublayer (Dufter's SAN)
     attention: AttentionConfig = AttentionConfig()
     mixer: MixerSpec = AttentionMixerConfig()
-    cross_attention: AttentionConfig | None = None  # decoder only; None = same heads as ``attention``, no parts
+    cross_attention: AttentionConfig | None = None  # decoder only; None = ``attention`` without its parts
     pre_blocks: list[PreBlockSpec] = []  # encoder only: sublayers before the mixer (QANet convs), by ``layers``
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cross_attention_inherits_unset_keys(cls, data):
+        """``cross_attention: {parts: [...]}`` must not fall back to AttentionConfig's defaults (8 heads, no
+        dropout) behind the stack's back: every key it does not set is the stack's ``attention``'s."""
+        if isinstance(data, dict) and isinstance(data.get("cross_attention"), dict):
+            attention = data.get("attention", {})
+            attention = attention.model_dump() if isinstance(attention, BaseModel) else attention
+            if isinstance(attention, dict):
+                inherited = {k: v for k, v in attention.items() if k in AttentionConfig.model_fields and k != "parts"}
+                data = {**data, "cross_attention": {**inherited, **data["cross_attention"]}}
+        return data
 
     @model_validator(mode="after")
     def _layer_indices_exist(self) -> "StackConfig":

@@ -57,6 +57,18 @@ def test_cached_decoding_with_parts_in_cross_attention_equals_full_forward():
     _assert_cached_decoding_equals_full_forward(model)
 
 
+def test_cross_attention_takes_every_key_it_does_not_set_from_the_stacks_attention():
+    """``cross_attention: {parts: [...]}`` once silently got AttentionConfig's defaults (8 heads, dropout 0)."""
+    parts = [{"type": "rel_pos", "cross": True}]
+    decoder = StackConfig(layers=1, attention={"heads": 4, "dropout": 0.1, "bias": False},
+                          cross_attention={"parts": parts})
+    cross = decoder.cross_attention
+    assert (cross.heads, cross.dropout, cross.bias, [p.type for p in cross.parts]) == (4, 0.1, False, ["rel_pos"])
+    assert StackConfig(attention={"heads": 4}, cross_attention={"heads": 2}).cross_attention.heads == 2
+    assert StackConfig(attention={"heads": 4, "parts": parts}).cross_attention is None  # built as attention, no parts
+    assert StackConfig.model_validate(decoder.model_dump()) == decoder  # a resolved config.yaml reloads the same
+
+
 def test_learned_positions_have_one_table_per_side_and_sinusoidal_none():
     learned = tiny("pre", "learned")
     assert learned.src_positions is not learned.tgt_positions

@@ -1,7 +1,7 @@
 """The one registry of attention parts: config ``type`` name -> (config class, builder).
 
 A new variant is one module with a config class and a builder, registered with
-``@PARTS.register(MyConfig)``, plus one import line in ``sanlab/attention/parts/__init__.py``.
+``@PARTS.register(MyConfig)``, in ``sanlab/attention/parts/`` (which imports every module in it).
 The config schema, the builders and the contract tests all read this registry.
 """
 

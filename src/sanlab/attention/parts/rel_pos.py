@@ -85,5 +85,5 @@ class RelativePositions(AttentionPart):
 def build_rel_pos(config: RelPosConfig, ctx: BuildContext) -> RelativePositions:
     if ctx.side == "cross" and not config.cross:
         raise ValueError("rel_pos in encoder-decoder attention is not Shaw et al.'s method; "
-                         "set cross: true to use target-minus-source relative positions there")
+                         "set cross: true to use relative positions (source minus target position) there")
     return RelativePositions(head_dim=ctx.head_dim, max_distance=config.max_distance)
