@@ -23,3 +23,13 @@ def count_calls(monkeypatch, module, name: str) -> list:
     calls, real = [], getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     return calls
+
+
+def perturb(module: torch.nn.Module, scale: float = 0.3, seed: int = 3) -> torch.nn.Module:
+    """Move every parameter off its initial value: many parts start as the identity (temperatures 1,
+    gates, biases 0), where a cached or fast path that dropped or doubled them would still match."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module

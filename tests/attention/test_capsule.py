@@ -1,7 +1,9 @@
 """Capsule routing self-attention (Duan et al. 2020, arXiv 2004.14649; spec capsule-routing.md section 14).
 
-Expected values are derived: a per-prefix loop for the vectorised routing, one-iteration closed forms
-(couplings are uniform before any agreement), hand-computed squash values, and vanilla attention.
+Expected values are derived: Sabour et al.'s Procedure 1 written out capsule by capsule (the reference of
+``dynamic_routing`` and of everything built on it), a per-prefix loop for the vectorised routing,
+one-iteration closed forms (couplings are uniform before any agreement), hand-computed squash values, and
+vanilla attention.
 """
 
 from pathlib import Path
@@ -62,6 +64,60 @@ def test_squash_hand_values_and_zero():
     assert torch.isfinite(s.grad).all()
 
 
+def _procedure_1(votes: torch.Tensor, iters: int, output_valid=None) -> torch.Tensor:
+    """Sabour et al. (2017) Procedure 1 for one example, one capsule at a time: votes [u, o, D] -> v [o, D].
+    Input u's coupling is a softmax over the outputs it may reach (none reachable: coupling 0)."""
+    n_in, n_out, _ = votes.shape
+    reach = [[True] * n_out for _ in range(n_in)] if output_valid is None else output_valid.tolist()
+    logits = [[0.0] * n_out for _ in range(n_in)]
+    for step in range(iters):
+        coupling = []
+        for u in range(n_in):
+            e = [torch.exp(torch.as_tensor(logits[u][o])) if reach[u][o] else None for o in range(n_out)]
+            total = sum(x for x in e if x is not None) if any(x is not None for x in e) else None
+            coupling.append([e[o] / total if e[o] is not None else 0.0 for o in range(n_out)])
+        v = []
+        for o in range(n_out):
+            s_o = sum(coupling[u][o] * votes[u, o] for u in range(n_in))
+            norm = s_o.norm()
+            v.append(torch.zeros_like(s_o) if norm == 0 else norm ** 2 / (1 + norm ** 2) * s_o / norm)
+        for u in range(n_in):
+            for o in range(n_out):
+                logits[u][o] = logits[u][o] + votes[u, o] @ v[o]
+    return torch.stack(v)
+
+
+@pytest.mark.parametrize("iters", [1, 2, 3])
+@pytest.mark.parametrize("masked", [False, True])
+def test_dynamic_routing_equals_procedure_1_values_and_gradients(iters, masked):
+    votes = torch.randn(2, 5, 3, 4, generator=torch.Generator().manual_seed(iters), dtype=torch.double)
+    valid = torch.rand(2, 5, 3, generator=torch.Generator().manual_seed(7)) > 0.3 if masked else None
+    if masked:
+        valid[0, 1] = False  # an input that reaches no output
+    a, b = votes.clone().requires_grad_(True), votes.clone().requires_grad_(True)
+    fast, _ = routing.dynamic_routing(a, iters=iters, output_valid=valid)
+    reference = torch.stack([_procedure_1(b[n], iters, None if valid is None else valid[n]) for n in range(2)])
+    torch.testing.assert_close(fast, reference)
+    weight = torch.randn(fast.shape, generator=torch.Generator().manual_seed(3), dtype=torch.double)
+    (fast * weight).sum().backward()
+    (reference * weight).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("iters", [2, 3])
+def test_vertical_and_global_routing_equal_procedure_1(iters):
+    valid = _padded_valid()
+    cube = _cube(h=3, seed=iters) * valid[:, None, :, None]
+    v, _ = routing.vertical_routing(cube, iters=iters, row_valid=valid)  # heads vote for tokens
+    for n in range(2):
+        reach = valid[n][None, :].expand(3, 6)  # [h, i]: a head's coupling spreads over real tokens only
+        torch.testing.assert_close(v[n], _procedure_1(cube[n], iters, reach))
+    hor = routing.global_routing(cube, iters=iters)  # tokens vote for heads, all of them at once
+    for n in range(2):
+        expected = _procedure_1(cube[n].transpose(0, 1), iters)  # [h, j]
+        torch.testing.assert_close(hor[n], expected[:, None, :].expand(3, 6, 6))
+
+
 @pytest.mark.parametrize("iters", [1, 2, 3])
 @pytest.mark.parametrize("causal", [False, True])
 def test_vectorised_positional_routing_equals_per_prefix_loop(iters, causal):
@@ -107,12 +163,6 @@ def test_hor_is_zero_above_the_diagonal_under_the_causal_zero_fill():
     cube = _cube(i=7, j=7) * torch.tril(torch.ones(7, 7, dtype=torch.double))
     hor = routing.positional_routing(cube, q_pos=torch.arange(7), iters=3)
     assert torch.all(torch.triu(hor, diagonal=1) == 0)
-
-
-def test_global_routing_is_the_last_prefix_broadcast_to_every_row():
-    cube = _cube(i=5, j=5)
-    full_prefix = routing.positional_routing_loop(cube, iters=3)[:, :, -1:]  # [b, h, 1, j]
-    torch.testing.assert_close(routing.global_routing(cube, iters=3), full_prefix.expand_as(cube))
 
 
 # --------------------------------------------------------------------------- the score part, hand-derived

@@ -21,6 +21,7 @@ from sanlab.attention import Attention, Positions, banded
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.registry import PARTS, BuildContext
+from tests_helpers import perturb
 
 DIM, HEADS = 16, 4
 LENGTHS = (9, 6, 3)        # real lengths of the batch rows; the padded length is 9 (odd)
@@ -44,22 +45,11 @@ DECODER_UNSAFE = {"bi_direct"}
 CROSS_CAPABLE = {"abs_position", "local_hard", "local_soft", "neighbor", "rel_position", "temperature"}
 
 
-def _perturb(module: torch.nn.Module) -> None:
-    """Move every parameter off its initial value: many parts start as the identity (temperatures 1,
-    biases 0), where a cached path that dropped or doubled them would still match the full forward."""
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
-def _attention(cfg, side: str, plan: str = "dense", perturb: bool = True) -> Attention:
+def _attention(cfg, side: str, plan: str = "dense", perturbed: bool = True) -> Attention:
     torch.manual_seed(0)
     part = PARTS.build(cfg, _context(cfg, side))
     attn = Attention(dim=DIM, heads=HEADS, parts=[part], plan=plan).double().eval()
-    if perturb:
-        _perturb(attn)
-    return attn
+    return perturb(attn) if perturbed else attn
 
 
 def _decoder_or_skip(cfg, side: str) -> Attention:
@@ -99,11 +89,11 @@ def _fast_plans(attn: Attention) -> list[str]:
 
 @pytest.mark.parametrize("side", SIDES)
 @pytest.mark.parametrize("cfg", CASES)
-@pytest.mark.parametrize("perturb", [False, True], ids=["initial", "perturbed"])
-def test_shapes_finite_and_padded_rows_zero(cfg, side, perturb):
+@pytest.mark.parametrize("perturbed", [False, True], ids=["initial", "perturbed"])
+def test_shapes_finite_and_padded_rows_zero(cfg, side, perturbed):
     attn = _decoder_or_skip(cfg, side)
-    if not perturb:
-        attn = _attention(cfg, side, perturb=False)
+    if not perturbed:
+        attn = _attention(cfg, side, perturbed=False)
     x, valid = _inputs()
     x.requires_grad_(True)
     out = attn(x, positions=_positions(valid, side)).output
@@ -134,15 +124,21 @@ def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
         out = attn(xi, positions=_positions(valid, side)).output
         (out * probe).sum().backward()
         results.append((plan, out, xi.grad, [p.grad for p in attn.parameters()]))
+    _assert_plans_agree(results, side)
+
+
+def _assert_plans_agree(results: list, side: str) -> None:
+    """results: (plan, output, input gradient, parameter gradients) per plan, dense first."""
     _, ref_out, ref_dx, ref_dp = results[0]
     for plan, out, dx, dp in results[1:]:
-        torch.testing.assert_close(out, ref_out, msg=lambda m: f"plan {plan} values: {m}")
-        torch.testing.assert_close(dx, ref_dx, msg=lambda m: f"plan {plan} input gradient: {m}")
+        torch.testing.assert_close(out, ref_out, msg=lambda m: f"{side}, plan {plan} values: {m}")
+        torch.testing.assert_close(dx, ref_dx, msg=lambda m: f"{side}, plan {plan} input gradient: {m}")
+        assert len(dp) == len(ref_dp)
         for g, ref in zip(dp, ref_dp):
             if ref is None:
                 assert g is None or torch.all(g == 0)
             else:
-                torch.testing.assert_close(g, ref, msg=lambda m: f"plan {plan} parameter gradient: {m}")
+                torch.testing.assert_close(g, ref, msg=lambda m: f"{side}, plan {plan} parameter gradient: {m}")
 
 
 def _decode(attn: Attention, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -264,7 +260,7 @@ def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkey
         torch.manual_seed(0)
         parts = [] if cfg is None else [PARTS.build(cfg, _context(cfg, "cross"))]
         attn = Attention(dim=DIM, heads=HEADS, parts=parts, plan=plan).double().eval()
-        _perturb(attn)
+        perturb(attn)
         return attn
 
     dense = build("dense")
@@ -298,7 +294,7 @@ def test_extra_memory_padding_leaves_cross_attention_unchanged(cfg):
     memory length (Gaussian centres predicted in [0, L)) must take L from the valid keys, not the tensor."""
     if cfg is None:
         attn = Attention(dim=DIM, heads=HEADS).double().eval()
-        _perturb(attn)
+        perturb(attn)
     else:
         attn = _attention(cfg, "cross")
     x, valid = _inputs()
@@ -334,7 +330,7 @@ def _pair(cfg_a, cfg_b, side: str, plan: str = "dense") -> Attention:
     torch.manual_seed(0)
     attn = Attention(dim=DIM, heads=HEADS, parts=[PARTS.build(cfg_a, ctx), PARTS.build(cfg_b, ctx)],
                      plan=plan).double().eval()
-    _perturb(attn)
+    perturb(attn)
     return attn
 
 
@@ -360,12 +356,9 @@ def test_two_parts_in_one_layer_keep_the_plan_and_cache_contracts(cfg_a, cfg_b, 
             xi = x.clone().requires_grad_(True)
             out = attn(xi, positions=_positions(valid, side)).output
             (out * probe).sum().backward()
-            results.append((plan, out.detach(), xi.grad))
+            results.append((plan, out.detach(), xi.grad, [p.grad for p in attn.parameters()]))
             if side == "decoder":
                 with torch.no_grad():
                     torch.testing.assert_close(_decode(attn, x, valid), out.detach(),
                                                msg=lambda m: f"cached decoding, plan {plan}: {m}")
-        _, ref_out, ref_dx = results[0]
-        for plan, out, dx in results[1:]:
-            torch.testing.assert_close(out, ref_out, msg=lambda m: f"{side}, plan {plan} values: {m}")
-            torch.testing.assert_close(dx, ref_dx, msg=lambda m: f"{side}, plan {plan} input gradient: {m}")
+        _assert_plans_agree(results, side)

@@ -5,6 +5,7 @@ import torch
 
 from sanlab.attention import Attention, AttentionPart, Positions
 from sanlab.attention.masks import masked_softmax
+from tests_helpers import perturb
 
 
 def _inputs(b=3, t=7, dim=16, seed=0):
@@ -77,9 +78,7 @@ def test_traced_weights_are_the_ones_applied_after_every_part(part):
     torch.manual_seed(0)
     built = PARTS.build(config, BuildContext(dim=16, heads=4, layer_index=0, num_layers=1, side="encoder", max_len=7))
     attn = Attention(dim=16, heads=4, parts=[built], plan="dense").eval()
-    with torch.no_grad():
-        for p in attn.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    perturb(attn, seed=0)
     result = attn(x, positions=Positions.self_attention(valid, length=7), need_trace=True)
     applied = result.trace.get("weights_final", result.trace["weights"])
     assert ("weights_final" in result.trace) == (part["type"] == "conv_attention")

@@ -17,6 +17,7 @@ from sanlab.attention.parts.conv_attention import ConvolvedAttention
 from sanlab.attention.parts.position_interaction import AbsolutePositionInteraction, RelativePositionInteraction
 from sanlab.attention.parts.temperature import LearnableTemperature
 from sanlab.attention.registry import BuildContext
+from tests_helpers import perturb
 
 
 @pytest.fixture(autouse=True)
@@ -178,7 +179,7 @@ def test_temperature_starts_at_one_and_scales_logits_and_values():
 def test_decoder_no_future_leak_and_cached_equals_full(parts):
     torch.manual_seed(0)
     ctx = BuildContext(dim=8, heads=2, layer_index=0, num_layers=1, side="decoder", max_len=7)
-    attn = build_attention(AttentionConfig(heads=2, parts=parts), ctx).double().eval()
+    attn = perturb(build_attention(AttentionConfig(heads=2, parts=parts), ctx).double().eval())  # temperatures != 1
     x = torch.randn(2, 7, 8, dtype=torch.float64)
     full = attn(x, positions=Positions.self_attention(None, length=7, causal=True)).output
     x2 = x.clone()

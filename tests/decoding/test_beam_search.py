@@ -239,19 +239,26 @@ def _reference_beam(table: torch.Tensor, *, k: int, max_len: int, penalty, min_l
     return [(list(tokens), penalty(logp, len(tokens) + 1)) for tokens, logp in ranked]
 
 
+def _gnmt(alpha):
+    return lambda logp, n: logp / ((5 + n) / 6) ** alpha
+
+
 @pytest.mark.parametrize("beam_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize(("alpha", "style"), [(0.0, "fairseq"), (1.0, "fairseq"), (0.6, "gnmt")])
 @pytest.mark.parametrize("min_length", [0, 2])
-def test_batched_beam_equals_a_plain_reference_search(beam_size, alpha, min_length):
+@pytest.mark.parametrize("n_best", ["beam", 1])
+def test_batched_beam_equals_a_plain_reference_search(beam_size, alpha, style, min_length, n_best):
     max_lengths = [m for m in MAX_LENGTHS if m > min_length]  # room for EOS after min_length tokens
     n = len(max_lengths)
+    n_best = beam_size if n_best == "beam" else n_best
     model = TrigramModel(n, seed=3)
     found = beam_search(model, model.cache(list(range(n))), batch_size=n, max_lengths=torch.tensor(max_lengths),
-                        beam_size=beam_size, n_best=beam_size, length_penalty=alpha, min_length=min_length,
-                        **SPECIAL)
+                        beam_size=beam_size, n_best=n_best, length_penalty=alpha, length_penalty_style=style,
+                        min_length=min_length, **SPECIAL)
+    penalty = _fairseq(alpha) if style == "fairseq" else _gnmt(alpha)
     for s, max_len in enumerate(max_lengths):
-        expected = _reference_beam(model.table[s].double(), k=beam_size, max_len=max_len, penalty=_fairseq(alpha),
-                                   min_length=min_length)
+        expected = _reference_beam(model.table[s].double(), k=beam_size, max_len=max_len, penalty=penalty,
+                                   min_length=min_length)[:n_best]
         assert [h.tokens for h in found[s]] == [tokens for tokens, _ in expected], f"sentence {s}"
         assert [h.score for h in found[s]] == pytest.approx([score for _, score in expected], rel=1e-5)
 

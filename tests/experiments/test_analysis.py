@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from sanlab.attention import Attention
 from sanlab.config import validate
 from sanlab.data.subword import train_joint
 from sanlab.data.synthetic import generate_translation
@@ -327,20 +328,68 @@ def test_gates_of_a_muse_run(corpus, tmp_path):
     assert [float(x) for x in rows[2][2:]] == pytest.approx([0.5, 0.5, 1.0])  # alpha = 1/n at initialisation
 
 
+def _sharpen(net, factor: float = 8.0):
+    """Scale the query projections so that an untrained model's attention is far from uniform: a wrong
+    layer or head then gives clearly different values."""
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, Attention):
+                m.q_proj.weight.mul_(factor)
+                m.k_proj.weight.mul_(factor / 2)
+
+
+def _hand_weights(attn, x, memory=None) -> np.ndarray:
+    """softmax(q k^T / sqrt(d_h)) per head, [h, i, j], from the module's projections (one sentence, no mask)."""
+    def heads(t):
+        return t[0].view(t.shape[1], attn.heads, attn.head_dim).transpose(0, 1)
+    q, k = heads(attn.q_proj(x)), heads(attn.k_proj(x if memory is None else memory))
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim), dim=-1).detach().numpy()
+
+
+def _catch_inputs(module, seen: dict, name: str):
+    """Store the first (x, memory) ``module`` is called with under ``seen[name]``; returns the hook handle."""
+    def hook(module, args, kwargs, output):  # returns None, so the output is left as it is
+        seen.setdefault(name, (args[0], kwargs.get("memory")))
+    return module.register_forward_hook(hook, with_kwargs=True)
+
+
+def _reference_maps(run, src: list[int], tgt: list[int]) -> dict[str, np.ndarray]:
+    """The inputs of encoder layer 1's self-attention and decoder layer 0's cross-attention, caught by hooks
+    on a plain forward pass, turned into attention weights by hand."""
+    from sanlab.runs import load_trained
+
+    _, model, _ = load_trained(run)
+    enc_attn = next(m for m in model.encoder.layers[1].modules() if isinstance(m, Attention))
+    cross_attn = model.decoder.layers[0].cross_attention
+    seen = {}
+    hooks = [_catch_inputs(module, seen, name) for name, module in (("encoder", enc_attn), ("cross", cross_attn))]
+    with torch.no_grad():
+        memory, memory_valid = model.encode(torch.tensor([src]))
+        model.decode(torch.tensor([tgt]), memory=memory, memory_valid=memory_valid)
+        for h in hooks:
+            h.remove()
+        return {"encoder": _hand_weights(enc_attn, seen["encoder"][0]),
+                "cross": _hand_weights(cross_attn, *seen["cross"])}
+
+
 def test_attention_map_plain_and_cross(corpus, tmp_path):
-    run = make_translation_run(corpus, tmp_path / "base")
+    run = make_translation_run(corpus, tmp_path / "base", setup=_sharpen)
     from sanlab.data.subword import SubwordModel
 
     spm = SubwordModel.load(run / "subword.model")
-    sentence = "the dog sleeps ."
+    sentence, target = "the dog sleeps .", "der hund schlaeft ."
     pieces = [spm.id_to_piece(t) for t in spm.encode(sentence)] + ["</s>"]
+    expected = _reference_maps(run, spm.encode(sentence) + [spm.eos_id], [spm.bos_id] + spm.encode(target))
     rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "enc", sentence=sentence, layer=1, head=2))
     assert rows[0] == ["query", *pieces] and [r[0] for r in rows[1:]] == pieces
-    assert all(sum(float(x) for x in r[1:]) == pytest.approx(1.0) for r in rows[1:])  # softmax rows
-    target = "der hund schlaeft ."
+    values = np.array([[float(x) for x in r[1:]] for r in rows[1:]])
+    assert values == pytest.approx(expected["encoder"][2], abs=6e-4)  # the CSV keeps 3 decimals
+    assert np.abs(expected["encoder"][2] - expected["encoder"][0]).max() > 0.05  # so another head would fail
     rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "cross", sentence=sentence, side="cross",
                                                 target=target, head=None))
     assert rows[0][1:] == pieces and [r[0] for r in rows[1:]] == ["<s>", *spm.encode_pieces(target)]
+    values = np.array([[float(x) for x in r[1:]] for r in rows[1:]])
+    assert values == pytest.approx(expected["cross"].mean(axis=0), abs=6e-4)  # head None: the mean over heads
     with pytest.raises(analyze.ConfigError, match="layer 5 does not exist: the decoder has 2 layers"):
         analyze.attention_map(run, out=tmp_path / "x", sentence=sentence, side="decoder", layer=5, target=target)
     limit = load_run_config(run).model.max_positions
@@ -364,7 +413,7 @@ def test_attention_map_of_2d_csan_shows_head_blocks(corpus, tmp_path):
     assert np.all(w.transpose(1, 0, 2)[:, far] == 0)
 
 
-def test_attention_map_of_a_tagger(tmp_path):
+def test_attention_map_of_a_tagger(tmp_path, monkeypatch):
     from sanlab.data.conllu_io import TaggedSentence
     from sanlab.tasks.tagging import VOCAB_FILE, TaggingVocab, load_tagging_model
 
@@ -378,11 +427,25 @@ def test_attention_map_of_a_tagger(tmp_path):
     train = [TaggedSentence(("dogs", "bark"), ("NOUN", "VERB"))]
     TaggingVocab.build(train, train, fraction=1.0, max_size=None).save(run / VOCAB_FILE)
     net, _ = load_tagging_model(config, run)
+    _sharpen(net, 30.0)  # its word vectors are small
     CheckpointManager(run, keep_best=1, keep_last=1, higher_is_better=True).save(model=net, state={},
                                                                                  meta={"step": 1, "score": 0.0})
+    import sanlab.runs
+
+    real_load, inputs = sanlab.runs.load_trained, {}
+
+    def load_and_watch_layer_1(*args, **kwargs):  # the model analyze loads, with a hook on layer 1's attention
+        config, model, assets = real_load(*args, **kwargs)
+        inputs["attention"] = [m for m in model.modules() if isinstance(m, Attention)][1]
+        _catch_inputs(inputs["attention"], inputs, "x")
+        return config, model, assets
+
+    monkeypatch.setattr(sanlab.runs, "load_trained", load_and_watch_layer_1)
     rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "tag", sentence="dogs bark loudly", layer=1))
     assert rows[0] == ["query", "dogs", "bark", "loudly"] and len(rows) == 4
-    assert all(sum(float(x) for x in r[1:]) == pytest.approx(1.0) for r in rows[1:])
+    expected, other_head = _hand_weights(inputs["attention"], inputs["x"][0])  # head 0 is the default
+    assert np.abs(expected - other_head).max() > 0.05  # sharp enough that the other head would not match
+    assert np.array([[float(x) for x in r[1:]] for r in rows[1:]]) == pytest.approx(expected, abs=6e-4)
     with pytest.raises(analyze.ConfigError, match="has 7 words; the tagger takes 1 to 6"):
         analyze.attention_map(run, out=tmp_path / "x", sentence="a b c d e f g")
 

@@ -12,7 +12,7 @@ from sanlab.layers.block_attention import (BiBloSA, BlockSelfAttention, FeatureA
                                            direction_mask, intra_block_mask, split_blocks)
 from sanlab.layers.conv_blocks import QANetConvBlock
 from sanlab.layers.mixers import MIXERS
-from sanlab.models.builders import build_decoder, build_encoder, build_seq2seq, count_parameters
+from sanlab.models.builders import build_decoder, build_encoder, build_seq2seq
 
 
 def _valid(b=2, t=9, lengths=(9, 5)):
@@ -194,7 +194,6 @@ def test_seq2seq_with_block_and_cnns_decodes_like_the_full_forward():
     torch.manual_seed(0)
     model = build_seq2seq(Seq2SeqConfig(dim=8, norm="pre", dropout=0.0, encoder=encoder, decoder=decoder),
                           vocab_size=20, pad_id=0).eval()
-    assert count_parameters(model) > 0
     src, tgt = torch.randint(3, 20, (2, 7)), torch.randint(3, 20, (2, 5))
     src[1, 4:] = 0
     with torch.no_grad():

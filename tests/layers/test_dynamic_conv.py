@@ -38,13 +38,23 @@ CASES += [(4, 3, True), (4, 6, True)]  # an even causal width, also longer than 
 
 
 @pytest.mark.parametrize("kernel,t,causal", CASES)
-def test_both_algorithms_equal_a_loop_over_taps(kernel, t, causal):
-    x = torch.randn(2, t, 8)
-    weights = torch.softmax(torch.randn(2, t, 2, kernel), dim=-1)
-    expected = loop_conv(x, weights, first_offset=offset(kernel, causal))
+def test_both_algorithms_equal_a_loop_over_taps_values_and_gradients(kernel, t, causal):
+    x = torch.randn(2, t, 8, dtype=torch.double)
+    weights = torch.softmax(torch.randn(2, t, 2, kernel, dtype=torch.double), dim=-1)
+    probe = torch.randn(2, t, 8, dtype=torch.double)
     left = dc.left_padding(kernel, causal=causal)
-    torch.testing.assert_close(unfold_conv(x, weights, left=left), expected)
-    torch.testing.assert_close(band_conv(x, weights, left=left), expected)
+
+    def run(conv):
+        xi, wi = x.clone().requires_grad_(True), weights.clone().requires_grad_(True)
+        out = conv(xi, wi)
+        (out * probe).sum().backward()
+        return out, xi.grad, wi.grad
+
+    expected = run(lambda xi, wi: loop_conv(xi, wi, first_offset=offset(kernel, causal)))
+    for name, algorithm in (("unfold", unfold_conv), ("band", band_conv)):
+        got = run(lambda xi, wi: algorithm(xi, wi, left=left))
+        for what, a, b in zip(("values", "input gradient", "weight gradient"), got, expected):
+            torch.testing.assert_close(a, b, msg=lambda m: f"{name} {what}: {m}")
 
 
 def test_even_centred_kernel_uses_fairseqs_left_padding():

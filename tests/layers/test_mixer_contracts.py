@@ -16,6 +16,7 @@ from sanlab.decoding.cache import reorder
 from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_seq2seq
+from tests_helpers import perturb
 
 import sanlab.config  # noqa: F401  (imports every mixer module, so the registry is complete)
 
@@ -29,10 +30,7 @@ def _model(mixer: str | dict, *, decoder: bool, pre_blocks: list[dict] = ()):
     # max_positions 16: the longest test sequence is 11, and convolved attention works on a t x t grid of it
     cfg = Seq2SeqConfig(dim=16, dropout=0.0, norm="post", encoder=enc, decoder=dec, max_positions=16)
     model = build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval()
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():  # off the initial values: gates, biases and scales that start neutral now matter
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    perturb(model, 0.1)  # off the initial values: gates, biases and scales that start neutral now matter
     return model
 
 

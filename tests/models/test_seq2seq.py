@@ -5,6 +5,7 @@ import torch
 
 from sanlab.config import Seq2SeqConfig, StackConfig, load_config
 from sanlab.models.builders import build_seq2seq, count_parameters
+from tests_helpers import perturb
 
 
 def tiny(norm="pre", positions="sinusoidal", share=True):
@@ -50,10 +51,7 @@ def test_cached_decoding_with_parts_in_cross_attention_equals_full_forward():
     model = build_seq2seq(cfg, vocab_size=50, pad_id=0).eval()
     cross = model.decoder.layers[0].cross_attention
     assert [type(p).__name__ for p in cross.parts] == ["RelativePositions", "LocalSoft", "LearnableTemperature"]
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    perturb(model, 0.2, seed=1)
     _assert_cached_decoding_equals_full_forward(model)
 
 
