@@ -45,18 +45,17 @@ class StackConfig(Strict):
     cross_attention: AttentionConfig | None = None  # decoder only; None = ``attention`` without its parts
     pre_blocks: list[PreBlockSpec] = []  # encoder only: sublayers before the mixer (QANet convs), by ``layers``
 
-    @model_validator(mode="before")
-    @classmethod
-    def _cross_attention_inherits_unset_keys(cls, data):
+    @model_validator(mode="after")
+    def _cross_attention_inherits_unset_keys(self) -> "StackConfig":
         """``cross_attention: {parts: [...]}`` must not fall back to AttentionConfig's defaults (8 heads, no
-        dropout) behind the stack's back: every key it does not set is the stack's ``attention``'s."""
-        if isinstance(data, dict) and isinstance(data.get("cross_attention"), dict):
-            attention = data.get("attention", {})
-            attention = attention.model_dump() if isinstance(attention, BaseModel) else attention
-            if isinstance(attention, dict):
-                inherited = {k: v for k, v in attention.items() if k in AttentionConfig.model_fields and k != "parts"}
-                data = {**data, "cross_attention": {**inherited, **data["cross_attention"]}}
-        return data
+        dropout) behind the stack's back: every key it does not set is the stack's ``attention``'s, except
+        ``parts`` and ``plan`` (a plan chosen for the self-attention parts, e.g. banded, may not suit these)."""
+        cross = self.cross_attention
+        if cross is not None:
+            unset = set(AttentionConfig.model_fields) - cross.model_fields_set - {"parts", "plan"}
+            # through __dict__: assigning the field would validate the model again, and with it this validator
+            self.__dict__["cross_attention"] = cross.model_copy(update={k: getattr(self.attention, k) for k in unset})
+        return self
 
     @model_validator(mode="after")
     def _layer_indices_exist(self) -> "StackConfig":

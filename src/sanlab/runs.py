@@ -267,7 +267,7 @@ def run_lock(run_dir: Path):
     """One process at a time trains or evaluates a run directory (a second one would interleave checkpoints,
     logs or evaluation files); a second one gets a ConfigError naming the holder's pid.
 
-    The lock is the operating system's (``flock`` on ``DIR/.lock``, POSIX), held as long as the block runs:
+    The lock is the operating system's (``flock`` on ``DIR/.lock``, Linux/BSD/macOS), held as long as the block runs:
     the kernel releases it when the process ends, however it ends, so a crashed run leaves no stale lock
     and nothing has to guess from a pid whether its holder is alive. The file stays (deleting it would let
     a third process lock a new file while the second still holds the old one); it names the last holder.

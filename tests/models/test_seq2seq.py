@@ -58,10 +58,14 @@ def test_cached_decoding_with_parts_in_cross_attention_equals_full_forward():
 def test_cross_attention_takes_every_key_it_does_not_set_from_the_stacks_attention():
     """``cross_attention: {parts: [...]}`` once silently got AttentionConfig's defaults (8 heads, dropout 0)."""
     parts = [{"type": "rel_pos", "cross": True}]
-    decoder = StackConfig(layers=1, attention={"heads": 4, "dropout": 0.1, "bias": False},
+    decoder = StackConfig(layers=1, attention={"heads": 4, "dropout": 0.1, "bias": False, "plan": "sdpa"},
                           cross_attention={"parts": parts})
     cross = decoder.cross_attention
     assert (cross.heads, cross.dropout, cross.bias, [p.type for p in cross.parts]) == (4, 0.1, False, ["rel_pos"])
+    assert cross.plan == "auto"  # sdpa cannot run a part that reads the scores: a plan is not inherited
+    with pytest.raises(ValueError, match="attention.heads") as err:
+        StackConfig(attention={"heads": 0}, cross_attention={"parts": parts})
+    assert "cross_attention" not in str(err.value)  # reported once, where the user wrote it
     assert StackConfig(attention={"heads": 4}, cross_attention={"heads": 2}).cross_attention.heads == 2
     assert StackConfig(attention={"heads": 4, "parts": parts}).cross_attention is None  # built as attention, no parts
     assert StackConfig.model_validate(decoder.model_dump()) == decoder  # a resolved config.yaml reloads the same
