@@ -390,6 +390,7 @@ def test_attention_map_plain_and_cross(corpus, tmp_path):
     assert rows[0][1:] == pieces and [r[0] for r in rows[1:]] == ["<s>", *spm.encode_pieces(target)]
     values = np.array([[float(x) for x in r[1:]] for r in rows[1:]])
     assert values == pytest.approx(expected["cross"].mean(axis=0), abs=6e-4)  # head None: the mean over heads
+    assert np.abs(expected["cross"].mean(axis=0) - expected["cross"][0]).max() > 0.05  # one head would not match
     with pytest.raises(analyze.ConfigError, match="layer 5 does not exist: the decoder has 2 layers"):
         analyze.attention_map(run, out=tmp_path / "x", sentence=sentence, side="decoder", layer=5, target=target)
     limit = load_run_config(run).model.max_positions
