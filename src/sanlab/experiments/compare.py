@@ -332,7 +332,8 @@ def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:
 # ----------------------------------------------------------------------------- the command
 def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | None = None, dry_run: bool = False,
                 table_only: bool = False, jobs: int = 1, only: Sequence[str] = (), datasets: Sequence[str] = (),
-                seeds: Sequence[int] = (), quiet: bool = False, command: str | None = None, out: Callable[[str], None] = print) -> int:
+                seeds: Sequence[int] = (), quiet: bool = False, command: str | None = None,
+                out: Callable[[str], None] = print) -> int:
     """What ``sanlab compare`` does; returns the exit code (1 if a cell failed)."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
