@@ -400,6 +400,9 @@ def test_every_mode_refuses_cells_trained_on_another_synthetic_corpus(finished, 
                         out=lambda m: None, **mode)
     with pytest.raises(ConfigError, match="--dry-run lists the cells and --table-only prints the table: choose one"):
         run_compare(str(SMOKE), dry_run=True, table_only=True)
+    for selection in ({"only": ["vanilla"]}, {"datasets": ["ewt"]}, {"seeds": [1]}):
+        with pytest.raises(ConfigError, match="--table-only prints the whole table; --only, --dataset and --seed"):
+            run_compare(str(SMOKE), table_only=True, **selection)
 
 
 def test_second_invocation_reuses_finished_cells(finished, monkeypatch):

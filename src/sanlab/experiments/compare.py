@@ -339,6 +339,10 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     if dry_run and table_only:
         raise ConfigError("--dry-run lists the cells and --table-only prints the table: choose one")
+    if table_only and (only or datasets or seeds):
+        # the table always shows every cell; ignoring a selection would look like it had been applied
+        raise ConfigError("--table-only prints the whole table; --only, --dataset and --seed choose the cells "
+                          "to run: drop them")
     grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir)
     check_synthetic(grid)
     cells = select_cells(grid, only=only, datasets=datasets, seeds=seeds)
