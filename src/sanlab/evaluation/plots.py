@@ -27,6 +27,12 @@ def grouped_bars(path: Path, *, groups: Sequence[str], series: Mapping[str, Sequ
                  xlabel: str, ylabel: str, hline: float | None = None) -> Path:
     """One cluster of bars per group (x), one bar colour per series; NaN bars are left out. ``hline``: a grey
     horizontal line at that value (0 for gaps, 1 for ratios)."""
+    return _save(grouped_bars_figure(groups=groups, series=series, title=title, xlabel=xlabel, ylabel=ylabel,
+                                     hline=hline), path)
+
+
+def grouped_bars_figure(*, groups: Sequence[str], series: Mapping[str, Sequence[float]], title: str, xlabel: str,
+                        ylabel: str, hline: float | None = None) -> Figure:
     fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5 + 2), 3.8), layout="constrained")
     ax = fig.add_subplot()
     x = np.arange(len(groups))
@@ -39,8 +45,8 @@ def grouped_bars(path: Path, *, groups: Sequence[str], series: Mapping[str, Sequ
     ax.set_xlim(-0.5, len(groups) - 0.5)  # keep every group's slot, even when all its bars are NaN
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
-    return _save(fig, path)
+    fig.legend(loc="outside right upper", fontsize="small")  # bars fill the axes: a legend inside hides some
+    return fig
 
 
 MAX_INTEGER_TICKS = 12  # up to this many distinct integer x values each get a tick (layers, window sizes)
