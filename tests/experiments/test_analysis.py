@@ -63,6 +63,33 @@ def test_length_bucket_assignment_and_scores():
     assert empty[2].count == 0 and math.isnan(empty[2].bleu)
 
 
+def test_length_buckets_against_a_baseline_test_each_bucket_on_its_own_sentences():
+    from sanlab.evaluation.significance import paired_bootstrap_bleu
+
+    refs = [f"w{i} x y z v" for i in range(30)]
+    lengths = [1] * 20 + [5] * 10                   # buckets 1-2 (20 sentences), 3-4 (empty), >4 (10)
+    base = ["p q r s t"] * 20 + refs[20:]          # the baseline is all wrong in 1-2, right in >4
+    sys_ = refs[:20] + refs[20:25] + ["p q r s t"] * 5  # the system: right in 1-2, half wrong in >4
+    rows = A.length_buckets({"base": base, "sys": sys_}, refs, lengths, edges=(2, 4), baseline="base",
+                            n_samples=200, seed=7)
+    by = {(r.system, r.bucket): r for r in rows}
+    assert all(by[("base", b)].p_value is None and by[("base", b)].delta is None for b in ("1-2", "3-4", ">4"))
+    assert by[("sys", "3-4")].count == 0 and by[("sys", "3-4")].p_value is None  # nothing to test
+    for bucket, idx in (("1-2", range(20)), (">4", range(20, 30))):  # the reference: sentences picked by hand
+        expected = paired_bootstrap_bleu([base[i] for i in idx], [sys_[i] for i in idx], [refs[i] for i in idx],
+                                         n_samples=200, seed=7)
+        row = by[("sys", bucket)]
+        assert row.delta == pytest.approx(row.bleu - by[("base", bucket)].bleu) == pytest.approx(expected.delta)
+        assert (row.p_value, row.mark) == (expected.p_value, expected.mark)
+    assert by[("sys", "1-2")].mark == "⇑" and by[("sys", ">4")].delta < 0
+    table = A.length_bucket_table(rows)
+    assert table.columns == ("system", "bucket", "sentences", "bleu", "delta", "p", "sig")
+    assert f"| {by[('sys', '1-2')].p_value:.3f} | ⇑ |" in table.markdown()  # p-values keep 3 digits
+    assert A.length_bucket_table(A.length_buckets({"s": base}, refs, lengths, edges=(2,))).columns[-1] == "bleu"
+    with pytest.raises(KeyError, match="baseline 'x' is not one of the systems \\(base, sys\\)"):
+        A.length_buckets({"base": base, "sys": sys_}, refs, lengths, baseline="x")
+
+
 def test_dotted_value_walks_mappings_and_lists_and_names_misses():
     tree = {"model": {"encoder": {"attention": {"parts": [{"type": "window", "size": 7}]}}}}
     assert A.dotted_value(tree, "model.encoder.attention.parts.0.size") == 7
@@ -203,6 +230,17 @@ def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
     assert [(r[0], r[1], r[2]) for r in rows[1:]] == [(s, b, n) for s in ("base", "csan")
                                                       for b, n in (("1-4", "2"), ("5-8", "0"), (">8", "1"))]
     assert float(rows[6][3]) == 0.0 and rows[5][3] == ""  # csan: sentence 2 (11 words) wrong; empty bucket
+
+    # against a baseline: named once even if also listed, and first; csan's buckets get delta, p and sig
+    paths = analyze.length_buckets([csan, base], baseline=base, out=tmp_path / "len-base", edges=(4, 8),
+                                   bootstrap_samples=50)
+    rows = _check_outputs(paths)
+    assert rows[0] == ["system", "bucket", "sentences", "bleu", "delta", "p", "sig"]
+    assert [r[0] for r in rows[1:]] == ["base"] * 3 + ["csan"] * 3 and rows[1][4:] == ["", "", ""]
+    assert float(rows[6][4]) == pytest.approx(float(rows[6][3]) - float(rows[3][3]))  # >8: csan - base
+    assert "paired bootstrap within the bucket (50 resamples, seed 12345)" in paths["md"].read_text()
+    with pytest.raises(analyze.ConfigError, match="--bootstrap-samples and --bootstrap-seed must be >= 1, got 0 and 12345"):
+        analyze.length_buckets([csan], baseline=base, out=tmp_path / "x", bootstrap_samples=0)
 
 
 def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpus, tmp_path):
@@ -491,6 +529,18 @@ def test_command_line(tmp_path, capsys, monkeypatch):
         assert message in capsys.readouterr().err
     args = parser.parse_args(["analyze", "length-buckets", str(run), "--out", "x", "--buckets", "10,20"])
     assert args.buckets == (10, 20)
+    seen = {}
+
+    def fake_length_buckets(runs, **kwargs):  # the options reach the analysis
+        seen.update(kwargs, runs=runs)
+        (tmp_path / "lb.md").write_text("# t\n")
+        return {"md": tmp_path / "lb.md"}
+
+    monkeypatch.setattr(analyze, "length_buckets", fake_length_buckets)
+    args = parser.parse_args(["analyze", "length-buckets", str(run), "--out", "x", "--baseline", "b",
+                              "--bootstrap-samples", "10", "--bootstrap-seed", "3"])
+    assert args.fn(args) == 0
+    assert (seen["runs"], seen["baseline"], seen["bootstrap_samples"], seen["bootstrap_seed"]) == ([str(run)], "b", 10, 3)
 
 
 def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(corpus, tmp_path):

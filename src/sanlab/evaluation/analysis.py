@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from sanlab.evaluation.bleu import References, bleu_by_length, ngram_precisions
+from sanlab.evaluation.bleu import (References, bleu_by_length, length_bucket_members, ngram_precisions,
+                                    reference_streams)
+from sanlab.evaluation.significance import paired_bootstrap_bleu
 
 LOWER_IS_BETTER = frozenset({"loss", "ppl"})  # validation metrics where the best record is the minimum
 
@@ -48,6 +50,7 @@ class Table:
     columns: tuple[str, ...]
     rows: tuple[tuple, ...]
     digits: int = 2
+    column_digits: tuple[tuple[str, int], ...] = ()  # (column, digits) where ``digits`` is too few, e.g. p-values
 
     def __post_init__(self):
         bad = [r for r in self.rows if len(r) != len(self.columns)]
@@ -61,7 +64,8 @@ class Table:
         escape = lambda s: s.replace("|", "\\|")  # noqa: E731  (a token may be "|")
         lines = ["| " + " | ".join(escape(c) for c in self.columns) + " |",
                  "|" + "|".join("---" for _ in self.columns) + "|"]
-        lines += ["| " + " | ".join(escape(_cell(v, self.digits)) for v in row) + " |" for row in self.rows]
+        digits = [dict(self.column_digits).get(c, self.digits) for c in self.columns]
+        lines += ["| " + " | ".join(escape(_cell(v, d)) for v, d in zip(row, digits)) + " |" for row in self.rows]
         return "\n".join(lines) + "\n"
 
     def csv(self) -> str:
@@ -112,6 +116,10 @@ class BucketScore:
     bucket: str      # "1-10", ..., ">40" (a length of 0 counts in the first bucket)
     count: int
     bleu: float      # NaN for an empty bucket
+    # against a baseline only (None for the baseline itself, an empty bucket, or no baseline):
+    delta: float | None = None    # bleu - the baseline's bleu on the same sentences
+    p_value: float | None = None  # sacreBLEU's paired bootstrap within the bucket
+    mark: str = ""                # ⇑ ↑ ↓ ⇓ as in the comparison tables
 
 
 def source_lengths(sources: Sequence[str]) -> list[int]:
@@ -120,16 +128,39 @@ def source_lengths(sources: Sequence[str]) -> list[int]:
 
 
 def length_buckets(systems: Mapping[str, Sequence[str]], references: References, lengths: Sequence[int], *,
-                   edges: Sequence[int] = (10, 20, 30, 40), tokenize: str = "13a") -> list[BucketScore]:
-    """Corpus BLEU per source-length bucket for each system; ``edges`` are ascending upper bounds."""
-    return [BucketScore(system=name, bucket=row.label, count=row.count, bleu=row.bleu)
-            for name, hyps in systems.items()
-            for row in bleu_by_length(hyps, references, lengths, buckets=edges, tokenize=tokenize)]
+                   edges: Sequence[int] = (10, 20, 30, 40), tokenize: str = "13a", baseline: str | None = None,
+                   n_samples: int = 1000, seed: int = 12345) -> list[BucketScore]:
+    """Corpus BLEU per source-length bucket for each system; ``edges`` are ascending upper bounds.
+
+    With ``baseline`` (a key of ``systems``), every other system's bucket is also tested against the
+    baseline's on the same sentences (paired bootstrap): a bucket holds a few hundred sentences at most, so a
+    gap of one or two BLEU in one bucket is often noise, and the table should say so."""
+    if baseline is not None and baseline not in systems:
+        raise KeyError(f"baseline {baseline!r} is not one of the systems ({', '.join(systems)})")
+    members = length_bucket_members(lengths, edges)
+    streams = reference_streams(references, n_hypotheses=len(lengths))
+    scores = []
+    for name, hyps in systems.items():
+        rows = bleu_by_length(hyps, references, lengths, buckets=edges, tokenize=tokenize)
+        for row, (_, _, idx) in zip(rows, members):
+            test = None
+            if baseline is not None and name != baseline and idx:
+                test = paired_bootstrap_bleu([systems[baseline][i] for i in idx], [hyps[i] for i in idx],
+                                             [[stream[i] for i in idx] for stream in streams],
+                                             n_samples=n_samples, seed=seed, tokenize=tokenize)
+            scores.append(BucketScore(system=name, bucket=row.label, count=row.count, bleu=row.bleu,
+                                      delta=test.delta if test else None, p_value=test.p_value if test else None,
+                                      mark=test.mark if test else ""))
+    return scores
 
 
 def length_bucket_table(scores: Sequence[BucketScore]) -> Table:
-    return Table(("system", "bucket", "sentences", "bleu"),
-                 tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
+    if all(s.p_value is None for s in scores):  # no baseline
+        return Table(("system", "bucket", "sentences", "bleu"),
+                     tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
+    return Table(("system", "bucket", "sentences", "bleu", "delta", "p", "sig"),
+                 tuple((s.system, s.bucket, s.count, s.bleu, s.delta, s.p_value, s.mark) for s in scores),
+                 column_digits=(("p", 3),))
 
 
 # ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)

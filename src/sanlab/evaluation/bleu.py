@@ -175,6 +175,18 @@ def _bucket_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
     return list(zip(lows, highs))
 
 
+def length_bucket_members(
+    src_lengths: Sequence[int], buckets: Sequence[int]
+) -> list[tuple[int, int | None, list[int]]]:
+    """(low, high, indices of the sentences with low < length <= high) per bucket, as ``bleu_by_length``
+    groups them (a length of 0 falls in the first bucket)."""
+    return [
+        (low, high, [i for i, n in enumerate(src_lengths)
+                     if (n > low or low == 0) and (high is None or n <= high)])
+        for low, high in _bucket_bounds(buckets)
+    ]
+
+
 def bleu_by_length(
     hypotheses: Sequence[str],
     references: References,
@@ -197,8 +209,7 @@ def bleu_by_length(
             f"got {len(src_lengths)} source lengths for {len(hypotheses)} hypotheses"
         )
     rows = []
-    for low, high in _bucket_bounds(buckets):
-        idx = [i for i, n in enumerate(src_lengths) if (n > low or low == 0) and (high is None or n <= high)]
+    for low, high, idx in length_bucket_members(src_lengths, buckets):
         if not idx:
             rows.append(LengthBucket(low=low, high=high, count=0, bleu=math.nan))
             continue

@@ -165,20 +165,34 @@ def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike
 
 def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequence[int] = (10, 20, 30, 40),
                    split: str | None = None, checkpoint: str = "best", sources: PathLike | None = None,
-                   references: PathLike | None = None, tokenize: str = "13a") -> dict[str, Path]:
-    """Corpus BLEU per source-length bucket (words of the raw source) for each run (MUSE Fig. 3)."""
+                   references: PathLike | None = None, tokenize: str = "13a", baseline: PathLike | None = None,
+                   bootstrap_samples: int = 1000, bootstrap_seed: int = 12345) -> dict[str, Path]:
+    """Corpus BLEU per source-length bucket (words of the raw source) for each run (MUSE Fig. 3); with
+    ``baseline``, each run's bucket is also tested against the baseline's (paired bootstrap)."""
     from sanlab.evaluation import analysis, plots
 
-    data = translation_inputs(run_dirs, split=split, checkpoint=checkpoint, sources=sources, references=references)
+    if bootstrap_samples < 1 or bootstrap_seed < 1:
+        raise ConfigError(f"--bootstrap-samples and --bootstrap-seed must be >= 1, got {bootstrap_samples} and "
+                          f"{bootstrap_seed}")
+    runs = [Path(r) for r in run_dirs]
+    if baseline is not None:  # the baseline first (and once), as in ngram_gap
+        runs = [Path(baseline)] + [r for r in runs if r.resolve() != Path(baseline).resolve()]
+    data = translation_inputs(runs, split=split, checkpoint=checkpoint, sources=sources, references=references)
     lengths = analysis.source_lengths(data["sources"])
+    base_label = next(iter(data["hypotheses"])) if baseline is not None else None
     scores = checked(analysis.length_buckets, data["hypotheses"], data["references"], lengths, edges=edges,
-                     tokenize=tokenize, context="--buckets")
+                     tokenize=tokenize, baseline=base_label, n_samples=bootstrap_samples, seed=bootstrap_seed,
+                     context="--buckets")
     buckets = list(dict.fromkeys(s.bucket for s in scores))
     counts = {s.bucket: s.count for s in scores}
     series = {name: [s.bleu for s in scores if s.system == name] for name in data["hypotheses"]}
     notes = (f"Split `{data['split']}`, checkpoint `{checkpoint}`; source length in whitespace words of the raw "
              f"source; each bucket scored as its own corpus (sacreBLEU `{tokenize}`, its own brevity penalty). "
              "Sentences per bucket: " + ", ".join(f"{b}: {counts[b]}" for b in buckets) + ".")
+    if base_label is not None:
+        notes += (f" delta = BLEU - BLEU of the baseline `{base_label}` on the same sentences; p: sacreBLEU's paired "
+                  f"bootstrap within the bucket ({bootstrap_samples} resamples, seed {bootstrap_seed}); sig: ⇑/⇓ p < 0.01, "
+                  "↑/↓ p < 0.05.")
     return write_outputs(out, title="BLEU by source length", table=analysis.length_bucket_table(scores), notes=notes,
                          plot=lambda png: plots.grouped_bars(
                              png, groups=[f"{b}\n(n={counts[b]})" for b in buckets], series=series,

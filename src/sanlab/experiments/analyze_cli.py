@@ -106,10 +106,16 @@ def _add_length_buckets(sub) -> None:
     p.add_argument("--buckets", type=_edges, default=(10, 20, 30, 40),
                    help="ascending upper bucket edges in words (default 10,20,30,40: 1-10 ... 31-40, >40)")
     p.add_argument("--sources", help="source file instead of the split's source file")
+    p.add_argument("--baseline", help="also test each run's buckets against this run's (paired bootstrap)")
+    p.add_argument("--bootstrap-samples", type=int, default=1000, help="resamples per test (default 1000)")
+    p.add_argument("--bootstrap-seed", type=int, default=12345, help="seed of the resampling (default 12345)")
     _eval_args(p)
     p.set_defaults(fn=lambda a: _report(analyze.length_buckets(a.runs, out=a.out, edges=a.buckets, split=a.split,
                                                        checkpoint=a.checkpoint, sources=a.sources,
-                                                       references=a.references, tokenize=a.tokenize)))
+                                                       references=a.references, tokenize=a.tokenize,
+                                                       baseline=a.baseline,
+                                                       bootstrap_samples=a.bootstrap_samples,
+                                                       bootstrap_seed=a.bootstrap_seed)))
 
 
 def _add_sweep(sub) -> None:
