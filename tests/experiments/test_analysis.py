@@ -82,7 +82,7 @@ def test_length_buckets_against_a_baseline_test_each_bucket_on_its_own_sentences
         assert row.delta == pytest.approx(row.bleu - by[("base", bucket)].bleu) == pytest.approx(expected.delta)
         assert (row.p_value, row.mark) == (expected.p_value, expected.mark)
     assert by[("sys", "1-2")].mark == "⇑" and by[("sys", ">4")].delta < 0
-    table = A.length_bucket_table(rows)
+    table = A.length_bucket_table(rows, tested=True)
     assert table.columns == ("system", "bucket", "sentences", "bleu", "delta", "p", "sig")
     assert f"| {by[('sys', '1-2')].p_value:.3f} | ⇑ |" in table.markdown()  # p-values keep 3 digits
     assert A.length_bucket_table(A.length_buckets({"s": base}, refs, lengths, edges=(2,))).columns[-1] == "bleu"
@@ -238,9 +238,16 @@ def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
     assert rows[0] == ["system", "bucket", "sentences", "bleu", "delta", "p", "sig"]
     assert [r[0] for r in rows[1:]] == ["base"] * 3 + ["csan"] * 3 and rows[1][4:] == ["", "", ""]
     assert float(rows[6][4]) == pytest.approx(float(rows[6][3]) - float(rows[3][3]))  # >8: csan - base
+    assert [bool(r[5]) for r in rows[4:]] == [True, False, True]  # a p for each non-empty bucket of csan
     assert "paired bootstrap within the bucket (50 resamples, seed 12345)" in paths["md"].read_text()
-    with pytest.raises(analyze.ConfigError, match="--bootstrap-samples and --bootstrap-seed must be >= 1, got 0 and 12345"):
-        analyze.length_buckets([csan], baseline=base, out=tmp_path / "x", bootstrap_samples=0)
+    alone = _check_outputs(analyze.length_buckets([base], baseline=base, out=tmp_path / "alone", edges=(4, 8)))
+    assert alone[0][4:] == ["delta", "p", "sig"]  # asked for, so the columns are there (and blank)
+    for kwargs, message in (({"bootstrap_samples": 0}, "must be >= 1, got 0 and 12345"),
+                            ({"bootstrap_seed": 0}, "must be >= 1, got 1000 and 0")):
+        with pytest.raises(analyze.ConfigError, match=f"--bootstrap-samples and --bootstrap-seed {message}"):
+            analyze.length_buckets([csan], baseline=base, out=tmp_path / "x", **kwargs)
+    with pytest.raises(analyze.ConfigError, match="set the test against --baseline: give a baseline or drop them"):
+        analyze.length_buckets([csan], out=tmp_path / "x", bootstrap_samples=10)
 
 
 def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpus, tmp_path):

@@ -443,8 +443,19 @@ def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):
     assert "2 of 4 — partial table" in report.header["cells done"]
 
 
+def test_header_keeps_the_grids_set_apart_from_this_commands_set(finished):
+    # cells trained earlier by another command may differ in resumable keys (train.threads), so this command's
+    # --set must not be presented as what every cell was trained with
+    header = build_report(finished, command="t").header
+    assert header["overrides for every cell (grid set:)"].startswith("model.word_dim=32 model.char_dim=16 ")
+    assert "train.patience=0" in header["overrides for every cell (grid set:)"]
+    assert header["--set of this command"] == " ".join(TINY)
+
+
 def test_table_only_with_other_settings_does_not_overwrite_the_table(finished, capsys):
     table = finished.runs_dir / "table.md"
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(finished.runs_dir), table_only=True, command="t",
+                       out=lambda m: None) == 0  # the table exists, whichever tests ran before
     before = table.read_text(encoding="utf-8")
     # a forgotten --set: the finished cells would "continue" to 8 steps and drop out of the table
     assert run_compare(str(SMOKE), overrides=[*TINY, "train.max_steps=8"], runs_dir=str(finished.runs_dir),

@@ -154,8 +154,9 @@ def length_buckets(systems: Mapping[str, Sequence[str]], references: References,
     return scores
 
 
-def length_bucket_table(scores: Sequence[BucketScore]) -> Table:
-    if all(s.p_value is None for s in scores):  # no baseline
+def length_bucket_table(scores: Sequence[BucketScore], *, tested: bool = False) -> Table:
+    """``tested``: the scores were computed against a baseline (columns delta, p and sig)."""
+    if not tested:
         return Table(("system", "bucket", "sentences", "bleu"),
                      tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
     return Table(("system", "bucket", "sentences", "bleu", "delta", "p", "sig"),

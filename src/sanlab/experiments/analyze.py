@@ -18,6 +18,8 @@ so that importing this module (``analyze_cli`` does, for ``sanlab --help``) cost
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import re
@@ -166,12 +168,18 @@ def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike
 def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequence[int] = (10, 20, 30, 40),
                    split: str | None = None, checkpoint: str = "best", sources: PathLike | None = None,
                    references: PathLike | None = None, tokenize: str = "13a", baseline: PathLike | None = None,
-                   bootstrap_samples: int = 1000, bootstrap_seed: int = 12345) -> dict[str, Path]:
+                   bootstrap_samples: int | None = None, bootstrap_seed: int | None = None) -> dict[str, Path]:
     """Corpus BLEU per source-length bucket (words of the raw source) for each run (MUSE Fig. 3); with
-    ``baseline``, each run's bucket is also tested against the baseline's (paired bootstrap)."""
+    ``baseline``, each run's bucket is also tested against the baseline's (paired bootstrap, by default
+    1000 resamples with seed 12345, as ``sanlab compare``)."""
     from sanlab.evaluation import analysis, plots
 
-    if bootstrap_samples < 1 or bootstrap_seed < 1:
+    if baseline is None and (bootstrap_samples is not None or bootstrap_seed is not None):
+        raise ConfigError("--bootstrap-samples and --bootstrap-seed set the test against --baseline: "
+                          "give a baseline or drop them")
+    bootstrap_samples = 1000 if bootstrap_samples is None else bootstrap_samples
+    bootstrap_seed = 12345 if bootstrap_seed is None else bootstrap_seed
+    if bootstrap_samples < 1 or bootstrap_seed < 1:  # sacreBLEU would take seed 0 as "unseeded"
         raise ConfigError(f"--bootstrap-samples and --bootstrap-seed must be >= 1, got {bootstrap_samples} and "
                           f"{bootstrap_seed}")
     runs = [Path(r) for r in run_dirs]
@@ -193,7 +201,8 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
         notes += (f" delta = BLEU - BLEU of the baseline `{base_label}` on the same sentences; p: sacreBLEU's paired "
                   f"bootstrap within the bucket ({bootstrap_samples} resamples, seed {bootstrap_seed}); sig: ⇑/⇓ p < 0.01, "
                   "↑/↓ p < 0.05.")
-    return write_outputs(out, title="BLEU by source length", table=analysis.length_bucket_table(scores), notes=notes,
+    table = analysis.length_bucket_table(scores, tested=base_label is not None)
+    return write_outputs(out, title="BLEU by source length", table=table, notes=notes,
                          plot=lambda png: plots.grouped_bars(
                              png, groups=[f"{b}\n(n={counts[b]})" for b in buckets], series=series,
                              title="BLEU by source sentence length", xlabel="source length (words)", ylabel="BLEU"))
@@ -273,7 +282,7 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
         reference = (f"baseline {run_labels([baseline])[0]}", base_score)
     table = analysis.sweep_table(points, key=key)
     if reference is not None:
-        table = analysis.Table(table.columns, table.rows + ((reference[0], None, reference[1], base_source),))
+        table = dataclasses.replace(table, rows=table.rows + ((reference[0], None, reference[1], base_source),))
     means = analysis.sweep_means(points)
     notes = ("Runs sharing a value (seeds) are averaged on the plotted line; the dots are single runs."
              + (" The dashed line is the baseline." if reference else "")

@@ -107,8 +107,8 @@ def _add_length_buckets(sub) -> None:
                    help="ascending upper bucket edges in words (default 10,20,30,40: 1-10 ... 31-40, >40)")
     p.add_argument("--sources", help="source file instead of the split's source file")
     p.add_argument("--baseline", help="also test each run's buckets against this run's (paired bootstrap)")
-    p.add_argument("--bootstrap-samples", type=int, default=1000, help="resamples per test (default 1000)")
-    p.add_argument("--bootstrap-seed", type=int, default=12345, help="seed of the resampling (default 12345)")
+    p.add_argument("--bootstrap-samples", type=int, help="resamples per test against --baseline (default 1000)")
+    p.add_argument("--bootstrap-seed", type=int, help="seed (>= 1) of the resampling (default 12345)")
     _eval_args(p)
     p.set_defaults(fn=lambda a: _report(analyze.length_buckets(a.runs, out=a.out, edges=a.buckets, split=a.split,
                                                        checkpoint=a.checkpoint, sources=a.sources,

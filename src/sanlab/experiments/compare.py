@@ -252,8 +252,11 @@ def _header(grid: Grid, sections: list[Section], *, command: str, trained_on: Se
         "checkpoint": ev.checkpoint + (f" (average of the last {ev.average_last})" if ev.average_last else ""),
         "cells done": f"{done} of {total}" + (" — partial table" if done < total else ""),
     }
-    if everywhere or grid.cli_overrides:
-        header["overrides for every cell"] = " ".join(everywhere + list(grid.cli_overrides))
+    if everywhere:
+        header["overrides for every cell (grid set:)"] = " ".join(everywhere)
+    if grid.cli_overrides:
+        # cells trained by other commands may differ in resumable keys (train.threads): "cells trained by"
+        header["--set of this command"] = " ".join(grid.cli_overrides)
     return header
 
 
