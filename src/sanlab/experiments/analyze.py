@@ -19,7 +19,6 @@ so that importing this module (``analyze_cli`` does, for ``sanlab --help``) cost
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import re
@@ -199,8 +198,8 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
              "Sentences per bucket: " + ", ".join(f"{b}: {counts[b]}" for b in buckets) + ".")
     if base_label is not None:
         notes += (f" delta = BLEU - BLEU of the baseline `{base_label}` on the same sentences; p: sacreBLEU's paired "
-                  f"bootstrap within the bucket ({bootstrap_samples} resamples, seed {bootstrap_seed}); sig: ⇑/⇓ p < 0.01, "
-                  "↑/↓ p < 0.05.")
+                  f"bootstrap within the bucket ({bootstrap_samples} resamples, seed {bootstrap_seed}); "
+                  "sig: ⇑/⇓ p < 0.01, ↑/↓ p < 0.05.")
     table = analysis.length_bucket_table(scores, tested=base_label is not None)
     return write_outputs(out, title="BLEU by source length", table=table, notes=notes,
                          plot=lambda png: plots.grouped_bars(
