@@ -481,6 +481,26 @@ def test_a_cell_trained_on_outside_the_grid_is_a_conflict(finished, monkeypatch)
     assert cell_state(longer.cells[0], longer.spec.eval).status == "training"
 
 
+def test_cells_trained_by_names_only_the_commands_of_cells_in_the_table(finished):
+    """A cell still training (another process, another session) is not in the table, nor its command."""
+    cell = finished.cells[-1]
+    meta, record = cell.run_dir / "meta.json", cell.run_dir / "compare-eval.json"
+    originals = meta.read_bytes(), record.read_bytes()
+    marker = ["sanlab", "compare", "smoke.yaml", "--only", cell.variant, "--seed", str(cell.seed)]
+    header = lambda: build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir),  # noqa: E731
+                                  command="t").header
+    try:
+        meta.write_text(json.dumps({**json.loads(originals[0]), "command": marker}))
+        assert " ".join(marker) in header()["cells trained by"]  # evaluated: its command is named
+        record.unlink()  # now it has trained but is not evaluated: out of the table
+        assert " ".join(marker) not in header().get("cells trained by", "")
+        assert "cells done: 3 of 4" in render_markdown(build_report(
+            load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir), command="t"))
+    finally:
+        meta.write_bytes(originals[0])
+        record.write_bytes(originals[1])
+
+
 def test_a_damaged_meta_json_does_not_stop_the_table(finished):
     """meta.json is provenance (speed conditions, training commands): the table says it is unreadable."""
     meta = finished.cells[0].run_dir / "meta.json"

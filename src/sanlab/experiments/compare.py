@@ -219,11 +219,13 @@ def _assignments(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def _training_commands(grid: Grid) -> list[str]:
-    """The distinct command lines that trained the grid's cells (each run's ``meta.json``), so a table
-    printed later with ``--table-only`` still says how its numbers were made."""
+def _training_commands(grid: Grid, sections: list[Section]) -> list[str]:
+    """The distinct command lines that trained the table's cells (each run's ``meta.json``), so a table
+    printed later with ``--table-only`` still says how its numbers were made. Only the evaluated cells
+    count: a cell still training elsewhere is not in the table, so neither is its command."""
+    shown = {(s.dataset, r.variant, seed) for s in sections for r in s.rows for seed in r.seeds_done}
     commands = []
-    for cell in grid.cells:
+    for cell in (c for c in grid.cells if (c.dataset, c.variant, c.seed) in shown):
         try:
             argv = (read_json(Path(cell.run_dir) / "meta.json") or {}).get("command") or []
         except ConfigError:  # provenance only: its cell's speed says "unknown (meta.json unreadable)"
@@ -239,7 +241,7 @@ def _header(grid: Grid, sections: list[Section], *, command: str, trained_on: Se
     done, total = sum(s.done for s in sections), sum(s.total for s in sections)
     everywhere = _assignments(spec.set) if isinstance(spec.set, dict) else list(spec.set)
     ev = spec.eval
-    trained_by = _training_commands(grid)
+    trained_by = _training_commands(grid, sections)
     header = {
         "grid": f"{grid.path} (base recipe {spec.base}; runs in {grid.runs_dir})",
         "command": command,
