@@ -487,15 +487,15 @@ def test_cells_trained_by_names_only_the_commands_of_cells_in_the_table(finished
     meta, record = cell.run_dir / "meta.json", cell.run_dir / "compare-eval.json"
     originals = meta.read_bytes(), record.read_bytes()
     marker = ["sanlab", "compare", "smoke.yaml", "--only", cell.variant, "--seed", str(cell.seed)]
-    header = lambda: build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir),  # noqa: E731
-                                  command="t").header
+    report = lambda: build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir),  # noqa: E731
+                                  command="t")
     try:
         meta.write_text(json.dumps({**json.loads(originals[0]), "command": marker}))
-        assert " ".join(marker) in header()["cells trained by"]  # evaluated: its command is named
+        assert " ".join(marker) in report().header["cells trained by"]  # evaluated: its command is named
         record.unlink()  # now it has trained but is not evaluated: out of the table
-        assert " ".join(marker) not in header().get("cells trained by", "")
-        assert "cells done: 3 of 4" in render_markdown(build_report(
-            load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir), command="t"))
+        partial = report()
+        assert " ".join(marker) not in partial.header.get("cells trained by", "")
+        assert "cells done: 3 of 4" in render_markdown(partial)
     finally:
         meta.write_bytes(originals[0])
         record.write_bytes(originals[1])
