@@ -85,6 +85,32 @@ def first_seed_cells(grid: Grid, dataset: str | None) -> list[Cell]:
     return cells
 
 
+def add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments every grid bench takes: which grid, overrides, dataset, variants, threads."""
+    p.add_argument("grid", help="grid YAML (configs/compare/...)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
+    p.add_argument("--dataset", help="for a grid with datasets: which one (default: the first)")
+    p.add_argument("--only", action="append", default=[], metavar="VARIANT", help="these variants (and the baseline)")
+    p.add_argument("--threads", type=int, default=2)
+
+
+def bench_cells(grid: Grid, args: argparse.Namespace) -> list[Cell]:
+    """The first seed's cell of every variant asked for (``--only``, always with the baseline)."""
+    return [c for c in first_seed_cells(grid, args.dataset)
+            if not args.only or c.variant in args.only or c.variant == grid.baseline]
+
+
+def provenance(script: str, grid: Grid, args: argparse.Namespace, cells: list[Cell], measured: str) -> list[str]:
+    """The lines under a bench table's title: command, machine, date, what was measured, grid."""
+    return [f"- command: `python bench/{script} {' '.join(sys.argv[1:])}`",
+            f"- machine: {platform.system()} {platform.machine()}, {torch.get_num_threads()} torch thread(s), "
+            f"torch {torch.__version__}, python {platform.python_version()}",
+            f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}",
+            f"- measured: {measured}",
+            f"- grid: {grid.path}" + (f" (dataset {cells[0].dataset})" if cells[0].dataset else "")
+            + (f"; overrides: {' '.join(args.set)}" if args.set else ""), ""]
+
+
 def table(contenders: list[Contender], baseline: str) -> list[str]:
     base = next(c for c in contenders if c.cell.variant == baseline)
     base_rates = [u / s for u, s in zip(base.updates, base.seconds)]
@@ -103,11 +129,7 @@ def table(contenders: list[Contender], baseline: str) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("grid", help="grid YAML (configs/compare/...)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
-    p.add_argument("--dataset", help="for a grid with datasets: which one (default: the first)")
-    p.add_argument("--only", action="append", default=[], metavar="VARIANT", help="these variants (and the baseline)")
-    p.add_argument("--threads", type=int, default=2)
+    add_grid_arguments(p)
     p.add_argument("--updates", type=int, default=20, help="timed updates per variant and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2, help="untimed updates per variant first")
@@ -118,8 +140,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grid-speed-") as tmp:
         grid = load_grid(args.grid, overrides=args.set, runs_dir=tmp)  # never touches the grid's own cells
         prepare_synthetic(grid)
-        cells = [c for c in first_seed_cells(grid, args.dataset)
-                 if not args.only or c.variant in args.only or c.variant == grid.baseline]
+        cells = bench_cells(grid, args)
         contenders = []
         for cell in cells:
             print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
@@ -135,17 +156,11 @@ def main() -> None:
                 c.updates.append(args.updates)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
-    command = "python bench/grid_speed.py " + " ".join(sys.argv[1:])
+    measured = (f"{args.rounds} rounds x {args.updates} updates per variant (after {args.warmup} untimed), "
+                "interleaved, rotating order; batches of epoch 0 of each cell's own data pipeline;"
+                f" seed {cells[0].seed}")
     header = [f"# Training speed per variant: {grid.spec.title or grid.name}", "",
-              f"- command: `{command}`",
-              f"- machine: {platform.system()} {platform.machine()}, {torch.get_num_threads()} torch thread(s), "
-              f"torch {torch.__version__}, python {platform.python_version()}",
-              f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}",
-              f"- measured: {args.rounds} rounds x {args.updates} updates per variant (after {args.warmup} "
-              "untimed), interleaved, rotating order; batches of epoch 0 of each cell's own data pipeline;"
-              f" seed {cells[0].seed}",
-              f"- grid: {grid.path}" + (f" (dataset {cells[0].dataset})" if cells[0].dataset else "")
-              + (f"; overrides: {' '.join(args.set)}" if args.set else ""), ""]
+              *provenance("grid_speed.py", grid, args, cells, measured)]
     text = "\n".join(header + table(contenders, grid.baseline)) + "\n"
     print(text)
     if args.out:

@@ -34,3 +34,30 @@ def test_char_cnn_bench_times_both_paths_on_a_synthetic_tagger(tmp_path):
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["every word slot (reference)", "distinct words of the batch"]
     assert rows[0][2] == "1.00" and float(rows[1][1]) > 0
+
+
+@pytest.mark.slow
+def test_decode_speed_times_every_variant_and_the_recomputed_reference(tmp_path):
+    (tmp_path / "mt.yaml").write_text("""\
+task: translation
+data: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, subword: {vocab_size: 120}}
+model: {dim: 16, encoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}},
+        decoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}}}
+""")
+    (tmp_path / "grid.yaml").write_text("""\
+base: mt.yaml
+synthetic: {task: translation, sizes: {train: 60, valid: 6, test: 2}}
+seeds: [1]
+variants:
+  - {name: vanilla}
+  - {name: capsule, overrides: ["model.decoder.attention.parts=[{type: capsule}]"]}
+""")
+    out = tmp_path / "decode.md"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
+                    "--recompute", "capsule", "--threads", "1", "--sentences", "4", "--batch", "2", "--beam", "2",
+                    "--length", "5", "--rounds", "2", "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+    text = out.read_text()
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["vanilla (baseline)", "capsule", "capsule (prefix recomputed)"]
+    assert rows[0][3] == "1.00" and all(len(r[4].split()) == 2 for r in rows)  # one rate per round
+    assert "4 validation sentences in batches of 2, beam 2, every hypothesis forced to 5 tokens" in text

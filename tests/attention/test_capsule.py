@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sanlab.attention import Attention, Positions, routing
+from sanlab.attention import KV, Attention, Positions, routing
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.masks import masked_softmax
@@ -240,11 +240,30 @@ def test_attention_step_by_step_decoding_equals_full_forward(routing_input):
     x = torch.randn(2, 7, DIM, dtype=torch.double)
     full = attn(x, positions=Positions.self_attention(None, length=7, causal=True)).output
     cache, steps = None, []
-    for t in range(7):  # the attention recomputes the prefix for this part (incremental = False)
+    for t in range(7):  # keys, values and the routing cube's rows are cached; only row t is routed
         result = attn(x[:, t:t + 1], positions=Positions.self_attention(None, length=1, offset=t, causal=True),
                       cache=cache, use_cache=True)
         cache, steps = result.cache, steps + [result.output]
+        assert isinstance(cache, KV) and cache.parts[0].shape == (2, HEADS, t + 1, t + 1)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=1e-12)
+    # the kept rows are the full forward's zero-filled cube: scores below the diagonal, zeros above
+    part = attn.parts[0]
+    q, k = attn._split(attn.q_proj(x)), attn._split(attn.k_proj(x))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * attn.scale
+    expected = part.routing_cube(scores, torch.ones(7, 7, dtype=torch.bool).tril(), None)
+    torch.testing.assert_close(cache.parts[0], expected, atol=1e-12, rtol=0)
+
+
+def test_routing_only_the_newest_rows_equals_those_rows_of_the_full_routing():
+    cube = _cube(i=7, j=7, seed=5) * torch.tril(torch.ones(7, 7, dtype=torch.double))
+    a, b = cube.clone().requires_grad_(True), cube.clone().requires_grad_(True)
+    full = routing.positional_routing(a, q_pos=torch.arange(7), iters=3)[:, :, 4:]
+    newest = routing.positional_routing(b, q_pos=torch.arange(4, 7), token_pos=torch.arange(7), iters=3)
+    torch.testing.assert_close(newest, full)
+    weight = torch.randn_like(full)
+    (full * weight).sum().backward()
+    (newest * weight).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)
 
 
 @pytest.mark.parametrize("side, settings", [("encoder", {}), ("decoder", {}),
@@ -298,6 +317,10 @@ def test_errors_name_what_is_wrong():
         encoder_part.score(_cube(1, HEADS, 3, 3).float(), _score_ctx(None, length=3, causal=True))
     with pytest.raises(ValueError, match="got 2 queries and 3 keys"):
         encoder_part.score(torch.randn(1, HEADS, 2, 3), _score_ctx(None, length=3))
+    decoder_part, ctx = build_capsule(CapsuleConfig(), _ctx("decoder")), _score_ctx(None, length=3, causal=True)
+    ctx.cached = {decoder_part: torch.zeros(1, HEADS, 1, 1)}  # a cache one row short of the 3 keys
+    with pytest.raises(ValueError, match="got 1 queries after 1 cached and 3 keys"):
+        decoder_part.score(torch.randn(1, HEADS, 1, 3), ctx)
 
 
 # --------------------------------------------------------------------------- whole models

@@ -80,7 +80,8 @@ def test_source_padding_invariance_and_finite_gradients(mixer, pre_blocks):
 
 
 # options that change the decoder's incremental path, beyond each mixer's defaults; attention parts that
-# keep the decoder's inputs (PrefixState: capsule routing, convolved attention) must follow reordered beams
+# keep more than keys and values (capsule routing: its cube rows; convolved attention: the decoder's inputs,
+# PrefixState) must follow reordered beams
 DECODER_OPTION_FORMS = [
     {"type": "dynamic_conv", "kernel_size": [3, 5], "heads": 2, "glu": False},
     {"type": "light_conv", "kernel_size": [5, 3], "heads": 2, "glu": True},

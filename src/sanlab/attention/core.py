@@ -101,12 +101,14 @@ class Attention(nn.Module):
         """x [b, i, dim]; memory [b, j, kv_dim] for cross-attention (keys/values from memory).
 
         With ``use_cache`` the returned cache holds what the next step needs: projected keys and
-        values (self: grown by the new tokens; cross: computed once), or the layer input so far
-        when a part cannot decode incrementally.
+        values (self: grown by the new tokens; cross: computed once) with what the parts keep for
+        the next step, or the layer input so far when a part cannot decode incrementally.
         """
         if use_cache and memory is None and not self.incremental:
             return self._forward_prefix(x, positions=positions, cache=cache, need_trace=need_trace)
-        ctx = AttentionContext(positions=positions, heads=self.heads, head_dim=self.head_dim, q_full=self.q_proj(x))
+        ctx = AttentionContext(positions=positions, heads=self.heads, head_dim=self.head_dim, q_full=self.q_proj(x),
+                               cached=dict(zip(self.parts, cache.parts)) if isinstance(cache, KV) else {},
+                               to_cache={} if use_cache else None)
         if memory is not None and isinstance(cache, KV):  # cross-attention: memory keys/values are fixed
             q, k, v = self._split(ctx.q_full), cache.k, cache.v
             for part in self.stage_parts.project:
@@ -115,9 +117,12 @@ class Attention(nn.Module):
             q, k, v = self._project_new(x if memory is None else memory, ctx)
             if isinstance(cache, KV):  # self-attention: append the new tokens to the cached ones
                 k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # [b, h, j, d]
-        new_cache = KV(k, v) if use_cache else None
         trace = {} if need_trace else None
         out = self._attend(q, k, v, ctx, trace)  # [b, h, i, d]
+        new_cache = None
+        if use_cache:
+            kept = tuple(ctx.to_cache.get(p) for p in self.parts) if ctx.to_cache else ()
+            new_cache = KV(k, v, kept)
         b, _, i, _ = out.shape
         out = out.transpose(1, 2).reshape(b, i, self.dim)  # [b, i, h*d]
         if positions.query_valid is not None:

@@ -14,7 +14,10 @@ overrides and calls it at those stages only, in the fixed pipeline order:
 Class attributes say what the part allows:
 
     incremental   it is exact when only cached keys/values of earlier steps are kept (most
-                  parts); if False the attention keeps the layer input and recomputes the prefix
+                  parts), plus what the part keeps itself: a part that needs more (capsule routing: the
+                  score rows of earlier queries) reads ``ctx.cached.get(self)`` and, when
+                  ``ctx.to_cache`` is not None, stores ``ctx.to_cache[self]`` for the next step;
+                  if False the attention keeps the layer input and recomputes the prefix
     causal_safe   it may run under a causal mask without letting the future leak in
     extends_keys  its ``extend`` adds key blocks (2D-CSAN repeats keys and positions per head in its area)
     measures_keys it reads the sentence length or the mean key from the keys; it cannot share a layer with
@@ -45,6 +48,8 @@ class AttentionContext:
     (-1 for an empty slot; None without extension).
     allowed [b or 1, h or 1, i, j] is the combined visibility mask, available from the score
     stage on (routing zero-fills invisible scores with it).
+    cached maps a part to what it stored at the previous decoding step (empty otherwise); to_cache
+    collects what parts store for the next step, and is None when the call keeps no cache.
     """
 
     positions: Positions
@@ -56,6 +61,8 @@ class AttentionContext:
     key_head: Tensor | None = None
     allowed: Tensor | None = None
     extras: dict = field(default_factory=dict)
+    cached: dict = field(default_factory=dict)
+    to_cache: dict | None = None
 
     @property
     def q_pos(self) -> Tensor:

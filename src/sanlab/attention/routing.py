@@ -62,19 +62,22 @@ def vertical_routing(cube: Tensor, *, iters: int, row_valid: Tensor | None = Non
     return dynamic_routing(cube, iters=iters, output_valid=valid, detach_logits=detach_logits)
 
 
-def positional_routing(cube: Tensor, *, q_pos: Tensor, iters: int, detach_logits: bool = False) -> Tensor:
+def positional_routing(cube: Tensor, *, q_pos: Tensor, iters: int, token_pos: Tensor | None = None,
+                       detach_logits: bool = False) -> Tensor:
     """Horizontal positional routing (Eq. 12-14), all prefixes at once (spec 6.3).
 
-    For every query row i a separate routing runs over the token capsules i' with q_pos[i'] <= q_pos[i]
-    (I input capsules of H votes each, H output capsules). The prefix index i is a batch axis: logits
-    lam [b, h, i, i'] hold token i' -> head h for prefix i; the softmax over heads never couples different
-    tokens, and the prefix mask removes tokens after i from every sum. Rows of ``cube`` must be in
-    ascending position order (as ``Attention`` passes them): the first iteration, whose couplings are all
-    1/H, is then a cumulative sum over rows. Returns Hor [b, h, i, j].
+    ``cube`` [b, h, t, j] has one row per token, at positions ``token_pos`` [t] (default ``q_pos``). For
+    every query i at ``q_pos`` [i] a separate routing runs over the token capsules i' with
+    token_pos[i'] <= q_pos[i] (I input capsules of H votes each, H output capsules). The prefix index i is
+    a batch axis: logits lam [b, h, i, i'] hold token i' -> head h for prefix i; the softmax over heads
+    never couples different tokens, and the prefix mask removes tokens after i from every sum. A full
+    forward asks for every row (i = t); cached decoding asks for the newest rows only, over all the
+    token rows kept so far (spec section 8). Returns Hor [b, h, i, j].
     """
     heads = cube.shape[1]
-    prefix = (q_pos[None, :] <= q_pos[:, None]).to(cube.dtype)  # [i, i']: token i' lies in prefix i
-    out = squash(cube.cumsum(dim=2) / heads)  # [b, h, i, j]
+    token_pos = q_pos if token_pos is None else token_pos
+    prefix = (token_pos[None, :] <= q_pos[:, None]).to(cube.dtype)  # [i, t]: token i' lies in prefix i
+    out = squash(torch.matmul(prefix, cube) / heads)  # [b, h, i, j]: couplings are all 1/H at first
     logits = None
     for _ in range(1, iters):
         agreement = torch.matmul(out, cube.transpose(-1, -2))  # [b, h, i, i'] = <v^(i)_h, cube[b, h, i']>

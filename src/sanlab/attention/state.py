@@ -13,10 +13,16 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class KV:
-    """Projected keys and values seen so far: k, v [b, h, j, d]."""
+    """Projected keys and values seen so far: k, v [b, h, j, d].
+
+    ``parts`` holds, in the attention's part order, what each part keeps beside them for the next step
+    (None for a part that keeps nothing; empty when no part keeps anything). Capsule routing keeps its
+    routing cube's rows [b, h, j, j]; batch on dimension 0, like every cached tensor.
+    """
 
     k: Tensor
     v: Tensor
+    parts: tuple = ()
 
     @property
     def length(self) -> int:

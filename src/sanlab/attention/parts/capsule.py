@@ -55,13 +55,14 @@ class NoRouting(AttentionPart):
 class CapsuleRouting(AttentionPart):
     """Adds Ver + Hor to the scores of a self-attention (the ``score`` stage).
 
-    Decoding recomputes the prefix (``incremental = False``): row t needs the score rows of every earlier
-    query, which cached keys/values alone do not give. Vertical and global routing let every token see
-    every other one, so a part with either is not causal-safe.
+    Decoding (spec section 8): row t routes over the cube rows of every earlier query, which cached
+    keys/values alone do not give, so the part keeps those rows itself ([b, h, t, t], one row and one
+    zero column more each step) and routes only the new rows: O(R·H·t²) a step instead of recomputing
+    the prefix. Vertical and global routing let every token see every other one, so a part with either
+    is not causal-safe, and not incremental.
     """
 
     square_keys = True  # routes over the [i, j] score matrix of one sequence
-    incremental = False
 
     def __init__(self, *, heads: int, iters: int, routing_input: str, vertical: bool, horizontal: str | None,
                  acceptance_init: str = "xavier", acceptance_act: str = "none", detach_logits: bool = False):
@@ -70,16 +71,23 @@ class CapsuleRouting(AttentionPart):
         self.acceptance_act, self.detach_logits = acceptance_act, detach_logits
         self.acceptance = nn.Linear(heads, heads) if vertical else None  # W^acc, b^acc (Eq. 10)
         self.causal_safe = not vertical and horizontal != "global"
+        self.incremental = self.causal_safe  # decoder routing: the new rows need only the earlier rows
         if self.acceptance is not None:
             init = {"xavier": nn.init.xavier_uniform_, "zeros": nn.init.zeros_, "identity": nn.init.eye_}
             init[acceptance_init](self.acceptance.weight)
             nn.init.zeros_(self.acceptance.bias)
 
     def score(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
-        """scores [b, h, i, j] -> scores + Ver + Hor, same dtype; routing itself in fp32 (fp64 for fp64 input)."""
-        if scores.shape[-1] != scores.shape[-2]:
+        """scores [b, h, i, j] -> scores + Ver + Hor, same dtype; routing itself in fp32 (fp64 for fp64 input).
+
+        Self-attention: i = j, or, while decoding, i new queries after j - i cached cube rows."""
+        earlier = ctx.cached.get(self)  # [b, h, t0, t0]: the cube rows of the queries of earlier steps
+        queries, keys = scores.shape[-2:]
+        known = 0 if earlier is None else earlier.shape[-1]
+        if known + queries != keys:
             raise ValueError(f"capsule routing needs the scores of every query against the same sequence "
-                             f"(self-attention, i = j); got {scores.shape[-2]} queries and {scores.shape[-1]} keys")
+                             f"(self-attention, i = j); got {queries} queries"
+                             + (f" after {known} cached" if known else "") + f" and {keys} keys")
         if ctx.causal and not self.causal_safe:
             raise ValueError("capsule routing with vertical or global horizontal routing sees later tokens; "
                              "build the part for the decoder side (horizontal positional routing only)")
@@ -87,11 +95,15 @@ class CapsuleRouting(AttentionPart):
         wide = scores.to(torch.promote_types(scores.dtype, torch.float32))  # fp32, or fp64 if given fp64
         with torch.autocast(device_type=scores.device.type, enabled=False):
             cube = self.routing_cube(wide, ctx.allowed, row_valid)  # [b, h, i, j]
+            if earlier is not None:  # earlier rows get a zero column: they never see the new keys
+                cube = torch.cat([F.pad(earlier.to(cube.dtype), (0, queries)), cube], dim=2)  # [b, h, j, j]
+            if ctx.to_cache is not None:
+                ctx.to_cache[self] = cube
             out = wide  # Ver and Hor are both routed from the same cube, in parallel (spec section 7)
-            if self.acceptance is not None:
+            if self.acceptance is not None:  # never incremental: the cube is the new rows alone here
                 out = out + self.vertical(cube, row_valid)
             if self.horizontal == "positional":
-                out = out + routing.positional_routing(cube, q_pos=ctx.q_pos, iters=self.iters,
+                out = out + routing.positional_routing(cube, q_pos=ctx.q_pos, token_pos=ctx.k_pos, iters=self.iters,
                                                        detach_logits=self.detach_logits)
             elif self.horizontal == "global":
                 out = out + routing.global_routing(cube, iters=self.iters, detach_logits=self.detach_logits)

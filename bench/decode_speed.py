@@ -1,0 +1,162 @@
+"""Beam-search decoding speed of every variant of a translation grid, measured alike.
+
+Decoding cost depends on how many steps each hypothesis runs, and a model's own stopping decides that.
+To time the step function and nothing else, every sentence here decodes exactly ``--length`` tokens:
+EOS is banned before the last step and forced at it (``min_length``/``max_lengths`` of the search),
+so every variant runs the same number of steps on the same rows, whatever its weights say. The models
+are untrained (each cell's config, the grid's first seed), which changes none of the arithmetic; the
+sources are the first ``--sentences`` validation sentences of each cell's own pipeline.
+
+Timed: ``beam_search`` over the model's ``decode_step`` (encoder once per batch, then cached decoder
+steps, the cache reordered after every step), in rounds that rotate the order of the variants, as in
+``grid_speed.py``. Reported: median over rounds of sentences/s and of hypothesis tokens/s (sentences x
+beam x length per second), and the median of the per-round ratio to the baseline.
+
+``--recompute VARIANT`` adds a row for that variant with every attention part's incremental form
+switched off: each decoder self-attention then recomputes the whole prefix at every step, the reference
+path a part's cache replaces (capsule routing keeps its routing cube's rows; spec capsule-routing.md
+section 8).
+
+    .venv/bin/python bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --threads 2 \\
+        --recompute capsule --out results/decode-speed.md
+
+Run it alone on the machine (../shared/design/performance-notes.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grid_speed import add_grid_arguments, bench_cells, provenance
+from sanlab.attention.parts_base import AttentionPart
+from sanlab.data.batching import pad_batch
+from sanlab.decoding.search import beam_search
+from sanlab.experiments.cells import prepare_synthetic
+from sanlab.experiments.grid import Cell, load_grid
+from sanlab.runs import make_task
+from sanlab.training.logging import SilentLogger
+
+
+@dataclass
+class Decoder:
+    """One variant ready to decode: its untrained model and its batches of source ids."""
+
+    name: str
+    model: torch.nn.Module
+    batches: list[torch.Tensor]  # [B, S] source ids, padded
+    pad: int
+    bos: int
+    eos: int
+    seconds: list[float] = field(default_factory=list)  # per round
+
+    def run(self, *, beam: int, length: int) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            for src in self.batches:
+                n = src.shape[0]
+                hyps = beam_search(self.model.decode_step, self.model.start_decoding(src), batch_size=n,
+                                   beam_size=beam, bos=self.bos, eos=self.eos, pad=self.pad,
+                                   max_lengths=torch.full((n,), length), min_length=length - 1)
+                if any(len(h[0].tokens) != length - 1 for h in hyps):  # the workload must not depend on weights
+                    raise RuntimeError(f"{self.name}: a hypothesis stopped before {length} tokens")
+        return time.perf_counter() - start
+
+
+def prepare(cell: Cell, *, sentences: int, batch: int, name: str, recompute: bool) -> Decoder:
+    """The cell's model (untrained, its seed) and the first ``sentences`` validation sources, in batches."""
+    config = cell.config
+    torch.manual_seed(config.train.seed)
+    task = make_task(config, cell.run_dir, SilentLogger(cell.run_dir))
+    model = task.model.eval()
+    if recompute:  # the reference path: every self-attention keeps its layer input and recomputes the prefix
+        parts = [m for m in model.modules() if isinstance(m, AttentionPart)]
+        if not parts:
+            raise SystemExit(f"--recompute {cell.variant}: it has no attention parts, so no cache to switch off")
+        for part in parts:
+            part.incremental = False
+    spm = task.spm
+    ids = [spm.src.encode(s) + [spm.eos_id] for s, _ in task.valid_raw[:sentences]]
+    ids.sort(key=len)  # similar lengths share a batch, as translate() does
+    batches = [pad_batch(ids[i:i + batch], spm.pad_id)[0] for i in range(0, len(ids), batch)]
+    return Decoder(name, model, batches, pad=spm.pad_id, bos=spm.bos_id, eos=spm.eos_id)
+
+
+def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, length: int) -> list[str]:
+    base = next(d for d in decoders if d.name == baseline)
+    lines = ["| variant | sentences/s (median) | hypothesis tokens/s (median) | speed vs baseline (median of "
+             "per-round ratios) | sentences/s per round |",
+             "|---|---:|---:|---:|---|"]
+    tokens = sentences * beam * length  # every beam of every sentence decodes ``length`` tokens a round
+    for d in decoders:
+        rates = [sentences / s for s in d.seconds]
+        ratio = statistics.median(b / s for s, b in zip(d.seconds, base.seconds))
+        name = d.name + (" (baseline)" if d is base else "")
+        per_second = statistics.median(tokens / s for s in d.seconds)
+        lines.append(f"| {name} | {statistics.median(rates):.2f} | {per_second:,.0f} | {ratio:.2f} | "
+                     f"{' '.join(f'{r:.2f}' for r in rates)} |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_grid_arguments(p)
+    p.add_argument("--recompute", action="append", default=[], metavar="VARIANT",
+                   help="also time this variant with its attention parts' caches off (prefix recomputed)")
+    p.add_argument("--sentences", type=int, default=40, help="validation sentences decoded per variant and round")
+    p.add_argument("--batch", type=int, default=20, help="sentences per beam-search batch")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--length", type=int, default=25, help="tokens every hypothesis decodes, EOS included")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    args = p.parse_args()
+    if args.length < 2:
+        p.error("--length must be at least 2 (one token and EOS)")
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="decode-speed-") as tmp:
+        grid = load_grid(args.grid, overrides=args.set, runs_dir=tmp)  # never touches the grid's own cells
+        prepare_synthetic(grid)
+        cells = bench_cells(grid, args)
+        if cells[0].config.task != "translation":
+            p.error(f"{args.grid}: decoding speed needs a translation grid, this one is {cells[0].config.task}")
+        unknown = sorted(set(args.recompute) - {c.variant for c in cells})
+        if unknown:
+            p.error(f"--recompute names variants not timed here: {', '.join(unknown)}")
+        decoders = []
+        for cell in cells:
+            print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
+            kw = dict(sentences=args.sentences, batch=args.batch)
+            decoders.append(prepare(cell, name=cell.variant, recompute=False, **kw))
+            if cell.variant in args.recompute:
+                decoders.append(prepare(cell, name=f"{cell.variant} (prefix recomputed)", recompute=True, **kw))
+        sentences = sum(b.shape[0] for b in decoders[0].batches)
+        for d in decoders:  # warm-up: one batch, untimed
+            Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos).run(beam=args.beam, length=args.length)
+        for r in range(args.rounds):
+            shift = r % len(decoders)
+            for d in decoders[shift:] + decoders[:shift]:  # rotate who goes first
+                d.seconds.append(d.run(beam=args.beam, length=args.length))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    measured = (f"{args.rounds} rounds, interleaved, rotating order; per variant and round {sentences} validation "
+                f"sentences in batches of {args.batch}, beam {args.beam}, every hypothesis forced to {args.length} "
+                f"tokens (EOS included); untrained models of each cell's config, seed {cells[0].seed}")
+    header = [f"# Decoding speed per variant: {grid.spec.title or grid.name}", "",
+              *provenance("decode_speed.py", grid, args, cells, measured)]
+    rows = table(decoders, grid.baseline, sentences=sentences, beam=args.beam, length=args.length)
+    text = "\n".join(header + rows) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
