@@ -12,13 +12,14 @@ steps, the cache reordered after every step), in rounds that rotate the order of
 ``grid_speed.py``. Reported: median over rounds of sentences/s and of hypothesis tokens/s (sentences x
 beam x length per second), and the median of the per-round ratio to the baseline.
 
-``--recompute VARIANT`` adds a row for that variant with every attention part's incremental form
-switched off: each decoder self-attention then recomputes the whole prefix at every step, the reference
-path a part's cache replaces (capsule routing keeps its routing cube's rows; spec capsule-routing.md
-section 8).
+``--recompute VARIANT`` adds a row for that variant (same weights) whose decoder self-attentions keep
+their layer input and recompute the whole prefix at every step (``Attention.recompute_prefix``): the
+reference path the caches replace (capsule routing keeps its routing cube's rows; spec
+capsule-routing.md section 8). Under the table: in how many sentences both paths chose the same best
+hypothesis.
 
     .venv/bin/python bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --threads 2 \\
-        --recompute capsule --out results/decode-speed.md
+        --recompute capsule --out results/csan-multi30k-decode-speed.md
 
 Run it alone on the machine (../shared/design/performance-notes.md).
 """
@@ -36,7 +37,7 @@ from pathlib import Path
 import torch
 
 from grid_speed import add_grid_arguments, bench_cells, provenance
-from sanlab.attention.parts_base import AttentionPart
+from sanlab.attention import Attention
 from sanlab.data.batching import pad_batch
 from sanlab.decoding.search import beam_search
 from sanlab.experiments.cells import prepare_synthetic
@@ -55,38 +56,46 @@ class Decoder:
     pad: int
     bos: int
     eos: int
+    twin: "Decoder | None" = None  # for a recomputed row: the same model decoding with its caches
     seconds: list[float] = field(default_factory=list)  # per round
+    best: list[list[int]] = field(default_factory=list)  # the best hypothesis of each sentence, last round
 
     def run(self, *, beam: int, length: int) -> float:
-        start = time.perf_counter()
+        start, best = time.perf_counter(), []
         with torch.no_grad():
             for src in self.batches:
                 n = src.shape[0]
                 hyps = beam_search(self.model.decode_step, self.model.start_decoding(src), batch_size=n,
                                    beam_size=beam, bos=self.bos, eos=self.eos, pad=self.pad,
                                    max_lengths=torch.full((n,), length), min_length=length - 1)
-                if any(len(h[0].tokens) != length - 1 for h in hyps):  # the workload must not depend on weights
-                    raise RuntimeError(f"{self.name}: a hypothesis stopped before {length} tokens")
-        return time.perf_counter() - start
+                best += [h[0].tokens for h in hyps]
+        seconds = time.perf_counter() - start
+        if any(len(tokens) != length - 1 for tokens in best):  # the workload must not depend on weights
+            raise RuntimeError(f"{self.name}: a hypothesis stopped before {length} tokens")
+        self.best = best
+        return seconds
 
 
-def prepare(cell: Cell, *, sentences: int, batch: int, name: str, recompute: bool) -> Decoder:
-    """The cell's model (untrained, its seed) and the first ``sentences`` validation sources, in batches."""
+def prepare(cell: Cell, *, sentences: int, batch: int, name: str, twin: Decoder | None = None) -> Decoder:
+    """The cell's model (untrained, its seed) and the first ``sentences`` validation sources, in batches.
+    With a ``twin``: the same model, every decoder self-attention recomputing its prefix at each step."""
     config = cell.config
     torch.manual_seed(config.train.seed)
     task = make_task(config, cell.run_dir, SilentLogger(cell.run_dir))
     model = task.model.eval()
-    if recompute:  # the reference path: every self-attention keeps its layer input and recomputes the prefix
-        parts = [m for m in model.modules() if isinstance(m, AttentionPart)]
-        if not parts:
-            raise SystemExit(f"--recompute {cell.variant}: it has no attention parts, so no cache to switch off")
-        for part in parts:
-            part.incremental = False
+    if twin is not None:
+        model.load_state_dict(twin.model.state_dict())
+        selfs = [m for n, m in model.named_modules()
+                 if isinstance(m, Attention) and n.startswith("decoder.") and not n.endswith("cross_attention")]
+        if not selfs:
+            raise SystemExit(f"--recompute {cell.variant}: its decoder has no self-attention to recompute")
+        for attention in selfs:
+            attention.recompute_prefix = True
     spm = task.spm
     ids = [spm.src.encode(s) + [spm.eos_id] for s, _ in task.valid_raw[:sentences]]
     ids.sort(key=len)  # similar lengths share a batch, as translate() does
     batches = [pad_batch(ids[i:i + batch], spm.pad_id)[0] for i in range(0, len(ids), batch)]
-    return Decoder(name, model, batches, pad=spm.pad_id, bos=spm.bos_id, eos=spm.eos_id)
+    return Decoder(name, model, batches, pad=spm.pad_id, bos=spm.bos_id, eos=spm.eos_id, twin=twin)
 
 
 def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, length: int) -> list[str]:
@@ -109,7 +118,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_grid_arguments(p)
     p.add_argument("--recompute", action="append", default=[], metavar="VARIANT",
-                   help="also time this variant with its attention parts' caches off (prefix recomputed)")
+                   help="also time this variant recomputing its decoder self-attention prefix at every step")
     p.add_argument("--sentences", type=int, default=40, help="validation sentences decoded per variant and round")
     p.add_argument("--batch", type=int, default=20, help="sentences per beam-search batch")
     p.add_argument("--beam", type=int, default=5)
@@ -134,9 +143,9 @@ def main() -> None:
         for cell in cells:
             print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
             kw = dict(sentences=args.sentences, batch=args.batch)
-            decoders.append(prepare(cell, name=cell.variant, recompute=False, **kw))
+            decoders.append(prepare(cell, name=cell.variant, **kw))
             if cell.variant in args.recompute:
-                decoders.append(prepare(cell, name=f"{cell.variant} (prefix recomputed)", recompute=True, **kw))
+                decoders.append(prepare(cell, name=f"{cell.variant} (prefix recomputed)", twin=decoders[-1], **kw))
         sentences = sum(b.shape[0] for b in decoders[0].batches)
         for d in decoders:  # warm-up: one batch, untimed
             Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos).run(beam=args.beam, length=args.length)
@@ -152,6 +161,11 @@ def main() -> None:
     header = [f"# Decoding speed per variant: {grid.spec.title or grid.name}", "",
               *provenance("decode_speed.py", grid, args, cells, measured)]
     rows = table(decoders, grid.baseline, sentences=sentences, beam=args.beam, length=args.length)
+    for d in decoders:  # the reference path must decode what the cache decodes
+        if d.twin is not None:
+            same = sum(a == b for a, b in zip(d.best, d.twin.best))
+            rows.append(f"\n{d.name}: the same best hypothesis as {d.twin.name} with its caches in {same} of "
+                        f"{len(d.best)} sentences.")
     text = "\n".join(header + rows) + "\n"
     print(text)
     if args.out:

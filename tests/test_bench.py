@@ -61,3 +61,5 @@ variants:
     assert [r[0] for r in rows] == ["vanilla (baseline)", "capsule", "capsule (prefix recomputed)"]
     assert rows[0][3] == "1.00" and all(len(r[4].split()) == 2 for r in rows)  # one rate per round
     assert "4 validation sentences in batches of 2, beam 2, every hypothesis forced to 5 tokens" in text
+    # the recomputed row decodes what the cache decodes (untrained weights, the same for both)
+    assert "capsule (prefix recomputed): the same best hypothesis as capsule with its caches in 4 of 4" in text

@@ -20,6 +20,7 @@ from sanlab.attention.parts_base import AttentionContext
 from sanlab.attention.plans import StageParts, visibility
 from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig, load_config
+from sanlab.decoding.cache import reorder
 from sanlab.models.builders import build_seq2seq, count_parameters
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -254,6 +255,29 @@ def test_attention_step_by_step_decoding_equals_full_forward(routing_input):
     torch.testing.assert_close(cache.parts[0], expected, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("routing_input", ["scores", "probs"])
+def test_chunked_decoding_with_padding_and_beams_that_drop_and_repeat_equals_full_forward(routing_input):
+    attn = _attention("decoder", routing_input=routing_input)
+    x = torch.randn(3, 8, DIM, dtype=torch.double)
+    valid = torch.ones(3, 8, dtype=torch.bool)
+    valid[2, 4:] = False  # a padded target (its rows 4-7 are padding), kept and moved to row 0 below
+    full = attn(x, positions=Positions.self_attention(valid, length=8, causal=True)).output
+    rows = torch.tensor([2, 0, 0])  # after the second chunk: row 1 drops out, row 0 is repeated
+    x_after, valid_after, full_after = x[rows], valid[rows], full[rows]
+    cache, start, outs = None, 0, []
+    for size in (3, 2, 1, 2):
+        if start == 5:
+            cache = reorder(cache, rows)
+        inputs, keys = (x, valid) if start < 5 else (x_after, valid_after)
+        end = start + size
+        pos = Positions.self_attention(keys[:, :end], length=size, offset=start, causal=True)
+        result = attn(inputs[:, start:end], positions=pos, cache=cache, use_cache=True)
+        cache, start = result.cache, end
+        outs.append(result.output)
+    torch.testing.assert_close(torch.cat(outs[:2], 1), full[:, :5], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(torch.cat(outs[2:], 1), full_after[:, 5:], atol=1e-12, rtol=1e-12)
+
+
 def test_routing_only_the_newest_rows_equals_those_rows_of_the_full_routing():
     cube = _cube(i=7, j=7, seed=5) * torch.tril(torch.ones(7, 7, dtype=torch.double))
     a, b = cube.clone().requires_grad_(True), cube.clone().requires_grad_(True)
@@ -320,6 +344,10 @@ def test_errors_name_what_is_wrong():
     decoder_part, ctx = build_capsule(CapsuleConfig(), _ctx("decoder")), _score_ctx(None, length=3, causal=True)
     ctx.cached = {decoder_part: torch.zeros(1, HEADS, 1, 1)}  # a cache one row short of the 3 keys
     with pytest.raises(ValueError, match="got 1 queries after 1 cached and 3 keys"):
+        decoder_part.score(torch.randn(1, HEADS, 1, 3), ctx)
+    ctx.cached = {decoder_part: torch.zeros(1, HEADS, 2, 2)}  # the query must be position 2, after the cache
+    ctx.positions = Positions(q_pos=torch.tensor([0]), k_pos=torch.arange(3), causal=True)
+    with pytest.raises(ValueError, match=r"after its 2 cached rows; got query positions \[0\] for keys \[0, 1, 2\]"):
         decoder_part.score(torch.randn(1, HEADS, 1, 3), ctx)
 
 

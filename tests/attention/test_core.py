@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sanlab.attention import Attention, AttentionPart, Positions
+from sanlab.attention import Attention, AttentionPart, Positions, PrefixState
 from sanlab.attention.masks import masked_softmax
 from tests_helpers import perturb
 
@@ -124,6 +124,22 @@ def test_prefix_recompute_path_equals_full():
                  cache=cache, use_cache=True)
         cache = r.cache
         steps.append(r.output)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("parts", [[], [_NonIncremental()]], ids=["vanilla", "non-incremental part"])
+def test_recompute_prefix_switch_keeps_the_layer_input_and_decodes_the_same(parts):
+    x, _ = _inputs()
+    attn = Attention(dim=16, heads=4, parts=parts).eval()
+    full = attn(x, positions=Positions.self_attention(None, length=7, causal=True)).output
+    attn.recompute_prefix = True
+    assert not attn.incremental
+    cache, steps = None, []
+    for t in range(7):
+        r = attn(x[:, t:t + 1], positions=Positions.self_attention(None, length=1, offset=t, causal=True),
+                 cache=cache, use_cache=True)
+        assert isinstance(r.cache, PrefixState) and r.cache.length == t + 1
+        cache, steps = r.cache, steps + [r.output]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-6, rtol=1e-5)
 
 

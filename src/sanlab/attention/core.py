@@ -72,11 +72,14 @@ class Attention(nn.Module):
             names = ", ".join(type(p).__name__ for p in self.parts)
             raise ValueError(f"plan 'banded' needs window-local parts only (a window mask, at most one head-area "
                              f"extend, no score/weight/value parts); got parts: {names}")
+        # the reference for cached decoding: keep the layer input and recompute every prefix query
+        # (bench/decode_speed.py --recompute times it against the cache)
+        self.recompute_prefix = False
 
     @property
     def incremental(self) -> bool:
-        """True if cached keys/values are enough for step-by-step decoding."""
-        return all(p.incremental for p in self.parts)
+        """True if cached keys/values (and what the parts keep) are enough for step-by-step decoding."""
+        return not self.recompute_prefix and all(p.incremental for p in self.parts)
 
     def check_causal(self) -> None:
         """Raise if a part would let future tokens leak in under a causal mask."""

@@ -71,13 +71,17 @@ def positional_routing(cube: Tensor, *, q_pos: Tensor, iters: int, token_pos: Te
     token_pos[i'] <= q_pos[i] (I input capsules of H votes each, H output capsules). The prefix index i is
     a batch axis: logits lam [b, h, i, i'] hold token i' -> head h for prefix i; the softmax over heads
     never couples different tokens, and the prefix mask removes tokens after i from every sum. A full
-    forward asks for every row (i = t); cached decoding asks for the newest rows only, over all the
-    token rows kept so far (spec section 8). Returns Hor [b, h, i, j].
+    forward asks for every row (i = t; rows must then be in ascending position order, as ``Attention``
+    passes them); cached decoding asks for the newest rows only, over all the token rows kept so far
+    (spec section 8). Returns Hor [b, h, i, j].
     """
     heads = cube.shape[1]
-    token_pos = q_pos if token_pos is None else token_pos
+    every_row = token_pos is None
+    token_pos = q_pos if every_row else token_pos
     prefix = (token_pos[None, :] <= q_pos[:, None]).to(cube.dtype)  # [i, t]: token i' lies in prefix i
-    out = squash(torch.matmul(prefix, cube) / heads)  # [b, h, i, j]: couplings are all 1/H at first
+    # couplings are all 1/H at first: the prefix mean, a cumulative sum when every row is asked for
+    summed = cube.cumsum(dim=2) if every_row else torch.matmul(prefix, cube)  # [b, h, i, j]
+    out = squash(summed / heads)
     logits = None
     for _ in range(1, iters):
         agreement = torch.matmul(out, cube.transpose(-1, -2))  # [b, h, i, i'] = <v^(i)_h, cube[b, h, i']>

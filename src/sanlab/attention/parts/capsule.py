@@ -88,6 +88,9 @@ class CapsuleRouting(AttentionPart):
             raise ValueError(f"capsule routing needs the scores of every query against the same sequence "
                              f"(self-attention, i = j); got {queries} queries"
                              + (f" after {known} cached" if known else "") + f" and {keys} keys")
+        if known and not torch.equal(ctx.q_pos, ctx.k_pos[known:]):  # the kept rows sit at k_pos
+            raise ValueError(f"capsule routing decodes the queries after its {known} cached rows; got query "
+                             f"positions {ctx.q_pos.tolist()} for keys {ctx.k_pos.tolist()}")
         if ctx.causal and not self.causal_safe:
             raise ValueError("capsule routing with vertical or global horizontal routing sees later tokens; "
                              "build the part for the decoder side (horizontal positional routing only)")
@@ -100,10 +103,11 @@ class CapsuleRouting(AttentionPart):
             if ctx.to_cache is not None:
                 ctx.to_cache[self] = cube
             out = wide  # Ver and Hor are both routed from the same cube, in parallel (spec section 7)
-            if self.acceptance is not None:  # never incremental: the cube is the new rows alone here
+            if self.acceptance is not None:  # encoder only: nothing is cached, the cube holds every row
                 out = out + self.vertical(cube, row_valid)
             if self.horizontal == "positional":
-                out = out + routing.positional_routing(cube, q_pos=ctx.q_pos, token_pos=ctx.k_pos, iters=self.iters,
+                rows_at = None if earlier is None else ctx.k_pos  # None: every row, as in the full forward
+                out = out + routing.positional_routing(cube, q_pos=ctx.q_pos, token_pos=rows_at, iters=self.iters,
                                                        detach_logits=self.detach_logits)
             elif self.horizontal == "global":
                 out = out + routing.global_routing(cube, iters=self.iters, detach_logits=self.detach_logits)
