@@ -27,6 +27,7 @@ Run it alone on the machine (../shared/design/performance-notes.md).
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -76,26 +77,28 @@ class Decoder:
         return seconds
 
 
-def prepare(cell: Cell, *, sentences: int, batch: int, name: str, twin: Decoder | None = None) -> Decoder:
-    """The cell's model (untrained, its seed) and the first ``sentences`` validation sources, in batches.
-    With a ``twin``: the same model, every decoder self-attention recomputing its prefix at each step."""
+def prepare(cell: Cell, *, sentences: int, batch: int) -> Decoder:
+    """The cell's model (untrained, its seed) and the first ``sentences`` validation sources, in batches."""
     config = cell.config
     torch.manual_seed(config.train.seed)
     task = make_task(config, cell.run_dir, SilentLogger(cell.run_dir))
-    model = task.model.eval()
-    if twin is not None:
-        model.load_state_dict(twin.model.state_dict())
-        selfs = [m for n, m in model.named_modules()
-                 if isinstance(m, Attention) and n.startswith("decoder.") and not n.endswith("cross_attention")]
-        if not selfs:
-            raise SystemExit(f"--recompute {cell.variant}: its decoder has no self-attention to recompute")
-        for attention in selfs:
-            attention.recompute_prefix = True
     spm = task.spm
     ids = [spm.src.encode(s) + [spm.eos_id] for s, _ in task.valid_raw[:sentences]]
     ids.sort(key=len)  # similar lengths share a batch, as translate() does
     batches = [pad_batch(ids[i:i + batch], spm.pad_id)[0] for i in range(0, len(ids), batch)]
-    return Decoder(name, model, batches, pad=spm.pad_id, bos=spm.bos_id, eos=spm.eos_id, twin=twin)
+    return Decoder(cell.variant, task.model.eval(), batches, pad=spm.pad_id, bos=spm.bos_id, eos=spm.eos_id)
+
+
+def recomputing(twin: Decoder) -> Decoder:
+    """A copy of ``twin`` (same weights and batches) whose decoder self-attentions recompute their prefix."""
+    model = copy.deepcopy(twin.model)
+    selfs = [m for n, m in model.named_modules()
+             if isinstance(m, Attention) and n.startswith("decoder.") and not n.endswith("cross_attention")]
+    if not selfs:
+        raise SystemExit(f"--recompute {twin.name}: its decoder has no self-attention to recompute")
+    for attention in selfs:
+        attention.recompute_prefix = True
+    return Decoder(f"{twin.name} (prefix recomputed)", model, twin.batches, twin.pad, twin.bos, twin.eos, twin=twin)
 
 
 def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, length: int) -> list[str]:
@@ -142,10 +145,9 @@ def main() -> None:
         decoders = []
         for cell in cells:
             print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
-            kw = dict(sentences=args.sentences, batch=args.batch)
-            decoders.append(prepare(cell, name=cell.variant, **kw))
+            decoders.append(prepare(cell, sentences=args.sentences, batch=args.batch))
             if cell.variant in args.recompute:
-                decoders.append(prepare(cell, name=f"{cell.variant} (prefix recomputed)", twin=decoders[-1], **kw))
+                decoders.append(recomputing(decoders[-1]))
         sentences = sum(b.shape[0] for b in decoders[0].batches)
         for d in decoders:  # warm-up: one batch, untimed
             Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos).run(beam=args.beam, length=args.length)
