@@ -90,6 +90,42 @@ def test_length_buckets_against_a_baseline_test_each_bucket_on_its_own_sentences
         A.length_buckets({"base": base, "sys": sys_}, refs, lengths, baseline="x")
 
 
+def test_pairwise_tests_every_system_against_every_other_baseline():
+    from sanlab.evaluation.significance import paired_bootstrap_bleu
+
+    refs = [f"w{i} x y z v" for i in range(30)]
+    systems = {"b1": refs[:25] + ["p q r s t"] * 5, "b2": refs[:15] + ["p q r s t"] * 15,
+               "sys": refs[:29] + ["p q r s t"]}
+    results = A.pairwise_tests(systems, refs, baselines=["b1", "b2"], n_samples=200, seed=7)
+    assert [(r.system, r.baseline) for r in results] == [("b1", "b2"), ("b2", "b1"), ("sys", "b1"), ("sys", "b2")]
+    for r in results:  # each cell is exactly the one-pair test
+        expected = paired_bootstrap_bleu(systems[r.baseline], systems[r.system], refs, n_samples=200, seed=7)
+        assert (r.delta, r.p_value, r.mark) == (expected.delta, expected.p_value, expected.mark)
+        assert (r.bleu, r.baseline_bleu) == (expected.system.score, expected.baseline.score)
+    by = {(r.system, r.baseline): r for r in results}
+    assert by[("b2", "b1")].delta == pytest.approx(-by[("b1", "b2")].delta) and by[("b1", "b2")].mark == "⇑"
+    scores = {name: by[(name, "b1" if name != "b1" else "b2")].bleu for name in systems}
+    wide, long = A.pairwise_tables(results, scores, baselines=["b1", "b2"])
+    assert wide.columns == ("system", "bleu", "vs b1", "vs b2", "vs mean of baselines")
+    row = dict(zip(wide.columns, wide.rows[2]))
+    mean = (scores["b1"] + scores["b2"]) / 2
+    r = by[("sys", "b2")]
+    assert row["vs b2"] == f"{r.delta:+.2f} {r.mark} (p = {A.p_text(r.p_value)})" and row["vs b1"].startswith("+")
+    assert row["vs mean of baselines"] == f"{scores['sys'] - mean:+.2f}" and wide.rows[0][2] == ""  # not vs itself
+    assert long.columns == ("system", "baseline", "bleu", "baseline_bleu", "delta", "p", "sig")
+    assert len(long.rows) == 4 + 3 and long.rows[-1][1:6] == ("mean of baselines", scores["sys"], mean,
+                                                              scores["sys"] - mean, None)
+    one, _ = A.pairwise_tables([x for x in results if x.baseline == "b1"], scores, baselines=["b1"])
+    assert one.columns == ("system", "bleu", "vs b1")  # one baseline: its column is the difference
+    with pytest.raises(KeyError, match="baseline 'x' is not one of the systems \\(b1, b2, sys\\)"):
+        A.pairwise_tests(systems, refs, baselines=["x"])
+
+
+def test_p_text_never_rounds_onto_a_threshold():
+    assert [A.p_text(p) for p in (0.0123, 10 / 1001, 0.04996, 0.001, 0.5)] == [
+        "0.012", "0.00999", "0.04996", "0.001", "0.500"]
+
+
 def test_dotted_value_walks_mappings_and_lists_and_names_misses():
     tree = {"model": {"encoder": {"attention": {"parts": [{"type": "window", "size": 7}]}}}}
     assert A.dotted_value(tree, "model.encoder.attention.parts.0.size") == 7
@@ -248,6 +284,31 @@ def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
             analyze.length_buckets([csan], baseline=base, out=tmp_path / "x", **kwargs)
     with pytest.raises(analyze.ConfigError, match="set the test against --baseline: give a baseline or drop them"):
         analyze.length_buckets([csan], out=tmp_path / "x", bootstrap_samples=10)
+
+
+def test_pairwise_from_runs(corpus, tmp_path):
+    runs = {name: make_translation_run(corpus, tmp_path / "grid" / name / "seed-1") for name in ("base", "csan")}
+    runs["base2"] = make_translation_run(corpus, tmp_path / "grid" / "base" / "seed-2")
+    for run, hyps in ((runs["base"], [REF, REF, BASE_HYP]), (runs["base2"], [BASE_HYP, REF, REF]),
+                      (runs["csan"], [SYS_HYP, REF, REF])):
+        (run / "hyp-best-test.txt").write_text("".join(h + "\n" for h in hyps))
+    paths = analyze.pairwise([runs["csan"], runs["base"]], against=[runs["base"], runs["base2"]],
+                             out=tmp_path / "pw", bootstrap_samples=50)
+    rows = _check_outputs(paths)
+    assert rows[0] == ["system", "baseline", "bleu", "baseline_bleu", "delta", "p", "sig"]
+    pairs = [(r[0], r[1]) for r in rows[1:]]  # baselines first, each run once, never against itself
+    assert pairs[:4] == [("base/seed-1", "base/seed-2"), ("base/seed-2", "base/seed-1"),
+                         ("csan/seed-1", "base/seed-1"), ("csan/seed-1", "base/seed-2")]
+    assert [p for p in pairs[4:]] == [(s, "mean of baselines") for s in ("base/seed-1", "base/seed-2", "csan/seed-1")]
+    for r in rows[1:5]:
+        assert float(r[4]) == pytest.approx(float(r[2]) - float(r[3])) and 0 < float(r[5]) <= 1
+    md = paths["md"].read_text()
+    assert "| system | bleu | vs base/seed-1 | vs base/seed-2 | vs mean of baselines |" in md
+    assert "paired bootstrap (50 resamples, seed 12345)" in md
+    with pytest.raises(analyze.ConfigError, match="--against needs at least one baseline run"):
+        analyze.pairwise([runs["csan"]], against=[], out=tmp_path / "x")
+    with pytest.raises(analyze.ConfigError, match="must be >= 1, got 1000 and 0"):
+        analyze.pairwise([runs["csan"]], against=[runs["base"]], out=tmp_path / "x", bootstrap_seed=0)
 
 
 def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpus, tmp_path):
@@ -499,7 +560,7 @@ def test_attention_map_of_a_tagger(tmp_path, monkeypatch):
 def test_command_line(tmp_path, capsys, monkeypatch):
     parser = argparse.ArgumentParser(prog="sanlab")
     analyze_cli.register(parser.add_subparsers(dest="command", required=True))
-    for name in ("ngram-gap", "length-buckets", "sweep", "gates", "curves", "attention"):
+    for name in ("ngram-gap", "length-buckets", "pairwise", "sweep", "gates", "curves", "attention"):
         with pytest.raises(SystemExit):
             parser.parse_args(["analyze", name, "--help"])
         assert f"usage: sanlab analyze {name}" in capsys.readouterr().out
@@ -548,6 +609,12 @@ def test_command_line(tmp_path, capsys, monkeypatch):
                               "--bootstrap-samples", "10", "--bootstrap-seed", "3"])
     assert args.fn(args) == 0
     assert (seen["runs"], seen["baseline"], seen["bootstrap_samples"], seen["bootstrap_seed"]) == ([str(run)], "b", 10, 3)
+    monkeypatch.setattr(analyze, "pairwise", fake_length_buckets)
+    args = parser.parse_args(["analyze", "pairwise", str(run), "--against", "b1", "b2", "--out", "x",
+                              "--bootstrap-samples", "20", "--split", "valid"])
+    assert args.fn(args) == 0
+    assert (seen["runs"], seen["against"], seen["bootstrap_samples"], seen["split"]) == ([str(run)], ["b1", "b2"], 20,
+                                                                                        "valid")
 
 
 def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(corpus, tmp_path):

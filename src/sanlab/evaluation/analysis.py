@@ -8,6 +8,8 @@
 - gates: MUSE Figure 4 (softmax gate weight of each convolution kernel, Eq. 7, per layer).
 - learning curves: Dufter, Schmitt & Schuetze, COLING 2020,
   https://aclanthology.org/2020.coling-main.324, Figure 2 (development score over steps).
+- pairwise: every run against every run of a baseline (one paired bootstrap each), to show how much a
+  variant's mark depends on which baseline seed it meets.
 - attention maps: one layer/head of an ``Attention`` trace (``scores`` / ``weights`` /
   ``weights_final``, each [b, h, i, j]); a 2D-CSAN key axis [n*j] is cut into its n head blocks.
 
@@ -162,6 +164,77 @@ def length_bucket_table(scores: Sequence[BucketScore], *, tested: bool = False) 
     return Table(("system", "bucket", "sentences", "bleu", "delta", "p", "sig"),
                  tuple((s.system, s.bucket, s.count, s.bleu, s.delta, s.p_value, s.mark) for s in scores),
                  column_digits=(("p", 3),))
+
+
+# ----------------------------------------------------------------------------- every run against every baseline run
+@dataclass(frozen=True)
+class PairedResult:
+    """One system tested against one baseline run on the same sentences (sacreBLEU's paired bootstrap)."""
+
+    system: str
+    baseline: str
+    bleu: float           # the system's corpus BLEU
+    baseline_bleu: float
+    delta: float          # bleu - baseline_bleu
+    p_value: float
+    mark: str             # ⇑ ↑ ↓ ⇓ as in the comparison tables
+
+
+def pairwise_tests(systems: Mapping[str, Sequence[str]], references: References, *, baselines: Sequence[str],
+                   tokenize: str = "13a", n_samples: int = 1000, seed: int = 12345) -> list[PairedResult]:
+    """Every system against every baseline (never against itself), system-major.
+
+    Why: with one training run a side, a variant's mark can depend on which seed of the baseline it meets;
+    testing it against each baseline seed shows whether it does."""
+    missing = [b for b in baselines if b not in systems]
+    if missing:
+        raise KeyError(f"baseline {missing[0]!r} is not one of the systems ({', '.join(systems)})")
+    results = []
+    for name, hyps in systems.items():
+        for base in baselines:
+            if base == name:
+                continue
+            test = paired_bootstrap_bleu(systems[base], hyps, references, n_samples=n_samples, seed=seed,
+                                         tokenize=tokenize)
+            results.append(PairedResult(system=name, baseline=base, bleu=test.system.score,
+                                        baseline_bleu=test.baseline.score, delta=test.delta, p_value=test.p_value,
+                                        mark=test.mark))
+    return results
+
+
+def p_text(p_value: float) -> str:
+    """A p-value with 3 decimals, or as many as it takes not to round up onto a threshold (0.00999 is
+    below 0.01; "0.010" would say it is not)."""
+    text = f"{p_value:.3f}"
+    for threshold in (0.01, 0.05):
+        if p_value < threshold <= float(text):
+            return f"{p_value:.6f}".rstrip("0")
+    return text
+
+
+def pairwise_tables(results: Sequence[PairedResult], scores: Mapping[str, float], *,
+                    baselines: Sequence[str]) -> tuple[Table, Table]:
+    """(wide table for reading, long table for the CSV). ``scores``: every system's corpus BLEU, in row order.
+
+    The wide table has one row per system and one column per baseline ("+1.05 ↑ (p = 0.014)"); with more
+    than one baseline, a last column gives the difference to the baselines' mean BLEU (untested: a mean of
+    runs is no system to resample)."""
+    by = {(r.system, r.baseline): r for r in results}
+    mean = sum(scores[b] for b in baselines) / len(baselines)
+    with_mean = len(baselines) > 1
+
+    def cell(system: str, base: str) -> str:
+        r = by.get((system, base))
+        return "" if r is None else f"{r.delta:+.2f}{' ' + r.mark if r.mark else ''} (p = {p_text(r.p_value)})"
+
+    mean_column = ("vs mean of baselines",) if with_mean else ()
+    wide_rows = tuple((s, bleu, *(cell(s, b) for b in baselines), *((f"{bleu - mean:+.2f}",) if with_mean else ()))
+                      for s, bleu in scores.items())
+    wide = Table(("system", "bleu", *(f"vs {b}" for b in baselines), *mean_column), wide_rows)
+    long_rows = [(r.system, r.baseline, r.bleu, r.baseline_bleu, r.delta, r.p_value, r.mark) for r in results]
+    if with_mean:
+        long_rows += [(s, "mean of baselines", bleu, mean, bleu - mean, None, "") for s, bleu in scores.items()]
+    return wide, Table(("system", "baseline", "bleu", "baseline_bleu", "delta", "p", "sig"), tuple(long_rows))
 
 
 # ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)

@@ -107,3 +107,26 @@ def heatmap(path: Path, *, blocks: Sequence[tuple[str, np.ndarray]], x_labels: S
     fig.suptitle(title)
     fig.colorbar(image, ax=list(axes), label=colorbar_label, shrink=min(1.0, 0.3 + 0.05 * i))
     return _save(fig, path)
+
+
+def delta_grid(path: Path, *, deltas: np.ndarray, marks: Sequence[Sequence[str]], row_labels: Sequence[str],
+               column_labels: Sequence[str], title: str, colorbar_label: str) -> Path:
+    """A [rows, columns] matrix of differences on a diverging scale centred on 0, each cell written out with
+    its mark (⇑ ↑ ↓ ⇓); NaN cells (a run against itself) are left blank."""
+    rows, cols = deltas.shape
+    fig = Figure(figsize=(min(30.0, 2.5 + 1.3 * cols), min(30.0, 1.2 + 0.45 * rows)), layout="constrained")
+    ax = fig.subplots()
+    finite = deltas[np.isfinite(deltas)]
+    limit = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+    image = ax.imshow(np.ma.masked_invalid(deltas), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto",
+                      interpolation="nearest")
+    for i in range(rows):
+        for j in range(cols):
+            if np.isfinite(deltas[i, j]):
+                ax.text(j, i, f"{deltas[i, j]:+.2f} {marks[i][j]}".strip(), ha="center", va="center",
+                        fontsize="small", color="white" if abs(deltas[i, j]) > 0.6 * limit else "black")
+    ax.set_xticks(range(cols), list(column_labels), rotation=30, ha="right", fontsize="small")
+    ax.set_yticks(range(rows), list(row_labels), fontsize="small")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label=colorbar_label)
+    return _save(fig, path)

@@ -5,6 +5,7 @@ Every entry point takes run directories and an output prefix ``out`` and writes 
 
     ngram_gap       CSAN (arXiv 1904.03107) Fig. 3: n-gram precision gap of systems to a baseline
     length_buckets  MUSE (arXiv 1911.09483) Fig. 3: BLEU by source-length bucket
+    pairwise        every run against every baseline run (seeds): Δ BLEU and the paired bootstrap of each pair
     sweep           CSAN Fig. 2: score against a config value swept across runs (window, heads)
     gates           MUSE Fig. 4: kernel-gate weights per layer of a trained MUSE run
     curves          Dufter et al. (COLING 2020) Fig. 2: a validation metric over training steps
@@ -141,14 +142,31 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
     return {"split": name, "sources": src, "references": refs, "hypotheses": hyps}
 
 
+def bootstrap_options(samples: int | None, seed: int | None) -> tuple[int, int]:
+    """(resamples, seed) of a paired bootstrap, by default 1000 and 12345 as in ``sanlab compare``."""
+    samples = 1000 if samples is None else samples
+    seed = 12345 if seed is None else seed
+    if samples < 1 or seed < 1:  # sacreBLEU would take seed 0 as "unseeded"
+        raise ConfigError(f"--bootstrap-samples and --bootstrap-seed must be >= 1, got {samples} and {seed}")
+    return samples, seed
+
+
+def baselines_first(baselines: Sequence[PathLike], runs: Sequence[PathLike]) -> list[Path]:
+    """The baseline runs, then the other runs, each run once (a run may be named in both lists)."""
+    ordered: dict[Path, Path] = {}
+    for run in [*baselines, *runs]:
+        ordered.setdefault(Path(run).resolve(), Path(run))
+    return list(ordered.values())
+
+
 # ----------------------------------------------------------------------------- the analyses
 def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike, split: str | None = None,
               checkpoint: str = "best", references: PathLike | None = None, tokenize: str = "13a") -> dict[str, Path]:
     """Per-order n-gram precision of each run and its gap to ``baseline`` (CSAN Fig. 3)."""
     from sanlab.evaluation import analysis, plots
 
-    runs = [Path(baseline)] + [Path(r) for r in run_dirs if Path(r).resolve() != Path(baseline).resolve()]
-    data = translation_inputs(runs, split=split, checkpoint=checkpoint, references=references, need_sources=False)
+    data = translation_inputs(baselines_first([baseline], run_dirs), split=split, checkpoint=checkpoint,
+                              references=references, need_sources=False)
     base_label = next(iter(data["hypotheses"]))
     gaps = analysis.ngram_gaps(data["hypotheses"], data["references"], baseline=base_label, tokenize=tokenize)
     orders = sorted({g.order for g in gaps})
@@ -176,14 +194,10 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
     if baseline is None and (bootstrap_samples is not None or bootstrap_seed is not None):
         raise ConfigError("--bootstrap-samples and --bootstrap-seed set the test against --baseline: "
                           "give a baseline or drop them")
-    bootstrap_samples = 1000 if bootstrap_samples is None else bootstrap_samples
-    bootstrap_seed = 12345 if bootstrap_seed is None else bootstrap_seed
-    if bootstrap_samples < 1 or bootstrap_seed < 1:  # sacreBLEU would take seed 0 as "unseeded"
-        raise ConfigError(f"--bootstrap-samples and --bootstrap-seed must be >= 1, got {bootstrap_samples} and "
-                          f"{bootstrap_seed}")
+    bootstrap_samples, bootstrap_seed = bootstrap_options(bootstrap_samples, bootstrap_seed)
     runs = [Path(r) for r in run_dirs]
     if baseline is not None:  # the baseline first (and once), as in ngram_gap
-        runs = [Path(baseline)] + [r for r in runs if r.resolve() != Path(baseline).resolve()]
+        runs = baselines_first([baseline], runs)
     data = translation_inputs(runs, split=split, checkpoint=checkpoint, sources=sources, references=references)
     lengths = analysis.source_lengths(data["sources"])
     base_label = next(iter(data["hypotheses"])) if baseline is not None else None
@@ -205,6 +219,47 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
                          plot=lambda png: plots.grouped_bars(
                              png, groups=[f"{b}\n(n={counts[b]})" for b in buckets], series=series,
                              title="BLEU by source sentence length", xlabel="source length (words)", ylabel="BLEU"))
+
+
+def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: PathLike, split: str | None = None,
+             checkpoint: str = "best", references: PathLike | None = None, tokenize: str = "13a",
+             bootstrap_samples: int | None = None, bootstrap_seed: int | None = None) -> dict[str, Path]:
+    """Every run against every run of ``against`` (the baseline's seeds): Δ BLEU and sacreBLEU's paired
+    bootstrap for each pair, and Δ to the baselines' mean BLEU. The baseline runs are tested against one
+    another too, which shows how far apart the baseline's own seeds are."""
+    import numpy as np
+
+    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation.bleu import corpus_scores
+
+    if not against:
+        raise ConfigError("--against needs at least one baseline run")
+    samples, seed = bootstrap_options(bootstrap_samples, bootstrap_seed)
+    base_runs = baselines_first(against, [])
+    data = translation_inputs(baselines_first(base_runs, run_dirs), split=split, checkpoint=checkpoint,
+                              references=references, need_sources=False)
+    labels = list(data["hypotheses"])
+    bases = labels[:len(base_runs)]
+    results = analysis.pairwise_tests(data["hypotheses"], data["references"], baselines=bases, tokenize=tokenize,
+                                      n_samples=samples, seed=seed)
+
+    scores = {name: corpus_scores(hyps, data["references"], tokenize=tokenize).bleu
+              for name, hyps in data["hypotheses"].items()}
+    wide, long = analysis.pairwise_tables(results, scores, baselines=bases)
+    notes = (f"Split `{data['split']}` ({len(data['references'])} sentences), checkpoint `{checkpoint}`, sacreBLEU "
+             f"tokenizer `{tokenize}`. Each cell: BLEU of the row's run - BLEU of the column's run, and p of "
+             f"sacreBLEU's paired bootstrap ({samples} resamples, seed {seed}); ⇑/⇓ p < 0.01, ↑/↓ p < 0.05."
+             + (f" Baselines' mean BLEU {sum(scores[b] for b in bases) / len(bases):.2f}; its column is a plain "
+                "difference (untested)." if len(bases) > 1 else ""))
+    by = {(r.system, r.baseline): r for r in results}
+    deltas = np.array([[by[(s, b)].delta if (s, b) in by else np.nan for b in bases] for s in labels])
+    marks = [[by[(s, b)].mark if (s, b) in by else "" for b in bases] for s in labels]
+    paths = write_outputs(out, title=f"Every run against every baseline run ({data['split']})", table=wide,
+                          notes=notes, plot=lambda png: plots.delta_grid(
+                              png, deltas=deltas, marks=marks, row_labels=labels, column_labels=bases,
+                              title="BLEU difference to each baseline run", colorbar_label="Δ BLEU"))
+    write_text(paths["csv"], long.csv())  # the CSV in long form, one pair a row, full precision
+    return paths
 
 
 def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:

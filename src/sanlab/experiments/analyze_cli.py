@@ -107,8 +107,7 @@ def _add_length_buckets(sub) -> None:
                    help="ascending upper bucket edges in words (default 10,20,30,40: 1-10 ... 31-40, >40)")
     p.add_argument("--sources", help="source file instead of the split's source file")
     p.add_argument("--baseline", help="also test each run's buckets against this run's (paired bootstrap)")
-    p.add_argument("--bootstrap-samples", type=int, help="resamples per test against --baseline (default 1000)")
-    p.add_argument("--bootstrap-seed", type=int, help="seed (>= 1) of the resampling (default 12345)")
+    _bootstrap_args(p, what=" against --baseline")
     _eval_args(p)
     p.set_defaults(fn=lambda a: _report(analyze.length_buckets(a.runs, out=a.out, edges=a.buckets, split=a.split,
                                                        checkpoint=a.checkpoint, sources=a.sources,
@@ -116,6 +115,25 @@ def _add_length_buckets(sub) -> None:
                                                        baseline=a.baseline,
                                                        bootstrap_samples=a.bootstrap_samples,
                                                        bootstrap_seed=a.bootstrap_seed)))
+
+
+def _bootstrap_args(p: argparse.ArgumentParser, *, what: str) -> None:
+    p.add_argument("--bootstrap-samples", type=int, help=f"resamples per test{what} (default 1000)")
+    p.add_argument("--bootstrap-seed", type=int, help="seed (>= 1) of the resampling (default 12345)")
+
+
+def _add_pairwise(sub) -> None:
+    p = sub.add_parser("pairwise", help="every run against every baseline run (seeds): delta BLEU and paired "
+                                        "bootstrap of each pair")
+    _common(p, runs="+")
+    p.add_argument("--against", required=True, nargs="+", metavar="BASELINE_RUN",
+                   help="the baseline's runs (e.g. its seeds); each run is tested against each of them")
+    _bootstrap_args(p, what="")
+    _eval_args(p)
+    p.set_defaults(fn=lambda a: _report(analyze.pairwise(a.runs, against=a.against, out=a.out, split=a.split,
+                                                 checkpoint=a.checkpoint, references=a.references,
+                                                 tokenize=a.tokenize, bootstrap_samples=a.bootstrap_samples,
+                                                 bootstrap_seed=a.bootstrap_seed)))
 
 
 def _add_sweep(sub) -> None:
@@ -170,5 +188,5 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("analyze", help="analysis tables and plots of trained runs (the papers' figures)",
                                    description="Each analysis writes OUT.md, OUT.csv and OUT.png.")
     sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
-    for add in (_add_ngram_gap, _add_length_buckets, _add_sweep, _add_gates_and_curves, _add_attention):
+    for add in (_add_ngram_gap, _add_length_buckets, _add_pairwise, _add_sweep, _add_gates_and_curves, _add_attention):
         add(sub)
