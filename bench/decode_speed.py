@@ -139,6 +139,10 @@ def main() -> None:
         cells = bench_cells(grid, args)
         if cells[0].config.task != "translation":
             p.error(f"{args.grid}: decoding speed needs a translation grid, this one is {cells[0].config.task}")
+        too_short = [c.label for c in cells if c.config.model.max_positions < args.length]
+        if too_short:  # found now, not after minutes of warm-up: the decoder has a position per token
+            p.error(f"--length {args.length} is beyond model.max_positions of {', '.join(too_short)} "
+                    f"({cells[0].config.model.max_positions})")
         unknown = sorted(set(args.recompute) - {c.variant for c in cells})
         if unknown:
             p.error(f"--recompute names variants not timed here: {', '.join(unknown)}")

@@ -63,3 +63,8 @@ variants:
     assert "4 validation sentences in batches of 2, beam 2, every hypothesis forced to 5 tokens" in text
     # the recomputed row decodes what the cache decodes (untrained weights, the same for both)
     assert "capsule (prefix recomputed): the same best hypothesis as capsule with its caches in 4 of 4" in text
+    too_long = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
+                               "--set", "model.max_positions=210", "--length", "211"], cwd=ROOT, capture_output=True,
+                              text=True)
+    assert too_long.returncode == 2
+    assert "--length 211 is beyond model.max_positions of vanilla / seed 1, capsule / seed 1 (210)" in too_long.stderr

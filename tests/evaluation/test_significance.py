@@ -15,6 +15,7 @@ from sanlab.evaluation.significance import (
     paired_bootstrap_bleu,
     paired_bootstrap_counts,
     significance_mark,
+    smallest_p_warning,
 )
 
 N = 200  # resamples: the smallest p is 1/201 < 0.01, and the file runs in well under a second
@@ -159,3 +160,9 @@ def test_accuracy_input_errors_name_the_values():
         paired_bootstrap_counts(baseline_hits=[1], system_hits=[1], totals=[2], seed=0)
     with pytest.raises(ValueError, match="3 hypotheses but system has 2"):
         paired_bootstrap_bleu(["a", "b", "c"], ["a", "b"], ["a", "b", "c"], n_samples=N)
+
+
+def test_smallest_p_warning_says_which_marks_too_few_resamples_rule_out():
+    assert smallest_p_warning(100) == "" and smallest_p_warning(1000) == ""
+    assert smallest_p_warning(50) == "; with 50 resamples the smallest p is 0.0196, so no ⇑/⇓ can appear"
+    assert smallest_p_warning(10) == "; with 10 resamples the smallest p is 0.0909, so no mark can appear"

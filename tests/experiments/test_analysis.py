@@ -121,9 +121,12 @@ def test_pairwise_tests_every_system_against_every_other_baseline():
         A.pairwise_tests(systems, refs, baselines=["x"])
 
 
-def test_p_text_never_rounds_onto_a_threshold():
-    assert [A.p_text(p) for p in (0.0123, 10 / 1001, 0.04996, 0.001, 0.5)] == [
-        "0.012", "0.00999", "0.04996", "0.001", "0.500"]
+def test_p_text_never_rounds_onto_a_threshold_or_to_zero():
+    values = (0.0123, 10 / 1001, 0.04996, 0.0499999, 0.0099999, 200 / 20001, 0.01, 0.05, 1.0, 1 / 100001, 0.001)
+    assert [A.p_text(p) for p in values] == ["0.012", "0.00999", "0.04996", "0.0499999", "0.0099999", "0.0099995",
+                                             "0.010", "0.050", "1.000", "0.00001", "0.001"]
+    table = A.length_bucket_table([A.BucketScore("s", "1-8", 3, 40.0, 1.0, 10 / 1001, "⇑")], tested=True)
+    assert "| 0.00999 | ⇑ |" in table.markdown() and "0.00999000999" in table.csv()  # CSV: full precision
 
 
 def test_dotted_value_walks_mappings_and_lists_and_names_misses():
@@ -286,12 +289,26 @@ def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
         analyze.length_buckets([csan], out=tmp_path / "x", bootstrap_samples=10)
 
 
-def test_pairwise_from_runs(corpus, tmp_path):
+def analyze_plots():
+    from sanlab.evaluation import plots
+
+    return plots
+
+
+def test_pairwise_from_runs(corpus, tmp_path, monkeypatch):
     runs = {name: make_translation_run(corpus, tmp_path / "grid" / name / "seed-1") for name in ("base", "csan")}
     runs["base2"] = make_translation_run(corpus, tmp_path / "grid" / "base" / "seed-2")
     for run, hyps in ((runs["base"], [REF, REF, BASE_HYP]), (runs["base2"], [BASE_HYP, REF, REF]),
                       (runs["csan"], [SYS_HYP, REF, REF])):
         (run / "hyp-best-test.txt").write_text("".join(h + "\n" for h in hyps))
+    drawn = {}
+    real_grid = analyze_plots().delta_grid
+
+    def spy(path, **kwargs):  # the plotted matrix, to check its rows and columns
+        drawn.update(kwargs)
+        return real_grid(path, **kwargs)
+
+    monkeypatch.setattr(analyze_plots(), "delta_grid", spy)
     paths = analyze.pairwise([runs["csan"], runs["base"]], against=[runs["base"], runs["base2"]],
                              out=tmp_path / "pw", bootstrap_samples=50)
     rows = _check_outputs(paths)
@@ -302,9 +319,23 @@ def test_pairwise_from_runs(corpus, tmp_path):
     assert [p for p in pairs[4:]] == [(s, "mean of baselines") for s in ("base/seed-1", "base/seed-2", "csan/seed-1")]
     for r in rows[1:5]:
         assert float(r[4]) == pytest.approx(float(r[2]) - float(r[3])) and 0 < float(r[5]) <= 1
+    assert all(r[5] == "" and r[6] == "" for r in rows[5:])  # against the mean: untested
+    mean = (float(rows[1][2]) + float(rows[2][2])) / 2
+    assert [float(r[3]) for r in rows[5:]] == pytest.approx([mean] * 3)
     md = paths["md"].read_text()
     assert "| system | bleu | vs base/seed-1 | vs base/seed-2 | vs mean of baselines |" in md
-    assert "paired bootstrap (50 resamples, seed 12345)" in md
+    assert "paired bootstrap (50 resamples, seed 12345; with 50 resamples the smallest p is 0.0196, so no ⇑/⇓" in md
+    wide = {line.split(" | ")[0].lstrip("| "): line.strip("|").split(" | ") for line in md.splitlines()
+            if line.startswith("| ") and "/seed-" in line}
+    assert wide["base/seed-1"][2].strip() == ""  # not against itself
+    delta, p_value, mark = float(rows[4][4]), float(rows[4][5]), rows[4][6]  # csan against base/seed-2
+    assert wide["csan/seed-1"][3].strip() == f"{delta:+.2f}{' ' + mark if mark else ''} (p = {A.p_text(p_value)})"
+    assert drawn["row_labels"] == ["base/seed-1", "base/seed-2", "csan/seed-1"]
+    assert drawn["column_labels"] == ["base/seed-1", "base/seed-2"]
+    expected = np.array([[np.nan, float(rows[1][4])], [float(rows[2][4]), np.nan],
+                         [float(rows[3][4]), float(rows[4][4])]])
+    np.testing.assert_allclose(drawn["deltas"], expected)  # rows: runs; columns: baselines (NaN: itself)
+    assert drawn["marks"][2] == [rows[3][6], rows[4][6]]
     with pytest.raises(analyze.ConfigError, match="--against needs at least one baseline run"):
         analyze.pairwise([runs["csan"]], against=[], out=tmp_path / "x")
     with pytest.raises(analyze.ConfigError, match="must be >= 1, got 1000 and 0"):
@@ -610,11 +641,13 @@ def test_command_line(tmp_path, capsys, monkeypatch):
     assert args.fn(args) == 0
     assert (seen["runs"], seen["baseline"], seen["bootstrap_samples"], seen["bootstrap_seed"]) == ([str(run)], "b", 10, 3)
     monkeypatch.setattr(analyze, "pairwise", fake_length_buckets)
+    seen.clear()
     args = parser.parse_args(["analyze", "pairwise", str(run), "--against", "b1", "b2", "--out", "x",
-                              "--bootstrap-samples", "20", "--split", "valid"])
+                              "--bootstrap-samples", "20", "--bootstrap-seed", "4", "--split", "valid",
+                              "--checkpoint", "last", "--references", "r.de", "--tokenize", "intl"])
     assert args.fn(args) == 0
-    assert (seen["runs"], seen["against"], seen["bootstrap_samples"], seen["split"]) == ([str(run)], ["b1", "b2"], 20,
-                                                                                        "valid")
+    assert seen == {"runs": [str(run)], "against": ["b1", "b2"], "out": "x", "split": "valid", "checkpoint": "last",
+                    "references": "r.de", "tokenize": "intl", "bootstrap_samples": 20, "bootstrap_seed": 4}
 
 
 def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(corpus, tmp_path):

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from sanlab.evaluation.bleu import (References, bleu_by_length, length_bucket_members, ngram_precisions,
                                     reference_streams)
-from sanlab.evaluation.significance import paired_bootstrap_bleu
+from sanlab.evaluation.significance import p_text, paired_bootstrap_bleu
 
 LOWER_IS_BETTER = frozenset({"loss", "ppl"})  # validation metrics where the best record is the minimum
 
@@ -52,7 +52,8 @@ class Table:
     columns: tuple[str, ...]
     rows: tuple[tuple, ...]
     digits: int = 2
-    column_digits: tuple[tuple[str, int], ...] = ()  # (column, digits) where ``digits`` is too few, e.g. p-values
+    column_digits: tuple[tuple[str, int], ...] = ()  # (column, digits) where ``digits`` is not right
+    p_columns: tuple[str, ...] = ()  # p-values: rendered by ``p_text`` (never rounded onto 0.01 or 0.05)
 
     def __post_init__(self):
         bad = [r for r in self.rows if len(r) != len(self.columns)]
@@ -67,7 +68,9 @@ class Table:
         lines = ["| " + " | ".join(escape(c) for c in self.columns) + " |",
                  "|" + "|".join("---" for _ in self.columns) + "|"]
         digits = [dict(self.column_digits).get(c, self.digits) for c in self.columns]
-        lines += ["| " + " | ".join(escape(_cell(v, d)) for v, d in zip(row, digits)) + " |" for row in self.rows]
+        p_value = [c in self.p_columns for c in self.columns]
+        lines += ["| " + " | ".join(escape(p_text(v) if is_p and isinstance(v, float) else _cell(v, d))
+                                    for v, d, is_p in zip(row, digits, p_value)) + " |" for row in self.rows]
         return "\n".join(lines) + "\n"
 
     def csv(self) -> str:
@@ -163,7 +166,7 @@ def length_bucket_table(scores: Sequence[BucketScore], *, tested: bool = False) 
                      tuple((s.system, s.bucket, s.count, s.bleu) for s in scores))
     return Table(("system", "bucket", "sentences", "bleu", "delta", "p", "sig"),
                  tuple((s.system, s.bucket, s.count, s.bleu, s.delta, s.p_value, s.mark) for s in scores),
-                 column_digits=(("p", 3),))
+                 p_columns=("p",))
 
 
 # ----------------------------------------------------------------------------- every run against every baseline run
@@ -202,23 +205,13 @@ def pairwise_tests(systems: Mapping[str, Sequence[str]], references: References,
     return results
 
 
-def p_text(p_value: float) -> str:
-    """A p-value with 3 decimals, or as many as it takes not to round up onto a threshold (0.00999 is
-    below 0.01; "0.010" would say it is not)."""
-    text = f"{p_value:.3f}"
-    for threshold in (0.01, 0.05):
-        if p_value < threshold <= float(text):
-            return f"{p_value:.6f}".rstrip("0")
-    return text
-
-
 def pairwise_tables(results: Sequence[PairedResult], scores: Mapping[str, float], *,
                     baselines: Sequence[str]) -> tuple[Table, Table]:
     """(wide table for reading, long table for the CSV). ``scores``: every system's corpus BLEU, in row order.
 
-    The wide table has one row per system and one column per baseline ("+1.05 ↑ (p = 0.014)"); with more
-    than one baseline, a last column gives the difference to the baselines' mean BLEU (untested: a mean of
-    runs is no system to resample)."""
+    The wide table has one row per system and one column per baseline ("+1.05 ↑ (p = 0.014)"; blank: a run
+    against itself); with more than one baseline, a last column gives the difference to the baselines' mean
+    BLEU (untested: a mean of runs is no system to resample; a baseline's own row includes itself in it)."""
     by = {(r.system, r.baseline): r for r in results}
     mean = sum(scores[b] for b in baselines) / len(baselines)
     with_mean = len(baselines) > 1
@@ -234,7 +227,8 @@ def pairwise_tables(results: Sequence[PairedResult], scores: Mapping[str, float]
     long_rows = [(r.system, r.baseline, r.bleu, r.baseline_bleu, r.delta, r.p_value, r.mark) for r in results]
     if with_mean:
         long_rows += [(s, "mean of baselines", bleu, mean, bleu - mean, None, "") for s, bleu in scores.items()]
-    return wide, Table(("system", "baseline", "bleu", "baseline_bleu", "delta", "p", "sig"), tuple(long_rows))
+    return wide, Table(("system", "baseline", "bleu", "baseline_bleu", "delta", "p", "sig"), tuple(long_rows),
+                       p_columns=("p",))
 
 
 # ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)

@@ -83,6 +83,24 @@ def significance_mark(p_value: float, delta: float) -> str:
     return "↑" if delta > 0 else "↓"
 
 
+def p_text(p_value: float) -> str:
+    """A p-value with 3 decimals, or as many more as it takes not to round it onto a threshold of the marks
+    (10/1001 = 0.00999 is below 0.01: "0.010" would say it is not) or down to zero."""
+    for digits in range(3, 12):
+        text = f"{p_value:.{digits}f}"
+        if float(text) > 0 and not any(p_value < threshold <= float(text) for threshold in (0.01, 0.05)):
+            return text
+    return f"{p_value:.3g}"
+
+
+def smallest_p_warning(n_samples: int) -> str:
+    """A warning when too few resamples make a mark impossible: the smallest p is 1 / (n_samples + 1)."""
+    if n_samples >= 100:
+        return ""
+    cannot = "no mark" if n_samples < 20 else "no ⇑/⇓"
+    return f"; with {n_samples} resamples the smallest p is {1 / (n_samples + 1):.3g}, so {cannot} can appear"
+
+
 def _check_bootstrap_args(*, n_samples: int, seed: int) -> None:
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")

@@ -74,12 +74,14 @@ def raw_config(run_dir: PathLike) -> dict:
     return read_yaml_mapping(path, what="run config")
 
 
-def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callable[[Path], Path]) -> dict[str, Path]:
-    """``<out>.md``, ``<out>.csv`` and ``<out>.png`` (``out`` is a prefix: ``results/gap`` -> results/gap.md)."""
+def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callable[[Path], Path],
+                  csv_table=None) -> dict[str, Path]:
+    """``<out>.md``, ``<out>.csv`` and ``<out>.png`` (``out`` is a prefix: ``results/gap`` -> results/gap.md).
+    ``csv_table``: the CSV's own table when the Markdown one is laid out for reading (default: ``table``)."""
     paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
     write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
-    write_text(paths["csv"], table.csv())
+    write_text(paths["csv"], (csv_table or table).csv())
     plot(paths["png"])
     return paths
 
@@ -195,9 +197,7 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
         raise ConfigError("--bootstrap-samples and --bootstrap-seed set the test against --baseline: "
                           "give a baseline or drop them")
     bootstrap_samples, bootstrap_seed = bootstrap_options(bootstrap_samples, bootstrap_seed)
-    runs = [Path(r) for r in run_dirs]
-    if baseline is not None:  # the baseline first (and once), as in ngram_gap
-        runs = baselines_first([baseline], runs)
+    runs = baselines_first([] if baseline is None else [baseline], run_dirs)  # the baseline first; each run once
     data = translation_inputs(runs, split=split, checkpoint=checkpoint, sources=sources, references=references)
     lengths = analysis.source_lengths(data["sources"])
     base_label = next(iter(data["hypotheses"])) if baseline is not None else None
@@ -231,6 +231,7 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
 
     from sanlab.evaluation import analysis, plots
     from sanlab.evaluation.bleu import corpus_scores
+    from sanlab.evaluation.significance import smallest_p_warning
 
     if not against:
         raise ConfigError("--against needs at least one baseline run")
@@ -248,18 +249,19 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
     wide, long = analysis.pairwise_tables(results, scores, baselines=bases)
     notes = (f"Split `{data['split']}` ({len(data['references'])} sentences), checkpoint `{checkpoint}`, sacreBLEU "
              f"tokenizer `{tokenize}`. Each cell: BLEU of the row's run - BLEU of the column's run, and p of "
-             f"sacreBLEU's paired bootstrap ({samples} resamples, seed {seed}); ⇑/⇓ p < 0.01, ↑/↓ p < 0.05."
-             + (f" Baselines' mean BLEU {sum(scores[b] for b in bases) / len(bases):.2f}; its column is a plain "
-                "difference (untested)." if len(bases) > 1 else ""))
+             f"sacreBLEU's paired bootstrap ({samples} resamples, seed {seed}{smallest_p_warning(samples)}); "
+             "⇑/⇓ p < 0.01, ↑/↓ p < 0.05, where p is in effect one-sided in the direction of the difference "
+             "(↑ is a two-sided 10% level), so among many tests some fall below 0.05 by chance. Blank: a run against "
+             "itself." + (f" Baselines' mean BLEU {sum(scores[b] for b in bases) / len(bases):.2f}; its column is a "
+                         "plain difference (untested), and a baseline's own row counts that run in the mean."
+                         if len(bases) > 1 else ""))
     by = {(r.system, r.baseline): r for r in results}
     deltas = np.array([[by[(s, b)].delta if (s, b) in by else np.nan for b in bases] for s in labels])
     marks = [[by[(s, b)].mark if (s, b) in by else "" for b in bases] for s in labels]
-    paths = write_outputs(out, title=f"Every run against every baseline run ({data['split']})", table=wide,
-                          notes=notes, plot=lambda png: plots.delta_grid(
-                              png, deltas=deltas, marks=marks, row_labels=labels, column_labels=bases,
-                              title="BLEU difference to each baseline run", colorbar_label="Δ BLEU"))
-    write_text(paths["csv"], long.csv())  # the CSV in long form, one pair a row, full precision
-    return paths
+    return write_outputs(out, title=f"Every run against every baseline run ({data['split']})", table=wide,
+                         csv_table=long, notes=notes, plot=lambda png: plots.delta_grid(
+                             png, deltas=deltas, marks=marks, row_labels=labels, column_labels=bases,
+                             title="BLEU difference to each baseline run", colorbar_label="Δ BLEU"))
 
 
 def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:

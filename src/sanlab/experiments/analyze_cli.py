@@ -127,7 +127,8 @@ def _add_pairwise(sub) -> None:
                                         "bootstrap of each pair")
     _common(p, runs="+")
     p.add_argument("--against", required=True, nargs="+", metavar="BASELINE_RUN",
-                   help="the baseline's runs (e.g. its seeds); each run is tested against each of them")
+                   help="the baseline's runs (e.g. its seeds); each run is tested against each of them. It takes "
+                        "every path up to the next option, so name the RUNs before it")
     _bootstrap_args(p, what="")
     _eval_args(p)
     p.set_defaults(fn=lambda a: _report(analyze.pairwise(a.runs, against=a.against, out=a.out, split=a.split,

@@ -30,6 +30,7 @@ from sanlab.files import read_json
 from sanlab.invocation import command_line
 from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
+    smallest_p_warning,
 )
 from sanlab.experiments.cells import (METRICS, CellResult, check_synthetic, machine, read_failure, read_references,
                                      read_result)
@@ -276,7 +277,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
         "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the unrounded means to the "
         "baseline row (so it may differ by 0.01 from the difference of the printed means).",
         f"sig.: {test} against the baseline on the same seed's output, {ev.bootstrap_samples} resamples "
-        f"(seed {ev.bootstrap_seed}{_smallest_p(ev.bootstrap_samples)}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01, where p is "
+        f"(seed {ev.bootstrap_seed}{smallest_p_warning(ev.bootstrap_samples)}); ↑/↓ p < 0.05, ⇑/⇓ p < 0.01, where p is "
         "sacreBLEU's, in effect one-sided in the direction of Δ as Koehn's (2004) test (↑ is a two-sided 10% level); "
         "with several seeds the mark is the majority's, followed by k/n (tests in its direction / seed-matched "
         "tests); no mark: not significant, or no seed shared with the baseline yet (the CSV and JSON give every "
@@ -303,14 +304,6 @@ def build_report(grid: Grid, *, command: str) -> Report:
                   header=_header(grid, sections, command=command, trained_on=sorted(machines)),
                   sections=tuple(sections),
                   reference=grid.spec.reference, notes=tuple(grid.notes()), legend=legend)
-
-
-def _smallest_p(samples: int) -> str:
-    """A warning when too few resamples make a mark impossible: the smallest p is 1 / (samples + 1)."""
-    if samples >= 100:
-        return ""
-    cannot = "no mark" if samples < 20 else "no ⇑/⇓"
-    return f"; with {samples} resamples the smallest p is {1 / (samples + 1):.3g}, so {cannot} can appear"
 
 
 def _speed_legend(sections: Sequence[Section]) -> str:
