@@ -81,7 +81,7 @@ def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callabl
     paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
     write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
-    write_text(paths["csv"], (csv_table or table).csv())
+    write_text(paths["csv"], (table if csv_table is None else csv_table).csv())
     plot(paths["png"])
     return paths
 
@@ -243,9 +243,10 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
     bases = labels[:len(base_runs)]
     results = analysis.pairwise_tests(data["hypotheses"], data["references"], baselines=bases, tokenize=tokenize,
                                       n_samples=samples, seed=seed)
-
-    scores = {name: corpus_scores(hyps, data["references"], tokenize=tokenize).bleu
-              for name, hyps in data["hypotheses"].items()}
+    tested = {r.baseline: r.baseline_bleu for r in results} | {r.system: r.bleu for r in results}
+    scores = {name: tested[name] if name in tested  # the bootstrap scored it already
+              else corpus_scores(data["hypotheses"][name], data["references"], tokenize=tokenize).bleu
+              for name in labels}
     wide, long = analysis.pairwise_tables(results, scores, baselines=bases)
     notes = (f"Split `{data['split']}` ({len(data['references'])} sentences), checkpoint `{checkpoint}`, sacreBLEU "
              f"tokenizer `{tokenize}`. Each cell: BLEU of the row's run - BLEU of the column's run, and p of "
