@@ -16,7 +16,7 @@ backward is an index-add; with ``unfold`` (strided backward) the plan was 1.5-1.
 
 A part is window-local (the plan can run it) if it only masks, through
 ``band_offsets(causal=...) -> (left, right)`` describing the same band as its ``mask``; a 2D-CSAN
-extend part also gives ``head_sources(heads) -> (k_src, v_src, valid)`` [h, n]. The plan holds
+extend part also gives ``head_sources(heads, device) -> (k_src, v_src, valid)`` [h, n]. The plan holds
 under cached decoding: queries at positions p0.. attend to the window of cached keys.
 """
 
@@ -59,7 +59,7 @@ def supports(parts: StageParts) -> bool:
             and all(hasattr(p, "head_sources") for p in parts.extend))
 
 
-def describe(parts: StageParts, *, heads: int, causal: bool) -> Band:
+def describe(parts: StageParts, *, heads: int, causal: bool, device: torch.device | None = None) -> Band:
     """The intersection of the parts' bands (an AND of intervals is the tightest interval)."""
     offsets = [p.band_offsets(causal=causal) for p in parts.mask]
     left = min(o[0] for o in offsets)
@@ -67,7 +67,7 @@ def describe(parts: StageParts, *, heads: int, causal: bool) -> Band:
     right = min(right, 0) if causal else right
     if not parts.extend:
         return Band(left, right)
-    k_src, v_src, valid = parts.extend[0].head_sources(heads)
+    k_src, v_src, valid = parts.extend[0].head_sources(heads, device=device)
     return Band(left, right, k_src, v_src, valid)
 
 
@@ -106,7 +106,7 @@ def _allowed(ctx: AttentionContext, band: Band, index: Tensor, *, start: int, bl
         valid = F.pad(ctx.key_valid, (band.left, pad), value=False)[:, index]  # [b, blocks, span]
         allowed = allowed & valid[:, None, :, None, None, :]  # [b, 1, blocks, c, 1, span]
     if band.head_valid is not None:
-        allowed = allowed & band.head_valid.to(index.device)[None, :, None, None, :, None]  # [b, h, blocks, c, n, span]
+        allowed = allowed & band.head_valid[None, :, None, None, :, None]  # [b, h, blocks, c, n, span]
     n = 1 if band.k_src is None else band.k_src.shape[1]
     return allowed.expand(*allowed.shape[:4], n, span).flatten(-2)  # [b|1, h|1, blocks, c, n*span]
 
@@ -116,7 +116,7 @@ def _head_spans(x: Tensor, src: Tensor | None, index: Tensor, *, left: int, pad:
     padded = F.pad(x, (0, 0, left, pad))  # [b, h, left+j+pad, d]
     if src is None:
         return padded.index_select(2, index.flatten()).unflatten(2, index.shape)  # [b, h, blocks, span, d]
-    heads = src.to(x.device)[:, None, :, None]  # [h, 1, n, 1]
+    heads = src[:, None, :, None]  # [h, 1, n, 1]
     spans = padded[:, heads, index[None, :, None, :]]  # [b, h, blocks, n, span, d]
     return spans.flatten(3, 4)  # [b, h, blocks, n*span, d]
 
@@ -126,7 +126,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: Sta
     """Same contract as ``plans.dense``: q [b, h, i, d], k/v [b, h, j, d] -> [b, h, i, d]."""
     b, h, i, d = q.shape
     keys = k.shape[2]
-    band = describe(parts, heads=h, causal=ctx.causal)
+    band = describe(parts, heads=h, causal=ctx.causal, device=q.device)
     start = _start(ctx, queries=i, keys=keys)
     # Offsets past the first/last key never hit one: a window wider than the sentence costs no more.
     band = replace(band, left=max(0, min(band.left, start + i - 1)),

@@ -34,12 +34,13 @@ def expand_for_beams(cache: Any, beam_size: int) -> Any:
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    sizes = sorted({x.shape[0] for x in _tensors(cache)})
+    tensors = _tensors(cache)
+    sizes = sorted({x.shape[0] for x in tensors})
     if not sizes:
         return _map_tensors(cache, lambda x: x)
     if len(sizes) > 1:
         raise ValueError(f"every cached tensor needs the batch on dim 0, but dim 0 sizes differ: {sizes}")
-    index = torch.arange(sizes[0]).repeat_interleave(beam_size)  # [B*k]
+    index = torch.arange(sizes[0], device=tensors[0].device).repeat_interleave(beam_size)  # [B*k]
     return reorder(cache, index)
 
 

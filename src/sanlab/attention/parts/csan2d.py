@@ -57,14 +57,16 @@ class Csan2dConfig(WindowConfig):
                 cls(size=3, head_boundary="reference")]
 
 
-def head_sources(*, heads: int, area: int, boundary: str) -> tuple[Tensor, Tensor, Tensor]:
+def head_sources(*, heads: int, area: int, boundary: str, device: torch.device | None = None
+                 ) -> tuple[Tensor, Tensor, Tensor]:
     """Which head feeds head slot delta of query head h.
 
     Returns k_src [h, n] and v_src [h, n] (head indices, n = area, delta = -n//2 .. n//2) and
     valid [h, n] (False only for ``clip`` slots outside [0, H-1]; their indices are clamped).
     """
     half = area // 2
-    target = torch.arange(heads)[:, None] + torch.arange(-half, half + 1)[None, :]  # [h, n]
+    target = (torch.arange(heads, device=device)[:, None]
+              + torch.arange(-half, half + 1, device=device)[None, :])  # [h, n]
     wrapped, clamped = target % heads, target.clamp(0, heads - 1)
     valid = (target >= 0) & (target < heads)
     if boundary == "wrap":
@@ -85,14 +87,14 @@ class HeadArea(AttentionPart):
         super().__init__()
         self.half_width, self.area, self.boundary, self.causal_window = half_width, area, boundary, causal_window
 
-    def head_sources(self, heads: int) -> tuple[Tensor, Tensor, Tensor]:
-        return head_sources(heads=heads, area=self.area, boundary=self.boundary)
+    def head_sources(self, heads: int, device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        return head_sources(heads=heads, area=self.area, boundary=self.boundary, device=device)
 
     def band_offsets(self, *, causal: bool) -> tuple[int, int]:
         return band_offsets(self.half_width, self.causal_window, causal=causal)
 
     def extend(self, k: Tensor, v: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        k_src, v_src, valid = (t.to(k.device) for t in self.head_sources(ctx.heads))
+        k_src, v_src, valid = self.head_sources(ctx.heads, device=k.device)
         b, h, j, d = k.shape
         n = self.area
         k_ext = k[:, k_src].reshape(b, h, n * j, d)  # [b, h, n, j, d] -> [b, h, n*j, d]

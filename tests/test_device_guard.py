@@ -1,0 +1,118 @@
+"""A CPU guard against device bugs: no tensor is created on the default device when it should follow its inputs.
+
+On a GPU, a tensor made without ``device=`` (``torch.arange(n)``, ``torch.zeros(...)``, ``torch.tensor(...)``)
+lands on the CPU while the model is on CUDA, and the step fails, or silently copies to the host every step.
+Here the model and its inputs live on the CPU while the default device for new tensors is ``meta``
+(``with torch.device("meta")``): a tensor created without ``device=`` is a meta tensor, and mixing it with
+the CPU tensors raises. Every registered attention part (in the encoder, the decoder and cross-attention
+where it has those forms), every mixer and pre-block, and both models are run forward, backward and
+through a few beam-search steps this way.
+
+What it cannot reach: code that only runs on a GPU (nothing does yet), tensors created from Python data
+and then moved with ``.to(x.device)`` (correct, and not flagged), host syncs (``.item()``, ``.tolist()``:
+correct on every device, only slow on a GPU), and the data loaders and training loop, which build their
+batches on the CPU by design and move them once.
+"""
+
+import pytest
+import torch
+
+from sanlab.attention.registry import PARTS
+from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
+from sanlab.decoding.search import beam_search
+from sanlab.errors import ConfigError
+from sanlab.layers.conv_blocks import PRE_BLOCKS
+from sanlab.layers.mixers import MIXERS
+from sanlab.models.builders import build_seq2seq, build_tagger
+
+import sanlab.attention.parts  # noqa: F401,E402  (every part registered)
+
+DIM, HEADS, VOCAB = 16, 4, 30
+
+
+def _seq2seq(encoder: dict, decoder: dict) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(dim=DIM, dropout=0.1, encoder=StackConfig(layers=2, ffn_dim=32, **encoder),
+                        decoder=StackConfig(layers=2, ffn_dim=32, **decoder), max_positions=16)
+    return build_seq2seq(cfg, vocab_size=VOCAB, pad_id=0)
+
+
+def _source_target() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, VOCAB, (3, 9), generator=g), torch.randint(4, VOCAB, (3, 7), generator=g)
+    src[1, 6:], tgt[2, 4:] = 0, 0
+    return src, tgt
+
+
+def _run_seq2seq_on_meta_default(model: torch.nn.Module) -> None:
+    src, tgt = _source_target()
+    with torch.device("meta"):
+        model.train()
+        model(src, tgt).sum().backward()
+        model.eval()
+        with torch.no_grad():
+            beam_search(model.decode_step, model.start_decoding(src), batch_size=3, beam_size=2, bos=2, eos=3,
+                        pad=0, max_lengths=torch.full((3,), 4, device="cpu"), length_penalty=1.0, n_best=1)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.device.type == "cpu" for g in grads)
+
+
+PART_CASES = [pytest.param(cfg, id=f"{name}-{n}")
+              for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())]
+
+
+@pytest.mark.parametrize("cfg", PART_CASES)
+def test_attention_part_creates_no_tensor_on_the_default_device(cfg):
+    part = cfg.model_dump()
+    attention = {"heads": HEADS, "parts": [part]}
+    model = _seq2seq({"attention": attention}, {"attention": {"heads": HEADS}})
+    _run_seq2seq_on_meta_default(model)
+    plain = {"heads": HEADS}
+    for decoder in ({"attention": attention}, {"attention": plain, "cross_attention": attention}):
+        try:  # the decoder and cross forms, where the part has them (refusals are the contracts' subject)
+            model = _seq2seq({"attention": plain}, decoder)
+        except (ValueError, ConfigError):
+            continue
+        _run_seq2seq_on_meta_default(model)
+
+
+MIXER_NAMES = [name for name in MIXERS.names() if name != "attention"]
+
+
+@pytest.mark.parametrize("name", MIXER_NAMES)
+def test_mixer_creates_no_tensor_on_the_default_device(name):
+    mixer = {"type": name}
+    decoder = {"mixer": mixer} if name != "block" else {}
+    _run_seq2seq_on_meta_default(_seq2seq({"mixer": mixer}, decoder))
+
+
+@pytest.mark.parametrize("name", PRE_BLOCKS.names())
+def test_pre_block_creates_no_tensor_on_the_default_device(name):
+    _run_seq2seq_on_meta_default(_seq2seq({"pre_blocks": [{"type": name}]}, {}))
+
+
+@pytest.mark.parametrize("position,parts", [
+    ("add", []), ("concat", []), ("none", [{"type": "abs_position"}, {"type": "rel_position"}]),
+    ("add", [{"type": "temperature"}]), ("add", [{"type": "conv_attention", "dims": 2}]),
+])
+def test_tagger_creates_no_tensor_on_the_default_device(position, parts):
+    config = TaggerConfig(word_dim=8, char_dim=4, char_filters=4, char_width=3, char_layers=1, position=position,
+                          position_dim=4, max_len=10, encoder=dict(layers=2, ffn_dim=0, attention=dict(
+                              heads=2, bias=False, out_proj=False, parts=parts)))
+    torch.manual_seed(0)
+    model = build_tagger(config, vocab_size=30, num_chars=10, num_tags=5)
+    g = torch.Generator().manual_seed(1)
+    words, chars = torch.randint(2, 30, (4, 10), generator=g), torch.randint(1, 10, (4, 10, 5), generator=g)
+    words[1, 7:] = 0
+    with torch.device("meta"):
+        model(words, chars).sum().backward()
+    assert all(p.grad.device.type == "cpu" for p in model.parameters() if p.grad is not None)
+
+
+def test_the_guard_catches_a_tensor_made_without_device():
+    """The mechanism itself: under the meta default, an arange without device= cannot meet a CPU tensor."""
+    x = torch.ones(3)
+    with torch.device("meta"), pytest.raises((RuntimeError, NotImplementedError)):
+        _ = x + torch.arange(3)
+    with torch.device("meta"):
+        assert (x + torch.arange(3, device=x.device)).tolist() == [1.0, 2.0, 3.0]
