@@ -42,7 +42,7 @@ def _context(cfg, side: str) -> BuildContext:
 # Parts with no decoder form (built causal_safe=False, refused by build_attention) and parts with a
 # cross-attention form. Fixed here so that a regression refusing a side fails instead of skipping.
 DECODER_UNSAFE = {"bi_direct"}
-CROSS_CAPABLE = {"abs_position", "local_hard", "local_soft", "neighbor", "rel_position", "temperature"}
+CROSS_CAPABLE = {"abs_position", "local_hard", "local_soft", "rel_position", "temperature"}
 
 
 def _attention(cfg, side: str, plan: str = "dense", perturbed: bool = True) -> Attention:

@@ -24,6 +24,11 @@ Predictions read the full-width projected query ``ctx.q_full`` = x W_Q (before t
 the 1/sqrt(D) scale). L(i) is the number of keys visible to query i under padding and causality:
 the sentence length in the encoder, i+1 under a causal mask -- so every variant decodes
 incrementally from cached keys alone.
+
+Cross-attention (docs/variants.md): Neighbor is refused, like 1D/2D-CSAN -- its centre c = i is the
+query's own (target) position, which says nothing about source positions. Local_Hard and Local_Soft
+are allowed: their centre is predicted from the query and scaled by L = the source length, which is
+Luong's local-p in its original encoder-decoder setting (p_t = S sigmoid(...)).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from sanlab.attention import masks
+from sanlab.attention.parts.window import refuse_cross_attention
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
 from sanlab.attention.registry import PARTS, BuildContext, PartConfig
 
@@ -257,6 +263,7 @@ class LocalSoft(GaussianLocalness):
 
 @PARTS.register(NeighborConfig)
 def build_neighbor(config: NeighborConfig, ctx: BuildContext) -> GaussianLocalness:
+    refuse_cross_attention("Neighbor", ctx)  # c = i, the target position: no meaning over source positions
     local = resolve_local_heads(config.local_heads, ctx.heads)
     if config.neighbor_mode == "sperber":
         return NeighborSperber(heads=ctx.heads, local_heads=local, sigma_init=config.sigma_init,
