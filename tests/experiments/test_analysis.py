@@ -448,6 +448,25 @@ def test_curves_mean_over_the_seeds_of_comparison_cells(corpus, tmp_path):
     assert rows == [["step", "csan (mean of 2)"], ["10", "12.0"], ["20", "25.0"]]
 
 
+def test_curves_of_a_metric_pattern_give_one_line_per_run_and_metric(corpus, tmp_path):
+    """``--metric 'PATTERN'`` (the diagnostics records of learnable temperatures): every matching metric of
+    every run is a line, seeds of one variant averaged per metric."""
+    runs = [_sweep_run(corpus, tmp_path / "grid" / "temp" / f"seed-{seed}", size=3, bleus=[]) for seed in (0, 1)]
+    for k, run in enumerate(runs):
+        (run / "metrics.jsonl").write_text("".join(json.dumps(
+            {"split": "diagnostics", "step": step, "l0/log_gamma_q_mean": k + step, "l0/log_gamma_k_mean": -step,
+             "l0/other": 9.0}) + "\n" for step in (1, 2)))
+    rows = _check_outputs(analyze.curves(runs, out=tmp_path / "diag", split="diagnostics", metric="*log_gamma_*"))
+    assert rows[0] == ["step", "temp/seed-0: l0/log_gamma_k_mean", "temp/seed-0: l0/log_gamma_q_mean",
+                       "temp/seed-1: l0/log_gamma_k_mean", "temp/seed-1: l0/log_gamma_q_mean"]
+    assert rows[1:] == [["1", "-1.0", "1.0", "-1.0", "2.0"], ["2", "-2.0", "2.0", "-2.0", "3.0"]]
+    mean = _check_outputs(analyze.curves(runs, out=tmp_path / "mean", split="diagnostics",
+                                         metric="*log_gamma_q*", mean_over_seeds=True))
+    assert mean == [["step", "temp (mean of 2)"], ["1", "1.5"], ["2", "2.5"]]  # one match: named by run alone
+    with pytest.raises(analyze.ConfigError, match="no 'diagnostics' metric matches '\\*nothing\\*'"):
+        analyze.curves(runs, out=tmp_path / "none", split="diagnostics", metric="*nothing*")
+
+
 def test_gates_of_a_muse_run(corpus, tmp_path):
     muse = {"type": "muse", "kernel_sizes": [3, 5]}
     model = {"encoder": {**SMALL["encoder"], "mixer": muse}, "decoder": {**SMALL["decoder"], "mixer": muse}}

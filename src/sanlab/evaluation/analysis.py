@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import math
 import re
@@ -311,6 +312,18 @@ def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "val
         names = sorted({k for r in chosen for k in r} - {"split", "step", "time"})
         raise KeyError(f"no {split!r} record has metric {metric!r} (metrics: {', '.join(names)})")
     return sorted(with_metric.items())
+
+
+def metric_names(records: Sequence[Mapping], *, pattern: str, split: str = "valid") -> list[str]:
+    """The metrics of the ``split`` records that match the shell-style ``pattern`` (``*gamma_q*``), sorted;
+    a pattern without wildcards names one metric (checked by ``learning_curve``)."""
+    if not any(c in pattern for c in "*?["):
+        return [pattern]
+    names = sorted({k for r in records if r.get("split") == split for k in r} - {"split", "step", "time"})
+    matched = fnmatch.filter(names, pattern)
+    if not matched:
+        raise KeyError(f"no {split!r} metric matches {pattern!r} (metrics: {', '.join(names) or 'none'})")
+    return matched
 
 
 def mean_curves(curves: Mapping[str, Sequence[tuple[int, float]]],

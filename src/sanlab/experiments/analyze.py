@@ -391,14 +391,18 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     from sanlab.training.loop import read_metrics
 
     metric = metric or default_metric(run_dirs[0])
-    labels = run_labels(run_dirs)
-    found = {label: checked(analysis.learning_curve, read_metrics(Path(run)), metric=metric, split=split,
-                            context=f"{run}/metrics.jsonl")
-             for label, run in zip(labels, run_dirs)}
+    found = {}
+    for label, run in zip(run_labels(run_dirs), run_dirs):
+        records, context = read_metrics(Path(run)), f"{run}/metrics.jsonl"
+        names = checked(analysis.metric_names, records, pattern=metric, split=split, context=context)
+        for name in names:  # a pattern (``*gamma*``) gives one line per matching metric
+            key = label if len(names) == 1 else f"{label}: {name}"
+            found[key] = checked(analysis.learning_curve, records, metric=name, split=split, context=context)
+    labels = list(found)
     notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
              "later record.")
     if mean_over_seeds:
-        group_of = {label: re.sub(r"/seed-\d+$", "", label) for label in labels}
+        group_of = {label: re.sub(r"/seed-\d+(?=: |$)", "", label) for label in labels}  # (": metric" kept)
         found = checked(analysis.mean_curves, found, group_of, context="--mean-over-seeds")
         notes += (" Each line is the mean over the seeds of one variant, at the steps all of them logged "
                   "(a seed that stopped early ends its line there).")

@@ -159,8 +159,10 @@ def _add_gates_and_curves(sub) -> None:
 
     p = sub.add_parser("curves", help="a metric over training steps, one line per run (Dufter Fig. 2)")
     _common(p, runs="+")
-    p.add_argument("--metric", help="metric name in metrics.jsonl (default: bleu / accuracy)")
-    p.add_argument("--split", default="valid", help="record split in metrics.jsonl: valid (default), train, speed")
+    p.add_argument("--metric", help="metric name in metrics.jsonl (default: bleu / accuracy), or a shell-style "
+                   "pattern for several ('*log_gamma_q*'): one line per run and matching metric")
+    p.add_argument("--split", default="valid",
+                   help="record split in metrics.jsonl: valid (default), train, speed, diagnostics")
     p.add_argument("--mean-over-seeds", action="store_true",
                    help="one line per variant: the mean of its seed-N runs (comparison cells)")
     p.set_defaults(fn=lambda a: _report(analyze.curves(a.runs, out=a.out, metric=a.metric, split=a.split,

@@ -44,6 +44,17 @@ class LearnableTemperature(AttentionPart):
 
         return per_head(q, self.gamma_q), per_head(k, self.gamma_k), per_head(v, self.gamma_v)
 
+    @torch.no_grad()
+    def diagnostics(self) -> dict[str, float]:
+        """log |gamma| over the heads, per projection: the mean, and the head farthest from 1 (signed), so a
+        scale running away shows in the logs (``training.diagnostics``)."""
+        report = {}
+        for name, gamma in (("q", self.gamma_q), ("k", self.gamma_k), ("v", self.gamma_v)):
+            log_abs = gamma.detach().abs().clamp_min(1e-30).log()  # [h]
+            report[f"log_gamma_{name}_mean"] = float(log_abs.mean())
+            report[f"log_gamma_{name}_extreme"] = float(log_abs[log_abs.abs().argmax()])
+        return report
+
 
 @PARTS.register(TemperatureConfig)
 def build_temperature(config: TemperatureConfig, ctx: BuildContext) -> LearnableTemperature:
