@@ -32,7 +32,8 @@ def _cmd_train(args) -> int:
         raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _launch_torchrun(args)
-    summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet)
+    summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
+                        allow_changed_data=args.allow_changed_data)
     if os.environ.get("RANK", "0") == "0":
         print(f"done: step {summary['step']}, best {summary['best']}")
     return 0
@@ -45,7 +46,8 @@ def _launch_torchrun(args) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                "-m", "sanlab", "train", args.config, "--run-dir", args.run]
     command += [x for o in args.overrides for x in ("--set", o)]
-    command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet)) if on]
+    command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet),
+                                      ("--allow-changed-data", args.allow_changed_data)) if on]
     return subprocess.run(command).returncode
 
 
@@ -157,7 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     # --run-dir: the spelling to use after ``torchrun ... -m sanlab train``, whose parser would take
     # --run for an abbreviation of its own --run-path.
     p.add_argument("--run", "--run-dir", dest="run", help="run directory")
-    p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start again")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start again (only a "
+                   "directory sanlab made, holding only files sanlab wrote)")
+    p.add_argument("--allow-changed-data", action="store_true",
+                   help="resume even though the training data changed since the run last trained on it")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the console")
     p.add_argument("--nproc", type=_positive, default=1, metavar="N",
                    help="data-parallel training in N processes (torchrun + DDP, gloo); each update then takes "
@@ -219,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"sanlab {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of standard output went away (`sanlab translate ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again
+        return 141  # as a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

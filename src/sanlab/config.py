@@ -7,6 +7,7 @@ A config file may start with ``base: other.yaml`` (relative to the file) or
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -389,12 +390,16 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
 def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:
     """Validate a raw dict; errors name each offending key and the source."""
     try:
-        return _ADAPTER.validate_python(raw)
+        # strict, through JSON: a quoted "0.1" or "no" in YAML is a string, refused where a number or a bool
+        # belongs (lax mode would convert it); JSON lists still fill tuples, numbers from --set stay typed
+        return _ADAPTER.validate_json(json.dumps(raw, default=str), strict=True)
     except ValidationError as err:
         lines = []
         for e in err.errors():
             loc = ".".join(str(x) for x in e["loc"] if x not in ("translation", "tagging"))
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            if e["type"] in ("float_type", "int_type", "bool_type") and isinstance(e["input"], str):
+                msg += " (a quoted value is a string in YAML: write it without quotes)"
             lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
                                                           and not isinstance(e["input"], dict) else ""))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None

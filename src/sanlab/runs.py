@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import shutil
 import subprocess
 from datetime import datetime
 from importlib import metadata
@@ -21,10 +20,13 @@ import yaml
 
 from sanlab import invocation
 from sanlab.config import Config, TaggingConfig, TranslationConfig, dump_config, read_yaml_mapping, validate
-from sanlab.errors import ConfigError, DataError
+from sanlab.data.fingerprint import changes, fingerprints, training_files
+from sanlab.errors import ConfigError, DataError, SanlabError
 from sanlab.files import read_json, write_json, write_text
-from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint, load_weights
+from sanlab.training import rundir
+from sanlab.training.checkpoint import CheckpointManager, checkpoint_names, latest_checkpoint, load_weights
 from sanlab.training.logging import RunLogger
+from sanlab.training.rundir import LOCK_FILE, RUN_FORMAT, RUN_MARKER
 
 LIBRARIES = ("torch", "sacrebleu", "sentencepiece", "conllu", "safetensors", "pydantic", "numpy")
 
@@ -48,12 +50,13 @@ def provenance(config: Config) -> dict:
             versions[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:
             versions[lib] = None
-    return {"seed": config.train.seed, "versions": versions, "python": platform.python_version(),
+    return {RUN_MARKER: RUN_FORMAT, "seed": config.train.seed, "versions": versions, "python": platform.python_version(),
             "git_revision": git_revision(), "command": invocation.command(), "machine": platform.machine(),
             **_session_conditions(config)}
 
 
 GRID_JOBS_ENV = "SANLAB_GRID_JOBS"
+ALLOW_CHANGED_DATA_ENV = "SANLAB_ALLOW_CHANGED_DATA"  # `sanlab compare --allow-changed-data`, seen by its workers
 
 
 def _session_conditions(config: Config) -> dict:
@@ -71,6 +74,7 @@ def record_session(run_dir: Path, config: Config, *, step: int) -> None:
     session = {"started_at": datetime.now().astimezone().isoformat(timespec="seconds"), "from_step": step,
                "git_revision": git_revision(), "command": invocation.command(), **_session_conditions(config)}
     meta["sessions"] = [*meta.get("sessions", []), session]
+    meta.setdefault(RUN_MARKER, RUN_FORMAT)  # a run made before the marker is marked when it trains again
     write_json(path, meta)
 
 
@@ -97,23 +101,20 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
 
     Resuming with a different config is an error unless only ``RESUMABLE_KEYS`` differ (e.g. a
     larger ``train.max_steps``); pass ``--overwrite`` to start again or choose another directory.
+    A directory sanlab did not make is never written into or emptied (``training.rundir``).
     Call it holding ``run_lock(run_dir)`` (``train_run`` does), so that no other process is writing the run.
     """
     run_dir = Path(run_dir)
+    rundir.check_location(run_dir)
     saved = run_dir / "config.yaml"
-    contents = [e.name for e in run_dir.iterdir() if e.name != LOCK_FILE] if run_dir.is_dir() else []
-    if contents and not saved.exists():
-        if overwrite:  # a directory that is not a run (data, notes) is never emptied
-            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml) and not empty; --overwrite only "
-                              "replaces run directories: choose another --run directory")
-        if (run_dir / "checkpoints").exists():  # a resume could not be checked; a fresh start would replace them
-            raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
-                              "move the checkpoints away (or choose another --run directory) to start again")
-    if overwrite and run_dir.exists():
-        # config.yaml last: interrupted, the directory is still a run that --overwrite will empty
-        for entry in sorted(run_dir.iterdir(), key=lambda e: e.name == "config.yaml"):
-            if entry.name != LOCK_FILE:  # the lock we hold stays: a new file would be a second lock
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    if overwrite:
+        rundir.empty_run(run_dir)
+    if not saved.exists() and (run_dir / "checkpoints").exists():
+        # a resume could not be checked, and a fresh start would replace them
+        raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
+                          "move the checkpoints away (or choose another --run directory) to start again")
+    if not rundir.is_run(run_dir):
+        rundir.check_new_run(run_dir)
     text = dump_config(config)
     if saved.exists():
         # Re-validate the saved config so keys added to the schema since then compare as their defaults.
@@ -128,12 +129,34 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
         if problem:
             raise ConfigError(f"{run_dir}: {problem}; a shorter budget needs a new run (another --run directory, "
                               "or --overwrite)")
-        write_text(saved, text)
+        if diff:  # the run's own saved config, rewritten only when a resumable key changed
+            write_text(saved, text)
         return CheckpointManager.has_checkpoints(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "meta.json", provenance(config))  # the marker first: from here on it is a run
     write_text(saved, text)
-    write_json(run_dir / "meta.json", provenance(config))
     return False
+
+
+def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -> list[str]:
+    """Compare the training data with the fingerprint recorded in ``meta.json`` (``data.fingerprint``).
+    Changed data is a DataError naming the file, unless ``allow_changed``; then the changes are returned
+    (for the log) and the new fingerprint recorded. A run without one (new, or made before fingerprints)
+    records the data it starts or resumes on."""
+    path = Path(run_dir) / "meta.json"
+    meta = read_json(path) or provenance(config)
+    recorded, current = meta.get("data_fingerprint") or {}, fingerprints(training_files(config))
+    found = changes(recorded, current)
+    if found and not allow_changed:
+        first = next(iter(found))
+        more = f" (and {len(found) - 1} more file(s): {', '.join(list(found)[1:])})" if len(found) > 1 else ""
+        raise DataError(f"changed since this run last trained on it ({found[first]}){more}; resuming would "
+                        "continue on other data: pass --allow-changed-data to do so anyway, or start a new run "
+                        "(another --run directory, or --overwrite)", path=first)
+    if current != recorded:
+        meta["data_fingerprint"] = {**recorded, **current}
+        write_json(path, meta)
+    return [f"{p}: {what}" for p, what in found.items()]
 
 
 def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | None = None) -> str | None:
@@ -195,7 +218,14 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
         if not path.exists():  # pruned by a training process since it was listed: the caller may choose again
             raise FileNotFoundError(f"{path} was removed")
     else:
-        path = Path(which)
+        named = run_dir / "checkpoints" / which  # a step-N name of this run
+        path = named if which.startswith("step-") and named.is_dir() else Path(which)
+        if not path.is_dir():
+            names = checkpoint_names(run_dir)
+            steps = f"{names[0]} to {names[-1]}" if len(names) > 2 else ", ".join(names) or "none yet"
+            raise ConfigError(f"--checkpoint {which}: no such checkpoint of {run_dir}; give best, last, averaged "
+                              f"(after `sanlab average`), a step-N name of this run ({steps}) or a checkpoint "
+                              "directory")
     if not (path / "model.safetensors").exists():
         hint = f" (run `sanlab average --run {run_dir} --last N` first)" if which == "averaged" else ""
         raise ConfigError(f"{path}: no model.safetensors in this checkpoint directory{hint}")
@@ -206,6 +236,8 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
     """(config, model, assets) of a trained run: assets is the subword model (translation) or the
     tagging vocabulary. Reads no corpus."""
     config = load_run_config(run_dir)
+    with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
+        select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
     if isinstance(config, TranslationConfig):
         from sanlab.tasks.translation import load_translation_model as load
     else:
@@ -239,27 +271,33 @@ def check_buildable(config: Config) -> None:
         raise ConfigError(f"this model cannot be built: {err}") from None
 
 
-def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False) -> dict:
+def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False,
+              allow_changed_data: bool = False) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
 
-    Under torchrun every process calls this; the main one prepares and locks the run directory
-    (see ``training.distributed``)."""
+    Resuming on training data that changed since (``check_training_data``) is an error unless
+    ``allow_changed_data``. Under torchrun every process calls this; the main one prepares and locks the
+    run directory (see ``training.distributed``)."""
     from sanlab.training.distributed import from_environment
 
     check_buildable(config)
     run_dir = Path(run_dir)
+    rundir.check_location(run_dir)  # before the lock, which would create the directory's .lock
+    existed = run_dir.is_dir()
     with from_environment() as dist:
         # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
         # must never touch a run another process is writing
         with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
+            start = None
             with dist.main_first():
                 if dist.is_main:
+                    if overwrite or not rundir.is_run(run_dir):  # a new run: a failed start is undone
+                        start = {"before": None if not existed else [] if overwrite else rundir.entries(run_dir)}
                     resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+                    start = {**(start or {}), "data_changes": check_training_data(
+                        run_dir, config, allow_changed=allow_changed_data)}
             resuming = dist.broadcast(resuming if dist.is_main else None)
-            return _train_locked(config, run_dir, resuming=resuming, quiet=quiet, dist=dist)
-
-
-LOCK_FILE = ".lock"
+            return _train_locked(config, run_dir, resuming=resuming, quiet=quiet, dist=dist, start=start or {})
 
 
 @contextlib.contextmanager
@@ -277,6 +315,9 @@ def run_lock(run_dir: Path):
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: is a file, not a run directory; choose another --run")
+    blocking = next((p for p in run_dir.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # mkdir would fail with NotADirectoryError
+        raise ConfigError(f"{run_dir}: {blocking} is a file, not a directory; choose another --run")
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
     try:
@@ -297,7 +338,7 @@ def run_lock(run_dir: Path):
         os.close(fd)  # releases the lock
 
 
-def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool, dist) -> dict:
+def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool, dist, start: dict) -> dict:
     from sanlab.training.loop import Trainer
     from sanlab.training.logging import SilentLogger
 
@@ -310,8 +351,16 @@ def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool,
     if dist.is_main and dist.enabled:
         log.info(f"distributed data parallel: {dist.world_size} processes (gloo), "
                  f"{config.train.accum_steps * dist.world_size} batches per update")
+    for change in start.get("data_changes", []):
+        log.info(f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {change}")
     with dist.main_first():  # the main process writes the vocabulary / subword model, the others read it
-        task = make_task(config, run_dir, log)
+        try:
+            task = make_task(config, run_dir, log)
+        except SanlabError:  # bad data or settings found at the start: no half-made run is left behind
+            if "before" in start:
+                log.close()
+                rundir.undo_start(run_dir, before=start["before"])
+            raise
     if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
         torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
     trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
@@ -400,9 +449,9 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     chosen = manager.last(last) if last else manager.best(best)
     if not chosen:
         raise ConfigError(f"{run_dir}: has no checkpoints to average (train it first)")
-    if len(chosen) < wanted:
-        raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, only {len(chosen)} kept "
-                          f"(raise train.keep_last / keep_best)")
+    if len(chosen) < wanted:  # within keep_last / keep_best: the run has not saved that many yet
+        raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, the run has saved only {len(chosen)} so far "
+                          f"(of the {kept} it keeps); average fewer, or train on to save more")
     return write_average(chosen, Path(output) if output else Path(run_dir) / "averaged")
 
 

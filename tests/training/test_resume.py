@@ -142,11 +142,15 @@ def _poison_and_train(run, make):
     """Resume the run after setting one weight to NaN: the next loss is NaN."""
     from safetensors.torch import save_file
 
+    from sanlab.training.checkpoint import checksums
+
     latest = sorted((run / "checkpoints").glob("step-*"))[-1]
     weights = load_file(str(latest / "model.safetensors"))
     name = next(k for k in weights if "generator" in k or "embed" in k)
     weights[name][0, 0] = float("nan")
     save_file(weights, str(latest / "model.safetensors"))
+    meta = json.loads((latest / "meta.json").read_text())  # a NaN that was written as it is, not damage
+    (latest / "meta.json").write_text(json.dumps({**meta, "sha256": checksums(latest)}))
     train_run(make(max_steps=6), run, quiet=True)
 
 
@@ -226,7 +230,8 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path, tiny_translat
     data = tmp_path / "corpus"
     data.mkdir()
     (data / "train.src").write_text("kept\n")
-    with pytest.raises(ConfigError, match=r"corpus: not a run directory \(no config.yaml\) and not empty"):
+    with pytest.raises(ConfigError, match=r"corpus: not a sanlab run directory .*refusing to delete what it holds "
+                                          r"\(train.src\)"):
         train_run(tiny_translation(max_steps=2), data, overwrite=True, quiet=True)
     assert sorted(p.name for p in data.iterdir() if p.name != ".lock") == ["train.src"]
     empty = tmp_path / "empty"
@@ -386,33 +391,72 @@ def test_a_non_finite_gradient_norm_stops_without_saving(tmp_path, tiny_translat
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000003"]
 
 
-def test_damaged_checkpoint_files_are_errors_naming_the_file(tmp_path, tiny_translation):
+def test_damaged_checkpoint_files_are_named_and_resume_skips_them(tmp_path, tiny_translation):
+    """A damaged or missing file of the newest checkpoint is named in the log and the run resumes from the
+    one before; loading it for decoding or averaging is an error naming the file."""
+    from sanlab.runs import average_run
+
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
     newest = sorted((run / "checkpoints").glob("step-*"))[-1]
     state, weights = newest / "state.pt", newest / "model.safetensors"
     good_state, good_weights = state.read_bytes(), weights.read_bytes()
-    for damage in (good_state[:100], b"hello world garbage"):  # a torn zip; not a zip at all
-        state.write_bytes(damage)
-        with pytest.raises(ConfigError, match=f"{state}: damaged, cannot be read"):
-            train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
-    state.write_bytes(good_state)
+    for damage in (good_state[:100], b"hello world garbage", None):  # a torn zip; not a zip at all; gone
+        state.write_bytes(damage) if damage is not None else state.unlink()
+        with pytest.raises(ConfigError, match=f"{state}: (damaged|missing)"):
+            load_state_of(newest)
     weights.write_bytes(good_weights[:5])
-    with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):
-        load_trained(run, checkpoint="last")
-    from sanlab.runs import average_run
-
-    with pytest.raises(ConfigError, match=f"{weights}: damaged, not a readable safetensors file"):
-        average_run(run, last=1)
+    for load in (lambda: load_trained(run, checkpoint="last"), lambda: average_run(run, last=1)):
+        with pytest.raises(ConfigError, match=f"{weights}: damaged"):
+            load()
     weights.unlink()
     for load in (lambda: average_run(run, last=1), lambda: load_trained(run, checkpoint="last")):
         with pytest.raises(ConfigError, match=f"{newest}: no model.safetensors in this checkpoint directory"):
             load()
     weights.write_bytes(good_weights)
+    summary = train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)  # state.pt is still gone
+    log = (run / "train.log").read_text()
+    assert f"skipping a damaged checkpoint: {state}: missing" in log and "resumed from" in log
+    assert summary["step"] == 4 and "(step 1," in log.split("resumed from")[-1]
     pointer = run / "checkpoints" / "latest.json"
     pointer.write_text('{"checkpoint": 5}')
     with pytest.raises(ConfigError, match=f"{pointer}: expected"):
         train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+
+
+def test_a_checkpoint_damaged_inside_its_tensors_is_caught_by_its_checksum(tmp_path, tiny_translation, monkeypatch):
+    """0xff over tensor bytes leaves a readable safetensors file: only the checksum tells. Resume skips it, and
+    the NaN message's "last good checkpoint" is one that loaded and validated."""
+    from sanlab.training import loop
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    weights = run / "checkpoints" / "step-00000002" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64  # the header is at the start: it stays intact
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=f"{weights}: damaged: its sha256 differs"):
+        load_trained(run, checkpoint="last")
+    update = loop.Trainer.update
+
+    def nan_at_four(self, group):
+        if self.progress.step == 3:  # a weight turned NaN: the loss of update 4 is NaN
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+        return update(self, group)
+
+    monkeypatch.setattr(loop.Trainer, "update", nan_at_four)
+    with pytest.raises(TrainingError, match=r"loss is nan at update 4.*Last good checkpoint: .*step-00000003\."):
+        train_run(tiny_translation(max_steps=6, valid_every=1), run, quiet=True)
+    log = (run / "train.log").read_text()
+    assert f"skipping a damaged checkpoint: {weights}: damaged" in log
+    assert "(step 1," in log.split("resumed from")[-1]
+
+
+def load_state_of(checkpoint):
+    from sanlab.training.checkpoint import load_state
+
+    return load_state(checkpoint)
 
 
 def test_a_checkpoint_of_another_model_is_named(tmp_path, tiny_translation):

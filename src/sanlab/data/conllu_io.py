@@ -107,8 +107,20 @@ def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str,
     return token_id
 
 
+def _check_range(text: str, *, expected_id: int, path: Path, lineno: int) -> tuple[int, int] | None:
+    """A multiword token's range ``3-4`` (None for an empty node ``5.1``): it comes right before its first
+    word and spans at least two words."""
+    if "-" not in text:
+        return None
+    first, last = (int(x) for x in text.split("-"))
+    if first != expected_id or last <= first:
+        raise DataError(f"multiword token {text} must come right before word {first} and span words {first} to "
+                        f"a later one (the next word is {expected_id})", path=str(path), line=lineno)
+    return last, lineno
+
+
 def _check_block(block: Block, *, path: Path, tag_index: int, require_tags: bool = True) -> None:
-    expected_id = 1
+    expected_id, ranges = 1, []
     for lineno, line in block:
         if line.startswith("# global.columns") and line.split("=", 1)[-1].split() != _STANDARD_COLUMNS:
             raise DataError(f"CoNLL-U Plus columns ({line.strip()}) are not supported: only the 10 CoNLL-U columns "
@@ -121,9 +133,15 @@ def _check_block(block: Block, *, path: Path, tag_index: int, require_tags: bool
         )
         if token_id is not None:
             expected_id += 1
+        else:
+            ranges.append(_check_range(line.split("\t", 1)[0], expected_id=expected_id, path=path, lineno=lineno))
     if expected_id == 1:
         problem = "sentence has no word lines (only comments, multiword tokens or empty nodes)"
         raise DataError(problem, path=str(path), line=block[0][0])
+    beyond = next((r for r in ranges if r is not None and r[0] >= expected_id), None)
+    if beyond is not None:
+        raise DataError(f"multiword token ends at word {beyond[0]}, beyond the sentence's last word "
+                        f"{expected_id - 1}", path=str(path), line=beyond[1])
 
 
 def _parse_block(block: Block, *, path: Path, column: TagColumn) -> TaggedSentence:

@@ -29,8 +29,8 @@ from sanlab.experiments.grid import (
 )
 from sanlab.files import read_json, replacing, write_json
 from sanlab.models.builders import count_parameters
-from sanlab.runs import (GRID_JOBS_ENV, average_run, evaluate_run, git_revision, load_run_config, load_trained,
-                         run_lock, train_run)
+from sanlab.runs import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, average_run, evaluate_run, git_revision,
+                         load_run_config, load_trained, run_lock, train_run)
 from sanlab.tasks.translation import read_hypotheses
 from sanlab.training.loop import read_metrics
 
@@ -91,7 +91,8 @@ def machine() -> str:
 def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
     """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
     trained as many side by side (``jobs``), with as many threads, on the same machine."""
-    summary = train_run(cell.config, cell.run_dir, quiet=quiet)
+    summary = train_run(cell.config, cell.run_dir, quiet=quiet,
+                        allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1")
     done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
             "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config)}
     write_json(cell.run_dir / DONE_FILE, done)

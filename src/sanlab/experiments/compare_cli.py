@@ -26,13 +26,21 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="run only this seed of the chosen variants (repeatable), e.g. to train one cell at a time")
     p.add_argument("--runs-dir", help="where the cells go (default: the grid's runs_dir or runs/compare/<grid>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or training log lines on the console")
+    p.add_argument("--allow-changed-data", action="store_true",
+                   help="resume cells even though their training data changed since they last trained on it")
     p.set_defaults(fn=_cmd_compare)
     return p
 
 
 def _cmd_compare(args) -> int:
-    from sanlab.experiments.compare import run_compare
+    import os
+    from unittest import mock
 
-    return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
-                       table_only=args.table_only, jobs=args.jobs, only=args.only, datasets=args.dataset,
-                       seeds=args.seeds, quiet=args.quiet)
+    from sanlab.experiments.compare import run_compare
+    from sanlab.runs import ALLOW_CHANGED_DATA_ENV
+
+    # through the environment, so that the grid's worker processes see it too
+    with mock.patch.dict(os.environ, {ALLOW_CHANGED_DATA_ENV: "1"} if args.allow_changed_data else {}):
+        return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
+                           table_only=args.table_only, jobs=args.jobs, only=args.only, datasets=args.dataset,
+                           seeds=args.seeds, quiet=args.quiet)

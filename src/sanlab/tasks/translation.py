@@ -114,6 +114,8 @@ class TranslationTask:
             raise DataError(f"{which} has {max(map(len, self.valid[longest]))} subword tokens on one side, more than "
                             f"model.max_positions = {config.model.max_positions} allows", path=str(d.valid.src),
                             line=None if d.skip_empty else longest + 1)
+        for pair in d.test.values():  # a missing or misaligned test set is found now, not by `evaluate` after training
+            read_parallel(pair.src, pair.tgt, keep_empty=True)
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 
@@ -164,6 +166,8 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
     than the model accepts (``model.max_positions``) is a DataError naming its line of ``source``; the
     length allowed to a translation is capped there too.
     """
+    if isinstance(sentences, str):  # it would be translated character by character
+        raise TypeError("translate() takes a list of sentences, got one str: pass [sentence]")
     model.eval()
     ids = [spm.src.encode(s) + [spm.eos_id] if s.strip() else [] for s in sentences]
     limit = model.max_length

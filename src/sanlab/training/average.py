@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
-from sanlab.training.checkpoint import read_weights
+from sanlab.training.checkpoint import checksums, read_weights
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -44,6 +44,6 @@ def write_average(checkpoints: list[Path], output: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(average_weights(checkpoints), str(tmp / "model.safetensors"))
-    write_json(tmp / "meta.json", {"averaged": [str(p) for p in checkpoints]})
+    write_json(tmp / "meta.json", {"averaged": [str(p) for p in checkpoints], "sha256": checksums(tmp)})
     replace_directory(tmp, output)
     return output

@@ -4,15 +4,18 @@ Layout of one checkpoint directory ``checkpoints/step-00001000/``:
     model.safetensors   weights (shared tensors stored once)
     state.pt            optimizer, step, epoch, data position, RNG states (``torch.save``; loaded
                         with ``weights_only=True``)
-    meta.json           step, epoch, validation metrics
+    meta.json           step, epoch, validation metrics, and the sha256 of the two files above
 A checkpoint is first written to a temporary directory, flushed to disk (fsync) and renamed into
 place, so a crash or power loss never leaves a half-written checkpoint behind; ``latest.json`` is
 replaced the same way. A renamed directory is complete by construction, so if ``latest.json`` names
-one that is gone, the newest complete checkpoint is the one to resume from.
+one that is gone, the newest complete checkpoint is the one to resume from. The checksums catch what
+the file formats do not: bytes changed inside a tensor load without complaint (``DamagedCheckpoint``);
+checkpoints written before checksums existed load without the check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -25,6 +28,37 @@ from torch import nn
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
+
+
+class DamagedCheckpoint(ConfigError):
+    """A checkpoint file that is missing, unreadable or not what was written (its checksum differs)."""
+
+
+CHECKSUMMED = ("model.safetensors", "state.pt")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksums(directory: Path) -> dict[str, str]:
+    """sha256 of the checkpoint files in ``directory`` (recorded in its meta.json as ``sha256``)."""
+    return {name: file_sha256(Path(directory) / name) for name in CHECKSUMMED if (Path(directory) / name).exists()}
+
+
+def verify(path: Path) -> None:
+    """Check ``path`` (a file of a checkpoint) against the sha256 its meta.json recorded, if any."""
+    path = Path(path)
+    try:
+        expected = (read_json(path.parent / "meta.json") or {}).get("sha256", {}).get(path.name)
+    except ConfigError as err:
+        raise DamagedCheckpoint(str(err)) from None
+    if expected is not None and path.exists() and file_sha256(path) != expected:
+        raise DamagedCheckpoint(f"{path}: damaged: its sha256 differs from the one recorded when it was written")
 
 
 def rng_state() -> dict:
@@ -89,6 +123,7 @@ class CheckpointManager:
         tmp.mkdir()
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(state, tmp / "state.pt")
+        meta = {**meta, "sha256": checksums(tmp)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         replace_directory(tmp, final)
         write_json(self.dir / "latest.json", {"checkpoint": name})
@@ -113,6 +148,12 @@ class CheckpointManager:
     def last(self, n: int) -> list[Path]:
         return [Path(m["path"]) for m in self.all()[-n:]]
 
+    def resume_candidates(self) -> list[Path]:
+        """Checkpoints to resume from, best choice first: the latest, then the older ones, newest first."""
+        latest = self.latest()
+        older = [Path(m["path"]) for m in reversed(self.all()) if latest is None or m["step"] < _step(latest)]
+        return ([latest] if latest else []) + older
+
     def discard_after(self, step: int) -> None:
         """Remove checkpoints newer than ``step`` (a crash between writing one and updating ``latest.json``)."""
         for m in self.all():
@@ -126,6 +167,15 @@ class CheckpointManager:
             path = Path(m["path"])
             if path not in keep and path != latest:
                 _remove(path)
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step-"))
+
+
+def checkpoint_names(run_dir: Path) -> list[str]:
+    """The ``step-N`` checkpoints of a run, oldest first."""
+    return [Path(m["path"]).name for m in complete_checkpoints(Path(run_dir) / "checkpoints")]
 
 
 def _remove(checkpoint: Path) -> None:
@@ -142,6 +192,7 @@ def _remove(checkpoint: Path) -> None:
 def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The tensors of ``checkpoint``/model.safetensors (for averaging); an unreadable file is a one-line error."""
     path = Path(checkpoint) / "model.safetensors"
+    verify(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
@@ -151,12 +202,13 @@ def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 def _unreadable(path: Path, err: Exception) -> ConfigError:
     """The one message for a model.safetensors that cannot be read, shared by loading and averaging."""
     if isinstance(err, FileNotFoundError):
-        return ConfigError(f"{path.parent}: no model.safetensors in this checkpoint directory")  # as load_trained says
-    return ConfigError(f"{path}: damaged, not a readable safetensors file ({err})")
+        return DamagedCheckpoint(f"{path.parent}: no model.safetensors in this checkpoint directory")  # as load_trained
+    return DamagedCheckpoint(f"{path}: damaged, not a readable safetensors file ({err})")
 
 
 def load_weights(model: nn.Module, checkpoint: Path) -> None:
     path = Path(checkpoint) / "model.safetensors"
+    verify(path)
     try:
         load_model(model, str(path))
     except (SafetensorError, OSError) as err:
@@ -169,9 +221,10 @@ def load_weights(model: nn.Module, checkpoint: Path) -> None:
 
 def load_state(checkpoint: Path) -> dict:
     path = Path(checkpoint) / "state.pt"
+    if not path.is_file():
+        raise DamagedCheckpoint(f"{path}: missing: the checkpoint cannot be resumed from (its weights still load)")
+    verify(path)
     try:
         return torch.load(path, weights_only=True)
-    except FileNotFoundError:
-        raise
     except Exception as err:  # noqa: BLE001  (damage shows as RuntimeError, UnpicklingError, KeyError, EOFError...)
-        raise ConfigError(f"{path}: damaged, cannot be read ({type(err).__name__}: {err})") from None
+        raise DamagedCheckpoint(f"{path}: damaged, cannot be read ({type(err).__name__}: {err})") from None

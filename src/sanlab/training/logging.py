@@ -25,6 +25,7 @@ class RunLogger:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress, self.use_tensorboard, self.quiet = progress, tensorboard, quiet
         self._writer = None
+        self._purge_step: int | None = None
 
     def info(self, message: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {message}"
@@ -48,11 +49,24 @@ class RunLogger:
                 writer.add_scalar(f"{split}/{key}", value, step)
             writer.flush()
 
+    def truncate_after(self, step: int) -> None:
+        """Drop the records of updates after ``step`` (those a crashed session logged after its last checkpoint,
+        which the resumed run logs again), in ``metrics.jsonl`` and, when it is next written, TensorBoard."""
+        from sanlab.files import write_text
+
+        path = self.dir / "metrics.jsonl"
+        if path.exists():
+            lines = path.read_text(encoding="utf-8").split("\n")
+            kept = [line for line in lines if line.strip() and _record_step(line) <= step]
+            if len(kept) != len([line for line in lines if line.strip()]):
+                write_text(path, "".join(line + "\n" for line in kept))
+        self._purge_step = step + 1
+
     def _tensorboard(self):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
+            self._writer = SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=self._purge_step)
         return self._writer
 
     def progress_bar(self, *, total: int, initial: int, desc: str):
@@ -66,6 +80,14 @@ class RunLogger:
             self._writer.close()
 
 
+def _record_step(line: str) -> float:
+    """The update a metrics line records; a torn line (a kill mid-write) sorts last and is dropped."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")
+
+
 class SilentLogger(RunLogger):
     """The logger of a distributed run's other processes: the main process reports for all."""
 
@@ -74,3 +96,4 @@ class SilentLogger(RunLogger):
 
     def info(self, message: str) -> None: ...
     def scalars(self, split: str, values: dict[str, float], *, step: int) -> None: ...
+    def truncate_after(self, step: int) -> None: ...

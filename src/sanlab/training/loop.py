@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
 from sanlab.errors import ConfigError, TrainingError
-from sanlab.training.checkpoint import CheckpointManager, load_state, load_weights, rng_state, set_rng_state
+from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, rng_state,
+                                       set_rng_state)
 from sanlab.training.distributed import Distributed
 from sanlab.training.logging import RunLogger
 from sanlab.training.schedule import learning_rate
@@ -86,22 +87,40 @@ class Trainer:
                                              higher_is_better=task.higher_is_better, writer=self.dist.is_main)
         self.progress = Progress()
         self._interval = [0.0, 0]  # loss sum and updates since the last train record (logged as their mean)
+        self.last_good: Path | None = None  # the newest checkpoint that loaded and validated, or this run saved
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> bool:
         """Continue from the latest checkpoint, if there is one. Returns True if it did."""
-        latest = self.checkpoints.latest()
-        if latest is None:
+        candidates = self.checkpoints.resume_candidates()
+        if not candidates:
             return False
-        load_weights(self.model, latest)
-        state = load_state(latest)
+        latest, state = self._load_newest_good(candidates)
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress = Progress(**state["progress"])
         self._restore_rng(state)
         if self.dist.is_main:
-            self.checkpoints.discard_after(self.progress.step)  # written after `latest` by a run that then crashed
+            # written after `latest` by a run that then crashed, or damaged: training on replaces them
+            self.checkpoints.discard_after(self.progress.step)
+            self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
+        self.last_good = latest
         self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch})")
         return True
+
+    def _load_newest_good(self, candidates: list[Path]) -> tuple[Path, dict]:
+        """Load the first checkpoint of ``candidates`` whose files are intact (weights into the model); a
+        damaged one is named in the log and skipped. All damaged is an error naming each."""
+        damaged = []
+        for path in candidates:
+            try:
+                state = load_state(path)  # checked before the weights: the model is changed only by a good one
+                load_weights(self.model, path)
+                return path, state
+            except DamagedCheckpoint as err:
+                damaged.append(str(err))
+                self.log.info(f"WARNING: skipping a damaged checkpoint: {err}")
+        raise DamagedCheckpoint("no intact checkpoint to resume from: " + "; ".join(damaged)
+                                + " (start again with --overwrite)")
 
     def _restore_rng(self, state: dict) -> None:
         per_process = state.get("rng_per_process")
@@ -123,7 +142,7 @@ class Trainer:
             state["rng_per_process"] = rngs
         meta = {"step": self.progress.step, "epoch": self.progress.epoch, "position": self.progress.position,
                 "metrics": metrics, "score": metrics.get(self.task.metric)}
-        self.checkpoints.save(model=self.model, state=state, meta=meta)
+        self.last_good = self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update
     def update(self, group: list[Any]) -> tuple[float, int]:
@@ -151,13 +170,21 @@ class Trainer:
         total, bad = self.dist.sum(total, float(not finite))
         if bad:
             raise TrainingError(f"loss is {total} at update {p.step + 1} (epoch {p.epoch}); stopping "
-                                f"without saving it. Last good checkpoint: {self.checkpoints.latest()}. "
+                                f"without saving it. Last good checkpoint: {self.last_good}. "
                                 "Try a lower learning rate, longer warm-up or gradient clipping.")
         grad_norm = self._clip()
         if not math.isfinite(grad_norm):
             raise TrainingError(f"gradient norm is {grad_norm} at update {p.step + 1}; stopping without saving it. "
-                                f"Last good checkpoint: {self.checkpoints.latest()}.")
-        self.optimizer.step()
+                                f"Last good checkpoint: {self.last_good}.")
+        try:
+            self.optimizer.step()
+        except RuntimeError as err:
+            if "overflow" not in str(err):
+                raise
+            # a step size beyond float32 (e.g. train.lr=1e39): torch refuses it where a smaller one gives NaN
+            raise TrainingError(f"the update at step {p.step + 1} overflows float32 (learning rate {lr:g}); stopping "
+                                f"without saving it. Last good checkpoint: {self.last_good}. Try a lower learning "
+                                "rate.") from None
         p.step += 1
         return total, tokens
 
@@ -200,7 +227,7 @@ class Trainer:
             if not math.isfinite(metrics.get("loss", 0.0)):
                 raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
                                     f"are not finite; stopping without saving it. Last good checkpoint: "
-                                    f"{self.checkpoints.latest()}. Try a lower learning rate or gradient clipping.")
+                                    f"{self.last_good}. Try a lower learning rate or gradient clipping.")
             rngs[0] = rng_state()  # after validation, as a single process always saved it
             score = metrics[self.task.metric]
             self.log.scalars("speed", p.speed(), step=p.step)
@@ -227,7 +254,7 @@ class Trainer:
         if bad:
             raise TrainingError(f"weights are not finite after update {self.progress.step} ({len(bad)} tensors, "
                                 f"e.g. {bad[0]}); stopping without saving them. Last good checkpoint: "
-                                f"{self.checkpoints.latest()}. Try a lower learning rate or gradient clipping.")
+                                f"{self.last_good}. Try a lower learning rate or gradient clipping.")
 
     def _patience_exhausted(self) -> bool:
         return self.config.patience > 0 and self.progress.bad_validations >= self.config.patience

@@ -1,0 +1,123 @@
+"""Which directories are sanlab runs, and what sanlab may delete in them.
+
+A run directory is one sanlab made: its ``meta.json`` carries ``RUN_MARKER`` from the moment the run is
+created. Runs made before the marker existed (``config.yaml`` beside a ``meta.json`` with sanlab's
+provenance keys, e.g. the committed cells under ``results/compare/``) count as runs too, so they resume
+and evaluate as before. ``--overwrite`` deletes only files sanlab writes (``KNOWN_NAMES``,
+``KNOWN_PATTERNS``): a directory holding anything else is refused with the list of what it holds, and so
+are the current directory, the directories above it and any directory with a ``.git``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+from pathlib import Path
+
+from sanlab.errors import ConfigError
+from sanlab.files import read_json
+
+RUN_MARKER = "sanlab_run"  # meta.json key: the run directory's format version, written when sanlab creates it
+RUN_FORMAT = 1
+LOCK_FILE = ".lock"
+
+# Everything sanlab itself writes into a run directory: training, `evaluate`, `average` and `compare`.
+KNOWN_NAMES = frozenset({
+    "config.yaml", "meta.json", "metrics.jsonl", "train.log", "tensorboard", "checkpoints", "averaged",
+    "subword.model", "subword.vocab", "subword-src.model", "subword-src.vocab", "subword-tgt.model",
+    "subword-tgt.vocab", "tagger-vocab.json", LOCK_FILE, "done.json", "compare-eval.json", "failed.json",
+})
+# evaluation records and hypotheses, compare's tagging evidence, and the temporary names of files and
+# directories being written or replaced (files.replacing, the sentencepiece staging, replace_directory)
+KNOWN_PATTERNS = ("eval-*.json", "hyp-*.txt", "tags-*.jsonl.gz", ".*.tmp", ".*.tmp.*", ".*.old")
+
+
+def is_known(name: str) -> bool:
+    return name in KNOWN_NAMES or any(fnmatch.fnmatchcase(name, p) for p in KNOWN_PATTERNS)
+
+
+def entries(run_dir: Path) -> list[str]:
+    """Names in ``run_dir`` (none if it does not exist), the lock left out: it is held while preparing."""
+    run_dir = Path(run_dir)
+    return sorted(e.name for e in run_dir.iterdir() if e.name != LOCK_FILE) if run_dir.is_dir() else []
+
+
+def is_run(run_dir: Path) -> bool:
+    """Whether sanlab made ``run_dir``: a marked ``meta.json``, or an older run's config and provenance."""
+    try:
+        meta = read_json(Path(run_dir) / "meta.json")
+    except ConfigError:  # a damaged meta.json proves nothing
+        return False
+    if meta is None:
+        return False
+    legacy = {"seed", "versions"} <= meta.keys() and (Path(run_dir) / "config.yaml").is_file()
+    return RUN_MARKER in meta or legacy
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+def check_location(run_dir: Path) -> None:
+    """Refuse a run directory that is the current directory or above it, or a repository: a run's files
+    would mix with the project's, and ``--overwrite`` would delete the project."""
+    run_dir = Path(run_dir)
+    where, here = run_dir.resolve(), Path.cwd().resolve()
+    if where == here or where in here.parents:
+        which = "the current directory" if where == here else f"a directory above the current one ({here})"
+        raise ConfigError(f"--run {run_dir}: is {which}; a run needs a directory of its own, e.g. --run runs/NAME")
+    if (where / ".git").exists():
+        raise ConfigError(f"--run {run_dir}: holds .git (a repository); a run needs a directory of its own, "
+                          "e.g. --run runs/NAME")
+
+
+def check_new_run(run_dir: Path) -> None:
+    """A new run goes into a new or empty directory, or one holding only what sanlab wrote (e.g. the log of
+    a start that failed); never among a user's files. A ``config.yaml`` without a run's ``meta.json`` is a
+    user's file too (a recipe), and must not be rewritten with the resolved config."""
+    unknown = [n for n in entries(run_dir) if not is_known(n) or n in ("config.yaml", "meta.json")]
+    if unknown:
+        raise ConfigError(f"{run_dir}: not a sanlab run directory and not empty (holds {_listed(unknown)}); "
+                          "choose a new or empty --run directory")
+
+
+def empty_run(run_dir: Path) -> None:
+    """``--overwrite``: delete what sanlab wrote in ``run_dir``, after checking that it wrote all of it."""
+    names = entries(run_dir)
+    if not names:
+        return
+    if not is_run(run_dir):
+        raise ConfigError(f"{run_dir}: not a sanlab run directory (no meta.json of a run), refusing to delete what "
+                          f"it holds ({_listed(names)}); --overwrite only replaces run directories: choose another "
+                          "--run directory")
+    unknown = [n for n in names if not is_known(n)]
+    if unknown:
+        raise ConfigError(f"{run_dir}: holds files sanlab did not write ({_listed(unknown)}); --overwrite deletes "
+                          "only a run's own files: move them away first, or choose another --run directory")
+    # config.yaml and meta.json last: interrupted, the directory is still a run that --overwrite will empty
+    for name in sorted(names, key=lambda n: n in ("config.yaml", "meta.json")):
+        _delete(Path(run_dir) / name)
+
+
+def _delete(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def undo_start(run_dir: Path, *, before: list[str] | None) -> None:
+    """Remove what a run's failed start added (config, meta, log, vocabularies): the directory is left as it
+    was (``before``: its entries then; None: it did not exist, and goes again), not half made."""
+    run_dir = Path(run_dir)
+    added = [n for n in entries(run_dir) if n not in (before or []) and is_known(n)]
+    for name in added:
+        _delete(run_dir / name)
+    if before is None and not entries(run_dir):
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)  # ours: the directory did not exist before this command
+        try:
+            os.rmdir(run_dir)
+        except OSError:  # something appeared meanwhile: leave it
+            pass

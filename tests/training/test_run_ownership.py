@@ -1,0 +1,210 @@
+"""Issue 27: nothing outside a sanlab run directory is deleted or rewritten, changed data is not resumed
+on silently, and a failed start leaves no half-made run."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from sanlab.cli import main
+from sanlab.config import dump_config
+from sanlab.errors import ConfigError, DataError
+from sanlab.runs import train_run
+from sanlab.training.rundir import RUN_MARKER
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _project(tmp_path):
+    """A directory that is not a run: the user's own config.yaml, code and notes."""
+    other = tmp_path / "other"
+    (other / "src").mkdir(parents=True)
+    (other / "config.yaml").write_text("foo: bar\n")
+    (other / "src" / "main.py").write_text("print(1)\n")
+    (other / "README").write_text("notes\n")
+    return other
+
+
+def test_overwrite_never_empties_a_directory_sanlab_did_not_make(tmp_path, tiny_translation):
+    other = _project(tmp_path)
+    before = _tree(other)
+    with pytest.raises(ConfigError, match=r"other: not a sanlab run directory .*\(README, config.yaml, src\)"):
+        train_run(tiny_translation(max_steps=1), other, overwrite=True, quiet=True)
+    with pytest.raises(ConfigError, match=r"other: not a sanlab run directory and not empty \(holds README, "
+                                          r"config.yaml, src\)"):
+        train_run(tiny_translation(max_steps=1), other, quiet=True)
+    assert [p for p in _tree(other) if p != ".lock"] == before
+    assert (other / "config.yaml").read_text() == "foo: bar\n"
+
+
+def test_the_current_directory_its_parents_and_a_repository_are_never_runs(tmp_path, tiny_translation, monkeypatch):
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    monkeypatch.chdir(project / "sub")
+    for where in (".", "..", str(tmp_path)):
+        with pytest.raises(ConfigError, match="a run needs a directory of its own"):
+            train_run(tiny_translation(max_steps=1), where, overwrite=True, quiet=True)
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"repo: holds .git \(a repository\)"):
+        train_run(tiny_translation(max_steps=1), repo, quiet=True)
+    assert not (project / "sub" / ".lock").exists() and not (repo / ".lock").exists()
+
+
+def test_a_recipe_named_config_yaml_is_never_rewritten(tmp_path, tiny_translation, monkeypatch, capsys):
+    """`sanlab train config.yaml --run .` in the recipe's directory, or `--run` naming that directory."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    recipe = recipes / "config.yaml"
+    recipe.write_text("# my recipe\n" + dump_config(tiny_translation(max_steps=1)))
+    text = recipe.read_text()
+    monkeypatch.chdir(recipes)
+    assert main(["train", "config.yaml", "--run", ".", "--quiet"]) == 2
+    assert "is the current directory" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "recipes/config.yaml", "--run", "recipes", "--quiet"]) == 2
+    assert "not a sanlab run directory and not empty (holds config.yaml)" in capsys.readouterr().err
+    assert recipe.read_text() == text and sorted(p.name for p in recipes.iterdir()) == [".lock", "config.yaml"]
+
+
+def test_overwrite_lists_files_sanlab_did_not_write_and_deletes_only_a_runs_own(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    assert json.loads((run / "meta.json").read_text())[RUN_MARKER] == 1
+    (run / "notes.txt").write_text("mine\n")
+    (run / "plots").mkdir()
+    with pytest.raises(ConfigError, match=r"holds files sanlab did not write \(notes.txt, plots\)"):
+        train_run(tiny_translation(max_steps=1), run, overwrite=True, quiet=True)
+    assert (run / "notes.txt").exists() and (run / "checkpoints").exists()
+    (run / "notes.txt").unlink()
+    (run / "plots").rmdir()
+    train_run(tiny_translation(max_steps=1), run, overwrite=True, quiet=True)
+    assert [s["from_step"] for s in json.loads((run / "meta.json").read_text())["sessions"]] == [0]
+
+
+def _as_legacy(run):
+    """What a run made before the marker looks like (the committed cells of results/compare/)."""
+    meta = json.loads((run / "meta.json").read_text())
+    for key in (RUN_MARKER, "data_fingerprint"):
+        meta.pop(key, None)
+    (run / "meta.json").write_text(json.dumps(meta))
+    for name in ("done.json", "compare-eval.json", "hyp-best-test.txt"):
+        (run / name).write_text("{}\n")
+
+
+def test_a_run_made_before_the_marker_resumes_records_its_data_and_may_be_overwritten(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    _as_legacy(run)
+    summary = train_run(tiny_translation(max_steps=2), run, quiet=True)
+    assert summary["step"] == 2
+    meta = json.loads((run / "meta.json").read_text())
+    assert str(tmp_path / "train.src") in meta["data_fingerprint"] and meta[RUN_MARKER] == 1  # recorded on resume
+    _as_legacy(run)
+    train_run(tiny_translation(max_steps=1), run, overwrite=True, quiet=True)
+    assert not (run / "done.json").exists() and json.loads((run / "meta.json").read_text())[RUN_MARKER] == 1
+
+
+def test_resuming_on_changed_data_is_an_error_naming_the_file_unless_allowed(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2), run, quiet=True)
+    train = tmp_path / "train.src"
+    copy = train.read_bytes()
+    shutil.copy(train, tmp_path / "x")  # a copied file: new mtime, same bytes, resumes
+    os.replace(tmp_path / "x", train)
+    os.utime(train, (1e9, 1e9))
+    assert train_run(tiny_translation(max_steps=3), run, quiet=True)["step"] == 3
+    train.write_bytes(copy.replace(b"a", b"b", 1))  # same size, other content
+    with pytest.raises(DataError, match=rf"{train}: changed since this run last trained on it \(same size, other "
+                                        r"bytes; modified .*\).*--allow-changed-data"):
+        train_run(tiny_translation(max_steps=4), run, quiet=True)
+    summary = train_run(tiny_translation(max_steps=4), run, quiet=True, allow_changed_data=True)
+    assert summary["step"] == 4
+    assert f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {train}" in \
+        (run / "train.log").read_text()
+    assert train_run(tiny_translation(max_steps=5), run, quiet=True)["step"] == 5  # the new data is now the run's
+
+
+def test_a_data_error_at_the_start_leaves_no_half_made_run(tmp_path, tiny_translation):
+    """A missing or misaligned test set is found when training starts (not by `evaluate` afterwards), and the
+    run directory is left as it was: absent, or empty."""
+    from sanlab.config import validate
+
+    raw = tiny_translation(max_steps=1).model_dump(mode="json")
+    raw["data"]["test"] = {"t": {"src": str(tmp_path / "test.src"), "tgt": str(tmp_path / "test.tgt")}}
+    config = validate(raw, source="test")
+    (tmp_path / "test.src").write_text("a b\nc d\n")
+    (tmp_path / "test.tgt").write_text("b a\n")
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match=r"test.src.*line counts differ"):
+        train_run(config, run, quiet=True)
+    assert not run.exists()
+    run.mkdir()
+    (tmp_path / "test.tgt").unlink()
+    with pytest.raises(DataError, match=r"test.tgt: file not found"):
+        train_run(config, run, quiet=True)
+    assert list(run.iterdir()) == [run / ".lock"]
+    (tmp_path / "test.tgt").write_text("b a\nd c\n")
+    assert train_run(config, run, quiet=True)["step"] == 1  # fixed: a plain start, no --overwrite needed
+
+
+def test_a_run_path_below_a_file_is_a_message(tmp_path, tiny_translation):
+    (tmp_path / "afile.txt").write_text("x\n")
+    with pytest.raises(ConfigError, match=r"afile.txt/sub: .*afile.txt is a file, not a directory"):
+        train_run(tiny_translation(max_steps=1), tmp_path / "afile.txt" / "sub", quiet=True)
+
+
+def test_a_learning_rate_beyond_float32_stops_with_a_message(tmp_path, tiny_translation):
+    from sanlab.errors import TrainingError
+
+    config = tiny_translation(max_steps=2, lr=1e39, schedule="constant", warmup_steps=0)
+    with pytest.raises(TrainingError, match=r"update at step 1 overflows float32 \(learning rate 1e\+39\).*lower "
+                                            "learning rate"):
+        train_run(config, tmp_path / "run", quiet=True)
+
+
+def test_a_missing_state_pt_of_the_only_checkpoint_is_a_message(tmp_path, tiny_translation):
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    state = run / "checkpoints" / "step-00000001" / "state.pt"
+    state.unlink()
+    with pytest.raises(ConfigError, match=rf"no intact checkpoint to resume from: {state}: missing"):
+        train_run(tiny_translation(max_steps=2), run, quiet=True)
+
+
+def test_checkpoint_names_and_average_counts_say_what_there_is(tmp_path, tiny_translation, capsys):
+    from sanlab.runs import average_run, load_trained
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1, keep_last=3), run, quiet=True)
+    with pytest.raises(ConfigError, match=r"asked for 3 checkpoints, the run has saved only 1 so far \(of the 3 it "
+                                          r"keeps\); average fewer, or train on"):
+        average_run(run, last=3)
+    assert main(["evaluate", "--run", str(run), "--checkpoint", "nosuch"]) == 2
+    assert ("--checkpoint nosuch: no such checkpoint of " in (err := capsys.readouterr().err)
+            and "give best, last, averaged (after `sanlab average`), a step-N name of this run (step-00000001)" in err)
+    assert load_trained(run, checkpoint="step-00000001")[1] is not None
+
+
+def test_evaluating_a_run_with_no_checkpoint_says_so(tmp_path, tiny_translation):
+    from sanlab.runs import load_trained, prepare_run_dir
+
+    run = tmp_path / "run"
+    prepare_run_dir(run, tiny_translation(max_steps=1), overwrite=False)  # e.g. a start interrupted early
+    with pytest.raises(ConfigError, match="no checkpoint to load"):
+        load_trained(run)
+
+
+def test_translate_refuses_a_plain_string(tmp_path, tiny_translation):
+    from sanlab.runs import load_trained
+    from sanlab.tasks.translation import translate
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    config, model, spm = load_trained(run)
+    with pytest.raises(TypeError, match="takes a list of sentences, got one str"):
+        translate(model, spm, "a b c", decode=config.decode)
+    assert len(translate(model, spm, ["a b c"], decode=config.decode)) == 1
