@@ -21,11 +21,9 @@ from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
 from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError
-from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS
+from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.models.builders import build_seq2seq, build_tagger
-
-import sanlab.attention.parts  # noqa: F401,E402  (every part registered)
 
 DIM, HEADS, VOCAB = 16, 4, 30
 

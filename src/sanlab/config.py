@@ -15,11 +15,10 @@ import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from sanlab.attention.config import AttentionConfig
-from sanlab.attention.registry import STRICT_SCHEMA
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
-from sanlab.layers import block_attention  # noqa: F401  (registers the "block" mixer)
-from sanlab.layers.conv_blocks import PreBlockSpec
+from sanlab.layers.pre_blocks import PreBlockSpec
+from sanlab.registry import STRICT_SCHEMA
 
 PRESETS = Path(__file__).parent / "presets"
 

@@ -14,7 +14,7 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.attention.parts.directional import DirectionalHeads
 from sanlab.attention.parts.gaussian import LocalHard, LocalSoft, NeighborCSAN, NeighborSperber
 from sanlab.attention.parts.rel_pos import RelativePositions, relative_index
-from sanlab.attention.registry import BuildContext
+from sanlab.registry import BuildContext
 
 
 def _ctx(*, heads=4, dim=16, b=1, length=5, valid=None, causal=False, offset=0, q_full=None):

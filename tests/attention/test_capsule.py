@@ -15,13 +15,14 @@ from sanlab.attention import KV, Attention, Positions, routing
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.masks import masked_softmax
-from sanlab.attention.parts.capsule import CapsuleConfig, CapsuleRouting, NoRouting, build_capsule
+from sanlab.attention.parts.capsule import CapsuleRouting, NoRouting, build_capsule
+from sanlab.attention.parts.capsule_config import CapsuleConfig
 from sanlab.attention.parts_base import AttentionContext
 from sanlab.attention.plans import StageParts, visibility
-from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig, load_config
 from sanlab.decoding.cache import reorder
 from sanlab.models.builders import build_seq2seq, count_parameters
+from sanlab.registry import BuildContext
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 DIM, HEADS = 16, 4

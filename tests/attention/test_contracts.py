@@ -16,11 +16,11 @@ when the part is ``causal_safe``, on the decoder side. A new part is enrolled by
 import pytest
 import torch
 
-import sanlab.attention.parts  # noqa: F401  (registers every part)
 from sanlab.attention import Attention, Positions, banded
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
-from sanlab.attention.registry import PARTS, BuildContext
+from sanlab.attention.registry import PARTS
+from sanlab.registry import BuildContext
 from tests_helpers import perturb
 
 DIM, HEADS = 16, 4

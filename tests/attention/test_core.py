@@ -70,8 +70,8 @@ def test_trace_returns_scores_and_weights_the_model_used():
 def test_traced_weights_are_the_ones_applied_after_every_part(part):
     """The output is out_proj(weights @ V) with the traced weights: ``weights_final`` when a part rewrote
     them after the softmax (convolved attention), else ``weights`` (a window masks before the softmax)."""
-    import sanlab.attention.parts  # noqa: F401  (registers every part)
-    from sanlab.attention.registry import BuildContext, PARTS
+    from sanlab.attention.registry import PARTS
+    from sanlab.registry import BuildContext
 
     x, valid = _inputs()
     config = PARTS.parse(part)

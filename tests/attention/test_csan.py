@@ -12,11 +12,13 @@ import torch
 from pydantic import ValidationError
 
 from sanlab.attention import Attention, AttentionContext, Positions
-from sanlab.attention.parts.csan2d import Csan2dConfig, build_csan2d, head_sources
-from sanlab.attention.parts.window import WindowConfig, build_window
-from sanlab.attention.registry import BuildContext
+from sanlab.attention.parts.csan2d import build_csan2d, head_sources
+from sanlab.attention.parts.csan2d_config import Csan2dConfig
+from sanlab.attention.parts.window import build_window
+from sanlab.attention.parts.window_config import WindowConfig
 from sanlab.config import load_config
 from sanlab.models.builders import build_seq2seq, build_tagger, count_parameters
+from sanlab.registry import BuildContext
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ENCODER = BuildContext(dim=16, heads=4, layer_index=0, num_layers=1, side="encoder", max_len=32)

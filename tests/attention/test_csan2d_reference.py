@@ -21,7 +21,7 @@ import torch
 from sanlab.attention import Positions, banded
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
-from sanlab.attention.registry import BuildContext
+from sanlab.registry import BuildContext
 from tests_helpers import count_calls
 
 LENGTHS = (7, 5, 2)  # real lengths of the batch rows; padded to 7

@@ -16,7 +16,7 @@ from sanlab.attention.masks import causal as causal_mask
 from sanlab.attention.parts.conv_attention import ConvolvedAttention
 from sanlab.attention.parts.position_interaction import AbsolutePositionInteraction, RelativePositionInteraction
 from sanlab.attention.parts.temperature import LearnableTemperature
-from sanlab.attention.registry import BuildContext
+from sanlab.registry import BuildContext
 from tests_helpers import perturb
 
 

@@ -26,7 +26,7 @@ import torch
 from sanlab.attention import Attention, Positions
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
-from sanlab.attention.registry import BuildContext
+from sanlab.registry import BuildContext
 from tests_helpers import perturb
 
 HEADS, HEAD_DIM = 4, 3

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from sanlab.attention import Attention, Positions
-from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.layers.block_attention import (BiBloSA, BlockSelfAttention, FeatureAttention, ReferenceBlockAttention,
                                            direction_mask, intra_block_mask, split_blocks)
 from sanlab.layers.conv_blocks import QANetConvBlock
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_decoder, build_encoder, build_seq2seq
+from sanlab.registry import BuildContext
 
 
 def _valid(b=2, t=9, lengths=(9, 5)):

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 
 from sanlab.attention import Positions
 from sanlab.attention.config import AttentionConfig
-from sanlab.attention.registry import BuildContext
-from sanlab.layers.block_attention import BlockSelfAttention  # importing it registers the 'block' mixer
+from sanlab.layers.block_attention import BlockSelfAttention
 from sanlab.layers.mixers import MIXERS
+from sanlab.registry import BuildContext
 
 DIM, HEADS = 8, 2
 

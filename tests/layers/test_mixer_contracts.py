@@ -13,8 +13,8 @@ import torch
 
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.decoding.cache import reorder
-from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS
+from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.models.builders import build_seq2seq
 from tests_helpers import perturb
 

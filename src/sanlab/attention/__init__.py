@@ -11,9 +11,16 @@ masks -> normalise -> weight parts -> aggregate (+ value parts) -> output projec
 A part is one small module implementing one or more stage hooks of ``parts_base.AttentionPart``.
 """
 
-from sanlab.attention.core import Attention, AttentionOutput
-from sanlab.attention.parts_base import AttentionPart, AttentionContext
-from sanlab.attention.positions import Positions
-from sanlab.attention.state import KV, PrefixState
+from importlib import import_module
 
-__all__ = ["Attention", "AttentionOutput", "AttentionPart", "AttentionContext", "Positions", "KV", "PrefixState"]
+# where each name below lives; imported on first use, so ``sanlab.attention.config`` (the schema) loads
+# without torch
+_HOMES = {"Attention": "core", "AttentionOutput": "core", "AttentionPart": "parts_base", "AttentionContext": "parts_base",
+          "Positions": "positions", "KV": "state", "PrefixState": "state"}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)

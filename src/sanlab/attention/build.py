@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import Attention
-from sanlab.attention.registry import PARTS, BuildContext
+from sanlab.attention.registry import PARTS
+from sanlab.registry import BuildContext
 
 
 def build_attention(config: AttentionConfig, ctx: BuildContext, *, kv_dim: int | None = None) -> Attention:

@@ -6,16 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SerializeAsAny
 
-from sanlab.attention.registry import PARTS, STRICT_SCHEMA, PartConfig
+from sanlab.attention.registry import PARTS, PartConfig
+from sanlab.registry import STRICT_SCHEMA
 
-
-def _parse_part(value: object) -> PartConfig:
-    import sanlab.attention.parts  # noqa: F401  (every part registers itself on import)
-
-    return PARTS.parse(value)
-
-
-PartSpec = Annotated[SerializeAsAny[PartConfig], BeforeValidator(_parse_part)]
+PartSpec = Annotated[SerializeAsAny[PartConfig], BeforeValidator(PARTS.parse)]  # the class its ``type`` names
 
 
 class AttentionConfig(BaseModel):

@@ -25,30 +25,18 @@ Encoder only: the block summary of a token's own block contains later tokens.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import AttentionOutput
 from sanlab.attention.positions import Positions
-from sanlab.attention.registry import BuildContext
-from sanlab.layers.mixers import MIXERS, MixerConfig
+from sanlab.layers.block_attention_config import BlockMixerConfig
+from sanlab.registry import BuildContext
 
 REFERENCE_BLOCK_LEN = 4  # hard-coded in the CSAN reference code
-
-
-class BlockMixerConfig(MixerConfig):
-    """Block self-attention in the selected encoder layers; the other layers keep plain attention."""
-
-    type: Literal["block"] = "block"
-    layers: list[int] | None = [0, 1, 2]
-    block_mode: Literal["bibosan", "reference"] = "bibosan"
-    # auto: ceil((2L)^(1/3)) for bibosan, 4 for reference
-    block_len: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
 
 
 def masked_softmax(logits: Tensor, allowed: Tensor, *, dim: int) -> Tensor:
@@ -229,7 +217,6 @@ class BlockSelfAttention(nn.Module):
         return AttentionOutput(out * valid[..., None].to(out.dtype), None, {} if need_trace else None)
 
 
-@MIXERS.register(BlockMixerConfig)
 def build_block_mixer(config: BlockMixerConfig, ctx: BuildContext, *, attention: AttentionConfig) -> nn.Module:
     if ctx.side != "encoder":
         raise ValueError(f"the block mixer is encoder-only (not causal: a block summary sees later tokens); "

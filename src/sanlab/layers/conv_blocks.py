@@ -12,38 +12,20 @@ normalisation follow the host (``layers.transformer.Residual``). The input of ev
 multiplied by the token-valid mask, so padding cannot leak into the last real tokens. Same padding
 in the encoder; causal (left-only, k-1) padding when built for a causal side.
 
-A pre-block is a module called ``block(x, positions=positions)`` inside ``EncoderLayer``;
-``PRE_BLOCKS`` is their registry (config ``type`` -> builder), read by ``StackConfig.pre_blocks``.
+A pre-block is a module called ``block(x, positions=positions)`` inside ``EncoderLayer``; its config is in
+``conv_blocks_config.py``, its registry (``PRE_BLOCKS``, read by ``StackConfig.pre_blocks``) in ``pre_blocks.py``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import BeforeValidator, Field, SerializeAsAny
 from torch import Tensor, nn
 
 from sanlab.attention.positions import Positions
-from sanlab.attention.registry import BuildContext, PartConfig, Registry
+from sanlab.layers.conv_blocks_config import ConvBlockConfig
 from sanlab.layers.transformer import Residual
-
-PRE_BLOCKS = Registry("pre-block")
-
-
-class PreBlockConfig(PartConfig):
-    """Base of pre-block configs; ``layers`` selects the layer indices that get the block."""
-
-
-class ConvBlockConfig(PreBlockConfig):
-    """QANet convolutions before the SAN sublayer of the selected layers (default: layers 0-2)."""
-
-    type: Literal["conv"] = "conv"
-    layers: list[int] | None = [0, 1, 2]
-    count: int = Field(4, ge=1)     # n_conv
-    kernel: int = Field(7, ge=1)    # k
-    conv_type: Literal["separable", "full"] = "separable"
+from sanlab.registry import BuildContext
 
 
 class SeparableConv(nn.Module):
@@ -100,14 +82,7 @@ class QANetConvBlock(nn.Module):
         return x
 
 
-@PRE_BLOCKS.register(ConvBlockConfig)
 def build_conv_block(config: ConvBlockConfig, ctx: BuildContext, *, norm: str, dropout: float) -> QANetConvBlock:
     return QANetConvBlock(dim=ctx.dim, count=config.count, kernel=config.kernel, conv_type=config.conv_type,
                      norm=norm, dropout=dropout, causal=ctx.causal)
 
-
-def _parse_pre_block(value: object) -> PreBlockConfig:
-    return PRE_BLOCKS.parse(value)
-
-
-PreBlockSpec = Annotated[SerializeAsAny[PreBlockConfig], BeforeValidator(_parse_pre_block)]

@@ -18,18 +18,16 @@ channels are ``h*d`` (heads x channels per head).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import AttentionOutput
 from sanlab.attention.positions import Positions
-from sanlab.attention.registry import BuildContext
-from sanlab.layers.mixers import MIXERS, MixerConfig
+from sanlab.layers.dynamic_conv_config import DynamicConvMixerConfig, LightConvMixerConfig
+from sanlab.registry import BuildContext
 
 ALGORITHMS = ("auto", "unfold", "band")
 BAND_MAX_LEN = 512  # the reference switches from the band matrix to unfolding above this length
@@ -193,41 +191,6 @@ class ConvBlock(nn.Module):
         return AttentionOutput(self.linear_out(h), state, trace)
 
 
-class DynamicConvMixerConfig(MixerConfig):
-    """Wu et al.'s DynamicConv block in the mixer slot (self-attention replaced, FFN kept).
-
-    ``kernel_size``: one width for every layer, or one per layer (length = number of layers),
-    e.g. the IWSLT/WMT encoder [3, 7, 15, 31, 31, 31, 31].
-    """
-
-    type: Literal["dynamic_conv"] = "dynamic_conv"
-    kernel_size: int | list[int] = 3
-    heads: int | None = Field(None, ge=1)   # None = the stack's attention heads
-    glu: bool = True                        # fairseq IWSLT configs use False (Linear d -> d)
-    weight_dropout: float = Field(0.1, ge=0, lt=1)
-    input_dropout: float = Field(0.0, ge=0, lt=1)
-    mask_padding: bool = True
-    algorithm: Literal["auto", "unfold", "band"] = "auto"
-
-    def width_for(self, layer_index: int, num_layers: int) -> int:
-        if isinstance(self.kernel_size, int):
-            width = self.kernel_size
-        elif len(self.kernel_size) != num_layers:
-            raise ValueError(f"{self.type}: kernel_size lists {len(self.kernel_size)} widths "
-                             f"{self.kernel_size} for a stack of {num_layers} layers")
-        else:
-            width = self.kernel_size[layer_index]
-        if width < 1:
-            raise ValueError(f"{self.type}: kernel width must be >= 1, got {width} for layer {layer_index}")
-        return width
-
-
-class LightConvMixerConfig(DynamicConvMixerConfig):
-    """Wu et al.'s LightConv block: the same, with one learned kernel per head instead of predicted ones."""
-
-    type: Literal["light_conv"] = "light_conv"
-
-
 def _build_block(config: DynamicConvMixerConfig, ctx: BuildContext, kernels: nn.Module) -> ConvBlock:
     conv = DynamicConv(kernels=kernels, causal=ctx.causal, weight_dropout=config.weight_dropout,
                        algorithm=config.algorithm)
@@ -242,13 +205,11 @@ def _heads(config: DynamicConvMixerConfig, ctx: BuildContext) -> int:
     return heads
 
 
-@MIXERS.register(DynamicConvMixerConfig)
 def build_dynamic_conv(config: DynamicConvMixerConfig, ctx: BuildContext, *, attention: AttentionConfig) -> ConvBlock:
     width = config.width_for(ctx.layer_index, ctx.num_layers)
     return _build_block(config, ctx, PredictedKernels(dim=ctx.dim, heads=_heads(config, ctx), kernel_size=width))
 
 
-@MIXERS.register(LightConvMixerConfig)
 def build_light_conv(config: LightConvMixerConfig, ctx: BuildContext, *, attention: AttentionConfig) -> ConvBlock:
     width = config.width_for(ctx.layer_index, ctx.num_layers)
     return _build_block(config, ctx, SharedKernels(heads=_heads(config, ctx), kernel_size=width))

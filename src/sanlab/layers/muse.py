@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import Attention, AttentionOutput
 from sanlab.attention.positions import Positions
-from sanlab.attention.registry import BuildContext
 from sanlab.layers.dynamic_conv import ConvState, DynamicConv, PredictedKernels
-from sanlab.layers.mixers import MIXERS, MixerConfig
+from sanlab.layers.muse_config import MuseConfig, MuseFFConfig
+from sanlab.registry import BuildContext
 
 
 @dataclass(frozen=True)
@@ -173,36 +172,6 @@ def gate_weights(model: nn.Module) -> dict[str, Tensor]:
 
 
 # ----------------------------------------------------------------------------- configs and builders
-class MuseFFConfig(MixerConfig):
-    """MUSE_FF (MUSE-simple): attention and FFN in parallel, one residual, one LayerNorm.
-
-    The block holds the stack's FFN (``ffn_dim``) and the model dropout on each branch output;
-    ``decoder_cross``: "parallel" (code: cross-attention is a third branch) or "sequential" (ICLR
-    text: a MUSE sub-layer then a separate cross-attention sub-layer).
-    """
-
-    type: Literal["muse_ff"] = "muse_ff"
-    input_dropout: float = Field(0.0, ge=0, lt=1)     # on the attention(/conv) branch input only
-    decoder_cross: Literal["parallel", "sequential"] = "parallel"
-    init: Literal["reference", "pytorch"] = "reference"
-    unused_cross_norm: bool = False   # build the code's never-used decoder LayerNorm (parameter parity with its logs)
-    holds_ffn: ClassVar[bool] = True  # builders hand the FFN, the dropout and (holds_cross) the cross-attention in
-
-    @property
-    def holds_cross(self) -> bool:
-        return self.decoder_cross == "parallel"
-
-
-class MuseConfig(MuseFFConfig):
-    """MUSE: MUSE_FF plus gated dynamic-convolution cells on the shared value projection."""
-
-    type: Literal["muse"] = "muse"
-    kernel_sizes: list[Annotated[int, Field(ge=1)]] = Field([3, 15], min_length=1)  # the same cells in every layer
-    weight_dropout: float = Field(0.1, ge=0, lt=1)    # DropConnect on the normalised kernels (code: fixed 0.1)
-    conv_mask_padding: bool = True    # zero V at padded positions before the convolutions (code: no)
-    algorithm: Literal["auto", "unfold", "band"] = "auto"
-
-
 def _parallel(config: MuseFFConfig, ctx: BuildContext, mixer: nn.Module, *, ffn: nn.Module | None, dropout: float,
               cross_attention: nn.Module | None) -> ParallelBlock:
     unused = nn.LayerNorm(ctx.dim) if config.unused_cross_norm and cross_attention is not None else None
@@ -213,14 +182,12 @@ def _parallel(config: MuseFFConfig, ctx: BuildContext, mixer: nn.Module, *, ffn:
     return block
 
 
-@MIXERS.register(MuseFFConfig)
 def build_muse_ff(config: MuseFFConfig, ctx: BuildContext, *, attention: AttentionConfig, ffn: nn.Module | None = None,
                   dropout: float = 0.0, cross_attention: nn.Module | None = None) -> ParallelBlock:
     return _parallel(config, ctx, build_attention(attention.model_copy(update={"out_proj": True}), ctx), ffn=ffn,
                      dropout=dropout, cross_attention=cross_attention)
 
 
-@MIXERS.register(MuseConfig)
 def build_muse(config: MuseConfig, ctx: BuildContext, *, attention: AttentionConfig, ffn: nn.Module | None = None,
                dropout: float = 0.0, cross_attention: nn.Module | None = None) -> ParallelBlock:
     attn = build_attention(attention.model_copy(update={"out_proj": False}), ctx)

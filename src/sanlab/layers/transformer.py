@@ -21,7 +21,11 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from sanlab.attention.build import build_attention
+from sanlab.attention.config import AttentionConfig
 from sanlab.attention.positions import Positions
+from sanlab.layers.mixers import AttentionMixerConfig
+from sanlab.registry import BuildContext
 
 NORM_STYLES = ("pre", "post", "none")
 
@@ -60,6 +64,11 @@ class Residual(nn.Module):
             return self.norm(x + self.dropout(fn(x)))
         x = self.dropout(x)
         return x + fn(x)
+
+
+def build_attention_mixer(config: AttentionMixerConfig, ctx: BuildContext, *, attention: AttentionConfig) -> nn.Module:
+    """The default mixer: the stack's attention with its parts."""
+    return build_attention(attention, ctx)
 
 
 def _mixer_dropout(mixer: nn.Module, dropout: float) -> float:

@@ -6,14 +6,14 @@ from torch import nn
 
 from sanlab.attention.build import build_attention
 from sanlab.attention.dufter_utils import glorot_normal_attention_
-from sanlab.attention.registry import BuildContext
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
-from sanlab.layers.conv_blocks import PRE_BLOCKS
 from sanlab.layers.mixers import MIXERS, AttentionMixerConfig, MixerConfig
+from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.layers.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from sanlab.models.embeddings import LearnedPositions, SinusoidalPositions, TokenEmbedding
 from sanlab.models.seq2seq import Seq2Seq
 from sanlab.models.tagger import CharCNN, Tagger, keras_dense_init_
+from sanlab.registry import BuildContext
 
 
 def _context(stack: StackConfig, *, dim: int, index: int, side: str, max_len: int) -> BuildContext:

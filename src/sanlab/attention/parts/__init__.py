@@ -1,9 +1,3 @@
-"""Attention parts. Each module here defines a config class and a builder registered with
-``@PARTS.register(Config)``; importing this package imports every module in it, so a new variant
-is one file in this folder."""
-
-import importlib
-import pkgutil
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+"""Attention parts, one variant per pair of modules: ``<name>_config.py`` holds its pydantic config (torch-free,
+so the schema loads without torch) and ``<name>.py`` the part and its builder. ``attention/registry.py`` lists
+them; nothing here is imported until a config names it."""

@@ -14,37 +14,15 @@ Routing runs in fp32 even under autocast. Cross-attention is never modified.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
 from sanlab.attention import routing
 from sanlab.attention.masks import masked_softmax
+from sanlab.attention.parts.capsule_config import CapsuleConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
-
-
-class CapsuleConfig(PartConfig):
-    """Capsule routing; every ambiguity of the spec (section 12) is a setting, defaults as in the spec."""
-
-    type: Literal["capsule"] = "capsule"
-    routing_iters: int = Field(3, ge=1)                           # R (A6)
-    routing_input: Literal["scores", "probs"] = "scores"          # A1: zero-filled scores or probabilities
-    use_vertical: bool = True                                     # ignored (off) in the decoder
-    use_horizontal: bool = True
-    horizontal_mode: Literal["positional", "global"] = "positional"  # A7; global: encoder only
-    acceptance_init: Literal["xavier", "identity", "zeros"] = "xavier"  # A5
-    acceptance_act: Literal["none", "sigmoid"] = "none"           # A4
-    routing_detach_logits: bool = False                           # A9
-
-    @classmethod
-    def examples(cls) -> list["CapsuleConfig"]:
-        return [cls(),
-                cls(routing_input="probs", routing_iters=1, acceptance_init="identity", acceptance_act="sigmoid"),
-                cls(use_horizontal=False, routing_iters=2, routing_detach_logits=True)]
+from sanlab.registry import BuildContext
 
 
 class NoRouting(AttentionPart):
@@ -134,7 +112,6 @@ class CapsuleRouting(AttentionPart):
         return accept[..., None] * v[:, None]  # [b, h, i, j]
 
 
-@PARTS.register(CapsuleConfig)
 def build_capsule(config: CapsuleConfig, ctx: BuildContext) -> AttentionPart:
     """Encoder: vertical + horizontal (H^2 + H parameters with vertical). Decoder: masked horizontal
     positional routing only, no parameters. Cross-attention: an error (the paper routes self-attention only)."""

@@ -23,26 +23,14 @@ so the attention recomputes the prefix while decoding. Grid axes (positions 0..t
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sanlab.attention.dufter_utils import check_fixed_positions, glorot_uniform_
+from sanlab.attention.parts.conv_attention_config import ConvAttentionConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
-
-
-class ConvAttentionConfig(PartConfig):
-    """Convolve the attention weights: ``dims: 1`` (t filters of 3 x t per head) or ``dims: 2`` (one 3 x 3)."""
-
-    type: Literal["conv_attention"] = "conv_attention"
-    dims: Literal[1, 2] = 1
-
-    @classmethod
-    def examples(cls) -> list["ConvAttentionConfig"]:
-        return [cls(dims=1), cls(dims=2)]
+from sanlab.registry import BuildContext
 
 
 def conv1d_over_queries(grid: Tensor, *, weight: Tensor, bias: Tensor, causal: bool) -> Tensor:
@@ -103,7 +91,6 @@ class ConvolvedAttention(AttentionPart):
         return out if ctx.allowed is None else out * ctx.allowed.to(out.dtype)
 
 
-@PARTS.register(ConvAttentionConfig)
 def build_conv_attention(config: ConvAttentionConfig, ctx: BuildContext) -> ConvolvedAttention:
     if ctx.side == "cross":
         raise ValueError("conv_attention mixes the attention rows of neighbouring queries; in cross-attention "

@@ -22,39 +22,17 @@ No parameters. The ``banded`` plan runs it in O(I*N*M) through ``band_offsets``/
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import field_validator
 from torch import Tensor
 
 from sanlab.attention import masks
 from sanlab.attention.core import with_positions
-from sanlab.attention.parts.window import WindowConfig, band_offsets, refuse_cross_attention
+from sanlab.attention.parts.csan2d_config import Csan2dConfig
+from sanlab.attention.parts.window import band_offsets, refuse_cross_attention
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext
+from sanlab.registry import BuildContext
 
 BOUNDARIES = ("wrap", "clip", "reference")
-
-
-class Csan2dConfig(WindowConfig):
-    """2D-CSAN area: ``size`` M (or ``half_width`` m) positions x ``heads_area`` N (odd) heads."""
-
-    type: Literal["csan2d"] = "csan2d"  # type: ignore[assignment]
-    heads_area: int = 3
-    head_boundary: Literal["wrap", "clip", "reference"] = "wrap"
-
-    @field_validator("heads_area")
-    @classmethod
-    def _odd_area(cls, heads_area: int) -> int:
-        if heads_area < 1 or heads_area % 2 == 0:
-            raise ValueError(f"heads_area N must be odd and >= 1 (heads h-n .. h+n), got {heads_area}")
-        return heads_area
-
-    @classmethod
-    def examples(cls) -> list["Csan2dConfig"]:
-        return [cls(size=3), cls(size=5, head_boundary="clip", causal_window="full"),
-                cls(size=3, head_boundary="reference")]
 
 
 def head_sources(*, heads: int, area: int, boundary: str, device: torch.device | None = None
@@ -119,7 +97,6 @@ class HeadArea(AttentionPart):
                 f"causal_window={self.causal_window!r}")
 
 
-@PARTS.register(Csan2dConfig)
 def build_csan2d(config: Csan2dConfig, ctx: BuildContext) -> HeadArea:
     refuse_cross_attention("2D-CSAN", ctx)
     if config.heads_area > ctx.heads:

@@ -15,25 +15,12 @@ not ``causal_safe`` and building it in decoder self-attention raises.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
+from sanlab.attention.parts.directional_config import BiDirectConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
-
-
-class BiDirectConfig(PartConfig):
-    """``pairs``: number H_di of (forward, backward) head pairs; ``all`` = H/2 (every head directional)."""
-
-    type: Literal["bi_direct"] = "bi_direct"
-    layers: list[int] | None = [0, 1, 2]
-    pairs: int | Literal["all"] = "all"
-
-    @classmethod
-    def examples(cls) -> list["BiDirectConfig"]:
-        return [cls(layers=None), cls(layers=None, pairs=1)]
+from sanlab.registry import BuildContext
 
 
 def head_directions(heads: int, pairs: int) -> Tensor:
@@ -66,7 +53,6 @@ class DirectionalHeads(AttentionPart):
         return f"pairs={self.pairs}, heads={self.directions.numel()}"
 
 
-@PARTS.register(BiDirectConfig)
 def build_bi_direct(config: BiDirectConfig, ctx: BuildContext) -> DirectionalHeads:
     if ctx.side == "cross":
         raise ValueError("bi_direct masks self-attention heads by direction; it has no meaning in "

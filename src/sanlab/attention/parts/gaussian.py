@@ -34,68 +34,17 @@ Luong's local-p in its original encoder-decoder setting (p_t = S sigmoid(...)).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
 from sanlab.attention import masks
+from sanlab.attention.parts.gaussian_config import LocalHardConfig, LocalSoftConfig, NeighborConfig
 from sanlab.attention.parts.window import refuse_cross_attention
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
+from sanlab.registry import BuildContext
 
-LOWER_LAYERS = [0, 1, 2]  # spec B.0: baselines go where CSAN goes, the lowest three encoder layers
 WIDTH_FLOOR = 0.1         # the reference code adds 0.1 to predicted widths (no division by zero)
-
-
-class GaussianConfig(PartConfig):
-    """Shared settings. ``local_heads``: how many heads (the last ones) carry the bias;
-    ``half`` = H/2 (at least 1), ``all`` = H, or a number."""
-
-    layers: list[int] | None = LOWER_LAYERS
-    local_heads: int | Literal["half", "all"] = "half"
-
-
-class NeighborConfig(GaussianConfig):
-    """Neighbor: a Gaussian centred on the query; width predicted (csan) or learned per head (sperber)."""
-
-    type: Literal["neighbor"] = "neighbor"
-    neighbor_mode: Literal["csan", "sperber"] = "csan"
-    sigma_init: float | Literal["rand"] = "rand"  # sperber: initial s (xnmt: a constant, or log-uniform in [1, 1000])
-    square_sigma: bool = True                     # sperber: sigma = s^2 (xnmt's square_mask_std)
-
-    @classmethod
-    def examples(cls) -> list["NeighborConfig"]:
-        return [cls(layers=None), cls(layers=None, neighbor_mode="sperber", sigma_init=2.0, local_heads="all")]
-
-
-class LocalHardConfig(GaussianConfig):
-    """Local_Hard: predicted centre, fixed width D (Luong's local-p)."""
-
-    type: Literal["local_hard"] = "local_hard"
-    window: float = Field(10.0, gt=0)  # D (Luong's empirical 10; the reference code's local_size)
-    truncate: bool = False
-    luong_exact: bool = False
-
-    @classmethod
-    def examples(cls) -> list["LocalHardConfig"]:
-        return [cls(layers=None), cls(layers=None, window=2.0, truncate=True, luong_exact=True),
-                cls(layers=None, window=2.0, truncate=True), cls(layers=None, window=2.0, luong_exact=True)]
-
-
-class LocalSoftConfig(GaussianConfig):
-    """Local_Soft: predicted centre and width (query-specific by default, all heads local)."""
-
-    type: Literal["local_soft"] = "local_soft"
-    local_heads: int | Literal["half", "all"] = "all"
-    window: Literal["query", "layer", "fixed"] = "query"
-    fixed_window: float = Field(10.0, gt=0)  # D for window: fixed
-
-    @classmethod
-    def examples(cls) -> list["LocalSoftConfig"]:
-        return [cls(layers=None), cls(layers=None, window="layer", local_heads="half"),
-                cls(layers=None, window="fixed", fixed_window=3.0)]
 
 
 def resolve_local_heads(value: int | str, heads: int) -> int:
@@ -261,7 +210,6 @@ class LocalSoft(GaussianLocalness):
         return f"{super().extra_repr()}, window={self.window_mode!r}"
 
 
-@PARTS.register(NeighborConfig)
 def build_neighbor(config: NeighborConfig, ctx: BuildContext) -> GaussianLocalness:
     refuse_cross_attention("Neighbor", ctx)  # c = i, the target position: no meaning over source positions
     local = resolve_local_heads(config.local_heads, ctx.heads)
@@ -271,14 +219,12 @@ def build_neighbor(config: NeighborConfig, ctx: BuildContext) -> GaussianLocalne
     return NeighborCSAN(dim=ctx.dim, heads=ctx.heads, local_heads=local, head_dim=ctx.head_dim)
 
 
-@PARTS.register(LocalHardConfig)
 def build_local_hard(config: LocalHardConfig, ctx: BuildContext) -> LocalHard:
     return LocalHard(dim=ctx.dim, heads=ctx.heads, local_heads=resolve_local_heads(config.local_heads, ctx.heads),
                      head_dim=ctx.head_dim, window=config.window, truncate=config.truncate,
                      luong_exact=config.luong_exact)
 
 
-@PARTS.register(LocalSoftConfig)
 def build_local_soft(config: LocalSoftConfig, ctx: BuildContext) -> LocalSoft:
     return LocalSoft(dim=ctx.dim, heads=ctx.heads, local_heads=resolve_local_heads(config.local_heads, ctx.heads),
                      head_dim=ctx.head_dim, window=config.window, fixed_window=config.fixed_window)

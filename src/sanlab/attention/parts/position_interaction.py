@@ -24,33 +24,14 @@ a position >= t is an error.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from sanlab.attention.dufter_utils import check_fixed_positions, glorot_normal_
+from sanlab.attention.parts.position_interaction_config import AbsPositionConfig, RelPositionConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
-
-
-class AbsPositionConfig(PartConfig):
-    """SAN+P: a learned t x t matrix per head added to the logits (first layer only, as in the paper)."""
-
-    type: Literal["abs_position"] = "abs_position"
-    layers: list[int] | None = [0]
-
-
-class RelPositionConfig(PartConfig):
-    """SAN+R: a learned vector of 2t offsets per head added to the logits (first layer only)."""
-
-    type: Literal["rel_position"] = "rel_position"
-    layers: list[int] | None = [0]
-    rel_param: Literal["paper", "circulant_real"] = "paper"
-
-    @classmethod
-    def examples(cls) -> list["RelPositionConfig"]:
-        return [cls(rel_param="paper"), cls(rel_param="circulant_real")]
+from sanlab.registry import BuildContext
 
 
 class AbsolutePositionInteraction(AttentionPart):
@@ -110,11 +91,9 @@ class RelativePositionInteraction(AttentionPart):
         return scores + self.matrix(ctx.q_pos, ctx.k_pos)[None]  # [b, h, i, j]
 
 
-@PARTS.register(AbsPositionConfig)
 def build_abs_position(config: AbsPositionConfig, ctx: BuildContext) -> AbsolutePositionInteraction:
     return AbsolutePositionInteraction(heads=ctx.heads, t=ctx.max_len)
 
 
-@PARTS.register(RelPositionConfig)
 def build_rel_position(config: RelPositionConfig, ctx: BuildContext) -> RelativePositionInteraction:
     return RelativePositionInteraction(heads=ctx.heads, t=ctx.max_len, rel_param=config.rel_param)

@@ -18,32 +18,12 @@ decoder-capable and incremental (a cached step at position t uses clip(j - t) fo
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
+from sanlab.attention.parts.rel_pos_config import RelPosConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
-
-
-class RelPosConfig(PartConfig):
-    """Shaw et al.'s relative positions, in every layer of the stack it is listed in by default.
-
-    ``cross``: allow use in encoder-decoder attention, with the offset j - i of source position j and
-    target position i as in self-attention (cross use follows the CSAN reference code; not in Shaw et
-    al.; the table is learned, so the sign only names its rows). List the part in
-    ``cross_attention.parts`` and set this to true.
-    """
-
-    type: Literal["rel_pos"] = "rel_pos"
-    max_distance: int = Field(16, ge=0)   # clipping distance k (Shaw's MT setting)
-    cross: bool = False
-
-    @classmethod
-    def examples(cls) -> list["RelPosConfig"]:
-        return [cls(max_distance=2), cls(max_distance=0), cls(max_distance=2, cross=True)]
+from sanlab.registry import BuildContext
 
 
 def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
@@ -81,7 +61,6 @@ class RelativePositions(AttentionPart):
         return f"max_distance={self.max_distance}"
 
 
-@PARTS.register(RelPosConfig)
 def build_rel_pos(config: RelPosConfig, ctx: BuildContext) -> RelativePositions:
     if ctx.side == "cross" and not config.cross:
         raise ValueError("rel_pos in encoder-decoder attention is not Shaw et al.'s method; "

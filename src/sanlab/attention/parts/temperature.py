@@ -14,19 +14,12 @@ and the fused SDPA plan still applies.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor, nn
 
+from sanlab.attention.parts.temperature_config import TemperatureConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
-from sanlab.attention.registry import PARTS, BuildContext, PartConfig
-
-
-class TemperatureConfig(PartConfig):
-    """Per-head scalars gamma_q, gamma_k, gamma_v on the projections (every layer by default)."""
-
-    type: Literal["temperature"] = "temperature"
+from sanlab.registry import BuildContext
 
 
 class LearnableTemperature(AttentionPart):
@@ -56,6 +49,5 @@ class LearnableTemperature(AttentionPart):
         return report
 
 
-@PARTS.register(TemperatureConfig)
 def build_temperature(config: TemperatureConfig, ctx: BuildContext) -> LearnableTemperature:
     return LearnableTemperature(heads=ctx.heads)

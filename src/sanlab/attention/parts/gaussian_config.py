@@ -1,0 +1,64 @@
+"""Configs of the Gaussian localness baselines (``type: neighbor``, ``local_hard``, ``local_soft``), torch-free;
+the parts and their builders are in ``gaussian.py``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sanlab.attention.registry import PartConfig
+
+LOWER_LAYERS = [0, 1, 2]  # spec B.0: baselines go where CSAN goes, the lowest three encoder layers
+
+
+class GaussianConfig(PartConfig):
+    """Shared settings. ``local_heads``: how many heads (the last ones) carry the bias;
+    ``half`` = H/2 (at least 1), ``all`` = H, or a number."""
+
+    layers: list[int] | None = LOWER_LAYERS
+    local_heads: int | Literal["half", "all"] = "half"
+
+
+class NeighborConfig(GaussianConfig):
+    """Neighbor: a Gaussian centred on the query; width predicted (csan) or learned per head (sperber)."""
+
+    type: Literal["neighbor"] = "neighbor"
+    builder = "sanlab.attention.parts.gaussian:build_neighbor"
+    neighbor_mode: Literal["csan", "sperber"] = "csan"
+    sigma_init: float | Literal["rand"] = "rand"  # sperber: initial s (xnmt: a constant, or log-uniform in [1, 1000])
+    square_sigma: bool = True                     # sperber: sigma = s^2 (xnmt's square_mask_std)
+
+    @classmethod
+    def examples(cls) -> list["NeighborConfig"]:
+        return [cls(layers=None), cls(layers=None, neighbor_mode="sperber", sigma_init=2.0, local_heads="all")]
+
+
+class LocalHardConfig(GaussianConfig):
+    """Local_Hard: predicted centre, fixed width D (Luong's local-p)."""
+
+    type: Literal["local_hard"] = "local_hard"
+    builder = "sanlab.attention.parts.gaussian:build_local_hard"
+    window: float = Field(10.0, gt=0)  # D (Luong's empirical 10; the reference code's local_size)
+    truncate: bool = False
+    luong_exact: bool = False
+
+    @classmethod
+    def examples(cls) -> list["LocalHardConfig"]:
+        return [cls(layers=None), cls(layers=None, window=2.0, truncate=True, luong_exact=True),
+                cls(layers=None, window=2.0, truncate=True), cls(layers=None, window=2.0, luong_exact=True)]
+
+
+class LocalSoftConfig(GaussianConfig):
+    """Local_Soft: predicted centre and width (query-specific by default, all heads local)."""
+
+    type: Literal["local_soft"] = "local_soft"
+    builder = "sanlab.attention.parts.gaussian:build_local_soft"
+    local_heads: int | Literal["half", "all"] = "all"
+    window: Literal["query", "layer", "fixed"] = "query"
+    fixed_window: float = Field(10.0, gt=0)  # D for window: fixed
+
+    @classmethod
+    def examples(cls) -> list["LocalSoftConfig"]:
+        return [cls(layers=None), cls(layers=None, window="layer", local_heads="half"),
+                cls(layers=None, window="fixed", fixed_window=3.0)]
