@@ -155,7 +155,7 @@ class Registry:
         """Validate a raw dict (from YAML) into the config class its ``type`` names."""
         if isinstance(value, BaseModel):
             return value
-        if not isinstance(value, dict) or "type" not in value:
+        if not isinstance(value, dict) or not isinstance(value.get("type"), str):  # (a list would not even hash)
             raise ValueError(f"a {self.kind} needs a 'type' (one of: {', '.join(self.names())}); got {value!r}")
         try:
             cls = self.entry(value["type"]).config

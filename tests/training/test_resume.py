@@ -264,11 +264,12 @@ def test_a_second_process_leaves_the_running_runs_config_alone(tmp_path, tiny_tr
 
 def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp_path, tiny_translation, monkeypatch):
     """Killed mid-run (after the step-3 checkpoint, during update 5): the rerun replays updates 4-7 from the
-    saved data position and RNG state and ends with the uninterrupted run's weights, validations included."""
+    saved data position and RNG state and ends with the uninterrupted run's weights, validations included;
+    metrics.jsonl holds each update once (update 4, logged before the crash, is not repeated)."""
     from sanlab.training import loop
 
     straight = tmp_path / "straight"
-    train_run(tiny_translation(max_steps=7), straight, quiet=True)
+    train_run(tiny_translation(max_steps=7, log_every=1), straight, quiet=True)
     crashed = tmp_path / "crashed"
     update = loop.Trainer.update
 
@@ -279,16 +280,19 @@ def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp
 
     monkeypatch.setattr(loop.Trainer, "update", crash_at_five)
     with pytest.raises(KeyboardInterrupt):
-        train_run(tiny_translation(max_steps=7), crashed, quiet=True)
+        train_run(tiny_translation(max_steps=7, log_every=1), crashed, quiet=True)
     assert sorted(p.name for p in (crashed / "checkpoints").glob("step-*")) == ["step-00000003"]
     monkeypatch.setattr(loop.Trainer, "update", update)
-    train_run(tiny_translation(max_steps=7), crashed, quiet=True)
+    train_run(tiny_translation(max_steps=7, log_every=1), crashed, quiet=True)
     a, b = final_weights(straight), final_weights(crashed)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
     valid = lambda run: [(r["step"], r["bleu"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
                          if r["split"] == "valid"]  # noqa: E731
     assert valid(crashed)[-2:] == valid(straight)[-2:]
+    logged = lambda run: [(r["split"], r["step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                                               .splitlines())]  # noqa: E731
+    assert logged(crashed) == logged(straight) and ("train", 4) in logged(straight)
 
 
 def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_translation):

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -49,7 +50,7 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                 if lineno == 1 and text.startswith("\ufeff"):
                     text = text[1:]
                 yield text.removesuffix("\n").removesuffix("\r")
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             # gzip raises these for a corrupt or truncated stream.
             problem = f"cannot read (corrupt or truncated compressed file?): {exc}"
             raise DataError(problem, path=str(path), line=lineno + 1) from exc

@@ -1,0 +1,111 @@
+"""Property-based tests of the config loader (issue 27): any YAML file, any value under any key, any
+``--set`` text gives a validated config or a ConfigError naming the problem; never another exception.
+A quoted number or bool in YAML is a string, and the typed config refuses it (``--set`` values are parsed
+as YAML, so ``--set model.dropout=0.1`` stays a number)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sanlab.config import apply_override, dump_config, load_config, set_key, validate
+from sanlab.errors import ConfigError
+
+FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+BASE = {"task": "translation", "data": {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "a", "tgt": "b"}},
+        "model": {"dim": 16, "encoder": {"layers": 1, "attention": {"heads": 2}}}}
+_names = itertools.count()
+
+
+def _leaves(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for k, v in d.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
+    return out
+
+
+LEAVES = _leaves(yaml.safe_load(dump_config(validate(BASE, source="base"))))
+TYPED = [(k, v) for k, v in LEAVES if isinstance(v, (bool, int, float)) and k != "task"]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("configs")
+
+
+def _load(path: Path, overrides=()):
+    try:
+        return load_config(path, list(overrides))
+    except ConfigError as err:
+        assert str(err).strip(), "an empty message"
+        return None
+
+
+values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                      max_leaves=6)
+
+
+@FAST
+@given(st.text(max_size=200))
+def test_any_text_is_a_config_or_a_config_error(scratch, text):
+    path = scratch / f"c{next(_names)}.yaml"
+    path.write_text(text, encoding="utf-8")
+    _load(path)
+
+
+@FAST
+@given(st.sampled_from([k for k, _ in LEAVES] + ["model.encoder.attention.parts", "train.nokey", "base", "data"]),
+       values)
+def test_any_value_under_any_key_is_validated_or_refused(scratch, key, value):
+    raw = yaml.safe_load(dump_config(validate(BASE, source="base")))
+    set_key(raw, key, value)
+    path = scratch / f"c{next(_names)}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    config = _load(path)
+    assert config is None or config.task == "translation"
+
+
+@FAST
+@given(st.text(max_size=60))
+def test_any_set_text_is_applied_or_refused(scratch, assignment):
+    path = scratch / f"c{next(_names)}.yaml"
+    path.write_text(yaml.safe_dump(BASE), encoding="utf-8")
+    _load(path, [assignment])
+
+
+@FAST
+@given(st.sampled_from(TYPED))
+def test_a_quoted_number_or_bool_is_refused_and_the_same_value_by_set_is_not(scratch, leaf):
+    key, value = leaf
+    text = yaml.safe_dump(value)
+    raw = yaml.safe_load(yaml.safe_dump(BASE))
+    set_key(raw, key, text.split("\n")[0])  # the YAML text of the value, as a (quoted) string
+    path = scratch / f"c{next(_names)}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: .*a quoted value is a string in YAML"):
+        load_config(path)
+    plain = scratch / f"c{next(_names)}.yaml"
+    plain.write_text(yaml.safe_dump(BASE), encoding="utf-8")
+    assert _leaves(load_config(plain, [f"{key}={text.split(chr(10))[0]}"]).model_dump(mode="json"))
+
+
+def test_the_issues_quoted_values_are_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(BASE) + "train: {label_smoothing: '0.1'}\n")
+    with pytest.raises(ConfigError, match=r"train.label_smoothing: Input should be a valid number.*quoted.*got '0.1'"):
+        load_config(path)
+    raw = {**BASE, "model": {**BASE["model"], "dropout": "0.1", "tie_output": "no"}}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "model.dropout" in str(info.value) and "model.tie_output" in str(info.value)
+    path.write_text(yaml.safe_dump(BASE))
+    config = load_config(path, ["model.dropout=0.3", "model.tie_output=no", "train.betas=[0.9, 0.99]"])
+    assert (config.model.dropout, config.model.tie_output, config.train.betas) == (0.3, False, (0.9, 0.99))
