@@ -34,3 +34,23 @@ def test_temperature_reports_log_gamma_per_layer_and_projection():
 
 def test_a_model_without_reporting_parts_reports_nothing():
     assert collect_diagnostics(_tagger([])) == {}
+
+
+def test_training_logs_the_diagnostics_at_every_validation(tmp_path, tiny_translation):
+    import yaml
+
+    from sanlab.config import dump_config, validate
+    from sanlab.runs import train_run
+    from sanlab.training.loop import read_metrics
+
+    raw = yaml.safe_load(dump_config(tiny_translation(max_steps=6, valid_every=3)))
+    raw["model"]["encoder"]["attention"]["parts"] = [{"type": "temperature"}]
+    run = tmp_path / "run"
+    train_run(validate(raw, source="test"), run, quiet=True)
+    records = read_metrics(run)
+    valid = [r["step"] for r in records if r["split"] == "valid"]
+    diagnostics = [r for r in records if r["split"] == "diagnostics"]
+    assert [r["step"] for r in diagnostics] == valid == [3, 6]
+    keys = sorted(k for k in diagnostics[-1] if "/log_gamma_" in k)
+    assert len(keys) == 6 and all(k.startswith("encoder.") for k in keys)
+    assert any(diagnostics[-1][k] != 0.0 for k in keys)  # trained off their initial 1

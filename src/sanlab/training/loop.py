@@ -27,6 +27,7 @@ from sanlab.config import TrainConfig
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, rng_state,
                                        set_rng_state)
+from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed
 from sanlab.training.logging import RunLogger
 from sanlab.training.schedule import learning_rate
@@ -239,6 +240,9 @@ class Trainer:
                 verdict = (" (" + ("a new best; " if improved else "")
                            + "off the validation schedule: not counted for early stopping)")
             self.log.scalars("valid", metrics, step=p.step)
+            diagnostics = collect_diagnostics(self.model)  # e.g. learnable temperatures (training/diagnostics.py)
+            if diagnostics:
+                self.log.scalars("diagnostics", diagnostics, step=p.step)
             self.log.info(f"step {p.step} epoch {p.epoch}: "
                           + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + verdict)
             self._save(metrics, rngs)
