@@ -17,6 +17,14 @@ def _deterministic():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _data_cache(tmp_path_factory):
+    """Prepared data (sanlab.data.cache) goes to a directory of this test session, not the user's cache;
+    subprocesses inherit it."""
+    os.environ["SANLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("sanlab-cache"))
+    yield
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not (SHARED_DATA / "README.md").exists():

@@ -39,6 +39,20 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_prepare(args) -> int:
+    from sanlab.config import TranslationConfig, dump_config, load_config
+    from sanlab.tasks.translation_data import prepare, summary
+
+    config = load_config(args.config, args.overrides)
+    if args.print_config:
+        print(dump_config(config), end="")
+        return 0
+    if not isinstance(config, TranslationConfig):
+        raise ConfigError(f"{args.config}: sanlab prepare is for translation; a tagger reads its CoNLL-U files as they are")
+    print(summary(prepare(config, None, log=print, workers=args.workers)))
+    return 0
+
+
 def _launch_torchrun(args) -> int:
     """``sanlab train --nproc N`` = ``torchrun --standalone --nproc_per_node N -m sanlab train ...``."""
     import subprocess
@@ -168,6 +182,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="data-parallel training in N processes (torchrun + DDP, gloo); each update then takes "
                         "N x train.accum_steps batches")
     p.set_defaults(fn=_cmd_train)
+
+    p = sub.add_parser("prepare", help="train the subword model and encode the training data into the cache, "
+                       "once (train does it too, when the cache lacks it)")
+    _add_config_args(p)
+    p.add_argument("--workers", type=_positive, metavar="N",
+                   help="encoding processes (default: every core for corpora over 200,000 pairs, else 1)")
+    p.set_defaults(fn=_cmd_prepare)
 
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
                            ("tag", _cmd_tag, "tag tokenised text (one sentence per line, split at spaces; blank lines are "

@@ -137,6 +137,9 @@ class SubwordConfig(Strict):
     model_type: Literal["unigram", "bpe"] = "unigram"
     joint: bool = True
     character_coverage: float = Field(1.0, gt=0, le=1)
+    # Training sentences (source + target for a joint model) above which sentencepiece trains on this many,
+    # sampled, with every core; at or below it on all of them in one thread (bit-identical across runs)
+    sample_sentences: int = Field(1_000_000, ge=1)
 
 
 class ParallelFiles(Strict):

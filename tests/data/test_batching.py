@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,3 +107,34 @@ def test_lazy_batches_build_only_what_is_read():
     assert len(batches) == 3 and built == []
     assert batches[1:3] == [2, 12] and batches[0] == 1
     assert built == [[2], [3, 4, 5], [0, 1]]
+
+
+def _greedy_reference(longest, order, max_tokens, cap):
+    """The per-example loop that TokenBatchSampler cut with before cut_points vectorised it."""
+    batches, current, current_max = [], [], 0
+    for index in order:
+        new_max = max(current_max, int(longest[index]))
+        if current and (new_max * (len(current) + 1) > max_tokens or len(current) >= cap):
+            batches.append(current)
+            current, new_max = [], int(longest[index])
+        current.append(index)
+        current_max = new_max
+    return batches + ([current] if current else [])
+
+
+def test_array_lengths_give_the_per_example_loops_batches():
+    """An (N, 2) uint16 array (the prepared corpus's lengths) gives the batches that the per-example loop
+    gives on a list of pairs, for every epoch: same seed, same batches, in the same order."""
+    rng = np.random.default_rng(0)
+    for trial in range(25):
+        n = int(rng.integers(1, 800))
+        lengths = rng.integers(0 if trial % 5 == 0 else 1, 300 if trial % 4 == 0 else 60, size=(n, 2))
+        max_tokens, cap = int(rng.integers(1, 400)), None if trial % 3 else int(rng.integers(1, 20))
+        listed = TokenBatchSampler([tuple(x) for x in lengths.tolist()], max_tokens=max_tokens, max_sentences=cap,
+                                   seed=trial)
+        packed = TokenBatchSampler(lengths.astype(np.uint16), max_tokens=max_tokens, max_sentences=cap, seed=trial)
+        for epoch in range(2):
+            plan = packed.epoch_plan(epoch)
+            cut = _greedy_reference(lengths.max(axis=1), plan.order.tolist(), max_tokens, cap or n)
+            assert sorted(cut) == sorted(b.tolist() for b in plan)
+            assert listed.epoch_batches(epoch) == packed.epoch_batches(epoch) == [b.tolist() for b in plan]

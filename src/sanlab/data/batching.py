@@ -18,14 +18,57 @@ import torch
 Length = int | tuple[int, int]
 
 
-def _as_pairs(lengths: Sequence[Length]) -> np.ndarray:
-    """Lengths as an (N, 2) array of (source, target); a single length is used for both sides."""
-    pairs = np.array([(n, n) if np.ndim(n) == 0 else tuple(n) for n in lengths], dtype=np.int64).reshape(-1, 2)
+def _as_pairs(lengths: Sequence[Length] | np.ndarray) -> np.ndarray:
+    """Lengths as an (N, 2) array of (source, target); a single length is used for both sides. An integer
+    array of that shape is used as it is (no copy, whatever its width: a corpus of millions stays small)."""
+    if isinstance(lengths, np.ndarray) and lengths.ndim == 2 and lengths.shape[1] == 2 and lengths.dtype.kind in "iu":
+        pairs = lengths
+    else:
+        pairs = np.array([(n, n) if np.ndim(n) == 0 else tuple(n) for n in lengths], dtype=np.int64).reshape(-1, 2)
     if len(pairs) == 0:
         raise ValueError("no examples to batch (lengths is empty)")
-    if (pairs < 0).any():
+    if pairs.dtype.kind == "i" and (pairs < 0).any():
         raise ValueError(f"lengths must be >= 0, found {int(pairs.min())}")
     return pairs
+
+
+class EpochPlan(Sequence):
+    """One epoch's batches as three arrays: the examples sorted by length (``order``), where each batch
+    starts in it (``bounds``) and the order of the batches (``batch_order``). Batch k is an index array,
+    built when read; a list of lists of the same would take gigabytes at WMT scale."""
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray, batch_order: np.ndarray):
+        self.order, self.bounds, self.batch_order = order, bounds, batch_order
+
+    def __len__(self) -> int:
+        return len(self.batch_order)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        b = int(self.batch_order[k])
+        return self.order[self.bounds[b]:self.bounds[b + 1]]
+
+
+def cut_points(longest: np.ndarray, *, max_tokens: int, max_sentences: int | None) -> np.ndarray:
+    """Where batches start along examples of these (padded) lengths, greedily: a batch grows while
+    its size x its longest example fits ``max_tokens`` and it has fewer than ``max_sentences``; an
+    example over the budget alone gets a batch of its own. One numpy step per batch, not per example:
+    the size x running maximum rises with the size, so the sizes that fit are a prefix."""
+    n, cap = len(longest), max_sentences or len(longest)
+    sizes = np.arange(1, min(cap, n, max_tokens) + 1, dtype=np.int64)
+    bounds, start = [0], 0
+    while start < n:
+        first = int(longest[start])
+        width = min(cap, n - start, max_tokens // first if first else n)
+        if width > 1:
+            running = np.maximum.accumulate(longest[start:start + width])
+            ks = sizes[:width] if width <= len(sizes) else np.arange(1, width + 1)
+            start += max(1, int(np.count_nonzero(running * ks <= max_tokens)))
+        else:
+            start += 1
+        bounds.append(start)
+    return np.asarray(bounds, dtype=np.int64)
 
 
 class TokenBatchSampler:
@@ -62,14 +105,17 @@ class TokenBatchSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.oversized: list[int] = np.flatnonzero(self._pairs.max(axis=1) > max_tokens).tolist()
-        self._sort_key = self._pairs[:, 0] * (int(self._pairs[:, 1].max()) + 1) + self._pairs[:, 1]
+        self._longest = self._pairs.max(axis=1)
+        self.oversized: list[int] = np.flatnonzero(self._longest > max_tokens).tolist()
+        # (source, target) as one small integer: 16 bits, where it fits, sort by radix in linear time
+        key = self._pairs[:, 0].astype(np.int64) * (int(self._pairs[:, 1].max()) + 1) + self._pairs[:, 1]
+        self._sort_key = key.astype(np.min_scalar_type(int(key.max())))
         self._n_batches: int | None = None
 
     def __len__(self) -> int:
         # Equal-length permutations do not move cut points, so every epoch has this many batches.
         if self._n_batches is None:
-            self._n_batches = len(self.epoch_batches(0))
+            self._n_batches = len(self.epoch_plan(0))
         return self._n_batches
 
     def set_epoch(self, epoch: int) -> None:
@@ -81,35 +127,23 @@ class TokenBatchSampler:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """All batches of `epoch`, deterministic given `(seed, epoch)`."""
-        order = np.arange(len(self._pairs))
+        return [batch.tolist() for batch in self.epoch_plan(epoch)]
+
+    def epoch_plan(self, epoch: int) -> EpochPlan:
+        """``epoch_batches`` as an ``EpochPlan``: the same batches, in the same order, as arrays."""
+        n = len(self._pairs)
+        index = np.int32 if n < 2**31 else np.int64
+        order = np.arange(n, dtype=index)
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
         if rng is not None:
-            order = rng.permutation(order)
+            rng.shuffle(order)  # the permutation of rng.permutation(n), whatever the index width
         # Stable sort by (source, target) length: ties keep the permuted (or index) order.
         order = order[np.argsort(self._sort_key[order], kind="stable")]
-        batches = self._cut(order)
+        bounds = cut_points(self._longest[order], max_tokens=self.max_tokens, max_sentences=self.max_sentences)
+        batch_order = np.arange(len(bounds) - 1)
         if rng is not None:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
-
-    def _cut(self, order: np.ndarray) -> list[list[int]]:
-        """Greedily fill batches along `order` while the padded cost stays within budget."""
-        longest = self._pairs.max(axis=1)
-        cap = self.max_sentences or len(order)
-        batches: list[list[int]] = []
-        current: list[int] = []
-        current_max = 0
-        for index in order.tolist():
-            new_max = max(current_max, int(longest[index]))
-            if current and (new_max * (len(current) + 1) > self.max_tokens or len(current) >= cap):
-                batches.append(current)
-                current, new_max = [], int(longest[index])
-            current.append(index)
-            current_max = new_max
-        if current:
-            batches.append(current)
-        return batches
-
+            batch_order = rng.permutation(len(batch_order))
+        return EpochPlan(order, bounds, batch_order)
 
 class LazyBatches(Sequence):
     """An epoch's batches, built from their example indices only when read (``batches[k]`` or a slice):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import logging
 import os
 import sys
@@ -84,13 +85,13 @@ def _is_blank(line: str) -> bool:
     return not line.strip()
 
 
-def _check_counts(src: list[str], tgt: list[str], src_path: Path, tgt_path: Path) -> None:
-    if len(src) == len(tgt):
+def _check_counts(n_src: int, n_tgt: int, src_path: Path, tgt_path: Path) -> None:
+    if n_src == n_tgt:
         return
-    shorter, longer = (src_path, tgt_path) if len(src) < len(tgt) else (tgt_path, src_path)
-    first_unpaired = min(len(src), len(tgt)) + 1
+    shorter, longer = (src_path, tgt_path) if n_src < n_tgt else (tgt_path, src_path)
+    first_unpaired = min(n_src, n_tgt) + 1
     raise DataError(
-        f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}; "
+        f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
         f"line {first_unpaired} of {longer} has no partner in {shorter}",
         path=str(src_path),
     )
@@ -113,7 +114,7 @@ def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = 
     for path, lines in ((src_path, src), (tgt_path, tgt)):
         if not lines:
             raise DataError("file is empty", path=str(path))
-    _check_counts(src, tgt, src_path, tgt_path)
+    _check_counts(len(src), len(tgt), src_path, tgt_path)
 
     pairs: list[tuple[str, str]] = []
     skipped = 0
@@ -131,6 +132,33 @@ def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = 
     if not pairs:
         raise DataError(f"no non-empty pairs (paired with {tgt_path})", path=str(src_path))
     return pairs
+
+
+def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = False,
+                  log: Callable[[str], None] | None = None) -> Iterator[tuple[str, str]]:
+    """``read_parallel``'s pairs one at a time, for corpora too large to hold: the same errors (a missing
+    or empty file, a blank line without ``skip_empty``, differing line counts), each found when reading
+    reaches it, so a count mismatch is reported at the end of the shorter file."""
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    src, tgt = open_text(src_path), open_text(tgt_path)
+    n = skipped = 0
+    for n, (s, t) in enumerate(itertools.zip_longest(src, tgt), start=1):
+        if s is None or t is None:  # one file ended: count the rest of the other for the message
+            rest = n + sum(1 for _ in (src if t is None else tgt))
+            _check_counts(rest if t is None else n - 1, n - 1 if t is None else rest, src_path, tgt_path)
+        if _is_blank(s) or _is_blank(t):
+            if not skip_empty:
+                raise DataError("empty line (set data.skip_empty: true to drop such pairs from training and validation)",
+                                path=str(src_path if _is_blank(s) else tgt_path), line=n)
+            skipped += 1
+            continue
+        yield s, t
+    if n == 0:
+        raise DataError("file is empty", path=str(src_path))
+    if skipped:
+        (log or logger.info)(f"skipped {skipped} of {n} pairs with an empty side in {src_path} / {tgt_path}")
+    if skipped == n:
+        raise DataError(f"no non-empty pairs (paired with {tgt_path})", path=str(src_path))
 
 
 def length_filter(

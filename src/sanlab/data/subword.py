@@ -75,13 +75,16 @@ class SubwordModel:
         model_type: ModelType = "unigram",
         character_coverage: float = 1.0,
         seed: int = 0,
+        sample: int | None = None,
     ) -> SubwordModel:
-        """Train a model on in-memory `texts` (one sentence each), write it and load it.
+        """Train a model on `texts` (one sentence each; any iterable, read once), write it and load it.
 
         Writes `<model_path>.model` and `<model_path>.vocab`. `vocab_size` is an upper bound:
         a tiny corpus yields fewer pieces instead of failing. Training is single-threaded and
         seeds SentencePiece's global generator with `seed`, so the same texts give the same
-        pieces and scores.
+        pieces and scores. With `sample` = n, SentencePiece trains on n sentences drawn at random
+        (reservoir sampling while it reads, so memory stays bounded) with every core: for corpora of
+        millions of sentences, where all of them in one thread would take hours.
         """
         if model_type not in ("unigram", "bpe"):
             raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
@@ -107,9 +110,9 @@ class SubwordModel:
                 eos_id=EOS_ID,
                 hard_vocab_limit=False,
                 # One thread and no input sampling make the result a function of the texts.
-                num_threads=1,
-                input_sentence_size=0,
-                shuffle_input_sentence=False,
+                num_threads=1 if sample is None else os.cpu_count() or 1,
+                input_sentence_size=sample or 0,
+                shuffle_input_sentence=sample is not None,
                 minloglevel=2,
             )
         except RuntimeError as exc:
@@ -182,6 +185,7 @@ def train_joint(
     model_type: ModelType = "unigram",
     character_coverage: float = 1.0,
     seed: int = 0,
+    sample: int | None = None,
 ) -> SubwordModel:
     """Train one model on source and target text together (a joint vocabulary)."""
     return SubwordModel.train(
@@ -191,6 +195,7 @@ def train_joint(
         model_type=model_type,
         character_coverage=character_coverage,
         seed=seed,
+        sample=sample,
     )
 
 

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import math
-
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from sanlab.config import DecodeConfig, TranslationConfig
-from sanlab.data.batching import LazyBatches, TokenBatchSampler, pad_batch
-from sanlab.data.parallel import length_filter, read_parallel
-from sanlab.data.subword import SubwordModel, SubwordPair, train_joint
+from sanlab.data.batching import EpochPlan, TokenBatchSampler, pad_batch
+from sanlab.data.parallel import read_parallel
+from sanlab.data.subword import SubwordPair
 from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
+from sanlab.tasks.translation_data import load_subwords
+from sanlab.tasks.translation_data import prepare as prepare_training_data
 from sanlab.training.logging import RunLogger
-
-SUBWORD_MODEL = "subword"  # <run>/subword.model (joint), or subword-src.model and subword-tgt.model
 
 
 @dataclass(frozen=True)
@@ -34,35 +35,28 @@ class Batch:
     tokens: int       # real target tokens (the loss is normalised by these)
 
 
-def subword_paths(run_dir: Path) -> dict[str, Path]:
-    run_dir = Path(run_dir)
-    return {"joint": run_dir / f"{SUBWORD_MODEL}.model", "src": run_dir / f"{SUBWORD_MODEL}-src.model",
-            "tgt": run_dir / f"{SUBWORD_MODEL}-tgt.model"}
+@dataclass(frozen=True)
+class PendingBatch:
+    """A training batch not read yet: its pairs and its target tokens (known from the lengths alone), so an
+    update is normalised by every process's tokens while each process reads only the batches it trains on."""
+    indices: np.ndarray
+    tokens: int
 
 
-def load_subwords(run_dir: Path, *, joint: bool) -> SubwordPair:
-    """The run's subword model(s): one joint model, or a source and a target one (``data.subword.joint``)."""
-    paths = subword_paths(run_dir)
-    if joint:
-        return SubwordPair(SubwordModel.load(paths["joint"]))
-    return SubwordPair(SubwordModel.load(paths["src"]), SubwordModel.load(paths["tgt"]))
+class PendingBatches(Sequence):
+    """An epoch's ``PendingBatch``es, made when indexed (``batches[k]``, slices)."""
 
+    def __init__(self, plan: EpochPlan, tgt_lengths: np.ndarray):
+        self.plan, self.tgt_lengths = plan, tgt_lengths
 
-def load_or_train_subword(config: TranslationConfig, run_dir: Path, pairs: list[tuple[str, str]],
-                          log: RunLogger) -> SubwordPair:
-    """The run's sentencepiece model(s): trained once on the training data, then reused on resume."""
-    sw, paths = config.data.subword, subword_paths(run_dir)
-    if paths["joint" if sw.joint else "src"].exists():
-        return load_subwords(run_dir, joint=sw.joint)
-    options = dict(vocab_size=sw.vocab_size, model_type=sw.model_type, character_coverage=sw.character_coverage)
-    if sw.joint:
-        log.info(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}")
-        return SubwordPair(train_joint((s for s, _ in pairs), (t for _, t in pairs), model_path=paths["joint"],
-                                       **options))
-    log.info(f"training source and target {sw.model_type} sentencepiece models, vocabulary {sw.vocab_size} each")
-    # The target model first: a crash between the two leaves no source model, so both are retrained.
-    tgt = SubwordModel.train((t for _, t in pairs), model_path=paths["tgt"], **options)
-    return SubwordPair(SubwordModel.train((s for s, _ in pairs), model_path=paths["src"], **options), tgt)
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        indices = self.plan[k]
+        return PendingBatch(indices, int(self.tgt_lengths[indices].sum(dtype=np.int64)) + len(indices))  # + EOS each
 
 
 def encode_pairs(spm: SubwordPair, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -89,19 +83,17 @@ class TranslationTask:
     def __init__(self, config: TranslationConfig, run_dir: Path, log: RunLogger):
         self.config, self.log = config, log
         d = config.data
-        raw = read_parallel(d.train.src, d.train.tgt, skip_empty=d.skip_empty, log=log.info)
-        self.spm = load_or_train_subword(config, run_dir, raw, log)
-        encoded = encode_pairs(self.spm, raw)
-        keep = length_filter(encoded, min_len=1, max_len=d.max_len, max_ratio=d.max_ratio)
-        self.train = [encoded[i] for i in keep]
-        if not self.train:
+        self.train = prepare_training_data(config, run_dir, log=log.info)
+        self.spm = self.train.spm
+        lengths = self.train.lengths
+        if not len(lengths):
             raise DataError(f"no training pair has 1 to data.max_len = {d.max_len} subword tokens on both sides"
                             + (f" within data.max_ratio = {d.max_ratio}" if d.max_ratio else ""), path=str(d.train.src))
         sizes = (f"{self.spm.src.vocab_size}" if self.spm.joint
                  else f"{self.spm.src.vocab_size} source, {self.spm.tgt.vocab_size} target")
-        log.info(f"training pairs: {len(self.train)} of {len(raw)} kept (max_len {d.max_len}); vocabulary {sizes}")
-        self.sampler = TokenBatchSampler([(len(s) + 1, len(t) + 1) for s, t in self.train],
-                                         max_tokens=config.train.max_tokens, shuffle=True, seed=config.train.seed)
+        log.info(f"training pairs: {len(lengths):,} (max_len {d.max_len}); vocabulary {sizes}")
+        self.sampler = TokenBatchSampler(lengths + np.ones(1, lengths.dtype), max_tokens=config.train.max_tokens,
+                                         shuffle=True, seed=config.train.seed)  # + EOS / BOS
         if self.sampler.oversized:
             log.info(f"WARNING: {len(self.sampler.oversized)} training pairs are longer than train.max_tokens = "
                      f"{config.train.max_tokens} alone and get a batch of their own, over the budget "
@@ -119,14 +111,20 @@ class TranslationTask:
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 
-    def epoch_batches(self, epoch: int) -> LazyBatches:
-        return LazyBatches(self.sampler.epoch_batches(epoch), lambda idx: collate(self.spm, [self.train[i] for i in idx]))
+    def epoch_batches(self, epoch: int) -> PendingBatches:
+        return PendingBatches(self.sampler.epoch_plan(epoch), self.train.lengths[:, 1])
 
-    def batch_tokens(self, batch: Batch) -> int:
+    def read(self, batch: PendingBatch) -> Batch:
+        """The batch's pairs, read from the encoded corpus."""
+        return collate(self.spm, [tuple(side.tolist() for side in self.train.pair(int(k))) for k in batch.indices])
+
+    def batch_tokens(self, batch: Batch | PendingBatch) -> int:
         return batch.tokens
 
-    def loss(self, batch: Batch, *, model: torch.nn.Module | None = None,
+    def loss(self, batch: Batch | PendingBatch, *, model: torch.nn.Module | None = None,
              label_smoothing: float | None = None) -> Tensor:
+        if isinstance(batch, PendingBatch):
+            batch = self.read(batch)
         logits = (self.model if model is None else model)(batch.src, batch.tgt_in)  # [b, i, V]
         ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=self.spm.pad_id,

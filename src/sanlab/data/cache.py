@@ -1,0 +1,70 @@
+"""Where prepared data lives, how an entry is named, and how it is built once and then reused.
+
+The cache is machine state, not part of an experiment: ``$SANLAB_CACHE_DIR``, else
+``$XDG_CACHE_HOME/sanlab`` (``~/.cache/sanlab``). It lies outside every run directory, so
+``--overwrite`` never deletes it, and runs, resumed runs, grid cells and DDP processes on one machine
+share it. An entry's name is a hash of everything its content depends on (``entry_key``); what a run
+needs that is not there is built into a temporary directory and renamed into place, under a lock, so
+concurrent runs build it once and a killed build leaves nothing that is read later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from sanlab.errors import DataError
+
+ENV = "SANLAB_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sanlab"
+
+
+def entry_key(what: dict) -> str:
+    """A short stable name for the JSON-serialisable description of an entry's inputs."""
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if needed); the kernel drops it when the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(final: Path, *, check: Callable[[Path], object], build: Callable[[Path], None],
+               log: Callable[[str], None]) -> object:
+    """``check(final)`` if it passes, else ``build`` a fresh temporary directory, rename it to ``final``
+    and return ``check(final)``. ``check`` raises DataError for an entry it does not trust (a corrupt
+    or incomplete one is moved aside and rebuilt, saying so)."""
+    with locked(final.with_name(final.name + ".lock")):
+        if final.exists():
+            try:
+                return check(final)
+            except DataError as problem:
+                log(f"cached data not usable, rebuilding it: {problem}")
+                shutil.rmtree(final)
+        for stale in final.parent.glob(f".{final.name}.*.tmp"):  # a killed build's; nobody else holds the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            build(tmp)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return check(final)

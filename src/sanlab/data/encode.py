@@ -1,0 +1,80 @@
+"""Encoding a parallel corpus with sentencepiece in worker processes, into a ``DatasetWriter``.
+
+The main process reads the two files (``iter_parallel``) and hands out chunks of pairs; each worker
+loads the subword model(s) once and returns the chunk's ids as numpy arrays. Chunks come back in
+order, so the dataset's pair k is the k-th kept pair of the files, as in the in-memory path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import sentencepiece as spm
+
+from sanlab.data.binarized import DatasetWriter
+
+CHUNK_PAIRS = 20_000
+_worker: dict = {}
+
+
+@dataclass(frozen=True)
+class LengthFilter:
+    """The training filter of ``parallel.length_filter``: 1 to ``max_len`` ids a side, within ``max_ratio``."""
+    max_len: int
+    max_ratio: float | None = None
+
+    def keep(self, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+        short, long_ = np.minimum(src_len, tgt_len), np.maximum(src_len, tgt_len)
+        ok = (short >= 1) & (long_ <= self.max_len)
+        if self.max_ratio is not None:
+            ok &= long_ <= self.max_ratio * short
+        return ok
+
+
+def _load(src_model: str, tgt_model: str) -> None:
+    _worker["src"] = spm.SentencePieceProcessor(model_file=src_model)
+    _worker["tgt"] = _worker["src"] if tgt_model == src_model else spm.SentencePieceProcessor(model_file=tgt_model)
+
+
+Encoded = tuple[np.ndarray, np.ndarray]  # (flat ids, ids per sentence) of one side of a chunk
+
+
+def _flat(rows: list[list[int]]) -> Encoded:
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    return np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum())), lengths
+
+
+def _encode(chunk: list[tuple[str, str]]) -> tuple[Encoded, Encoded]:
+    return _flat(_worker["src"].encode([s for s, _ in chunk])), _flat(_worker["tgt"].encode([t for _, t in chunk]))
+
+
+def _chunks(pairs: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    it = iter(pairs)
+    while chunk := list(itertools.islice(it, CHUNK_PAIRS)):
+        yield chunk
+
+
+def encode_into(writer: DatasetWriter, pairs: Iterable[tuple[str, str]], *, src_model: str, tgt_model: str,
+                keep: LengthFilter, workers: int) -> tuple[int, int]:
+    """Encode ``pairs`` and append those ``keep`` accepts to ``writer``; (pairs read, pairs kept).
+    ``workers`` = 1 encodes in this process (no pool to start)."""
+    if workers <= 1:
+        _load(src_model, tgt_model)
+        results = map(_encode, _chunks(pairs))
+        return _drain(writer, results, keep)
+    # spawn, not fork: the parent may hold threads (torch's), which a forked child would inherit locked
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_load, initargs=(src_model, tgt_model)) as pool:
+        return _drain(writer, pool.imap(_encode, _chunks(pairs)), keep)
+
+
+def _drain(writer: DatasetWriter, results: Iterable[tuple[Encoded, Encoded]], keep: LengthFilter) -> tuple[int, int]:
+    read = kept = 0
+    for (src, src_len), (tgt, tgt_len) in results:
+        ok = keep.keep(src_len, tgt_len)
+        writer.add(src[np.repeat(ok, src_len)], src_len[ok], tgt[np.repeat(ok, tgt_len)], tgt_len[ok])
+        read, kept = read + len(ok), kept + int(ok.sum())
+    return read, kept

@@ -1,0 +1,219 @@
+"""Translation training data, prepared once: the subword model(s) and the binarized corpus, in the cache.
+
+``prepare`` (``sanlab prepare CONFIG``, and the start of every ``sanlab train``) makes two cache entries
+(``data.cache``: where, locking, atomic builds):
+
+* ``subword-<key>/``: the sentencepiece model(s), keyed by the training files' fingerprints, the
+  ``data.subword`` settings and ``data.skip_empty`` (which decides the texts it learns from). A run
+  copies them into its directory, as before; a run that has its own already (a resumed run) keeps them.
+* ``corpus-<key>/``: the training pairs encoded with those models and filtered (``data.max_len``,
+  ``data.max_ratio``, ``data.skip_empty``), a ``BinarizedCorpus``, keyed by the files' fingerprints,
+  the subword models' sha256 (runs with other subwords never share ids) and the filters.
+
+A key also names ``PREPARE_VERSION``: bump it when what an entry holds changes meaning.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sanlab.config import ParallelFiles, TranslationConfig
+from sanlab.data import binarized
+from sanlab.data.binarized import BinarizedCorpus, DatasetWriter, open_dataset, token_dtype
+from sanlab.data.cache import build_once, cache_root, entry_key
+from sanlab.data.encode import LengthFilter, encode_into
+from sanlab.data.fingerprint import fingerprint
+from sanlab.data.parallel import iter_parallel
+from sanlab.data.subword import SubwordModel, SubwordPair
+from sanlab.errors import DataError
+
+PREPARE_VERSION = 1
+SUBWORD_MODEL = "subword"  # <run>/subword.model (joint), or subword-src.model and subword-tgt.model
+PARALLEL_ABOVE = 200_000   # pairs; below, one process encodes faster than a pool starts
+
+
+def subword_paths(run_dir: Path) -> dict[str, Path]:
+    run_dir = Path(run_dir)
+    return {"joint": run_dir / f"{SUBWORD_MODEL}.model", "src": run_dir / f"{SUBWORD_MODEL}-src.model",
+            "tgt": run_dir / f"{SUBWORD_MODEL}-tgt.model"}
+
+
+def load_subwords(run_dir: Path, *, joint: bool) -> SubwordPair:
+    """The run's subword model(s): one joint model, or a source and a target one (``data.subword.joint``)."""
+    paths = subword_paths(run_dir)
+    if joint:
+        return SubwordPair(SubwordModel.load(paths["joint"]))
+    return SubwordPair(SubwordModel.load(paths["src"]), SubwordModel.load(paths["tgt"]))
+
+
+def training_corpora(config: TranslationConfig) -> list[ParallelFiles]:
+    return [config.data.train]
+
+
+def count_lines(path: str | os.PathLike[str]) -> int:
+    """Lines of a plain or gzip file, counted in bytes (no decoding); 0 for a file that is not there."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    n, last = 0, b"\n"
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        while block := f.read(1 << 22):
+            n, last = n + block.count(b"\n"), block[-1:]
+    return n + (last != b"\n")
+
+
+# ----------------------------------------------------------------------------- subword model(s)
+def _texts(corpora: list[ParallelFiles], side: int, skip_empty: bool, problems: list[DataError]) -> Iterator[str]:
+    """One side's texts. A DataError (a blank line, differing line counts) ends the texts and is kept in
+    ``problems``, to raise once sentencepiece is done: raised inside its reader, it would not come out as is."""
+    try:
+        for c in corpora:
+            yield from (pair[side] for pair in iter_parallel(c.src, c.tgt, skip_empty=skip_empty, log=lambda _: None))
+    except DataError as problem:
+        problems.append(problem)
+
+
+def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], None]) -> None:
+    d, sw = config.data, config.data.subword
+    corpora = training_corpora(config)
+    sentences = sum(count_lines(c.src) for c in corpora) * (2 if sw.joint else 1)
+    sample = sw.sample_sentences if sentences > sw.sample_sentences else None
+    options = dict(vocab_size=sw.vocab_size, model_type=sw.model_type, character_coverage=sw.character_coverage,
+                   sample=sample)
+    how = f"on a sample of {sample:,} of {sentences:,} sentences" if sample else f"on {sentences:,} sentences"
+    problems: list[DataError] = []
+    if sw.joint:
+        log(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}, {how}")
+        texts = (t for side in (0, 1) for t in _texts(corpora, side, d.skip_empty, problems))
+        jobs = [(texts, SUBWORD_MODEL)]
+    else:
+        log(f"training source and target {sw.model_type} sentencepiece models, vocabulary {sw.vocab_size} each, "
+            f"{how}")
+        jobs = [(_texts(corpora, side, d.skip_empty, problems), f"{SUBWORD_MODEL}-{name}")
+                for side, name in ((1, "tgt"), (0, "src"))]
+    for texts, name in jobs:
+        try:
+            SubwordModel.train(texts, model_path=out / name, **options)
+        finally:
+            if problems:
+                raise problems[0]
+
+
+def _copy_atomic(source: Path, target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str], None]) -> SubwordPair:
+    """The run's subword model(s): its own if it has them (a resumed run), else the cache's (trained
+    there once), copied into ``run_dir`` (``.vocab`` first, ``.model`` last: the model marks them done)."""
+    joint = config.data.subword.joint
+    names = [SUBWORD_MODEL] if joint else [f"{SUBWORD_MODEL}-src", f"{SUBWORD_MODEL}-tgt"]
+    if run_dir is not None and all((Path(run_dir) / f"{n}.model").exists() for n in names):
+        return load_subwords(run_dir, joint=joint)
+    d = config.data
+    key = entry_key({"v": PREPARE_VERSION, "files": [[fingerprint(c.src), fingerprint(c.tgt)]
+                                                     for c in training_corpora(config)],
+                     "subword": d.subword.model_dump(), "skip_empty": d.skip_empty})
+    entry = cache_root() / f"subword-{key}"
+    build_once(entry, check=lambda e: load_subwords(e, joint=joint), build=lambda tmp: _train_subwords(config, tmp, log),
+               log=log)
+    if run_dir is None:
+        return load_subwords(entry, joint=joint)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    for name in names:
+        for suffix in (".vocab", ".model"):
+            _copy_atomic(entry / f"{name}{suffix}", Path(run_dir) / f"{name}{suffix}")
+    return load_subwords(run_dir, joint=joint)
+
+
+# ----------------------------------------------------------------------------- encoded corpora
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def corpus_key(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair) -> str:
+    d = config.data
+    return entry_key({"v": PREPARE_VERSION, "format": binarized.FORMAT_VERSION,
+                      "files": [fingerprint(corpus.src), fingerprint(corpus.tgt)],
+                      "subword": [_sha256(spm.src.path), _sha256(spm.tgt.path)],
+                      "max_len": d.max_len, "max_ratio": d.max_ratio, "skip_empty": d.skip_empty})
+
+
+def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair, *, key: str, out: Path,
+                   workers: int | None, log: Callable[[str], None]) -> None:
+    d, start = config.data, time.monotonic()
+    if workers is None:
+        workers = (os.cpu_count() or 1) if count_lines(corpus.src) > PARALLEL_ABOVE else 1
+    writer = DatasetWriter(out, dtype=token_dtype(max(spm.src.vocab_size, spm.tgt.vocab_size)))
+    try:
+        read, kept = encode_into(writer, iter_parallel(corpus.src, corpus.tgt, skip_empty=d.skip_empty, log=log),
+                                 src_model=str(spm.src.path), tgt_model=str(spm.tgt.path),
+                                 keep=LengthFilter(max_len=d.max_len, max_ratio=d.max_ratio), workers=workers)
+        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read})
+    except BaseException:
+        writer.abort()
+        raise
+    log(f"encoded {corpus.src} / {corpus.tgt}: {kept:,} of {read:,} pairs kept (data.max_len {d.max_len}"
+        + (f", max_ratio {d.max_ratio}" if d.max_ratio else "") + f"), {workers} process(es), "
+        f"{time.monotonic() - start:.1f} s")
+
+
+def encoded_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair, *,
+                   log: Callable[[str], None], workers: int | None = None) -> BinarizedCorpus:
+    """The corpus encoded with ``spm``, from the cache (built there if missing or not trusted)."""
+    key = corpus_key(config, corpus, spm)
+    entry = cache_root() / f"corpus-{key}"
+    return build_once(entry, check=lambda e: open_dataset(e, key=key),
+                      build=lambda tmp: _encode_corpus(config, corpus, spm, key=key, out=tmp, workers=workers, log=log),
+                      log=log)
+
+
+@dataclass
+class TrainingData:
+    """What training reads: the subword model(s) and the encoded corpora, with their lengths."""
+    spm: SubwordPair
+    corpora: list[BinarizedCorpus]
+
+    def __post_init__(self):
+        # (N, 2) ids per pair over all corpora, in order (pair k of corpus c follows corpus c - 1)
+        self.lengths = (self.corpora[0].lengths if len(self.corpora) == 1
+                        else np.concatenate([c.lengths for c in self.corpora]))
+
+    def pair(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        for corpus in self.corpora:
+            if k < len(corpus):
+                return corpus.pair(k)
+            k -= len(corpus)
+        raise IndexError(k)
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.corpora)
+
+
+def prepare(config: TranslationConfig, run_dir: Path | None, *, log: Callable[[str], None],
+            workers: int | None = None) -> TrainingData:
+    """Subword model(s) and encoded training corpora, from the cache or built into it."""
+    spm = subwords(config, run_dir, log)
+    return TrainingData(spm, [encoded_corpus(config, c, spm, log=log, workers=workers)
+                              for c in training_corpora(config)])
+
+
+def summary(data: TrainingData) -> str:
+    """What ``sanlab prepare`` prints: the subword model(s) and each encoded corpus, with its size on disk."""
+    lines = [f"subword model(s): {', '.join(sorted({str(data.spm.src.path), str(data.spm.tgt.path)}))}"]
+    for corpus in data.corpora:
+        size = sum(f["bytes"] for f in corpus.manifest["files"].values())
+        lines.append(f"{corpus.manifest['src']} / {corpus.manifest['tgt']}: {len(corpus):,} pairs "
+                     f"({corpus.manifest['read']:,} read), {size / 2**20:.1f} MiB in {corpus.dir}")
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""The prepared-data cache: exact round trip, fingerprints, corrupt and killed builds, reuse."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sanlab.data import encode
+from sanlab.data.binarized import MANIFEST, CacheError, open_dataset
+from sanlab.data.cache import cache_root
+from sanlab.data.parallel import iter_parallel, read_parallel
+from sanlab.errors import DataError
+from sanlab.tasks.translation_data import corpus_key, prepare
+from training_fixtures import make_reverse_config
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SANLAB_CACHE_DIR", str(root))
+    return root
+
+
+def _entries(root, kind):
+    return sorted(p for p in root.glob(f"{kind}-*") if p.is_dir())
+
+
+def test_round_trip_is_exact(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    messages = []
+    data = prepare(config, tmp_path / "run", log=messages.append)
+    pairs = read_parallel(config.data.train.src, config.data.train.tgt)
+    assert len(data) == len(pairs)
+    for k, (s, t) in enumerate(pairs):
+        src, tgt = data.pair(k)
+        assert src.tolist() == data.spm.src.encode(s) and tgt.tolist() == data.spm.tgt.encode(t)
+    assert data.lengths.tolist() == [[len(data.spm.src.encode(s)), len(data.spm.tgt.encode(t))] for s, t in pairs]
+    assert (tmp_path / "run" / "subword.model").read_bytes() == (_entries(cache, "subword")[0] / "subword.model").read_bytes()
+
+
+def test_filters_match_the_in_memory_path(tmp_path, cache):
+    config = make_reverse_config(tmp_path).model_copy(deep=True)
+    config.data.max_len, config.data.max_ratio = 4, 1.5
+    data = prepare(config, tmp_path / "run", log=print)
+    pairs = read_parallel(config.data.train.src, config.data.train.tgt)
+    encoded = [(data.spm.src.encode(s), data.spm.tgt.encode(t)) for s, t in pairs]
+    kept = [e for e in encoded if 1 <= min(map(len, e)) and max(map(len, e)) <= 4
+            and max(map(len, e)) <= 1.5 * min(map(len, e))]
+    assert 0 < len(data) == len(kept) < len(pairs)
+    assert [tuple(x.tolist() for x in data.pair(k)) for k in range(len(data))] == kept
+
+
+def test_second_prepare_reuses_the_cache(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "a", log=print)
+    manifest = next(iter(_entries(cache, "corpus"))) / MANIFEST
+    before = manifest.stat().st_mtime_ns
+    messages = []
+    prepare(config, tmp_path / "b", log=messages.append)  # another run, same data and subword settings
+    assert messages == [] and manifest.stat().st_mtime_ns == before
+    assert len(_entries(cache, "corpus")) == 1 and len(_entries(cache, "subword")) == 1
+
+
+def test_fingerprint_changes_with_the_file_and_only_then(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    spm = prepare(config, tmp_path / "run", log=print).spm
+    key = corpus_key(config, config.data.train, spm)
+    assert corpus_key(config, config.data.train, spm) == key
+    path = config.data.train.tgt
+    text = open(path).read()
+    open(path, "w").write(text.replace("a", "b", 1))  # same size, other bytes
+    assert corpus_key(config, config.data.train, spm) != key
+    open(path, "w").write(text)
+    os.utime(path, (1e9, 1e9))  # same bytes again, another modification time: a new entry, to be safe
+    assert corpus_key(config, config.data.train, spm) != key
+
+
+def test_other_subwords_never_share_encoded_ids(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "a", log=print)
+    other = config.model_copy(deep=True)
+    other.data.subword.vocab_size = 30
+    prepare(other, tmp_path / "b", log=print)
+    assert len(_entries(cache, "subword")) == 2 and len(_entries(cache, "corpus")) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no-manifest"])
+def test_damaged_cache_is_detected_and_rebuilt(tmp_path, cache, damage):
+    config = make_reverse_config(tmp_path)
+    data = prepare(config, tmp_path / "run", log=print)
+    expected = [tuple(x.tolist() for x in data.pair(k)) for k in range(len(data))]
+    entry = _entries(cache, "corpus")[0]
+    tokens = entry / "src.tokens.npy"
+    if damage == "truncate":
+        tokens.write_bytes(tokens.read_bytes()[:-6])
+    elif damage == "flip":
+        raw = bytearray(tokens.read_bytes())
+        raw[-1] ^= 0xFF
+        tokens.write_bytes(bytes(raw))
+    else:
+        (entry / MANIFEST).unlink()
+    with pytest.raises(CacheError):
+        open_dataset(entry, key=corpus_key(config, config.data.train, data.spm))
+    messages = []
+    again = prepare(config, tmp_path / "run", log=messages.append)
+    assert any("rebuilding" in m for m in messages), messages
+    assert [tuple(x.tolist() for x in again.pair(k)) for k in range(len(again))] == expected
+
+
+def test_killed_prepare_leaves_nothing_trusted(tmp_path, cache):
+    """A prepare killed while encoding leaves only a temporary directory; the next one builds the entry."""
+    config = make_reverse_config(tmp_path)
+    script = (
+        "import sys, time\n"
+        "from training_fixtures import make_reverse_config\n"
+        "import sanlab.data.binarized as b\n"
+        "from sanlab.tasks.translation_data import prepare\n"
+        "finish = b.DatasetWriter.finish\n"
+        "def slow(self, **kw):\n"
+        "    print('encoding', flush=True); time.sleep(60)\n"
+        "b.DatasetWriter.finish = slow\n"
+        f"prepare(make_reverse_config(__import__('pathlib').Path({str(tmp_path)!r})), None, log=print)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(os.path.dirname(os.path.dirname(__file__))),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    while "encoding" not in proc.stdout.readline():
+        assert proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _entries(cache, "corpus") == []            # nothing under a name a run would open
+    assert list(cache.glob(".corpus-*.tmp"))          # only the killed build's temporary directory
+    data = prepare(config, tmp_path / "run", log=print)
+    assert len(data) == 200 and not list(cache.glob(".corpus-*.tmp"))
+
+
+def test_streaming_reader_reports_what_read_parallel_reports(tmp_path):
+    (tmp_path / "a").write_text("x\ny\nz\n")
+    (tmp_path / "b").write_text("x\ny\n")
+    with pytest.raises(DataError, match="line counts differ: .*a has 3 lines, .*b has 2; line 3 of .*a has no partner"):
+        list(iter_parallel(tmp_path / "a", tmp_path / "b"))
+    (tmp_path / "b").write_text("x\n \nz\n")
+    with pytest.raises(DataError, match=r"b:2: empty line"):
+        list(iter_parallel(tmp_path / "a", tmp_path / "b"))
+    assert list(iter_parallel(tmp_path / "a", tmp_path / "b", skip_empty=True)) == [("x", "x"), ("z", "z")]
+
+
+def test_blank_line_is_reported_before_any_cache_entry(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    lines = open(config.data.train.src).read().splitlines()
+    lines[7] = ""
+    open(config.data.train.src, "w").write("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"train.src:8: empty line"):
+        prepare(config, None, log=print)
+    assert _entries(cache, "subword") == [] and _entries(cache, "corpus") == []
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SANLAB_CACHE_DIR", str(tmp_path / "x"))
+    assert cache_root() == tmp_path / "x"
+    monkeypatch.delenv("SANLAB_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "sanlab"
+
+
+def test_parallel_workers_write_the_same_dataset(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    one = prepare(config, tmp_path / "run", log=print, workers=1)
+    first = _entries(cache, "corpus")[0]
+    one_bytes = {p.name: p.read_bytes() for p in first.glob("*.npy")}
+    shutil.rmtree(first)
+    old = encode.CHUNK_PAIRS
+    encode.CHUNK_PAIRS = 37  # several chunks, returned in order by two processes
+    try:
+        prepare(config, tmp_path / "run", log=print, workers=2)
+    finally:
+        encode.CHUNK_PAIRS = old
+    assert {p.name: p.read_bytes() for p in _entries(cache, "corpus")[0].glob("*.npy")} == one_bytes
+    assert len(one) == 200 and np.array_equal(one.lengths, np.load(first / "lengths.npy"))
+
+
+def test_prepare_command_then_train_reuses_its_cache(tmp_path, cache, capsys):
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+    config = make_reverse_config(tmp_path, max_steps=1, valid_every=1)
+    (tmp_path / "c.yaml").write_text(dump_config(config))
+    assert main(["prepare", str(tmp_path / "c.yaml")]) == 0
+    assert "200 pairs (200 read)" in capsys.readouterr().out
+    entries = _entries(cache, "corpus") + _entries(cache, "subword")
+    assert main(["train", str(tmp_path / "c.yaml"), "--run", str(tmp_path / "run"), "--quiet"]) == 0
+    assert _entries(cache, "corpus") + _entries(cache, "subword") == entries  # nothing built again
+    assert "encoded" not in (tmp_path / "run" / "train.log").read_text()
