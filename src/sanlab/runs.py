@@ -366,6 +366,8 @@ def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool,
     trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
     if resuming:
         trainer.resume()
+    elif dist.is_main:  # a session killed before its first checkpoint logged updates that this one repeats
+        log.truncate_after(0)
     if dist.is_main:
         record_session(run_dir, config, step=trainer.progress.step)
     try:

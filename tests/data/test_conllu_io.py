@@ -115,6 +115,19 @@ def test_sentence_without_words(tmp_path):
         read_conllu(path)
 
 
+@pytest.mark.parametrize("old, new, problem", [
+    ("2-3\tdon't", "4-6\tdon't", r"x\.conllu:4: multiword token 4-6 must come right before word 4"),  # not before 4
+    ("2-3\tdon't", "2-2\tdon't", r"x\.conllu:4: multiword token 2-2 must come right before word 2 and span"),
+    ("4\tknow", "4-6\tknow.\t_\t_\t_\t_\t_\t_\t_\t_\n4\tknow", r"x\.conllu:7: multiword token ends at word 6, "
+                                                                 r"beyond the sentence's last word 5"),
+])
+def test_a_multiword_range_out_of_place_or_beyond_the_sentence_is_named(tmp_path, old, new, problem):
+    path = tmp_path / "x.conllu"
+    path.write_text(GOOD.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(DataError, match=problem):
+        read_conllu(path)
+
+
 def test_empty_file_and_bad_column(tmp_path):
     path = tmp_path / "empty.conllu"
     path.write_text("\n\n", encoding="utf-8")
