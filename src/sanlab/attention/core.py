@@ -81,6 +81,10 @@ class Attention(nn.Module):
         """True if cached keys/values (and what the parts keep) are enough for step-by-step decoding."""
         return not self.recompute_prefix and all(p.incremental for p in self.parts)
 
+    def parts_in(self, stage: str) -> tuple[AttentionPart, ...]:
+        """The parts called at ``stage`` (one of ``parts_base.STAGES``), in pipeline order."""
+        return getattr(self.stage_parts, stage)
+
     def check_causal(self) -> None:
         """Raise if a part would let future tokens leak in under a causal mask."""
         for part in self.parts:

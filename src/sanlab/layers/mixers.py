@@ -8,7 +8,7 @@ mixer contract of ``layers.transformer``. A researcher's own mixer registers thr
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, SerializeAsAny
 
@@ -17,7 +17,20 @@ from sanlab.registry import ComponentConfig, Registry
 
 class MixerConfig(ComponentConfig):
     """Base of every mixer config. ``layers``: the layer indices that get this mixer (None = every
-    layer); the other layers of the stack keep plain attention with the stack's parts."""
+    layer); the other layers of the stack keep plain attention with the stack's parts.
+
+    ``layer_kind`` is the kind of layer the builder puts the mixer in (``layers.transformer``): "sequential"
+    (the mixer is one residual sublayer, the FFN and the cross-attention are others) or "parallel" (the
+    mixer's builder also receives the layer's ``ffn``, the ``dropout`` of each branch and, where
+    ``cross_branch``, the decoder's ``cross_attention``, and returns one block that holds them).
+    """
+
+    layer_kind: ClassVar[Literal["sequential", "parallel"]] = "sequential"
+
+    @property
+    def cross_branch(self) -> bool:
+        """In a parallel decoder layer: the cross-attention is a branch of the block (else a sublayer after it)."""
+        return False
 
 
 class AttentionMixerConfig(MixerConfig):

@@ -40,26 +40,30 @@ class MultiScaleState:
 
 
 class MultiScaleAttention(nn.Module):
-    """Attention and dynamic-convolution cells on the attention's value projection, gated, with one
-    fused output projection: Y_ac = [Z ; sum_i g_i DynConv_{k_i}(V)] W^O + b^O.
+    """Attention and dynamic-convolution cells on one value projection, gated, with one fused output
+    projection: Y_ac = [Z ; sum_i g_i DynConv_{k_i}(V)] W^O + b^O.
 
-    ``attention`` must be built without an output projection; the cells read its ``v_proj`` (the
-    same module, so W^V and b^V are shared). ``mask_padding`` zeroes V at padded positions before
-    the convolutions (the released runs did not; see ``MuseConfig.conv_mask_padding``).
+    ``values`` is the value projection W^V, b^V, the module the ``attention`` was built with as its
+    ``v_proj`` (``build_muse`` passes the same instance to both); it is registered under the attention, so
+    its parameters are listed once, as ``attention.v_proj``. ``attention`` must be built without an output
+    projection. ``mask_padding`` zeroes V at padded positions before the convolutions (the released runs
+    did not; see ``MuseConfig.conv_mask_padding``).
     """
 
-    def __init__(self, *, attention: Attention, cells: list[DynamicConv], mask_padding: bool = True):
+    def __init__(self, *, attention: Attention, values: nn.Module, cells: list[DynamicConv],
+                 mask_padding: bool = True):
         super().__init__()
         if not isinstance(attention.out_proj, nn.Identity):
             raise ValueError("MultiScaleAttention fuses the output projection; build its attention with out_proj=False")
         if not cells:
             raise ValueError("MultiScaleAttention needs at least one convolution cell (without cells use MUSE_FF)")
-        if attention.stage_parts.project:  # e.g. temperature's gamma_v would scale the attention's V only
-            names = ", ".join(type(part).__name__ for part in attention.stage_parts.project)
+        if attention.parts_in("project"):  # e.g. temperature's gamma_v would scale the attention's V only
+            names = ", ".join(type(part).__name__ for part in attention.parts_in("project"))
             raise ValueError(f"MUSE's convolutions read the shared value projection directly, so attention parts "
                              f"that rescale the projections ({names}) would reach only the attention branch; "
                              "use them with MUSE_FF or plain attention")
         self.attention, self.cells, self.mask_padding = attention, nn.ModuleList(cells), mask_padding
+        self.__dict__["values"] = values  # not a submodule of this one: its state_dict keys stay attention.v_proj.*
         self.gate = nn.Parameter(torch.full((len(cells),), 1.0 / len(cells)))  # alpha, Eq. 7
         self.out_proj = nn.Linear(2 * attention.dim, attention.dim)  # W^O over [Z ; D]
 
@@ -70,7 +74,7 @@ class MultiScaleAttention(nn.Module):
     def convolve(self, x: Tensor, *, positions: Positions, states: tuple[ConvState, ...] = (),
                  use_cache: bool = False) -> tuple[Tensor, tuple]:
         """D = sum_i g_i DynConv_{k_i}(V) [b, i, h*d] and the cells' new states."""
-        v = self.attention.v_proj(x)  # [b, i, h*d]
+        v = self.values(x)  # [b, i, h*d]
         if self.mask_padding and positions.query_valid is not None:
             v = v * positions.query_valid[..., None].to(v.dtype)
         gate = self.gate_weights()
@@ -107,13 +111,13 @@ class ParallelBlock(nn.Module):
 
         mixer(Dropout_in(x)) [+ CrossAttn(x, memory)] [+ FFN(x)]
 
-    The layer adds the one residual and LayerNorm (it sees ``drops_branches`` and adds no dropout
-    itself). With a cross-attention branch the block ``wants_memory``. ``reference_only`` is a
-    module the reference code builds but never calls, kept only so parameter counts match its
-    logs (it receives no gradient).
+    It fills the mixer slot of a parallel layer (``layers.transformer``), which adds the one residual and
+    LayerNorm and no dropout of its own, since the block ``drops_branches``; with a cross-attention branch
+    the layer passes it ``memory=`` and ``cross_positions=``. ``reference_only`` is a module the reference
+    code builds but never calls, kept only so parameter counts match its logs (it receives no gradient).
     """
 
-    drops_branches = True
+    drops_branches = True  # what a parallel layer relies on: each branch output has its own dropout
 
     def __init__(self, *, mixer: nn.Module, ffn: nn.Module | None = None, cross_attention: nn.Module | None = None,
                  dropout: float = 0.0, input_dropout: float = 0.0, reference_only: nn.Module | None = None):
@@ -121,10 +125,6 @@ class ParallelBlock(nn.Module):
         self.mixer, self.ffn, self.cross_attention = mixer, ffn, cross_attention
         self.dropout, self.input_dropout = nn.Dropout(dropout), nn.Dropout(input_dropout)
         self.reference_only = reference_only
-
-    @property
-    def wants_memory(self) -> bool:
-        return self.cross_attention is not None
 
     def forward(self, x: Tensor, *, positions: Positions, memory: Tensor | None = None,
                 cross_positions: Positions | None = None, cache: ParallelState | None = None,
@@ -190,9 +190,10 @@ def build_muse_ff(config: MuseFFConfig, ctx: BuildContext, *, attention: Attenti
 
 def build_muse(config: MuseConfig, ctx: BuildContext, *, attention: AttentionConfig, ffn: nn.Module | None = None,
                dropout: float = 0.0, cross_attention: nn.Module | None = None) -> ParallelBlock:
-    attn = build_attention(attention.model_copy(update={"out_proj": False}), ctx)
+    values = nn.Linear(ctx.dim, ctx.dim, bias=attention.bias)  # W^V, shared by the attention and the cells
+    attn = build_attention(attention.model_copy(update={"out_proj": False}), ctx, v_proj=values)
     cells = [DynamicConv(kernels=PredictedKernels(dim=ctx.dim, heads=attention.heads, kernel_size=k),
                          causal=ctx.causal, weight_dropout=config.weight_dropout, algorithm=config.algorithm)
              for k in config.kernel_sizes]
-    mixer = MultiScaleAttention(attention=attn, cells=cells, mask_padding=config.conv_mask_padding)
+    mixer = MultiScaleAttention(attention=attn, values=values, cells=cells, mask_padding=config.conv_mask_padding)
     return _parallel(config, ctx, mixer, ffn=ffn, dropout=dropout, cross_attention=cross_attention)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -24,10 +24,10 @@ class MuseFFConfig(MixerConfig):
     decoder_cross: Literal["parallel", "sequential"] = "parallel"
     init: Literal["reference", "pytorch"] = "reference"
     unused_cross_norm: bool = False   # build the code's never-used decoder LayerNorm (parameter parity with its logs)
-    holds_ffn: ClassVar[bool] = True  # builders hand the FFN, the dropout and (holds_cross) the cross-attention in
+    layer_kind = "parallel"
 
     @property
-    def holds_cross(self) -> bool:
+    def cross_branch(self) -> bool:
         return self.decoder_cross == "parallel"
 
 

@@ -4,13 +4,15 @@ A mixer is any module called as ``mixer(x, positions=..., cache=..., use_cache=.
 returning an ``AttentionOutput`` (output, cache, trace): ``Attention``, a convolution mixer,
 or a parallel mix of branches. Layers never know which.
 
-Optional mixer attributes (absent = False), declared by the mixer itself:
+A layer is one of two kinds, chosen by the builder (``models/builders.py``) from the mixer's config
+(``MixerConfig.layer_kind``):
 
-    drops_branches  the mixer applies dropout to each of its branch outputs (MUSE's parallel
-                    block), so the layer adds no dropout on that residual
-    wants_memory    a decoder self-mixer that also attends to the source: the layer passes it
-                    ``memory=`` and ``cross_positions=`` (MUSE's parallel cross-attention branch);
-                    such a layer is built with ``cross_attention=None``
+    sequential  [pre-blocks] -> mixer -> [cross-attention] -> [FFN], each a residual sublayer with dropout
+    parallel    the mixer is a parallel block (MUSE's ``ParallelBlock``) that holds the FFN and drops out each
+                of its branches itself: one residual without dropout around it. A parallel decoder layer
+                built without ``cross_attention`` has the cross-attention as a branch of the block, which is
+                then called with ``memory=`` and ``cross_positions=``; with one, the cross-attention
+                follows as a sequential sublayer (the MUSE text's order)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sanlab.layers.mixers import AttentionMixerConfig
 from sanlab.registry import BuildContext
 
 NORM_STYLES = ("pre", "post", "none")
+LAYER_KINDS = ("sequential", "parallel")
 
 
 class FeedForward(nn.Module):
@@ -71,19 +74,25 @@ def build_attention_mixer(config: AttentionMixerConfig, ctx: BuildContext, *, at
     return build_attention(attention, ctx)
 
 
-def _mixer_dropout(mixer: nn.Module, dropout: float) -> float:
-    return 0.0 if getattr(mixer, "drops_branches", False) else dropout
+def _mixer_dropout(kind: str, ffn: nn.Module | None, dropout: float) -> float:
+    """The dropout on the mixer's residual: none in a parallel layer, whose block drops its branches."""
+    if kind not in LAYER_KINDS:
+        raise ValueError(f"unknown layer kind {kind!r}; choose one of {LAYER_KINDS}")
+    if kind == "parallel" and ffn is not None:
+        raise ValueError("a parallel layer's FFN is a branch of its mixer; build the layer with ffn=None")
+    return 0.0 if kind == "parallel" else dropout
 
 
 class EncoderLayer(nn.Module):
-    """[pre-blocks] -> mixer -> [FFN], each a residual sublayer."""
+    """[pre-blocks] -> mixer -> [FFN], each a residual sublayer (``kind`` "sequential"), or [pre-blocks] ->
+    one residual around a parallel block (``kind`` "parallel")."""
 
     def __init__(self, *, mixer: nn.Module, ffn: nn.Module | None, dim: int, norm: str = "pre",
-                 dropout: float = 0.0, pre_blocks: list[nn.Module] | None = None):
+                 dropout: float = 0.0, pre_blocks: list[nn.Module] | None = None, kind: str = "sequential"):
         super().__init__()
         self.pre_blocks = nn.ModuleList(pre_blocks or [])  # e.g. QANet convolutions before the SAN
         self.mixer, self.ffn = mixer, ffn
-        self.mixer_res = Residual(dim=dim, norm=norm, dropout=_mixer_dropout(mixer, dropout))
+        self.mixer_res = Residual(dim=dim, norm=norm, dropout=_mixer_dropout(kind, ffn, dropout))
         self.ffn_res = Residual(dim=dim, norm=norm, dropout=dropout) if ffn is not None else None
 
     def forward(self, x: Tensor, *, positions: Positions, traces: list | None = None) -> Tensor:
@@ -111,19 +120,20 @@ class DecoderLayerState:
 
 
 class DecoderLayer(nn.Module):
-    """self mixer (causal) -> [cross-attention] -> [FFN], each a residual sublayer.
+    """self mixer (causal) -> [cross-attention] -> [FFN], each a residual sublayer (``kind`` "sequential").
 
-    Without ``cross_attention`` a mixer that ``wants_memory`` attends to the source itself.
+    ``kind`` "parallel": the self mixer is a parallel block holding the FFN; without ``cross_attention`` the
+    block holds the cross-attention too and receives the source (see the module docstring).
     """
 
     def __init__(self, *, self_mixer: nn.Module, cross_attention: nn.Module | None, ffn: nn.Module | None, dim: int,
-                 norm: str = "pre", dropout: float = 0.0):
+                 norm: str = "pre", dropout: float = 0.0, kind: str = "sequential"):
         super().__init__()
         self.self_mixer, self.cross_attention, self.ffn = self_mixer, cross_attention, ffn
-        self.self_res = Residual(dim=dim, norm=norm, dropout=_mixer_dropout(self_mixer, dropout))
+        self.self_res = Residual(dim=dim, norm=norm, dropout=_mixer_dropout(kind, ffn, dropout))
         self.cross_res = Residual(dim=dim, norm=norm, dropout=dropout) if cross_attention is not None else None
         self.ffn_res = Residual(dim=dim, norm=norm, dropout=dropout) if ffn is not None else None
-        self.mixer_memory = bool(getattr(self_mixer, "wants_memory", False))
+        self.mixer_memory = kind == "parallel" and cross_attention is None  # the block's cross-attention branch
 
     def forward(self, x: Tensor, *, memory: Tensor, positions: Positions, cross_positions: Positions,
                 state: DecoderLayerState | None = None, use_cache: bool = False,

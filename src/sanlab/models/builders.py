@@ -31,16 +31,11 @@ def _layer_mixer(stack: StackConfig, index: int) -> MixerConfig:
     return stack.mixer if stack.mixer.applies_to(index) else AttentionMixerConfig()
 
 
-def _holds(mixer: MixerConfig, branch: str) -> bool:
-    """True if the mixer holds the layer's ``ffn`` or ``cross`` attention as its own branch (MUSE)."""
-    return bool(getattr(mixer, f"holds_{branch}", False))
-
-
 def _build_mixer(stack: StackConfig, mixer: MixerConfig, ctx: BuildContext, *, dropout: float,
                  cross: nn.Module | None = None) -> nn.Module:
-    """The layer's mixer. A mixer config with ``holds_ffn`` (MUSE's parallel block) also receives the FFN,
-    the branch dropout and, if ``holds_cross``, the cross-attention; the layer then gets none of them."""
-    if not _holds(mixer, "ffn"):
+    """The layer's mixer. A parallel one (MUSE's block) also receives the FFN, the branch dropout and the
+    cross-attention branch (None: the layer keeps its own); the layer then gets no FFN."""
+    if mixer.layer_kind == "sequential":
         return MIXERS.build(mixer, ctx, attention=stack.attention)
     return MIXERS.build(mixer, ctx, attention=stack.attention, ffn=_ffn(stack, ctx.dim), dropout=dropout,
                         cross_attention=cross)
@@ -53,9 +48,9 @@ def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
         mixer_cfg = _layer_mixer(stack, n)
         mixer = _build_mixer(stack, mixer_cfg, ctx, dropout=dropout)
         pre_blocks = [PRE_BLOCKS.build(b, ctx, norm=norm, dropout=dropout) for b in stack.pre_blocks if b.applies_to(n)]
-        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim)
+        ffn = _ffn(stack, dim) if mixer_cfg.layer_kind == "sequential" else None
         layers.append(EncoderLayer(mixer=mixer, ffn=ffn, dim=dim, norm=norm, dropout=dropout,
-                                   pre_blocks=pre_blocks))
+                                   pre_blocks=pre_blocks, kind=mixer_cfg.layer_kind))
     return Encoder(layers, dim=dim, final_norm=norm == "pre")
 
 
@@ -69,13 +64,14 @@ def build_decoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
         cross_ctx = BuildContext(**{**_context(stack, dim=dim, index=n, side="cross", max_len=max_len).__dict__,
                                     "heads": cross_cfg.heads})
         mixer_cfg = _layer_mixer(stack, n)
-        held = _holds(mixer_cfg, "ffn") and _holds(mixer_cfg, "cross")  # MUSE: cross-attention is a parallel branch
+        kind = mixer_cfg.layer_kind
+        held = kind == "parallel" and mixer_cfg.cross_branch  # MUSE: cross-attention is a branch of the block
         mixer = _build_mixer(stack, mixer_cfg, ctx, dropout=dropout,
                              cross=build_attention(cross_cfg, cross_ctx) if held else None)
         cross = None if held else build_attention(cross_cfg, cross_ctx)
-        ffn = None if _holds(mixer_cfg, "ffn") else _ffn(stack, dim)
+        ffn = _ffn(stack, dim) if kind == "sequential" else None
         layers.append(DecoderLayer(self_mixer=mixer, cross_attention=cross, ffn=ffn, dim=dim, norm=norm,
-                                   dropout=dropout))
+                                   dropout=dropout, kind=kind))
     return Decoder(layers, dim=dim, final_norm=norm == "pre")
 
 
