@@ -8,6 +8,7 @@ A config file may start with ``base: other.yaml`` (relative to the file) or
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -147,14 +148,25 @@ class ParallelFiles(Strict):
     tgt: str
 
 
+class WeightedFiles(ParallelFiles):
+    weight: float = Field(1.0, gt=0)  # share of the sampled training pairs: weight / sum of the weights
+
+
 class TranslationDataConfig(Strict):
-    train: ParallelFiles
+    # one corpus, or several sampled by weight (OpenNMT-py's and Marian's `data` weights): every epoch draws as
+    # many pairs as all corpora hold, each from corpus c with probability weight_c / sum of the weights
+    train: ParallelFiles | Annotated[list[WeightedFiles], Field(min_length=1)]
     valid: ParallelFiles
     test: dict[str, ParallelFiles] = {}
     subword: SubwordConfig = SubwordConfig()
     max_len: Positive = 200     # subword tokens per side, longer training pairs are dropped
     max_ratio: Annotated[float, Field(ge=1)] | None = None  # longer side / shorter side
     skip_empty: bool = False     # drop train/valid pairs with an empty side instead of failing (test sets: every line)
+
+    @property
+    def train_corpora(self) -> list[ParallelFiles]:
+        """The training corpora, one or several (``train`` in either form)."""
+        return list(self.train) if isinstance(self.train, list) else [self.train]
 
 
 class TaggingDataConfig(Strict):
@@ -295,6 +307,15 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+# PyYAML follows YAML 1.1, where 1e-3 and 5E4 (no dot) are strings; YAML 1.2, and anyone writing a learning rate,
+# reads them as numbers. The config is validated strictly, so they must arrive as floats.
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                       list("-+0123456789."))
+
+
+def parse_value(text: str) -> object:
+    """One YAML value as a config file reads it (``--set`` values)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
@@ -350,7 +371,7 @@ def apply_override(raw: dict, assignment: str) -> dict:
         raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. model.encoder.layers=3")
     key, text = assignment.split("=", 1)
     try:
-        value = yaml.safe_load(text)
+        value = parse_value(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
     try:
@@ -400,11 +421,19 @@ def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:
         for e in err.errors():
             loc = ".".join(str(x) for x in e["loc"] if x not in ("translation", "tagging"))
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-            if e["type"] in ("float_type", "int_type", "bool_type") and isinstance(e["input"], str):
+            if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
             lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
                                                           and not isinstance(e["input"], dict) else ""))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def _typed_text(value: object) -> bool:
+    """Whether ``value`` is a string that YAML would read as a number or a bool without its quotes."""
+    try:
+        return isinstance(value, str) and isinstance(parse_value(value), (bool, int, float))
+    except yaml.YAMLError:
+        return False
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TranslationConfig | TaggingConfig:

@@ -107,5 +107,12 @@ def test_the_issues_quoted_values_are_refused(tmp_path):
         load_config(path)
     assert "model.dropout" in str(info.value) and "model.tie_output" in str(info.value)
     path.write_text(yaml.safe_dump(BASE))
-    config = load_config(path, ["model.dropout=0.3", "model.tie_output=no", "train.betas=[0.9, 0.99]"])
+    config = load_config(path, ["model.dropout=0.3", "model.tie_output=no", "train.betas=[0.9, 0.99]", "train.lr=1e39"])
     assert (config.model.dropout, config.model.tie_output, config.train.betas) == (0.3, False, (0.9, 0.99))
+    assert config.train.lr == 1e39  # YAML 1.1 would read 1e39 (no dot) as a string
+    path.write_text(yaml.safe_dump(BASE) + "train: {lr: 5e-4, eps: 1E-9}\n")
+    assert (load_config(path).train.lr, load_config(path).train.eps) == (5e-4, 1e-9)
+    path.write_text(yaml.safe_dump(BASE) + "train: {lr: fast}\n")
+    with pytest.raises(ConfigError) as info:  # a word where a number belongs: no hint about quotes
+        load_config(path)
+    assert "train.lr: Input should be a valid number (got 'fast')" in str(info.value)
