@@ -148,14 +148,25 @@ class ParallelFiles(Strict):
     tgt: str
 
 
+class WeightedFiles(ParallelFiles):
+    weight: float = Field(1.0, gt=0)  # share of the sampled training pairs: weight / sum of the weights
+
+
 class TranslationDataConfig(Strict):
-    train: ParallelFiles
+    # one corpus, or several sampled by weight (OpenNMT-py's and Marian's `data` weights): every epoch draws as
+    # many pairs as all corpora hold, each from corpus c with probability weight_c / sum of the weights
+    train: ParallelFiles | Annotated[list[WeightedFiles], Field(min_length=1)]
     valid: ParallelFiles
     test: dict[str, ParallelFiles] = {}
     subword: SubwordConfig = SubwordConfig()
     max_len: Positive = 200     # subword tokens per side, longer training pairs are dropped
     max_ratio: Annotated[float, Field(ge=1)] | None = None  # longer side / shorter side
     skip_empty: bool = False     # drop train/valid pairs with an empty side instead of failing (test sets: every line)
+
+    @property
+    def train_corpora(self) -> list[ParallelFiles]:
+        """The training corpora, one or several (``train`` in either form)."""
+        return list(self.train) if isinstance(self.train, list) else [self.train]
 
 
 class TaggingDataConfig(Strict):

@@ -194,3 +194,30 @@ def test_prepare_command_then_train_reuses_its_cache(tmp_path, cache, capsys):
     assert main(["train", str(tmp_path / "c.yaml"), "--run", str(tmp_path / "run"), "--quiet"]) == 0
     assert _entries(cache, "corpus") + _entries(cache, "subword") == entries  # nothing built again
     assert "encoded" not in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_weighted_corpora_each_get_an_entry_and_feed_the_batches(tmp_path, cache):
+    from sanlab.config import validate
+    from sanlab.tasks.translation import TranslationTask
+    from sanlab.training.logging import SilentLogger
+    from training_fixtures import write_reverse_corpus
+
+    for name, n in (("a", 300), ("b", 100)):
+        (tmp_path / name).mkdir()
+        write_reverse_corpus(tmp_path / name, n=n, seed=n)
+    base = make_reverse_config(tmp_path).model_dump()
+    files = [{"src": str(tmp_path / d / "train.src"), "tgt": str(tmp_path / d / "train.tgt")} for d in "ab"]
+    base["data"]["train"] = [{**files[0], "weight": 1.0}, {**files[1], "weight": 3.0}]
+    task = TranslationTask(validate(base, source="test"), tmp_path / "run", SilentLogger(tmp_path / "run"))
+    assert [len(c) for c in task.train.corpora] == [300, 100] and len(_entries(cache, "corpus")) == 2
+    drawn = np.concatenate([b.indices for b in task.epoch_batches(0)])
+    assert len(drawn) == 400 and 200 < np.count_nonzero(drawn >= 300) < 400  # ~300 of 400 from corpus b
+    batch = task.read(task.epoch_batches(0)[0])
+    assert batch.tokens == task.epoch_batches(0)[0].tokens
+
+    # one corpus in the list form is the plain form: the same batches
+    base["data"]["train"] = [files[0]]
+    listed = TranslationTask(validate(base, source="test"), tmp_path / "r1", SilentLogger(tmp_path / "r1"))
+    base["data"]["train"] = files[0]
+    plain = TranslationTask(validate(base, source="test"), tmp_path / "r2", SilentLogger(tmp_path / "r2"))
+    assert [b.indices.tolist() for b in listed.epoch_batches(1)] == [b.indices.tolist() for b in plain.epoch_batches(1)]

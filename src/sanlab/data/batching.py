@@ -71,6 +71,19 @@ def cut_points(longest: np.ndarray, *, max_tokens: int, max_sentences: int | Non
     return np.asarray(bounds, dtype=np.int64)
 
 
+def weighted_draw(sizes: Sequence[int], weights: Sequence[float], rng: np.random.Generator) -> np.ndarray:
+    """One epoch's examples from consecutive corpora of these sizes, sampled by weight (OpenNMT-py's and
+    Marian's corpus weights): as many draws as the corpora hold together, each from corpus c with
+    probability weights[c] / sum(weights). A corpus's draws walk through a permutation of it, from the
+    start again when it is drawn more often than it has examples, so none is repeated before all are used."""
+    p = np.asarray(weights, dtype=np.float64)
+    counts = rng.multinomial(int(sum(sizes)), p / p.sum())
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    index = np.int32 if sum(sizes) < 2**31 else np.int64
+    return np.concatenate([(offset + np.resize(rng.permutation(size), count)).astype(index)
+                           for size, count, offset in zip(sizes, counts, offsets)])
+
+
 class TokenBatchSampler:
     """Batches of example indices under a token budget.
 
@@ -84,6 +97,10 @@ class TokenBatchSampler:
     is shuffled; both use a generator seeded by `(seed, epoch)`. With `shuffle=False` batches come
     shortest first and are the same every epoch. Usable as a DataLoader `batch_sampler`
     (`set_epoch` before iterating).
+
+    Several corpora (`corpus_sizes`, their examples consecutive in `lengths`, with `weights`): each
+    epoch first draws its examples by weight (`weighted_draw`, from the same generator), then sorts and
+    cuts them as above; the number of batches may then differ a little between epochs.
     """
 
     def __init__(
@@ -94,12 +111,21 @@ class TokenBatchSampler:
         max_sentences: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
+        corpus_sizes: Sequence[int] | None = None,
+        weights: Sequence[float] | None = None,
     ):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"max_sentences must be >= 1 or None, got {max_sentences}")
         self._pairs = _as_pairs(lengths)
+        if (corpus_sizes is None) != (weights is None):
+            raise ValueError("corpus_sizes and weights go together")
+        if corpus_sizes is not None and (sum(corpus_sizes) != len(self._pairs) or len(weights) != len(corpus_sizes)
+                                         or min(weights) <= 0):
+            raise ValueError(f"corpus_sizes {list(corpus_sizes)} must add up to the {len(self._pairs)} examples and "
+                             f"have one positive weight each, got {list(weights)}")
+        self.corpus_sizes, self.weights = corpus_sizes, weights
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
         self.shuffle = shuffle
@@ -132,16 +158,18 @@ class TokenBatchSampler:
     def epoch_plan(self, epoch: int) -> EpochPlan:
         """``epoch_batches`` as an ``EpochPlan``: the same batches, in the same order, as arrays."""
         n = len(self._pairs)
-        index = np.int32 if n < 2**31 else np.int64
-        order = np.arange(n, dtype=index)
-        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-        if rng is not None:
+        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle or self.weights else None
+        if self.weights is not None:
+            order = weighted_draw(self.corpus_sizes, self.weights, rng)
+        else:
+            order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        if self.shuffle:
             rng.shuffle(order)  # the permutation of rng.permutation(n), whatever the index width
         # Stable sort by (source, target) length: ties keep the permuted (or index) order.
         order = order[np.argsort(self._sort_key[order], kind="stable")]
         bounds = cut_points(self._longest[order], max_tokens=self.max_tokens, max_sentences=self.max_sentences)
         batch_order = np.arange(len(bounds) - 1)
-        if rng is not None:
+        if self.shuffle:
             batch_order = rng.permutation(len(batch_order))
         return EpochPlan(order, bounds, batch_order)
 

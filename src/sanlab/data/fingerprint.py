@@ -38,7 +38,7 @@ def training_files(config) -> list[str]:
     are scored, not trained on, and are left out (``sanlab compare`` records their digests itself)."""
     d = config.data
     if config.task == "translation":
-        return [d.train.src, d.train.tgt, d.valid.src, d.valid.tgt]
+        return [*(f for c in d.train_corpora for f in (c.src, c.tgt)), d.valid.src, d.valid.tgt]
     return [d.train, d.dev] + ([d.test] if d.test and d.vocab_from_all_splits else [])
 
 

@@ -88,14 +88,18 @@ class TranslationTask:
         self.train = prepare_training_data(config, run_dir, log=log.info)
         self.spm = self.train.spm
         lengths = self.train.lengths
-        if not len(lengths):
-            raise DataError(f"no training pair has 1 to data.max_len = {d.max_len} subword tokens on both sides"
-                            + (f" within data.max_ratio = {d.max_ratio}" if d.max_ratio else ""), path=str(d.train.src))
+        for files, corpus in zip(d.train_corpora, self.train.corpora):
+            if not len(corpus):
+                raise DataError(f"no training pair has 1 to data.max_len = {d.max_len} subword tokens on both sides"
+                                + (f" within data.max_ratio = {d.max_ratio}" if d.max_ratio else ""), path=str(files.src))
         sizes = (f"{self.spm.src.vocab_size}" if self.spm.joint
                  else f"{self.spm.src.vocab_size} source, {self.spm.tgt.vocab_size} target")
         log.info(f"training pairs: {len(lengths):,} (max_len {d.max_len}); vocabulary {sizes}")
+        weighted = len(self.train.corpora) > 1  # several corpora: sampled by weight
         self.sampler = TokenBatchSampler(lengths + np.ones(1, lengths.dtype), max_tokens=config.train.max_tokens,
-                                         shuffle=True, seed=config.train.seed)  # + EOS / BOS
+                                         shuffle=True, seed=config.train.seed,  # + EOS / BOS
+                                         corpus_sizes=[len(c) for c in self.train.corpora] if weighted else None,
+                                         weights=[c.weight for c in d.train_corpora] if weighted else None)
         if self.sampler.oversized:
             log.info(f"WARNING: {len(self.sampler.oversized)} training pairs are longer than train.max_tokens = "
                      f"{config.train.max_tokens} alone and get a batch of their own, over the budget "

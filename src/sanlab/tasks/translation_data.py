@@ -55,10 +55,6 @@ def load_subwords(run_dir: Path, *, joint: bool) -> SubwordPair:
     return SubwordPair(SubwordModel.load(paths["src"]), SubwordModel.load(paths["tgt"]))
 
 
-def training_corpora(config: TranslationConfig) -> list[ParallelFiles]:
-    return [config.data.train]
-
-
 def count_lines(path: str | os.PathLike[str]) -> int:
     """Lines of a plain or gzip file, counted in bytes (no decoding); 0 for a file that is not there."""
     path = Path(path)
@@ -84,7 +80,7 @@ def _texts(corpora: list[ParallelFiles], side: int, skip_empty: bool, problems: 
 
 def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], None]) -> None:
     d, sw = config.data, config.data.subword
-    corpora = training_corpora(config)
+    corpora = config.data.train_corpora
     sentences = sum(count_lines(c.src) for c in corpora) * (2 if sw.joint else 1)
     sample = sw.sample_sentences if sentences > sw.sample_sentences else None
     options = dict(vocab_size=sw.vocab_size, model_type=sw.model_type, character_coverage=sw.character_coverage,
@@ -123,7 +119,7 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
         return load_subwords(run_dir, joint=joint)
     d = config.data
     key = entry_key({"v": PREPARE_VERSION, "files": [[fingerprint(c.src), fingerprint(c.tgt)]
-                                                     for c in training_corpora(config)],
+                                                     for c in config.data.train_corpora],
                      "subword": d.subword.model_dump(), "skip_empty": d.skip_empty})
     entry = cache_root() / f"subword-{key}"
     build_once(entry, check=lambda e: load_subwords(e, joint=joint), build=lambda tmp: _train_subwords(config, tmp, log),
@@ -206,7 +202,7 @@ def prepare(config: TranslationConfig, run_dir: Path | None, *, log: Callable[[s
     """Subword model(s) and encoded training corpora, from the cache or built into it."""
     spm = subwords(config, run_dir, log)
     return TrainingData(spm, [encoded_corpus(config, c, spm, log=log, workers=workers)
-                              for c in training_corpora(config)])
+                              for c in config.data.train_corpora])
 
 
 def summary(data: TrainingData) -> str:
