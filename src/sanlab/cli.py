@@ -127,8 +127,11 @@ def _cmd_evaluate(args) -> int:
 
 def _tagging_summary(r: dict) -> str:
     pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-    return (f"accuracy all {pct(r['all'])}  OOV {pct(r['oov'])}  ambiguous {pct(r['ambiguous'])}  "
-            f"(tokens {r['n_all']}, OOV {r['n_oov']}, ambiguous {r['n_ambiguous']})\n{r['report']}")
+    # groups of docs/training.md ("Tagging accuracy"): OOV + ambiguous + one tag = all; OOV in vocabulary is part of OOV
+    return (f"accuracy all {pct(r['all'])}  OOV {pct(r['oov'])} (in vocabulary {pct(r['oov_in_vocab'])})  "
+            f"ambiguous {pct(r['ambiguous'])}  one training tag {pct(r['unambiguous'])}\n"
+            f"tokens {r['n_all']} = OOV {r['n_oov']} (in vocabulary {r['n_oov_in_vocab']}) + ambiguous "
+            f"{r['n_ambiguous']} + one training tag {r['n_unambiguous']}\n{r['report']}")
 
 
 def _cmd_average(args) -> int:

@@ -1,16 +1,17 @@
-"""Tagging metrics of spec C.11 on a toy corpus whose OOV / ambiguous sets are counted by hand."""
+"""Tagging metrics on a toy corpus whose word groups (OOV, ambiguous, ...) are counted by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from sanlab.evaluation.tagging import (
+    GROUPS,
     ambiguous_words,
     correctness,
     format_report,
     per_tag_report,
     tagging_accuracy,
-    token_subsets,
+    token_groups,
     word_tags,
 )
 
@@ -24,8 +25,9 @@ TRAIN = [
     [("that", "DT"), ("rare", "JJ"), ("dog", "NN")],
     [("that", "IN"), ("rare", "NN"), ("fell", "VBD")],
 ]
-# Vocabulary (built on all splits and cut by frequency, C.10): "rare" is a training word left
-# OUT of it (so OOV), "cat" is a test-only word kept IN it (so not OOV, and not ambiguous).
+# A vocabulary built on all splits and cut by frequency (spec C.10): "rare" is a training word left
+# OUT of it, "cat" a test-only word kept IN it. Neither changes OOV or Ambiguous (they come from the
+# training data); "cat" is the one "OOV in vocabulary" token.
 VOCAB = {"the", "dog", "barks", "bark", "fell", "that", "dogs", "cat"}
 
 WORDS = [
@@ -41,20 +43,24 @@ GOLD = [
     ["VBP"],
 ]
 PRED = [
-    ["DT", "NN", "DT", "VBD"],  # "that" wrong
+    ["DT", "VB", "DT", "VBD"],  # "cat" and "that" wrong
     ["NN", "NN", "DT", "NN"],  # "rare" wrong
     ["NN", "VBZ"],
     ["VBP"],
 ]
-# Token by token (in vocab? ambiguous? correct?):
-#   s0: the (in, -, ok)  cat (in, - : never in training, ok)  that (in, AMB, WRONG)  fell (in, -, ok)
-#   s1: rare (OOV: 2 train tags but OOV is excluded from ambiguous, WRONG)  bark (in, AMB, ok)
-#       that (in, AMB, ok)  dog (in, -, ok)
-#   s2: zebra (OOV, ok)  barks (in, -, ok)
-#   s3: bark (in, AMB, ok)
-# All:       11 tokens, 2 wrong (s0 "that", s1 "rare")      -> 9/11
-# OOV:       rare, zebra = 2 tokens, zebra correct          -> 1/2
-# Ambiguous: that(s0) x, bark(s1) ok, that(s1) ok, bark(s3) ok = 4 tokens -> 3/4
+# Token by token (group; correct?):
+#   s0: the (one tag, ok)  cat (OOV: never in training, though in the vocabulary; WRONG)
+#       that (AMB, WRONG)  fell (one tag, ok)
+#   s1: rare (AMB: 2 training tags, although outside the vocabulary; WRONG)  bark (AMB, ok)
+#       that (AMB, ok)  dog (one tag, ok)
+#   s2: zebra (OOV, not in the vocabulary, ok)  barks (one tag, ok)
+#   s3: bark (AMB, ok)
+# All:            11 tokens, 3 wrong                                   -> 8/11
+# OOV:            cat x, zebra ok = 2 tokens                           -> 1/2
+# OOV in vocab.:  cat x = 1 token                                      -> 0/1
+# Ambiguous:      that x, rare x, bark ok, that ok, bark ok = 5 tokens -> 3/5
+# One tag:        the, fell, dog, barks = 4 tokens, all right          -> 4/4
+# OOV + Ambiguous + one tag = 2 + 5 + 4 = 11 = All, and (1 + 3 + 4) / 11 = All accuracy.
 
 
 def test_word_tags_and_ambiguous_words_from_training():
@@ -63,38 +69,56 @@ def test_word_tags_and_ambiguous_words_from_training():
     assert set(ambiguous_words(TRAIN)) == {"bark", "that", "rare"}
 
 
-@pytest.mark.parametrize("train_word_tags", [word_tags(TRAIN), ambiguous_words(TRAIN)])
 @pytest.mark.parametrize("in_vocab", [VOCAB, VOCAB.__contains__])
-def test_all_oov_ambiguous_counted_by_hand(train_word_tags, in_vocab):
-    scores = tagging_accuracy(gold=GOLD, pred=PRED, words=WORDS, in_vocab=in_vocab, train_word_tags=train_word_tags)
-    assert (scores.n_all, scores.n_oov, scores.n_ambiguous) == (11, 2, 4)
-    assert scores.all == pytest.approx(100 * 9 / 11)
-    assert scores.oov == pytest.approx(50.0)
-    assert scores.ambiguous == pytest.approx(75.0)
+def test_groups_counted_by_hand(in_vocab):
+    scores = tagging_accuracy(gold=GOLD, pred=PRED, words=WORDS, in_vocab=in_vocab, train_word_tags=word_tags(TRAIN))
+    assert (scores.n_all, scores.n_oov, scores.n_oov_in_vocab, scores.n_ambiguous, scores.n_unambiguous) == \
+        (11, 2, 1, 5, 4)
+    assert scores.all == pytest.approx(100 * 8 / 11)
+    assert (scores.oov, scores.oov_in_vocab) == (pytest.approx(50.0), 0.0)
+    assert (scores.ambiguous, scores.unambiguous) == (pytest.approx(60.0), 100.0)
 
 
-def test_oov_is_the_vocabulary_not_unseen_in_training():
-    # Using the training words as "vocabulary" is the mistake C.11 warns about: "rare" would be
-    # in-vocabulary (and ambiguous), "cat" OOV. The counts then differ from the hand count above.
+def test_oov_ambiguous_and_one_tag_partition_all():
+    scores = tagging_accuracy(gold=GOLD, pred=PRED, words=WORDS, in_vocab=VOCAB, train_word_tags=word_tags(TRAIN))
+    parts = ("oov", "ambiguous", "unambiguous")
+    assert sum(getattr(scores, f"n_{g}") for g in parts) == scores.n_all
+    weighted = sum(getattr(scores, g) * getattr(scores, f"n_{g}") for g in parts) / scores.n_all
+    assert weighted == pytest.approx(scores.all)
+
+
+def test_the_vocabulary_changes_only_the_oov_in_vocabulary_group():
+    # OOV and ambiguity come from the training sentences: a train-only, an all-splits or an empty
+    # vocabulary give the same groups; only "OOV in vocabulary" reads the vocabulary.
     train_words = {w for s in TRAIN for w, _ in s}
-    wrong = tagging_accuracy(gold=GOLD, pred=PRED, words=WORDS, in_vocab=train_words, train_word_tags=word_tags(TRAIN))
-    assert (wrong.n_oov, wrong.n_ambiguous) == (2, 5)  # cat + zebra; rare joins ambiguous
+    scores = {name: tagging_accuracy(gold=GOLD, pred=PRED, words=WORDS, in_vocab=vocab, train_word_tags=word_tags(TRAIN))
+              for name, vocab in (("all splits", VOCAB), ("train", train_words), ("empty", set()))}
+    for name, s in scores.items():
+        assert (s.n_oov, s.n_ambiguous, s.n_unambiguous, s.oov, s.ambiguous) == (2, 5, 4, 50.0, 60.0), name
+    assert [scores[n].n_oov_in_vocab for n in scores] == [1, 0, 0]
+    assert scores["train"].oov_in_vocab is None
 
 
-def test_subset_flags_match_hand_count():
-    oov, amb = token_subsets(WORDS, in_vocab=VOCAB, train_word_tags=word_tags(TRAIN))
-    assert oov == [[False] * 4, [True, False, False, False], [True, False], [False]]
-    assert amb == [[False, False, True, False], [False, True, True, False], [False, False], [True]]
-    assert correctness(gold=GOLD, pred=PRED)[0] == [True, True, False, True]
+def test_group_flags_match_hand_count():
+    flags = token_groups(WORDS, in_vocab=VOCAB, train_word_tags=word_tags(TRAIN))
+    assert list(flags) == list(GROUPS)
+    assert flags["oov"] == [[False, True, False, False], [False] * 4, [True, False], [False]]
+    assert flags["oov_in_vocab"] == [[False, True, False, False], [False] * 4, [False, False], [False]]
+    assert flags["ambiguous"] == [[False, False, True, False], [True, True, True, False], [False, False], [True]]
+    assert flags["unambiguous"] == [[True, False, False, True], [False, False, False, True], [False, True], [False]]
+    assert correctness(gold=GOLD, pred=PRED)[0] == [True, False, False, True]
 
 
-def test_empty_subset_is_none():
+def test_empty_group_is_none_and_record_has_every_group():
     scores = tagging_accuracy(
         gold=[["DT"]], pred=[["DT"]], words=[["the"]], in_vocab=VOCAB, train_word_tags=word_tags(TRAIN)
     )
-    assert scores.all == 100.0
+    assert scores.all == 100.0 and scores.unambiguous == 100.0
     assert scores.oov is None and scores.n_oov == 0
     assert scores.ambiguous is None and scores.n_ambiguous == 0
+    assert scores.record() == {"all": 100.0, "oov": None, "oov_in_vocab": None, "ambiguous": None,
+                               "unambiguous": 100.0, "n_all": 1, "n_oov": 0, "n_oov_in_vocab": 0,
+                               "n_ambiguous": 0, "n_unambiguous": 1}
 
 
 def test_length_mismatch_names_sentence_and_lengths():

@@ -195,7 +195,7 @@ def paired_bootstrap_accuracy(
     """Paired bootstrap over sentences of token accuracy, with sacreBLEU's p-value convention.
 
     Each argument holds per-token correctness flags, one list per sentence, for the same tokens
-    (``tagging.correctness`` builds them; filter with ``tagging.token_subsets`` for OOV or
+    (``tagging.correctness`` builds them; filter with ``tagging.token_groups`` for OOV or
     Ambiguous accuracy). Sentences, not tokens, are resampled, because tokens of a sentence
     are not independent.
     """

@@ -1,22 +1,29 @@
-"""POS-tagging metrics: All / OOV / Ambiguous accuracy (spec C.11) and a per-tag report.
+"""POS-tagging metrics: accuracy over all tokens and over word groups defined by the training data,
+and a per-tag report.
 
 Inputs are plain strings, one list per sentence (or chunk), **without padding**: strip PAD
-positions before calling, since spec C.11 counts non-PAD tokens only.
+positions before calling, since only real tokens count.
 
-The three accuracies of C.11:
+The groups (since 2026-11-25; docs/training.md, "Tagging accuracy"). Word types are compared
+exactly (case-sensitive), as the vocabulary lookup of spec C.10 is:
 
 * **All** — every token.
-* **OOV** — tokens whose word is *outside the model's vocabulary* (maps to the OOV index).
-  This is not "unseen in training": the vocabulary is cut by frequency (and, in the reproduce
-  profile, counted on all splits), so pass the vocabulary itself (a set, or a predicate such as
-  ``lambda w: vocab.index(w) != OOV``), never the training words.
-* **Ambiguous** — in-vocabulary tokens whose word type occurs with more than one distinct tag
-  in the *training* data. OOV tokens are excluded, and an in-vocabulary word never seen in
-  training has no training tags, so it is not ambiguous. Word types are compared exactly
-  (case-sensitive), as the vocabulary lookup of C.10 is.
+* **OOV** — tokens whose word does not occur in the *training* sentences, whatever the model's
+  vocabulary holds.
+* **Ambiguous** — tokens whose word occurs in training with more than one distinct tag.
+* **Unambiguous** — tokens whose word occurs in training with exactly one tag.
+* **OOV in vocabulary** — the OOV tokens whose word nevertheless has its own row in the model's
+  word vocabulary: possible only when the vocabulary is counted on dev/test too
+  (``data.vocab_from_all_splits``), and then a row whose embedding no training step updated.
 
-Accuracies are percentages. A subset with no token (e.g. a corpus without OOV words) has
-accuracy ``None`` rather than NaN or 0, so a table cannot print a made-up number for it.
+OOV, Ambiguous and Unambiguous partition All, so All accuracy is their token-weighted mean; OOV in
+vocabulary is a subset of OOV. Spec C.11 (the reference code) instead counts as OOV the tokens that
+map to the vocabulary's OOV index (a training word cut by frequency is OOV there, a test-only word
+the all-splits vocabulary kept is not) and leaves those out of Ambiguous; that makes the columns mean
+different things in the two profiles, so we follow the paper's text and common tagging practice.
+
+Accuracies are percentages. A group with no token (e.g. a corpus without OOV words) has accuracy
+``None`` rather than NaN or 0, so a table cannot print a made-up number for it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 Sentences = Sequence[Sequence[str]]
+# The word groups of a token, in the order of the evaluation record (``TaggingScores.record``).
+GROUPS = ("oov", "oov_in_vocab", "ambiguous", "unambiguous")
 
 
 def _check_aligned(name_a: str, a: Sentences, name_b: str, b: Sentences) -> None:
@@ -49,8 +58,7 @@ def word_tags(train_sentences: Iterable[Sequence[tuple[str, str]]]) -> dict[str,
 def ambiguous_words(train_sentences: Iterable[Sequence[tuple[str, str]]]) -> dict[str, frozenset[str]]:
     """Only the word types seen with more than one tag in training, with their tags.
 
-    Either this or ``word_tags`` can be passed as ``train_word_tags``: both give the same
-    Ambiguous set; this one is smaller to keep around.
+    Not a substitute for ``word_tags`` in ``tagging_accuracy``: OOV needs every training word.
     """
     return {word: ts for word, ts in word_tags(train_sentences).items() if len(ts) > 1}
 
@@ -61,21 +69,26 @@ def _membership(in_vocab: Callable[[str], bool] | set[str] | frozenset[str]) -> 
     return in_vocab
 
 
-def token_subsets(
+def token_groups(
     words: Sentences,
     *,
-    in_vocab: Callable[[str], bool] | set[str] | frozenset[str],
     train_word_tags: Mapping[str, Iterable[str]],
-) -> tuple[list[list[bool]], list[list[bool]]]:
-    """Per-token OOV and Ambiguous flags (C.11), e.g. to bootstrap a subset's accuracy."""
+    in_vocab: Callable[[str], bool] | set[str] | frozenset[str],
+) -> dict[str, list[list[bool]]]:
+    """Per-token flags of each group of ``GROUPS`` (e.g. to bootstrap a group's accuracy).
+
+    ``train_word_tags`` must hold every training word (``word_tags``); ``in_vocab`` is the model's
+    vocabulary (a set, or a predicate such as ``TaggingVocab.in_vocab``).
+    """
     known = _membership(in_vocab)
-    oov: list[list[bool]] = []
-    ambiguous: list[list[bool]] = []
+    flags: dict[str, list[list[bool]]] = {g: [] for g in GROUPS}
     for sentence in words:
-        is_known = [bool(known(w)) for w in sentence]
-        oov.append([not k for k in is_known])
-        ambiguous.append([k and len(set(train_word_tags.get(w, ()))) > 1 for w, k in zip(sentence, is_known)])
-    return oov, ambiguous
+        n_tags = [len(set(train_word_tags.get(w, ()))) for w in sentence]
+        flags["oov"].append([n == 0 for n in n_tags])
+        flags["oov_in_vocab"].append([n == 0 and bool(known(w)) for w, n in zip(sentence, n_tags)])
+        flags["ambiguous"].append([n > 1 for n in n_tags])
+        flags["unambiguous"].append([n == 1 for n in n_tags])
+    return flags
 
 
 def correctness(*, gold: Sentences, pred: Sentences) -> list[list[bool]]:
@@ -86,14 +99,23 @@ def correctness(*, gold: Sentences, pred: Sentences) -> list[list[bool]]:
 
 @dataclass(frozen=True)
 class TaggingScores:
-    """All / OOV / Ambiguous accuracy in % (None for an empty subset) and subset sizes."""
+    """Accuracy in % over all tokens and each group (None for an empty group), and the group sizes."""
 
     all: float | None
     oov: float | None
+    oov_in_vocab: float | None
     ambiguous: float | None
+    unambiguous: float | None
     n_all: int
     n_oov: int
+    n_oov_in_vocab: int
     n_ambiguous: int
+    n_unambiguous: int
+
+    def record(self) -> dict:
+        """The scores as ``sanlab evaluate`` and ``compare-eval.json`` store them."""
+        names = ("all", *GROUPS)
+        return {**{g: getattr(self, g) for g in names}, **{f"n_{g}": getattr(self, f"n_{g}") for g in names}}
 
 
 def _accuracy(correct: int, total: int) -> float | None:
@@ -108,28 +130,19 @@ def tagging_accuracy(
     in_vocab: Callable[[str], bool] | set[str] | frozenset[str],
     train_word_tags: Mapping[str, Iterable[str]],
 ) -> TaggingScores:
-    """Token accuracy over all tokens, OOV tokens and ambiguous tokens (spec C.11)."""
+    """Token accuracy over all tokens and over each word group (module docstring)."""
     _check_aligned("gold", gold, "pred", pred)
     _check_aligned("gold", gold, "words", words)
     flags = correctness(gold=gold, pred=pred)
-    oov, ambiguous = token_subsets(words, in_vocab=in_vocab, train_word_tags=train_word_tags)
-    tally: Counter[str] = Counter()
-    for ok_s, oov_s, amb_s in zip(flags, oov, ambiguous):
-        for ok, is_oov, is_amb in zip(ok_s, oov_s, amb_s):
-            tally["n_all"] += 1
-            tally["c_all"] += ok
-            tally["n_oov"] += is_oov
-            tally["c_oov"] += ok and is_oov
-            tally["n_amb"] += is_amb
-            tally["c_amb"] += ok and is_amb
-    return TaggingScores(
-        all=_accuracy(tally["c_all"], tally["n_all"]),
-        oov=_accuracy(tally["c_oov"], tally["n_oov"]),
-        ambiguous=_accuracy(tally["c_amb"], tally["n_amb"]),
-        n_all=tally["n_all"],
-        n_oov=tally["n_oov"],
-        n_ambiguous=tally["n_amb"],
-    )
+    groups = token_groups(words, train_word_tags=train_word_tags, in_vocab=in_vocab)
+    total: Counter[str] = Counter()
+    right: Counter[str] = Counter()
+    for name, sentences in (("all", [[True] * len(s) for s in flags]), *groups.items()):
+        for ok_s, in_s in zip(flags, sentences):
+            total[name] += sum(in_s)
+            right[name] += sum(ok and inside for ok, inside in zip(ok_s, in_s))
+    names = ("all", *GROUPS)
+    return TaggingScores(**{g: _accuracy(right[g], total[g]) for g in names}, **{f"n_{g}": total[g] for g in names})
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import (
     DONE_FILE, EVAL_FILE, FAILED_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests,
-    eval_key, file_digest, scores_digest, split_files,
+    eval_key, evidence_intact, file_digest, scores_digest, split_files,
 )
 from sanlab.files import read_json, replacing, write_json
 from sanlab.models.builders import count_parameters
@@ -35,8 +35,11 @@ from sanlab.tasks.translation import read_hypotheses
 from sanlab.training.loop import read_metrics
 
 # Score names of each task: (column, key in the evaluation record); the first is the primary score.
+# Tagging's groups are those of evaluation.tagging; "OOV in voc." (OOV words the vocabulary nevertheless holds)
+# is a column only where some cell has such a word (OPTIONAL_METRICS).
 METRICS = {"translation": (("BLEU", "bleu"), ("chrF", "chrf")),
-           "tagging": (("All", "all"), ("OOV", "oov"), ("Ambig.", "ambiguous"))}
+           "tagging": (("All", "all"), ("OOV", "oov"), ("OOV in voc.", "oov_in_vocab"), ("Ambig.", "ambiguous"))}
+OPTIONAL_METRICS = ("oov_in_vocab",)
 
 
 def check_synthetic(grid: Grid) -> bool:
@@ -145,8 +148,13 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     else:
         scores, evidence = evaluate_tagging_cell(cell, checkpoint=spec.checkpoint)
         signature, signatures = None, {}
+    return _write_record(cell, spec, done=done, scores=scores, evidence=evidence,
+                         extra={"signature": signature, **signatures})
+
+
+def _write_record(cell: Cell, spec: EvalSpec, *, done: dict, scores: dict, evidence: str, extra: dict) -> dict:
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
-              "scores": scores, "signature": signature, **signatures, "evidence": evidence,
+              "scores": scores, **extra, "evidence": evidence,
               "evidence_sha256": file_digest(cell.run_dir / evidence), "data_sha256": data_digests(cell),
               # provenance only, not in the key: which code scored it (meta.json says which code trained it)
               "git_revision": git_revision()}
@@ -156,7 +164,7 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
 
 
 def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
-    """All / OOV / ambiguous accuracy on the split; writes words, gold and predicted tags per sentence.
+    """Accuracy over all tokens and each word group on the split; writes words, gold and predicted tags per sentence.
 
     Sentences longer than the model's t are tagged chunk by chunk and joined back, so the
     bootstrap resamples whole sentences (as ``runs.tag_file`` tags them).
@@ -176,8 +184,77 @@ def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
     with replacing(cell.run_dir / name, compress=True) as f:  # the committed evidence is never half written
         for s, p in zip(sents, pred):
             f.write(json.dumps({"words": list(s.words), "gold": list(s.tags), "pred": p}, ensure_ascii=False) + "\n")
-    return {"all": scores.all, "oov": scores.oov, "ambiguous": scores.ambiguous, "n_all": scores.n_all,
-            "n_oov": scores.n_oov, "n_ambiguous": scores.n_ambiguous}, name
+    return scores.record(), name
+
+
+def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
+    """Score an evaluated tagging cell again from its predictions file (``tags-*.jsonl.gz``), without the
+    model: the word groups of ``evaluation.tagging`` from the training data, the vocabulary from the run's
+    ``tagger-vocab.json`` or, where the directory does not keep it (committed cells), built again from the
+    config as training built it. Returns (old scores, new scores); rewrites ``compare-eval.json``.
+
+    Refuses (ConfigError) a cell whose predictions are not the ones its record scored, were made with
+    another checkpoint or split than the grid asks for, or on other sentences than the split's file now
+    holds; and one whose rebuilt vocabulary does not give the OOV count recorded under the old definition.
+    """
+    from sanlab.data.conllu_io import read_conllu
+    from sanlab.evaluation.tagging import tagging_accuracy
+    from sanlab.tasks.tagging import run_vocab, training_word_tags
+
+    run = cell.run_dir
+    done, record = read_json(run / DONE_FILE), read_json(run / EVAL_FILE)
+    if not isinstance(cell.config, TaggingConfig):
+        raise ConfigError(f"{run}: --rescore re-scores tagging predictions; this is a {cell.config.task} cell")
+    if not done or not record:
+        raise ConfigError(f"{run}: not evaluated yet ({DONE_FILE} or {EVAL_FILE} missing): nothing to re-score; "
+                          "run the grid to train and score it")
+    key, old_key = eval_key(cell, spec), dict(record.get("key") or {})
+    if {**old_key, "word_groups": key["word_groups"]} != key or record.get("trained_at") != done["finished_at"]:
+        raise ConfigError(f"{run}: {EVAL_FILE} scored another checkpoint or split ({old_key}) or an earlier "
+                          f"training than the grid asks for ({key}): evaluate it with the model instead")
+    if not evidence_intact(run, record):
+        raise ConfigError(f"{run}: {record.get('evidence')} is missing or not the file {EVAL_FILE} scored "
+                          "(sha256 differs): its predictions cannot be trusted")
+    words, gold, pred = read_tagged(run / record["evidence"])
+    config, d = cell.config, cell.config.data
+    sents = read_conllu(d.test if cell.split == "test" else d.dev, column=d.column)
+    if [list(s.words) for s in sents] != words or [list(s.tags) for s in sents] != gold:
+        raise ConfigError(f"{run}: {record['evidence']} holds other sentences than {split_files(cell)[0]} "
+                          "(words or gold tags differ): the test file changed since the cell was scored")
+    vocab = run_vocab(config, run)
+    old = record["scores"]
+    if "word_groups" not in old_key and "n_oov" in old:  # the old OOV: words outside the vocabulary
+        outside = sum(not vocab.in_vocab(w) for sentence in words for w in sentence)
+        if outside != old["n_oov"]:
+            raise ConfigError(f"{run}: the vocabulary built again from the config leaves {outside} test tokens "
+                              f"out, but {EVAL_FILE} counted {old['n_oov']} OOV tokens with the one training "
+                              "built: it is not the run's vocabulary")
+    scores = tagging_accuracy(gold=gold, pred=pred, words=words, in_vocab=vocab.in_vocab,
+                              train_word_tags=training_word_tags(config))
+    if not _same(scores.all, old.get("all")):
+        raise ConfigError(f"{run}: All accuracy from {record['evidence']} is {scores.all}, {EVAL_FILE} says "
+                          f"{old.get('all')}")
+    _write_record(cell, spec, done=done, scores=scores.record(), evidence=record["evidence"],
+                  extra={"signature": record.get("signature"), "rescored": {"at": time.time(), "previous": old}})
+    return old, scores.record()
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a is None and b is None or (a is not None and b is not None and abs(a - b) < 1e-9)
+
+
+def read_tagged(path: Path) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+    """Words, gold and predicted tags per sentence of a ``tags-*.jsonl.gz`` predictions file."""
+    words, gold, pred = [], [], []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                w, g, p = row["words"], row["gold"], row["pred"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ConfigError(f"{path}, line {number}: not a tagged sentence ({err})") from None
+            words.append(w), gold.append(g), pred.append(p)
+    return words, gold, pred
 
 
 # ----------------------------------------------------------------------------- one cell, start to end
@@ -303,16 +380,9 @@ def read_evidence(run_dir: Path, record: dict) -> tuple[list, str | None]:
     path = Path(run_dir) / record["evidence"]
     if path.suffix == ".txt":
         return read_hypotheses(path), None
-    rows = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-                rows.append((row["words"], row["gold"], row["pred"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ConfigError(f"{path}, line {number}: not a tagged sentence ({err})") from None
-    gold = hashlib.sha256(json.dumps([(w, g) for w, g, _ in rows], ensure_ascii=False).encode()).hexdigest()
-    return [[g == p for g, p in zip(gold_tags, pred)] for _, gold_tags, pred in rows], gold
+    words, gold, pred = read_tagged(path)
+    digest = hashlib.sha256(json.dumps(list(zip(words, gold)), ensure_ascii=False).encode()).hexdigest()
+    return [[g == p for g, p in zip(gs, ps)] for gs, ps in zip(gold, pred)], digest
 
 
 def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:

@@ -32,8 +32,8 @@ from sanlab.evaluation.significance import (
     SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
     smallest_p_warning,
 )
-from sanlab.experiments.cells import (METRICS, CellResult, check_synthetic, machine, read_failure, read_references,
-                                     read_result)
+from sanlab.experiments.cells import (METRICS, OPTIONAL_METRICS, CellResult, check_synthetic, machine, read_failure,
+                                     read_references, read_result, rescore_tagging_cell)
 from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import (
@@ -183,9 +183,36 @@ def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, i
     signatures = tuple(sorted({f"BLEU|{r.signature}" for r in results.values() if r.signature}
                               | {f"chrF2|{r.chrf_signature}" for r in results.values() if r.chrf_signature}))
     columns = tuple(dict.fromkeys(k for r in rows for k in r.paper))
-    return Section(dataset=dataset, metrics=tuple(col for col, _ in METRICS[grid.task]), rows=tuple(rows),
+    # an optional column (OOV in voc.) only where some cell has a value: a vocabulary counted on train only has none
+    metrics = tuple(col for col, key in METRICS[grid.task]
+                    if key not in OPTIONAL_METRICS or any(r.scores.get(key) is not None for r in results.values()))
+    split = next((c.split for c in grid.cells if c.dataset == dataset), None)
+    return Section(dataset=dataset, metrics=metrics, rows=tuple(rows),
                    done=done, total=planned, signatures=signatures, paper_columns=columns,
-                   failures=tuple(f"{v} / seed {s}: {e}" for (v, s), e in sorted(failures.items())))
+                   failures=tuple(f"{v} / seed {s}: {e}" for (v, s), e in sorted(failures.items())),
+                   word_groups=word_group_sizes(results, split=split) if grid.task == "tagging" else None)
+
+
+GROUP_COUNTS = ("n_all", "n_oov", "n_oov_in_vocab", "n_ambiguous", "n_unambiguous")
+
+
+def word_group_sizes(results: dict[tuple[str, int], CellResult], *, split: str | None) -> str | None:
+    """The sentence under a tagging table saying how the split's tokens fall into the word groups, so a
+    reader can decompose All (OOV + Ambig. + one training tag = All). None before any cell is scored."""
+    counts = sorted({tuple(r.scores.get(k) for k in GROUP_COUNTS) for r in results.values() if r.scores})
+    if not counts:
+        return None
+    if len(counts) > 1 or None in counts[0]:  # other vocabularies per row, or records of the old definitions
+        return f"Word groups ({split} tokens): the cells count them differently: {counts}."
+
+    def share(k: int) -> str:
+        return f"{k:,} ({100 * k / n:.1f}%)" if n else f"{k:,}"
+
+    n, oov, in_vocab, ambiguous, one = counts[0]
+    text = (f"Word groups ({split} tokens): all {n:,} = OOV {share(oov)} + ambiguous {share(ambiguous)} + one "
+            f"training tag {share(one)}")
+    return text + (f"; of the OOV tokens, {share(in_vocab)} are in the vocabulary." if in_vocab else
+                   "; no OOV token is in the vocabulary.")
 
 
 def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], CellResult], list[str] | None]:
@@ -245,6 +272,8 @@ def _header(grid: Grid, sections: list[Section], *, command: str, trained_on: Se
     trained_by = _training_commands(grid, sections)
     header = {
         "grid": f"{grid.path} (base recipe {spec.base}; runs in {grid.runs_dir})",
+        **({"datasets": f"{grid.datasets_file} (--datasets: replaces the grid's datasets and their paper numbers)"}
+           if grid.datasets_file else {}),
         "command": command,
         **({"cells trained by": "; ".join(trained_by)} if trained_by and trained_by != [command] else {}),
         "machine": machine(),
@@ -296,6 +325,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
            f"seeds test with {SEEDS_FOR_A_MARK}+ seeds a side, else sig.): same / opposite; n.s. when ours is not; "
            f"paper ≈ 0 when the paper's Δ is below {PAPER_DELTA_FLOOR} (no sign to agree with). A direction, not "
            "a reproduction of the size.",) if any(s.paper_delta_column for s in sections) else ()),
+        *((TAGGING_COLUMNS,) if grid.task == "tagging" else ()),
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
         "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "
         "the same jobs x threads on the same machine." + _speed_legend(sections),
@@ -304,6 +334,15 @@ def build_report(grid: Grid, *, command: str) -> Report:
                   header=_header(grid, sections, command=command, trained_on=sorted(machines)),
                   sections=tuple(sections),
                   reference=grid.spec.reference, notes=tuple(grid.notes()), legend=legend)
+
+
+TAGGING_COLUMNS = (
+    "Tagging columns (docs/training.md, \"Tagging accuracy\"): All, token accuracy over every word of the split; "
+    "OOV, over words that do not occur in the training sentences (whatever the vocabulary holds); Ambig., over "
+    "words seen in training with more than one tag. OOV, Ambig. and the rest (words seen with one training tag) "
+    "partition All, so All is their token-weighted mean (group sizes under each table). OOV in voc. (only where "
+    "the vocabulary is counted on dev/test too, data.vocab_from_all_splits): the OOV words that nevertheless "
+    "have a vocabulary row, one that no training sentence trained; a subset of OOV.")
 
 
 def _speed_legend(sections: Sequence[Section]) -> str:
@@ -328,26 +367,61 @@ def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:
 
 
 # ----------------------------------------------------------------------------- the command
+def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], None]) -> list[str]:
+    """``--rescore``: score the chosen tagging cells that were evaluated again from their predictions
+    (``cells.rescore_tagging_cell``); trains and runs no model. Returns the errors, one per failed cell."""
+    from sanlab.runs import run_lock
+
+    if grid.task != "tagging":
+        raise ConfigError(f"{grid.path}: --rescore re-scores tagging predictions; this is a {grid.task} grid")
+    errors = []
+    for cell in cells:
+        if not (Path(cell.run_dir) / EVAL_FILE).exists():
+            log(f"{cell.label}: not scored yet, nothing to re-score")
+            continue
+        try:
+            with run_lock(cell.run_dir):  # a grid run may be scoring it
+                old, new = rescore_tagging_cell(cell, grid.spec.eval)
+        except ConfigError as err:
+            errors.append(f"{cell.label}: {err}")
+            log(f"{cell.label}: NOT re-scored: {err}")
+            continue
+        changes = [f"{col} {_group_score(old, key)} -> {_group_score(new, key)}" for col, key in METRICS["tagging"]
+                   if _group_score(old, key) != _group_score(new, key)]
+        log(f"{cell.label}: re-scored: " + ("; ".join(changes) if changes else "unchanged"))
+    return errors
+
+
+def _group_score(scores: dict, key: str) -> str:
+    """``"48.29 (642 tokens)"``: a word group's accuracy and size in an evaluation record."""
+    value = scores.get(key)
+    return "—" if value is None else f"{value:.2f} ({scores.get(f'n_{key}')} tokens)"
+
+
 def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | None = None, dry_run: bool = False,
-                table_only: bool = False, jobs: int = 1, only: Sequence[str] = (), datasets: Sequence[str] = (),
-                seeds: Sequence[int] = (), quiet: bool = False, command: str | None = None,
-                out: Callable[[str], None] = print) -> int:
-    """What ``sanlab compare`` does; returns the exit code (1 if a cell failed)."""
+                table_only: bool = False, rescore: bool = False, jobs: int = 1, only: Sequence[str] = (),
+                datasets: Sequence[str] = (), seeds: Sequence[int] = (), datasets_file: str | None = None,
+                quiet: bool = False, command: str | None = None, out: Callable[[str], None] = print) -> int:
+    """What ``sanlab compare`` does; returns the exit code (1 if a cell failed). ``datasets_file``
+    (``--datasets``) replaces the grid's datasets (``grid.load_grid``)."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    if dry_run and table_only:
-        raise ConfigError("--dry-run lists the cells and --table-only prints the table: choose one")
+    modes = [flag for flag, on in (("--dry-run", dry_run), ("--table-only", table_only), ("--rescore", rescore)) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)}: choose one (--dry-run lists the cells, --table-only prints the "
+                          "table, --rescore scores the cells again from their predictions and prints the table)")
     if table_only and (only or datasets or seeds):
         # the table always shows every cell; ignoring a selection would look like it had been applied
         raise ConfigError("--table-only prints the whole table; --only, --dataset and --seed choose the cells "
                           "to run: drop them")
-    grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir)
+    grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir, datasets_file=datasets_file)
     check_synthetic(grid)
     cells = select_cells(grid, only=only, datasets=datasets, seeds=seeds)
     if dry_run:
         out(describe_cells(grid, cells))
         return 0
     command = command or command_line()
+    errors = rescore_cells(grid, cells, log=lambda m: print(m, file=sys.stderr)) if rescore else []
 
     def write_table() -> None:
         # a finished cell that does not match this invocation's settings would drop out of the table:
@@ -356,10 +430,10 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
             write_report(build_report(grid, command=command), grid.runs_dir)
 
     failed = []
-    if not table_only:
+    if not table_only and not rescore:
         # the table on disk is rewritten after every cell, so a grid stopped partway leaves a partial table
         failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
-                                      after_cell=lambda _: write_table()) if o.error]
+                                      keep_order=bool(only), after_cell=lambda _: write_table()) if o.error]
     try:
         report = build_report(grid, command=command)
         out(render_markdown(report))
@@ -376,4 +450,6 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     finally:
         for o in failed:
             out(f"FAILED {o.cell.label}: {o.error}")
-    return 1 if failed else 0
+        for error in errors:
+            out(f"NOT RE-SCORED {error}")
+    return 1 if failed or errors else 0

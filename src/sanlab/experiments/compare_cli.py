@@ -17,6 +17,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="config override for every cell, e.g. --set train.max_steps=2000 (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="print the table from what exists; run nothing")
+    p.add_argument("--rescore", action="store_true",
+                   help="tagging: score the evaluated cells again from their predictions (tags-*.jsonl.gz) with the "
+                   "current word-group definitions, without checkpoints; then print the table (docs/compare.md)")
     p.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (each with cores/N threads)")
     p.add_argument("--only", action="append", default=[], metavar="VARIANT",
                    help="run only this variant (name or directory slug; repeatable); the table shows all")
@@ -42,5 +45,5 @@ def _cmd_compare(args) -> int:
     # through the environment, so that the grid's worker processes see it too
     with mock.patch.dict(os.environ, {ALLOW_CHANGED_DATA_ENV: "1"} if args.allow_changed_data else {}):
         return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
-                           table_only=args.table_only, jobs=args.jobs, only=args.only, datasets=args.dataset,
-                           seeds=args.seeds, quiet=args.quiet)
+                           table_only=args.table_only, rescore=args.rescore, jobs=args.jobs, only=args.only,
+                           datasets=args.dataset, seeds=args.seeds, quiet=args.quiet)

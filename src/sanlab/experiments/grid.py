@@ -46,6 +46,10 @@ EVAL_FILE = "compare-eval.json"  # written when the cell was evaluated the way t
 FAILED_FILE = "failed.json"      # the last error of a cell that failed; removed when it is evaluated
 # Keys that do not change what was trained: a finished cell stays finished when only these change.
 NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
+# The word groups of tagging accuracy (OOV, ambiguous, ... from the training data: evaluation.tagging), part of
+# a tagging cell's evaluation key: a cell scored with the older definitions (OOV = outside the model's vocabulary)
+# is scored again; ``sanlab compare GRID --rescore`` does it from its predictions file, without the model.
+TAGGING_GROUPS = "training-data groups (2026-11-25)"
 
 
 class _Strict(BaseModel):
@@ -98,6 +102,12 @@ class GridSpec(_Strict):
     notes: list[str] | str = []
 
 
+class DatasetsFile(_Strict):
+    """A ``--datasets`` file: the grid's ``datasets:`` key and nothing else; its entries replace the grid's."""
+
+    datasets: list[DatasetSpec] = Field(min_length=1)
+
+
 @dataclass(frozen=True)
 class Cell:
     dataset: str | None
@@ -119,6 +129,7 @@ class Grid:
     runs_dir: Path
     cells: tuple[Cell, ...]
     cli_overrides: tuple[str, ...] = ()
+    datasets_file: Path | None = None          # ``--datasets``: where the datasets came from instead of the grid
 
     @property
     def name(self) -> str:
@@ -184,15 +195,28 @@ def _describe(error: dict, raw: dict) -> str:
     return f"  {where}: {msg}"
 
 
-def _check_spec(spec: GridSpec, path: Path) -> None:
-    def fail(message: str):
-        raise ConfigError(f"{path}: {message}")
+def read_datasets_file(path: Path) -> list[DatasetSpec]:
+    """The entries of a ``--datasets`` file (``datasets: [{name, overrides, note, paper}, ...]``), validated
+    as the grid's own; errors name the file and the entry."""
+    raw = read_yaml_mapping(path, what="datasets file")
+    try:
+        return DatasetsFile.model_validate(raw).datasets
+    except ValidationError as err:
+        raise ConfigError(f"{path}: invalid datasets file (a mapping with one key, datasets: a list of {{name, "
+                          "overrides, note, paper}})\n" + "\n".join(_describe(e, raw) for e in err.errors())) from None
 
-    for kind, names in (("variant", [v.name for v in spec.variants]), ("dataset", [d.name for d in spec.datasets])):
+
+def _check_spec(spec: GridSpec, path: Path, *, datasets_from: Path | None = None) -> None:
+    """Consistency of a grid; errors about its datasets name ``datasets_from`` when they came from there."""
+    def fail(message: str, where: Path = path):
+        raise ConfigError(f"{where}: {message}")
+
+    for kind, names, where in (("variant", [v.name for v in spec.variants], path),
+                               ("dataset", [d.name for d in spec.datasets], datasets_from or path)):
         slugs = [slug(n) for n in names]
         dup = sorted({n for n, s in zip(names, slugs) if slugs.count(s) > 1})
         if dup:
-            fail(f"{kind} names {dup} collide (same directory name); rename them")
+            fail(f"{kind} names {dup} collide (same directory name); rename them", where)
     if sum(v.baseline for v in spec.variants) > 1:
         fail(f"more than one variant is marked baseline: {[v.name for v in spec.variants if v.baseline]}")
     for v in spec.variants:
@@ -205,7 +229,8 @@ def _check_spec(spec: GridSpec, path: Path) -> None:
     for d in spec.datasets:
         unknown = sorted(set(d.paper) - known)
         if unknown:
-            fail(f"dataset {d.name!r}: paper numbers for unknown variant(s) {unknown}; variants: {sorted(known)}")
+            fail(f"dataset {d.name!r}: paper numbers for unknown variant(s) {unknown}; variants: {sorted(known)}",
+                 datasets_from or path)
     ev = spec.eval
     if (ev.checkpoint == "averaged") != (ev.average_last is not None):
         fail(f"eval: checkpoint 'averaged' goes with average_last: N (got checkpoint {ev.checkpoint!r}, "
@@ -253,15 +278,23 @@ def _check_split(config: Config, split: str, *, origin: str) -> None:
         raise ConfigError(f"{origin}: eval split {split!r} is not in this run's data; it has: {', '.join(known)}")
 
 
-def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Path | None = None) -> Grid:
+def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Path | None = None,
+              datasets_file: str | Path | None = None) -> Grid:
     """Read and check a grid file; resolve and validate the config of every cell.
 
     ``overrides`` are command-line ``--set`` assignments for every cell; ``runs_dir`` replaces
-    the grid's. Errors name the grid file and the variant (and dataset) concerned.
+    the grid's. ``datasets_file`` (``--datasets``) replaces the grid's datasets with its own; their
+    cells then go to ``runs/compare/<grid>-<file>`` unless ``runs_dir`` says otherwise, never into the
+    grid's (committed) runs_dir, and every data file they name must exist. Errors name the grid file
+    (or the datasets file) and the variant and dataset concerned.
     """
     path = Path(path)
     spec = _read_spec(path)
-    _check_spec(spec, path)
+    datasets_from = Path(datasets_file) if datasets_file is not None else None
+    if datasets_from is not None:
+        spec = spec.model_copy(update={"datasets": read_datasets_file(datasets_from)})
+        runs_dir = runs_dir or Path("runs") / "compare" / f"{path.stem}-{datasets_from.stem}"
+    _check_spec(spec, path, datasets_from=datasets_from)
     if spec.synthetic is not None:
         missing = [s for s in SYNTHETIC_SPLITS[spec.synthetic.task] if s not in spec.synthetic.sizes]
         if missing:
@@ -275,12 +308,13 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
         for variant in spec.variants:
             for seed in variant.seeds or spec.seeds:
                 cells.append(_plan_cell(spec, base, path=path, root=root, dataset=dataset, variant=variant,
-                                        seed=seed, cli=list(overrides)))
-    return Grid(path=path, spec=spec, runs_dir=root, cells=tuple(cells), cli_overrides=tuple(overrides))
+                                        seed=seed, cli=list(overrides), datasets_from=datasets_from))
+    return Grid(path=path, spec=spec, runs_dir=root, cells=tuple(cells), cli_overrides=tuple(overrides),
+                datasets_file=datasets_from)
 
 
 def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: DatasetSpec | None,
-               variant: VariantSpec, seed: int, cli: list[str]) -> Cell:
+               variant: VariantSpec, seed: int, cli: list[str], datasets_from: Path | None = None) -> Cell:
     where = f"variant {variant.name!r}" + (f" on dataset {dataset.name!r}" if dataset else "")
     origin = f"{path}: {where}"
     raw = json.loads(json.dumps(base))  # a deep copy
@@ -288,10 +322,19 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
         if isinstance(raw.get("data"), dict):
             raw["data"].pop("test", None)
         _apply(raw, _synthetic_paths(spec.synthetic, root / "data"), origin=origin)
+    recipe_data = json.dumps(raw.get("data"), sort_keys=True)
+    own = f"{datasets_from}: dataset {dataset.name!r}" if datasets_from is not None and dataset else None
     for overrides, what in ((dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
                             (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")):
-        _apply(raw, overrides, origin=f"{origin} ({what})")
-    config = validate(raw, source=f"{origin} (base {spec.base})")
+        _apply(raw, overrides, origin=f"{own} (overrides)" if own and what == "dataset" else f"{origin} ({what})")
+        if own and what == "dataset" and json.dumps(raw.get("data"), sort_keys=True) == recipe_data:
+            raise ConfigError(f"{own}: its overrides change no data file, so it would train and test on the "
+                              f"recipe's ({spec.base}); set data.train, data.dev and data.test (or their "
+                              "translation counterparts) there")
+    config = validate(raw, source=f"{own} (base {spec.base}, variant {variant.name!r})" if own else
+                      f"{origin} (base {spec.base})")
+    if own:
+        _check_data_files(config, origin=own)
     split = spec.eval.split or default_split(config)
     _check_split(config, split, origin=origin)
     if spec.eval.average_last and spec.eval.average_last > config.train.keep_last:  # found only after training
@@ -301,6 +344,23 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     run_dir = root / (slug(dataset.name) if dataset else "") / slug(variant.name) / f"seed-{seed}"
     return Cell(dataset=dataset.name if dataset else None, variant=variant.name, seed=seed, run_dir=run_dir,
                 config=config, split=split)
+
+
+def _data_files(config: Config) -> list[tuple[str, str]]:
+    """(key, path) of every data file a config reads."""
+    d = config.data
+    if isinstance(config, TranslationConfig):
+        pairs = [("train", d.train), ("valid", d.valid), *((f"test.{k}", v) for k, v in d.test.items())]
+        return [(f"data.{name}.{side}", getattr(pair, side)) for name, pair in pairs for side in ("src", "tgt")]
+    return [(f"data.{k}", getattr(d, k)) for k in ("train", "dev", "test") if getattr(d, k)]
+
+
+def _check_data_files(config: Config, *, origin: str) -> None:
+    """A ``--datasets`` entry's data files exist (a typo would otherwise surface when its cell trains)."""
+    for key, name in _data_files(config):
+        if not Path(name).is_file():
+            raise ConfigError(f"{origin}: {key} {name}: no such file (data paths are relative to the working "
+                              f"directory, {Path.cwd()})")
 
 
 # ----------------------------------------------------------------------------- cell state
@@ -389,7 +449,16 @@ def eval_key(cell: Cell, spec: EvalSpec) -> dict:
     key = {"checkpoint": spec.checkpoint, "average_last": spec.average_last, "split": cell.split}
     if isinstance(cell.config, TranslationConfig):
         key["decode"] = cell.config.decode.model_dump(mode="json")
+    else:
+        key["word_groups"] = TAGGING_GROUPS
     return key
+
+
+def _stale_groups(record: dict | None, key: dict) -> bool:
+    """Whether an evaluation record differs from ``key`` only in the tagging word groups it was scored with."""
+    old = dict((record or {}).get("key") or {})
+    return "word_groups" in key and old.get("word_groups") != key["word_groups"] and \
+        {**old, "word_groups": key["word_groups"]} == key
 
 
 def _normalised(raw: dict, *, source: Path) -> dict:
@@ -439,6 +508,9 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
                 return CellState("evaluated", step)
             return CellState("trained", step, f"{record.get('evidence')} or the recorded scores changed (or the "
                                               "file is missing) since it was scored")
+        if record and record.get("trained_at") == done["finished_at"] and _stale_groups(record, eval_key(cell, spec)):
+            return CellState("trained", step, "scored with the OOV/ambiguous definitions before 2026-11-25: "
+                                              "`sanlab compare GRID --rescore` scores it again from its predictions")
         return CellState("trained", step)
     saved = _normalised(read_yaml_mapping(run / "config.yaml", what="run config"), source=run / "config.yaml")
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]

@@ -1,6 +1,7 @@
 """Choosing and running the cells of a comparison grid: ``--only``/``--dataset`` selection, the
-``--dry-run`` listing, the breadth-first order over seeds, and ``--jobs`` process pools that survive
-a dying worker. ``compare`` builds the table from what these runs leave behind.
+``--dry-run`` listing, the order (breadth-first over seeds, or as ``--only`` names the variants), and
+``--jobs`` process pools that survive a dying worker. ``compare`` builds the table from what these
+runs leave behind.
 """
 
 from __future__ import annotations
@@ -21,27 +22,37 @@ from sanlab.experiments.grid import Cell, Grid, cell_state, slug
 def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),
                  seeds: Sequence[int] = ()) -> list[Cell]:
     """The cells of the named variants / datasets (names or their directory slugs) and seeds; all if none
-    named. A seed needs only to be one of some chosen variant's (the baseline often has more seeds)."""
-    def pick(names: Sequence[str], known: list[str], kind: str) -> set[str]:
-        chosen = set()
+    named. A seed needs only to be one of some chosen variant's (the baseline often has more seeds).
+
+    Order: with ``only``, the variants in the order named (a name given twice counts where it first
+    appears), each over the datasets and seeds in the order named (else the grid's), and ``run_grid``
+    keeps it (``keep_order``); without, the grid's order, which ``run_order`` makes breadth-first."""
+    def pick(names: Sequence[str], known: list[str], kind: str) -> list[str]:
+        chosen: dict[str, None] = {}
         for name in names:
             match = [k for k in known if name in (k, slug(k))]
             if not match:
-                raise ConfigError(f"{grid.path}: no {kind} {name!r}; the grid has: {', '.join(known)}")
-            chosen.update(match)
-        return chosen or set(known)
+                hint = " (a YAML file of datasets goes to --datasets)" if name.endswith((".yaml", ".yml")) else ""
+                raise ConfigError(f"{grid.path}: no {kind} {name!r}; the grid has: {', '.join(known)}{hint}")
+            chosen.update(dict.fromkeys(match))
+        return list(chosen) or known
 
     variants = pick(only, [v.name for v in grid.spec.variants], "variant")
     if datasets and not grid.spec.datasets:
         raise ConfigError(f"{grid.path}: --dataset {datasets[0]!r}, but this grid has no datasets")
-    sets = pick(datasets, [d.name for d in grid.spec.datasets], "dataset") if grid.spec.datasets else {None}
+    sets = pick(datasets, [d.name for d in grid.spec.datasets], "dataset") if grid.spec.datasets else [None]
     chosen = [c for c in grid.cells if c.variant in variants and c.dataset in sets]
     missing = sorted(set(seeds) - {c.seed for c in chosen})
     if missing:
         have = sorted({c.seed for c in chosen})
         raise ConfigError(f"{grid.path}: no cell with seed {missing[0]} among the chosen variants; their seeds: "
                           f"{', '.join(map(str, have))}")
-    return [c for c in chosen if not seeds or c.seed in seeds]
+    chosen = [c for c in chosen if not seeds or c.seed in seeds]
+    if only:
+        seed_order = list(dict.fromkeys(seeds))
+        chosen.sort(key=lambda c: (variants.index(c.variant), sets.index(c.dataset),
+                                   seed_order.index(c.seed) if seeds else grid.seeds_of(c.variant).index(c.seed)))
+    return chosen
 
 
 def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
@@ -70,13 +81,15 @@ def run_order(grid: Grid, cells: Sequence[Cell]) -> list[Cell]:
 
 
 def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = False,
-             log: Callable[[str], None] = print,
+             log: Callable[[str], None] = print, keep_order: bool = False,
              after_cell: Callable[[CellOutcome], None] | None = None) -> list[CellOutcome]:
-    """Train and evaluate every cell not evaluated yet, in ``run_order``; ``jobs`` > 1 runs cells in
-    spawned processes, each with ``cores // jobs`` threads. A failing cell is reported and the others go
-    on. ``after_cell`` is called as each cell finishes (``run_compare`` rewrites the table there)."""
+    """Train and evaluate every cell not evaluated yet, in ``run_order`` (or in the order of ``cells`` with
+    ``keep_order``: ``--only``); ``jobs`` > 1 runs cells in spawned processes, each with ``cores // jobs``
+    threads, started in that order. A failing cell is reported and the others go on. ``after_cell`` is
+    called as each cell finishes (``run_compare`` rewrites the table there)."""
     prepare_synthetic(grid)
-    todo = run_order(grid, [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"])
+    todo = [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"]
+    todo = todo if keep_order else run_order(grid, todo)
     threads = max(1, cores() // jobs)
     log(f"{len(cells) - len(todo)} of {len(cells)} cells already evaluated; {len(todo)} to run"
         + (f" with {jobs} jobs x {threads} thread{'s' if threads > 1 else ''}" if jobs > 1 and len(todo) > 1 else ""))

@@ -105,6 +105,7 @@ class Section:
     signatures: tuple[str, ...] = ()     # sacreBLEU signatures seen, "BLEU|..." and "chrF2|..." (one each, normally)
     paper_columns: tuple[str, ...] = ()
     failures: tuple[str, ...] = ()       # "variant / seed s: error" of the failed cells
+    word_groups: str | None = None       # tagging: how the split's tokens fall into the word groups (under the table)
 
     @property
     def partial(self) -> bool:
@@ -237,6 +238,8 @@ def section_markdown(section: Section) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     for sig in section.signatures:
         lines += ["", f"sacreBLEU signature: `{sig}`"]
+    if section.word_groups:
+        lines += ["", section.word_groups]
     notes = [f"- {r.variant}: {r.note}" for r in section.rows if r.note]
     problems = [f"- (‡) {r.variant}: no test against the baseline: {r.problem}" for r in section.rows if r.problem]
     failures = [f"- FAILED {f}" for f in section.failures]
@@ -304,7 +307,8 @@ def report_dict(report: Report) -> dict:
         rows = [{**row(r), "paper_delta": s.paper_delta(r), "direction": s.direction(r)} for r in s.rows]
         return {"dataset": s.dataset, "metrics": list(s.metrics), "done": s.done, "total": s.total,
                 "partial": s.partial, "signatures": list(s.signatures), "paper_columns": list(s.paper_columns),
-                "paper_delta_column": s.paper_delta_column, "failures": list(s.failures), "rows": rows}
+                "paper_delta_column": s.paper_delta_column, "failures": list(s.failures),
+                "word_groups": s.word_groups, "rows": rows}
 
     sections = [section(s) for s in report.sections]
     return {"title": report.title, "header": report.header, "sections": sections, "reference": report.reference,

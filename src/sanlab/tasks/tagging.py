@@ -118,8 +118,7 @@ class TaggingTask:
         if vocab_path.exists():
             self.vocab = TaggingVocab.load(vocab_path)
         else:
-            counted = train + dev + test if d.vocab_from_all_splits else train
-            self.vocab = TaggingVocab.build(train, counted, fraction=d.vocab_fraction, max_size=d.vocab_max)
+            self.vocab = build_vocab(config, train=train, dev=dev, test=test)
             self.vocab.save(vocab_path)
         self.train_word_tags = word_tags([list(zip(s.words, s.tags)) for s in train])
         self.train, self.dev = chunk_sentences(train, t), chunk_sentences(dev, t)
@@ -192,8 +191,27 @@ def tag_sentences(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence
     return pred
 
 
+def build_vocab(config: TaggingConfig, *, train: list[TaggedSentence], dev: list[TaggedSentence],
+                test: list[TaggedSentence]) -> TaggingVocab:
+    """The vocabulary a run of ``config`` builds from these splits (deterministic: spec C.10)."""
+    d = config.data
+    counted = train + dev + test if d.vocab_from_all_splits else train
+    return TaggingVocab.build(train, counted, fraction=d.vocab_fraction, max_size=d.vocab_max)
+
+
+def run_vocab(config: TaggingConfig, run_dir: Path) -> TaggingVocab:
+    """The run's vocabulary: its ``tagger-vocab.json``, or, where the run directory does not keep it
+    (committed grid cells), built again from the config's data files as training built it."""
+    path = Path(run_dir) / VOCAB_FILE
+    if path.exists():
+        return TaggingVocab.load(path)
+    d = config.data
+    return build_vocab(config, train=read_conllu(d.train, column=d.column), dev=read_conllu(d.dev, column=d.column),
+                       test=read_conllu(d.test, column=d.column) if d.test else [])
+
+
 def training_word_tags(config: TaggingConfig) -> dict:
-    """word -> tags seen in the training data (what makes a word ambiguous, spec C.11)."""
+    """word -> tags seen in the training data (what makes a word OOV or ambiguous, ``evaluation.tagging``)."""
     train = read_conllu(config.data.train, column=config.data.column)
     return word_tags([list(zip(s.words, s.tags)) for s in train])
 
@@ -215,7 +233,7 @@ def load_tagging_model(config: TaggingConfig, run_dir: Path) -> tuple[Tagger, Ta
 
 def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingConfig, *,
                             splits: list[str] | None) -> dict:
-    """All / OOV / ambiguous accuracy and a per-tag report on dev and test (spec C.11)."""
+    """Accuracy over all tokens and each word group (``evaluation.tagging``) and a per-tag report on dev and test."""
     from sanlab.evaluation.tagging import format_report, per_tag_report
 
     d = config.data
@@ -230,6 +248,5 @@ def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingC
         gold = [list(s.tags) for s in sents]
         s = tagging_accuracy(gold=gold, pred=pred, words=[list(x.words) for x in sents], in_vocab=vocab.in_vocab,
                              train_word_tags=train_word_tags)
-        results[name] = {"all": s.all, "oov": s.oov, "ambiguous": s.ambiguous, "n_all": s.n_all, "n_oov": s.n_oov,
-                         "n_ambiguous": s.n_ambiguous, "report": format_report(per_tag_report(gold, pred))}
+        results[name] = {**s.record(), "report": format_report(per_tag_report(gold, pred))}
     return results
