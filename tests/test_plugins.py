@@ -207,3 +207,16 @@ def test_an_entry_point_may_not_take_a_built_in_name(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match="test part 'good' is registered twice"):
         _registry(good=f"{__name__}:GoodConfig").names()
+
+
+def test_a_config_class_registers_in_process():
+    registry = _registry()
+
+    @registry.register
+    class LocalConfig(ComponentConfig):
+        type: str = "local"
+        builder = "tests.nowhere:build"
+
+    assert registry.names() == ["local"] and registry.parse({"type": "local", "layers": [1]}) == LocalConfig(layers=[1])
+    with pytest.raises(ConfigError, match="'local' is registered twice"):
+        registry.register(LocalConfig)
