@@ -208,3 +208,26 @@ def test_translate_refuses_a_plain_string(tmp_path, tiny_translation):
     with pytest.raises(TypeError, match="takes a list of sentences, got one str"):
         translate(model, spm, "a b c", decode=config.decode)
     assert len(translate(model, spm, ["a b c"], decode=config.decode)) == 1
+
+
+def test_allow_changed_data_reaches_torchrun_workers_and_grid_cells(tmp_path, monkeypatch):
+    """`train --nproc 2` passes the flag to its torchrun command; `compare` sets it for its worker processes,
+    and only while it runs."""
+    import subprocess
+
+    from sanlab.experiments import compare
+    from sanlab.runs import ALLOW_CHANGED_DATA_ENV
+
+    launched, seen = [], []
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: launched.append(command)
+                        or subprocess.CompletedProcess(command, 0))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    recipe = tmp_path / "c.yaml"
+    recipe.write_text("task: tagging\ndata: {train: a, dev: b}\n")
+    assert main(["train", str(recipe), "--run", str(tmp_path / "r"), "--nproc", "2", "--allow-changed-data"]) == 0
+    assert "--allow-changed-data" in launched[0]
+    monkeypatch.delenv(ALLOW_CHANGED_DATA_ENV, raising=False)
+    monkeypatch.setattr(compare, "run_compare", lambda *a, **kw: seen.append(os.environ.get(ALLOW_CHANGED_DATA_ENV)) or 0)
+    assert main(["compare", "grid.yaml", "--allow-changed-data"]) == 0
+    assert main(["compare", "grid.yaml"]) == 0
+    assert seen == ["1", None] and ALLOW_CHANGED_DATA_ENV not in os.environ
