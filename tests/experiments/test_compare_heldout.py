@@ -70,7 +70,8 @@ def test_a_datasets_file_replaces_the_grids_datasets(tmp_path, corpus):
 @pytest.mark.parametrize("entry, message", [
     ("  - {name: X, overides: {data.train: a}}", r"datasets file .*\n  dataset 'X' \(datasets\[0\]\)\.overides: "
                                                  "unknown key"),
-    ("  - {name: X, overrides: {model.dropout: 0.2}}", "dataset 'X': its overrides change no data file"),
+    ("  - {name: X, overrides: {model.dropout: 0.2}}", "dataset 'X': its overrides set no data.* key"),
+    ("  - {name: X, overrides: ['model.dropout=0.2']}", "dataset 'X': its overrides set no data.* key"),
     ("  - {name: X, overrides: {data.train: missing.conllu}}", r"dataset 'X': data.train missing.conllu: no such file"),
     ("  - {name: X, overrides: {data.trian: a}}", r"dataset 'X'.*trian"),
     ("  - {name: X, overrides: {data.train: TRAIN}, paper: {nope: {All: 1.0}}}",
@@ -94,6 +95,18 @@ def test_a_datasets_file_must_be_the_datasets_key(tmp_path):
         load_grid(TREEBANKS, datasets_file=tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match=r"no dataset 'mine.yaml'.*\(a YAML file of datasets goes to --datasets\)"):
         select_cells(load_grid(TREEBANKS), datasets=["mine.yaml"])
+
+
+def test_the_command_line_takes_a_datasets_file_and_rescore(tmp_path, corpus, capsys):
+    from sanlab.cli import main
+
+    path = _datasets_file(tmp_path, corpus)
+    assert main(["compare", str(TREEBANKS), "--datasets", str(path), "--runs-dir", str(tmp_path / "r"), "--dry-run",
+                 "--only", "+Conv", "--only", "SAN+PE[add]"]) == 0
+    listed = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == ["My-Treebank / +Conv / seed 0", "My-Treebank / SAN+PE[add] / seed 0", "0 of 2 cells evaluated"]
+    assert main(["compare", str(TREEBANKS), "--rescore", "--dry-run"]) != 0
+    assert "--dry-run and --rescore: choose one" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- --only order

@@ -25,6 +25,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="run only this variant (name or directory slug; repeatable); the table shows all")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
                    help="run only this dataset of a grid with datasets (repeatable)")
+    p.add_argument("--datasets", dest="datasets_file", metavar="FILE",
+                   help="YAML file whose `datasets:` list replaces the grid's, e.g. to run a paper grid on your own "
+                   "treebank; cells go to runs/compare/<grid>-<file> unless --runs-dir (docs/compare.md)")
     p.add_argument("--seed", dest="seeds", action="append", default=[], type=int, metavar="N",
                    help="run only this seed of the chosen variants (repeatable), e.g. to train one cell at a time")
     p.add_argument("--runs-dir", help="where the cells go (default: the grid's runs_dir or runs/compare/<grid>)")
@@ -46,4 +49,5 @@ def _cmd_compare(args) -> int:
     with mock.patch.dict(os.environ, {ALLOW_CHANGED_DATA_ENV: "1"} if args.allow_changed_data else {}):
         return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                            table_only=args.table_only, rescore=args.rescore, jobs=args.jobs, only=args.only,
-                           datasets=args.dataset, seeds=args.seeds, quiet=args.quiet)
+                           datasets=args.dataset, seeds=args.seeds, datasets_file=args.datasets_file,
+                           quiet=args.quiet)

@@ -322,15 +322,14 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
         if isinstance(raw.get("data"), dict):
             raw["data"].pop("test", None)
         _apply(raw, _synthetic_paths(spec.synthetic, root / "data"), origin=origin)
-    recipe_data = json.dumps(raw.get("data"), sort_keys=True)
     own = f"{datasets_from}: dataset {dataset.name!r}" if datasets_from is not None and dataset else None
+    if own and not _sets_data(dataset.overrides):
+        raise ConfigError(f"{own}: its overrides set no data.* key, so it would train and test on the recipe's "
+                          f"data ({spec.base}); set data.train, data.dev and data.test (or their translation "
+                          "counterparts) there")
     for overrides, what in ((dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
                             (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")):
         _apply(raw, overrides, origin=f"{own} (overrides)" if own and what == "dataset" else f"{origin} ({what})")
-        if own and what == "dataset" and json.dumps(raw.get("data"), sort_keys=True) == recipe_data:
-            raise ConfigError(f"{own}: its overrides change no data file, so it would train and test on the "
-                              f"recipe's ({spec.base}); set data.train, data.dev and data.test (or their "
-                              "translation counterparts) there")
     config = validate(raw, source=f"{own} (base {spec.base}, variant {variant.name!r})" if own else
                       f"{origin} (base {spec.base})")
     if own:
@@ -344,6 +343,12 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     run_dir = root / (slug(dataset.name) if dataset else "") / slug(variant.name) / f"seed-{seed}"
     return Cell(dataset=dataset.name if dataset else None, variant=variant.name, seed=seed, run_dir=run_dir,
                 config=config, split=split)
+
+
+def _sets_data(overrides: Overrides) -> bool:
+    """Whether overrides (``key=value`` strings or a mapping, dotted keys allowed) set a ``data`` key."""
+    keys = [a.split("=", 1)[0] for a in overrides] if isinstance(overrides, list) else [str(k) for k in overrides]
+    return any(k.strip() == "data" or k.strip().startswith("data.") for k in keys)
 
 
 def _data_files(config: Config) -> list[tuple[str, str]]:
