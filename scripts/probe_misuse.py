@@ -71,6 +71,8 @@ class Workspace:
         try:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                 code = sanlab_main(list(argv))
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
         finally:
             os.chdir(here)
         return code, err.getvalue().strip()

@@ -139,7 +139,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
 
 
 def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -> list[str]:
-    """Compare the training data with the fingerprint recorded in ``meta.json`` (``data.fingerprint``).
+    """Compare the training data with the fingerprint recorded in ``meta.json`` (``data_fingerprint``).
     Changed data is a DataError naming the file, unless ``allow_changed``; then the changes are returned
     (for the log) and the new fingerprint recorded. A run without one (new, or made before fingerprints)
     records the data it starts or resumes on."""

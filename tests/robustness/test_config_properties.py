@@ -60,7 +60,7 @@ def test_any_text_is_a_config_or_a_config_error(scratch, text):
     _load(path)
 
 
-@FAST
+@settings(FAST, max_examples=60)  # each example validates a whole config twice
 @given(st.sampled_from([k for k, _ in LEAVES] + ["model.encoder.attention.parts", "train.nokey", "base", "data"]),
        values)
 def test_any_value_under_any_key_is_validated_or_refused(scratch, key, value):
