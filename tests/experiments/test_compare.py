@@ -711,16 +711,19 @@ def test_new_decode_settings_re_evaluate_without_retraining(tmp_path, monkeypatc
 # ----------------------------------------------------------------------------- the shipped grids
 RECIPES = {"csan-table1-multi30k": {"vanilla": "multi30k-en-de-transformer", "1D-CSAN": "multi30k-en-de-csan1d",
                                     "2D-CSAN": "multi30k-en-de-csan2d", "Rel_Pos": "multi30k-en-de-relpos",
-                                    "Local_Soft": "multi30k-en-de-localsoft", "MUSE": "multi30k-en-de-muse",
-                                    "DynamicConv": "multi30k-en-de-dynamicconv", "capsule": "multi30k-en-de-capsule"},
+                                    "Bi_Direct": "multi30k-en-de-bidirect", "Neighbor": "multi30k-en-de-neighbor",
+                                    "Local_Hard": "multi30k-en-de-localhard", "Local_Soft": "multi30k-en-de-localsoft",
+                                    "Block": "multi30k-en-de-block", "CNNs": "multi30k-en-de-cnns",
+                                    "MUSE": "multi30k-en-de-muse", "MUSE_FF": "multi30k-en-de-muse-ff",
+                                    "DynamicConv": "multi30k-en-de-dynamicconv", "LightConv": "multi30k-en-de-lightconv",
+                                    "capsule": "multi30k-en-de-capsule"},
            "dufter-table2-ud": {"SAN+PE[add]": "ud-ewt-tagger", "SAN+P+R": "ud-ewt-pr", "+Temp": "ud-ewt-temp",
                                 "+Conv": "ud-ewt-conv", "+Conv2d": "ud-ewt-conv2d", "1D-CSAN": "ud-ewt-csan1d",
                                 "2D-CSAN": "ud-ewt-csan2d", "capsule": "ud-ewt-capsule", "MUSE": "ud-ewt-muse",
                                 "SAN (no position)": "ud-ewt-san", "MUSE_FF (no convolution)": "ud-ewt-muse-ff",
                                 "SAN+PE[con]": "ud-ewt-pe-con", "SAN+PE[add], Keras init": "ud-ewt-tagger"}}
 # The documented differences between a row and its recipe.
-RECIPE_DIFFERENCES = {"Local_Soft": ["model.encoder.attention.parts"],  # in CSAN's layers 0-1
-                      "SAN+PE[add], Keras init": ["model.dense_init"]}  # the diagnostic of the reference's init
+RECIPE_DIFFERENCES = {"SAN+PE[add], Keras init": ["model.dense_init"]}  # the diagnostic of the reference's init
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -735,9 +738,14 @@ def test_grid_variants_are_their_recipes(name):
         recipe = load_config(ROOT / "configs" / f"{RECIPES[name][cell.variant]}.yaml", [f"train.seed={cell.seed}"])
         diff = config_differences(config_dict(recipe), config_dict(cell.config))
         assert diff == RECIPE_DIFFERENCES.get(cell.variant, []), cell.label
-    if name == "csan-table1-multi30k":
-        local_soft = next(c for c in grid.cells if c.variant == "Local_Soft").config.model.encoder.attention.parts
-        assert [p.layers for p in local_soft] == [[0, 1]]
+    if name == "csan-table1-multi30k":  # every locality row where CSAN is: encoder layers 0-1, layer 2 global
+        assert [v.name for v in grid.spec.variants][:10] == ["vanilla", "Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard",
+                                                             "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN"]
+        for variant in ("Bi_Direct", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN"):
+            encoder = next(c for c in grid.cells if c.variant == variant).config.model.encoder
+            placed = [p.layers for p in (*encoder.attention.parts, *encoder.pre_blocks)]
+            placed += [encoder.mixer.layers] if encoder.mixer.type != "attention" else []
+            assert placed == [[0, 1]], variant
         assert grid.seeds_of("vanilla") == grid.seeds_of("2D-CSAN") == [1, 2, 3] and grid.seeds_of("MUSE") == [1]
 
 
