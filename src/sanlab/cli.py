@@ -150,9 +150,13 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_params(args) -> int:
+    from sanlab.experiments.params import format_recipe_rows, recipe_rows
     from sanlab.experiments.params import main as print_params
 
-    print_params(args.preset)
+    if args.config:
+        print(format_recipe_rows(recipe_rows(args.config, args.overrides)))
+    else:
+        print_params(args.preset)
     return 0
 
 
@@ -222,7 +226,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="output checkpoint directory (default: <run>/averaged)")
     p.set_defaults(fn=_cmd_average)
 
-    p = sub.add_parser("params", help="parameter counts of every variant against vanilla Transformer-Base")
+    p = sub.add_parser("params", help="parameter counts of every variant against vanilla Transformer-Base, or of a "
+                       "translation recipe / every variant of a grid (CONFIG) next to the paper's")
+    p.add_argument("config", nargs="?", help="a translation recipe or a comparison grid (e.g. configs/paper/*.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (with CONFIG)")
     p.add_argument("--preset", default="transformer_base", help="transformer_base | transformer_big")
     p.set_defaults(fn=_cmd_params)
 

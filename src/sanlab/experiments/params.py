@@ -100,6 +100,59 @@ def format_table(rows: list[ParamRow]) -> str:
     return "\n".join(lines)
 
 
+# Published sizes of the configs/paper recipes, for `sanlab params CONFIG` (docs/data.md says why ours differ).
+PAPER_PARAMS = {
+    "wmt14-en-de-base": "88.0M (CSAN Table 1)",
+    "wmt14-en-de-base-csan": "88.0M (CSAN Table 1: 2D-CSAN adds none)",
+    "iwslt14-de-en-transformer": "43M (MUSE Table 3; 42,864,640 with their dictionaries)",
+    "iwslt14-de-en-muse": "49M (MUSE Table 1; 48,193,584 in its released log)",
+    "iwslt14-de-en-dynamicconv": "not given (Wu et al. IWSLT model)",
+    "iwslt14-de-en-lightconv": "not given (Wu et al. IWSLT model)",
+    "wmt14-en-de-big": "not given (CSAN Table 2)",
+    "wmt14-en-de-big-csan": "not given (CSAN Table 2)",
+    "wmt17-zh-en-base": "not given (capsule-Transformer Table 1)",
+    "wmt17-zh-en-base-capsule": "+1.6K over Big (capsule-Transformer text); Base adds 432",
+}
+
+
+def translation_params(config) -> int:
+    """Parameters of a translation recipe's model at its configured vocabulary size (sentencepiece reaches it
+    on any corpus of real size; a tiny one may give fewer pieces), built on the meta device."""
+    sw = config.data.subword
+    with torch.device("meta"):
+        model = build_seq2seq(config.model, vocab_size=sw.vocab_size, pad_id=0,
+                              tgt_vocab_size=None if sw.joint else sw.vocab_size)
+    return count_parameters(model)
+
+
+def recipe_rows(path: str, overrides: list[str] = ()) -> list[tuple[str, int, str]]:
+    """(name, parameters, the paper's) of a translation recipe, or of every variant of a comparison grid."""
+    from pathlib import Path
+
+    from sanlab.config import TranslationConfig, load_config, read_yaml_mapping
+    from sanlab.errors import ConfigError
+    from sanlab.experiments.grid import load_grid
+
+    if "variants" in read_yaml_mapping(Path(path)):
+        grid = load_grid(path, overrides=list(overrides))
+        cells = {c.variant: c for c in grid.cells}
+        rows = [(v.name, cells[v.name].config, str(grid.paper(dataset=cells[v.name].dataset, variant=v.name)
+                                                  .get("params", ""))) for v in grid.spec.variants]
+    else:
+        rows = [(Path(path).stem, load_config(path, overrides), PAPER_PARAMS.get(Path(path).stem, ""))]
+    if not all(isinstance(config, TranslationConfig) for _, config, _ in rows):
+        raise ConfigError(f"{path}: sanlab params CONFIG counts translation recipes (a tagger's size depends on "
+                          "the words of its data); sanlab params alone prints the variants at Base size")
+    return [(name, translation_params(config), paper) for name, config, paper in rows]
+
+
+def format_recipe_rows(rows: list[tuple[str, int, str]]) -> str:
+    width = max(len("recipe"), *(len(name) for name, _, _ in rows))
+    lines = [f"{'recipe':<{width}} {'params':>13} {'(M)':>7}  paper"]
+    lines += [f"{name:<{width}} {n:>13,} {n / 1e6:>7.1f}  {paper}" for name, n, paper in rows]
+    return "\n".join(lines)
+
+
 def main(preset: str = "transformer_base") -> None:
     print(f"Parameters of Transformer variants ({preset}, shared 37k vocabulary; delta vs the first row; "
           "'paper': the CSAN table's added parameters; Dufter's P, R and Conv scale with t = model.max_positions)")
