@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from sanlab.config import apply_override, dump_config, load_config, set_key, validate
 from sanlab.errors import ConfigError
 
-FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# a deadline of 5 s per example: a hang fails the test, a loaded machine does not
+FAST = settings(max_examples=120, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 BASE = {"task": "translation", "data": {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "a", "tgt": "b"}},
         "model": {"dim": 16, "encoder": {"layers": 1, "attention": {"heads": 2}}}}
 _names = itertools.count()

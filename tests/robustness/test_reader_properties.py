@@ -16,7 +16,8 @@ from sanlab.data.conllu_io import read_conllu
 from sanlab.data.parallel import read_parallel
 from sanlab.errors import DataError
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# a deadline of 5 s per example: a hang fails the test, a loaded machine does not
+FAST = settings(max_examples=150, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 _names = itertools.count()
 
 
