@@ -26,7 +26,7 @@ from sanlab.files import read_json, write_json, write_text
 from sanlab.training import rundir
 from sanlab.training.checkpoint import CheckpointManager, checkpoint_names, latest_checkpoint, load_weights
 from sanlab.training.logging import RunLogger
-from sanlab.training.rundir import LOCK_FILE, RUN_FORMAT, RUN_MARKER
+from sanlab.training.rundir import RUN_FORMAT, RUN_MARKER, run_lock  # noqa: F401  (run_lock: sanlab.runs' API)
 
 LIBRARIES = ("torch", "sacrebleu", "sentencepiece", "conllu", "safetensors", "pydantic", "numpy")
 
@@ -298,44 +298,6 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
                         run_dir, config, allow_changed=allow_changed_data)}
             resuming = dist.broadcast(resuming if dist.is_main else None)
             return _train_locked(config, run_dir, resuming=resuming, quiet=quiet, dist=dist, start=start or {})
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: Path):
-    """One process at a time trains or evaluates a run directory (a second one would interleave checkpoints,
-    logs or evaluation files); a second one gets a ConfigError naming the holder's pid.
-
-    The lock is the operating system's (``flock`` on ``DIR/.lock``, Linux/BSD/macOS), held as long as the block runs:
-    the kernel releases it when the process ends, however it ends, so a crashed run leaves no stale lock
-    and nothing has to guess from a pid whether its holder is alive. The file stays (deleting it would let
-    a third process lock a new file while the second still holds the old one); it names the last holder.
-    """
-    import fcntl
-
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"{run_dir}: is a file, not a run directory; choose another --run")
-    blocking = next((p for p in run_dir.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:  # mkdir would fail with NotADirectoryError
-        raise ConfigError(f"{run_dir}: {blocking} is a file, not a directory; choose another --run")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
-                          "it or stop it first") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool, dist, start: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Which directories are sanlab runs, and what sanlab may delete in them.
+"""Which directories are sanlab runs, what sanlab may delete in them, and the lock of one run directory.
 
 A run directory is one sanlab made: its ``meta.json`` carries ``RUN_MARKER`` from the moment the run is
 created. Runs made before the marker existed (``config.yaml`` beside a ``meta.json`` with sanlab's
@@ -10,6 +10,7 @@ are the current directory, the directories above it and any directory with a ``.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import shutil
@@ -121,3 +122,41 @@ def undo_start(run_dir: Path, *, before: list[str] | None) -> None:
             os.rmdir(run_dir)
         except OSError:  # something appeared meanwhile: leave it
             pass
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """One process at a time trains or evaluates a run directory (a second one would interleave checkpoints,
+    logs or evaluation files); a second one gets a ConfigError naming the holder's pid.
+
+    The lock is the operating system's (``flock`` on ``DIR/.lock``, Linux/BSD/macOS), held as long as the block runs:
+    the kernel releases it when the process ends, however it ends, so a crashed run leaves no stale lock
+    and nothing has to guess from a pid whether its holder is alive. The file stays (deleting it would let
+    a third process lock a new file while the second still holds the old one); it names the last holder.
+    """
+    import fcntl
+
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: is a file, not a run directory; choose another --run")
+    blocking = next((p for p in run_dir.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # mkdir would fail with NotADirectoryError
+        raise ConfigError(f"{run_dir}: {blocking} is a file, not a directory; choose another --run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
+                          "it or stop it first") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
