@@ -118,12 +118,13 @@ class TokenBatchSampler:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"max_sentences must be >= 1 or None, got {max_sentences}")
-        self._pairs = _as_pairs(lengths)
+        pairs = _as_pairs(lengths)  # not kept: the two small arrays below are all an epoch needs
+        self._n = len(pairs)
         if (corpus_sizes is None) != (weights is None):
             raise ValueError("corpus_sizes and weights go together")
-        if corpus_sizes is not None and (sum(corpus_sizes) != len(self._pairs) or len(weights) != len(corpus_sizes)
+        if corpus_sizes is not None and (sum(corpus_sizes) != self._n or len(weights) != len(corpus_sizes)
                                          or min(weights) <= 0):
-            raise ValueError(f"corpus_sizes {list(corpus_sizes)} must add up to the {len(self._pairs)} examples and "
+            raise ValueError(f"corpus_sizes {list(corpus_sizes)} must add up to the {self._n} examples and "
                              f"have one positive weight each, got {list(weights)}")
         self.corpus_sizes, self.weights = corpus_sizes, weights
         self.max_tokens = max_tokens
@@ -131,10 +132,10 @@ class TokenBatchSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self._longest = self._pairs.max(axis=1)
+        self._longest = pairs.max(axis=1)
         self.oversized: list[int] = np.flatnonzero(self._longest > max_tokens).tolist()
         # (source, target) as one small integer: 16 bits, where it fits, sort by radix in linear time
-        key = self._pairs[:, 0].astype(np.int64) * (int(self._pairs[:, 1].max()) + 1) + self._pairs[:, 1]
+        key = pairs[:, 0].astype(np.int64) * (int(pairs[:, 1].max()) + 1) + pairs[:, 1]
         self._sort_key = key.astype(np.min_scalar_type(int(key.max())))
         self._n_batches: int | None = None
 
@@ -157,7 +158,7 @@ class TokenBatchSampler:
 
     def epoch_plan(self, epoch: int) -> EpochPlan:
         """``epoch_batches`` as an ``EpochPlan``: the same batches, in the same order, as arrays."""
-        n = len(self._pairs)
+        n = self._n
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle or self.weights else None
         if self.weights is not None:
             order = weighted_draw(self.corpus_sizes, self.weights, rng)

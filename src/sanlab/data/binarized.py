@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,7 @@ class BinarizedCorpus:
         self.dir, self.manifest = Path(directory), manifest
         self.lengths = np.load(self.dir / "lengths.npy")
         self._rows = {side: _Rows(self.dir, side) for side in SIDES}
+        weakref.finalize(self, _close, list(self._rows.values()))  # the files close with the object
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -166,9 +168,11 @@ class BinarizedCorpus:
         """Source and target ids of pair ``k`` (int64 arrays, without EOS/BOS)."""
         return self._rows["src"].row(k).astype(np.int64), self._rows["tgt"].row(k).astype(np.int64)
 
-    def close(self) -> None:
-        for rows in self._rows.values():
-            rows.close()
+
+
+def _close(rows: list[_Rows]) -> None:
+    for r in rows:
+        r.close()
 
 
 def open_dataset(directory: Path, *, key: str, verify: bool = True) -> BinarizedCorpus:
