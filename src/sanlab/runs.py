@@ -11,6 +11,7 @@ import contextlib
 import os
 import platform
 import subprocess
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -288,19 +289,28 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
         # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
         # must never touch a run another process is writing
         with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
-            start = None
+            start = _Start()
             with dist.main_first():
                 if dist.is_main:
-                    if overwrite or not rundir.is_run(run_dir):  # a new run: a failed start is undone
-                        start = {"before": None if not existed else [] if overwrite else rundir.entries(run_dir)}
-                    resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
-                    start = {**(start or {}), "data_changes": check_training_data(
-                        run_dir, config, allow_changed=allow_changed_data)}
-            resuming = dist.broadcast(resuming if dist.is_main else None)
-            return _train_locked(config, run_dir, resuming=resuming, quiet=quiet, dist=dist, start=start or {})
+                    start = _Start(new=overwrite or not rundir.is_run(run_dir),
+                                   before=None if not existed else [] if overwrite else rundir.entries(run_dir))
+                    start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+                    start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
+            start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
+            return _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
 
 
-def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool, dist, start: dict) -> dict:
+@dataclass
+class _Start:
+    """What preparing the run directory (main process) tells the training that follows."""
+
+    resuming: bool = False
+    data_changes: list[str] = field(default_factory=list)  # --allow-changed-data: for the log
+    new: bool = False  # a new run, whose failed start is taken back
+    before: list[str] | None = None  # the directory's entries before this command (None: it did not exist)
+
+
+def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist) -> dict:
     from sanlab.training.loop import Trainer
     from sanlab.training.logging import SilentLogger
 
@@ -313,20 +323,20 @@ def _train_locked(config: Config, run_dir: Path, *, resuming: bool, quiet: bool,
     if dist.is_main and dist.enabled:
         log.info(f"distributed data parallel: {dist.world_size} processes (gloo), "
                  f"{config.train.accum_steps * dist.world_size} batches per update")
-    for change in start.get("data_changes", []):
+    for change in start.data_changes:
         log.info(f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {change}")
     with dist.main_first():  # the main process writes the vocabulary / subword model, the others read it
         try:
             task = make_task(config, run_dir, log)
         except SanlabError:  # bad data or settings found at the start: no half-made run is left behind
-            if "before" in start:
+            if start.new:
                 log.close()
-                rundir.undo_start(run_dir, before=start["before"])
+                rundir.undo_start(run_dir, before=start.before)
             raise
     if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
         torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
     trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
-    if resuming:
+    if start.resuming:
         trainer.resume()
     elif dist.is_main:  # a session killed before its first checkpoint logged updates that this one repeats
         log.truncate_after(0)
