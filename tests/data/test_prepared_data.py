@@ -183,6 +183,7 @@ def test_parallel_workers_write_the_same_dataset(tmp_path, cache):
     assert len(one) == 200 and np.array_equal(one.lengths, np.load(first / "lengths.npy"))
 
 
+@pytest.mark.slow
 def test_prepare_command_then_train_reuses_its_cache(tmp_path, cache, capsys):
     from sanlab.cli import main
     from sanlab.config import dump_config
