@@ -196,7 +196,9 @@ class TrainConfig(Strict):
     batch_size: Positive = 32   # tagging: sentences (chunks) per batch
     accum_steps: Positive = 1
     clip_norm: NonNegativeFloat = 0.0  # 0 = no clipping
-    bf16: bool = False
+    # auto | cpu | cuda | cuda:N (training/device.py); precision: fp32 | bf16 | fp16 (fp16 with loss scaling)
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     max_steps: NonNegative = 100_000  # 0 saves the initial weights (validated)
     max_epochs: NonNegative = 100
     valid_every: NonNegative = 1000  # steps; 0 = after every epoch
@@ -415,7 +417,7 @@ def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:
     try:
         # strict, through JSON: a quoted "0.1" or "no" in YAML is a string, refused where a number or a bool
         # belongs (lax mode would convert it); JSON lists still fill tuples, numbers from --set stay typed
-        return _ADAPTER.validate_json(json.dumps(raw, default=str), strict=True)
+        return _ADAPTER.validate_json(json.dumps(_migrated(raw, source=source), default=str), strict=True)
     except ValidationError as err:
         lines = []
         for e in err.errors():
@@ -426,6 +428,21 @@ def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:
             lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
                                                           and not isinstance(e["input"], dict) else ""))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def _migrated(raw: dict, *, source: str) -> dict:
+    """Keys renamed since a run directory was written, in today's spelling: ``train.bf16: true`` is
+    ``train.precision: bf16`` (``bf16: false`` is the default fp32), so old runs resume unchanged."""
+    train = raw.get("train") if isinstance(raw, dict) else None
+    if not isinstance(train, dict) or "bf16" not in train:
+        return raw
+    train = dict(train)
+    legacy = train.pop("bf16")
+    if not isinstance(legacy, bool):
+        raise ConfigError(f"{source}: train.bf16: expected true or false, got {legacy!r} (it is now train.precision: bf16)")
+    if legacy and train.setdefault("precision", "bf16") != "bf16":
+        raise ConfigError(f"{source}: train.bf16: true and train.precision: {train['precision']} disagree; give precision only")
+    return {**raw, "train": train}
 
 
 def _typed_text(value: object) -> bool:

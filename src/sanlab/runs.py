@@ -81,7 +81,7 @@ def record_session(run_dir: Path, config: Config, *, step: int) -> None:
 
 # Keys that may change when a run is resumed (they do not change what was already trained).
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
-                  "train.find_unused_parameters",
+                  "train.find_unused_parameters", "train.device",  # a CPU run may go on on a GPU, and back
                   "train.log_every", "decode.beam", "decode.length_penalty", "decode.n_best")
 
 
@@ -279,13 +279,14 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     Resuming on training data that changed since (``check_training_data``) is an error unless
     ``allow_changed_data``. Under torchrun every process calls this; the main one prepares and locks the
     run directory (see ``training.distributed``)."""
+    from sanlab.training.device import resolve_device
     from sanlab.training.distributed import from_environment
 
     check_buildable(config)
     run_dir = Path(run_dir)
     rundir.check_location(run_dir)  # before the lock, which would create the directory's .lock
     existed = run_dir.is_dir()
-    with from_environment() as dist:
+    with from_environment(resolve_device(config.train.device)) as dist:
         # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
         # must never touch a run another process is writing
         with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():

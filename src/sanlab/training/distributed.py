@@ -1,4 +1,4 @@
-"""Data-parallel training with ``torchrun`` and DistributedDataParallel (CPU: the gloo backend).
+"""Data-parallel training with ``torchrun`` and DistributedDataParallel (gloo on the CPU, NCCL on CUDA).
 
 ``torchrun --standalone --nproc_per_node N -m sanlab train ...`` (or ``sanlab train --nproc N``)
 starts N copies of the same training; this module is what they share. Every process builds the
@@ -34,6 +34,7 @@ COLLECTIVE_TIMEOUT = timedelta(hours=4)
 class Distributed:
     rank: int = 0
     world_size: int = 1
+    device: torch.device = torch.device("cpu")  # where this process computes; NCCL's collectives need it
 
     @staticmethod
     def single() -> "Distributed":
@@ -57,7 +58,8 @@ class Distributed:
             return model
         # Buffers are not synchronised in forward: ours never change in training, and a broadcast inside
         # a forward only the main process runs (validation) would wait forever for the others.
-        return nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False,
                                                    find_unused_parameters=find_unused_parameters)
 
     def no_sync(self, wrapped: nn.Module, sync: bool):
@@ -70,7 +72,7 @@ class Distributed:
         """Element-wise sums over processes (float64, so token counts stay exact)."""
         if not self.enabled:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.tolist()
 
@@ -107,19 +109,22 @@ class Distributed:
 
 
 @contextlib.contextmanager
-def from_environment() -> Iterator[Distributed]:
+def from_environment(device: torch.device = torch.device("cpu")) -> Iterator[Distributed]:
     """The process group torchrun describes in the environment (``RANK``, ``WORLD_SIZE``, ``MASTER_*``),
-    set up for the block and torn down after it; a single process without those variables."""
+    set up for the block and torn down after it; a single process without those variables. ``device`` is this
+    process's (``training.device.resolve_device``): NCCL for CUDA, gloo for the CPU."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
-        yield Distributed.single()
+        yield Distributed(device=device)
         return
     rank = int(os.environ["RANK"])
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # the object collectives (broadcast, gather) use the current device
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
     try:
-        yield Distributed(rank=rank, world_size=world_size)
+        yield Distributed(rank=rank, world_size=world_size, device=device)
     finally:
         if owns_group:
             dist.destroy_process_group()

@@ -27,6 +27,7 @@ from sanlab.config import TrainConfig
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, rng_state,
                                        set_rng_state)
+from sanlab.training.device import Precision, check_loss_scale, to_device
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed
 from sanlab.training.logging import RunLogger
@@ -56,10 +57,11 @@ class Progress:
     bad_validations: int = 0
     train_seconds: float = 0.0   # wall time spent in updates only (no validation, no data preparation)
     train_tokens: int = 0        # target tokens seen by those updates
+    skipped_updates: int = 0     # fp16: updates whose gradients overflowed, skipped by the loss scaler
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("step", "epoch", "position", "best", "bad_validations",
-                                              "train_seconds", "train_tokens")}
+                                              "train_seconds", "train_tokens", "skipped_updates")}
 
     def speed(self) -> dict[str, float]:
         """Training speed measured the same way for every model: updates and target tokens per second."""
@@ -81,7 +83,10 @@ class Trainer:
                  dist: Distributed | None = None):
         self.task, self.config, self.run_dir, self.log = task, config, Path(run_dir), logger
         self.dist = dist or Distributed.single()
-        self.model = task.model
+        self.device = self.dist.device
+        self.precision = Precision(config.precision, self.device)
+        self.scaler = self.precision.scaler()
+        self.model = task.model.to(self.device)  # in place: the task validates the same module
         self.train_model = self.dist.wrap(self.model, find_unused_parameters=config.find_unused_parameters)
         self.optimizer = build_optimizer(self.model, config)
         self.checkpoints = CheckpointManager(self.run_dir, keep_best=config.keep_best, keep_last=config.keep_last,
@@ -98,6 +103,8 @@ class Trainer:
             return False
         latest, state = self._load_newest_good(candidates)
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:  # fp16's loss scale and its growth counter
+            self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         self._restore_rng(state)
         if self.dist.is_main:
@@ -141,6 +148,8 @@ class Trainer:
                  "processes": self.dist.world_size}
         if self.dist.enabled:
             state["rng_per_process"] = rngs
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
         meta = {"step": self.progress.step, "epoch": self.progress.epoch, "position": self.progress.position,
                 "metrics": metrics, "score": metrics.get(self.task.metric)}
         self.last_good = self.checkpoints.save(model=self.model, state=state, meta=meta)
@@ -160,12 +169,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total, finite = 0.0, True
         for k, batch in enumerate(mine):
+            batch = to_device(batch, self.device)
             with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint():
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                with self.precision.autocast():
                     loss = self.task.loss(batch, model=self.train_model) / tokens
                 finite = finite and bool(torch.isfinite(loss))
                 # DDP averages gradients over processes; scaling by their number makes that a sum.
-                (loss * self.dist.world_size).backward()
+                scaled = loss * self.dist.world_size
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             total += loss.item()
         # One collective per update whatever the number of micro-batches: every process decides alike.
         total, bad = self.dist.sum(total, float(not finite))
@@ -173,12 +184,14 @@ class Trainer:
             raise TrainingError(f"loss is {total} at update {p.step + 1} (epoch {p.epoch}); stopping "
                                 f"without saving it. Last good checkpoint: {self.last_good}. "
                                 "Try a lower learning rate, longer warm-up or gradient clipping.")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # true gradients for clipping; records an overflow
         grad_norm = self._clip()
-        if not math.isfinite(grad_norm):
+        if not math.isfinite(grad_norm) and self.scaler is None:
             raise TrainingError(f"gradient norm is {grad_norm} at update {p.step + 1}; stopping without saving it. "
                                 f"Last good checkpoint: {self.last_good}.")
         try:
-            self.optimizer.step()
+            self._step(overflow=not math.isfinite(grad_norm))
         except RuntimeError as err:
             if "overflow" not in str(err):
                 raise
@@ -188,6 +201,17 @@ class Trainer:
                                 "rate.") from None
         p.step += 1
         return total, tokens
+
+    def _step(self, *, overflow: bool) -> None:
+        """The optimizer step; under fp16 through the loss scaler, which skips an update whose gradients
+        overflowed (counted; the update still counts as a step, as in HF's Trainer) and adapts the scale."""
+        if self.scaler is None:
+            self.optimizer.step()
+            return
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.progress.skipped_updates += int(overflow)
+        check_loss_scale(self.scaler, step=self.progress.step + 1)
 
     @contextlib.contextmanager
     def _unused_parameters_hint(self):
@@ -292,8 +316,11 @@ class Trainer:
                 self._interval = [self._interval[0] + loss, self._interval[1] + 1]
                 if p.step % cfg.log_every == 0:
                     mean_loss, self._interval = self._interval[0] / self._interval[1], [0.0, 0]
-                    self.log.scalars("train", {"loss": mean_loss, "lr": self.optimizer.param_groups[0]["lr"],
-                                               "tokens_per_s": tokens / max(time.monotonic() - t0, 1e-9)}, step=p.step)
+                    record = {"loss": mean_loss, "lr": self.optimizer.param_groups[0]["lr"],
+                              "tokens_per_s": tokens / max(time.monotonic() - t0, 1e-9)}
+                    if self.scaler is not None:
+                        record.update(loss_scale=self.scaler.get_scale(), skipped_updates=p.skipped_updates)
+                    self.log.scalars("train", record, step=p.step)
                 stop = p.step >= cfg.max_steps
                 if cfg.valid_every and (p.step % cfg.valid_every == 0 or stop):
                     stop = self._validate(on_schedule=p.step % cfg.valid_every == 0) or stop

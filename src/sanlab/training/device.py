@@ -1,0 +1,95 @@
+"""Where a run computes and in what precision: the one place that turns ``train.device`` and
+``train.precision`` into torch objects. Parts, layers and models never branch on the device; the trainer
+moves the model and each batch here, and runs the forward under ``Precision.autocast``.
+
+    device     auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; under torchrun, ``cuda``
+               and ``auto`` mean cuda:LOCAL_RANK, one GPU per process
+    precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
+               on the CPU too where torch supports it, for tests)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sanlab.errors import ConfigError, TrainingError
+
+DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fairseq's --min-loss-scale default: below it fp16 training has stopped learning, however long it runs
+MIN_LOSS_SCALE = 1e-4
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The ``torch.device`` a ``train.device`` value names on this machine (a clear error if it has none)."""
+    if not DEVICE_SPEC.match(spec):
+        raise ConfigError(f"device {spec!r}: expected auto, cpu, cuda or cuda:N")
+    world_size, local_rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {spec!r}: this torch ({torch.__version__}) sees no CUDA device; use cpu or auto")
+    if spec != "cuda" and world_size > 1:
+        raise ConfigError(f"device {spec!r} under torchrun: every process would use that one GPU; use cuda "
+                          "(each process takes cuda:LOCAL_RANK)")
+    index = local_rank if spec == "cuda" else int(spec.split(":")[1])
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device cuda:{index}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor on ``device`` (dataclasses, tuples, lists and dicts are walked). A CPU
+    tensor for CUDA is pinned first, so the copy does not wait for the host; on the CPU nothing moves."""
+    if isinstance(batch, Tensor):
+        if batch.device == device:
+            return batch
+        if device.type == "cuda" and batch.device.type == "cpu":
+            batch = batch.pin_memory()
+        return batch.to(device, non_blocking=True)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = {f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if f.init}
+        return dataclasses.replace(batch, **fields)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(x, device) for x in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """A run's ``train.precision`` on its device: the autocast context and, for fp16, the loss scaler."""
+
+    name: str = "fp32"
+    device: torch.device = torch.device("cpu")
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.name])
+
+    def scaler(self) -> "torch.amp.GradScaler | None":
+        """fp16's dynamic loss scale (None otherwise): a step whose gradients overflow is skipped and the
+        scale halved; after 2,000 good steps it doubles."""
+        if self.name != "fp16":
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+
+def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> None:
+    """Stop with advice, not a traceback, when fp16's loss scale has collapsed (fairseq's "minimum loss scale
+    reached"): every recent update overflowed, so training no longer moves."""
+    if scaler is not None and scaler.get_scale() < MIN_LOSS_SCALE:
+        raise TrainingError(f"fp16 loss scale fell below {MIN_LOSS_SCALE:g} at update {step}: the gradients overflow "
+                            "at every scale. Try train.precision=bf16, a lower train.lr, a longer warm-up, or "
+                            "--set train.clip_norm=1.0")

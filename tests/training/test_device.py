@@ -1,0 +1,98 @@
+"""train.device and train.precision on the CPU: device names, batches moved, the legacy bf16 key, and fp16's
+loss scaler (autocast + GradScaler, which torch also runs on the CPU) saved and resumed exactly."""
+
+import dataclasses
+
+import pytest
+import torch
+import yaml
+
+from sanlab.config import dump_config, validate
+from sanlab.errors import ConfigError, TrainingError
+from sanlab.runs import config_differences, train_run
+from sanlab.training.checkpoint import load_state
+from sanlab.training.device import MIN_LOSS_SCALE, check_loss_scale, resolve_device, to_device
+from training_fixtures import final_weights
+
+
+def test_device_names(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="sees no CUDA device; use cpu or auto"):
+        resolve_device("cuda:1")
+    with pytest.raises(ConfigError, match="expected auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+
+
+def test_cuda_names_on_a_machine_with_two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ConfigError, match="has 2 CUDA device"):
+        resolve_device("cuda:2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device("cuda") == torch.device("cuda", 1)  # one GPU per torchrun process
+    with pytest.raises(ConfigError, match="every process would use that one GPU"):
+        resolve_device("cuda:0")
+
+
+def test_the_config_checks_the_device_spelling(tiny_translation):
+    raw = yaml.safe_load(dump_config(tiny_translation()))
+    raw["train"]["device"] = "gpu0"
+    with pytest.raises(ConfigError, match="train.device"):
+        validate(raw, source="t")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    src: torch.Tensor
+    pairs: tuple
+    tokens: int
+
+
+def test_to_device_walks_a_batch_and_moves_nothing_on_the_cpu():
+    batch = _Batch(torch.ones(2), (torch.zeros(1), {"x": torch.ones(1)}), tokens=3)
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved.src is batch.src and moved.pairs[0] is batch.pairs[0] and moved.pairs[1]["x"] is batch.pairs[1]["x"]
+    assert moved.tokens == 3
+    on_meta = to_device(batch, torch.device("meta"))
+    assert on_meta.src.is_meta and on_meta.pairs[1]["x"].is_meta and on_meta.tokens == 3
+
+
+def test_legacy_bf16_key_is_a_precision_and_old_runs_compare_equal(tiny_translation):
+    raw = yaml.safe_load(dump_config(tiny_translation()))
+    assert raw["train"]["precision"] == "fp32" and "bf16" not in raw["train"]
+    for legacy, precision in ((True, "bf16"), (False, "fp32")):
+        old = {**raw, "train": {k: v for k, v in raw["train"].items() if k != "precision"} | {"bf16": legacy}}
+        assert validate(old, source="old run").train.precision == precision
+    old = {**raw, "train": {k: v for k, v in raw["train"].items() if k != "precision"} | {"bf16": False}}
+    as_saved = yaml.safe_load(dump_config(validate(old, source="old run")))
+    assert config_differences(as_saved, raw) == []  # a run written with bf16: false resumes under today's schema
+    with pytest.raises(ConfigError, match="bf16: true and train.precision: fp16 disagree"):
+        validate({**raw, "train": {**raw["train"], "bf16": True, "precision": "fp16"}}, source="t")
+
+
+def test_fp16_resumes_bit_exact_with_its_loss_scale(tmp_path, tiny_translation):
+    """Training 8 updates straight equals 4, a stop, and 4 more: the scaler's scale and growth counter are in
+    the checkpoint and restored (a restarted scaler would count its growth interval from 0 again)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train_run(tiny_translation(max_steps=8, valid_every=4, precision="fp16"), straight, quiet=True)
+    train_run(tiny_translation(max_steps=4, valid_every=4, precision="fp16"), split, quiet=True)
+    first = load_state(split / "checkpoints" / "step-00000004")
+    assert set(first["scaler"]) >= {"scale", "_growth_tracker"}
+    assert first["scaler"]["_growth_tracker"] == 4 - first["progress"]["skipped_updates"]  # good steps since growth
+    train_run(tiny_translation(max_steps=8, valid_every=4, precision="fp16"), split, quiet=True)
+    a, b = final_weights(straight), final_weights(split)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert load_state(split / "checkpoints" / "step-00000008")["scaler"] == \
+        load_state(straight / "checkpoints" / "step-00000008")["scaler"]
+
+
+def test_a_collapsed_loss_scale_stops_with_advice():
+    scaler = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)
+    with pytest.raises(TrainingError, match="fp16 loss scale fell below .* Try train.precision=bf16"):
+        check_loss_scale(scaler, step=7)
+    check_loss_scale(torch.amp.GradScaler("cpu"), step=7)
+    check_loss_scale(None, step=7)
