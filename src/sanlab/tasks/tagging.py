@@ -19,6 +19,7 @@ from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import Tagger
+from sanlab.training.device import model_device, to_device
 from sanlab.training.logging import RunLogger
 
 PAD, UNK = 0, 1          # word and character ids
@@ -142,7 +143,9 @@ class TaggingTask:
 
     def loss(self, batch: TagBatch, *, model: torch.nn.Module | None = None,
              label_smoothing: float | None = None) -> Tensor:
-        logits = (self.model if model is None else model)(batch.words, batch.chars)  # [b, t, tags]
+        model = self.model if model is None else model
+        batch = to_device(batch, model_device(model))  # validation's batches are built on the CPU
+        logits = model(batch.words, batch.chars)  # [b, t, tags]
         ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tags.flatten(), ignore_index=-100,
                                label_smoothing=ls, reduction="sum")
@@ -173,9 +176,10 @@ def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence]
     model.eval()
     out = []
     for k in range(0, len(sents), batch_size):
-        batch = encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars, pad_to=model.pad_to)
-        pred = model(batch.words, batch.chars).argmax(-1)  # [b, t]
-        out += [[vocab.tags[int(p)] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
+        batch = to_device(encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars, pad_to=model.pad_to),
+                          model_device(model))
+        pred = model(batch.words, batch.chars).argmax(-1).tolist()  # [b, t], one copy to the host
+        out += [[vocab.tags[p] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
     return out
 
 

@@ -24,6 +24,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
 from sanlab.tasks.translation_data import load_subwords
 from sanlab.tasks.translation_data import prepare as prepare_training_data
+from sanlab.training.device import model_device, to_device
 from sanlab.training.logging import RunLogger
 
 
@@ -129,7 +130,9 @@ class TranslationTask:
              label_smoothing: float | None = None) -> Tensor:
         if isinstance(batch, PendingBatch):
             batch = self.read(batch)
-        logits = (self.model if model is None else model)(batch.src, batch.tgt_in)  # [b, i, V]
+        model = self.model if model is None else model
+        batch = to_device(batch, model_device(model))  # validation's batches are built on the CPU
+        logits = model(batch.src, batch.tgt_in)  # [b, i, V]
         ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=self.spm.pad_id,
                                label_smoothing=ls, reduction="sum")
@@ -182,6 +185,7 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
     for start in range(0, len(order), decode.batch_sentences):
         chunk = order[start:start + decode.batch_sentences]
         src, _ = pad_batch([ids[k] for k in chunk], spm.pad_id)
+        src = to_device(src, model_device(model))  # the search's state follows max_lengths' device
         src_len = src.ne(spm.pad_id).sum(-1)
         max_lengths = max_output_lengths(src_len, decode, limit)
         hyps = beam_search(model.decode_step, model.start_decoding(src), batch_size=len(chunk), beam_size=decode.beam,

@@ -66,6 +66,13 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` lives (its first parameter's device; the CPU for a model without parameters): what
+    validation and decoding move their batches to."""
+    first = next(model.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """A run's ``train.precision`` on its device: the autocast context and, for fp16, the loss scaler."""
