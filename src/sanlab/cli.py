@@ -24,7 +24,8 @@ def _cmd_train(args) -> int:
     from sanlab.config import dump_config, load_config
     from sanlab.runs import train_run
 
-    config = load_config(args.config, args.overrides)
+    overrides = args.overrides + ([f"train.device={args.device}"] if args.device else [])
+    config = load_config(args.config, overrides)
     if args.print_config:
         print(dump_config(config), end="")
         return 0
@@ -59,7 +60,7 @@ def _launch_torchrun(args) -> int:
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                "-m", "sanlab", "train", args.config, "--run-dir", args.run]
-    command += [x for o in args.overrides for x in ("--set", o)]
+    command += [x for o in args.overrides for x in ("--set", o)] + (["--device", args.device] if args.device else [])
     command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet),
                                       ("--allow-changed-data", args.allow_changed_data)) if on]
     return subprocess.run(command).returncode
@@ -74,7 +75,7 @@ def _cmd_translate(args) -> int:
     from sanlab.config import TranslationConfig
 
     check_output_file(args.output)  # before the model is loaded and the input decoded
-    config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint)
+    config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint, device=args.device)
     if not isinstance(config, TranslationConfig):
         raise ConfigError(f"{args.run} is a {config.task} run; `sanlab translate` needs a translation run "
                           "(use `sanlab tag`)")
@@ -99,7 +100,8 @@ def _cmd_translate(args) -> int:
 def _cmd_tag(args) -> int:
     from sanlab.runs import tag_file
 
-    tag_file(Path(args.run), input_path=args.input, output_path=args.output, checkpoint=args.checkpoint)
+    tag_file(Path(args.run), input_path=args.input, output_path=args.output, checkpoint=args.checkpoint,
+             device=args.device)
     return 0
 
 
@@ -118,7 +120,7 @@ def _cmd_evaluate(args) -> int:
     overrides = {"beam": args.beam} if args.beam is not None else {}
     with _locked_run(args.run):
         results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
-                               decode_overrides=overrides)
+                               decode_overrides=overrides, device=args.device)
     for name, r in results.items():
         print(f"== {name}")
         print(r["formatted"] if "formatted" in r else _tagging_summary(r))
@@ -185,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-changed-data", action="store_true",
                    help="resume even though the training data changed since the run last trained on it")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the console")
+    p.add_argument("--device", help="where to train: auto | cpu | cuda | cuda:N (the same as --set train.device=...)")
     p.add_argument("--nproc", type=_positive, default=1, metavar="N",
                    help="data-parallel training in N processes (torchrun + DDP, gloo); each update then takes "
                         "N x train.accum_steps batches")
@@ -205,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="trained run directory")
         p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
+        p.add_argument("--device", default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
         p.set_defaults(fn=fn)
         if name in ("translate", "tag"):
             p.add_argument("--input", help="input file (default: stdin)")

@@ -233,9 +233,11 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     return path
 
 
-def load_trained(run_dir: Path, *, checkpoint: str = "best"):
-    """(config, model, assets) of a trained run: assets is the subword model (translation) or the
-    tagging vocabulary. Reads no corpus."""
+def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
+    """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
+    cuda, cuda:N): assets is the subword model (translation) or the tagging vocabulary. Reads no corpus."""
+    from sanlab.training.device import resolve_device
+
     config = load_run_config(run_dir)
     with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
         select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
@@ -253,7 +255,7 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best"):
             if attempt == 2 or checkpoint not in ("best", "last"):
                 raise ConfigError(f"{err}: the checkpoint disappeared while it was loaded (is a training process "
                                   "pruning this run's checkpoints?); try again") from None
-    return config, model.eval(), assets
+    return config, model.to(resolve_device(device)).eval(), assets
 
 
 def check_buildable(config: Config) -> None:
@@ -350,7 +352,7 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
 
 
 def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
-                 decode_overrides: dict | None = None) -> dict:
+                 decode_overrides: dict | None = None, device: str = "cpu") -> dict:
     """Score a trained run on its held-out splits; writes hypotheses and ``eval-<checkpoint>.json`` into the run.
 
     Each split's record names the checkpoint it scored (directory and update), since ``best`` and ``last``
@@ -359,7 +361,7 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     written before checkpoints were named cannot be told apart and are kept, files and all: deleting them
     could delete what a comparison grid scored.
     """
-    config, model, assets = load_trained(run_dir, checkpoint=checkpoint)
+    config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
     scored = scored_checkpoint(run_dir, checkpoint, config)
     if isinstance(config, TranslationConfig):
         from sanlab.tasks.translation import evaluate_translation
@@ -430,7 +432,8 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     return write_average(chosen, Path(output) if output else Path(run_dir) / "averaged")
 
 
-def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best") -> None:
+def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",
+             device: str = "cpu") -> None:
     """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
     from sanlab.data.conllu_io import TaggedSentence, read_conllu
     from sanlab.data.parallel import input_lines
@@ -438,7 +441,7 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     from sanlab.tasks.tagging import tag_sentences
 
     check_output_file(output_path)
-    config, model, vocab = load_trained(run_dir, checkpoint=checkpoint)
+    config, model, vocab = load_trained(run_dir, checkpoint=checkpoint, device=device)
     if not isinstance(config, TaggingConfig):
         raise ConfigError(f"{run_dir} is a {config.task} run; `sanlab tag` needs a tagging run (use `sanlab translate`)")
     if input_path and not Path(input_path).is_file():

@@ -96,3 +96,19 @@ def test_a_collapsed_loss_scale_stops_with_advice():
         check_loss_scale(scaler, step=7)
     check_loss_scale(torch.amp.GradScaler("cpu"), step=7)
     check_loss_scale(None, step=7)
+
+
+def test_cli_device_options(tmp_path, tiny_translation, capsys, monkeypatch):
+    from sanlab.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2)))
+    assert main(["train", str(recipe), "--device", "cpu", "--print-config"]) == 0
+    assert "device: cpu" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--run", str(run), "--quiet"]) == 0
+    assert main(["evaluate", "--run", str(run), "--split", "valid", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(run), "--split", "valid", "--device", "cuda"]) == 2
+    assert "sees no CUDA device" in capsys.readouterr().err

@@ -1,0 +1,128 @@
+"""CUDA: what the CPU suite cannot show. Every test is marked ``gpu`` and skipped where torch sees no CUDA device
+(CI and the project's machines); run them with ``pytest -m gpu`` or ``make gpu-check`` on a GPU machine.
+
+    plans        every part's fast plans (sdpa, banded) == dense on CUDA, values and gradients, fp32 and bf16
+    decoding     step-by-step decoding with the cache == the full forward on CUDA, for every decoder-capable part
+    training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact
+    cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
+"""
+
+import pytest
+import torch
+
+from sanlab.attention import Attention, Positions, banded
+from sanlab.attention.registry import PARTS
+from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.models.builders import build_seq2seq
+from sanlab.registry import BuildContext
+from sanlab.runs import train_run
+from training_fixtures import final_weights
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")]
+
+DIM, HEADS, LENGTHS = 64, 4, (37, 20, 5)
+CUDA = torch.device("cuda")
+TOLERANCE = {torch.float32: dict(atol=2e-4, rtol=2e-4), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+CASES = [pytest.param(cfg, id=f"{name}-{n}")
+         for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())]
+
+
+def _attention(cfg, side: str, plan: str) -> Attention:
+    torch.manual_seed(0)
+    layer = cfg.layers[0] if cfg.layers else 0
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=layer, num_layers=layer + 2, side=side, max_len=64)
+    return Attention(dim=DIM, heads=HEADS, parts=[PARTS.build(cfg, ctx)], plan=plan).to(CUDA)
+
+
+def _fast_plans(attn: Attention) -> list[str]:
+    return ([] if attn.stage_parts.needs_dense() else ["sdpa"]) + (["banded"] if banded.supports(attn.stage_parts)
+                                                                  else [])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+@pytest.mark.parametrize("cfg", CASES)
+def test_fast_plans_equal_dense_on_cuda(cfg, side, dtype):
+    try:
+        dense = _attention(cfg, side, "dense")
+    except ValueError as err:  # no decoder form (the CPU contracts check the refusal)
+        pytest.skip(str(err))
+    plans = _fast_plans(dense)
+    if not plans:
+        pytest.skip("dense is this part's only plan")
+    g = torch.Generator(device=CUDA).manual_seed(1)
+    x = torch.randn(len(LENGTHS), max(LENGTHS), DIM, generator=g, device=CUDA)
+    valid = torch.arange(max(LENGTHS), device=CUDA)[None] < torch.tensor(LENGTHS, device=CUDA)[:, None]
+    positions = Positions.self_attention(valid, length=valid.shape[1], causal=side == "decoder")
+    probe = torch.randn(x.shape, generator=g, device=CUDA)
+    results = []
+    for plan in ["dense", *plans]:
+        attn = _attention(cfg, side, plan)
+        attn.load_state_dict(dense.state_dict())
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+            out = attn(xi, positions=positions).output
+        (out.float() * probe).sum().backward()
+        results.append((plan, out.float(), xi.grad))
+    for plan, out, grad in results[1:]:
+        torch.testing.assert_close(out, results[0][1], **TOLERANCE[dtype], msg=lambda m: f"{plan} values: {m}")
+        torch.testing.assert_close(grad, results[0][2], **TOLERANCE[dtype], msg=lambda m: f"{plan} gradients: {m}")
+
+
+def _seq2seq(parts: list) -> torch.nn.Module:
+    torch.manual_seed(0)
+    stack = StackConfig(layers=2, ffn_dim=128, attention={"heads": HEADS, "parts": parts})
+    cfg = Seq2SeqConfig(dim=DIM, dropout=0.0, encoder=StackConfig(layers=2, ffn_dim=128), decoder=stack,
+                        max_positions=64)
+    return build_seq2seq(cfg, vocab_size=50, pad_id=0).to(CUDA).eval()
+
+
+@pytest.mark.parametrize("cfg", CASES)
+def test_cached_decoding_equals_the_full_forward_on_cuda(cfg):
+    try:
+        model = _seq2seq([cfg.model_dump()])
+    except ValueError as err:
+        pytest.skip(str(err))
+    g = torch.Generator(device=CUDA).manual_seed(2)
+    src, tgt = torch.randint(4, 50, (3, 11), generator=g, device=CUDA), torch.randint(4, 50, (3, 9), generator=g,
+                                                                                        device=CUDA)
+    src[1, 7:] = 0
+    with torch.no_grad():
+        full = model(src, tgt).log_softmax(-1)  # [b, i, V]
+        cache = model.start_decoding(src)
+        steps = []
+        for t in range(tgt.shape[1]):
+            log_probs, cache = model.decode_step(tgt[:, t:t + 1], cache)
+            steps.append(log_probs)
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_the_same_weights_give_the_same_outputs_on_cpu_and_cuda():
+    model = _seq2seq([{"type": "window", "size": 5, "layers": [0]}]).cpu()
+    src, tgt = torch.randint(4, 50, (2, 13)), torch.randint(4, 50, (2, 8))
+    with torch.no_grad():
+        on_cpu = model(src, tgt)
+        on_cuda = model.to(CUDA)(src.to(CUDA), tgt.to(CUDA)).cpu()
+    torch.testing.assert_close(on_cuda, on_cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_a_tiny_run_trains_validates_and_translates_on_cuda_in_bf16(tmp_path, tiny_translation):
+    from sanlab.runs import evaluate_run
+
+    run = tmp_path / "run"
+    summary = train_run(tiny_translation(max_steps=12, valid_every=6, device="cuda", precision="bf16"), run,
+                        quiet=True)
+    assert summary["step"] == 12
+    scores = evaluate_run(run, checkpoint="last", splits=["valid"])
+    assert 0.0 <= scores["valid"]["bleu"] <= 100.0
+
+
+def test_fp16_on_cuda_resumes_bit_exact(tmp_path, tiny_translation):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    config = dict(valid_every=4, device="cuda", precision="fp16")
+    train_run(tiny_translation(max_steps=8, **config), straight, quiet=True)
+    train_run(tiny_translation(max_steps=4, **config), split, quiet=True)
+    train_run(tiny_translation(max_steps=8, **config), split, quiet=True)
+    a, b = final_weights(straight), final_weights(split)
+    assert all(torch.equal(a[k], b[k]) for k in a)
