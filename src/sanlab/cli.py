@@ -97,6 +97,14 @@ def _cmd_translate(args) -> int:
     return 0
 
 
+def _cmd_env(args) -> int:
+    from sanlab.training.device import environment, resolve_device
+
+    for key, value in environment(resolve_device(args.device)).items():
+        print(f"{key}: {value}")
+    return 0
+
+
 def _cmd_tag(args) -> int:
     from sanlab.runs import tag_file
 
@@ -221,6 +229,10 @@ def _parser() -> argparse.ArgumentParser:
                            "(default: the run's decode.n_best)")
         if name == "evaluate":
             p.add_argument("--split", action="append", help="split name (repeatable; default: a translation run's test splits, a tagging run's dev and test)")
+
+    p = sub.add_parser("env", help="torch, CUDA, cuDNN, NCCL and the device a run would use: what a result depends on")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.set_defaults(fn=_cmd_env)
 
     p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
     p.add_argument("--run", required=True)

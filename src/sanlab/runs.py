@@ -314,6 +314,7 @@ class _Start:
 
 
 def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist) -> dict:
+    from sanlab.training.device import describe_environment
     from sanlab.training.loop import Trainer
     from sanlab.training.logging import SilentLogger
 
@@ -323,8 +324,11 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
     if dist.is_main and dist.enabled and torch.get_num_threads() * dist.world_size > (os.cpu_count() or 1):
         log.info(f"WARNING: {dist.world_size} processes x {torch.get_num_threads()} threads on {os.cpu_count()} "
                  "cores: oversubscribed (train.threads is per process)")
+    if dist.is_main:
+        log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size))
     if dist.is_main and dist.enabled:
-        log.info(f"distributed data parallel: {dist.world_size} processes (gloo), "
+        backend = "nccl" if dist.device.type == "cuda" else "gloo"
+        log.info(f"distributed data parallel: {dist.world_size} processes ({backend}), "
                  f"{config.train.accum_steps * dist.world_size} batches per update")
     for change in start.data_changes:
         log.info(f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {change}")

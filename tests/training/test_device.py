@@ -112,3 +112,14 @@ def test_cli_device_options(tmp_path, tiny_translation, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["evaluate", "--run", str(run), "--split", "valid", "--device", "cuda"]) == 2
     assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def test_env_command_and_the_train_log_say_what_produced_a_result(tmp_path, tiny_translation, capsys):
+    from sanlab.cli import main
+
+    assert main(["env", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"torch: {torch.__version__}" in out and "device: cpu" in out
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=2, precision="bf16"), run, quiet=True)
+    assert f"device cpu, precision bf16, torch {torch.__version__}" in (run / "train.log").read_text()

@@ -100,3 +100,28 @@ def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> Non
         raise TrainingError(f"fp16 loss scale fell below {MIN_LOSS_SCALE:g} at update {step}: the gradients overflow "
                             "at every scale. Try train.precision=bf16, a lower train.lr, a longer warm-up, or "
                             "--set train.clip_norm=1.0")
+
+
+def environment(device: torch.device | None = None) -> dict[str, Any]:
+    """What a result's numbers depend on beyond the config: torch and its CUDA, cuDNN and NCCL, and the device
+    (``sanlab env``, and the first line of every ``train.log``)."""
+    cuda = torch.cuda.is_available()
+    found: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
+                             "cudnn": torch.backends.cudnn.version() if cuda else None,
+                             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                             if cuda else [], "cpu_threads": torch.get_num_threads()}
+    if device is not None:
+        found["device"] = str(device)
+        if device.type == "cuda":
+            found["device_name"] = torch.cuda.get_device_name(device)
+    return found
+
+
+def describe_environment(device: torch.device, *, precision: str, processes: int) -> str:
+    """One line of ``environment`` for a run's log."""
+    env = environment(device)
+    name = f" ({env['device_name']})" if "device_name" in env else ""
+    cuda = f", CUDA {env['cuda']}, cuDNN {env['cudnn']}, NCCL {env['nccl']}" if env["cuda_available"] else ""
+    return (f"device {env['device']}{name}, precision {precision}, torch {env['torch']}{cuda}, "
+            f"{processes} process(es), {env['cpu_threads']} CPU thread(s) each")
