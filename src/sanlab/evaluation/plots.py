@@ -52,6 +52,9 @@ def grouped_bars_figure(*, groups: Sequence[str], series: Mapping[str, Sequence[
 MAX_INTEGER_TICKS = 12  # up to this many distinct integer x values each get a tick (layers, window sizes)
 
 
+LEGEND_INSIDE_MAX = 6  # series
+
+
 def lines(path: Path, *, series: Mapping[str, tuple[Sequence, Sequence[float]]], title: str, xlabel: str,
           ylabel: str, points: Mapping[str, tuple[Sequence, Sequence[float]]] | None = None,
           reference: tuple[str, float] | None = None, styles: Mapping[str, str] | None = None) -> Path:
@@ -78,7 +81,11 @@ def lines(path: Path, *, series: Mapping[str, tuple[Sequence, Sequence[float]]],
         ax.set_xticks(sorted(set(xs_all)))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    if len(series) + len(points or {}) > LEGEND_INSIDE_MAX:  # many lines: a legend inside would cover them
+        fig.set_size_inches(9.5, 3.8)
+        fig.legend(loc="outside right upper", fontsize="x-small")
+    else:
+        ax.legend(fontsize="small")
     return _save(fig, path)
 
 

@@ -395,8 +395,11 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     for label, run in zip(run_labels(run_dirs), run_dirs):
         records, context = read_metrics(Path(run)), f"{run}/metrics.jsonl"
         names = checked(analysis.metric_names, records, pattern=metric, split=split, context=context)
-        for name in names:  # a pattern (``*gamma*``) gives one line per matching metric
-            key = label if len(names) == 1 else f"{label}: {name}"
+        # a pattern (``*gamma*``) gives one line per matching metric; diagnostics that share their name after
+        # "/" are told apart by their module path alone
+        shared = len({n.partition("/")[2] for n in names}) == 1 and all("/" in n for n in names)
+        for name in names:
+            key = label if len(names) == 1 else f"{label}: {name.partition('/')[0] if shared else name}"
             found[key] = checked(analysis.learning_curve, records, metric=name, split=split, context=context)
     labels = list(found)
     notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
