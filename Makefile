@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sanlab-installed
 
-.PHONY: demo test test-fast clean-venv
+.PHONY: demo test test-fast clean-venv gpu-check gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,15 @@ test-fast: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# On a GPU machine (its own python3 with CUDA torch): pytest -m gpu, the GPU benchmarks and a Multi30k run in bf16,
+# written to $$OUT or runs/gpu-check/gpu.md (scripts/gpu_check.sh says how to carry wheels and data there)
+gpu-check:
+	bash scripts/gpu_check.sh
+
+# Here: the wheels a GPU image without network lacks (Python 3.12, x86-64), into .whl/ (git-ignored)
+GPU_WHEELS := pydantic pydantic-core typing-inspection typing-extensions annotated-types conllu
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		$(foreach p,$(GPU_WHEELS),$(p)==$$($(BIN)/python -m pip show $(p) | sed -n 's/^Version: //p'))

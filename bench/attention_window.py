@@ -7,6 +7,7 @@ reference of the same length and the same run (performance-notes.md, "timing hyg
 
     .venv/bin/python bench/attention_window.py            # I in 64 128 512, 20 repeats
     .venv/bin/python bench/attention_window.py --quick    # 5 repeats: for a busy machine
+    python3 bench/attention_window.py --device cuda --lengths 512 2048 4096 8192   # adds FlexAttention, peak memory
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="5 repeats, 2 warm-ups")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (CUDA adds FlexAttention and peak memory)")
     return p.parse_args()
 
 
@@ -57,28 +59,55 @@ def _method(name: str, part, *, block: int):
     return run
 
 
+def _flex_window(half_width: int, valid: torch.Tensor):
+    """FlexAttention over the same 1D window (the candidate CUDA plan of issue 24): a block mask, so the work
+    grows with I*M, compiled as its docs require. None where this torch has no FlexAttention."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    compiled = torch.compile(flex_attention)
+    length = valid.shape[1]
+
+    def in_window(b, h, q_idx, kv_idx):
+        return ((q_idx - kv_idx).abs() <= half_width) & valid[b, kv_idx]
+
+    block_mask = create_block_mask(in_window, B=valid.shape[0], H=None, Q_LEN=length, KV_LEN=length,
+                                   device=valid.device)
+    return lambda q, k, v, positions: compiled(q, k, v, block_mask=block_mask)
+
+
 def _time(run, tensors, positions) -> float:
     for t in tensors:
         t.grad = None
+    cuda = tensors[0].is_cuda
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     run(*tensors, positions).sum().backward()
+    if cuda:
+        torch.cuda.synchronize()  # a GPU runs asynchronously: time the work, not its launch
     return time.perf_counter() - start
 
 
 def bench_length(args, length: int) -> list[tuple[str, float]]:
     m = (args.size - 1) // 2
+    device = torch.device(args.device)
     g = torch.Generator().manual_seed(length)
     shape = (args.batch, args.heads, length, args.head_dim)
-    tensors = [torch.randn(shape, generator=g).requires_grad_(True) for _ in range(3)]
-    valid = torch.ones(args.batch, length, dtype=torch.bool)
+    tensors = [torch.randn(shape, generator=g).to(device).requires_grad_(True) for _ in range(3)]
+    valid = torch.ones(args.batch, length, dtype=torch.bool, device=device)
     valid[0, length - length // 4:] = False  # some padding, as in a real batch
-    positions = Positions.self_attention(valid, length=length)
+    positions = Positions.self_attention(valid, length=length, device=device)
     one_d, two_d = WindowMask(half_width=m), HeadArea(half_width=m, area=args.area, boundary="wrap")
     methods = {"1D dense": _method("dense", one_d, block=args.block),
                "1D sdpa+mask": _method("sdpa", one_d, block=args.block),
                "1D banded": _method("banded", one_d, block=args.block),
                "2D dense": _method("dense", two_d, block=args.block),
                "2D banded": _method("banded", two_d, block=args.block)}
+    flex = _flex_window(m, valid) if device.type == "cuda" else None  # (no backward on this CPU build)
+    if flex is not None:
+        methods["1D flex"] = flex
     names = list(methods)
     warmups, repeats = (2, 5) if args.quick else (3, args.repeats)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -87,7 +116,17 @@ def bench_length(args, length: int) -> list[tuple[str, float]]:
             elapsed = _time(methods[n], tensors, positions)
             if r >= warmups:
                 times[n].append(elapsed)
-    return [(n, statistics.median(times[n])) for n in names]
+    peaks = {n: _peak_mib(methods[n], tensors, positions) for n in names} if device.type == "cuda" else {}
+    return [(n, statistics.median(times[n]), peaks.get(n)) for n in names]
+
+
+def _peak_mib(run, tensors, positions) -> float:
+    """Peak CUDA memory of one forward+backward, beyond what was allocated before it (MiB)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    _time(run, tensors, positions)
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def main() -> None:
@@ -96,12 +135,15 @@ def main() -> None:
     print(f"forward+backward, B={args.batch} H={args.heads} D={args.head_dim} M={args.size} N={args.area} "
           f"block={args.block} threads={args.threads} torch={torch.__version__} "
           f"repeats={5 if args.quick else args.repeats}; median ms (ratio to dense of the same window)")
-    print(f"{'I':>5}  {'method':<13} {'ms':>9} {'ratio':>7}")
+    if args.device != "cpu":
+        print(f"device {torch.cuda.get_device_name(torch.device(args.device))}; peak: extra CUDA memory of one step")
+    print(f"{'I':>5}  {'method':<13} {'ms':>9} {'ratio':>7}" + (f" {'peak MiB':>9}" if args.device != "cpu" else ""))
     for length in args.lengths:
-        rows = dict(bench_length(args, length))
-        for name, seconds in rows.items():
-            ref = rows["1D dense" if name.startswith("1D") else "2D dense"]
-            print(f"{length:>5}  {name:<13} {seconds * 1e3:>9.2f} {seconds / ref:>7.2f}")
+        rows = {name: (seconds, peak) for name, seconds, peak in bench_length(args, length)}
+        for name, (seconds, peak) in rows.items():
+            ref = rows["1D dense" if name.startswith("1D") else "2D dense"][0]
+            print(f"{length:>5}  {name:<13} {seconds * 1e3:>9.2f} {seconds / ref:>7.2f}"
+                  + (f" {peak:>9.1f}" if peak is not None else ""))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Setting of performance-notes.md: d=256, 4 heads, 3+3 layers, FFN 1024, vocabular
 Methods run interleaved; medians and the ratio to nn.Transformer from the same run.
 
     .venv/bin/python bench/train_step.py --threads 2 --repeats 10
+    python3 bench/train_step.py --device cuda --precision bf16 --batch 512   # on a GPU (scripts/gpu_check.sh)
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class TorchTransformer(nn.Module):
         self.core = nn.Transformer(D, HEADS, LAYERS, LAYERS, FFN, dropout=0.1, batch_first=True, norm_first=True)
 
     def forward(self, src, tgt):
-        pos = lambda t: self.pos(torch.arange(t.shape[1]))[None]  # noqa: E731
-        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        pos = lambda t: self.pos(torch.arange(t.shape[1], device=t.device))[None]  # noqa: E731
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
         h = self.core(self.embed(src) + pos(src), self.embed(tgt) + pos(tgt), tgt_mask=mask, tgt_is_causal=True,
                       src_key_padding_mask=src.eq(0), memory_key_padding_mask=src.eq(0),
                       tgt_key_padding_mask=tgt.eq(0))
@@ -47,9 +48,10 @@ def ours() -> nn.Module:
                          vocab_size=VOCAB, pad_id=0)
 
 
-def step(model, opt, src, tgt_in, tgt_out) -> None:
-    logits = model(src, tgt_in)
-    loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=0, label_smoothing=0.1)
+def step(model, opt, src, tgt_in, tgt_out, precision: str = "fp32") -> None:
+    with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = model(src, tgt_in)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=0, label_smoothing=0.1)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -61,23 +63,31 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--length", type=int, default=30)
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    src = torch.randint(4, VOCAB, (args.batch, args.length))
-    tgt = torch.randint(4, VOCAB, (args.batch, args.length + 1))
-    models = {"nn.Transformer": TorchTransformer(), "sanlab Seq2Seq": ours()}
+    device = torch.device(args.device)
+    src = torch.randint(4, VOCAB, (args.batch, args.length), device=device)
+    tgt = torch.randint(4, VOCAB, (args.batch, args.length + 1), device=device)
+    models = {"nn.Transformer": TorchTransformer().to(device), "sanlab Seq2Seq": ours().to(device)}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
     times: dict[str, list[float]] = {k: [] for k in models}
     for r in range(args.repeats + 2):
         for name in (list(models) if r % 2 == 0 else list(models)[::-1]):  # interleave, rotate order
+            sync()
             t0 = time.perf_counter()
-            step(models[name], opts[name], src, tgt[:, :-1], tgt[:, 1:])
+            step(models[name], opts[name], src, tgt[:, :-1], tgt[:, 1:], args.precision)
+            sync()  # a GPU runs asynchronously: time the work, not its launch
             if r >= 2:  # warm-up
                 times[name].append(time.perf_counter() - t0)
     tokens = args.batch * args.length
     ref = statistics.median(times["nn.Transformer"])
-    print(f"threads {args.threads}, {tokens} target tokens per update, {args.repeats} repeats (medians)")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"threads {args.threads}"
+    print(f"{where}, {args.precision}, torch {torch.__version__}, {tokens} target tokens per update, "
+          f"{args.repeats} repeats (medians)")
     print("| model | ms / update | target tokens / s | time vs nn.Transformer |\n|---|---|---|---|")
     for name, ts in times.items():
         med = statistics.median(ts)

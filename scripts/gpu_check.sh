@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Everything issue 24 asks to verify on a GPU, in one command on a GPU machine (`make gpu-check`), in pieces that
+# each end well within 10 minutes, so whoever next has a GPU at hand verifies it in one sitting:
+#   1. sanlab env                      what the numbers below ran on
+#   2. pytest -m gpu                   plans == dense on CUDA (fp32, bf16), cached == full decoding, CPU == CUDA,
+#                                      a bf16 run end to end, fp16 resume bit-exact
+#   3. the benchmarks on the device    training step (vanilla vs nn.Transformer, fp32 and bf16) and the window
+#                                      plans (dense, SDPA + mask, banded, FlexAttention) with peak memory
+#   4. Multi30k vanilla in bf16        the CPU recipe on cuda, resumable: rerun to continue; evaluated on
+#                                      test_2016_flickr once it has trained its 3,000 updates
+# Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
+#
+# On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
+# them in .whl/) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
+#   GPU_STEPS=all|env|tests|bench|train   which parts (default all); TRAIN_MINUTES (default 8): the run's slice
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPORT_DIR=${REPORT_DIR:-${OUT:-runs/gpu-check}}
+DATA=${GPU_DATA:-../shared/data/multi30k}
+STEPS=${GPU_STEPS:-all}
+PY=${PYTHON:-python3}
+mkdir -p "$REPORT_DIR"
+report="$REPORT_DIR/gpu.md"
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/sanlab-site \
+        .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/sanlab-site:$PWD/src"
+else
+    export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+wants() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
+section() { printf '\n## %s\n\n```\n' "$1" >> "$report"; }
+end_section() { printf '```\n' >> "$report"; }
+
+printf '# sanlab on a GPU (scripts/gpu_check.sh, %s)\n\nCommit: %s\n' "$(date -u +%F)" \
+    "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" > "$report"
+
+if wants env; then
+    section "sanlab env"
+    $PY -m sanlab env --device cuda 2>&1 | tee -a "$report"; nvidia-smi -L 2>&1 | tee -a "$report"
+    end_section
+fi
+if wants tests; then
+    section "pytest -m gpu"
+    $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
+        | tee -a "$report"
+    end_section
+fi
+if wants bench; then
+    section "bench/train_step.py (d=256 3+3 recipe size, 512 x 30 tokens)"
+    for precision in fp32 bf16; do
+        $PY bench/train_step.py --device cuda --precision "$precision" --batch 512 --repeats 10 2>&1 | tee -a "$report"
+    done
+    end_section
+    section "bench/attention_window.py (B=8, H=8, D=64, M=11)"
+    $PY bench/attention_window.py --device cuda --lengths 512 2048 4096 8192 --batch 8 --repeats 10 2>&1 \
+        | tee -a "$report"
+    end_section
+fi
+if wants train; then
+    section "Multi30k vanilla, bf16 on cuda (configs/multi30k-en-de-transformer.yaml)"
+    run=runs/gpu-multi30k
+    files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
+           --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
+           --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
+           --set "data.test.test_2016_flickr.tgt=$DATA/test_2016_flickr.de.gz")
+    start=$(date +%s)
+    timeout "$(( ${TRAIN_MINUTES:-8} * 60 ))" $PY -m sanlab train configs/multi30k-en-de-transformer.yaml --run "$run" \
+        --device cuda --set train.precision=bf16 --quiet "${files[@]}" 2>&1 | tail -n 3 | tee -a "$report"
+    echo "this slice: $(( $(date +%s) - start )) s wall" | tee -a "$report"
+    grep -E "device|finished|resumed" "$run/train.log" | tail -n 4 | tee -a "$report"
+    grep '"speed"' "$run/metrics.jsonl" | tail -n 1 | tee -a "$report"
+    if grep -q "finished at step 3000" "$run/train.log"; then
+        $PY -m sanlab evaluate --run "$run" --device cuda 2>&1 | tee -a "$report"
+    else
+        echo "not finished: run this step again (GPU_STEPS=train) to continue from the last checkpoint" \
+            | tee -a "$report"
+    fi
+    end_section
+fi
+echo "wrote $report"
