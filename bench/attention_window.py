@@ -3,7 +3,7 @@
 Times the attention core (scores -> mask -> softmax -> weighted values) from given q, k, v of
 shape [B, H, I, D]; projections are the same for every plan and left out. Methods are run
 interleaved (rotating order each repeat) and reported as medians with ratios to the dense
-reference of the same length and the same run (performance-notes.md, "timing hygiene").
+reference of the same length and the same run (docs/performance.md, "timing hygiene").
 
     .venv/bin/python bench/attention_window.py            # I in 64 128 512, 20 repeats
     .venv/bin/python bench/attention_window.py --quick    # 5 repeats: for a busy machine

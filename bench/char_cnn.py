@@ -9,7 +9,7 @@ floating-point summation order (``tests/models/test_dufter_tagger.py`` checks va
 
     .venv/bin/python bench/char_cnn.py configs/ud-ewt-tagger.yaml --threads 2 --updates 20 --rounds 3
 
-Run it alone on the machine (../shared/design/performance-notes.md).
+Run it alone on the machine (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ over the same batches; speed is the trainer's own (update time only, no validati
     python bench/ddp_speed.py --updates 40 --out results/ddp-speed.md
     python bench/ddp_speed.py --config configs/ud-ewt-tagger.yaml --updates 100 --out results/ddp-speed-ud.md
 
-Run it on an otherwise idle machine (see ../shared/design/performance-notes.md): anything beside it
+Run it on an otherwise idle machine (see docs/performance.md): anything beside it
 distorts both columns differently.
 """
 

@@ -21,7 +21,7 @@ hypothesis.
     .venv/bin/python bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --threads 2 \\
         --recompute capsule --out results/csan-multi30k-decode-speed.md
 
-Run it alone on the machine (../shared/design/performance-notes.md).
+Run it alone on the machine (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ updates/s in the same round (paired by round, so a round that ran faster for eve
     .venv/bin/python bench/grid_speed.py configs/compare/dufter-table2-ud.yaml --threads 2 \\
         --updates 20 --rounds 3 --out results/dufter-ewt-speed.md
 
-Run it alone on the machine (../shared/design/performance-notes.md).
+Run it alone on the machine (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One training update of our vanilla Seq2Seq vs torch.nn.Transformer at the same size (CPU).
 
-Setting of performance-notes.md: d=256, 4 heads, 3+3 layers, FFN 1024, vocabulary 8000, about
+Setting of docs/performance.md: d=256, 4 heads, 3+3 layers, FFN 1024, vocabulary 8000, about
 3,840 target tokens per update (B=128, source and target length 30), Adam, label-smoothed loss.
 Methods run interleaved; medians and the ratio to nn.Transformer from the same run.
 

@@ -1,4 +1,4 @@
-"""Capsule routing self-attention (Duan et al. 2020, arXiv 2004.14649; spec capsule-routing.md section 14).
+"""Capsule routing self-attention (Duan et al. 2020, arXiv 2004.14649; spec section 14).
 
 Expected values are derived: Sabour et al.'s Procedure 1 written out capsule by capsule (the reference of
 ``dynamic_routing`` and of everything built on it), a per-prefix loop for the vectorised routing,

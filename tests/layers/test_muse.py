@@ -219,7 +219,8 @@ def _count(tmp_path, preset, model: str = "{}", **vocab):
 
 
 def spec_count(*, d, f, heads, layers, vocab_rows, conv=True):
-    """spec muse.md 9: encoder layer = self + 2d + FFN; decoder layer = self + 2d + cross + 2d (one unused) + FFN."""
+    """docs/spec/muse.md 9: encoder layer = self + 2d + FFN; decoder layer = self + 2d + cross + 2d (one unused)
+    + FFN."""
     self_mix = 3 * d * d + 3 * d + ((2 * d * d + d + d * heads * (3 + 15) + 2) if conv else d * d + d)
     ffn, cross = 2 * d * f + f + d, 4 * d * d + 4 * d
     return layers * (self_mix + 2 * d + ffn) + layers * (self_mix + 4 * d + cross + ffn) + vocab_rows * d

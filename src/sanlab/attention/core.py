@@ -139,7 +139,7 @@ class Attention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, trace: dict | None) -> Tensor:
         ctx.q, ctx.k = q, k
         kw = dict(parts=self.stage_parts, scale=self.scale, dropout=self.dropout, training=self.training)
-        # The banded plan pays off from ~128 keys on (performance-notes.md); a trace needs the dense matrix.
+        # The banded plan pays off from ~128 keys on (docs/performance.md); a trace needs the dense matrix.
         if trace is None and self.banded_ok and (self.plan == "banded" or (self.plan == "auto"
                                                                            and k.shape[2] >= banded.MIN_KEYS)):
             return banded.attend(q, k, v, ctx, **kw)

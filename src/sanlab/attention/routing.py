@@ -3,7 +3,7 @@ Eq. 6-7 (dynamic routing, after Sabour et al. 2017, https://arxiv.org/abs/1710.0
 routing), Eq. 12-14 (horizontal positional routing): capsule routing over the attention cube.
 
 The paper's displayed equations are lost; the forms here follow the reconstruction in
-``spec/capsule-routing.md`` sections 3-6.
+``docs/spec/capsule-routing.md`` sections 3-6.
 
 The routing input is an attention cube ``cube [b, h, i, j]`` whose invisible entries (padding, future)
 are already zero: a zero vote adds nothing to a weighted sum nor to an agreement. Every function here is

@@ -2,7 +2,7 @@
 
 Zhao, Sun, Xu, Zhang & Luo 2019, "MUSE: Parallel Multi-Scale Attention for Sequence to Sequence
 Learning", https://arxiv.org/abs/1911.09483 (ICLR-2020 text Eq. 1, 4-8), following the official
-code (lancopku/MUSE, ``ParallelMultiheadAttention``) where the text is silent (spec ``muse.md``):
+code (lancopku/MUSE, ``ParallelMultiheadAttention``) where the text is silent (``docs/spec/muse.md``):
 
     V    = X~ W^V + b^V                                     X~ = Dropout_in(X), shared by attention and convs
     D    = sum_i g_i DynConv_{k_i}(V),  g = softmax(alpha)  Eq. 6-7, alpha_i = 1/n at init, k = {3, 15}

@@ -1,5 +1,5 @@
 """Duan, Cao, Zhao, "Capsule-Transformer for Neural Machine Translation", https://arxiv.org/abs/2004.14649,
-Eq. 8-14 (spec ``capsule-routing.md`` sections 4-8): capsule routing self-attention, part ``type: capsule``.
+Eq. 8-14 (``docs/spec/capsule-routing.md`` sections 4-8): capsule routing self-attention, part ``type: capsule``.
 
 The attention cube E [b, h, i, j] is routed two ways, in parallel, and both output cubes are added to
 the scores before the mask and softmax:
