@@ -167,19 +167,21 @@ class Trainer:
         mine = self.dist.shard(group)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total, finite = 0.0, True
+        # the loss is summed on the device (float64: the same sum as Python floats) and read once per update, so
+        # the host waits for the device once, not after every micro-batch; a non-finite loss makes the sum so
+        summed = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, batch in enumerate(mine):
             batch = to_device(batch, self.device)
             with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint():
                 with self.precision.autocast():
                     loss = self.task.loss(batch, model=self.train_model) / tokens
-                finite = finite and bool(torch.isfinite(loss))
                 # DDP averages gradients over processes; scaling by their number makes that a sum.
                 scaled = loss * self.dist.world_size
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            total += loss.item()
+            summed += loss.detach().double()
+        total = float(summed)
         # One collective per update whatever the number of micro-batches: every process decides alike.
-        total, bad = self.dist.sum(total, float(not finite))
+        total, bad = self.dist.sum(total, float(not math.isfinite(total)))
         if bad:
             raise TrainingError(f"loss is {total} at update {p.step + 1} (epoch {p.epoch}); stopping "
                                 f"without saving it. Last good checkpoint: {self.last_good}. "
