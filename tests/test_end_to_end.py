@@ -137,7 +137,7 @@ def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(trans
 
 def test_a_checkpoint_pruned_while_it_is_loaded_is_chosen_again(translation_run, monkeypatch):
     """A training process may delete the chosen checkpoint between choosing and reading it."""
-    import sanlab.runs as runs
+    import sanlab.runs.trained as runs  # (where load_trained reads the weights)
 
     real, calls = runs.load_weights, []
 

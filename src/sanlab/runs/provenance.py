@@ -1,0 +1,73 @@
+"""What a run records about where it came from: library versions, git revision, command line, threads and
+processes (``meta.json``), and one record per training session."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from sanlab import invocation
+from sanlab.config import Config
+from sanlab.files import read_json, write_json
+from sanlab.training.rundir import RUN_FORMAT, RUN_MARKER
+
+
+LIBRARIES = ("torch", "sacrebleu", "sentencepiece", "conllu", "safetensors", "pydantic", "numpy")
+
+
+def git_revision() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if rev.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance(config: Config) -> dict:
+    versions = {}
+    for lib in ("sanlab",) + LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return {RUN_MARKER: RUN_FORMAT, "seed": config.train.seed, "versions": versions, "python": platform.python_version(),
+            "git_revision": git_revision(), "command": invocation.command(), "machine": platform.machine(),
+            **_session_conditions(config)}
+
+
+GRID_JOBS_ENV = "SANLAB_GRID_JOBS"
+
+
+ALLOW_CHANGED_DATA_ENV = "SANLAB_ALLOW_CHANGED_DATA"  # `sanlab compare --allow-changed-data`, seen by its workers
+
+
+def _session_conditions(config: Config) -> dict:
+    # threads as training will set them (meta.json is written before _train_locked applies train.threads)
+    # jobs: cells a `sanlab compare --jobs` grid trains side by side with this one (set in its workers)
+    return {"threads": config.train.threads or torch.get_num_threads(),
+            "processes": int(os.environ.get("WORLD_SIZE", "1")), "jobs": int(os.environ.get(GRID_JOBS_ENV, "1"))}
+
+
+def record_session(run_dir: Path, config: Config, *, step: int) -> None:
+    """Append this training session to ``meta.json``'s ``sessions``: a resumed run may have been continued
+    with other code, command, threads or processes than the ones recorded when it was created."""
+    path = Path(run_dir) / "meta.json"
+    meta = read_json(path) or provenance(config)
+    session = {"started_at": datetime.now().astimezone().isoformat(timespec="seconds"), "from_step": step,
+               "git_revision": git_revision(), "command": invocation.command(), **_session_conditions(config)}
+    meta["sessions"] = [*meta.get("sessions", []), session]
+    meta.setdefault(RUN_MARKER, RUN_FORMAT)  # a run made before the marker is marked when it trains again
+    write_json(path, meta)
+
+
+# Keys that may change when a run is resumed (they do not change what was already trained).

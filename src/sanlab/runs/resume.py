@@ -1,0 +1,125 @@
+"""Creating or resuming a run directory: the saved config against the new one (``RESUMABLE_KEYS`` may
+differ), the training data against its fingerprint, and budgets that would shorten a trained run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sanlab.config import Config, dump_config, read_yaml_mapping, validate
+from sanlab.data.fingerprint import changes, fingerprints, training_files
+from sanlab.errors import ConfigError, DataError
+from sanlab.files import read_json, write_json, write_text
+from sanlab.training import rundir
+from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint
+from sanlab.runs.provenance import provenance
+
+
+RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
+                  "train.find_unused_parameters", "train.device",  # a CPU run may go on on a GPU, and back
+                  "train.log_every", "decode.beam", "decode.length_penalty", "decode.n_best")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_differences(old: dict, new: dict) -> list[str]:
+    a, b = _flatten(old), _flatten(new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
+    """Create ``run_dir`` for ``config``; returns True if it holds a run to resume.
+
+    Resuming with a different config is an error unless only ``RESUMABLE_KEYS`` differ (e.g. a
+    larger ``train.max_steps``); pass ``--overwrite`` to start again or choose another directory.
+    A directory sanlab did not make is never written into or emptied (``training.rundir``).
+    Call it holding ``run_lock(run_dir)`` (``train_run`` does), so that no other process is writing the run.
+    """
+    run_dir = Path(run_dir)
+    rundir.check_location(run_dir)
+    saved = run_dir / "config.yaml"
+    if overwrite:
+        rundir.empty_run(run_dir)
+    if not saved.exists() and (run_dir / "checkpoints").exists():
+        # a resume could not be checked, and a fresh start would replace them
+        raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
+                          "move the checkpoints away (or choose another --run directory) to start again")
+    if not rundir.is_run(run_dir):
+        rundir.check_new_run(run_dir)
+    text = dump_config(config)
+    if saved.exists():
+        # Re-validate the saved config so keys added to the schema since then compare as their defaults.
+        old = yaml.safe_load(dump_config(validate(read_yaml_mapping(saved, what="run config"), source=str(saved))))
+        diff = config_differences(old, yaml.safe_load(text))
+        blocking = [k for k in diff if not k.startswith(RESUMABLE_KEYS)]
+        if blocking:
+            raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
+                              f"{', '.join(blocking)}. Resume with the same config, pass --overwrite to start "
+                              "again, or choose another --run directory")
+        problem = shorter_budget(run_dir, config, old)
+        if problem:
+            raise ConfigError(f"{run_dir}: {problem}; a shorter budget needs a new run (another --run directory, "
+                              "or --overwrite)")
+        if diff:  # the run's own saved config, rewritten only when a resumable key changed
+            write_text(saved, text)
+        return CheckpointManager.has_checkpoints(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "meta.json", provenance(config))  # the marker first: from here on it is a run
+    write_text(saved, text)
+    return False
+
+
+def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -> list[str]:
+    """Compare the training data with the fingerprint recorded in ``meta.json`` (``data_fingerprint``).
+    Changed data is a DataError naming the file, unless ``allow_changed``; then the changes are returned
+    (for the log) and the new fingerprint recorded. A run without one (new, or made before fingerprints)
+    records the data it starts or resumes on."""
+    path = Path(run_dir) / "meta.json"
+    meta = read_json(path) or provenance(config)
+    recorded, current = meta.get("data_fingerprint") or {}, fingerprints(training_files(config))
+    found = changes(recorded, current)
+    if found and not allow_changed:
+        first = next(iter(found))
+        more = f" (and {len(found) - 1} more file(s): {', '.join(list(found)[1:])})" if len(found) > 1 else ""
+        raise DataError(f"changed since this run last trained on it ({found[first]}){more}; resuming would "
+                        "continue on other data: pass --allow-changed-data to do so anyway, or start a new run "
+                        "(another --run directory, or --overwrite)", path=first)
+    if current != recorded:
+        meta["data_fingerprint"] = {**recorded, **current}
+        write_json(path, meta)
+    return [f"{p}: {what}" for p, what in found.items()]
+
+
+def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | None = None) -> str | None:
+    """Why resuming ``run_dir`` (trained under the config dict ``old``) with ``config`` would shorten it
+    or tighten its stopping rule, or None. A resume must not: the weights would be saved under a budget
+    they have exceeded (a finished run relabelled with settings it did not train under). ``trained``
+    ({"step", "epoch"}, e.g. a finished run's summary) stands in when the checkpoints are not there."""
+    latest = latest_checkpoint(Path(run_dir) / "checkpoints")
+    meta = (read_json(latest / "meta.json") or {}) if latest else (trained or {})
+    train = config.train
+    step, epoch, patience = meta.get("step"), meta.get("epoch"), old.get("train", {}).get("patience")
+    if step is not None and step > train.max_steps:
+        return f"it has trained {step} updates, more than train.max_steps={train.max_steps}"
+    into = meta.get("position") or 0  # batches into the epoch in progress (recorded since checkpoints name it)
+    if epoch is not None and (epoch > train.max_epochs or (epoch == train.max_epochs and into > 0)):
+        trained = f"{epoch} epochs" + (f" and {into} batches of the next" if into else "")
+        return f"it has trained {trained}, more than train.max_epochs={train.max_epochs}"
+    tighter = train.patience > 0 and (patience == 0 or train.patience < patience)  # 0: never stop early
+    if meta and patience is not None and tighter:
+        return (f"it was trained with train.patience={patience}; train.patience={train.patience} would stop it "
+                "under a rule it did not train under")
+    return None
+
+
+def load_run_config(run_dir: Path) -> Config:
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    return validate(read_yaml_mapping(path, what="run config"), source=str(path))

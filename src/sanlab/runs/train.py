@@ -1,0 +1,101 @@
+"""``train_run``: lock and prepare the run directory, build the task, train or resume (one process or each
+process of a torchrun job)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from sanlab.config import Config
+from sanlab.errors import SanlabError
+from sanlab.training import rundir
+from sanlab.training.logging import RunLogger
+from sanlab.training.rundir import run_lock
+from sanlab.runs.build import check_buildable, make_task
+from sanlab.runs.provenance import record_session
+from sanlab.runs.resume import check_training_data, prepare_run_dir
+
+
+def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False,
+              allow_changed_data: bool = False) -> dict:
+    """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
+
+    Resuming on training data that changed since (``check_training_data``) is an error unless
+    ``allow_changed_data``. Under torchrun every process calls this; the main one prepares and locks the
+    run directory (see ``training.distributed``)."""
+    from sanlab.training.device import resolve_device
+    from sanlab.training.distributed import from_environment
+
+    check_buildable(config)
+    run_dir = Path(run_dir)
+    rundir.check_location(run_dir)  # before the lock, which would create the directory's .lock
+    existed = run_dir.is_dir()
+    with from_environment(resolve_device(config.train.device)) as dist:
+        # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
+        # must never touch a run another process is writing
+        with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
+            start = _Start()
+            with dist.main_first():
+                if dist.is_main:
+                    start = _Start(new=overwrite or not rundir.is_run(run_dir),
+                                   before=None if not existed else [] if overwrite else rundir.entries(run_dir))
+                    start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
+                    start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
+            start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
+            return _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
+
+
+@dataclass
+class _Start:
+    """What preparing the run directory (main process) tells the training that follows."""
+
+    resuming: bool = False
+    data_changes: list[str] = field(default_factory=list)  # --allow-changed-data: for the log
+    new: bool = False  # a new run, whose failed start is taken back
+    before: list[str] | None = None  # the directory's entries before this command (None: it did not exist)
+
+
+def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist) -> dict:
+    from sanlab.training.device import describe_environment
+    from sanlab.training.loop import Trainer
+    from sanlab.training.logging import SilentLogger
+
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet) if dist.is_main else SilentLogger(run_dir)
+    if dist.is_main and dist.enabled and torch.get_num_threads() * dist.world_size > (os.cpu_count() or 1):
+        log.info(f"WARNING: {dist.world_size} processes x {torch.get_num_threads()} threads on {os.cpu_count()} "
+                 "cores: oversubscribed (train.threads is per process)")
+    if dist.is_main:
+        log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size))
+    if dist.is_main and dist.enabled:
+        backend = "nccl" if dist.device.type == "cuda" else "gloo"
+        log.info(f"distributed data parallel: {dist.world_size} processes ({backend}), "
+                 f"{config.train.accum_steps * dist.world_size} batches per update")
+    for change in start.data_changes:
+        log.info(f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {change}")
+    with dist.main_first():  # the main process writes the vocabulary / subword model, the others read it
+        try:
+            task = make_task(config, run_dir, log)
+        except SanlabError:  # bad data or settings found at the start: no half-made run is left behind
+            if start.new:
+                log.close()
+                rundir.undo_start(run_dir, before=start.before)
+            raise
+    if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
+        torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
+    trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
+    if start.resuming:
+        trainer.resume()
+    elif dist.is_main:  # a session killed before its first checkpoint logged updates that this one repeats
+        log.truncate_after(0)
+    if dist.is_main:
+        record_session(run_dir, config, step=trainer.progress.step)
+    try:
+        return trainer.fit()
+    finally:
+        log.close()

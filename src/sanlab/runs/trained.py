@@ -1,0 +1,175 @@
+"""Trained runs: choosing and loading a checkpoint, ``evaluate``, ``average`` and ``tag``."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+
+from sanlab.config import Config, TaggingConfig, TranslationConfig
+from sanlab.errors import ConfigError, DataError
+from sanlab.files import read_json, write_json
+from sanlab.training.checkpoint import CheckpointManager, checkpoint_names, load_weights
+from sanlab.runs.build import task_class
+from sanlab.runs.resume import load_run_config
+
+
+def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
+    """``best``, ``last``, ``averaged`` (written by ``sanlab average``) or a path."""
+    run_dir = Path(run_dir)
+    if which == "averaged":
+        path = run_dir / "averaged"
+    elif which in ("best", "last"):
+        manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
+                                    higher_is_better=task_class(config).higher_is_better, writer=False)
+        found = manager.best(1) if which == "best" else manager.last(1)
+        if not found:
+            raise ConfigError(f"{run_dir}: no checkpoint to load (train first)")
+        path = found[0]
+        if not path.exists():  # pruned by a training process since it was listed: the caller may choose again
+            raise FileNotFoundError(f"{path} was removed")
+    else:
+        named = run_dir / "checkpoints" / which  # a step-N name of this run
+        path = named if which.startswith("step-") and named.is_dir() else Path(which)
+        if not path.is_dir():
+            names = checkpoint_names(run_dir)
+            steps = f"{names[0]} to {names[-1]}" if len(names) > 2 else ", ".join(names) or "none yet"
+            raise ConfigError(f"--checkpoint {which}: no such checkpoint of {run_dir}; give best, last, averaged "
+                              f"(after `sanlab average`), a step-N name of this run ({steps}) or a checkpoint "
+                              "directory")
+    if not (path / "model.safetensors").exists():
+        hint = f" (run `sanlab average --run {run_dir} --last N` first)" if which == "averaged" else ""
+        raise ConfigError(f"{path}: no model.safetensors in this checkpoint directory{hint}")
+    return path
+
+
+def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
+    """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
+    cuda, cuda:N): assets is the subword model (translation) or the tagging vocabulary. Reads no corpus."""
+    from sanlab.training.device import resolve_device
+
+    config = load_run_config(run_dir)
+    with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
+        select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
+    if isinstance(config, TranslationConfig):
+        from sanlab.tasks.translation import load_translation_model as load
+    else:
+        from sanlab.tasks.tagging import load_tagging_model as load
+    model, assets = load(config, run_dir)
+    for attempt in range(3):
+        try:
+            path = select_checkpoint(run_dir, checkpoint, config)
+            load_weights(model, path)
+            break
+        except FileNotFoundError as err:  # a training process pruned it between choosing and reading: choose again
+            if attempt == 2 or checkpoint not in ("best", "last"):
+                raise ConfigError(f"{err}: the checkpoint disappeared while it was loaded (is a training process "
+                                  "pruning this run's checkpoints?); try again") from None
+    return config, model.to(resolve_device(device)).eval(), assets
+
+
+def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
+                 decode_overrides: dict | None = None, device: str = "cpu") -> dict:
+    """Score a trained run on its held-out splits; writes hypotheses and ``eval-<checkpoint>.json`` into the run.
+
+    Each split's record names the checkpoint it scored (directory and update), since ``best`` and ``last``
+    move when a run is resumed. Splits scored earlier from the same checkpoint stay in the file; records
+    of another checkpoint are dropped (with their hypotheses) rather than mixed with the new ones. Records
+    written before checkpoints were named cannot be told apart and are kept, files and all: deleting them
+    could delete what a comparison grid scored.
+    """
+    config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
+    scored = scored_checkpoint(run_dir, checkpoint, config)
+    if isinstance(config, TranslationConfig):
+        from sanlab.tasks.translation import evaluate_translation
+
+        # one hypothesis per sentence is scored, so a run's n_best (for `translate`) must not limit --beam
+        decode = config.decode.updated(**{"n_best": 1, **(decode_overrides or {})})
+        results = evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
+                                       tag=checkpoint)
+    else:
+        from sanlab.tasks.tagging import evaluate_tagging_splits
+
+        if decode_overrides:
+            raise ConfigError(f"{run_dir} is a tagging run: decode settings ({', '.join(decode_overrides)}) do not "
+                              "apply")
+        results = evaluate_tagging_splits(model, assets, config, splits=splits)
+    results = {name: {**record, **scored} for name, record in results.items()}
+    tag = Path(checkpoint).name
+    out = Path(run_dir) / f"eval-{tag}.json"
+    earlier = read_json(out) or {}
+    kept = {name: r for name, r in earlier.items()
+            if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
+    for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
+        (Path(run_dir) / f"hyp-{tag}-{name}.txt").unlink(missing_ok=True)
+    write_json(out, {**kept, **results})
+    return results
+
+
+SCORED_KEYS = ("checkpoint", "step", "averaged")  # what identifies the weights an eval record scored
+
+
+def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
+    """What ``checkpoint`` (best / last / averaged / a path) names now: ``{"checkpoint": <directory, relative
+    to the run when inside it>, "step": <update or None>}``, plus ``"averaged"`` (the checkpoints
+    averaged) for an average, which has no step of its own."""
+    path = select_checkpoint(run_dir, checkpoint, config)
+    meta = read_json(path / "meta.json") or {}
+    try:
+        name = str(path.resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        name = str(path)
+    return {"checkpoint": name, "step": meta.get("step"),
+            **({"averaged": meta["averaged"]} if "averaged" in meta else {})}
+
+
+def same_weights(record: dict, scored: dict) -> bool:
+    return all(record.get(k) == scored.get(k) for k in SCORED_KEYS)
+
+
+def average_run(run_dir: Path, *, last: int | None = None, best: int | None = None,
+                output: str | None = None) -> Path:
+    from sanlab.training.average import write_average
+
+    config = load_run_config(run_dir)
+    kept = config.train.keep_last if last else config.train.keep_best
+    wanted = last or best
+    if wanted > kept:  # older survivors are best checkpoints, not the last N: refuse rather than mix them
+        which = "keep_last" if last else "keep_best"
+        raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints but the run keeps {kept} ({which}); "
+                          f"raise train.{which} before training")
+    manager = CheckpointManager(run_dir, keep_best=config.train.keep_best, keep_last=config.train.keep_last,
+                                higher_is_better=task_class(config).higher_is_better, writer=False)
+    chosen = manager.last(last) if last else manager.best(best)
+    if not chosen:
+        raise ConfigError(f"{run_dir}: has no checkpoints to average (train it first)")
+    if len(chosen) < wanted:  # within keep_last / keep_best: the run has not saved that many yet
+        raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, the run has saved only {len(chosen)} so far "
+                          f"(of the {kept} it keeps); average fewer, or train on to save more")
+    return write_average(chosen, Path(output) if output else Path(run_dir) / "averaged")
+
+
+def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",
+             device: str = "cpu") -> None:
+    """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
+    from sanlab.data.conllu_io import TaggedSentence, read_conllu
+    from sanlab.data.parallel import input_lines
+    from sanlab.files import check_output_file, output_stream
+    from sanlab.tasks.tagging import tag_sentences
+
+    check_output_file(output_path)
+    config, model, vocab = load_trained(run_dir, checkpoint=checkpoint, device=device)
+    if not isinstance(config, TaggingConfig):
+        raise ConfigError(f"{run_dir} is a {config.task} run; `sanlab tag` needs a tagging run (use `sanlab translate`)")
+    if input_path and not Path(input_path).is_file():
+        raise DataError("input file not found", path=input_path)
+    if input_path and ".conllu" in Path(input_path).name:
+        sents = read_conllu(input_path, column=config.data.column, require_tags=False)  # tags, if any, ignored
+    else:
+        sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))
+                 for line in input_lines(input_path) if line.strip()]
+    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
+    with output_stream(output_path) as out:
+        for sent, tags in zip(sents, predicted):
+            out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))
+            out.write("\n")
