@@ -17,6 +17,7 @@ a model imports their builders. So the schema (``sanlab.config``) validates with
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Callable, ClassVar
@@ -161,8 +162,8 @@ class Registry:
             cls = self.entry(value["type"]).config
         except ConfigError as err:
             raise ValueError(str(err)) from None
-        try:
-            return cls.model_validate(value)
+        try:  # strict through JSON, as the run config (sanlab.config.validate): a quoted "11" is refused here too
+            return cls.model_validate_json(json.dumps(value, default=str), strict=True)
         except ValidationError as err:  # re-raised plainly so the outer model reports the full path
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<value>'}: {e['msg']}" for e in err.errors())
             raise ValueError(f"{self.kind} {value['type']!r}: {problems}") from None

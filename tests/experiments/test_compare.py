@@ -773,7 +773,8 @@ def test_window_sweep_rows_are_the_csan1d_recipe_with_their_window():
 
 def test_treebank_grid_has_one_table_per_treebank():
     grid = load_grid(ROOT / "configs" / "compare" / "dufter-treebanks-ud.yaml")
-    assert grid.datasets == ["English-LinES", "Afrikaans-AfriBooms", "Vietnamese-VTB"] and len(grid.cells) == 15
+    assert grid.datasets == ["English-LinES", "Afrikaans-AfriBooms", "Vietnamese-VTB"] and len(grid.cells) == 45
+    assert grid.seeds_of("+Temp") == [0, 1, 42]  # three seeds, as the EWT grid and the paper
     vtb = next(c for c in grid.cells if c.dataset == "Vietnamese-VTB")
     assert vtb.config.data.train.endswith("UD_Vietnamese-VTB/vi_vtb-ud-train.conllu.gz")
     assert vtb.run_dir.parts[-3:] == ("vietnamese-vtb", "san-pe-add", "seed-0")

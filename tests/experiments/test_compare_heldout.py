@@ -58,7 +58,7 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 # ----------------------------------------------------------------------------- --datasets
 def test_a_datasets_file_replaces_the_grids_datasets(tmp_path, corpus):
     grid = load_grid(TREEBANKS, datasets_file=_datasets_file(tmp_path, corpus))
-    assert grid.datasets == ["My-Treebank"] and len(grid.cells) == len(grid.spec.variants)
+    assert grid.datasets == ["My-Treebank"] and len(grid.cells) == len(grid.spec.variants) * len(grid.spec.seeds)
     assert {c.config.data.test for c in grid.cells} == {str(corpus["test"])}
     # never into the grid's committed runs_dir; and the grid's paper numbers were the replaced datasets'
     assert grid.runs_dir == Path("runs/compare/dufter-treebanks-ud-my-datasets")
@@ -102,7 +102,7 @@ def test_the_command_line_takes_a_datasets_file_and_rescore(tmp_path, corpus, ca
 
     path = _datasets_file(tmp_path, corpus)
     assert main(["compare", str(TREEBANKS), "--datasets", str(path), "--runs-dir", str(tmp_path / "r"), "--dry-run",
-                 "--only", "+Conv", "--only", "SAN+PE[add]"]) == 0
+                 "--only", "+Conv", "--only", "SAN+PE[add]", "--seed", "0"]) == 0
     listed = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == ["My-Treebank / +Conv / seed 0", "My-Treebank / SAN+PE[add] / seed 0", "0 of 2 cells evaluated"]
     assert main(["compare", str(TREEBANKS), "--rescore", "--dry-run"]) != 0
@@ -160,7 +160,7 @@ def scored(tmp_path_factory, corpus):
     assert run_compare(str(TREEBANKS), only=["+Temp", "SAN+PE[add]"], seeds=[0], quiet=True, command="t",
                        out=lambda m: None, **args) == 0
     grid = load_grid(TREEBANKS, **args)
-    cells = [c for c in grid.cells if c.variant in ("SAN+PE[add]", "+Temp")]
+    cells = [c for c in grid.cells if c.variant in ("SAN+PE[add]", "+Temp") and c.seed == 0]
     assert {cell_state(c, grid.spec.eval).status for c in cells} == {"evaluated"}
     train = word_tags([list(zip(s.words, s.tags)) for s in read_conllu(corpus["train"], column="upos")])
     old, vocab = {}, TaggingVocab.load(cells[0].run_dir / VOCAB_FILE)  # one vocabulary: the same data, all splits
@@ -233,3 +233,22 @@ def test_committed_tagging_cells_are_scored_with_the_current_word_groups(name, r
     stale = {c.label: cell_state(c, grid.spec.eval).describe() for c in committed
              if cell_state(c, grid.spec.eval).status != "evaluated"}
     assert stale == {}
+
+
+def test_a_translation_datasets_file_may_weight_several_training_corpora(tmp_path):
+    """data.train as a list of weighted corpora (OpenNMT/Marian style) is checked file by file, named by index."""
+    files = {}
+    for name in ("a.en", "a.de", "b.en", "b.de", "v.en", "v.de", "t.en", "t.de"):
+        files[name] = _write(tmp_path / name, "a small house .\n")
+    entry = (f"  - name: Mine\n    overrides:\n"
+             f"      data.train: [{{src: {files['a.en']}, tgt: {files['a.de']}, weight: 1}}, "
+             f"{{src: {files['b.en']}, tgt: MISSING, weight: 3}}]\n"
+             f"      data.valid: {{src: {files['v.en']}, tgt: {files['v.de']}}}\n"
+             f"      data.test: {{test_2016_flickr: {{src: {files['t.en']}, tgt: {files['t.de']}}}}}\n")
+    grid_file = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
+    missing = _write(tmp_path / "weighted.yaml", "datasets:\n" + entry.replace("MISSING", str(tmp_path / "nope.de")))
+    with pytest.raises(ConfigError, match=r"data.train\[1\].tgt .*nope.de: no such file"):
+        load_grid(grid_file, datasets_file=missing, runs_dir=tmp_path / "r")
+    present = _write(tmp_path / "weighted-ok.yaml", "datasets:\n" + entry.replace("MISSING", str(files["b.de"])))
+    grid = load_grid(grid_file, datasets_file=present, runs_dir=tmp_path / "r")
+    assert {len(c.config.data.train_corpora) for c in grid.cells} == {2}

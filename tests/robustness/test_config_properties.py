@@ -117,3 +117,13 @@ def test_the_issues_quoted_values_are_refused(tmp_path):
     with pytest.raises(ConfigError) as info:  # a word where a number belongs: no hint about quotes
         load_config(path)
     assert "train.lr: Input should be a valid number (got 'fast')" in str(info.value)
+
+
+@pytest.mark.parametrize("part,field", [({"type": "window", "size": "11"}, "size"),
+                                        ({"type": "window", "layers": ["0", 1]}, "layers"),
+                                        ({"type": "csan2d", "heads_area": 3.0}, "heads_area")])
+def test_component_fields_are_as_strict_as_the_rest(part, field):
+    """A part's fields are typed as strictly as the run config's: a quoted number is refused there too."""
+    raw = {**BASE, "model": {"encoder": {"attention": {"parts": [part]}}}}
+    with pytest.raises(ConfigError, match=field):
+        validate(raw, source="t")

@@ -123,3 +123,61 @@ def test_env_command_and_the_train_log_say_what_produced_a_result(tmp_path, tiny
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2, valid_every=2, precision="bf16"), run, quiet=True)
     assert f"device cpu, precision bf16, torch {torch.__version__}" in (run / "train.log").read_text()
+
+
+def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_translation):
+    """state.pt of a CUDA run holds CUDA tensors (optimizer moments): it must load here, not count as damaged
+    (which would skip it and delete it). Simulated by saving the state with CUDA location tags."""
+    from torch import serialization
+
+    from sanlab.files import read_json, write_json
+    from sanlab.training.checkpoint import checksums
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=4, valid_every=2), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000004"
+    state = load_state(newest)
+    real_tag = serialization.location_tag
+    serialization.location_tag = lambda storage: "cuda:0"
+    try:
+        torch.save(state, newest / "state.pt")
+    finally:
+        serialization.location_tag = real_tag
+    meta = read_json(newest / "meta.json")
+    write_json(newest / "meta.json", {**meta, "sha256": {**meta["sha256"], **checksums(newest)}})
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(newest / "state.pt", weights_only=True)  # (the simulation holds: CUDA tags)
+    train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)
+    log = (run / "train.log").read_text()
+    assert "resumed from" in log and "step 4" in log.split("resumed from")[-1].split("\n")[0]
+    assert "damaged" not in log and newest.is_dir()
+
+
+def test_an_fp16_overflow_skips_the_update_halves_the_scale_and_is_logged(tmp_path, tiny_translation, monkeypatch):
+    from sanlab.training import loop
+    from sanlab.training.loop import read_metrics
+
+    real_update, calls, weights = loop.Trainer.update, [], {}
+
+    def overflow_at_update_3(self, group):
+        calls.append(1)
+        if len(calls) == 3:  # one gradient becomes inf in this update's backward pass
+            param = next(self.model.parameters())
+            handle = param.register_hook(lambda g: torch.full_like(g, float("inf")))
+            weights["before"] = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            try:
+                return real_update(self, group)
+            finally:
+                handle.remove()
+                weights["after"] = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        return real_update(self, group)
+
+    monkeypatch.setattr(loop.Trainer, "update", overflow_at_update_3)
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=4, valid_every=4, log_every=1, precision="fp16"), run, quiet=True)
+    state = load_state(run / "checkpoints" / "step-00000004")
+    assert state["progress"]["skipped_updates"] == 1 and state["progress"]["step"] == 4  # (a step all the same)
+    train = [r for r in read_metrics(run) if r["split"] == "train"]
+    assert [r["skipped_updates"] for r in train] == [0, 0, 1, 1]
+    assert train[2]["loss_scale"] == train[1]["loss_scale"] / 2  # backed off
+    assert all(torch.equal(weights["before"][n], weights["after"][n]) for n in weights["before"])  # not applied

@@ -141,7 +141,8 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     if isinstance(cell.config, TranslationConfig):
         # the grid's decode settings, not the ones saved when the cell was trained
         result = evaluate_run(cell.run_dir, checkpoint=spec.checkpoint, splits=[cell.split],
-                              decode_overrides=cell.config.decode.model_dump())[cell.split]
+                              decode_overrides=cell.config.decode.model_dump(),
+                              device=cell.config.train.device)[cell.split]  # decoded where it trained
         scores = {"bleu": result["bleu"], "chrf": result["chrf"]}
         evidence, signature = Path(result["hypotheses"]).name, result["bleu_signature"]
         signatures = {"chrf_signature": result["chrf_signature"]}
@@ -173,7 +174,7 @@ def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
     from sanlab.evaluation.tagging import tagging_accuracy
     from sanlab.tasks.tagging import tag_sentences, training_word_tags
 
-    config, model, vocab = load_trained(cell.run_dir, checkpoint=checkpoint)
+    config, model, vocab = load_trained(cell.run_dir, checkpoint=checkpoint, device=cell.config.train.device)
     assert isinstance(config, TaggingConfig)
     d = config.data
     sents = read_conllu(d.test if cell.split == "test" else d.dev, column=d.column)

@@ -354,8 +354,11 @@ def _sets_data(overrides: Overrides) -> bool:
 def _data_files(config: Config) -> list[tuple[str, str]]:
     """(key, path) of every data file a config reads."""
     d = config.data
-    if isinstance(config, TranslationConfig):
-        pairs = [("train", d.train), ("valid", d.valid), *((f"test.{k}", v) for k, v in d.test.items())]
+    if isinstance(config, TranslationConfig):  # data.train: one pair, or weighted corpora (train_corpora)
+        corpora = d.train_corpora
+        train = [("train", c) for c in corpora] if len(corpora) == 1 else [(f"train[{k}]", c) for k, c in
+                                                                            enumerate(corpora)]
+        pairs = [*train, ("valid", d.valid), *((f"test.{k}", v) for k, v in d.test.items())]
         return [(f"data.{name}.{side}", getattr(pair, side)) for name, pair in pairs for side in ("src", "tgt")]
     return [(f"data.{k}", getattr(d, k)) for k in ("train", "dev", "test") if getattr(d, k)]
 

@@ -62,12 +62,20 @@ def verify(path: Path) -> None:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+    """The random streams a resumed run must continue: the CPU generator, Python's, and the CUDA generators
+    where CUDA is in use (dropout on a GPU draws from those)."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(_as_tuple(state["python"]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)  # (a GPU run resumed on the CPU has no CUDA stream to continue)
 
 
 def _as_tuple(x):
@@ -225,6 +233,8 @@ def load_state(checkpoint: Path) -> dict:
         raise DamagedCheckpoint(f"{path}: missing: the checkpoint cannot be resumed from (its weights still load)")
     verify(path)
     try:
-        return torch.load(path, weights_only=True)
+        # on the CPU: a state written on a GPU (optimizer moments on cuda) must load on a machine without one;
+        # the optimizer moves it to its parameters' device
+        return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001  (damage shows as RuntimeError, UnpicklingError, KeyError, EOFError...)
         raise DamagedCheckpoint(f"{path}: damaged, cannot be read ({type(err).__name__}: {err})") from None
