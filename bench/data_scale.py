@@ -1,0 +1,218 @@
+"""The prepared-data path at WMT14 size: prepare time with 1 and N workers, cache size, peak memory of
+training against Multi30k's, and the time from a resumed `sanlab train` to its first update.
+
+The corpus: Multi30k's training pairs (../shared/data/multi30k), each line of the large corpus 1 to 3
+random pairs joined (source with source, target with target), so lengths spread around WMT14's mean
+(~25 words) with real vocabulary; 4.5M lines by default. It is written under --work (never committed).
+
+    python bench/data_scale.py --work /tmp/sanlab-scale --pairs 4500000 --out results/data-scale.md
+
+Every `sanlab` runs in its own process with one thread, so peak RSS (getrusage of the child) is that
+process's alone. Run it on an otherwise idle machine: timings beside other jobs are not comparable.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import sentencepiece
+import torch
+
+MULTI30K = Path("../shared/data/multi30k")
+TINY_MODEL = ["model.dim=64", "model.encoder.layers=2", "model.decoder.layers=2", "model.encoder.ffn_dim=256",
+              "model.decoder.ffn_dim=256", "model.encoder.attention.heads=4", "model.decoder.attention.heads=4",
+              "train.max_tokens=2048", "train.valid_max_sentences=20", "train.patience=0", "train.threads=1",
+              "train.log_every=1", "train.warmup_steps=100", "data.subword.vocab_size=8000"]
+
+
+def multi30k(name: str) -> list[str]:
+    with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def generate(work: Path, pairs: int, seed: int = 0) -> None:
+    """train.{en,de} of ``pairs`` lines (1-3 Multi30k pairs each), valid.{en,de} = Multi30k's first 200 val."""
+    if (work / "train.de").exists():
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    en, de = multi30k("train.en.gz"), multi30k("train.de.gz")
+    rng = np.random.default_rng(seed)
+    with open(work / "train.en.tmp", "w") as fe, open(work / "train.de.tmp", "w") as fd:
+        for start in range(0, pairs, 100_000):
+            n = min(100_000, pairs - start)
+            parts = rng.integers(1, 4, size=n)
+            picks = rng.integers(0, len(en), size=int(parts.sum()))
+            bounds = np.concatenate([[0], np.cumsum(parts)])
+            fe.write("".join(" ".join(en[i] for i in picks[a:b]) + "\n" for a, b in zip(bounds[:-1], bounds[1:])))
+            fd.write("".join(" ".join(de[i] for i in picks[a:b]) + "\n" for a, b in zip(bounds[:-1], bounds[1:])))
+    for side in ("en", "de"):
+        os.replace(work / f"train.{side}.tmp", work / f"train.{side}")
+        (work / f"valid.{side}").write_text("\n".join(multi30k(f"val.{side}.gz")[:200]) + "\n")
+
+
+def write_config(work: Path, name: str, src: Path, tgt: Path) -> Path:
+    path = work / f"{name}.yaml"
+    path.write_text(f"base: {Path('configs/multi30k-en-de-transformer.yaml').resolve()}\n"
+                    f"data:\n  train: {{src: {src}, tgt: {tgt}}}\n"
+                    f"  valid: {{src: {work / 'valid.en'}, tgt: {work / 'valid.de'}}}\n  test: {{}}\n")
+    return path
+
+
+# A fresh parent per command: RUSAGE_CHILDREN's peak is over every child a process has waited for.
+_MEASURE = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+            "print('peak-rss-kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def run(command: list[str], env: dict) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (MiB) and standard output of one command (its own process's peak)."""
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *command], check=True, env=env, stdout=subprocess.PIPE,
+                         text=True).stdout
+    peak = int(re.search(r"peak-rss-kib (\d+)", out).group(1))
+    return time.monotonic() - start, peak // 1024, out
+
+
+def encode_seconds(log: str) -> float:
+    return float(re.search(r"process\(es\), ([\d.]+) s", log).group(1))
+
+
+def sanlab(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sanlab", *args]
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def first_update_after_resume(config: Path, run_dir: Path, env: dict, overrides: list[str], step: int) -> float:
+    """Seconds from starting `sanlab train` on a run at ``step`` to the metrics record of update ``step + 1``."""
+    metrics = run_dir / "metrics.jsonl"
+    start = time.monotonic()
+    proc = subprocess.Popen(sanlab("train", str(config), "--run", str(run_dir), "--quiet", *overrides,
+                                   "--set", f"train.max_steps={step + 20}"), env=env, stdout=subprocess.DEVNULL)
+    try:
+        while True:
+            for line in metrics.read_text().splitlines()[::-1]:
+                record = json.loads(line)
+                if record.get("split") == "train" and record.get("step") == step + 1:
+                    return time.monotonic() - start
+            if proc.poll() is not None:
+                raise RuntimeError("train ended before its first update was logged")
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True, help="corpus, cache and runs go here")
+    parser.add_argument("--pairs", type=int, default=4_500_000)
+    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--parts", default="prepare,train,ddp",
+                        help="which measurements: prepare (timings, cache size), train (peak RSS, resume), ddp")
+    parser.add_argument("--note", default="", help="what else ran on the machine")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    work = args.work.resolve()
+    t0 = time.monotonic()
+    generate(work, args.pairs)
+    generated = time.monotonic() - t0
+    big = write_config(work, "big", work / "train.en", work / "train.de")
+    small = write_config(work, "multi30k", (MULTI30K / "train.en.gz").resolve(), (MULTI30K / "train.de.gz").resolve())
+    for side in ("en", "de"):  # the large corpus's head: its lengths, Multi30k's size
+        with open(work / f"train.{side}") as f, open(work / f"head.{side}", "w") as out:
+            out.writelines(line for _, line in zip(range(29_000), f))
+    head = write_config(work, "head", work / "head.en", work / "head.de")
+    sets = [x for s in TINY_MODEL for x in ("--set", s)]
+    rows, cache, parts = {}, work / "cache", args.parts.split(",")
+    if "prepare" in parts:
+        shutil.rmtree(cache, ignore_errors=True)
+    env = {**os.environ, "SANLAB_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    if "prepare" in parts:
+        prepare_timings(args, big, sets, cache, env, rows)
+    if "train" in parts:
+        train_memory(args, work, [small, head, big], sets, env, rows)
+    if "ddp" in parts:
+        ddp_share(work, big, sets, env, rows)
+    write_report(args, rows, generated)
+
+
+def prepare_timings(args, big: Path, sets: list[str], cache: Path, env: dict, rows: dict) -> None:
+    # 1. prepare: subword model (sampled) + encoding with 1 worker; then the encoding again with N workers
+    wall, _, log = run(sanlab("prepare", str(big), *sets, "--workers", "1"), env)
+    rows["prepare, all of it, 1 worker (s)"] = wall
+    rows["of which encoding, 1 worker (s)"] = encode_seconds(log)
+    corpus = next(p for p in cache.glob("corpus-*") if p.is_dir())
+    rows["cache on disk, the corpus (MiB)"] = du(corpus) / 2**20
+    rows["cache on disk, the subword model (MiB)"] = du(next(p for p in cache.glob("subword-*") if p.is_dir())) / 2**20
+    if args.workers > 1:
+        shutil.rmtree(corpus)
+        rows[f"prepare, encoding only, {args.workers} workers (s)"], _, log = run(
+            sanlab("prepare", str(big), *sets, "--workers", str(args.workers)), env)
+        rows[f"of which encoding, {args.workers} workers (s)"] = encode_seconds(log)
+    rows["prepare again, warm cache (checks every sha256) (s)"] = run(sanlab("prepare", str(big), *sets), env)[0]
+
+
+def train_memory(args, work: Path, configs: list[Path], sets: list[str], env: dict, rows: dict) -> None:
+    """Peak RSS of train over its first updates (warm cache) and the time a resume takes to its next update:
+    Multi30k, the large corpus's first 29,000 lines (its lengths at Multi30k's size), the large corpus."""
+    names = {"multi30k": "Multi30k (29k pairs)", "head": "first 29,000 lines of the large corpus",
+             "big": f"{args.pairs:,} pairs"}
+    for config in configs:
+        run(sanlab("prepare", str(config), *sets), env)
+    for config in configs:
+        name = names[config.stem]
+        run_dir = work / f"run-{config.stem}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_sets = [*sets, "--set", f"train.valid_every={args.updates}"]
+        wall, rss, _ = run(sanlab("train", str(config), "--run", str(run_dir), "--quiet", *run_sets,
+                               "--set", f"train.max_steps={args.updates}"), env)
+        rows[f"train {args.updates} updates, {name}: peak RSS (MiB)"] = rss
+        rows[f"train {args.updates} updates, {name}: wall (s)"] = wall
+        rows[f"resume to first update, {name}, warm cache (s)"] = first_update_after_resume(
+            config, run_dir, env, run_sets, args.updates)
+
+
+def ddp_share(work: Path, big: Path, sets: list[str], env: dict, rows: dict) -> None:
+    """Two DDP processes on the prepared large corpus: nothing is encoded again."""
+    run(sanlab("prepare", str(big), *sets), env)
+    ddp = work / "run-ddp"
+    shutil.rmtree(ddp, ignore_errors=True)
+    rows["DDP 2 processes x 1 thread, 20 updates from scratch, warm cache (s)"] = run(
+        sanlab("train", str(big), "--run", str(ddp), "--quiet", "--nproc", "2", *sets,
+               "--set", "train.max_steps=20", "--set", "train.valid_every=20"), env)[0]
+    rows["DDP run re-encoded anything"] = "encoded" in (ddp / "train.log").read_text()
+
+
+def write_report(args, rows: dict, generated: float) -> None:
+    fmt = lambda v: v if isinstance(v, (bool, str)) else f"{v:,.1f}"  # noqa: E731
+    lines = [
+        "# Prepared data at WMT14 size (issue 25)", "",
+        f"Command: `python bench/data_scale.py --work {args.work} --pairs {args.pairs} --updates {args.updates} "
+        f"--workers {args.workers} --parts {args.parts} --out {args.out}`", "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, numpy {np.__version__}, sentencepiece {sentencepiece.__version__}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Beside it: {args.note or 'nothing else (idle machine)'}.", "",
+        f"Corpus: {args.pairs:,} lines, each 1-3 random Multi30k training pairs joined (generated in "
+        f"{generated:.0f} s, not committed); the Multi30k recipe's data settings (joint unigram subwords, "
+        "vocabulary 8,000, max_len 100); a tiny model (dim 64, 2+2 layers, max_tokens 2,048), one thread per process.",
+        "", "| measurement | value |", "|---|---|",
+        *[f"| {k} | {fmt(v)} |" for k, v in rows.items()], ""]
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
