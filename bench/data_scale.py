@@ -96,14 +96,14 @@ def du(path: Path) -> int:
 def first_update_after_resume(config: Path, run_dir: Path, env: dict, overrides: list[str], step: int) -> float:
     """Seconds from starting `sanlab train` on a run at ``step`` to the metrics record of update ``step + 1``."""
     metrics = run_dir / "metrics.jsonl"
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()  # (a record of an earlier measurement does not count)
     proc = subprocess.Popen(sanlab("train", str(config), "--run", str(run_dir), "--quiet", *overrides,
                                    "--set", f"train.max_steps={step + 20}"), env=env, stdout=subprocess.DEVNULL)
     try:
         while True:
             for line in metrics.read_text().splitlines()[::-1]:
                 record = json.loads(line)
-                if record.get("split") == "train" and record.get("step") == step + 1:
+                if record.get("split") == "train" and record.get("step") == step + 1 and record["time"] > started_at:
                     return time.monotonic() - start
             if proc.poll() is not None:
                 raise RuntimeError("train ended before its first update was logged")
