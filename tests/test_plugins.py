@@ -17,6 +17,8 @@ import pytest
 from sanlab.errors import ConfigError
 from sanlab.registry import ComponentConfig, Registry
 
+pytestmark = pytest.mark.slow  # (fresh interpreters per case: make test runs them, the inner loop does not)
+
 PLUGIN = {
     "my_variants/__init__.py": "",
     # torch-free: the schema validates a config that names these without importing torch

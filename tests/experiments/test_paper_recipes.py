@@ -9,6 +9,8 @@ import pytest
 from sanlab.config import TranslationConfig, load_config
 from sanlab.experiments.params import PAPER_PARAMS, recipe_rows, translation_params
 
+pytestmark = pytest.mark.slow  # (every paper-scale recipe built: make test runs them, the inner loop does not)
+
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = sorted((ROOT / "configs" / "paper").glob("*.yaml"))
 DOCUMENTED = {m[0]: int(m[1].replace(",", "")) for m in re.findall(

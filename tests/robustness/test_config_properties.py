@@ -19,7 +19,7 @@ from sanlab.errors import ConfigError
 
 # a deadline of 5 s per example fails one that is slow (measured after it ends); a real hang is ended by
 # the module's timeout (pytest-timeout), so it fails instead of stopping the suite
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # (hundreds of examples: make test runs them)
 FAST = settings(max_examples=120, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 BASE = {"task": "translation", "data": {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "a", "tgt": "b"}},
         "model": {"dim": 16, "encoder": {"layers": 1, "attention": {"heads": 2}}}}
