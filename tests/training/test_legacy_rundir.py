@@ -1,0 +1,55 @@
+"""Run directories written before the run layout moved into one object (``tests/fixtures/rundir-v1``, made by
+``tests/fixtures/make_rundir_v1.py`` with the code of that time) still resume and evaluate."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sanlab.config import load_config
+from sanlab.runs import evaluate_run, train_run
+from sanlab.training import rundir
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "rundir-v1"
+
+
+@pytest.fixture
+def legacy(tmp_path, monkeypatch):
+    """A copy of the fixture, the working directory at its root (its configs name the data relative to it)."""
+    root = tmp_path / "v1"
+    shutil.copytree(FIXTURE, root)
+    monkeypatch.chdir(root)
+    return root
+
+
+@pytest.mark.parametrize("name, more", [("translation", ["train.max_steps=6"]), ("tagging", ["train.max_epochs=3"])])
+def test_legacy_run_resumes_and_evaluates(legacy, name, more):
+    run = Path(name)
+    assert rundir.is_run(run)
+    assert all(rundir.is_known(entry) for entry in rundir.entries(run)), rundir.entries(run)
+    before = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+    summary = train_run(load_config(run / "config.yaml", list(more)), run, quiet=True)
+    assert summary["step"] > int(before[-1].split("-")[1])  # resumed, not restarted: trained on from there
+    assert "resum" in (run / "train.log").read_text(encoding="utf-8").lower()
+    results = evaluate_run(run, checkpoint="last")
+    assert "test" in results
+    record = results["test"]
+    assert record["step"] == summary["step"]
+    if name == "translation":
+        assert Path(record["hypotheses"]).is_file()
+        assert 0 <= record["bleu"] <= 100
+    else:
+        assert 0 <= record["all"] <= 100
+    assert (run / "eval-last.json").is_file() and (run / "eval-best.json").is_file()  # the old record is kept
+
+
+@pytest.mark.parametrize("name", ["translation", "tagging"])
+def test_legacy_run_evaluates_as_written(legacy, name):
+    """Evaluating the committed checkpoint again gives the scores the old code recorded."""
+    import json
+
+    run = Path(name)
+    old = json.loads((run / "eval-best.json").read_text(encoding="utf-8"))
+    new = evaluate_run(run, checkpoint="best")
+    key = "bleu" if name == "translation" else "all"
+    assert {s: r[key] for s, r in new.items()} == {s: r[key] for s, r in old.items()}
