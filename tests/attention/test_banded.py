@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from sanlab.attention import Attention, AttentionContext, AttentionPart, Positions, banded
+from sanlab.attention import Attention, AttentionContext, AttentionPart, Positions, banded, plans
 from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.plans import StageParts
@@ -148,10 +148,10 @@ def test_auto_chooses_banded_by_length_and_dense_for_traces(monkeypatch):
 
 
 def test_only_window_local_parts_are_banded():
-    assert banded.supports(StageParts.sort([_part("1d", 1)]))
-    assert banded.supports(StageParts.sort([_part("1d", 1), _part("2d", 2)]))
-    assert not banded.supports(StageParts.sort([]))
-    assert not banded.supports(StageParts.sort([_part("1d", 1), _Score()]))
+    assert "banded" in plans.runnable(StageParts.sort([_part("1d", 1)]))
+    assert "banded" in plans.runnable(StageParts.sort([_part("1d", 1), _part("2d", 2)]))
+    assert "banded" not in plans.runnable(StageParts.sort([]))
+    assert "banded" not in plans.runnable(StageParts.sort([_part("1d", 1), _Score()]))
     with pytest.raises(ValueError, match="plan 'banded' needs window-local parts only.*_Score"):
         Attention(dim=16, heads=4, parts=[_part("1d", 1), _Score()], plan="banded")
 
@@ -175,7 +175,7 @@ def test_plan_banded_for_a_whole_stack_leaves_layers_without_parts_dense(monkeyp
     # `plan: banded` applies to every layer of a stack; layers the window part skips have nothing to band
     monkeypatch.setattr(banded, "attend", lambda *a, **k: pytest.fail("a layer without parts ran the banded plan"))
     plain = Attention(dim=16, heads=4, plan="banded").eval()
-    assert not plain.banded_ok
+    assert "banded" not in plans.runnable(plain.stage_parts)
     reference = Attention(dim=16, heads=4, plan="dense").eval()
     reference.load_state_dict(plain.state_dict())
     x = torch.randn(2, 5, 16)

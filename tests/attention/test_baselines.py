@@ -4,6 +4,7 @@ Expectations are hand-computed on tiny cases or re-derived naively (Rel_Pos with
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -167,12 +168,10 @@ def test_local_soft_query_predicts_centre_and_width():
 
 def test_local_soft_layer_window_uses_the_visible_mean_key():
     keys = torch.tensor([1.0, 2.0, 6.0])[None, None, :, None]  # [b, h, j, d] = [1, 1, 3, 1]
-    encoder = _ctx(heads=1, dim=1, length=3)
-    encoder.k = keys
+    encoder = replace(_ctx(heads=1, dim=1, length=3), k=keys)
     lengths = torch.full((1, 1, 3, 1), 3.0)
     assert LocalSoft.mean_key(encoder, lengths)[0, :, 0].tolist() == [3.0, 3.0, 3.0]
-    decoder = _ctx(heads=1, dim=1, length=3, causal=True)
-    decoder.k = keys
+    decoder = replace(_ctx(heads=1, dim=1, length=3, causal=True), k=keys)
     prefix = torch.tensor([1.0, 2.0, 3.0])[None, None, :, None]
     assert LocalSoft.mean_key(decoder, prefix)[0, :, 0].tolist() == [1.0, 1.5, 3.0]  # prefix means
 

@@ -6,6 +6,7 @@ one-iteration closed forms (couplings are uniform before any agreement), hand-co
 vanilla attention.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.attention.masks import masked_softmax
 from sanlab.attention.parts.capsule import CapsuleRouting, NoRouting, build_capsule
 from sanlab.attention.parts.capsule_config import CapsuleConfig
-from sanlab.attention.parts_base import AttentionContext
+from sanlab.attention.parts.window import WindowMask
+from sanlab.attention.parts_base import AttentionContext, PartCache
 from sanlab.attention.plans import StageParts, visibility
 from sanlab.config import Seq2SeqConfig, StackConfig, load_config
 from sanlab.decoding.cache import reorder
@@ -45,8 +47,7 @@ def _cube(b=2, h=3, i=6, j=6, seed=0) -> torch.Tensor:
 def _score_ctx(valid, *, length, causal=False, heads=HEADS) -> AttentionContext:
     ctx = AttentionContext(positions=Positions.self_attention(valid, length=length, causal=causal),
                            heads=heads, head_dim=DIM // heads)
-    ctx.allowed = visibility(ctx, StageParts())
-    return ctx
+    return replace(ctx, allowed=visibility(ctx, StageParts()))
 
 
 def _padded_valid():
@@ -236,6 +237,17 @@ def test_decoder_causality_later_tokens_do_not_change_earlier_outputs():
     torch.testing.assert_close(attn(x2, positions=pos).output[:, :4], out[:, :4], atol=1e-12, rtol=0)
 
 
+def test_the_cache_keeps_the_cube_under_the_index_of_the_part():
+    torch.manual_seed(0)
+    window, routing = WindowMask(half_width=1), build_capsule(CapsuleConfig(), _ctx("decoder"))
+    attn = Attention(dim=DIM, heads=HEADS, parts=[window, routing]).double().eval()
+    x = torch.randn(2, 3, DIM, dtype=torch.double)
+    cache = attn(x, positions=Positions.self_attention(None, length=3, causal=True), use_cache=True).cache
+    assert list(cache.parts) == [1] and cache.parts[1].shape == (2, HEADS, 3, 3)
+    index = torch.tensor([1, 1])  # beams follow every kept tensor on dimension 0
+    assert torch.equal(reorder(cache, index).parts[1], cache.parts[1][index])
+
+
 @pytest.mark.parametrize("routing_input", ["scores", "probs"])
 def test_attention_step_by_step_decoding_equals_full_forward(routing_input):
     attn = _attention("decoder", routing_input=routing_input)
@@ -343,11 +355,11 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="got 2 queries and 3 keys"):
         encoder_part.score(torch.randn(1, HEADS, 2, 3), _score_ctx(None, length=3))
     decoder_part, ctx = build_capsule(CapsuleConfig(), _ctx("decoder")), _score_ctx(None, length=3, causal=True)
-    ctx.cached = {decoder_part: torch.zeros(1, HEADS, 1, 1)}  # a cache one row short of the 3 keys
+    ctx = replace(ctx, cache=PartCache({decoder_part: torch.zeros(1, HEADS, 1, 1)}))  # one row short of 3 keys
     with pytest.raises(ValueError, match="got 1 queries after 1 cached and 3 keys"):
         decoder_part.score(torch.randn(1, HEADS, 1, 3), ctx)
-    ctx.cached = {decoder_part: torch.zeros(1, HEADS, 2, 2)}  # the query must be position 2, after the cache
-    ctx.positions = Positions(q_pos=torch.tensor([0]), k_pos=torch.arange(3), causal=True)
+    ctx = replace(ctx, cache=PartCache({decoder_part: torch.zeros(1, HEADS, 2, 2)}),  # the query must be
+                  positions=Positions(q_pos=torch.tensor([0]), k_pos=torch.arange(3), causal=True))  # at 2
     with pytest.raises(ValueError, match=r"after its 2 cached rows; got query positions \[0\] for keys \[0, 1, 2\]"):
         decoder_part.score(torch.randn(1, HEADS, 1, 3), ctx)
 

@@ -16,7 +16,7 @@ when the part is ``causal_safe``, on the decoder side. A new part is enrolled by
 import pytest
 import torch
 
-from sanlab.attention import Attention, Positions, banded
+from sanlab.attention import Attention, Positions, banded, plans
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.registry import PARTS
@@ -72,7 +72,7 @@ def _positions(valid: torch.Tensor, side: str) -> Positions:
 
 CASE_ID = {id(case.values[0]): case.id for case in CASES}
 # The fast plans each case must have, pinned here: the contract below derives them from the parts
-# (needs_dense, banded.supports), so a regression there would otherwise skip the comparison silently.
+# (``plans.runnable``), so a regression there would otherwise skip the comparison silently.
 EXPECTED_FAST_PLANS = {
     "bi_direct-0": {"encoder": ["sdpa"]}, "bi_direct-1": {"encoder": ["sdpa"]},
     "capsule-2": {"decoder": ["sdpa"]},  # vertical routing only, which the decoder form drops
@@ -83,8 +83,7 @@ EXPECTED_FAST_PLANS = {
 
 
 def _fast_plans(attn: Attention) -> list[str]:
-    fast = [] if attn.stage_parts.needs_dense() else ["sdpa"]
-    return fast + (["banded"] if banded.supports(attn.stage_parts) else [])
+    return [plan for plan in plans.runnable(attn.stage_parts) if plan != "dense"]
 
 
 @pytest.mark.parametrize("side", SIDES)
@@ -109,15 +108,15 @@ def test_shapes_finite_and_padded_rows_zero(cfg, side, perturbed):
 @pytest.mark.parametrize("cfg", CASES)
 def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
     dense = _decoder_or_skip(cfg, side)
-    plans = _fast_plans(dense)
-    assert plans == EXPECTED_FAST_PLANS.get(CASE_ID[id(cfg)], {}).get(side, [])
-    if not plans:
+    fast = _fast_plans(dense)
+    assert fast == EXPECTED_FAST_PLANS.get(CASE_ID[id(cfg)], {}).get(side, [])
+    if not fast:
         pytest.skip("no fast plan for this part: dense is its only plan")
     monkeypatch.setattr(banded, "BLOCK", 4)  # several query blocks, the last one partial
     x, valid = _inputs()
     probe = torch.randn(len(LENGTHS), max(LENGTHS), DIM, dtype=torch.float64)
     results = []
-    for plan in ["dense", *plans]:
+    for plan in ["dense", *fast]:
         attn = _attention(cfg, side, plan)
         attn.load_state_dict(dense.state_dict())
         xi = x.clone().requires_grad_(True)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from sanlab.attention import Attention, AttentionContext, Positions
-from sanlab.attention.parts.csan2d import build_csan2d, head_sources
+from sanlab.attention import Attention, AttentionContext, KeySet, Positions
+from sanlab.attention.parts.csan2d import HeadArea, build_csan2d, head_sources
 from sanlab.attention.parts.csan2d_config import Csan2dConfig
 from sanlab.attention.parts.window import build_window
 from sanlab.attention.parts.window_config import WindowConfig
@@ -54,6 +54,20 @@ def test_decoder_windows_half_and_full():
                                            [0, 1, 1, 1, 0],
                                            [0, 0, 1, 1, 1]]
     assert _mask(full, 5) == _mask(half, 5)  # the encoder window is the same in both modes
+
+
+def test_extend_returns_the_keys_of_the_head_area_with_their_positions_and_head_map():
+    part = HeadArea(half_width=1, area=3, boundary="clip")
+    k = torch.arange(3.0)[None, :, None, None].expand(1, 3, 2, 1)  # [b, h, j, d]: each key holds its head
+    valid = torch.tensor([[True, False]])
+    keys = KeySet(k, -k, Positions.self_attention(valid, length=2))
+    ctx = AttentionContext(positions=keys.positions, heads=3, head_dim=1)
+    out = part.extend(keys, ctx)
+    assert out.k.shape == (1, 3, 6, 1) and keys.k.shape == (1, 3, 2, 1)  # the input is left as it was
+    assert out.k[0, 1, :, 0].tolist() == [0, 0, 1, 1, 2, 2] and torch.equal(out.v, -out.k)
+    assert out.positions.k_pos.tolist() == [0, 1] * 3 and out.positions.key_valid.tolist() == [[True, False] * 3]
+    assert torch.equal(out.positions.q_pos, keys.positions.q_pos)
+    assert out.key_head.tolist() == [[-1, -1, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2], [1, 1, 2, 2, -1, -1]]
 
 
 def _identity_attention(part, *, dim: int, heads: int, k_scale: list[float] | None = None) -> Attention:

@@ -32,9 +32,8 @@ def _one_thread():
 
 def _ctx(length: int, *, offset: int = 0, causal: bool = False, heads: int = 2) -> AttentionContext:
     pos = Positions.self_attention(None, length=length, offset=offset, causal=causal)
-    ctx = AttentionContext(positions=pos, heads=heads, head_dim=4)
-    ctx.allowed = causal_mask(pos.q_pos, pos.k_pos) if causal else None
-    return ctx
+    return AttentionContext(positions=pos, heads=heads, head_dim=4,
+                            allowed=causal_mask(pos.q_pos, pos.k_pos) if causal else None)
 
 
 def _random_conv(dims: int, *, t: int = 5, heads: int = 2, causal: bool = False) -> ConvolvedAttention:

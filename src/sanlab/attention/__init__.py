@@ -16,7 +16,8 @@ from importlib import import_module
 # where each name below lives; imported on first use, so ``sanlab.attention.config`` (the schema) loads
 # without torch
 _HOMES = {"Attention": "core", "AttentionOutput": "core", "AttentionPart": "parts_base",
-          "AttentionContext": "parts_base", "Positions": "positions", "KV": "state", "PrefixState": "state"}
+          "AttentionContext": "parts_base", "KeySet": "parts_base", "Positions": "positions", "KV": "state",
+          "PrefixState": "state"}
 __all__ = list(_HOMES)
 
 

@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sanlab.attention import masks
-from sanlab.attention.parts_base import AttentionContext
-from sanlab.attention.plans import StageParts
+from sanlab.attention.parts_base import AttentionContext, StageParts
 
 BLOCK = 16        # queries per block; each block reads BLOCK + left + right keys
-MIN_KEYS = 128    # ``plan: auto`` takes this plan from this many keys on (dense is as fast below)
+MIN_KEYS = 128    # ``plans.choose`` takes this plan for ``auto`` from this many keys on (dense is as fast below)
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,8 @@ class Band:
 
 
 def supports(parts: StageParts) -> bool:
-    """True if every part is window-local: mask parts with a band, at most one head-area extend."""
+    """True if every part is window-local: mask parts with a band, at most one head-area extend.
+    Asked by ``plans.runnable`` only, so the plan choice stays in one place (``plans.choose``)."""
     if parts.score or parts.weights or parts.values or not parts.mask or len(parts.extend) > 1:
         return False
     return (all(hasattr(p, "band_offsets") for p in parts.mask)

@@ -4,7 +4,9 @@
             -> aggregate (+ value parts) -> merge heads -> output projection
 
 Vaswani et al. 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762, Eq. 1-2.
-Variants never add a branch here; they are parts (``parts_base.AttentionPart``).
+Variants never add a branch here; they are parts (``parts_base.AttentionPart``). Stages return what they
+produce (the extended keys as a ``KeySet``, the visibility mask) and this module threads it to the next;
+``plans.choose`` picks the plan (dense, fused, banded) that computes the stages after projection.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from sanlab.attention import banded, plans
-from sanlab.attention.parts_base import AttentionContext, AttentionPart
+from sanlab.attention.parts_base import AttentionContext, AttentionPart, KeySet, PartCache
+from sanlab.attention.plans import PLANS
 from sanlab.attention.positions import Positions
 from sanlab.attention.state import KV, PrefixState
-
-PLANS = ("auto", "dense", "sdpa", "banded")
 
 
 @dataclass
@@ -65,13 +66,7 @@ class Attention(nn.Module):
                 raise ValueError(f"attention parts {', '.join(readers)} {why.format(', '.join(extending))}; "
                                  "put them in different layers")
         self.stage_parts = plans.StageParts.sort(list(self.parts))
-        if plan == "sdpa" and self.stage_parts.needs_dense():
-            raise ValueError("plan 'sdpa' cannot run parts that read the score matrix; use 'auto' or 'dense'")
-        self.banded_ok = banded.supports(self.stage_parts)  # every part window-local (1D/2D-CSAN)
-        if plan == "banded" and self.parts and not self.banded_ok:  # no parts at all: nothing to band, dense
-            names = ", ".join(type(p).__name__ for p in self.parts)
-            raise ValueError(f"plan 'banded' needs window-local parts only (a window mask, at most one head-area "
-                             f"extend, no score/weight/value parts); got parts: {names}")
+        plans.check(plan, list(self.parts))
         # the reference for cached decoding: keep the layer input and recompute every prefix query
         # (bench/decode_speed.py --recompute times it against the cache)
         self.recompute_prefix = False
@@ -113,9 +108,9 @@ class Attention(nn.Module):
         """
         if use_cache and memory is None and not self.incremental:
             return self._forward_prefix(x, positions=positions, cache=cache, need_trace=need_trace)
+        kept = cache.parts if isinstance(cache, KV) else {}  # part index -> what the part kept at the last step
         ctx = AttentionContext(positions=positions, heads=self.heads, head_dim=self.head_dim, q_full=self.q_proj(x),
-                               cached=dict(zip(self.parts, cache.parts)) if isinstance(cache, KV) else {},
-                               to_cache={} if use_cache else None)
+                               cache=PartCache({self.parts[n]: s for n, s in kept.items()}, keeping=use_cache))
         if memory is not None and isinstance(cache, KV):  # cross-attention: memory keys/values are fixed
             q, k, v = self._split(ctx.q_full), cache.k, cache.v
             for part in self.stage_parts.project:
@@ -125,31 +120,32 @@ class Attention(nn.Module):
             if isinstance(cache, KV):  # self-attention: append the new tokens to the cached ones
                 k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # [b, h, j, d]
         trace = {} if need_trace else None
-        out = self._attend(q, k, v, ctx, trace)  # [b, h, i, d]
+        out = self._attend(q, KeySet(k, v, positions), ctx, trace)  # [b, h, i, d]
         new_cache = None
-        if use_cache:
-            kept = tuple(ctx.to_cache.get(p) for p in self.parts) if ctx.to_cache else ()
-            new_cache = KV(k, v, kept)
+        if use_cache:  # what each part kept, under its index in ``self.parts``
+            kept = ctx.cache.kept
+            new_cache = KV(k, v, {index: kept[p] for index, p in enumerate(self.parts) if p in kept})
         b, _, i, _ = out.shape
         out = out.transpose(1, 2).reshape(b, i, self.dim)  # [b, i, h*d]
         if positions.query_valid is not None:
             out = out * positions.query_valid[..., None].to(out.dtype)
         return AttentionOutput(self.out_proj(out), new_cache, trace)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, trace: dict | None) -> Tensor:
-        ctx.q, ctx.k = q, k
+    def _attend(self, q: Tensor, keys: KeySet, ctx: AttentionContext, trace: dict | None) -> Tensor:
+        """Run the plan ``plans.choose`` picks: q [b, h, i, d] against the unextended keys -> [b, h, i, d]."""
         kw = dict(parts=self.stage_parts, scale=self.scale, dropout=self.dropout, training=self.training)
-        # The banded plan pays off from ~128 keys on (docs/performance.md); a trace needs the dense matrix.
-        if trace is None and self.banded_ok and (self.plan == "banded" or (self.plan == "auto"
-                                                                           and k.shape[2] >= banded.MIN_KEYS)):
-            return banded.attend(q, k, v, ctx, **kw)
+        plan = plans.choose(self.stage_parts, requested=self.plan, device=q.device, key_length=keys.k.shape[2],
+                            need_trace=trace is not None)
+        ctx = replace(ctx, q=q, k=keys.k)
+        if plan == "banded":  # extends through the parts' head sources itself
+            return banded.attend(q, keys.k, keys.v, ctx, **kw)
         for part in self.stage_parts.extend:
-            k, v = part.extend(k, v, ctx)
-        ctx.k = k
-        use_sdpa = self.plan == "sdpa" or (self.plan == "auto" and trace is None and not self.stage_parts.needs_dense())
-        if use_sdpa:
-            return plans.sdpa(q, k, v, ctx, **kw)
-        return plans.dense(q, k, v, ctx, trace=trace, **kw)
+            keys = part.extend(keys, ctx)
+        # the later stages see the extended keys where they sit
+        ctx = replace(ctx, k=keys.k, positions=keys.positions, key_head=keys.key_head)
+        if plan == "sdpa":
+            return plans.sdpa(q, keys.k, keys.v, ctx, **kw)
+        return plans.dense(q, keys.k, keys.v, ctx, trace=trace, **kw)
 
     def _forward_prefix(self, x: Tensor, *, positions: Positions, cache: PrefixState | None,
                         need_trace: bool) -> AttentionOutput:
@@ -161,7 +157,3 @@ class Attention(nn.Module):
         new = x.shape[1]
         return AttentionOutput(result.output[:, -new:], PrefixState(x_all), result.trace)
 
-
-def with_positions(ctx: AttentionContext, **changes) -> None:
-    """Let an extend part replace key positions/validity in the context (positions are frozen)."""
-    ctx.positions = replace(ctx.positions, **changes)

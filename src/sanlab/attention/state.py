@@ -6,7 +6,8 @@ follows the beams.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor
 
@@ -15,14 +16,14 @@ from torch import Tensor
 class KV:
     """Projected keys and values seen so far: k, v [b, h, j, d].
 
-    ``parts`` holds, in the attention's part order, what each part keeps beside them for the next step
-    (None for a part that keeps nothing; empty when no part keeps anything). Capsule routing keeps its
-    routing cube's rows [b, h, j, j]; batch on dimension 0, like every cached tensor.
+    ``parts`` maps the index of a part in its attention's ``parts`` to what that part keeps beside them for
+    the next step; a part that keeps nothing has no entry. Capsule routing keeps its routing cube's rows
+    [b, h, j, j]; batch on dimension 0, like every cached tensor.
     """
 
     k: Tensor
     v: Tensor
-    parts: tuple = ()
+    parts: dict[int, Any] = field(default_factory=dict)
 
     @property
     def length(self) -> int:

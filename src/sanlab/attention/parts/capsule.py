@@ -59,7 +59,7 @@ class CapsuleRouting(AttentionPart):
         """scores [b, h, i, j] -> scores + Ver + Hor, same dtype; routing itself in fp32 (fp64 for fp64 input).
 
         Self-attention: i = j, or, while decoding, i new queries after j - i cached cube rows."""
-        earlier = ctx.cached.get(self)  # [b, h, t0, t0]: the cube rows of the queries of earlier steps
+        earlier = ctx.cache.previous(self)  # [b, h, t0, t0]: the cube rows of the queries of earlier steps
         queries, keys = scores.shape[-2:]
         known = 0 if earlier is None else earlier.shape[-1]
         if known + queries != keys:
@@ -78,8 +78,7 @@ class CapsuleRouting(AttentionPart):
             cube = self.routing_cube(wide, ctx.allowed, row_valid)  # [b, h, i, j]
             if earlier is not None:  # earlier rows get a zero column: they never see the new keys
                 cube = torch.cat([F.pad(earlier.to(cube.dtype), (0, queries)), cube], dim=2)  # [b, h, j, j]
-            if ctx.to_cache is not None:
-                ctx.to_cache[self] = cube
+            ctx.cache.keep(self, cube)  # for the next decoding step (dropped when the call keeps no cache)
             out = wide  # Ver and Hor are both routed from the same cube, in parallel (spec section 7)
             if self.acceptance is not None:  # encoder only: nothing is cached, the cube holds every row
                 out = out + self.vertical(cube, row_valid)

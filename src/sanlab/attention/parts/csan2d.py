@@ -22,14 +22,15 @@ No parameters. The ``banded`` plan runs it in O(I*N*M) through ``band_offsets``/
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
 from sanlab.attention import masks
-from sanlab.attention.core import with_positions
 from sanlab.attention.parts.csan2d_config import Csan2dConfig
 from sanlab.attention.parts.window import band_offsets, refuse_cross_attention
-from sanlab.attention.parts_base import AttentionContext, AttentionPart
+from sanlab.attention.parts_base import AttentionContext, AttentionPart, KeySet
 from sanlab.registry import BuildContext
 
 BOUNDARIES = ("wrap", "clip", "reference")
@@ -71,19 +72,19 @@ class HeadArea(AttentionPart):
     def band_offsets(self, *, causal: bool) -> tuple[int, int]:
         return band_offsets(self.half_width, self.causal_window, causal=causal)
 
-    def extend(self, k: Tensor, v: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        k_src, v_src, valid = self.head_sources(ctx.heads, device=k.device)
-        b, h, j, d = k.shape
+    def extend(self, keys: KeySet, ctx: AttentionContext) -> KeySet:
+        k_src, v_src, valid = self.head_sources(ctx.heads, device=keys.k.device)
+        b, h, j, d = keys.k.shape
         n = self.area
-        k_ext = k[:, k_src].reshape(b, h, n * j, d)  # [b, h, n, j, d] -> [b, h, n*j, d]
-        v_ext = v[:, v_src].reshape(b, h, n * j, d)  # [b, h, n, j, d] -> [b, h, n*j, d]
-        pos = ctx.positions
+        pos = keys.positions
         # Every head block holds the same time steps: positions and padding are tiled n times.
-        with_positions(ctx, k_pos=pos.k_pos.repeat(n),  # [n*j]
-                       key_valid=None if pos.key_valid is None else pos.key_valid.repeat(1, n))  # [b, n*j]
-        # key_head [h, n*j]: source head of each key column per query head; -1 = no head (clip).
-        ctx.key_head = k_src.masked_fill(~valid, -1).repeat_interleave(j, dim=1)
-        return k_ext, v_ext
+        positions = replace(pos, k_pos=pos.k_pos.repeat(n),  # [n*j]
+                            key_valid=None if pos.key_valid is None else pos.key_valid.repeat(1, n))  # [b, n*j]
+        return KeySet(k=keys.k[:, k_src].reshape(b, h, n * j, d),  # [b, h, n, j, d] -> [b, h, n*j, d]
+                      v=keys.v[:, v_src].reshape(b, h, n * j, d),  # [b, h, n, j, d] -> [b, h, n*j, d]
+                      positions=positions,
+                      # source head of each key column per query head [h, n*j]; -1 = no head (clip)
+                      key_head=k_src.masked_fill(~valid, -1).repeat_interleave(j, dim=1))
 
     def mask(self, ctx: AttentionContext) -> Tensor:
         left, right = self.band_offsets(causal=ctx.causal)

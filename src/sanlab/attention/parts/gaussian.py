@@ -95,11 +95,12 @@ class GaussianLocalness(AttentionPart):
         raise NotImplementedError
 
     def geometry(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        """(centre, width), computed once per call and shared by the score/mask/weight hooks."""
-        if self not in ctx.extras:
+        """(centre, width), computed once per call (``ctx.memo``) and shared by the score/mask/weight hooks."""
+        def compute() -> tuple[Tensor, Tensor]:
             lengths = base_visibility(ctx).sum(-1, keepdim=True).to(ctx.q_full.dtype)  # [b|1, 1, i, 1]
-            ctx.extras[self] = self.centre_and_width(ctx, lengths)
-        return ctx.extras[self]
+            return self.centre_and_width(ctx, lengths)
+
+        return ctx.memo.once(self, compute)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         centre, width = self.geometry(ctx)
