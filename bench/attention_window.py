@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from sanlab.attention import banded, plans
 from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
-from sanlab.attention.parts_base import AttentionContext
+from sanlab.attention.parts_base import AttentionContext, KeySet
 from sanlab.attention.positions import Positions
 
 
@@ -50,8 +51,11 @@ def _method(name: str, part, *, block: int):
         kw = dict(parts=parts, scale=q.shape[-1] ** -0.5, dropout=0.0, training=True)
         if name == "banded":
             return banded.attend(q, k, v, ctx, block=block, **kw)
+        keys = KeySet(k, v, positions)
         for p in parts.extend:
-            k, v = p.extend(k, v, ctx)
+            keys = p.extend(keys, ctx)
+        k, v = keys.k, keys.v
+        ctx = replace(ctx, k=k, positions=keys.positions, key_head=keys.key_head)
         if name == "sdpa":
             return plans.sdpa(q, k, v, ctx, **kw)
         return plans.dense(q, k, v, ctx, trace=None, **kw)
