@@ -53,3 +53,19 @@ def test_legacy_run_evaluates_as_written(legacy, name):
     new = evaluate_run(run, checkpoint="best")
     key = "bleu" if name == "translation" else "all"
     assert {s: r[key] for s, r in new.items()} == {s: r[key] for s, r in old.items()}
+
+
+def test_layout_keeps_the_names_runs_were_written_with():
+    """``RunLayout`` is the one source of the names; they are the ones every earlier run directory holds."""
+    from sanlab.training.layout import RunLayout
+
+    assert RunLayout.known_names() == rundir.KNOWN_NAMES == {
+        "config.yaml", "meta.json", "metrics.jsonl", "train.log", "tensorboard", "checkpoints", "averaged",
+        "subword.model", "subword.vocab", "subword-src.model", "subword-src.vocab", "subword-tgt.model",
+        "subword-tgt.vocab", "tagger-vocab.json", ".lock", "done.json", "compare-eval.json", "failed.json"}
+    assert rundir.KNOWN_PATTERNS == ("eval-*.json", "hyp-*.txt", "tags-*.jsonl.gz", ".*.tmp", ".*.tmp.*", ".*.old")
+    run = RunLayout("runs/x")
+    assert run.hypotheses("checkpoints/step-00000004", "test") == Path("runs/x/hyp-step-00000004-test.txt")
+    assert run.eval_record("best") == Path("runs/x/eval-best.json")
+    assert run.tag_predictions("best", "dev") == Path("runs/x/tags-best-dev.jsonl.gz")
+    assert run.subword_models(joint=False) == [Path("runs/x/subword-src.model"), Path("runs/x/subword-tgt.model")]

@@ -29,6 +29,7 @@ from typing import Any
 
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_text
+from sanlab.training.layout import RunLayout
 
 PathLike = str | Path
 SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -66,9 +67,9 @@ def load_config_of(run_dir: PathLike):
 
 
 def raw_config(run_dir: PathLike) -> dict:
-    path = Path(run_dir) / "config.yaml"
+    path = RunLayout(run_dir).config
     if not path.exists():
-        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+        raise ConfigError(f"{run_dir}: not a run directory (no {path.name})")
     from sanlab.config import read_yaml_mapping  # here: importing the schema imports torch
 
     return read_yaml_mapping(path, what="run config")
@@ -107,13 +108,13 @@ def held_out_split(config, split: str | None) -> tuple[str, Any]:
 
 def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int) -> list[str]:
     """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the references."""
-    path = Path(run_dir) / f"hyp-{Path(checkpoint).name}-{split}.txt"
+    path = RunLayout(run_dir).hypotheses(checkpoint, split)
     if not path.exists():
         raise ConfigError(f"{path} not found: decode first with "
                           f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
     from sanlab.tasks.translation import read_hypotheses
 
-    record = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"  # written with the hypotheses
+    record = RunLayout(run_dir).eval_record(checkpoint)  # written with the hypotheses
     results = read_json(record) or {}
     if isinstance(results.get(split), dict):
         check_current(record, results, split, run_dir=run_dir, checkpoint=checkpoint)
@@ -281,11 +282,11 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
     metric = metric or default_metric(run_dir, score_from=score_from)
     if score_from == "valid":
         step, score = checked(analysis.best_validation, read_metrics(Path(run_dir)), metric=metric,
-                              context=f"{run_dir}/metrics.jsonl")
+                              context=str(RunLayout(run_dir).metrics))
         return score, f"valid {metric}, step {step}"
     if score_from != "eval":
         raise ConfigError(f"score_from must be 'valid' or 'eval', got {score_from!r}")
-    path = Path(run_dir) / f"eval-{Path(checkpoint).name}.json"
+    path = RunLayout(run_dir).eval_record(checkpoint)
     if not path.exists():
         raise ConfigError(f"{path} not found: run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` first")
     results = json.loads(path.read_text(encoding="utf-8"))
@@ -325,9 +326,9 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
 
     metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
     for label, run in zip(run_labels(run_dirs), run_dirs):
-        value = checked(analysis.dotted_value, load_config_of(run), key, context=f"{run}/config.yaml")
+        value = checked(analysis.dotted_value, load_config_of(run), key, context=str(RunLayout(run).config))
         if value is None:
-            raise ConfigError(f"{run}/config.yaml: {key} is not set (null), so the run cannot be placed on the sweep's "
+            raise ConfigError(f"{RunLayout(run).config}: {key} is not set (null), so the run cannot be placed on the sweep's "
                               "axis; sweep the value it trained with (for a window part: "
                               "...parts.N.window_size, whether M was given as size, half_width or the default)")
         score, source = run_score(run, metric=metric, score_from=score_from, split=split, checkpoint=checkpoint)
@@ -393,7 +394,7 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     metric = metric or default_metric(run_dirs[0])
     found = {}
     for label, run in zip(run_labels(run_dirs), run_dirs):
-        records, context = read_metrics(Path(run)), f"{run}/metrics.jsonl"
+        records, context = read_metrics(Path(run)), str(RunLayout(run).metrics)
         names = checked(analysis.metric_names, records, pattern=metric, split=split, context=context)
         # a pattern (``*gamma*``) gives one line per matching metric; diagnostics that share their name after
         # "/" are told apart by their module path alone

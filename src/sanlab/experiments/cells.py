@@ -32,6 +32,7 @@ from sanlab.models.builders import count_parameters
 from sanlab.runs import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, average_run, evaluate_run, git_revision,
                          load_run_config, load_trained, run_lock, train_run)
 from sanlab.tasks.translation import read_hypotheses
+from sanlab.training.layout import RunLayout
 from sanlab.training.loop import read_metrics
 
 # Score names of each task: (column, key in the evaluation record); the first is the primary score.
@@ -98,7 +99,7 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
                         allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1")
     done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
             "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config)}
-    write_json(cell.run_dir / DONE_FILE, done)
+    write_json(cell.layout.done, done)
     return done
 
 
@@ -107,7 +108,7 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
     ``"mixed (...)"`` when the run's training sessions (``meta.json``) differ, since its speed is an
     average over all of them. Sessions recorded before ``jobs`` was take it from their command line."""
     try:
-        meta = read_json(Path(run_dir) / "meta.json") or {}
+        meta = read_json(RunLayout(run_dir).meta) or {}
     except ConfigError:  # provenance only: a damaged file must not stop the table
         return "unknown (meta.json unreadable)"
     sessions = meta.get("sessions") or []
@@ -135,7 +136,7 @@ def _jobs_in(argv: list[str] | None) -> int:
 # ----------------------------------------------------------------------------- evaluation
 def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     """Score the cell on its split with the grid's checkpoint choice; keep per-sentence evidence."""
-    done = read_json(cell.run_dir / DONE_FILE)
+    done = read_json(cell.layout.done)
     if spec.average_last:
         average_run(cell.run_dir, last=spec.average_last)
     if isinstance(cell.config, TranslationConfig):
@@ -160,7 +161,7 @@ def _write_record(cell: Cell, spec: EvalSpec, *, done: dict, scores: dict, evide
               # provenance only, not in the key: which code scored it (meta.json says which code trained it)
               "git_revision": git_revision()}
     record["scores_sha256"] = scores_digest(record)
-    write_json(cell.run_dir / EVAL_FILE, record)
+    write_json(cell.layout.compare_eval, record)
     return record
 
 
@@ -181,8 +182,9 @@ def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
     pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
     scores = tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
                               in_vocab=vocab.in_vocab, train_word_tags=training_word_tags(config))
-    name = f"tags-{checkpoint}-{cell.split}.jsonl.gz"
-    with replacing(cell.run_dir / name, compress=True) as f:  # the committed evidence is never half written
+    path = cell.layout.tag_predictions(checkpoint, cell.split)
+    name = path.name
+    with replacing(path, compress=True) as f:  # the committed evidence is never half written
         for s, p in zip(sents, pred):
             f.write(json.dumps({"words": list(s.words), "gold": list(s.tags), "pred": p}, ensure_ascii=False) + "\n")
     return scores.record(), name
@@ -203,7 +205,7 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     from sanlab.tasks.tagging import run_vocab, training_word_tags
 
     run = cell.run_dir
-    done, record = read_json(run / DONE_FILE), read_json(run / EVAL_FILE)
+    done, record = read_json(cell.layout.done), read_json(cell.layout.compare_eval)
     if not isinstance(cell.config, TaggingConfig):
         raise ConfigError(f"{run}: --rescore re-scores tagging predictions; this is a {cell.config.task} cell")
     if not done or not record:
@@ -296,7 +298,7 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
         outcome = CellOutcome(cell, trained, evaluated, time.monotonic() - start, f"{type(err).__name__}: {err}{detail}")
         record_failure(outcome)
         return outcome
-    (cell.run_dir / FAILED_FILE).unlink(missing_ok=True)
+    cell.layout.failed.unlink(missing_ok=True)
     return CellOutcome(cell, trained, evaluated, time.monotonic() - start)
 
 
@@ -304,13 +306,13 @@ def record_failure(outcome: CellOutcome) -> None:
     """Keep a failed cell's error in its run directory (``failed.json``), so the table, which may be
     printed later with ``--table-only`` and is committed, says which cells failed and why."""
     outcome.cell.run_dir.mkdir(parents=True, exist_ok=True)  # a cell may fail before its run directory exists
-    write_json(outcome.cell.run_dir / FAILED_FILE, {"error": outcome.error, "at": time.time()})
+    write_json(outcome.cell.layout.failed, {"error": outcome.error, "at": time.time()})
 
 
 def read_failure(cell: Cell) -> str | None:
     """The first line of the error a cell last failed with, or None."""
     try:
-        record = read_json(cell.run_dir / FAILED_FILE)
+        record = read_json(cell.layout.failed)
     except ConfigError as err:  # a damaged record must not stop the listing or the table
         return f"(unreadable {FAILED_FILE}: {err})"
     return (record.get("error") or "unknown error").splitlines()[0] if record else None
@@ -391,12 +393,12 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     state = cell_state(cell, spec)
     if state.status not in ("trained", "evaluated"):
         return None
-    done = read_json(cell.run_dir / DONE_FILE)
+    done = read_json(cell.layout.done)
     result = CellResult(cell.variant, cell.seed, params=done.get("params"), speed=last_speed(cell.run_dir),
                         conditions=speed_conditions(cell.run_dir, done), machine=done.get("machine"))
     if state.status != "evaluated":
         return result
-    record = read_json(cell.run_dir / EVAL_FILE)
+    record = read_json(cell.layout.compare_eval)
     evidence, scored_against = read_evidence(cell.run_dir, record)
     if scored_against is None:  # translation: the references it was scored against
         scored_against = reference_file(cell)

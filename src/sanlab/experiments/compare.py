@@ -23,7 +23,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
@@ -34,7 +33,7 @@ from sanlab.evaluation.significance import (
 )
 from sanlab.experiments.cells import (METRICS, OPTIONAL_METRICS, CellResult, check_synthetic, machine, read_failure,
                                      read_references, read_result, rescore_tagging_cell)
-from sanlab.experiments.grid import DONE_FILE, EVAL_FILE, Cell, CellState, EvalSpec, Grid, cell_state, load_grid
+from sanlab.experiments.grid import Cell, CellState, EvalSpec, Grid, cell_state, load_grid
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import (
     PAPER_DELTA_FLOOR, SEEDS_FOR_A_MARK, Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report,
@@ -255,7 +254,7 @@ def _training_commands(grid: Grid, sections: list[Section]) -> list[str]:
     commands = []
     for cell in (c for c in grid.cells if (c.dataset, c.variant, c.seed) in shown):
         try:
-            argv = (read_json(Path(cell.run_dir) / "meta.json") or {}).get("command") or []
+            argv = (read_json(cell.layout.meta) or {}).get("command") or []
         except ConfigError:  # provenance only: its cell's speed says "unknown (meta.json unreadable)"
             argv = []
         if argv:
@@ -361,9 +360,9 @@ def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:
     """Cells that finished training (``done.json``) but that the grid, with this invocation's
     overrides, would train again or refuses (``training``/``conflict``), or would score again although
     they were scored (e.g. other ``decode.*``): their scores are not in its table."""
-    states = [(c, cell_state(c, grid.spec.eval)) for c in grid.cells if (Path(c.run_dir) / DONE_FILE).exists()]
+    states = [(c, cell_state(c, grid.spec.eval)) for c in grid.cells if c.layout.done.exists()]
     return [(c, s) for c, s in states if s.status in ("training", "conflict")
-            or (s.status == "trained" and (Path(c.run_dir) / EVAL_FILE).exists())]
+            or (s.status == "trained" and c.layout.compare_eval.exists())]
 
 
 # ----------------------------------------------------------------------------- the command
@@ -376,7 +375,7 @@ def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], Non
         raise ConfigError(f"{grid.path}: --rescore re-scores tagging predictions; this is a {grid.task} grid")
     errors = []
     for cell in cells:
-        if not (Path(cell.run_dir) / EVAL_FILE).exists():
+        if not cell.layout.compare_eval.exists():
             log(f"{cell.label}: not scored yet, nothing to re-score")
             continue
         try:

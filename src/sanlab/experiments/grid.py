@@ -38,12 +38,13 @@ from sanlab.config import (
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
 from sanlab.runs import RESUMABLE_KEYS, config_differences, shorter_budget
-from sanlab.training.checkpoint import latest_checkpoint
+from sanlab.training.checkpoint import META, latest_checkpoint
+from sanlab.training.layout import RunLayout
 
 Overrides = list[str] | dict[str, Any]
-DONE_FILE = "done.json"        # written when train_run returns: the cell finished training
-EVAL_FILE = "compare-eval.json"  # written when the cell was evaluated the way the grid asks
-FAILED_FILE = "failed.json"      # the last error of a cell that failed; removed when it is evaluated
+DONE_FILE = RunLayout.done.name          # written when train_run returns: the cell finished training
+EVAL_FILE = RunLayout.compare_eval.name  # written when the cell was evaluated the way the grid asks
+FAILED_FILE = RunLayout.failed.name      # the last error of a cell that failed; removed when it is evaluated
 # Keys that do not change what was trained: a finished cell stays finished when only these change.
 NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
 # The word groups of tagging accuracy (OOV, ambiguous, ... from the training data: evaluation.tagging), part of
@@ -116,6 +117,10 @@ class Cell:
     run_dir: Path
     config: Config
     split: str
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
 
     @property
     def label(self) -> str:
@@ -388,10 +393,10 @@ class CellState:
 
 def latest_step(run_dir: Path) -> int | None:
     """Step of the checkpoint a resume would start from, read without creating anything."""
-    latest = latest_checkpoint(Path(run_dir) / "checkpoints")
+    latest = latest_checkpoint(RunLayout(run_dir).checkpoints)
     if latest is None:
         return None
-    meta = read_json(latest / "meta.json")
+    meta = read_json(latest / META)
     if meta is None or "step" not in meta:
         raise ConfigError(f"{latest}: checkpoint without meta.json (or without its step); delete it to resume "
                           "from the one before")
@@ -476,7 +481,7 @@ def _normalised(raw: dict, *, source: Path) -> dict:
 
 def training_changes(done: dict, cell: Cell) -> list[str]:
     """Config keys that changed since the cell finished training (ignoring decode, logging)."""
-    old = _normalised(done["config"], source=cell.run_dir / DONE_FILE)
+    old = _normalised(done["config"], source=cell.layout.done)
     return [k for k in config_differences(old, config_dict(cell.config)) if not k.startswith(NOT_TRAINING_KEYS)]
 
 
@@ -494,10 +499,10 @@ def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
 
 
 def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
-    run = cell.run_dir
-    if not (run / "config.yaml").exists():
+    run, layout = cell.run_dir, cell.layout
+    if not layout.config.exists():
         return CellState("pending")
-    step, done = latest_step(run), read_json(run / DONE_FILE)
+    step, done = latest_step(run), read_json(layout.done)
     if step is None and done:  # a finished cell committed without its checkpoints (results/compare)
         step = done["summary"]["step"]
     changes = training_changes(done, cell) if done else []
@@ -506,7 +511,7 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
         return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step {step}, "
                                            f"{DONE_FILE} says {done['summary']['step']}): not the grid's cell any more")
     if done and not changes:
-        record = read_json(run / EVAL_FILE)
+        record = read_json(layout.compare_eval)
         if record and record.get("key") == eval_key(cell, spec) and record.get("trained_at") == done["finished_at"]:
             changed = [p for p, digest in (record.get("data_sha256") or {}).items()
                        if data_digests(cell).get(p, digest) != digest]  # records before digests are trusted
@@ -520,7 +525,7 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
             return CellState("trained", step, "scored with the OOV/ambiguous definitions before 2026-11-25: "
                                               "`sanlab compare GRID --rescore` scores it again from its predictions")
         return CellState("trained", step)
-    saved = _normalised(read_yaml_mapping(run / "config.yaml", what="run config"), source=run / "config.yaml")
+    saved = _normalised(read_yaml_mapping(layout.config, what="run config"), source=layout.config)
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
     if blocking:
         return CellState("conflict", step, f"the directory holds a run with other values of: {', '.join(blocking)}")

@@ -15,6 +15,7 @@ import torch
 from sanlab import invocation
 from sanlab.config import Config
 from sanlab.files import read_json, write_json
+from sanlab.training.layout import RunLayout
 from sanlab.training.rundir import RUN_FORMAT, RUN_MARKER
 
 
@@ -61,7 +62,7 @@ def _session_conditions(config: Config) -> dict:
 def record_session(run_dir: Path, config: Config, *, step: int) -> None:
     """Append this training session to ``meta.json``'s ``sessions``: a resumed run may have been continued
     with other code, command, threads or processes than the ones recorded when it was created."""
-    path = Path(run_dir) / "meta.json"
+    path = RunLayout(run_dir).meta
     meta = read_json(path) or provenance(config)
     session = {"started_at": datetime.now().astimezone().isoformat(timespec="seconds"), "from_step": step,
                "git_revision": git_revision(), "command": invocation.command(), **_session_conditions(config)}

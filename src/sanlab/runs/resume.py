@@ -12,7 +12,8 @@ from sanlab.data.fingerprint import changes, fingerprints, training_files
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
 from sanlab.training import rundir
-from sanlab.training.checkpoint import CheckpointManager, latest_checkpoint
+from sanlab.training.checkpoint import META, CheckpointManager, latest_checkpoint
+from sanlab.training.layout import RunLayout
 from sanlab.runs.provenance import provenance
 
 
@@ -41,12 +42,12 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     A directory sanlab did not make is never written into or emptied (``training.rundir``).
     Call it holding ``run_lock(run_dir)`` (``train_run`` does), so that no other process is writing the run.
     """
-    run_dir = Path(run_dir)
+    run_dir, layout = Path(run_dir), RunLayout(run_dir)
     rundir.check_location(run_dir)
-    saved = run_dir / "config.yaml"
+    saved = layout.config
     if overwrite:
         rundir.empty_run(run_dir)
-    if not saved.exists() and (run_dir / "checkpoints").exists():
+    if not saved.exists() and layout.checkpoints.exists():
         # a resume could not be checked, and a fresh start would replace them
         raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
                           "move the checkpoints away (or choose another --run directory) to start again")
@@ -70,7 +71,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
             write_text(saved, text)
         return CheckpointManager.has_checkpoints(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "meta.json", provenance(config))  # the marker first: from here on it is a run
+    write_json(layout.meta, provenance(config))  # the marker first: from here on it is a run
     write_text(saved, text)
     return False
 
@@ -80,7 +81,7 @@ def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -
     Changed data is a DataError naming the file, unless ``allow_changed``; then the changes are returned
     (for the log) and the new fingerprint recorded. A run without one (new, or made before fingerprints)
     records the data it starts or resumes on."""
-    path = Path(run_dir) / "meta.json"
+    path = RunLayout(run_dir).meta
     meta = read_json(path) or provenance(config)
     recorded, current = meta.get("data_fingerprint") or {}, fingerprints(training_files(config))
     found = changes(recorded, current)
@@ -101,8 +102,8 @@ def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | 
     or tighten its stopping rule, or None. A resume must not: the weights would be saved under a budget
     they have exceeded (a finished run relabelled with settings it did not train under). ``trained``
     ({"step", "epoch"}, e.g. a finished run's summary) stands in when the checkpoints are not there."""
-    latest = latest_checkpoint(Path(run_dir) / "checkpoints")
-    meta = (read_json(latest / "meta.json") or {}) if latest else (trained or {})
+    latest = latest_checkpoint(RunLayout(run_dir).checkpoints)
+    meta = (read_json(latest / META) or {}) if latest else (trained or {})
     train = config.train
     step, epoch, patience = meta.get("step"), meta.get("epoch"), old.get("train", {}).get("patience")
     if step is not None and step > train.max_steps:
@@ -119,7 +120,7 @@ def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | 
 
 
 def load_run_config(run_dir: Path) -> Config:
-    path = Path(run_dir) / "config.yaml"
+    path = RunLayout(run_dir).config
     if not path.exists():
-        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+        raise ConfigError(f"{run_dir}: not a run directory (no {path.name})")
     return validate(read_yaml_mapping(path, what="run config"), source=str(path))

@@ -9,16 +9,17 @@ from pathlib import Path
 from sanlab.config import Config, TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json
-from sanlab.training.checkpoint import CheckpointManager, checkpoint_names, load_weights
+from sanlab.training.checkpoint import META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights
+from sanlab.training.layout import RunLayout
 from sanlab.runs.build import task_class
 from sanlab.runs.resume import load_run_config
 
 
 def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     """``best``, ``last``, ``averaged`` (written by ``sanlab average``) or a path."""
-    run_dir = Path(run_dir)
+    run_dir, layout = Path(run_dir), RunLayout(run_dir)
     if which == "averaged":
-        path = run_dir / "averaged"
+        path = layout.averaged
     elif which in ("best", "last"):
         manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
                                     higher_is_better=task_class(config).higher_is_better, writer=False)
@@ -29,17 +30,17 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
         if not path.exists():  # pruned by a training process since it was listed: the caller may choose again
             raise FileNotFoundError(f"{path} was removed")
     else:
-        named = run_dir / "checkpoints" / which  # a step-N name of this run
-        path = named if which.startswith("step-") and named.is_dir() else Path(which)
+        named = layout.checkpoint(which)  # a step-N name of this run
+        path = named if which.startswith(STEP_PREFIX) and named.is_dir() else Path(which)
         if not path.is_dir():
             names = checkpoint_names(run_dir)
             steps = f"{names[0]} to {names[-1]}" if len(names) > 2 else ", ".join(names) or "none yet"
             raise ConfigError(f"--checkpoint {which}: no such checkpoint of {run_dir}; give best, last, averaged "
                               f"(after `sanlab average`), a step-N name of this run ({steps}) or a checkpoint "
                               "directory")
-    if not (path / "model.safetensors").exists():
+    if not (path / WEIGHTS).exists():
         hint = f" (run `sanlab average --run {run_dir} --last N` first)" if which == "averaged" else ""
-        raise ConfigError(f"{path}: no model.safetensors in this checkpoint directory{hint}")
+        raise ConfigError(f"{path}: no {WEIGHTS} in this checkpoint directory{hint}")
     return path
 
 
@@ -95,13 +96,13 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
                               "apply")
         results = evaluate_tagging_splits(model, assets, config, splits=splits)
     results = {name: {**record, **scored} for name, record in results.items()}
-    tag = Path(checkpoint).name
-    out = Path(run_dir) / f"eval-{tag}.json"
+    layout = RunLayout(run_dir)
+    out = layout.eval_record(checkpoint)
     earlier = read_json(out) or {}
     kept = {name: r for name, r in earlier.items()
             if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
     for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
-        (Path(run_dir) / f"hyp-{tag}-{name}.txt").unlink(missing_ok=True)
+        layout.hypotheses(checkpoint, name).unlink(missing_ok=True)
     write_json(out, {**kept, **results})
     return results
 
@@ -114,7 +115,7 @@ def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
     to the run when inside it>, "step": <update or None>}``, plus ``"averaged"`` (the checkpoints
     averaged) for an average, which has no step of its own."""
     path = select_checkpoint(run_dir, checkpoint, config)
-    meta = read_json(path / "meta.json") or {}
+    meta = read_json(path / META) or {}
     try:
         name = str(path.resolve().relative_to(Path(run_dir).resolve()))
     except ValueError:
@@ -146,7 +147,7 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     if len(chosen) < wanted:  # within keep_last / keep_best: the run has not saved that many yet
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, the run has saved only {len(chosen)} so far "
                           f"(of the {kept} it keeps); average fewer, or train on to save more")
-    return write_average(chosen, Path(output) if output else Path(run_dir) / "averaged")
+    return write_average(chosen, Path(output) if output else RunLayout(run_dir).averaged)
 
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",

@@ -20,11 +20,12 @@ from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import Tagger
 from sanlab.training.device import model_device, to_device
+from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
 PAD, UNK = 0, 1          # word and character ids
 UNKNOWN_TAG = "<unk-tag>"  # a dev/test tag never seen in training (always an error)
-VOCAB_FILE = "tagger-vocab.json"
+VOCAB_FILE = RunLayout.tagger_vocab.name  # the name of a run's vocabulary (training/layout.py)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class TaggingTask:
         train = read_conllu(d.train, column=d.column)
         dev = read_conllu(d.dev, column=d.column)
         test = read_conllu(d.test, column=d.column) if d.test else []
-        vocab_path = Path(run_dir) / VOCAB_FILE
+        vocab_path = RunLayout(run_dir).tagger_vocab
         if vocab_path.exists():
             self.vocab = TaggingVocab.load(vocab_path)
         else:
@@ -206,7 +207,7 @@ def build_vocab(config: TaggingConfig, *, train: list[TaggedSentence], dev: list
 def run_vocab(config: TaggingConfig, run_dir: Path) -> TaggingVocab:
     """The run's vocabulary: its ``tagger-vocab.json``, or, where the run directory does not keep it
     (committed grid cells), built again from the config's data files as training built it."""
-    path = Path(run_dir) / VOCAB_FILE
+    path = RunLayout(run_dir).tagger_vocab
     if path.exists():
         return TaggingVocab.load(path)
     d = config.data
@@ -229,7 +230,7 @@ def evaluate_tagger(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSenten
 
 def load_tagging_model(config: TaggingConfig, run_dir: Path) -> tuple[Tagger, TaggingVocab]:
     """The run's tagger (untrained weights) and vocabulary, without reading any corpus."""
-    vocab = TaggingVocab.load(Path(run_dir) / VOCAB_FILE)
+    vocab = TaggingVocab.load(RunLayout(run_dir).tagger_vocab)
     model = build_tagger(config.model, vocab_size=len(vocab.words), num_chars=len(vocab.chars),
                          num_tags=len(vocab.tags))
     return model, vocab

@@ -25,6 +25,7 @@ from sanlab.models.seq2seq import Seq2Seq
 from sanlab.tasks.translation_data import load_subwords
 from sanlab.tasks.translation_data import prepare as prepare_training_data
 from sanlab.training.device import model_device, to_device
+from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
 
@@ -231,7 +232,7 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         raw = read_parallel(pair.src, pair.tgt, keep_empty=True)
         hyps = translate(model, spm, [s for s, _ in raw], decode=decode, source=str(pair.src))
         scores = corpus_scores(hyps, [t for _, t in raw])
-        hyp_path = Path(out_dir) / f"hyp-{Path(tag).name}-{name}.txt"
+        hyp_path = RunLayout(out_dir).hypotheses(tag, name)
         write_hypotheses(hyp_path, hyps)
         results[name] = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                          "chrf_signature": scores.chrf_signature, "formatted": scores.format(),

@@ -35,24 +35,19 @@ from sanlab.data.fingerprint import fingerprint
 from sanlab.data.parallel import iter_parallel
 from sanlab.data.subword import SubwordModel, SubwordPair
 from sanlab.errors import DataError
+from sanlab.training.layout import RunLayout
 
 PREPARE_VERSION = 1
-SUBWORD_MODEL = "subword"  # <run>/subword.model (joint), or subword-src.model and subword-tgt.model
 PARALLEL_ABOVE = 200_000   # pairs; below, one process encodes faster than a pool starts
 
 
-def subword_paths(run_dir: Path) -> dict[str, Path]:
-    run_dir = Path(run_dir)
-    return {"joint": run_dir / f"{SUBWORD_MODEL}.model", "src": run_dir / f"{SUBWORD_MODEL}-src.model",
-            "tgt": run_dir / f"{SUBWORD_MODEL}-tgt.model"}
-
-
 def load_subwords(run_dir: Path, *, joint: bool) -> SubwordPair:
-    """The run's subword model(s): one joint model, or a source and a target one (``data.subword.joint``)."""
-    paths = subword_paths(run_dir)
+    """The subword model(s) of a run (or of a cache entry, which names them alike): one joint model, or a
+    source and a target one (``data.subword.joint``)."""
+    layout = RunLayout(run_dir)
     if joint:
-        return SubwordPair(SubwordModel.load(paths["joint"]))
-    return SubwordPair(SubwordModel.load(paths["src"]), SubwordModel.load(paths["tgt"]))
+        return SubwordPair(SubwordModel.load(layout.subword_model("joint")))
+    return SubwordPair(SubwordModel.load(layout.subword_model("src")), SubwordModel.load(layout.subword_model("tgt")))
 
 
 def count_lines(path: str | os.PathLike[str]) -> int:
@@ -79,7 +74,7 @@ def _texts(corpora: list[ParallelFiles], side: int, skip_empty: bool, problems: 
 
 
 def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], None]) -> None:
-    d, sw = config.data, config.data.subword
+    d, sw, layout = config.data, config.data.subword, RunLayout(out)
     corpora = config.data.train_corpora
     sentences = sum(count_lines(c.src) for c in corpora) * (2 if sw.joint else 1)
     sample = sw.sample_sentences if sentences > sw.sample_sentences else None
@@ -90,15 +85,15 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
     if sw.joint:
         log(f"training a joint {sw.model_type} sentencepiece model, vocabulary {sw.vocab_size}, {how}")
         texts = (t for side in (0, 1) for t in _texts(corpora, side, d.skip_empty, problems))
-        jobs = [(texts, SUBWORD_MODEL)]
+        jobs = [(texts, layout.subword_stem("joint"))]
     else:
         log(f"training source and target {sw.model_type} sentencepiece models, vocabulary {sw.vocab_size} each, "
             f"{how}")
-        jobs = [(_texts(corpora, side, d.skip_empty, problems), f"{SUBWORD_MODEL}-{name}")
+        jobs = [(_texts(corpora, side, d.skip_empty, problems), layout.subword_stem(name))
                 for side, name in ((1, "tgt"), (0, "src"))]
-    for texts, name in jobs:
+    for texts, stem in jobs:
         try:
-            SubwordModel.train(texts, model_path=out / name, **options)
+            SubwordModel.train(texts, model_path=stem, **options)
         finally:
             if problems:
                 raise problems[0]
@@ -114,8 +109,7 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     """The run's subword model(s): its own if it has them (a resumed run), else the cache's (trained
     there once), copied into ``run_dir`` (``.vocab`` first, ``.model`` last: the model marks them done)."""
     joint = config.data.subword.joint
-    names = [SUBWORD_MODEL] if joint else [f"{SUBWORD_MODEL}-src", f"{SUBWORD_MODEL}-tgt"]
-    if run_dir is not None and all((Path(run_dir) / f"{n}.model").exists() for n in names):
+    if run_dir is not None and all(p.exists() for p in RunLayout(run_dir).subword_models(joint=joint)):
         return load_subwords(run_dir, joint=joint)
     d = config.data
     key = entry_key({"v": PREPARE_VERSION, "files": [[fingerprint(c.src), fingerprint(c.tgt)]
@@ -127,9 +121,8 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     if run_dir is None:
         return load_subwords(entry, joint=joint)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    for name in names:
-        for suffix in (".vocab", ".model"):
-            _copy_atomic(entry / f"{name}{suffix}", Path(run_dir) / f"{name}{suffix}")
+    for target in RunLayout(run_dir).subword_files(joint=joint):  # .vocab first, .model last
+        _copy_atomic(entry / target.name, target)
     return load_subwords(run_dir, joint=joint)
 
 

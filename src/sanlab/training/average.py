@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
-from sanlab.training.checkpoint import checksums, read_weights
+from sanlab.training.checkpoint import META, WEIGHTS, checksums, read_weights
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -29,7 +29,7 @@ def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
 def is_averaged_checkpoint(path: Path) -> bool:
     """A directory this module wrote: its meta.json lists the checkpoints it averages."""
     try:
-        return path.is_dir() and "averaged" in (read_json(path / "meta.json") or {})
+        return path.is_dir() and "averaged" in (read_json(path / META) or {})
     except ConfigError:  # a damaged meta.json: not ours to replace
         return False
 
@@ -43,7 +43,7 @@ def write_average(checkpoints: list[Path], output: Path) -> Path:
     tmp = output.with_name(f".{output.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(average_weights(checkpoints), str(tmp / "model.safetensors"))
-    write_json(tmp / "meta.json", {"averaged": [str(p) for p in checkpoints], "sha256": checksums(tmp)})
+    save_file(average_weights(checkpoints), str(tmp / WEIGHTS))
+    write_json(tmp / META, {"averaged": [str(p) for p in checkpoints], "sha256": checksums(tmp)})
     replace_directory(tmp, output)
     return output

@@ -28,13 +28,25 @@ from torch import nn
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
+from sanlab.training.layout import RunLayout
 
 
 class DamagedCheckpoint(ConfigError):
     """A checkpoint file that is missing, unreadable or not what was written (its checksum differs)."""
 
 
-CHECKSUMMED = ("model.safetensors", "state.pt")
+# The files of one checkpoint directory (the run's own files: training/layout.py).
+WEIGHTS = "model.safetensors"
+STATE = "state.pt"
+META = "meta.json"
+LATEST = "latest.json"    # in the checkpoints directory: the checkpoint to resume from
+STEP_PREFIX = "step-"     # a checkpoint directory: step-00001000
+CHECKSUMMED = (WEIGHTS, STATE)
+
+
+def step_name(step: int) -> str:
+    """The directory name of the checkpoint of update ``step``."""
+    return f"{STEP_PREFIX}{step:08d}"
 
 
 def file_sha256(path: Path) -> str:
@@ -54,7 +66,7 @@ def verify(path: Path) -> None:
     """Check ``path`` (a file of a checkpoint) against the sha256 its meta.json recorded, if any."""
     path = Path(path)
     try:
-        expected = (read_json(path.parent / "meta.json") or {}).get("sha256", {}).get(path.name)
+        expected = (read_json(path.parent / META) or {}).get("sha256", {}).get(path.name)
     except ConfigError as err:
         raise DamagedCheckpoint(str(err)) from None
     if expected is not None and path.exists() and file_sha256(path) != expected:
@@ -85,8 +97,8 @@ def _as_tuple(x):
 def complete_checkpoints(directory: Path) -> list[dict]:
     """Meta (plus ``path``) of every complete checkpoint in ``directory``, oldest first."""
     metas = []
-    for d in sorted(Path(directory).glob("step-*")):
-        meta = read_json(d / "meta.json")  # a damaged one is an error naming it
+    for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*")):
+        meta = read_json(d / META)  # a damaged one is an error naming it
         if meta is not None:
             metas.append({**meta, "path": str(d)})
     return metas
@@ -94,14 +106,14 @@ def complete_checkpoints(directory: Path) -> list[dict]:
 
 def latest_checkpoint(directory: Path) -> Path | None:
     """The checkpoint ``latest.json`` names; if it is gone, the newest complete one (or None). Reads only."""
-    pointer = Path(directory) / "latest.json"
+    pointer = Path(directory) / LATEST
     latest = read_json(pointer)
     if latest is not None:
         if not isinstance(latest.get("checkpoint"), str):
             raise ConfigError(f"{pointer}: expected {{\"checkpoint\": \"step-N\"}}, found {latest}; delete it to "
                               "resume from the newest complete checkpoint")
         path = Path(directory) / latest["checkpoint"]
-        if (path / "meta.json").exists():
+        if (path / META).exists():
             return path
     complete = complete_checkpoints(directory)
     return Path(complete[-1]["path"]) if complete else None
@@ -113,28 +125,28 @@ class CheckpointManager:
     def __init__(self, run_dir: Path, *, keep_best: int, keep_last: int, higher_is_better: bool,
                  writer: bool = True):
         """``writer=False``: read only (the non-main processes of a distributed run)."""
-        self.dir = Path(run_dir) / "checkpoints"
+        self.dir = RunLayout(run_dir).checkpoints
         self.keep_best, self.keep_last, self.higher_is_better = keep_best, keep_last, higher_is_better
         if writer:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in [*self.dir.glob(".step-*.tmp"), *self.dir.glob(".step-*.old")]:  # left by a crash
+            for stale in [*self.dir.glob(f".{STEP_PREFIX}*.tmp"), *self.dir.glob(f".{STEP_PREFIX}*.old")]:  # left by a crash
                 shutil.rmtree(stale, ignore_errors=True)
 
     @staticmethod
     def has_checkpoints(run_dir: Path) -> bool:
-        return latest_checkpoint(Path(run_dir) / "checkpoints") is not None
+        return latest_checkpoint(RunLayout(run_dir).checkpoints) is not None
 
     def save(self, *, model: nn.Module, state: dict, meta: dict) -> Path:
-        name = f"step-{meta['step']:08d}"
+        name = step_name(meta['step'])
         final, tmp = self.dir / name, self.dir / f".{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(state, tmp / "state.pt")
+        save_model(model, str(tmp / WEIGHTS))
+        torch.save(state, tmp / STATE)
         meta = {**meta, "sha256": checksums(tmp)}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         replace_directory(tmp, final)
-        write_json(self.dir / "latest.json", {"checkpoint": name})
+        write_json(self.dir / LATEST, {"checkpoint": name})
         self.prune()
         return final
 
@@ -178,12 +190,12 @@ class CheckpointManager:
 
 
 def _step(checkpoint: Path) -> int:
-    return int(checkpoint.name.removeprefix("step-"))
+    return int(checkpoint.name.removeprefix(STEP_PREFIX))
 
 
 def checkpoint_names(run_dir: Path) -> list[str]:
     """The ``step-N`` checkpoints of a run, oldest first."""
-    return [Path(m["path"]).name for m in complete_checkpoints(Path(run_dir) / "checkpoints")]
+    return [Path(m["path"]).name for m in complete_checkpoints(RunLayout(run_dir).checkpoints)]
 
 
 def _remove(checkpoint: Path) -> None:
@@ -199,7 +211,7 @@ def _remove(checkpoint: Path) -> None:
 
 def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The tensors of ``checkpoint``/model.safetensors (for averaging); an unreadable file is a one-line error."""
-    path = Path(checkpoint) / "model.safetensors"
+    path = Path(checkpoint) / WEIGHTS
     verify(path)
     try:
         return load_file(str(path))
@@ -210,12 +222,12 @@ def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 def _unreadable(path: Path, err: Exception) -> ConfigError:
     """The one message for a model.safetensors that cannot be read, shared by loading and averaging."""
     if isinstance(err, FileNotFoundError):
-        return DamagedCheckpoint(f"{path.parent}: no model.safetensors in this checkpoint directory")  # as load_trained
+        return DamagedCheckpoint(f"{path.parent}: no {WEIGHTS} in this checkpoint directory")  # as load_trained
     return DamagedCheckpoint(f"{path}: damaged, not a readable safetensors file ({err})")
 
 
 def load_weights(model: nn.Module, checkpoint: Path) -> None:
-    path = Path(checkpoint) / "model.safetensors"
+    path = Path(checkpoint) / WEIGHTS
     verify(path)
     try:
         load_model(model, str(path))
@@ -228,7 +240,7 @@ def load_weights(model: nn.Module, checkpoint: Path) -> None:
 
 
 def load_state(checkpoint: Path) -> dict:
-    path = Path(checkpoint) / "state.pt"
+    path = Path(checkpoint) / STATE
     if not path.is_file():
         raise DamagedCheckpoint(f"{path}: missing: the checkpoint cannot be resumed from (its weights still load)")
     verify(path)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sanlab.training.layout import RunLayout
+
 
 class _NullBar:
     def update(self, n: int = 1) -> None: ...
@@ -21,7 +23,7 @@ class RunLogger:
     """Logs of one run directory. TensorBoard is opened lazily (its import is slow)."""
 
     def __init__(self, run_dir: Path, *, progress: bool = True, tensorboard: bool = True, quiet: bool = False):
-        self.dir = Path(run_dir)
+        self.dir, self.layout = Path(run_dir), RunLayout(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress, self.use_tensorboard, self.quiet = progress, tensorboard, quiet
         self._writer = None
@@ -31,11 +33,11 @@ class RunLogger:
         line = f"[{time.strftime('%H:%M:%S')}] {message}"
         if not self.quiet:
             tqdm.write(line, file=sys.stderr)
-        with open(self.dir / "train.log", "a", encoding="utf-8") as f:
+        with open(self.layout.train_log, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
     def scalars(self, split: str, values: dict[str, float], *, step: int) -> None:
-        path, torn = self.dir / "metrics.jsonl", False
+        path, torn = self.layout.metrics, False
         if path.exists() and path.stat().st_size:  # a kill mid-write leaves a torn last line: start a new one
             with open(path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
@@ -54,7 +56,7 @@ class RunLogger:
         which the resumed run logs again), in ``metrics.jsonl`` and, when it is next written, TensorBoard."""
         from sanlab.files import write_text
 
-        path = self.dir / "metrics.jsonl"
+        path = self.layout.metrics
         if path.exists():
             lines = path.read_text(encoding="utf-8").split("\n")
             kept = [line for line in lines if line.strip() and _record_step(line) <= step]
@@ -66,7 +68,7 @@ class RunLogger:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=self._purge_step)
+            self._writer = SummaryWriter(log_dir=str(self.layout.tensorboard), purge_step=self._purge_step)
         return self._writer
 
     def progress_bar(self, *, total: int, initial: int, desc: str):

@@ -30,6 +30,7 @@ from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, lo
 from sanlab.training.device import Precision, check_loss_scale, to_device
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed
+from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 from sanlab.training.schedule import learning_rate
 
@@ -353,7 +354,7 @@ class Trainer:
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of ``metrics.jsonl``. A line cut short by a kill while it was appended is skipped (the
     logger starts the next record on a new line); any other damage is an error naming the line."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     if not path.exists():
         return []
     lines = path.read_text(encoding="utf-8").split("\n")

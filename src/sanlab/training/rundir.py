@@ -18,20 +18,16 @@ from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
+from sanlab.training.layout import RunLayout
 
 RUN_MARKER = "sanlab_run"  # meta.json key: the run directory's format version, written when sanlab creates it
 RUN_FORMAT = 1
-LOCK_FILE = ".lock"
+LOCK_FILE = RunLayout.lock.name
 
-# Everything sanlab itself writes into a run directory: training, `evaluate`, `average` and `compare`.
-KNOWN_NAMES = frozenset({
-    "config.yaml", "meta.json", "metrics.jsonl", "train.log", "tensorboard", "checkpoints", "averaged",
-    "subword.model", "subword.vocab", "subword-src.model", "subword-src.vocab", "subword-tgt.model",
-    "subword-tgt.vocab", "tagger-vocab.json", LOCK_FILE, "done.json", "compare-eval.json", "failed.json",
-})
-# evaluation records and hypotheses, compare's tagging evidence, and the temporary names of files and
-# directories being written or replaced (files.replacing, the sentencepiece staging, replace_directory)
-KNOWN_PATTERNS = ("eval-*.json", "hyp-*.txt", "tags-*.jsonl.gz", ".*.tmp", ".*.tmp.*", ".*.old")
+# Everything sanlab itself writes into a run directory (training, `evaluate`, `average` and `compare`): the
+# fixed names, and the patterns of evaluation records, hypotheses, compare's tagging evidence and temporary files
+KNOWN_NAMES = RunLayout.known_names()
+KNOWN_PATTERNS = RunLayout.known_patterns()
 
 
 def is_known(name: str) -> bool:
@@ -47,12 +43,12 @@ def entries(run_dir: Path) -> list[str]:
 def is_run(run_dir: Path) -> bool:
     """Whether sanlab made ``run_dir``: a marked ``meta.json``, or an older run's config and provenance."""
     try:
-        meta = read_json(Path(run_dir) / "meta.json")
+        meta = read_json(RunLayout(run_dir).meta)
     except ConfigError:  # a damaged meta.json proves nothing
         return False
     if meta is None:
         return False
-    legacy = {"seed", "versions"} <= meta.keys() and (Path(run_dir) / "config.yaml").is_file()
+    legacy = {"seed", "versions"} <= meta.keys() and RunLayout(run_dir).config.is_file()
     return RUN_MARKER in meta or legacy
 
 
@@ -78,7 +74,7 @@ def check_new_run(run_dir: Path) -> None:
     """A new run goes into a new or empty directory, or one holding only what sanlab wrote (e.g. the log of
     a start that failed); never among a user's files. A ``config.yaml`` without a run's ``meta.json`` is a
     user's file too (a recipe), and must not be rewritten with the resolved config."""
-    unknown = [n for n in entries(run_dir) if not is_known(n) or n in ("config.yaml", "meta.json")]
+    unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()]
     if unknown:
         raise ConfigError(f"{run_dir}: not a sanlab run directory and not empty (holds {_listed(unknown)}); "
                           "choose a new or empty --run directory")
@@ -98,7 +94,7 @@ def empty_run(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir}: holds files sanlab did not write ({_listed(unknown)}); --overwrite deletes "
                           "only a run's own files: move them away first, or choose another --run directory")
     # config.yaml and meta.json last: interrupted, the directory is still a run that --overwrite will empty
-    for name in sorted(names, key=lambda n: n in ("config.yaml", "meta.json")):
+    for name in sorted(names, key=lambda n: n in RunLayout.provenance_names()):
         _delete(Path(run_dir) / name)
 
 
@@ -117,7 +113,7 @@ def undo_start(run_dir: Path, *, before: list[str] | None) -> None:
     for name in added:
         _delete(run_dir / name)
     if before is None and not entries(run_dir):
-        (run_dir / LOCK_FILE).unlink(missing_ok=True)  # ours: the directory did not exist before this command
+        RunLayout(run_dir).lock.unlink(missing_ok=True)  # ours: the directory did not exist before this command
         try:
             os.rmdir(run_dir)
         except OSError:  # something appeared meanwhile: leave it
@@ -143,7 +139,7 @@ def run_lock(run_dir: Path):
     if blocking is not None:  # mkdir would fail with NotADirectoryError
         raise ConfigError(f"{run_dir}: {blocking} is a file, not a directory; choose another --run")
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(RunLayout(run_dir).lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
