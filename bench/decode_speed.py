@@ -58,18 +58,22 @@ class Decoder:
     bos: int
     eos: int
     twin: "Decoder | None" = None  # for a recomputed row: the same model decoding with its caches
+    precision: str = "fp32"        # bf16: the search under autocast (on the model's device)
     seconds: list[float] = field(default_factory=list)  # per round
     best: list[list[int]] = field(default_factory=list)  # the best hypothesis of each sentence, last round
 
     def run(self, *, beam: int, length: int) -> float:
         start, best = time.perf_counter(), []
-        with torch.no_grad():
+        device = self.batches[0].device
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             for src in self.batches:
                 n = src.shape[0]
                 hyps = beam_search(self.model.decode_step, self.model.start_decoding(src), batch_size=n,
                                    beam_size=beam, bos=self.bos, eos=self.eos, pad=self.pad,
-                                   max_lengths=torch.full((n,), length), min_length=length - 1)
+                                   max_lengths=torch.full((n,), length, device=device), min_length=length - 1)
                 best += [h[0].tokens for h in hyps]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
         if any(len(tokens) != length - 1 for tokens in best):  # the workload must not depend on weights
             raise RuntimeError(f"{self.name}: a hypothesis stopped before {length} tokens")
@@ -77,7 +81,7 @@ class Decoder:
         return seconds
 
 
-def prepare(cell: Cell, *, sentences: int, batch: int) -> Decoder:
+def prepare(cell: Cell, *, sentences: int, batch: int, device: torch.device, precision: str) -> Decoder:
     """The cell's model (untrained, its seed) and the first ``sentences`` validation sources, in batches."""
     config = cell.config
     torch.manual_seed(config.train.seed)
@@ -85,8 +89,9 @@ def prepare(cell: Cell, *, sentences: int, batch: int) -> Decoder:
     spm = task.spm
     ids = [spm.src.encode(s) + [spm.eos_id] for s, _ in task.valid_raw[:sentences]]
     ids.sort(key=len)  # similar lengths share a batch, as translate() does
-    batches = [pad_batch(ids[i:i + batch], spm.pad_id)[0] for i in range(0, len(ids), batch)]
-    return Decoder(cell.variant, task.model.eval(), batches, pad=spm.pad_id, bos=spm.bos_id, eos=spm.eos_id)
+    batches = [pad_batch(ids[i:i + batch], spm.pad_id)[0].to(device) for i in range(0, len(ids), batch)]
+    return Decoder(cell.variant, task.model.eval().to(device), batches, pad=spm.pad_id, bos=spm.bos_id,
+                   eos=spm.eos_id, precision=precision)
 
 
 def recomputing(twin: Decoder) -> Decoder:
@@ -98,7 +103,8 @@ def recomputing(twin: Decoder) -> Decoder:
         raise SystemExit(f"--recompute {twin.name}: its decoder has no self-attention to recompute")
     for attention in selfs:
         attention.recompute_prefix = True
-    return Decoder(f"{twin.name} (prefix recomputed)", model, twin.batches, twin.pad, twin.bos, twin.eos, twin=twin)
+    return Decoder(f"{twin.name} (prefix recomputed)", model, twin.batches, twin.pad, twin.bos, twin.eos, twin=twin,
+                   precision=twin.precision)
 
 
 def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, length: int) -> list[str]:
@@ -127,6 +133,8 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--length", type=int, default=25, help="tokens every hypothesis decodes, EOS included")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: decode under autocast")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args()
     if args.length < 2:
@@ -149,19 +157,22 @@ def main() -> None:
         decoders = []
         for cell in cells:
             print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
-            decoders.append(prepare(cell, sentences=args.sentences, batch=args.batch))
+            decoders.append(prepare(cell, sentences=args.sentences, batch=args.batch,
+                                    device=torch.device(args.device), precision=args.precision))
             if cell.variant in args.recompute:
                 decoders.append(recomputing(decoders[-1]))
         sentences = sum(b.shape[0] for b in decoders[0].batches)
         for d in decoders:  # warm-up: one batch, untimed
-            Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos).run(beam=args.beam, length=args.length)
+            Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos, precision=d.precision).run(
+                beam=args.beam, length=args.length)
         for r in range(args.rounds):
             shift = r % len(decoders)
             for d in decoders[shift:] + decoders[:shift]:  # rotate who goes first
                 d.seconds.append(d.run(beam=args.beam, length=args.length))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
-    measured = (f"{args.rounds} rounds, interleaved, rotating order; per variant and round {sentences} validation "
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
+    measured = (f"{where}, {args.precision}; {args.rounds} rounds, interleaved, rotating order; per variant and round {sentences} validation "
                 f"sentences in batches of {args.batch}, beam {args.beam}, every hypothesis forced to {args.length} "
                 f"tokens (EOS included); untrained models of each cell's config, seed {cells[0].seed}")
     header = [f"# Decoding speed per variant: {grid.spec.title or grid.name}", "",

@@ -5,14 +5,17 @@
 #   2. pytest -m gpu                   plans == dense on CUDA (fp32, bf16), cached == full decoding, CPU == CUDA,
 #                                      a bf16 run end to end, fp16 resume bit-exact
 #   3. the benchmarks on the device    training step (vanilla vs nn.Transformer, fp32 and bf16) and the window
-#                                      plans (dense, SDPA + mask, banded, FlexAttention) with peak memory
+#                                      plans (dense, SDPA + mask, banded, FlexAttention) with peak memory;
+#                                      every CSAN Table 1 variant at Transformer-Base size in bf16, eager and
+#                                      compiled, tokens/s and MFU (bench/gpu.py); beam-5 decoding with and
+#                                      without the cache (bench/decode_speed.py)
 #   4. Multi30k vanilla in bf16        the CPU recipe on cuda, resumable: rerun to continue; evaluated on
 #                                      test_2016_flickr once it has trained its 3,000 updates
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
-#   GPU_STEPS=all|env|tests|bench|train   which parts (default all); TRAIN_MINUTES (default 8): the run's slice
+#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train   which parts (default all); TRAIN_MINUTES (default 8): the run's slice
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPORT_DIR=${REPORT_DIR:-${OUT:-runs/gpu-check}}
@@ -31,6 +34,10 @@ else
 fi
 export PYTHONUNBUFFERED=1
 wants() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
+files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
+       --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
+       --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
+       --set "data.test.test_2016_flickr.tgt=$DATA/test_2016_flickr.de.gz")
 section() { printf '\n## %s\n\n```\n' "$1" >> "$report"; }
 end_section() { printf '```\n' >> "$report"; }
 
@@ -59,13 +66,21 @@ if wants bench; then
         | tee -a "$report"
     end_section
 fi
+if wants gpubench; then
+    section "bench/gpu.py: CSAN Table 1 at Transformer-Base size, bf16, ~25k tokens per update, MFU"
+    timeout 540 $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device cuda --precision bf16 \
+        --compile vanilla 1D-CSAN --out "$REPORT_DIR/gpu-train-speed.md" 2>&1 | tail -n 20 | tee -a "$report"
+    end_section
+fi
+if wants decode; then
+    section "bench/decode_speed.py: beam 5 on cuda, cached vs recomputed prefix (Multi30k grid, untrained)"
+    timeout 540 $PY bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --device cuda --threads 4 \
+        --recompute vanilla --sentences 200 --batch 50 "${files[@]}" 2>&1 | tail -n 24 | tee -a "$report"
+    end_section
+fi
 if wants train; then
     section "Multi30k vanilla, bf16 on cuda (configs/multi30k-en-de-transformer.yaml)"
     run=runs/gpu-multi30k
-    files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
-           --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
-           --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
-           --set "data.test.test_2016_flickr.tgt=$DATA/test_2016_flickr.de.gz")
     start=$(date +%s)
     timeout "$(( ${TRAIN_MINUTES:-8} * 60 ))" $PY -m sanlab train configs/multi30k-en-de-transformer.yaml --run "$run" \
         --device cuda --set train.precision=bf16 --quiet "${files[@]}" 2>&1 | tail -n 3 | tee -a "$report"

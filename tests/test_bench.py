@@ -68,3 +68,28 @@ variants:
                               text=True)
     assert too_long.returncode == 2
     assert "--length 211 is beyond model.max_positions of vanilla / seed 1, capsule / seed 1 (210)" in too_long.stderr
+
+
+@pytest.mark.slow
+def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
+    """bench/gpu.py's CPU smoke path: every variant against the baseline, counted FLOPs, a compiled row."""
+    (tmp_path / "mt.yaml").write_text("""\
+task: translation
+data: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, subword: {vocab_size: 50}}
+model: {dim: 16, encoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}},
+        decoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}}}
+""")
+    (tmp_path / "grid.yaml").write_text("""\
+base: mt.yaml
+seeds: [1]
+variants:
+  - {name: vanilla}
+  - {name: 1D-CSAN, overrides: ["model.encoder.attention.parts=[{type: window, size: 3}]"]}
+""")
+    out = tmp_path / "gpu.md"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), str(tmp_path / "grid.yaml"), "--device", "cpu",
+                    "--precision", "fp32", "--quick", "--threads", "1", "--compile", "vanilla", "--backend", "eager",
+                    "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+    rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0]] and rows[2][0].startswith("vanilla (compiled)")
+    assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
