@@ -199,6 +199,14 @@ class TrainConfig(Strict):
     # auto | cpu | cuda | cuda:N (training/device.py); precision: fp32 | bf16 | fp16 (fp16 with loss scaling)
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # the training forward under torch.compile (training/compile.py): recompiles are reported, and hitting
+    # the recompile limit stops the run instead of falling back to eager; compile_backend: inductor (the
+    # fast one), aot_eager or eager (debugging); pad_multiple: batch lengths rounded up to a multiple of
+    # it (tensor-core friendly, fewer distinct shapes), default 8 under compile and 1 (no padding) without
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    compile_dynamic: bool | None = None  # None: torch's automatic dynamic shapes; false: one static graph per shape
+    pad_multiple: Positive | None = None
     max_steps: NonNegative = 100_000  # 0 saves the initial weights (validated)
     max_epochs: NonNegative = 100
     valid_every: NonNegative = 1000  # steps; 0 = after every epoch
@@ -211,6 +219,11 @@ class TrainConfig(Strict):
     progress: bool = True
     # torchrun/DDP only: set when some parameter gets no gradient in an update (DDP then reports which).
     find_unused_parameters: bool = False
+
+    @property
+    def length_multiple(self) -> int:
+        """What training batches' lengths are rounded up to (``pad_multiple``, resolved)."""
+        return self.pad_multiple or (8 if self.compile else 1)
 
 
 class TaggerTrainConfig(TrainConfig):

@@ -98,6 +98,9 @@ class TokenBatchSampler:
     shortest first and are the same every epoch. Usable as a DataLoader `batch_sampler`
     (`set_epoch` before iterating).
 
+    `pad_multiple`: batches will be padded to a multiple of it (``pad_batch``), so the budget counts the
+    rounded length.
+
     Several corpora (`corpus_sizes`, their examples consecutive in `lengths`, with `weights`): each
     epoch first draws its examples by weight (`weighted_draw`, from the same generator), then sorts and
     cuts them as above; the number of batches may then differ a little between epochs.
@@ -113,9 +116,12 @@ class TokenBatchSampler:
         seed: int = 0,
         corpus_sizes: Sequence[int] | None = None,
         weights: Sequence[float] | None = None,
+        pad_multiple: int = 1,
     ):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if pad_multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"max_sentences must be >= 1 or None, got {max_sentences}")
         pairs = _as_pairs(lengths)  # not kept: the two small arrays below are all an epoch needs
@@ -132,7 +138,7 @@ class TokenBatchSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self._longest = pairs.max(axis=1)
+        self._longest = round_up(pairs.max(axis=1), pad_multiple)  # what the batch will be padded to
         self.oversized: list[int] = np.flatnonzero(self._longest > max_tokens).tolist()
         # (source, target) as one small integer: 16 bits, where it fits, sort by radix in linear time
         key = pairs[:, 0].astype(np.int64) * (int(pairs[:, 1].max()) + 1) + pairs[:, 1]
@@ -190,12 +196,20 @@ class LazyBatches(Sequence):
         return self.build(self.index_batches[k])
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id lists into a LongTensor (B, T), T = longest; also return lengths (B,)."""
+def round_up(length, multiple: int):
+    """``length`` (an int or an integer array) rounded up to a multiple of ``multiple``."""
+    return -(-length // multiple) * multiple
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, *,
+              multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token id lists into a LongTensor (B, T), T = the longest rounded up to ``multiple`` (fewer
+    distinct shapes for a compiled model, tensor-core sizes on a GPU); also return lengths (B,)."""
     if len(sequences) == 0:
         raise ValueError("cannot pad an empty batch")
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)  # (B,)
-    tokens = torch.full((len(sequences), int(lengths.max())), pad_id, dtype=torch.long)  # (B, T)
+    width = round_up(int(lengths.max()), multiple)
+    tokens = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (B, T)
     for row, seq in enumerate(sequences):
         tokens[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return tokens, lengths

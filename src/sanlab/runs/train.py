@@ -71,7 +71,8 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
         log.info(f"WARNING: {dist.world_size} processes x {torch.get_num_threads()} threads on {os.cpu_count()} "
                  "cores: oversubscribed (train.threads is per process)")
     if dist.is_main:
-        log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size))
+        log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size,
+                                      compiled=config.train.compile_backend if config.train.compile else None))
     if dist.is_main and dist.enabled:
         backend = "nccl" if dist.device.type == "cuda" else "gloo"
         log.info(f"distributed data parallel: {dist.world_size} processes ({backend}), "

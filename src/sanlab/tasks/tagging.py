@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sanlab.config import TaggingConfig
-from sanlab.data.batching import LazyBatches
+from sanlab.data.batching import LazyBatches, round_up
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
@@ -79,13 +79,14 @@ PAD_WORD = "<PAD>"  # how the reference spells a padding word to its character C
 
 
 def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
-                 pad_to: int | None = None) -> TagBatch:
-    """Word, character and tag ids of chunks, padded to the longest chunk, or to ``pad_to`` (``Tagger.pad_to``:
-    the reference's fixed length t, whose padding words are spelled "<PAD>" to the character CNN)."""
+                 pad_to: int | None = None, multiple: int = 1) -> TagBatch:
+    """Word, character and tag ids of chunks, padded to the longest chunk (rounded up to ``multiple``), or to
+    ``pad_to`` (``Tagger.pad_to``: the reference's fixed length t, whose padding words are spelled "<PAD>" to
+    the character CNN)."""
     longest = max(len(s.words) for s in sents)
     if pad_to is not None and longest > pad_to:
         raise ValueError(f"a chunk of {longest} words is longer than the {pad_to} it must be padded to")
-    t = pad_to or longest
+    t = pad_to or round_up(longest, multiple)
     words = torch.zeros(len(sents), t, dtype=torch.long)
     chars = torch.zeros(len(sents), t, max_chars, dtype=torch.long)
     if pad_to is not None:
@@ -137,7 +138,8 @@ class TaggingTask:
         return LazyBatches([order[k:k + size] for k in range(0, len(order), size)],
                            lambda idx: encode_batch(self.vocab, [self.train[i] for i in idx],
                                                     max_chars=self.config.model.max_word_chars,
-                                                    pad_to=self.model.pad_to))
+                                                    pad_to=self.model.pad_to,
+                                                    multiple=self.config.train.length_multiple))
 
     def batch_tokens(self, batch: TagBatch) -> int:
         return batch.tokens

@@ -65,10 +65,11 @@ def encode_pairs(spm: SubwordPair, pairs: list[tuple[str, str]]) -> list[tuple[l
     return [(spm.src.encode(s), spm.tgt.encode(t)) for s, t in pairs]
 
 
-def collate(spm: SubwordPair, examples: list[tuple[list[int], list[int]]]) -> Batch:
-    src, _ = pad_batch([s + [spm.eos_id] for s, _ in examples], spm.pad_id)
-    tgt_in, _ = pad_batch([[spm.bos_id] + t for _, t in examples], spm.pad_id)
-    tgt_out, _ = pad_batch([t + [spm.eos_id] for _, t in examples], spm.pad_id)
+def collate(spm: SubwordPair, examples: list[tuple[list[int], list[int]]], *, multiple: int = 1) -> Batch:
+    """Source, decoder input and output of ``examples``, each padded to its longest (rounded up to ``multiple``)."""
+    src, _ = pad_batch([s + [spm.eos_id] for s, _ in examples], spm.pad_id, multiple=multiple)
+    tgt_in, _ = pad_batch([[spm.bos_id] + t for _, t in examples], spm.pad_id, multiple=multiple)
+    tgt_out, _ = pad_batch([t + [spm.eos_id] for _, t in examples], spm.pad_id, multiple=multiple)
     return Batch(src, tgt_in, tgt_out, tokens=int(tgt_out.ne(spm.pad_id).sum()))
 
 
@@ -101,7 +102,8 @@ class TranslationTask:
         self.sampler = TokenBatchSampler(lengths + np.ones(1, lengths.dtype), max_tokens=config.train.max_tokens,
                                          shuffle=True, seed=config.train.seed,  # + EOS / BOS
                                          corpus_sizes=[len(c) for c in self.train.corpora] if weighted else None,
-                                         weights=[c.weight for c in d.train_corpora] if weighted else None)
+                                         weights=[c.weight for c in d.train_corpora] if weighted else None,
+                                         pad_multiple=config.train.length_multiple)
         if self.sampler.oversized:
             log.info(f"WARNING: {len(self.sampler.oversized)} training pairs are longer than train.max_tokens = "
                      f"{config.train.max_tokens} alone and get a batch of their own, over the budget "
@@ -122,7 +124,8 @@ class TranslationTask:
 
     def read(self, batch: PendingBatch) -> Batch:
         """The batch's pairs, read from the encoded corpus."""
-        return collate(self.spm, [tuple(side.tolist() for side in self.train.pair(int(k))) for k in batch.indices])
+        return collate(self.spm, [tuple(side.tolist() for side in self.train.pair(int(k))) for k in batch.indices],
+                       multiple=self.config.train.length_multiple)
 
     def batch_tokens(self, batch: Batch | PendingBatch) -> int:
         return batch.tokens

@@ -118,10 +118,11 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
     return found
 
 
-def describe_environment(device: torch.device, *, precision: str, processes: int) -> str:
-    """One line of ``environment`` for a run's log."""
+def describe_environment(device: torch.device, *, precision: str, processes: int, compiled: str | None = None) -> str:
+    """One line of ``environment`` for a run's log (``compiled``: the torch.compile backend, None for eager)."""
     env = environment(device)
     name = f" ({env['device_name']})" if "device_name" in env else ""
     cuda = f", CUDA {env['cuda']}, cuDNN {env['cudnn']}, NCCL {env['nccl']}" if env["cuda_available"] else ""
     return (f"device {env['device']}{name}, precision {precision}, torch {env['torch']}{cuda}, "
-            f"{processes} process(es), {env['cpu_threads']} CPU thread(s) each")
+            f"{processes} process(es), {env['cpu_threads']} CPU thread(s) each, "
+            + (f"compiled ({compiled})" if compiled else "eager"))

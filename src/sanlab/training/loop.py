@@ -27,6 +27,7 @@ from sanlab.config import TrainConfig
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, rng_state,
                                        set_rng_state)
+from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import Precision, check_loss_scale, to_device
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed
@@ -89,6 +90,8 @@ class Trainer:
         self.scaler = self.precision.scaler()
         self.model = task.model.to(self.device)  # in place: the task validates the same module
         self.train_model = self.dist.wrap(self.model, find_unused_parameters=config.find_unused_parameters)
+        # the forward of training steps; validation and checkpoints use self.model, the same weights
+        self.forward_model, self.graphs = self._compiled(config)
         self.optimizer = build_optimizer(self.model, config)
         self.checkpoints = CheckpointManager(self.run_dir, keep_best=config.keep_best, keep_last=config.keep_last,
                                              higher_is_better=task.higher_is_better, writer=self.dist.is_main)
@@ -175,7 +178,7 @@ class Trainer:
             batch = to_device(batch, self.device)
             with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint():
                 with self.precision.autocast():
-                    loss = self.task.loss(batch, model=self.train_model) / tokens
+                    loss = self._loss(batch) / tokens
                 # DDP averages gradients over processes; scaling by their number makes that a sum.
                 scaled = loss * self.dist.world_size
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
@@ -204,6 +207,24 @@ class Trainer:
                                 "rate.") from None
         p.step += 1
         return total, tokens
+
+    def _compiled(self, config: TrainConfig) -> tuple[nn.Module, GraphWatch | None]:
+        """The module training runs forward through: under ``train.compile`` the (DDP-wrapped) model compiled."""
+        if not config.compile:
+            return self.train_model, None
+        if not configure_dynamo():
+            self.log.info(f"WARNING: torch {torch.__version__} cannot stop at the recompile limit: past it, torch "
+                          "runs the model eager (watch the 'recompiled' lines)")
+        self.log.info(f"torch.compile: backend {config.compile_backend}, batch lengths padded to a multiple of "
+                      f"{config.length_multiple}")
+        return (compile_model(self.train_model, backend=config.compile_backend, dynamic=config.compile_dynamic),
+                GraphWatch(self.log.info))
+
+    def _loss(self, batch: Any) -> Tensor:
+        if self.graphs is None:
+            return self.task.loss(batch, model=self.forward_model)
+        return self.graphs.call(lambda: self.task.loss(batch, model=self.forward_model),
+                                step=self.progress.step + 1, batch=batch)
 
     def _step(self, *, overflow: bool) -> None:
         """The optimizer step; under fp16 through the loss scaler, which skips an update whose gradients

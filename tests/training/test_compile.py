@@ -1,0 +1,161 @@
+"""``train.compile`` and ``train.pad_multiple``: padding to a multiple is exact (padding is masked), the
+compiled training forward equals the eager one, and recompiles are reported, never silently run eager."""
+
+import pytest
+import torch
+
+from sanlab.config import validate
+from sanlab.data.batching import TokenBatchSampler, pad_batch
+from sanlab.errors import TrainingError
+from sanlab.models.builders import build_seq2seq
+from sanlab.runs import train_run
+from sanlab.training.compile import GraphWatch, describe_shapes
+from training_fixtures import final_weights
+
+PAD = 0
+
+
+def test_pad_batch_rounds_the_width_up_to_the_multiple():
+    tokens, lengths = pad_batch([[5, 6, 7], [8]], PAD, multiple=8)
+    assert tokens.shape == (2, 8) and lengths.tolist() == [3, 1]
+    assert tokens[0, :3].tolist() == [5, 6, 7] and tokens[0, 3:].eq(PAD).all()
+    assert pad_batch([[1] * 8], PAD, multiple=8)[0].shape == (1, 8)  # already a multiple: unchanged
+    assert pad_batch([[1] * 3], PAD)[0].shape == (1, 3)
+
+
+def test_the_token_budget_counts_the_rounded_length():
+    lengths = [5] * 40
+    plain = TokenBatchSampler(lengths, max_tokens=40, shuffle=False)
+    rounded = TokenBatchSampler(lengths, max_tokens=40, shuffle=False, pad_multiple=8)
+    assert {len(b) for b in plain.epoch_batches(0)} == {8}       # 8 x 5 tokens
+    assert {len(b) for b in rounded.epoch_batches(0)} == {5}     # 5 x 8 padded tokens
+    with pytest.raises(ValueError, match="pad_multiple"):
+        TokenBatchSampler(lengths, max_tokens=40, pad_multiple=0)
+
+
+@pytest.mark.parametrize("parts", [[], [{"type": "window", "size": 3}], [{"type": "rel_pos", "max_distance": 4}]],
+                         ids=["vanilla", "1d-csan", "rel-pos"])
+def test_padding_to_a_multiple_leaves_logits_loss_and_gradients_unchanged(parts):
+    config = validate({"task": "translation",
+                       "data": {"train": {"src": "x", "tgt": "y"}, "valid": {"src": "x", "tgt": "y"}},
+                       "model": {"dim": 16, "dropout": 0.0, "encoder": {"layers": 2, "ffn_dim": 32,
+                                                                        "attention": {"heads": 2, "parts": parts}},
+                                 "decoder": {"layers": 1, "ffn_dim": 32, "attention": {"heads": 2}}}},
+                      source="test")
+    torch.manual_seed(0)
+    model = build_seq2seq(config.model, vocab_size=30, pad_id=PAD)
+    gen = torch.Generator().manual_seed(1)
+    src = [torch.randint(1, 30, (n,), generator=gen).tolist() for n in (5, 3, 6)]
+    tgt = [torch.randint(1, 30, (n,), generator=gen).tolist() for n in (4, 6, 2)]
+
+    def run(multiple):
+        model.zero_grad()
+        s, t = pad_batch(src, PAD, multiple=multiple)[0], pad_batch(tgt, PAD, multiple=multiple)[0]
+        logits = model(s, t)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=PAD, reduction="sum")
+        loss.backward()
+        return logits[:, :t.ne(PAD).sum(1).max()], loss, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logits, loss, grads = run(1)
+    logits8, loss8, grads8 = run(8)
+    real = pad_batch(tgt, PAD)[0].ne(PAD)
+    torch.testing.assert_close(logits8[real], logits[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss8, loss, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads8[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_describe_shapes_names_tensors_and_sizes():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Pending:
+        indices: list
+        tokens: int
+
+    @dataclass
+    class Batch:
+        src: torch.Tensor
+        tokens: int
+
+    assert describe_shapes(Batch(torch.zeros(4, 8, dtype=torch.long), 20)) == "src 4x8, tokens 20"
+    assert describe_shapes(Pending([1, 2, 3], 17)) == "indices 3, tokens 17"
+
+
+def test_new_graphs_are_logged_and_the_recompile_limit_stops_the_run():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    lines = []
+    watch = GraphWatch(lines.append)
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True,
+                                    automatic_dynamic_shapes=False):
+        watch.call(lambda: double(torch.ones(3)), step=1, batch=torch.ones(3))
+        watch.call(lambda: double(torch.ones(3)), step=2, batch=torch.ones(3))  # the same shape: no new graph
+        assert len(lines) == 1 and "compiled at update 1 (batch: 3;" in lines[0]
+        with pytest.raises(TrainingError, match="recompile limit .* at update 3 .*train.pad_multiple"):
+            watch.call(lambda: double(torch.ones(5)), step=3, batch=torch.ones(5))
+    torch._dynamo.reset()
+
+
+def _compiled_vs_eager(tmp_path, config_for, backend):
+    """Returns the compiled run's directory."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    train_run(config_for(pad_multiple=8), eager, quiet=True)
+    train_run(config_for(compile=True, compile_backend=backend), compiled, quiet=True)
+    torch._dynamo.reset()
+    a, b = final_weights(eager), final_weights(compiled)
+    assert a.keys() == b.keys()
+    tol = {"rtol": 0, "atol": 0} if backend == "eager" else {"rtol": 1e-4, "atol": 1e-5}
+    for name in a:
+        if backend != "eager" and name.endswith("k_proj.bias"):
+            # zero gradient in exact arithmetic (a key bias shifts all of a query's scores alike); Adam turns
+            # the rounding noise of two kernels into steps of full size, so these drift apart by design
+            continue
+        torch.testing.assert_close(b[name], a[name], msg=name, **tol)
+    log = (compiled / "train.log").read_text()
+    assert f"torch.compile: backend {backend}, batch lengths padded to a multiple of 8" in log
+    assert f"CPU thread(s) each, compiled ({backend})" in log
+    assert "CPU thread(s) each, eager" in (eager / "train.log").read_text()
+    assert "torch.compile: compiled at update 1" in log
+    return compiled
+
+
+def test_compiled_training_follows_eager_step_for_step(tmp_path, tiny_translation):
+    """Dynamo's capture run eagerly (backend eager) trains to the same bits as eager with the same
+    padding, dropout included: what compile adds around the model changes nothing. Compiling pads batches
+    to 8 by default, so the batches would change if the run went on eager: that resume is refused."""
+    from sanlab.errors import ConfigError
+
+    compiled = _compiled_vs_eager(tmp_path, lambda **kw: tiny_translation(max_steps=3, valid_every=3, **kw), "eager")
+    with pytest.raises(ConfigError, match="train.compile"):
+        train_run(tiny_translation(max_steps=4, valid_every=3), compiled, quiet=True)
+
+
+@pytest.mark.slow
+def test_aot_compiled_translation_equals_eager(tmp_path, tiny_translation):
+    """AOT autograd's traced forward and backward (what inductor compiles; inductor's own kernels are checked
+    on CUDA by tests/gpu, a CPU inductor build of both graphs takes minutes here)."""
+    _compiled_vs_eager(tmp_path, lambda **kw: tiny_translation(max_steps=3, valid_every=3, **kw), "aot_eager")
+
+
+@pytest.mark.slow
+def test_aot_compiled_tagger_equals_eager(tmp_path):
+    from sanlab.data.synthetic import write_tagging_corpus
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 24, "dev": 8, "test": 8})
+
+    def config_for(**train):
+        return validate({"task": "tagging", "data": {"train": str(data / "train.conllu"),
+                                                     "dev": str(data / "dev.conllu")},
+                         "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                                   "encoder": {"layers": 1}},
+                         "train": {"batch_size": 8, "max_epochs": 1, "patience": 0, "progress": False, "seed": 5,
+                                   **train}}, source="test")
+
+    _compiled_vs_eager(tmp_path, config_for, "aot_eager")
