@@ -8,6 +8,9 @@ reference of the same length and the same run (docs/performance.md, "timing hygi
     .venv/bin/python bench/attention_window.py            # I in 64 128 512, 20 repeats
     .venv/bin/python bench/attention_window.py --quick    # 5 repeats: for a busy machine
     python3 bench/attention_window.py --device cuda --lengths 512 2048 4096 8192   # adds FlexAttention, peak memory
+
+On CUDA two FlexAttention rows: "1D flex" is a hand-built window whose block mask is made once, "1D flex plan"
+the model's plan (``attention/flex.py``), which builds its block mask in every call; the two differ by that.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from sanlab.attention import banded, plans
+from sanlab.attention import banded, flex, plans
 from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.parts_base import AttentionContext, KeySet
@@ -51,6 +54,8 @@ def _method(name: str, part, *, block: int):
         kw = dict(parts=parts, scale=q.shape[-1] ** -0.5, dropout=0.0, training=True)
         if name == "banded":
             return banded.attend(q, k, v, ctx, block=block, **kw)
+        if name == "flex":
+            return flex.attend(q, k, v, ctx, **kw)
         keys = KeySet(k, v, positions)
         for p in parts.extend:
             keys = p.extend(keys, ctx)
@@ -64,8 +69,8 @@ def _method(name: str, part, *, block: int):
 
 
 def _flex_window(half_width: int, valid: torch.Tensor):
-    """FlexAttention over the same 1D window (the candidate CUDA plan of issue 24): a block mask, so the work
-    grows with I*M, compiled as its docs require. None where this torch has no FlexAttention."""
+    """FlexAttention over the same 1D window, built by hand: one block mask for every repeat, so the work grows
+    with I*M, compiled as its docs require. None where this torch has no FlexAttention."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
@@ -109,9 +114,10 @@ def bench_length(args, length: int) -> list[tuple[str, float]]:
                "1D banded": _method("banded", one_d, block=args.block),
                "2D dense": _method("dense", two_d, block=args.block),
                "2D banded": _method("banded", two_d, block=args.block)}
-    flex = _flex_window(m, valid) if device.type == "cuda" else None  # (no backward on this CPU build)
-    if flex is not None:
-        methods["1D flex"] = flex
+    hand_flex = _flex_window(m, valid) if device.type == "cuda" else None  # (no backward on this CPU build)
+    if hand_flex is not None:
+        methods["1D flex"] = hand_flex
+        methods["1D flex plan"] = _method("flex", one_d, block=args.block)
     names = list(methods)
     warmups, repeats = (2, 5) if args.quick else (3, args.repeats)
     times: dict[str, list[float]] = {n: [] for n in names}

@@ -5,7 +5,7 @@ a tiny ``Attention`` (width 16, 4 heads, float64, odd lengths, padding), on the 
 when the part is ``causal_safe``, on the decoder side. A new part is enrolled by registering it.
 
     shapes/finite   output [b, i, dim], finite values and gradients, padded query rows exactly 0
-    plans           every fast plan the parts allow (sdpa, banded) == dense, values and gradients
+    plans           every fast plan the parts allow (sdpa, banded, flex) == dense, values and gradients
     cached          step-by-step decoding with the cache == one causal forward over the prefix
     cached cross    decoder queries step by step over a cached encoder memory == all queries at once
     no leak         under a causal mask, changing a later token leaves earlier outputs unchanged
@@ -16,7 +16,7 @@ when the part is ``causal_safe``, on the decoder side. A new part is enrolled by
 import pytest
 import torch
 
-from sanlab.attention import Attention, Positions, banded, plans
+from sanlab.attention import Attention, Positions, banded, flex, plans
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.registry import PARTS
@@ -80,6 +80,12 @@ EXPECTED_FAST_PLANS = {
     "temperature-0": {"encoder": ["sdpa"], "decoder": ["sdpa"]},
     **{f"window-{n}": {"encoder": ["sdpa", "banded"], "decoder": ["sdpa", "banded"]} for n in range(2)},
 }
+if flex.AVAILABLE:  # the masks and score biases that parts offer FlexAttention as mods
+    for case in ("bi_direct-0", "bi_direct-1", "window-0", "window-1"):
+        EXPECTED_FAST_PLANS[case] = {side: [*plans_, "flex"] for side, plans_ in EXPECTED_FAST_PLANS[case].items()}
+    for case in ("neighbor-0", "neighbor-1", "local_hard-0", "local_hard-2", "local_soft-0", "local_soft-1",
+                 "local_soft-2"):
+        EXPECTED_FAST_PLANS[case] = {"encoder": ["flex"], "decoder": ["flex"]}
 
 
 def _fast_plans(attn: Attention) -> list[str]:

@@ -1,16 +1,20 @@
 """``plans.choose``: the one place that picks the plan of a call, from the parts, the request, the device,
-the number of keys and whether a trace is asked for; ``plans.check`` refuses impossible requests early."""
+the number of keys, whether a trace is asked for and whether attention dropout is active; ``plans.check``
+refuses impossible requests early. The CUDA cases only ask for a decision: ``choose`` never touches the device."""
 
 import pytest
 import torch
 
-from sanlab.attention import Attention, AttentionPart, Positions, banded, plans
+from sanlab.attention import Attention, AttentionPart, Positions, banded, flex, plans
 from sanlab.attention.parts.csan2d import HeadArea
+from sanlab.attention.parts.directional import DirectionalHeads
+from sanlab.attention.parts.gaussian import LocalHard, NeighborSperber
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.plans import StageParts
 
-CPU = torch.device("cpu")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 SHORT, LONG = banded.MIN_KEYS - 1, banded.MIN_KEYS
+FLEX_SHORT, FLEX_LONG = flex.MIN_KEYS - 1, flex.MIN_KEYS
 
 
 class _Score(AttentionPart):
@@ -18,11 +22,17 @@ class _Score(AttentionPart):
         return scores
 
 
-def _choose(parts: list, requested: str, *, keys: int = SHORT, trace: bool = False) -> str:
-    return plans.choose(StageParts.sort(parts), requested=requested, device=CPU, key_length=keys, need_trace=trace)
+def _choose(parts: list, requested: str, *, keys: int = SHORT, trace: bool = False, device=CPU,
+            dropout: bool = False) -> str:
+    return plans.choose(StageParts.sort(parts), requested=requested, device=device, key_length=keys,
+                        need_trace=trace, dropout=dropout)
 
 
 WINDOW, AREA = WindowMask(half_width=2), HeadArea(half_width=2, area=3, boundary="wrap")
+DIRECTIONS = DirectionalHeads(heads=4, pairs=1)
+GAUSS = NeighborSperber(heads=4, local_heads=2, sigma_init=2.0, square=False)
+TRUNCATED = LocalHard(dim=16, heads=4, local_heads=2, head_dim=4, window=2.0, truncate=True)
+LUONG = LocalHard(dim=16, heads=4, local_heads=2, head_dim=4, window=2.0, luong_exact=True)
 
 
 @pytest.mark.parametrize("parts, requested, keys, trace, expected", [
@@ -48,11 +58,52 @@ def test_choose_picks_the_plan_for_parts_request_length_and_trace(parts, request
     assert _choose(parts, requested, keys=keys, trace=trace) == expected
 
 
+@pytest.mark.parametrize("parts", [[WINDOW], [DIRECTIONS], [GAUSS], [TRUNCATED], [WINDOW, GAUSS]])
+@pytest.mark.parametrize("requested", ["auto", "dense", "sdpa", "banded", "flex"])
+@pytest.mark.parametrize("keys", [SHORT, LONG, FLEX_LONG])
+def test_flexattention_changes_nothing_on_the_cpu_unless_asked_for(parts, requested, keys):
+    """What every call chose before the flex plan existed, for parts it can run: flex only when requested."""
+    can = plans.runnable(StageParts.sort(parts))
+    if requested not in ("auto", "flex", "dense") and requested not in can:
+        pytest.skip("refused at construction")
+    banded_ok, sdpa_ok = "banded" in can, "sdpa" in can
+    before = ("banded" if banded_ok and (requested == "banded" or (requested == "auto" and keys >= banded.MIN_KEYS))
+              else "sdpa" if requested == "sdpa" or (requested == "auto" and sdpa_ok) else "dense")
+    assert _choose(parts, requested, keys=keys) == ("flex" if requested == "flex" else before)
+
+
+@pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no FlexAttention")
+@pytest.mark.parametrize("parts, requested, keys, trace, dropout, expected", [
+    ([], "auto", FLEX_LONG, False, False, "sdpa"),               # global attention: the fused kernel, no mask
+    ([], "flex", FLEX_LONG, False, False, "sdpa"),               # a layer without parts in a flex stack
+    ([WINDOW], "auto", FLEX_SHORT, False, False, "sdpa"),        # a short window: sdpa (not banded) ...
+    ([WINDOW], "auto", FLEX_LONG, False, False, "flex"),         # ... FlexAttention from flex.MIN_KEYS on
+    ([WINDOW], "auto", FLEX_LONG, True, False, "dense"),         # a trace needs the score matrix
+    ([WINDOW], "auto", FLEX_LONG, False, True, "banded"),        # attention dropout: FlexAttention has none
+    ([WINDOW], "banded", FLEX_LONG, False, False, "banded"),     # an explicit request is kept
+    ([WINDOW], "sdpa", FLEX_LONG, False, False, "sdpa"),
+    ([WINDOW], "flex", 3, False, False, "flex"),                 # and ignores the length
+    ([DIRECTIONS], "auto", FLEX_LONG, False, False, "flex"),     # per-head masks
+    ([GAUSS], "auto", FLEX_SHORT, False, False, "dense"),        # a score part: dense when short ...
+    ([GAUSS], "auto", FLEX_LONG, False, False, "flex"),          # ... its bias as a score_mod when long
+    ([TRUNCATED], "auto", FLEX_LONG, False, False, "flex"),      # a data-dependent window and its bias
+    ([LUONG], "auto", FLEX_LONG, False, False, "dense"),         # scales the weights: dense only
+    ([AREA], "auto", FLEX_LONG, False, False, "banded"),         # 2D-CSAN mixes heads: banded
+    ([AREA], "auto", SHORT, False, False, "dense"),
+    ([_Score()], "auto", FLEX_LONG, False, False, "dense"),      # a score part that offers no score_mod
+])
+def test_choose_on_cuda(parts, requested, keys, trace, dropout, expected):
+    assert _choose(parts, requested, keys=keys, trace=trace, device=CUDA, dropout=dropout) == expected
+
+
 def test_runnable_lists_the_plans_equal_to_dense():
+    flex_too = ("flex",) if flex.AVAILABLE else ()
     assert plans.runnable(StageParts.sort([])) == ("dense", "sdpa")
-    assert plans.runnable(StageParts.sort([WINDOW])) == ("dense", "sdpa", "banded")
+    assert plans.runnable(StageParts.sort([WINDOW])) == ("dense", "sdpa", "banded", *flex_too)
     assert plans.runnable(StageParts.sort([AREA])) == ("dense", "banded")
     assert plans.runnable(StageParts.sort([WINDOW, _Score()])) == ("dense",)
+    assert plans.runnable(StageParts.sort([GAUSS])) == ("dense", *flex_too)
+    assert plans.runnable(StageParts.sort([LUONG])) == ("dense",)
 
 
 def test_impossible_requests_are_refused_when_the_attention_is_built():
@@ -74,5 +125,15 @@ def test_every_call_asks_choose_with_the_keys_it_attends_to(monkeypatch):
     first = attn(x[:, :3], positions=Positions.self_attention(None, length=3, causal=True), use_cache=True)
     attn(x[:, 3:], positions=Positions.self_attention(None, length=1, offset=3, causal=True), cache=first.cache,
          use_cache=True, need_trace=True)
-    assert [(kw["requested"], kw["key_length"], kw["need_trace"], kw["device"]) for kw in asked] == [
-        ("auto", 3, False, CPU), ("auto", 4, True, CPU)]  # cached keys count
+    assert [(kw["requested"], kw["key_length"], kw["need_trace"], kw["device"], kw["dropout"]) for kw in asked] == [
+        ("auto", 3, False, CPU, False), ("auto", 4, True, CPU, False)]  # cached keys count
+
+
+def test_attention_dropout_is_active_only_in_training(monkeypatch):
+    asked, real = [], plans.choose
+    monkeypatch.setattr(plans, "choose", lambda parts, **kw: asked.append(kw["dropout"]) or real(parts, **kw))
+    attn = Attention(dim=16, heads=4, dropout=0.1)
+    positions = Positions.self_attention(None, length=3)
+    attn.train()(torch.randn(1, 3, 16), positions=positions)
+    attn.eval()(torch.randn(1, 3, 16), positions=positions)
+    assert asked == [True, False]

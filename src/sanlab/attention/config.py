@@ -20,5 +20,5 @@ class AttentionConfig(BaseModel):
     dropout: float = Field(0.0, ge=0, lt=1)  # on attention probabilities
     bias: bool = True             # biases of the q/k/v/output projections
     out_proj: bool = True         # Dufter et al.'s SAN has no output projection
-    plan: Literal["auto", "dense", "sdpa", "banded"] = "auto"
+    plan: Literal["auto", "dense", "sdpa", "banded", "flex"] = "auto"
     parts: list[PartSpec] = []

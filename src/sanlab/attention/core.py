@@ -6,7 +6,7 @@
 Vaswani et al. 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762, Eq. 1-2.
 Variants never add a branch here; they are parts (``parts_base.AttentionPart``). Stages return what they
 produce (the extended keys as a ``KeySet``, the visibility mask) and this module threads it to the next;
-``plans.choose`` picks the plan (dense, fused, banded) that computes the stages after projection.
+``plans.choose`` picks the plan (dense, fused, banded, flex) that computes the stages after projection.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from sanlab.attention import banded, plans
+from sanlab.attention import banded, flex, plans
 from sanlab.attention.parts_base import AttentionContext, AttentionPart, KeySet, PartCache
 from sanlab.attention.plans import PLANS
 from sanlab.attention.positions import Positions
@@ -66,7 +66,7 @@ class Attention(nn.Module):
                 raise ValueError(f"attention parts {', '.join(readers)} {why.format(', '.join(extending))}; "
                                  "put them in different layers")
         self.stage_parts = plans.StageParts.sort(list(self.parts))
-        plans.check(plan, list(self.parts))
+        plans.check(plan, list(self.parts), dropout=dropout)
         # the reference for cached decoding: keep the layer input and recompute every prefix query
         # (bench/decode_speed.py --recompute times it against the cache)
         self.recompute_prefix = False
@@ -135,7 +135,7 @@ class Attention(nn.Module):
         """Run the plan ``plans.choose`` picks: q [b, h, i, d] against the unextended keys -> [b, h, i, d]."""
         kw = dict(parts=self.stage_parts, scale=self.scale, dropout=self.dropout, training=self.training)
         plan = plans.choose(self.stage_parts, requested=self.plan, device=q.device, key_length=keys.k.shape[2],
-                            need_trace=trace is not None)
+                            need_trace=trace is not None, dropout=self.training and self.dropout > 0)
         ctx = replace(ctx, q=q, k=keys.k)
         if plan == "banded":  # extends through the parts' head sources itself
             return banded.attend(q, keys.k, keys.v, ctx, **kw)
@@ -145,6 +145,8 @@ class Attention(nn.Module):
         ctx = replace(ctx, k=keys.k, positions=keys.positions, key_head=keys.key_head)
         if plan == "sdpa":
             return plans.sdpa(q, keys.k, keys.v, ctx, **kw)
+        if plan == "flex":  # mask and score parts only: no extend ran
+            return flex.attend(q, keys.k, keys.v, ctx, **kw)
         return plans.dense(q, keys.k, keys.v, ctx, trace=trace, **kw)
 
     def _forward_prefix(self, x: Tensor, *, positions: Positions, cache: PrefixState | None,

@@ -1,6 +1,8 @@
 """Masks as small predicates of absolute positions, combined with AND.
 
-Every function returns a boolean tensor broadcastable to [b, h, i, j]; True = visible.
+Every function returns a boolean tensor broadcastable to [b, h, i, j]; True = visible. The ``*_mod``
+functions give the same predicates as FlexAttention ``mask_mod``s, (b, h, q_idx, kv_idx) -> visible, for the
+``flex`` plan (``attention/flex.py``): they index the positions, so they hold for any layout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,25 @@ def band(q_pos: Tensor, k_pos: Tensor, *, left: int, right: int) -> Tensor:
 def key_padding(key_valid: Tensor) -> Tensor:
     """Padded keys are invisible to every query."""
     return key_valid[:, None, None, :]  # [b, 1, 1, j]
+
+
+def causal_mod(q_pos: Tensor, k_pos: Tensor):
+    """``causal`` as a mask_mod."""
+    return lambda b, h, q_idx, kv_idx: k_pos[kv_idx] <= q_pos[q_idx]
+
+
+def band_mod(q_pos: Tensor, k_pos: Tensor, *, left: int, right: int):
+    """``band`` as a mask_mod."""
+    def mod(b, h, q_idx, kv_idx):
+        offset = k_pos[kv_idx] - q_pos[q_idx]
+        return (offset >= -left) & (offset <= right)
+
+    return mod
+
+
+def key_padding_mod(key_valid: Tensor):
+    """``key_padding`` as a mask_mod."""
+    return lambda b, h, q_idx, kv_idx: key_valid[b, kv_idx]
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:

@@ -30,6 +30,11 @@ Class attributes say what the part allows:
                   a part that extends them (the counts would include the copies)
     square_keys   it reads the scores or weights as a grid of positions, one key column per position
                   (capsule routing, convolved attention); it cannot share a layer with a part that extends keys
+
+Optional methods tell the faster plans what a part can give them; ``plans.runnable`` asks for them, never for a
+type: ``band_offsets``/``head_sources`` (``banded.py``: a window as an interval of offsets), and
+``flex_mask_mod(ctx)``/``flex_score_mod(ctx)`` (``flex.py``: the part's ``mask`` or ``score`` as a FlexAttention
+function of (b, h, q_idx, kv_idx) for one call, or None for nothing to add).
 """
 
 from __future__ import annotations

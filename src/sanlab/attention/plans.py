@@ -2,9 +2,11 @@
 
 ``dense`` is the reference: it forms the full [b, h, i, j] score matrix and runs every part.
 ``sdpa`` hands plain masked attention to torch's fused kernel; it is chosen only when no part
-needs the score matrix. ``banded`` (module ``banded``) runs window-local parts (1D/2D-CSAN) in
-O(i*window) without forming the matrix. ``choose`` decides which one a call runs. Faster plans are
-added only with a test that they equal ``dense`` in values and gradients.
+needs the score matrix, and passes causality and key padding to the kernel without forming a [b, h, i, j]
+mask where the kernel can take them itself (``_fused_mask``). ``banded`` (module ``banded``) runs
+window-local parts (1D/2D-CSAN) in O(i*window) without forming the matrix; ``flex`` (module ``flex``) runs
+the masks and score biases that parts offer as FlexAttention mods. ``choose`` decides which one a call runs.
+Faster plans are added only with a test that they equal ``dense`` in values and gradients.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sanlab.attention import banded, masks
+from sanlab.attention import banded, flex, masks
 from sanlab.attention.parts_base import AttentionContext, AttentionPart, StageParts
 
-PLANS = ("auto", "dense", "sdpa", "banded")  # what a config may request
-Plan = Literal["dense", "sdpa", "banded"]     # what a call runs
+PLANS = ("auto", "dense", "sdpa", "banded", "flex")  # what a config may request
+Plan = Literal["dense", "sdpa", "banded", "flex"]     # what a call runs
 
 __all__ = ["PLANS", "Plan", "StageParts", "check", "choose", "dense", "runnable", "sdpa", "visibility"]
 
@@ -29,31 +31,56 @@ __all__ = ["PLANS", "Plan", "StageParts", "check", "choose", "dense", "runnable"
 def runnable(parts: StageParts) -> tuple[Plan, ...]:
     """The plans that compute exactly what ``dense`` computes for these parts."""
     fast: tuple[Plan, ...] = () if parts.needs_dense() else ("sdpa",)
-    return ("dense", *fast, *(("banded",) if banded.supports(parts) else ()))
+    return ("dense", *fast, *(("banded",) if banded.supports(parts) else ()),
+            *(("flex",) if flex.supports(parts) else ()))
 
 
-def check(requested: str, parts: Sequence[AttentionPart]) -> None:
+def check(requested: str, parts: Sequence[AttentionPart], *, dropout: float = 0.0) -> None:
     """Refuse, when the attention is built, a requested plan that can never run its parts."""
-    can = runnable(StageParts.sort(list(parts)))
+    sorted_parts = StageParts.sort(list(parts))
+    can = runnable(sorted_parts)
+    names = ", ".join(type(p).__name__ for p in parts)
     if requested == "sdpa" and "sdpa" not in can:
         raise ValueError("plan 'sdpa' cannot run parts that read the score matrix; use 'auto' or 'dense'")
     if requested == "banded" and parts and "banded" not in can:  # no parts at all: nothing to band, dense
-        names = ", ".join(type(p).__name__ for p in parts)
         raise ValueError(f"plan 'banded' needs window-local parts only (a window mask, at most one head-area "
                          f"extend, no score/weight/value parts); got parts: {names}")
+    if requested != "flex":
+        return
+    if not flex.AVAILABLE:
+        raise ValueError(f"plan 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5); this torch "
+                         f"{torch.__version__} has none: use 'auto'")
+    if dropout > 0:
+        raise ValueError(f"plan 'flex' has no attention dropout (FlexAttention applies none); set the attention's "
+                         f"dropout to 0 or use 'auto' (dropout {dropout})")
+    # parts with nothing to mask or score (none, or projection parts only) run what 'auto' runs
+    if (sorted_parts.mask or sorted_parts.needs_dense()) and "flex" not in can:
+        raise ValueError(f"plan 'flex' needs parts that offer FlexAttention a mask_mod or score_mod for every "
+                         f"mask and score they apply, and nothing that extends keys or reads the weights or values "
+                         f"(window, bi_direct, neighbor, local_hard without luong_exact, local_soft); "
+                         f"got parts: {names}")
 
 
 def choose(parts: StageParts, *, requested: str, device: torch.device, key_length: int,
-           need_trace: bool) -> Plan:
+           need_trace: bool, dropout: bool = False) -> Plan:
     """The plan one call runs: ``requested`` (a config's ``plan``) for these parts over ``key_length`` keys.
 
-    A trace needs the dense matrix; ``auto`` bands from ``banded.MIN_KEYS`` keys on (docs/performance.md)
-    and fuses otherwise when no part reads the scores. ``device`` is where the call runs: the CUDA plans
-    (FlexAttention, flash) will be chosen by it here, so that parts and the pipeline stay device-free.
+    A trace needs the dense matrix. ``auto`` on the CPU bands from ``banded.MIN_KEYS`` keys on
+    (docs/performance.md) and fuses (``sdpa``) otherwise when no part reads the scores. On CUDA it takes
+    ``flex`` from ``flex.MIN_KEYS`` keys on for the parts FlexAttention can run (unless attention ``dropout``
+    is active in this call: FlexAttention has none), bands only what FlexAttention cannot run (2D-CSAN),
+    and fuses the rest. ``device`` is where the call runs; this function only decides, it never touches
+    the device, so that parts and the pipeline stay device-free.
     """
     can = runnable(parts)
-    if not need_trace and "banded" in can and (requested == "banded"
-                                               or (requested == "auto" and key_length >= banded.MIN_KEYS)):
+    cuda_flex = device.type == "cuda" and "flex" in can and not dropout
+    if requested == "flex" and "flex" not in can:  # nothing to mask or score in this layer: what auto runs
+        requested = "auto"
+    if not need_trace and (requested == "flex" or (requested == "auto" and cuda_flex
+                                                   and key_length >= flex.MIN_KEYS)):
+        return "flex"
+    if not need_trace and "banded" in can and (requested == "banded" or (
+            requested == "auto" and key_length >= banded.MIN_KEYS and not cuda_flex)):
         return "banded"
     # an explicit 'sdpa' was checked at construction; it runs even with a trace (which then stays empty)
     if requested == "sdpa" or (requested == "auto" and not need_trace and "sdpa" in can):
@@ -93,18 +120,46 @@ def dense(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: Stag
     return out
 
 
+def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int
+                ) -> tuple[Tensor | None, bool, Tensor | None]:
+    """What ``sdpa`` hands the kernel: (attn_mask, is_causal, empty), empty marking rows to zero afterwards.
+
+    Where no mask part is present and the layout is known (``Positions.query_start``; key j at position j):
+      no padding, not causal              no mask (flash on CUDA)
+      no padding, causal, no cache offset ``is_causal`` (flash); torch aligns it top-left, right only for i == j
+      causal, every query past the keys   causality hides nothing (one decoding step): as not causal
+      no padding, causal, cache offset    the [1, 1, i, j] causal mask; key 0 is visible to every query
+      padding, not causal                 the [b, 1, 1, j] key mask unexpanded. A row is empty only when its
+                                          sentence has no valid key: those sentences (a [b] test) see every
+                                          key and their rows are zeroed, exactly as dense does
+    Otherwise (mask parts, padding together with causality, or an unknown layout) the combined mask as a
+    [b, h|1, i, j] tensor, as before, and the rows it leaves empty opened and zeroed (the fused kernels of older torch
+    return NaN for them).
+    """
+    pos = ctx.positions
+    start = pos.query_start
+    causal = pos.causal and not (start is not None and start >= keys - 1)
+    if not parts.mask and start is not None and not (causal and pos.key_valid is not None):
+        if pos.key_valid is not None:
+            empty = ~pos.key_valid.any(dim=-1)  # [b]
+            return (pos.key_valid | empty[:, None])[:, None, None, :], False, empty[:, None, None, None]
+        if not causal:
+            return None, False, None
+        if start == 0 and queries == keys:
+            return None, True, None
+        return masks.causal(pos.q_pos, pos.k_pos), False, None  # [1, 1, i, j]
+    allowed = visibility(ctx, parts)
+    if allowed is None:
+        return None, False, None
+    allowed = allowed.expand(batch, -1, queries, keys)  # [b, h|1, i, j]
+    empty = ~allowed.any(dim=-1, keepdim=True)  # [b, h|1, i, 1]
+    return allowed | empty, False, empty
+
+
 def sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: StageParts,
          scale: float, dropout: float, training: bool) -> Tensor:
     """Fused plan for plain masked attention. Same contract as ``dense``."""
-    allowed = visibility(ctx, parts)
-    empty = None
-    if allowed is not None:
-        allowed = allowed.expand(q.shape[0], -1, q.shape[2], k.shape[2])
-        empty = ~allowed.any(dim=-1, keepdim=True)  # [b, h|1, i, 1]
-        # The fused kernel returns NaN for a row with no visible key: open it, then zero it below.
-        allowed = allowed | empty
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout if training else 0.0,
-                                         scale=scale)  # [b, h, i, d]
-    if empty is not None:
-        out = out.masked_fill(empty, 0.0)
-    return out
+    mask, is_causal, empty = _fused_mask(ctx, parts, batch=q.shape[0], queries=q.shape[2], keys=k.shape[2])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                         dropout_p=dropout if training else 0.0, scale=scale)  # [b, h, i, d]
+    return out if empty is None else out.masked_fill(empty, 0.0)

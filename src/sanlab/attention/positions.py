@@ -21,6 +21,9 @@ class Positions:
     key_valid:   [b, j] True for real (non-padding) keys, or None when nothing is padded
     query_valid: [b, i] True for real queries, or None; outputs at invalid queries are zeroed
     causal:      keys after the query are invisible (decoder self-attention)
+    query_start: what the constructors promise about the layout, a plain int so plans read it without asking
+                 the device: key j at position j and query i at position query_start + i; None when the
+                 positions were built otherwise (then no plan relies on the layout without checking it)
     """
 
     q_pos: Tensor
@@ -28,6 +31,7 @@ class Positions:
     key_valid: Tensor | None = None
     query_valid: Tensor | None = None
     causal: bool = False
+    query_start: int | None = None
 
     @staticmethod
     def self_attention(valid: Tensor | None, *, length: int, offset: int = 0, causal: bool = False,
@@ -38,13 +42,15 @@ class Positions:
         """
         k_pos = torch.arange(offset + length, device=device)  # [j]
         q_valid = None if valid is None else valid[:, offset:]
-        return Positions(q_pos=k_pos[offset:], k_pos=k_pos, key_valid=valid, query_valid=q_valid, causal=causal)
+        return Positions(q_pos=k_pos[offset:], k_pos=k_pos, key_valid=valid, query_valid=q_valid, causal=causal,
+                         query_start=offset)
 
     @staticmethod
     def cross_attention(query: "Positions", memory_valid: Tensor | None, *, memory_length: int) -> "Positions":
         """Queries of the decoder against an encoder memory of ``memory_length`` positions."""
         k_pos = torch.arange(memory_length, device=query.q_pos.device)  # [j]
-        return Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid, query_valid=query.query_valid)
+        return Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid, query_valid=query.query_valid,
+                         query_start=query.query_start)
 
     def lengths(self) -> Tensor | None:
         """[b] number of valid keys per sentence (L_b), or None when nothing is padded."""

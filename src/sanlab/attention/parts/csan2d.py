@@ -79,7 +79,8 @@ class HeadArea(AttentionPart):
         pos = keys.positions
         # Every head block holds the same time steps: positions and padding are tiled n times.
         positions = replace(pos, k_pos=pos.k_pos.repeat(n),  # [n*j]
-                            key_valid=None if pos.key_valid is None else pos.key_valid.repeat(1, n))  # [b, n*j]
+                            key_valid=None if pos.key_valid is None else pos.key_valid.repeat(1, n),  # [b, n*j]
+                            query_start=None)  # key column j no longer sits at position j
         return KeySet(k=keys.k[:, k_src].reshape(b, h, n * j, d),  # [b, h, n, j, d] -> [b, h, n*j, d]
                       v=keys.v[:, v_src].reshape(b, h, n * j, d),  # [b, h, n, j, d] -> [b, h, n*j, d]
                       positions=positions,

@@ -37,7 +37,7 @@ def directional_mask(q_pos: Tensor, k_pos: Tensor, directions: Tensor) -> Tensor
 
 
 class DirectionalHeads(AttentionPart):
-    """Per-head forward/backward masks (mask stage only, so the fused SDPA plan still applies)."""
+    """Per-head forward/backward masks (mask stage only, so the fused SDPA and FlexAttention plans apply)."""
 
     causal_safe = False
 
@@ -48,6 +48,11 @@ class DirectionalHeads(AttentionPart):
 
     def mask(self, ctx: AttentionContext) -> Tensor:
         return directional_mask(ctx.q_pos, ctx.k_pos, self.directions)  # [1, h, i, j]
+
+    def flex_mask_mod(self, ctx: AttentionContext):
+        """The same per-head masks for the ``flex`` plan."""
+        q_pos, k_pos, directions = ctx.q_pos, ctx.k_pos, self.directions.to(ctx.q_pos.device)
+        return lambda b, h, q_idx, kv_idx: (k_pos[kv_idx] - q_pos[q_idx]) * directions[h] <= 0
 
     def extra_repr(self) -> str:
         return f"pairs={self.pairs}, heads={self.directions.numel()}"

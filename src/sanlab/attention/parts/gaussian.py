@@ -25,6 +25,10 @@ the 1/sqrt(D) scale). L(i) is the number of keys visible to query i under paddin
 the sentence length in the encoder, i+1 under a causal mask -- so every variant decodes
 incrementally from cached keys alone.
 
+The ``flex`` plan (``attention/flex.py``) runs the bias as a FlexAttention ``score_mod`` and Local_Hard's
+truncation as a ``mask_mod`` (``flex_score_mod``/``flex_mask_mod``, indexing c and w per (b, h, i));
+``luong_exact`` scales the normalised weights, which no fused kernel exposes, so it stays dense.
+
 Cross-attention (docs/variants.md): Neighbor is refused, like 1D/2D-CSAN -- its centre c = i is the
 query's own (target) position, which says nothing about source positions. Local_Hard and Local_Soft
 are allowed: their centre is predicted from the query and scaled by L = the source length, which is
@@ -106,6 +110,33 @@ class GaussianLocalness(AttentionPart):
         centre, width = self.geometry(ctx)
         return gaussian_bias(ctx.k_pos, centre, width)  # [b|1, local_heads, i, j]
 
+    def per_head(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+        """(centre, width) [b, h, i] over every head, for the ``flex`` plan's mods to index: the non-local heads
+        hold centre 0 and width 1, which the mods never use."""
+        def compute() -> tuple[Tensor, Tensor]:
+            centre, width = self.geometry(ctx)
+            b, i, _ = ctx.q_full.shape
+            first = self.heads - self.local_heads
+
+            def full(x: Tensor, fill: float) -> Tensor:
+                local = torch.broadcast_to(x, (b, self.local_heads, i, 1))[..., 0]  # [b, local, i]
+                return torch.cat([local.new_full((b, first, i), fill), local], dim=1)  # [b, h, i]
+
+            return full(centre, 0.0), full(width, 1.0)
+
+        return ctx.memo.once((self, "per_head"), compute)
+
+    def flex_score_mod(self, ctx: AttentionContext):
+        """``score`` as a FlexAttention score_mod: the same Gaussian bias on the local heads."""
+        centre, width = self.per_head(ctx)  # [b, h, i]
+        k_pos, first = ctx.k_pos.to(centre.dtype), self.heads - self.local_heads
+
+        def mod(score, b, h, q_idx, kv_idx):
+            bias = -2.0 * (k_pos[kv_idx] - centre[b, h, q_idx]).pow(2) / width[b, h, q_idx].pow(2)
+            return torch.where(h >= first, score + bias, score)
+
+        return mod
+
     def _on_local_heads(self, x: Tensor, fn) -> Tensor:
         first = self.heads - self.local_heads  # the non-local heads come first (reference code)
         return torch.cat([x[:, :first], fn(x[:, first:])], dim=1)  # [b, h, i, j]
@@ -171,6 +202,13 @@ class LocalHard(GaussianLocalness):
         plain = self.heads - self.local_heads
         everything = torch.ones_like(inside[:, :1]).expand(-1, plain, -1, -1)  # [b, h - local, i, j]
         return torch.cat([everything, inside], dim=1)  # [b, h, i, j]
+
+    def flex_mask_mod(self, ctx: AttentionContext):
+        """``mask`` (the truncation |j - c| <= D on the local heads) as a FlexAttention mask_mod."""
+        centre, _ = self.per_head(ctx)  # [b, h, i]
+        centre, k_pos = centre.detach(), ctx.k_pos.to(centre.dtype)
+        first, window = self.heads - self.local_heads, self.window
+        return lambda b, h, q_idx, kv_idx: (h < first) | ((k_pos[kv_idx] - centre[b, h, q_idx]).abs() <= window)
 
     def weights(self, weights: Tensor, ctx: AttentionContext) -> Tensor:
         factor = self.bias(ctx).exp()  # Luong's Eq. 10: scale the alignment, do not renormalise

@@ -11,7 +11,8 @@ A mask part: out-of-range and padding keys are excluded from the softmax (spec A
 released code does), so the window is truncated at the sentence ends. No parameters.
 Decoder use (spec A.7, not in the papers): ``causal_window: half`` keeps [i-m, i], ``full``
 keeps [i-2m, i] so a decoder query sees as many keys as an encoder query.
-The ``banded`` plan (``sanlab.attention.banded``) runs this part in O(I*M) through ``band_offsets``.
+The ``banded`` plan (``sanlab.attention.banded``) runs this part in O(I*M) through ``band_offsets``, the
+``flex`` plan (``sanlab.attention.flex``) through ``flex_mask_mod``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class WindowMask(AttentionPart):
     def mask(self, ctx: AttentionContext) -> Tensor:
         left, right = self.band_offsets(causal=ctx.causal)
         return masks.band(ctx.q_pos, ctx.k_pos, left=left, right=right)  # [1, 1, i, j]
+
+    def flex_mask_mod(self, ctx: AttentionContext):
+        """The same band for the ``flex`` plan."""
+        left, right = self.band_offsets(causal=ctx.causal)
+        return masks.band_mod(ctx.q_pos, ctx.k_pos, left=left, right=right)
 
     def extra_repr(self) -> str:
         return f"half_width={self.half_width}, causal_window={self.causal_window!r}"

@@ -1,0 +1,135 @@
+"""FlexAttention plan: masks and score biases of the parts inside one fused kernel (CUDA).
+
+``torch.nn.attention.flex_attention`` (torch >= 2.5) takes a ``mask_mod(b, h, q_idx, kv_idx) -> visible``,
+from which ``create_block_mask`` builds a block-sparse mask (blocks of 128 x 128 that no key of the window
+reaches are skipped: a window of M keys costs O(I * max(M, 128)), not O(I * J)), and a
+``score_mod(score, b, h, q_idx, kv_idx) -> score`` applied to each scaled score before the softmax. Neither
+the [b, h, i, j] mask nor the score matrix is ever formed.
+
+A part offers itself to this plan with optional methods that return such functions for one call:
+
+    flex_mask_mod(ctx)   the same visibility as its ``mask`` (1D-CSAN's window, Bi_Direct's per-head
+                         directions, Local_Hard's truncated window around a centre per (b, h, i))
+    flex_score_mod(ctx)  the same change as its ``score`` (the Gaussian biases of Neighbor/Local_Hard/Local_Soft)
+
+``supports`` asks the parts (no type checks): every mask part must offer a mask_mod, every score part a
+score_mod, and no part may extend keys or touch the weights or values (2D-CSAN mixes heads: banded; Rel_Pos,
+convolved attention and capsule routing read the weights: dense). FlexAttention has no attention dropout,
+so ``plans.choose`` never picks it when dropout is active. A row with no visible key is 0, as in ``dense``.
+
+On CUDA the kernel is ``torch.compile(flex_attention)``, compiled once per process (``_compiled``). Elsewhere
+(the CPU tests) it is torch's unfused reference of the same operator, which forms the score matrix and is
+slow: ``plans.choose`` takes this plan on the CPU only when a config asks for it (``plan: flex``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from sanlab.attention import masks
+from sanlab.attention.parts_base import AttentionContext, StageParts
+
+try:  # torch >= 2.5; without it the plan is not offered (``supports`` is False)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - the project's torch has it
+    create_block_mask = flex_attention = None
+
+AVAILABLE = flex_attention is not None
+# ``plans.choose`` takes this plan for ``auto`` on CUDA from this many keys on. A guess, not a measurement:
+# below two 128-key blocks a block mask skips nothing. GPU numbers must set it (bench/attention_window.py
+# --device cuda, the window plans at I = 512 .. 8192, and the GPU benchmarks of issue 24); none could be
+# measured where this plan was written (no GPU).
+MIN_KEYS = 256
+
+
+def supports(parts: StageParts) -> bool:
+    """True if FlexAttention computes these parts exactly: masks and score biases only, each offered as a mod.
+    Asked by ``plans.runnable`` only, so the plan choice stays in one place (``plans.choose``)."""
+    if not AVAILABLE or parts.extend or parts.weights or parts.values or not (parts.mask or parts.score):
+        return False
+    return (all(callable(getattr(p, "flex_mask_mod", None)) for p in parts.mask)
+            and all(callable(getattr(p, "flex_score_mod", None)) for p in parts.score))
+
+
+def _mask_mod(ctx: AttentionContext, parts: StageParts):
+    """AND of padding, causality and the parts' mask_mods; None when nothing is masked."""
+    pos = ctx.positions
+    mods = [masks.key_padding_mod(pos.key_valid) if pos.key_valid is not None else None,
+            masks.causal_mod(pos.q_pos, pos.k_pos) if pos.causal else None,
+            *(part.flex_mask_mod(ctx) for part in parts.mask)]
+    mods = [m for m in mods if m is not None]
+    if not mods:
+        return None
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            visible = visible & mod(b, h, q_idx, kv_idx)
+        return visible
+
+    return mask_mod
+
+
+def _score_mod(ctx: AttentionContext, parts: StageParts):
+    """The parts' score_mods applied in pipeline order; None when no part changes the scores."""
+    mods = [m for m in (part.flex_score_mod(ctx) for part in parts.score) if m is not None]
+    if not mods:
+        return None
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        for mod in mods:
+            score = mod(score, b, h, q_idx, kv_idx)
+        return score
+
+    return score_mod
+
+
+@functools.cache
+def _compiled():
+    """The fused kernel: ``flex_attention`` compiled once per process (torch recompiles on new shapes)."""
+    return torch.compile(flex_attention)
+
+
+def _reference(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask, scale: float) -> Tensor:
+    """torch's unfused reference of ``flex_attention`` (what the function runs uncompiled) with its backward.
+
+    The public function refuses a backward on the CPU; its reference operator (the higher-order op traced by
+    dynamo with the eager backend, which lifts the tensors the mods capture so that they get gradients) has one.
+    Private torch API, used by the CPU tests of this plan only; checked on torch 2.13.
+    """
+    from torch._dynamo.utils import disable_cache_limit
+    from torch._higher_order_ops.flex_attention import flex_attention as operator
+    from torch.nn.attention.flex_attention import _apply_kernel_options, _create_empty_block_mask
+
+    def call(*args):
+        return operator(*args)
+
+    options = _apply_kernel_options(q, k, v, False, None)
+    with disable_cache_limit():  # every call traces its own mods
+        run = torch.compile(call, backend="eager", fullgraph=True)
+        block_mask = block_mask if block_mask is not None else _create_empty_block_mask(q, k)
+        result = run(q, k, v, score_mod or _identity, block_mask.as_tuple(), scale, options)
+    return result[0]  # (out, logsumexp[, max]) depending on the torch version
+
+
+def _identity(score, b, h, q_idx, kv_idx):
+    return score
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: StageParts, scale: float,
+           dropout: float, training: bool) -> Tensor:
+    """Same contract as ``plans.dense``: q [b, h, i, d], k/v [b, h, j, d] -> [b, h, i, d]."""
+    if dropout and training:
+        raise ValueError("the flex plan has no attention dropout; plans.choose must not pick it here")
+    b, h, i, _ = q.shape
+    cuda = q.device.type == "cuda"
+    mask_mod, score_mod = _mask_mod(ctx, parts), _score_mod(ctx, parts)
+    # one block mask per call: padding and the data-dependent windows (Local_Hard) differ from batch to batch
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, h, i, k.shape[2], device=q.device,
+                                                                 _compile=cuda)
+    if cuda:
+        return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return _reference(q, k, v, score_mod, block_mask, scale)

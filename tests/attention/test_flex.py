@@ -1,0 +1,134 @@
+"""The flex plan: the masks and score biases that parts offer as FlexAttention mods equal the dense plan.
+
+On the CPU the plan runs torch's unfused reference of ``flex_attention`` (``flex._reference``), so these tests
+check the mods and their composition (padding, causality, per-head and data-dependent windows, Gaussian
+biases with gradients into their centres and widths), not the speed or the CUDA kernel (tests/gpu/).
+"""
+
+import pytest
+import torch
+
+from sanlab.attention import Attention, AttentionContext, Positions, flex, plans
+from sanlab.attention.plans import StageParts
+from sanlab.attention.registry import PARTS
+from sanlab.errors import ConfigError
+from sanlab.registry import BuildContext
+
+pytestmark = pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no FlexAttention (torch < 2.5)")
+
+DIM, HEADS, LENGTHS = 16, 4, (9, 6, 1)
+EXAMPLES = [(name, n, cfg) for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())]
+
+
+def _build(cfg, side: str, plan: str) -> Attention:
+    torch.manual_seed(0)
+    layer = cfg.layers[0] if cfg.layers else 0
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=layer, num_layers=layer + 2, side=side, max_len=64)
+    return Attention(dim=DIM, heads=HEADS, parts=[PARTS.build(cfg, ctx)], plan=plan).double()
+
+
+def _offers_flex(cfg) -> bool:
+    return "flex" in plans.runnable(_build(cfg, "encoder", "dense").stage_parts)
+
+
+FLEX_CASES = [pytest.param(cfg, id=f"{name}-{n}") for name, n, cfg in EXAMPLES if _offers_flex(cfg)]
+
+
+def test_the_parts_that_offer_flexattention():
+    offered = {(name, n) for name, n, cfg in EXAMPLES if _offers_flex(cfg)}
+    assert offered == {("window", 0), ("window", 1), ("bi_direct", 0), ("bi_direct", 1), ("neighbor", 0),
+                       ("neighbor", 1), ("local_hard", 0), ("local_hard", 2), ("local_soft", 0), ("local_soft", 1),
+                       ("local_soft", 2)}  # not: 2D-CSAN (extends keys), luong_exact, Rel_Pos, capsule, Dufter's
+
+
+def _valid(lengths=LENGTHS) -> torch.Tensor:
+    return torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]  # [b, j]
+
+
+def _run(attn: Attention, x: torch.Tensor, probe: torch.Tensor, **kw):
+    attn.zero_grad()
+    xi = x.clone().requires_grad_(True)
+    out = attn(xi, **kw).output
+    (out * probe).sum().backward()
+    return out, xi.grad, [p.grad.clone() for p in attn.parameters() if p.grad is not None]
+
+
+# the encoder and decoder sides are compared by the contracts (tests/attention/test_contracts.py, plan 'flex');
+# here: a batch with a one-token sentence, and cross-attention over a differently padded memory
+@pytest.mark.parametrize("side", ["encoder", "cross"])
+@pytest.mark.parametrize("cfg", FLEX_CASES)
+def test_flex_equals_dense_in_values_and_gradients(cfg, side):
+    try:
+        dense = _build(cfg, side, "dense")
+    except (ValueError, ConfigError) as err:  # no cross form (the contract tests check the refusal)
+        pytest.skip(str(err))
+    fast = _build(cfg, side, "flex")
+    fast.load_state_dict(dense.state_dict())
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(len(LENGTHS), max(LENGTHS), DIM, generator=g, dtype=torch.float64)
+    probe = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    valid = _valid()
+    positions = Positions.self_attention(valid, length=valid.shape[1])
+    kw = dict(positions=positions)
+    if side == "cross":  # a shorter, differently padded memory
+        memory = torch.randn(len(LENGTHS), 5, DIM, generator=g, dtype=torch.float64)
+        memory_valid = _valid((5, 2, 3))
+        kw = dict(positions=Positions.cross_attention(positions, memory_valid, memory_length=5), memory=memory)
+    out_d, dx_d, dp_d = _run(dense, x, probe, **kw)
+    out_f, dx_f, dp_f = _run(fast, x, probe, **kw)
+    torch.testing.assert_close(out_f, out_d)
+    torch.testing.assert_close(dx_f, dx_d)
+    assert len(dp_f) == len(dp_d)
+    for a, b in zip(dp_f, dp_d):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name, n", [("window", 1), ("local_soft", 0), ("local_hard", 2)])
+def test_cached_decoding_with_flex_equals_the_full_dense_forward(name, n):
+    cfg = PARTS.entry(name).config.examples()[n]
+    dense, fast = _build(cfg, "decoder", "dense").eval(), _build(cfg, "decoder", "flex").eval()
+    fast.load_state_dict(dense.state_dict())
+    x = torch.randn(2, 7, DIM, dtype=torch.float64)
+    valid = torch.tensor([[True] * 7, [True] * 5 + [False] * 2])
+    with torch.no_grad():
+        full = dense(x, positions=Positions.self_attention(valid, length=7, causal=True)).output
+        cache, steps, start = None, [], 0
+        for size in (3, 1, 2, 1):  # a prompt at positions 0..2, then steps whose queries sit after the cache
+            pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True)
+            result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
+            cache, start = result.cache, start + size
+            steps.append(result.output)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_rows_without_visible_keys_are_zero_with_finite_gradients():
+    part = PARTS.build(PARTS.entry("window").config.examples()[0],
+                       BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=1, side="encoder", max_len=64))
+    key_valid = torch.tensor([[True, True, False, False, False, False], [False] * 6])
+    q, k, v = (torch.randn(2, 2, 6, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    ctx = AttentionContext(positions=Positions.self_attention(key_valid, length=6), heads=2, head_dim=3, q=q, k=k)
+    out = flex.attend(q, k, v, ctx, parts=StageParts.sort([part]), scale=1.0, dropout=0.0, training=False)
+    assert torch.all(out[0, :, 3:] == 0) and torch.all(out[1] == 0)  # query 3 sees keys 2..4: padding only
+    assert torch.all(out[0, :, :3].abs().sum(-1) > 0)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_plan_flex_refuses_what_it_cannot_run():
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=1, side="encoder", max_len=64)
+    csan2d = PARTS.build(PARTS.entry("csan2d").config.examples()[0], ctx)
+    with pytest.raises(ValueError, match="plan 'flex' needs parts that offer FlexAttention.*got parts: HeadArea"):
+        Attention(dim=DIM, heads=HEADS, parts=[csan2d], plan="flex")
+    window = PARTS.build(PARTS.entry("window").config.examples()[0], ctx)
+    with pytest.raises(ValueError, match="plan 'flex' has no attention dropout"):
+        Attention(dim=DIM, heads=HEADS, parts=[window], plan="flex", dropout=0.1)
+    Attention(dim=DIM, heads=HEADS, plan="flex")  # nothing to mask: such layers run what 'auto' runs
+
+
+def test_without_flexattention_the_plan_is_not_offered(monkeypatch):
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=1, side="encoder", max_len=64)
+    window = PARTS.build(PARTS.entry("window").config.examples()[0], ctx)
+    monkeypatch.setattr(flex, "AVAILABLE", False)
+    assert "flex" not in plans.runnable(StageParts.sort([window]))
+    with pytest.raises(ValueError, match="needs torch.nn.attention.flex_attention"):
+        Attention(dim=DIM, heads=HEADS, parts=[window], plan="flex")
