@@ -41,15 +41,15 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
-    from sanlab.config import TranslationConfig, dump_config, load_config
+    from sanlab.config import dump_config, load_config
+    from sanlab.tasks.base import task_for
     from sanlab.tasks.translation_data import prepare, summary
 
     config = load_config(args.config, args.overrides)
     if args.print_config:
         print(dump_config(config), end="")
         return 0
-    if not isinstance(config, TranslationConfig):
-        raise ConfigError(f"{args.config}: sanlab prepare is for translation; a tagger reads its CoNLL-U files as they are")
+    task_for(config).require("prepare", args.config, what="config")  # (a tagger reads its CoNLL-U files as they are)
     print(summary(prepare(config, None, log=print, workers=args.workers)))
     return 0
 
@@ -70,15 +70,12 @@ def _cmd_translate(args) -> int:
     from sanlab.data.parallel import input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.runs import load_trained
+    from sanlab.tasks.base import task_for
     from sanlab.tasks.translation import translate
-
-    from sanlab.config import TranslationConfig
 
     check_output_file(args.output)  # before the model is loaded and the input decoded
     config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint, device=args.device)
-    if not isinstance(config, TranslationConfig):
-        raise ConfigError(f"{args.run} is a {config.task} run; `sanlab translate` needs a translation run "
-                          "(use `sanlab tag`)")
+    task_for(config).require("translate", args.run)
     if args.beam and args.beam > 0 and args.n_best is None and config.decode.n_best > args.beam:  # (< 1: updated())
         raise ConfigError(f"--beam {args.beam} cannot return the run's decode.n_best = {config.decode.n_best} "
                           f"hypotheses; pass --n-best (at most {args.beam})")
@@ -123,25 +120,18 @@ def _locked_run(run_dir: str):
 
 
 def _cmd_evaluate(args) -> int:
-    from sanlab.runs import evaluate_run
+    from sanlab.runs import evaluate_run, load_run_config
+    from sanlab.tasks.base import task_for
 
     overrides = {"beam": args.beam} if args.beam is not None else {}
     with _locked_run(args.run):
         results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
                                decode_overrides=overrides, device=args.device)
+    task = task_for(load_run_config(Path(args.run)))
     for name, r in results.items():
         print(f"== {name}")
-        print(r["formatted"] if "formatted" in r else _tagging_summary(r))
+        print(task.summary(r))
     return 0
-
-
-def _tagging_summary(r: dict) -> str:
-    pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-    # groups of docs/training.md ("Tagging accuracy"): OOV + ambiguous + one tag = all; OOV in vocabulary is part of OOV
-    return (f"accuracy all {pct(r['all'])}  OOV {pct(r['oov'])} (in vocabulary {pct(r['oov_in_vocab'])})  "
-            f"ambiguous {pct(r['ambiguous'])}  one training tag {pct(r['unambiguous'])}\n"
-            f"tokens {r['n_all']} = OOV {r['n_oov']} (in vocabulary {r['n_oov_in_vocab']}) + ambiguous "
-            f"{r['n_ambiguous']} + one training tag {r['n_unambiguous']}\n{r['report']}")
 
 
 def _cmd_average(args) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
@@ -19,7 +19,7 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
 from sanlab.layers.pre_blocks import PreBlockSpec
-from sanlab.registry import STRICT_SCHEMA
+from sanlab.registry import STRICT_SCHEMA, TaskRegistry
 
 PRESETS = Path(__file__).parent / "presets"
 
@@ -265,8 +265,18 @@ class DecodeConfig(Strict):
             raise ConfigError(f"invalid decode settings: {problems}") from None
 
 
-class TranslationConfig(Strict):
+class TaskConfig(Strict):
+    """Base of the config of a run: ``task`` is the name its task is registered under (``TASKS``), and
+    ``implementation`` the ``"module:Class"`` of its ``sanlab.tasks.Task``. Every task config has ``data`` and
+    ``train`` (a ``TrainConfig``); ``model`` and ``decode`` as the task needs."""
+
+    task: str
+    implementation: ClassVar[str]
+
+
+class TranslationConfig(TaskConfig):
     task: Literal["translation"]
+    implementation = "sanlab.tasks.translation_task:Translation"
     data: TranslationDataConfig
     model: Seq2SeqConfig = Seq2SeqConfig()
     train: TrainConfig = TrainConfig()
@@ -287,15 +297,27 @@ class TranslationConfig(Strict):
         return self
 
 
-class TaggingConfig(Strict):
+class TaggingConfig(TaskConfig):
     task: Literal["tagging"]
+    implementation = "sanlab.tasks.tagging_task:Tagging"
     data: TaggingDataConfig
     model: TaggerConfig = TaggerConfig()
     train: TaggerTrainConfig = TaggerTrainConfig()
 
 
-RunConfig = Annotated[Union[TranslationConfig, TaggingConfig], Field(discriminator="task")]
-_ADAPTER = TypeAdapter(RunConfig)
+# The tasks a config may name: sanlab's, and those of installed packages (entry point group ``sanlab.tasks``).
+TASKS = TaskRegistry("task", group="sanlab.tasks", builtin={"translation": "sanlab.config:TranslationConfig",
+                                                          "tagging": "sanlab.config:TaggingConfig"})
+_ADAPTERS: dict[tuple, TypeAdapter] = {}
+
+
+def _adapter() -> TypeAdapter:
+    """The schema of a run config: the config class of every registered task, told apart by ``task``."""
+    classes = tuple(TASKS.config_classes())
+    if classes not in _ADAPTERS:
+        union = Union[classes] if len(classes) > 1 else classes[0]
+        _ADAPTERS[classes] = TypeAdapter(Annotated[union, Field(discriminator="task")])
+    return _ADAPTERS[classes]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -425,16 +447,16 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
         node = node[part]
 
 
-def validate(raw: dict, *, source: str) -> TranslationConfig | TaggingConfig:
+def validate(raw: dict, *, source: str) -> TaskConfig:
     """Validate a raw dict; errors name each offending key and the source."""
     try:
         # strict, through JSON: a quoted "0.1" or "no" in YAML is a string, refused where a number or a bool
         # belongs (lax mode would convert it); JSON lists still fill tuples, numbers from --set stay typed
-        return _ADAPTER.validate_json(json.dumps(_migrated(raw, source=source), default=str), strict=True)
+        return _adapter().validate_json(json.dumps(_migrated(raw, source=source), default=str), strict=True)
     except ValidationError as err:
         lines = []
         for e in err.errors():
-            loc = ".".join(str(x) for x in e["loc"] if x not in ("translation", "tagging"))
+            loc = ".".join(str(x) for x in e["loc"] if x not in TASKS.references())
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
@@ -466,7 +488,7 @@ def _typed_text(value: object) -> bool:
         return False
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> TranslationConfig | TaggingConfig:
+def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
     raw = load_raw(path)
     for assignment in overrides:
         apply_override(raw, assignment)
@@ -478,4 +500,4 @@ def dump_config(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-Config = Union[TranslationConfig, TaggingConfig]
+Config = TaskConfig  # the config of a run, whatever its task

@@ -9,6 +9,9 @@ Entries are references ``"module:ConfigClass"``, found in two places, the same w
 * a researcher's package: the Python entry point group the registry names (``sanlab.parts``,
   ``sanlab.mixers``, ``sanlab.pre_blocks``), ``name = "module:ConfigClass"`` in its ``pyproject.toml``.
 
+Tasks are found the same way (``TaskRegistry``, the group ``sanlab.tasks``): a task name maps to the run's
+config class, which names the task's implementation (``implementation = "module:TaskClass"``, ``docs/tasks.md``).
+
 Nothing is imported before it is used: parsing a config imports the config classes it names, building
 a model imports their builders. So the schema (``sanlab.config``) validates without torch.
 ``docs/variants.md`` ("Adding a variant") shows a plug-in end to end.
@@ -118,13 +121,16 @@ class Registry:
 
     def register(self, config_cls: type[ComponentConfig]) -> type[ComponentConfig]:
         """Add a config class that is already imported (a test's own entry); usable as a class decorator."""
-        name = config_cls.model_fields["type"].default
+        name = self._name_of(config_cls)
         self._checked(config_cls, name)
         if name in self.references():
             raise ConfigError(f"{self.kind} {name!r} is registered twice")
         self._references[name] = f"{config_cls.__module__}:{config_cls.__qualname__}"
         self._entries[name] = Entry(config_cls)
         return config_cls
+
+    def _name_of(self, config_cls: type[BaseModel]) -> str:
+        return config_cls.model_fields["type"].default
 
     def names(self) -> list[str]:
         return sorted(self.references())
@@ -170,3 +176,34 @@ class Registry:
 
     def build(self, config: ComponentConfig, ctx: BuildContext, **kwargs):
         return self.entry(config.type).build(config, ctx, **kwargs)
+
+
+class TaskRegistry(Registry):
+    """Maps a config's ``task:`` name to its config class (torch-free), which names the task's implementation
+    (``implementation = "module:TaskClass"``, a ``sanlab.tasks.Task``). sanlab's ``builtin`` table (translation,
+    tagging: ``sanlab/config.py``) plus the entry point group ``sanlab.tasks`` of installed packages."""
+
+    def _name_of(self, config_cls: type[BaseModel]) -> str | None:
+        return task_name(config_cls)
+
+    def config_classes(self) -> list[type[BaseModel]]:
+        """Every registered task's config class, built-ins first (imports the plug-ins' torch-free configs)."""
+        return [self.entry(name).config for name in self.references()]
+
+    def _checked(self, config_cls: object, name: str) -> None:
+        where = f"{self.kind} {name!r} ({getattr(config_cls, '__qualname__', config_cls)})"
+        if not (isinstance(config_cls, type) and issubclass(config_cls, BaseModel) and "task" in config_cls.model_fields):
+            raise ConfigError(f"{where}: a task's config must be a pydantic model with a task field")
+        if task_name(config_cls) != name:
+            raise ConfigError(f"{where}: its task Literal {task_name(config_cls)!r} must be the name it is "
+                              "registered under")
+        if not isinstance(getattr(config_cls, "implementation", None), str):
+            raise ConfigError(f"{where}: declares no implementation = \"module:TaskClass\"")
+
+
+def task_name(config_cls: type[BaseModel]) -> str | None:
+    """The name in a task config's ``task: Literal["name"]``."""
+    import typing
+
+    args = typing.get_args(config_cls.model_fields["task"].annotation) if "task" in config_cls.model_fields else ()
+    return args[0] if len(args) == 1 else None

@@ -32,16 +32,6 @@ def fingerprint(path: str | os.PathLike[str]) -> dict | None:
             "mtime": datetime.fromtimestamp(mtime, timezone.utc).isoformat(timespec="seconds")}
 
 
-def training_files(config) -> list[str]:
-    """The files a run learns from or selects its checkpoints on (a Translation- or TaggingConfig):
-    training and validation data, and a tagger's test file when its vocabulary counts it. Test sets
-    are scored, not trained on, and are left out (``sanlab compare`` records their digests itself)."""
-    d = config.data
-    if config.task == "translation":
-        return [*(f for c in d.train_corpora for f in (c.src, c.tgt)), d.valid.src, d.valid.tgt]
-    return [d.train, d.dev] + ([d.test] if d.test and d.vocab_from_all_splits else [])
-
-
 def fingerprints(paths: list[str]) -> dict[str, dict]:
     """Fingerprints by path; files that are not there are left out (reading them is the error)."""
     found = {p: fingerprint(p) for p in dict.fromkeys(paths)}

@@ -88,12 +88,12 @@ def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callabl
 
 
 def _translation_config(run_dir: PathLike):
-    from sanlab.config import TranslationConfig
+    """The config of a run whose task writes hypotheses to analyse (``Task.supports("bleu-analysis")``)."""
     from sanlab.runs import load_run_config
+    from sanlab.tasks.base import task_for
 
     config = load_run_config(Path(run_dir))
-    if not isinstance(config, TranslationConfig):
-        raise ConfigError(f"{run_dir}: a {config.task} run; this analysis needs translation runs (BLEU)")
+    task_for(config).require("bleu-analysis", run_dir)
     return config
 
 
@@ -267,10 +267,17 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
 
 
 def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:
-    """bleu for translation; tagging: accuracy in validation records, all in ``eval-*.json``."""
-    if raw_config(run_dir).get("task") == "translation":
-        return "bleu"
-    return "accuracy" if score_from == "valid" else "all"
+    """The task's validation metric (bleu, accuracy) in validation records, its primary score (bleu, all) in
+    ``eval-*.json``."""
+    from sanlab.config import TASKS  # the raw config's task: the metrics file is read whatever the rest holds
+    from sanlab.tasks.base import task_named
+
+    name = raw_config(run_dir).get("task")
+    if name not in TASKS.references():
+        raise ConfigError(f"{RunLayout(run_dir).config}: task {name!r} is not a known task "
+                          f"({', '.join(TASKS.names())}); give --metric")
+    task = task_named(name)
+    return task.metric if score_from == "valid" else task.eval_metric
 
 
 def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: str | None,

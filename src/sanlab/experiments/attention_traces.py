@@ -1,103 +1,27 @@
 """Run a trained model on one sentence and return one layer's attention trace with token labels.
 
-Used by ``sanlab analyze attention``. The model is called exactly as in training / teacher
-forcing, with ``traces=[]``: every layer appends its mixer's trace (``scores``, ``weights`` and,
-after post-softmax parts, ``weights_final``, each [b, h, i, j]); see ``layers/transformer.py``.
-Labels are sentencepiece pieces (translation, with ``</s>`` / ``<s>``) or words (tagging).
+Used by ``sanlab analyze attention``. The task of the run traces its model (``Task.attention_trace``,
+``tasks/traces.py``): every layer appends its mixer's trace, see ``layers/transformer.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from sanlab.errors import ConfigError
-
-SIDES = ("encoder", "decoder", "cross")
-
-
-@dataclass(frozen=True)
-class LayerTrace:
-    trace: dict | None     # the layer's trace dict (None / {} for a mixer without attention)
-    queries: list[str]     # one label per query position (rows)
-    keys: list[str]        # one label per key token (columns; 2D-CSAN repeats them per head block)
-    target: str | None     # decoder sides: the target text that was forced
-
-
-def _pick(traces: list, layer: int, what: str):
-    if not 0 <= layer < len(traces):
-        raise ConfigError(f"layer {layer} does not exist: the {what} has {len(traces)} layers (0..{len(traces) - 1})")
-    return traces[layer]
-
-
-def _check_length(model, tokens: list[int], what: str) -> None:
-    if model.max_length is not None and len(tokens) > model.max_length:
-        raise ConfigError(f"{what} is {len(tokens)} subword tokens (with BOS/EOS), more than the model accepts "
-                          f"(model.max_positions = {model.max_length})")
-
-
-@torch.no_grad()
-def translation_trace(model, spm, config, *, sentence: str, side: str, layer: int, target: str | None) -> LayerTrace:
-    """Encoder self-attention, or decoder self/cross-attention with ``target`` teacher-forced
-    (default: the model's own translation with the run's decode settings)."""
-    from sanlab.evaluation.analysis import split_decoder_traces
-    from sanlab.tasks.translation import translate
-
-    src = spm.src.encode(sentence) + [spm.eos_id]
-    _check_length(model, src, "the sentence")
-    src_labels = [spm.src.id_to_piece(t) for t in src]
-    if side == "encoder":
-        traces: list = []
-        model.encode(torch.tensor([src]), traces=traces)
-        return LayerTrace(_pick(traces, layer, "encoder"), src_labels, src_labels, None)
-    if target is None:
-        target = translate(model, spm, [sentence], decode=config.decode)[0]
-    tgt = [spm.bos_id] + spm.tgt.encode(target)
-    _check_length(model, tgt, "the target")
-    tgt_labels = [spm.tgt.id_to_piece(t) for t in tgt]
-    memory, memory_valid = model.encode(torch.tensor([src]))
-    traces = []
-    model.decode(torch.tensor([tgt]), memory=memory, memory_valid=memory_valid, traces=traces)
-    has_cross = [decoder_layer.cross_attention is not None for decoder_layer in model.decoder.layers]
-    own, cross = _pick(split_decoder_traces(traces, has_cross=has_cross), layer, "decoder")
-    return LayerTrace(own, tgt_labels, tgt_labels, target) if side == "decoder" else \
-        LayerTrace(cross, tgt_labels, src_labels, target)
-
-
-@torch.no_grad()
-def tagging_trace(model, vocab, config, *, sentence: str, layer: int) -> LayerTrace:
-    """The tagger's encoder self-attention over the whitespace words of ``sentence``."""
-    from sanlab.data.conllu_io import TaggedSentence
-    from sanlab.tasks.tagging import PAD_WORD, encode_batch
-
-    words = sentence.split()
-    if not 0 < len(words) <= config.model.max_len:
-        raise ConfigError(f"the sentence has {len(words)} words; the tagger takes 1 to {config.model.max_len} "
-                          "(model.max_len) at once")
-    batch = encode_batch(vocab, [TaggedSentence(tuple(words), ("_",) * len(words))],
-                         max_chars=config.model.max_word_chars, pad_to=model.pad_to)
-    traces: list = []
-    model(batch.words, batch.chars, traces=traces)
-    # without the padding mask the chunk is padded to t and attends over it: the map shows that padding
-    labels = words + [PAD_WORD] * (batch.words.shape[1] - len(words))
-    return LayerTrace(_pick(traces, layer, "encoder"), labels, labels, None)
+from sanlab.tasks.traces import SIDES, LayerTrace, tagging_trace, translation_trace  # noqa: F401  (re-exported)
 
 
 def layer_trace(run_dir: Path, *, sentence: str, side: str = "encoder", layer: int = 0, target: str | None = None,
                 checkpoint: str = "best") -> LayerTrace:
     """Load the run's model and trace ``layer`` on ``side`` for ``sentence``."""
-    from sanlab.config import TranslationConfig
     from sanlab.runs import load_trained
+    from sanlab.tasks.base import task_for
 
     if side not in SIDES:
         raise ConfigError(f"unknown side {side!r}; choose one of {SIDES}")
     if not sentence.strip():
         raise ConfigError("the sentence to analyse is empty")
     config, model, assets = load_trained(run_dir, checkpoint=checkpoint)
-    if isinstance(config, TranslationConfig):
-        return translation_trace(model, assets, config, sentence=sentence, side=side, layer=layer, target=target)
-    if side != "encoder":
-        raise ConfigError(f"a tagging run has only an encoder; got side {side!r}")
-    return tagging_trace(model, assets, config, sentence=sentence, layer=layer)
+    return task_for(config).attention_trace(model, assets, config, sentence=sentence, side=side, layer=layer,
+                                            target=target)

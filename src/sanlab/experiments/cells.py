@@ -9,9 +9,7 @@ hypothesis file of ``runs.evaluate_run`` for translation, and ``tags-<checkpoint
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
+import functools
 import os
 import platform
 import time
@@ -21,26 +19,20 @@ from pathlib import Path
 
 import torch
 
-from sanlab.config import TaggingConfig, TranslationConfig
 from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import (
-    DONE_FILE, EVAL_FILE, FAILED_FILE, SYNTHETIC_SPLITS, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests,
-    eval_key, evidence_intact, file_digest, scores_digest, split_files,
+    DONE_FILE, EVAL_FILE, FAILED_FILE, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests, eval_key,
+    evidence_intact, file_digest, scores_digest, split_files, synthetic_task,
 )
-from sanlab.files import read_json, replacing, write_json
+from sanlab.files import read_json, write_json
 from sanlab.models.builders import count_parameters
 from sanlab.runs import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, average_run, evaluate_run, git_revision,
                          load_run_config, load_trained, run_lock, train_run)
-from sanlab.tasks.translation import read_hypotheses
+from sanlab.tasks.base import CellRun, task_for
+from sanlab.tasks.tagging_task import read_tagged  # noqa: F401  (re-exported)
 from sanlab.training.layout import RunLayout
 from sanlab.training.loop import read_metrics
 
-# Score names of each task: (column, key in the evaluation record); the first is the primary score.
-# Tagging's groups are those of evaluation.tagging; "OOV in voc." (OOV words the vocabulary nevertheless holds)
-# is a column only where some cell has such a word (OPTIONAL_METRICS).
-METRICS = {"translation": (("BLEU", "bleu"), ("chrF", "chrf")),
-           "tagging": (("All", "all"), ("OOV", "oov"), ("OOV in voc.", "oov_in_vocab"), ("Ambig.", "ambiguous"))}
-OPTIONAL_METRICS = ("oov_in_vocab",)
 
 
 def check_synthetic(grid: Grid) -> bool:
@@ -62,12 +54,10 @@ def prepare_synthetic(grid: Grid) -> None:
     spec = grid.spec.synthetic
     if spec is None or check_synthetic(grid):
         return
-    from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
-
     data = grid.runs_dir / "data"
     stamp, wanted = data / "synthetic.json", spec.model_dump()
-    write = write_tagging_corpus if spec.task == "tagging" else write_translation_corpus
-    write(data, seed=spec.seed, sizes={s: spec.sizes[s] for s in SYNTHETIC_SPLITS[spec.task]})
+    task = synthetic_task(spec, origin=grid.path)
+    task.write_synthetic(data, seed=spec.seed, sizes={s: spec.sizes[s] for s in task.synthetic_splits})
     write_json(stamp, wanted)
 
 
@@ -75,11 +65,7 @@ def prepare_synthetic(grid: Grid) -> None:
 def run_parameters(run_dir: Path) -> int:
     """Trainable parameters of a run's model (built from its vocabularies, weights not loaded)."""
     config = load_run_config(run_dir)
-    if isinstance(config, TranslationConfig):
-        from sanlab.tasks.translation import load_translation_model as load
-    else:
-        from sanlab.tasks.tagging import load_tagging_model as load
-    model, _ = load(config, run_dir)
+    model, _ = task_for(config).load_model(config, run_dir)
     return count_parameters(model)
 
 
@@ -139,19 +125,24 @@ def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     done = read_json(cell.layout.done)
     if spec.average_last:
         average_run(cell.run_dir, last=spec.average_last)
-    if isinstance(cell.config, TranslationConfig):
-        # the grid's decode settings, not the ones saved when the cell was trained
-        result = evaluate_run(cell.run_dir, checkpoint=spec.checkpoint, splits=[cell.split],
-                              decode_overrides=cell.config.decode.model_dump(),
-                              device=cell.config.train.device)[cell.split]  # decoded where it trained
-        scores = {"bleu": result["bleu"], "chrf": result["chrf"]}
-        evidence, signature = Path(result["hypotheses"]).name, result["bleu_signature"]
-        signatures = {"chrf_signature": result["chrf_signature"]}
-    else:
-        scores, evidence = evaluate_tagging_cell(cell, checkpoint=spec.checkpoint)
-        signature, signatures = None, {}
-    return _write_record(cell, spec, done=done, scores=scores, evidence=evidence,
-                         extra={"signature": signature, **signatures})
+    scores, evidence, extra = score_cell(cell, checkpoint=spec.checkpoint)
+    return _write_record(cell, spec, done=done, scores=scores, evidence=evidence, extra=extra)
+
+
+def score_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str, dict]:
+    """(scores, per-sentence evidence file, extra record keys) of the cell's split: its task scores it
+    (``Task.evaluate_cell``), on the device it trained on."""
+    device = cell.config.train.device
+    run = CellRun(cell.run_dir, cell.config, cell.split, checkpoint,
+                  evaluate=functools.partial(evaluate_run, cell.run_dir, checkpoint=checkpoint, device=device),
+                  load=functools.partial(load_trained, cell.run_dir, checkpoint=checkpoint, device=device))
+    return cell.kind.evaluate_cell(run)
+
+
+def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
+    """(scores, predictions file) of a tagging cell: ``score_cell`` as it was called before tasks scored cells."""
+    scores, evidence, _ = score_cell(cell, checkpoint=checkpoint)
+    return scores, evidence
 
 
 def _write_record(cell: Cell, spec: EvalSpec, *, done: dict, scores: dict, evidence: str, extra: dict) -> dict:
@@ -163,31 +154,6 @@ def _write_record(cell: Cell, spec: EvalSpec, *, done: dict, scores: dict, evide
     record["scores_sha256"] = scores_digest(record)
     write_json(cell.layout.compare_eval, record)
     return record
-
-
-def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
-    """Accuracy over all tokens and each word group on the split; writes words, gold and predicted tags per sentence.
-
-    Sentences longer than the model's t are tagged chunk by chunk and joined back, so the
-    bootstrap resamples whole sentences (as ``runs.tag_file`` tags them).
-    """
-    from sanlab.data.conllu_io import read_conllu
-    from sanlab.evaluation.tagging import tagging_accuracy
-    from sanlab.tasks.tagging import tag_sentences, training_word_tags
-
-    config, model, vocab = load_trained(cell.run_dir, checkpoint=checkpoint, device=cell.config.train.device)
-    assert isinstance(config, TaggingConfig)
-    d = config.data
-    sents = read_conllu(d.test if cell.split == "test" else d.dev, column=d.column)
-    pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
-    scores = tagging_accuracy(gold=[list(s.tags) for s in sents], pred=pred, words=[list(s.words) for s in sents],
-                              in_vocab=vocab.in_vocab, train_word_tags=training_word_tags(config))
-    path = cell.layout.tag_predictions(checkpoint, cell.split)
-    name = path.name
-    with replacing(path, compress=True) as f:  # the committed evidence is never half written
-        for s, p in zip(sents, pred):
-            f.write(json.dumps({"words": list(s.words), "gold": list(s.tags), "pred": p}, ensure_ascii=False) + "\n")
-    return scores.record(), name
 
 
 def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
@@ -206,8 +172,7 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
 
     run = cell.run_dir
     done, record = read_json(cell.layout.done), read_json(cell.layout.compare_eval)
-    if not isinstance(cell.config, TaggingConfig):
-        raise ConfigError(f"{run}: --rescore re-scores tagging predictions; this is a {cell.config.task} cell")
+    cell.kind.require("rescore", run, what="cell")
     if not done or not record:
         raise ConfigError(f"{run}: not evaluated yet ({DONE_FILE} or {EVAL_FILE} missing): nothing to re-score; "
                           "run the grid to train and score it")
@@ -244,20 +209,6 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
 
 def _same(a: float | None, b: float | None) -> bool:
     return a is None and b is None or (a is not None and b is not None and abs(a - b) < 1e-9)
-
-
-def read_tagged(path: Path) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
-    """Words, gold and predicted tags per sentence of a ``tags-*.jsonl.gz`` predictions file."""
-    words, gold, pred = [], [], []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-                w, g, p = row["words"], row["gold"], row["pred"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ConfigError(f"{path}, line {number}: not a tagged sentence ({err})") from None
-            words.append(w), gold.append(g), pred.append(p)
-    return words, gold, pred
 
 
 # ----------------------------------------------------------------------------- one cell, start to end
@@ -376,16 +327,11 @@ def last_speed(run_dir: Path) -> dict[str, float] | None:
     return {k: records[-1][k] for k in ("steps_per_s", "tokens_per_s")} if records else None
 
 
-def read_evidence(run_dir: Path, record: dict) -> tuple[list, str | None]:
+def read_evidence(run_dir: Path, record: dict, task) -> tuple[list, str | None]:
     """(per-sentence evidence, digest of what it was scored against). Translation: the hypotheses (the
     references are checked by the caller); tagging: per-token correctness, and a digest of the words
     and gold tags, so that two cells scored on different test files are never paired."""
-    path = Path(run_dir) / record["evidence"]
-    if path.suffix == ".txt":
-        return read_hypotheses(path), None
-    words, gold, pred = read_tagged(path)
-    digest = hashlib.sha256(json.dumps(list(zip(words, gold)), ensure_ascii=False).encode()).hexdigest()
-    return [[g == p for g, p in zip(gs, ps)] for gs, ps in zip(gold, pred)], digest
+    return task.read_evidence(Path(run_dir) / record["evidence"])
 
 
 def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
@@ -399,7 +345,7 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     if state.status != "evaluated":
         return result
     record = read_json(cell.layout.compare_eval)
-    evidence, scored_against = read_evidence(cell.run_dir, record)
+    evidence, scored_against = read_evidence(cell.run_dir, record, cell.kind)
     if scored_against is None:  # translation: the references it was scored against
         scored_against = reference_file(cell)
     return replace(result, scores=record["scores"], signature=record.get("signature"),
@@ -408,14 +354,9 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
 
 def reference_file(cell: Cell) -> str | None:
     """The target file of the cell's split (translation), which its hypotheses were scored against."""
-    return str(split_files(cell)[1]) if isinstance(cell.config, TranslationConfig) else None
+    return cell.kind.reference_file(cell.config, cell.split)
 
 
 def read_references(cell: Cell) -> list[str] | None:
-    """The reference translations of the cell's split (None for tagging)."""
-    if not isinstance(cell.config, TranslationConfig):
-        return None
-    from sanlab.data.parallel import read_parallel
-
-    src, tgt = split_files(cell)
-    return [t for _, t in read_parallel(src, tgt, keep_empty=True)]  # every line, as evaluation scores
+    """What the cell's split is scored against when its evidence does not hold it (translation: the references)."""
+    return cell.kind.references(cell.config, cell.split)

@@ -27,14 +27,12 @@ from datetime import datetime
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
 from sanlab.invocation import command_line
-from sanlab.evaluation.significance import (
-    SignificanceResult, paired_bootstrap_accuracy, paired_bootstrap_bleu, seed_bootstrap_accuracy, seed_bootstrap_bleu,
-    smallest_p_warning,
-)
-from sanlab.experiments.cells import (METRICS, OPTIONAL_METRICS, CellResult, check_synthetic, machine, read_failure,
-                                     read_references, read_result, rescore_tagging_cell)
+from sanlab.evaluation.significance import SignificanceResult, smallest_p_warning
+from sanlab.experiments.cells import (CellResult, check_synthetic, machine, read_failure, read_references, read_result,
+                                     rescore_tagging_cell)
 from sanlab.experiments.grid import Cell, CellState, EvalSpec, Grid, cell_state, load_grid
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
+from sanlab.tasks.base import Task, task_named
 from sanlab.experiments.tables import (
     PAPER_DELTA_FLOOR, SEEDS_FOR_A_MARK, Report, Row, SeedsTest, Section, Stat, SeedTest, render_markdown, write_report,
 )
@@ -56,15 +54,18 @@ def majority_mark(marks: Sequence[str]) -> tuple[str, int]:
     return "", 0
 
 
-def paired_test(task: str, baseline: list, system: list, *, references: list[str] | None,
+def _task(task: Task | str) -> Task:
+    return task_named(task) if isinstance(task, str) else task
+
+
+def paired_test(task: Task | str, baseline: list, system: list, *, references: list[str] | None,
                 spec: EvalSpec) -> SignificanceResult:
-    if task == "translation":
-        return paired_bootstrap_bleu(baseline, system, references, n_samples=spec.bootstrap_samples,
-                                     seed=spec.bootstrap_seed)
-    return paired_bootstrap_accuracy(baseline, system, n_samples=spec.bootstrap_samples, seed=spec.bootstrap_seed)
+    """The task's significance test (``Task.paired_test``) of ``system`` against ``baseline``."""
+    return _task(task).paired_test(baseline, system, references, n_samples=spec.bootstrap_samples,
+                                   seed=spec.bootstrap_seed)
 
 
-def seeds_test(task: str, baseline: dict[int, CellResult], system: dict[int, CellResult], *,
+def seeds_test(task: Task | str, baseline: dict[int, CellResult], system: dict[int, CellResult], *,
                references: list[str] | None, spec: EvalSpec) -> SeedsTest | None:
     """``significance.seed_bootstrap_*`` over every evaluated seed of both rows; None with fewer than
     two seeds on either side (one run shows no seed variation), and no mark (the p only) with fewer than
@@ -73,12 +74,8 @@ def seeds_test(task: str, baseline: dict[int, CellResult], system: dict[int, Cel
         return None
     base_runs = [baseline[s].evidence for s in sorted(baseline)]
     sys_runs = [system[s].evidence for s in sorted(system)]
-    if task == "translation":
-        result = seed_bootstrap_bleu(base_runs, sys_runs, references, n_samples=spec.bootstrap_samples,
-                                     seed=spec.bootstrap_seed)
-    else:
-        result = seed_bootstrap_accuracy(base_runs, sys_runs, n_samples=spec.bootstrap_samples,
-                                         seed=spec.bootstrap_seed)
+    result = _task(task).seeds_test(base_runs, sys_runs, references, n_samples=spec.bootstrap_samples,
+                                    seed=spec.bootstrap_seed)
     enough = min(len(baseline), len(system)) >= SEEDS_FOR_A_MARK
     return SeedsTest(seeds=tuple(sorted(system)), baseline_seeds=tuple(sorted(baseline)), delta=result.delta,
                      p_value=result.p_value, mark=result.mark if enough else "")
@@ -98,10 +95,10 @@ def _tests(grid: Grid, *, dataset: str | None, variant: str, evaluated: dict[int
     tests = []
     try:
         for seed in sorted(set(evaluated) & set(base_evaluated)):
-            result = paired_test(grid.task, base_evaluated[seed].evidence, evaluated[seed].evidence,
+            result = paired_test(grid.kind, base_evaluated[seed].evidence, evaluated[seed].evidence,
                                  references=references, spec=grid.spec.eval)
             tests.append(SeedTest(seed=seed, delta=result.delta, p_value=result.p_value, mark=result.mark))
-        seeds_result = seeds_test(grid.task, base_evaluated, evaluated, references=references, spec=grid.spec.eval)
+        seeds_result = seeds_test(grid.kind, base_evaluated, evaluated, references=references, spec=grid.spec.eval)
     except ValueError as err:  # outputs of different test sets cannot be paired
         raise ConfigError(f"cannot pair {variant!r} with {where}: {err}") from None
     return tests, seeds_result
@@ -117,7 +114,7 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     """One table row from the variant's cell results (seed -> result); ``baseline`` None for the baseline.
     ``failed``: seed -> error of cells that failed and are not evaluated. A row that cannot be paired with
     the baseline keeps its scores, gets no test, and says why in ``problem``."""
-    metrics = METRICS[grid.task]
+    metrics = grid.kind.metrics
     evaluated = {s: r for s, r in results.items() if r.scores}
     scores = {col: _stat(r.scores.get(key) for r in evaluated.values()) for col, key in metrics}
     params = next((r.params for r in results.values() if r.params is not None), None)
@@ -183,35 +180,13 @@ def build_section(grid: Grid, *, dataset: str | None, results: dict[tuple[str, i
                               | {f"chrF2|{r.chrf_signature}" for r in results.values() if r.chrf_signature}))
     columns = tuple(dict.fromkeys(k for r in rows for k in r.paper))
     # an optional column (OOV in voc.) only where some cell has a value: a vocabulary counted on train only has none
-    metrics = tuple(col for col, key in METRICS[grid.task]
-                    if key not in OPTIONAL_METRICS or any(r.scores.get(key) is not None for r in results.values()))
+    metrics = tuple(col for col, key in grid.kind.metrics
+                    if key not in grid.kind.optional_metrics or any(r.scores.get(key) is not None for r in results.values()))
     split = next((c.split for c in grid.cells if c.dataset == dataset), None)
     return Section(dataset=dataset, metrics=metrics, rows=tuple(rows),
                    done=done, total=planned, signatures=signatures, paper_columns=columns,
                    failures=tuple(f"{v} / seed {s}: {e}" for (v, s), e in sorted(failures.items())),
-                   word_groups=word_group_sizes(results, split=split) if grid.task == "tagging" else None)
-
-
-GROUP_COUNTS = ("n_all", "n_oov", "n_oov_in_vocab", "n_ambiguous", "n_unambiguous")
-
-
-def word_group_sizes(results: dict[tuple[str, int], CellResult], *, split: str | None) -> str | None:
-    """The sentence under a tagging table saying how the split's tokens fall into the word groups, so a
-    reader can decompose All (OOV + Ambig. + one training tag = All). None before any cell is scored."""
-    counts = sorted({tuple(r.scores.get(k) for k in GROUP_COUNTS) for r in results.values() if r.scores})
-    if not counts:
-        return None
-    if len(counts) > 1 or None in counts[0]:  # other vocabularies per row, or records of the old definitions
-        return f"Word groups ({split} tokens): the cells count them differently: {counts}."
-
-    def share(k: int) -> str:
-        return f"{k:,} ({100 * k / n:.1f}%)" if n else f"{k:,}"
-
-    n, oov, in_vocab, ambiguous, one = counts[0]
-    text = (f"Word groups ({split} tokens): all {n:,} = OOV {share(oov)} + ambiguous {share(ambiguous)} + one "
-            f"training tag {share(one)}")
-    return text + (f"; of the OOV tokens, {share(in_vocab)} are in the vocabulary." if in_vocab else
-                   "; no OOV token is in the vocabulary.")
+                   word_groups=grid.kind.table_notes(results, split=split))
 
 
 def collect(grid: Grid, dataset: str | None) -> tuple[dict[tuple[str, int], CellResult], list[str] | None]:
@@ -299,8 +274,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
                                       failures=failures(grid, dataset)))
         machines |= {r.machine for r in results.values() if r.machine}
     ev = grid.spec.eval
-    test = "sacreBLEU paired bootstrap (paired-bs)" if grid.task == "translation" else \
-        "paired bootstrap over sentences of All accuracy"
+    test = grid.kind.significance_test
     legend = (
         "Scores: mean ± sample sd (n − 1) over the seeds done; Δ: difference of the unrounded means to the "
         "baseline row (so it may differ by 0.01 from the difference of the printed means).",
@@ -324,7 +298,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
            f"seeds test with {SEEDS_FOR_A_MARK}+ seeds a side, else sig.): same / opposite; n.s. when ours is not; "
            f"paper ≈ 0 when the paper's Δ is below {PAPER_DELTA_FLOOR} (no sign to agree with). A direction, not "
            "a reproduction of the size.",) if any(s.paper_delta_column for s in sections) else ()),
-        *((TAGGING_COLUMNS,) if grid.task == "tagging" else ()),
+        *grid.kind.legend,
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
         "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "
         "the same jobs x threads on the same machine." + _speed_legend(sections),
@@ -335,13 +309,6 @@ def build_report(grid: Grid, *, command: str) -> Report:
                   reference=grid.spec.reference, notes=tuple(grid.notes()), legend=legend)
 
 
-TAGGING_COLUMNS = (
-    "Tagging columns (docs/training.md, \"Tagging accuracy\"): All, token accuracy over every word of the split; "
-    "OOV, over words that do not occur in the training sentences (whatever the vocabulary holds); Ambig., over "
-    "words seen in training with more than one tag. OOV, Ambig. and the rest (words seen with one training tag) "
-    "partition All, so All is their token-weighted mean (group sizes under each table). OOV in voc. (only where "
-    "the vocabulary is counted on dev/test too, data.vocab_from_all_splits): the OOV words that nevertheless "
-    "have a vocabulary row, one that no training sentence trained; a subset of OOV.")
 
 
 def _speed_legend(sections: Sequence[Section]) -> str:
@@ -371,8 +338,7 @@ def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], Non
     (``cells.rescore_tagging_cell``); trains and runs no model. Returns the errors, one per failed cell."""
     from sanlab.runs import run_lock
 
-    if grid.task != "tagging":
-        raise ConfigError(f"{grid.path}: --rescore re-scores tagging predictions; this is a {grid.task} grid")
+    grid.kind.require("rescore", grid.path, what="grid")
     errors = []
     for cell in cells:
         if not cell.layout.compare_eval.exists():
@@ -385,7 +351,7 @@ def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], Non
             errors.append(f"{cell.label}: {err}")
             log(f"{cell.label}: NOT re-scored: {err}")
             continue
-        changes = [f"{col} {_group_score(old, key)} -> {_group_score(new, key)}" for col, key in METRICS["tagging"]
+        changes = [f"{col} {_group_score(old, key)} -> {_group_score(new, key)}" for col, key in grid.kind.metrics
                    if _group_score(old, key) != _group_score(new, key)]
         log(f"{cell.label}: re-scored: " + ("; ".join(changes) if changes else "unchanged"))
     return errors

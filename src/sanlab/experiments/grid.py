@@ -33,11 +33,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sanlab.config import (
-    Config, TranslationConfig, apply_override, load_raw, read_yaml_mapping, set_key, validate,
+    TASKS, Config, apply_override, load_raw, read_yaml_mapping, set_key, validate,
 )
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
 from sanlab.runs import RESUMABLE_KEYS, config_differences, shorter_budget
+from sanlab.tasks.base import Task, task_for, task_named
 from sanlab.training.checkpoint import META, latest_checkpoint
 from sanlab.training.layout import RunLayout
 
@@ -47,10 +48,6 @@ EVAL_FILE = RunLayout.compare_eval.name  # written when the cell was evaluated t
 FAILED_FILE = RunLayout.failed.name      # the last error of a cell that failed; removed when it is evaluated
 # Keys that do not change what was trained: a finished cell stays finished when only these change.
 NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
-# The word groups of tagging accuracy (OOV, ambiguous, ... from the training data: evaluation.tagging), part of
-# a tagging cell's evaluation key: a cell scored with the older definitions (OOV = outside the model's vocabulary)
-# is scored again; ``sanlab compare GRID --rescore`` does it from its predictions file, without the model.
-TAGGING_GROUPS = "training-data groups (2026-11-25)"
 
 
 class _Strict(BaseModel):
@@ -84,7 +81,7 @@ class EvalSpec(_Strict):
 class SyntheticSpec(_Strict):
     """Generate a synthetic corpus into ``<runs_dir>/data`` and point every cell at it."""
 
-    task: Literal["translation", "tagging"]
+    task: str                                   # a registered task (sanlab.config.TASKS)
     seed: int = 1
     sizes: dict[str, int]
 
@@ -119,6 +116,11 @@ class Cell:
     split: str
 
     @property
+    def kind(self) -> Task:
+        """The cell's task (``tasks.base.Task``)."""
+        return task_for(self.config)
+
+    @property
     def layout(self) -> RunLayout:
         return RunLayout(self.run_dir)
 
@@ -143,6 +145,11 @@ class Grid:
     @property
     def task(self) -> str:
         return self.cells[0].config.task
+
+    @property
+    def kind(self) -> Task:
+        """The grid's task (``tasks.base.Task``): its metrics, significance test and evidence."""
+        return self.cells[0].kind
 
     @property
     def baseline(self) -> str:
@@ -258,27 +265,19 @@ def _apply(raw: dict, overrides: Overrides, *, origin: str) -> None:
             raise ConfigError(f"{origin}: {err}") from None
 
 
-def _synthetic_paths(spec: SyntheticSpec, data_dir: Path) -> dict:
-    if spec.task == "tagging":
-        return {"data": {s: str(data_dir / f"{s}.conllu") for s in ("train", "dev", "test")}}
-    files = {s: {"src": str(data_dir / f"{s}.src"), "tgt": str(data_dir / f"{s}.tgt")} for s in ("train", "valid", "test")}
-    return {"data": {"train": files["train"], "valid": files["valid"], "test": {"test": files["test"]}}}
-
-
-SYNTHETIC_SPLITS = {"tagging": ("train", "dev", "test"), "translation": ("train", "valid", "test")}
+def synthetic_task(spec: SyntheticSpec, *, origin: Path) -> Task:
+    """The task whose synthetic corpus a grid asks for (``synthetic.task``)."""
+    if spec.task not in TASKS.references():
+        raise ConfigError(f"{origin}: synthetic.task {spec.task!r} is not a task; known: {', '.join(TASKS.names())}")
+    return task_named(spec.task)
 
 
 def default_split(config: Config) -> str:
-    if isinstance(config, TranslationConfig):
-        return next(iter(config.data.test), "valid")
-    return "test" if config.data.test else "dev"
+    return task_for(config).default_split(config)
 
 
 def _check_split(config: Config, split: str, *, origin: str) -> None:
-    if isinstance(config, TranslationConfig):
-        known = ["valid", *config.data.test]
-    else:
-        known = ["dev", *(["test"] if config.data.test else [])]
+    known = task_for(config).splits(config)
     if split not in known:
         raise ConfigError(f"{origin}: eval split {split!r} is not in this run's data; it has: {', '.join(known)}")
 
@@ -301,7 +300,8 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
         runs_dir = runs_dir or Path("runs") / "compare" / f"{path.stem}-{datasets_from.stem}"
     _check_spec(spec, path, datasets_from=datasets_from)
     if spec.synthetic is not None:
-        missing = [s for s in SYNTHETIC_SPLITS[spec.synthetic.task] if s not in spec.synthetic.sizes]
+        missing = [s for s in synthetic_task(spec.synthetic, origin=path).synthetic_splits
+                   if s not in spec.synthetic.sizes]
         if missing:
             raise ConfigError(f"{path}: synthetic.sizes needs the splits {missing}")
     root = Path(runs_dir or spec.runs_dir or Path("runs") / "compare" / path.stem)
@@ -326,7 +326,7 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     if spec.synthetic is not None:  # replaces the recipe's data files, test sets included (not merged into them)
         if isinstance(raw.get("data"), dict):
             raw["data"].pop("test", None)
-        _apply(raw, _synthetic_paths(spec.synthetic, root / "data"), origin=origin)
+        _apply(raw, synthetic_task(spec.synthetic, origin=path).synthetic_data(root / "data"), origin=origin)
     own = f"{datasets_from}: dataset {dataset.name!r}" if datasets_from is not None and dataset else None
     if own and not _sets_data(dataset.overrides):
         raise ConfigError(f"{own}: its overrides set no data.* key, so it would train and test on the recipe's "
@@ -356,21 +356,9 @@ def _sets_data(overrides: Overrides) -> bool:
     return any(k.strip() == "data" or k.strip().startswith("data.") for k in keys)
 
 
-def _data_files(config: Config) -> list[tuple[str, str]]:
-    """(key, path) of every data file a config reads."""
-    d = config.data
-    if isinstance(config, TranslationConfig):  # data.train: one pair, or weighted corpora (train_corpora)
-        corpora = d.train_corpora
-        train = [("train", c) for c in corpora] if len(corpora) == 1 else [(f"train[{k}]", c) for k, c in
-                                                                            enumerate(corpora)]
-        pairs = [*train, ("valid", d.valid), *((f"test.{k}", v) for k, v in d.test.items())]
-        return [(f"data.{name}.{side}", getattr(pair, side)) for name, pair in pairs for side in ("src", "tgt")]
-    return [(f"data.{k}", getattr(d, k)) for k in ("train", "dev", "test") if getattr(d, k)]
-
-
 def _check_data_files(config: Config, *, origin: str) -> None:
     """A ``--datasets`` entry's data files exist (a typo would otherwise surface when its cell trains)."""
-    for key, name in _data_files(config):
+    for key, name in task_for(config).data_files(config):
         if not Path(name).is_file():
             raise ConfigError(f"{origin}: {key} {name}: no such file (data paths are relative to the working "
                               f"directory, {Path.cwd()})")
@@ -410,11 +398,7 @@ def file_digest(path: Path) -> str:
 
 def split_files(cell: Cell) -> list[Path]:
     """The data files the cell is scored on: source and reference (translation) or the CoNLL-U file."""
-    d = cell.config.data
-    if isinstance(cell.config, TranslationConfig):
-        pair = d.valid if cell.split == "valid" else d.test[cell.split]
-        return [Path(pair.src), Path(pair.tgt)]
-    return [Path(d.test if cell.split == "test" else d.dev)]
+    return cell.kind.split_files(cell.config, cell.split)
 
 
 @functools.lru_cache(maxsize=256)
@@ -459,12 +443,8 @@ def config_dict(config: Config) -> dict:
 
 def eval_key(cell: Cell, spec: EvalSpec) -> dict:
     """What an evaluation depends on besides the weights; a different key means evaluate again."""
-    key = {"checkpoint": spec.checkpoint, "average_last": spec.average_last, "split": cell.split}
-    if isinstance(cell.config, TranslationConfig):
-        key["decode"] = cell.config.decode.model_dump(mode="json")
-    else:
-        key["word_groups"] = TAGGING_GROUPS
-    return key
+    return {"checkpoint": spec.checkpoint, "average_last": spec.average_last, "split": cell.split,
+            **cell.kind.eval_key(cell.config)}
 
 
 def _stale_groups(record: dict | None, key: dict) -> bool:

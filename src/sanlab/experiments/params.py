@@ -129,9 +129,10 @@ def recipe_rows(path: str, overrides: list[str] = ()) -> list[tuple[str, int, st
     """(name, parameters, the paper's) of a translation recipe, or of every variant of a comparison grid."""
     from pathlib import Path
 
-    from sanlab.config import TranslationConfig, load_config, read_yaml_mapping
+    from sanlab.config import load_config, read_yaml_mapping
     from sanlab.errors import ConfigError
     from sanlab.experiments.grid import load_grid
+    from sanlab.tasks.base import task_for
 
     if "variants" in read_yaml_mapping(Path(path)):
         grid = load_grid(path, overrides=list(overrides))
@@ -140,7 +141,7 @@ def recipe_rows(path: str, overrides: list[str] = ()) -> list[tuple[str, int, st
                                                   .get("params", ""))) for v in grid.spec.variants]
     else:
         rows = [(Path(path).stem, load_config(path, overrides), PAPER_PARAMS.get(Path(path).stem, ""))]
-    if not all(isinstance(config, TranslationConfig) for _, config, _ in rows):
+    if not all(task_for(config).supports("params") for _, config, _ in rows):
         raise ConfigError(f"{path}: sanlab params CONFIG counts translation recipes (a tagger's size depends on "
                           "the words of its data); sanlab params alone prints the variants at Base size")
     return [(name, translation_params(config), paper) for name, config, paper in rows]

@@ -8,13 +8,14 @@ from pathlib import Path
 import yaml
 
 from sanlab.config import Config, dump_config, read_yaml_mapping, validate
-from sanlab.data.fingerprint import changes, fingerprints, training_files
+from sanlab.data.fingerprint import changes, fingerprints
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
 from sanlab.training import rundir
 from sanlab.training.checkpoint import META, CheckpointManager, latest_checkpoint
 from sanlab.training.layout import RunLayout
 from sanlab.runs.provenance import provenance
+from sanlab.tasks.base import task_for
 
 
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
@@ -83,7 +84,7 @@ def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -
     records the data it starts or resumes on."""
     path = RunLayout(run_dir).meta
     meta = read_json(path) or provenance(config)
-    recorded, current = meta.get("data_fingerprint") or {}, fingerprints(training_files(config))
+    recorded, current = meta.get("data_fingerprint") or {}, fingerprints(task_for(config).training_files(config))
     found = changes(recorded, current)
     if found and not allow_changed:
         first = next(iter(found))

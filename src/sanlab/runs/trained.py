@@ -6,13 +6,14 @@ import contextlib
 from pathlib import Path
 
 
-from sanlab.config import Config, TaggingConfig, TranslationConfig
+from sanlab.config import Config
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json
 from sanlab.training.checkpoint import META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights
 from sanlab.training.layout import RunLayout
 from sanlab.runs.build import task_class
 from sanlab.runs.resume import load_run_config
+from sanlab.tasks.base import task_for
 
 
 def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
@@ -52,11 +53,7 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"
     config = load_run_config(run_dir)
     with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
         select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
-    if isinstance(config, TranslationConfig):
-        from sanlab.tasks.translation import load_translation_model as load
-    else:
-        from sanlab.tasks.tagging import load_tagging_model as load
-    model, assets = load(config, run_dir)
+    model, assets = task_for(config).load_model(config, run_dir)
     for attempt in range(3):
         try:
             path = select_checkpoint(run_dir, checkpoint, config)
@@ -81,20 +78,8 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     """
     config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
     scored = scored_checkpoint(run_dir, checkpoint, config)
-    if isinstance(config, TranslationConfig):
-        from sanlab.tasks.translation import evaluate_translation
-
-        # one hypothesis per sentence is scored, so a run's n_best (for `translate`) must not limit --beam
-        decode = config.decode.updated(**{"n_best": 1, **(decode_overrides or {})})
-        results = evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
-                                       tag=checkpoint)
-    else:
-        from sanlab.tasks.tagging import evaluate_tagging_splits
-
-        if decode_overrides:
-            raise ConfigError(f"{run_dir} is a tagging run: decode settings ({', '.join(decode_overrides)}) do not "
-                              "apply")
-        results = evaluate_tagging_splits(model, assets, config, splits=splits)
+    results = task_for(config).evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint,
+                                        splits=splits, decode_overrides=decode_overrides)
     results = {name: {**record, **scored} for name, record in results.items()}
     layout = RunLayout(run_dir)
     out = layout.eval_record(checkpoint)
@@ -160,8 +145,7 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
 
     check_output_file(output_path)
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint, device=device)
-    if not isinstance(config, TaggingConfig):
-        raise ConfigError(f"{run_dir} is a {config.task} run; `sanlab tag` needs a tagging run (use `sanlab translate`)")
+    task_for(config).require("tag", run_dir)
     if input_path and not Path(input_path).is_file():
         raise DataError("input file not found", path=input_path)
     if input_path and ".conllu" in Path(input_path).name:

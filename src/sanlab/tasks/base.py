@@ -1,0 +1,178 @@
+"""The ``Task`` interface: everything the run, evaluation and comparison machinery asks of a kind of task.
+
+A task is registered by the name in its config's ``task:`` (``sanlab.config.TASKS``: sanlab's translation and
+tagging, and the entry point group ``sanlab.tasks`` of installed packages); its config class names its
+implementation, a ``Task`` subclass. ``task_for(config)`` gives the task of a config. Nothing outside a
+task's own module asks which task a config is: ``runs/``, ``experiments/`` and the CLI call these methods.
+``docs/tasks.md`` ("Adding a task") walks through a third task.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from sanlab.errors import ConfigError
+from sanlab.registry import load_reference
+
+
+class Task:
+    """One kind of task. Subclasses set the class attributes and implement the methods that raise here."""
+
+    name: ClassVar[str]
+    metric: ClassVar[str]                  # the validation metric that picks the best checkpoint
+    higher_is_better: ClassVar[bool] = True
+    eval_metric: ClassVar[str]             # the primary score of an evaluation record (``eval-*.json``)
+    # comparison tables: (column, key in the evaluation record) of each score, the first the primary one;
+    # optional ones are columns only where some cell has a value
+    metrics: ClassVar[tuple[tuple[str, str], ...]]
+    optional_metrics: ClassVar[tuple[str, ...]] = ()
+    significance_test: ClassVar[str] = "paired bootstrap over sentences"  # named in the table's legend
+    legend: ClassVar[tuple[str, ...]] = ()  # the task's own lines in a table's legend
+    # what the task can do beyond train / evaluate / average / compare: ``translate``, ``tag``, ``prepare``,
+    # ``bleu-analysis`` (the analyses of hypotheses), ``params``; ``own_command`` applies a run to new input
+    commands: ClassVar[frozenset[str]] = frozenset()
+    own_command: ClassVar[str | None] = None
+    synthetic_splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
+    decodes: ClassVar[bool] = False        # whether ``decode.*`` settings apply to its evaluation
+
+    def supports(self, command: str) -> bool:
+        return command in self.commands
+
+    def require(self, command: str, where: object, *, what: str = "run") -> None:
+        """An error unless the task has ``command`` (``sanlab translate`` on a tagging run), naming the tasks
+        that have it."""
+        if self.supports(command):
+            return
+        from sanlab.config import TASKS
+
+        able = " or ".join(n for n in TASKS.references() if task_named(n).supports(command)) or "another"
+        use = f" (use `sanlab {self.own_command}`)" if self.own_command else ""
+        raise ConfigError(f"{where} is a {self.name} {what}; `sanlab {command}` needs a {able} {what}{use}")
+
+    # ----------------------------------------------------------------- training
+    def trainer(self, config, run_dir: Path, log):
+        """The training side (``training.loop.TrainTask``): data, model, loss, validation."""
+        raise NotImplementedError
+
+    def check_buildable(self, config) -> None:
+        """Build the model on the meta device: a ValueError for an impossible combination of settings."""
+
+    def training_files(self, config) -> list[str]:
+        """The files a run learns from or selects its checkpoints on (fingerprinted, ``runs.resume``)."""
+        raise NotImplementedError
+
+    def data_files(self, config) -> list[tuple[str, str]]:
+        """(key, path) of every data file a config reads."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- trained runs
+    def load_model(self, config, run_dir: Path) -> tuple[Any, Any]:
+        """(model with untrained weights, assets such as vocabularies) of a run, without reading a corpus."""
+        raise NotImplementedError
+
+    def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
+                 decode_overrides: dict | None) -> dict:
+        """Scores of each held-out split (``sanlab evaluate``), writing what it scored into the run."""
+        raise NotImplementedError
+
+    def summary(self, record: dict) -> str:
+        """What ``sanlab evaluate`` prints of a split's record (default: its numbers)."""
+        return "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step")
+
+    def splits(self, config) -> list[str]:
+        """The held-out splits a run can be scored on; the first test split is ``default_split``."""
+        raise NotImplementedError
+
+    def default_split(self, config) -> str:
+        raise NotImplementedError
+
+    def split_files(self, config, split: str) -> list[Path]:
+        """The data files a split is scored on (recorded by digest with a comparison cell's evaluation)."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- comparison grids
+    def eval_key(self, config) -> dict:
+        """What an evaluation depends on besides the weights, checkpoint and split."""
+        return {}
+
+    def evaluate_cell(self, cell: CellRun) -> tuple[dict, str, dict]:
+        """(scores, name of the per-sentence evidence file written into the run, extra record keys)."""
+        raise NotImplementedError
+
+    def read_evidence(self, path: Path) -> tuple[list, str | None]:
+        """(per-sentence evidence, digest of what it was scored against, or None: ``references`` says)."""
+        raise NotImplementedError
+
+    def references(self, config, split: str) -> list[str] | None:
+        """What the evidence of a split is scored against, when the evidence does not hold it."""
+        return None
+
+    def reference_file(self, config, split: str) -> str | None:
+        return None
+
+    def paired_test(self, baseline: list, system: list, references: list[str] | None, *, n_samples: int,
+                    seed: int):
+        """The significance test of one system against the baseline on the same test set."""
+        raise NotImplementedError
+
+    def seeds_test(self, baseline: list[list], system: list[list], references: list[str] | None, *,
+                   n_samples: int, seed: int):
+        """The two-level (seeds and sentences) bootstrap of two rows of several seeds each."""
+        raise NotImplementedError
+
+    def table_notes(self, results: dict, *, split: str | None) -> str | None:
+        """A sentence under a comparison table (tagging: the sizes of the word groups), or None."""
+        return None
+
+    def attention_trace(self, model, assets, config, *, sentence: str, side: str, layer: int, target: str | None):
+        """One layer's attention trace on ``sentence`` (``sanlab analyze attention``): a ``tasks.traces.LayerTrace``."""
+        raise ConfigError(f"`sanlab analyze attention` has no trace for {self.name} runs")
+
+    # ----------------------------------------------------------------- synthetic data
+    def write_synthetic(self, data_dir: Path, *, seed: int, sizes: dict[str, int]) -> None:
+        raise NotImplementedError(f"the {self.name} task has no synthetic corpus")
+
+    def synthetic_data(self, data_dir: Path) -> dict:
+        """The ``data:`` section pointing a config at the synthetic corpus in ``data_dir``."""
+        raise NotImplementedError(f"the {self.name} task has no synthetic corpus")
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """A comparison cell to score (``Task.evaluate_cell``): its run, config, split and checkpoint choice, with
+    ``runs.evaluate_run`` and ``runs.load_trained`` bound to them (``evaluate(splits=..., decode_overrides=...)``,
+    ``load()`` -> (config, model, assets))."""
+
+    run_dir: Path
+    config: Any
+    split: str
+    checkpoint: str
+    evaluate: Callable[..., dict]
+    load: Callable[[], tuple]
+
+
+@functools.lru_cache(maxsize=None)
+def _implementation(reference: str) -> Task:
+    try:
+        cls = load_reference(reference)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"task implementation {reference}: cannot load it: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"task implementation {reference}: not a sanlab.tasks.Task subclass")
+    return cls()
+
+
+def task_for(config) -> Task:
+    """The task of a run config (its config class names the implementation)."""
+    return _implementation(type(config).implementation)
+
+
+def task_named(name: str) -> Task:
+    """The task registered under ``name`` (e.g. a grid's ``synthetic.task``)."""
+    from sanlab.config import TASKS
+
+    return _implementation(TASKS.entry(name).config.implementation)

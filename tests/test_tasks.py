@@ -1,0 +1,44 @@
+"""The task registry and the ``Task`` interface of translation and tagging (docs/tasks.md). A plug-in task taken
+through the commands end to end: tests/test_third_task.py."""
+
+import pytest
+
+from sanlab.config import TASKS, TaggingConfig, TranslationConfig, validate
+from sanlab.errors import ConfigError
+from sanlab.registry import TaskRegistry
+from sanlab.tasks.base import Task, task_for, task_named
+
+
+def test_each_config_has_its_task():
+    translation = validate({"task": "translation", "data": {"train": {"src": "a", "tgt": "b"},
+                                                             "valid": {"src": "c", "tgt": "d"}}}, source="t")
+    tagging = validate({"task": "tagging", "data": {"train": "a", "dev": "b", "test": "c"}}, source="t")
+    assert isinstance(translation, TranslationConfig) and isinstance(tagging, TaggingConfig)
+    mt, tag = task_for(translation), task_for(tagging)
+    assert isinstance(mt, Task) and (mt.name, mt.metric, mt.default_split(translation)) == ("translation", "bleu", "valid")
+    assert (tag.name, tag.metric, tag.eval_metric, tag.splits(tagging)) == ("tagging", "accuracy", "all", ["dev", "test"])
+    assert task_named("tagging") is tag and mt.training_files(translation) == ["a", "b", "c", "d"]
+    assert TASKS.names() == ["tagging", "translation"]
+
+
+def test_a_command_of_another_task_names_the_tasks_that_have_it():
+    with pytest.raises(ConfigError, match=r"runs/x is a tagging run; `sanlab translate` needs a translation run "
+                                          r"\(use `sanlab tag`\)"):
+        task_named("tagging").require("translate", "runs/x")
+    task_named("translation").require("translate", "runs/x")
+
+
+def test_an_unknown_task_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="expected tags: 'translation', 'tagging'"):
+        validate({"task": "copy"}, source="t")
+
+
+@pytest.mark.parametrize("reference, problem", [
+    ("sanlab.config:TranslationConfig", "must be the name it is registered under"),
+    ("sanlab.config:TrainConfig", "a pydantic model with a task field"),
+    ("sanlab.config:TaskConfig", "must be the name it is registered under"),
+])
+def test_a_malformed_task_entry_is_refused_with_its_name(reference, problem):
+    registry = TaskRegistry("task", group="sanlab.tests-no-such-group", builtin={"mine": reference})
+    with pytest.raises(ConfigError, match=f"task 'mine'.*{problem}"):
+        registry.entry("mine")
