@@ -70,7 +70,7 @@ def raw_config(run_dir: PathLike) -> dict:
     path = RunLayout(run_dir).config
     if not path.exists():
         raise ConfigError(f"{run_dir}: not a run directory (no {path.name})")
-    from sanlab.config import read_yaml_mapping  # here: importing the schema imports torch
+    from sanlab.config_yaml import read_yaml_mapping
 
     return read_yaml_mapping(path, what="run config")
 

@@ -32,9 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sanlab.config import (
-    TASKS, Config, apply_override, load_raw, read_yaml_mapping, set_key, validate,
-)
+from sanlab.config import TASKS, Config, validate
+from sanlab.config_yaml import apply_override, load_raw, read_yaml_mapping, set_key
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
 from sanlab.runs import RESUMABLE_KEYS, config_differences, shorter_budget

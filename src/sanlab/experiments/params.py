@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sanlab.config import PRESETS, Seq2SeqConfig, load_raw
+from sanlab.config import Seq2SeqConfig
+from sanlab.config_yaml import PRESETS, load_raw
 from sanlab.models.builders import build_seq2seq, count_parameters
 
 _ENC_PARTS = "encoder.attention.parts"
@@ -129,7 +130,8 @@ def recipe_rows(path: str, overrides: list[str] = ()) -> list[tuple[str, int, st
     """(name, parameters, the paper's) of a translation recipe, or of every variant of a comparison grid."""
     from pathlib import Path
 
-    from sanlab.config import load_config, read_yaml_mapping
+    from sanlab.config import load_config
+    from sanlab.config_yaml import read_yaml_mapping
     from sanlab.errors import ConfigError
     from sanlab.experiments.grid import load_grid
     from sanlab.tasks.base import task_for

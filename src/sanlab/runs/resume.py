@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from sanlab.config import Config, dump_config, read_yaml_mapping, validate
+from sanlab.config import Config, dump_config, validate
+from sanlab.config_yaml import read_yaml_mapping
 from sanlab.data.fingerprint import changes, fingerprints
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text

@@ -1,0 +1,143 @@
+"""Reading config YAML: the loader (each key once per mapping, ``1e-3`` a float as in YAML 1.2), a file
+that must hold a mapping, the ``base:`` chain of a run config (a file relative to it or ``preset:NAME``, its
+keys merged over the base's), and dotted ``a.b.c=value`` assignments to a raw config dict. Nothing here
+knows the schema: ``sanlab.config`` validates what these return, and re-exports every public name.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from sanlab.errors import ConfigError
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last one,
+    so a second ``train:`` block would drop every key of the first)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" merges a mapping; SafeLoader handles it
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {first_line[key] + 1})",
+                    key_node.start_mark)
+            first_line[key] = key_node.start_mark.line
+        except TypeError:  # an unhashable key: the base constructor reports it
+            pass
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+# PyYAML follows YAML 1.1, where 1e-3 and 5E4 (no dot) are strings; YAML 1.2, and anyone writing a learning rate,
+# reads them as numbers. The config is validated strictly, so they must arrive as floats.
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                       list("-+0123456789."))
+
+
+def parse_value(text: str) -> object:
+    """One YAML value as a config file reads it (``--set`` values)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
+    """A YAML file that must hold a mapping (each key once); errors name the file and line."""
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a {what}") from None
+    except UnicodeDecodeError as err:
+        line = Path(path).read_bytes()[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "
+                          f"{err.start})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a {what} must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
+    """Read a YAML config, resolving its ``base:`` chain."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to itself")
+    data = read_yaml_mapping(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
+    base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
+    if str(base).startswith("preset:") and not base_path.exists():
+        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+        raise ConfigError(f"{path}: unknown preset {base!r}; known presets: {known}")
+    if not base_path.is_file():
+        problem = "is a directory, not a config file" if base_path.is_dir() else "config file not found"
+        raise ConfigError(f"{path}: base {base!r}: {base_path}: {problem}")
+    return _merge(load_raw(base_path, _seen + (path.resolve(),)), data)
+
+
+def apply_override(raw: dict, assignment: str) -> dict:
+    """Apply one ``a.b.c=value`` (value parsed as YAML) to a raw config dict."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. model.encoder.layers=3")
+    key, text = assignment.split("=", 1)
+    try:
+        value = parse_value(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
+    try:
+        set_key(raw, key, value)
+    except ConfigError as err:
+        raise ConfigError(f"--set {err}") from None
+    return raw
+
+
+def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
+    """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections are created; a number
+    indexes an item of a list that is there (``model.encoder.attention.parts.0.size``). With ``merge``,
+    a mapping value is merged into a mapping already at ``key`` instead of replacing it."""
+    node, parts = raw, key.strip().split(".")
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the config"
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{key}: {where} is a list of {len(node)} item(s); {part!r} is not an index of it")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"{key}: {where} is a value, not a section")
+        if depth == len(parts) - 1:
+            if merge and isinstance(value, dict) and isinstance(node[part] if isinstance(node, list) else
+                                                                node.get(part), dict):
+                for sub, item in value.items():
+                    set_key(node[part], str(sub), item, merge=True)
+            else:
+                node[part] = value
+            return
+        if isinstance(node, dict) and part not in node:
+            if parts[depth + 1].isdigit():
+                raise ConfigError(f"{key}: {'.'.join(parts[:depth + 1])} is not set in the file, so it has no item "
+                                  f"{parts[depth + 1]}; set the whole list instead")
+            node[part] = {}
+        node = node[part]
+
