@@ -467,7 +467,7 @@ def test_table_only_with_other_settings_does_not_overwrite_the_table(finished, c
 
 
 def test_a_cell_trained_on_outside_the_grid_is_a_conflict(finished, monkeypatch):
-    from sanlab.experiments import grid as grid_module
+    from sanlab.experiments import grid_state as grid_module  # where cell_state reads latest_step
 
     cell = finished.cells[0]
     done_step = json.loads((cell.run_dir / "done.json").read_text())["summary"]["step"]

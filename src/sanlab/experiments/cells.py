@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 
 from sanlab.errors import ConfigError, SanlabError
-from sanlab.experiments.grid import (
-    DONE_FILE, EVAL_FILE, FAILED_FILE, Cell, EvalSpec, Grid, cell_state, config_dict, data_digests, eval_key,
-    evidence_intact, file_digest, scores_digest, split_files, synthetic_task,
+from sanlab.experiments.grid import synthetic_task
+from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
+from sanlab.experiments.grid_state import (
+    DONE_FILE, EVAL_FILE, FAILED_FILE, cell_state, config_dict, data_digests, eval_key, evidence_intact, file_digest,
+    scores_digest, split_files,
 )
 from sanlab.files import read_json, write_json
 from sanlab.models.builders import count_parameters

@@ -30,7 +30,9 @@ from sanlab.invocation import command_line
 from sanlab.evaluation.significance import SignificanceResult, smallest_p_warning
 from sanlab.experiments.cells import (CellResult, check_synthetic, machine, read_failure, read_references, read_result,
                                      rescore_tagging_cell)
-from sanlab.experiments.grid import Cell, CellState, EvalSpec, Grid, cell_state, load_grid
+from sanlab.experiments.grid import load_grid
+from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
+from sanlab.experiments.grid_state import CellState, cell_state
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.tasks.base import Task, task_named
 from sanlab.experiments.tables import (

@@ -16,7 +16,8 @@ from sanlab.errors import ConfigError
 from sanlab.experiments.cells import (
     CellOutcome, cores, init_worker, prepare_synthetic, read_failure, record_failure, run_cell, run_cell_job,
 )
-from sanlab.experiments.grid import Cell, Grid, cell_state, slug
+from sanlab.experiments.grid_schema import Cell, Grid, slug
+from sanlab.experiments.grid_state import cell_state
 
 
 def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),

@@ -1,0 +1,178 @@
+"""The state of a grid's cells on disk: ``cell_state`` (pending, training, trained, evaluated, conflict) from a
+cell's run directory, ``done.json`` and evaluation record, and the digests that tie an evaluation record to
+its evidence, its scores and the data it was scored on (``data_digests``, ``evidence_intact``,
+``scores_digest``), and the key an evaluation depends on (``eval_key``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sanlab.config import Config, validate
+from sanlab.config_yaml import read_yaml_mapping
+from sanlab.errors import ConfigError
+from sanlab.experiments.grid_schema import Cell, EvalSpec
+from sanlab.files import read_json
+from sanlab.runs import RESUMABLE_KEYS, config_differences, shorter_budget
+from sanlab.training.checkpoint import META, latest_checkpoint
+from sanlab.training.layout import RunLayout
+
+DONE_FILE = RunLayout.done.name          # written when train_run returns: the cell finished training
+EVAL_FILE = RunLayout.compare_eval.name  # written when the cell was evaluated the way the grid asks
+FAILED_FILE = RunLayout.failed.name      # the last error of a cell that failed; removed when it is evaluated
+# Keys that do not change what was trained: a finished cell stays finished when only these change.
+NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
+
+
+@dataclass(frozen=True)
+class CellState:
+    status: Literal["pending", "training", "trained", "evaluated", "conflict"]
+    step: int | None = None
+    detail: str = ""
+
+    def describe(self) -> str:
+        text = {"training": f"training step {self.step}", "trained": f"trained (step {self.step})",
+                "evaluated": f"evaluated (step {self.step})"}.get(self.status, self.status)
+        return text + (f" — {self.detail}" if self.detail else "")
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """Step of the checkpoint a resume would start from, read without creating anything."""
+    latest = latest_checkpoint(RunLayout(run_dir).checkpoints)
+    if latest is None:
+        return None
+    meta = read_json(latest / META)
+    if meta is None or "step" not in meta:
+        raise ConfigError(f"{latest}: checkpoint without meta.json (or without its step); delete it to resume "
+                          "from the one before")
+    return meta["step"]
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file: ties an evaluation record to the evidence file it wrote."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def split_files(cell: Cell) -> list[Path]:
+    """The data files the cell is scored on: source and reference (translation) or the CoNLL-U file."""
+    return cell.kind.split_files(cell.config, cell.split)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_of(path: str, mtime_ns: int, size: int) -> str:
+    return file_digest(Path(path))
+
+
+def data_digests(cell: Cell) -> dict[str, str]:
+    """sha256 of each file the cell is scored on (missing files are left out); recorded with an
+    evaluation, so a test set corrected in place makes the cell score again."""
+    found = {}
+    for path in split_files(cell):
+        if path.is_file():
+            stat = path.stat()
+            found[str(path)] = _digest_of(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    return found
+
+
+def evidence_intact(run_dir: Path, record: dict) -> bool:
+    """Whether the per-sentence evidence an evaluation record names is still what it wrote (``sanlab
+    evaluate`` writes the same ``hyp-*.txt`` and may have replaced it). Records without a digest
+    (written before digests existed) are trusted if the file exists."""
+    path = Path(run_dir) / record.get("evidence", "")
+    if not record.get("evidence") or not path.is_file():
+        return False
+    if "scores_sha256" in record and scores_digest(record) != record["scores_sha256"]:  # scores edited by hand
+        return False
+    return "evidence_sha256" not in record or file_digest(path) == record["evidence_sha256"]
+
+
+def scores_digest(record: dict) -> str:
+    """sha256 of an evaluation record's scores with its evidence digest: a score edited by hand (or a merge
+    gone wrong) makes the cell score again instead of entering the table."""
+    text = json.dumps({"scores": record.get("scores"), "evidence_sha256": record.get("evidence_sha256")},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def config_dict(config: Config) -> dict:
+    return config.model_dump(mode="json")
+
+
+def eval_key(cell: Cell, spec: EvalSpec) -> dict:
+    """What an evaluation depends on besides the weights; a different key means evaluate again."""
+    return {"checkpoint": spec.checkpoint, "average_last": spec.average_last, "split": cell.split,
+            **cell.kind.eval_key(cell.config)}
+
+
+def _stale_groups(record: dict | None, key: dict) -> bool:
+    """Whether an evaluation record differs from ``key`` only in the tagging word groups it was scored with."""
+    old = dict((record or {}).get("key") or {})
+    return "word_groups" in key and old.get("word_groups") != key["word_groups"] and \
+        {**old, "word_groups": key["word_groups"]} == key
+
+
+def _normalised(raw: dict, *, source: Path) -> dict:
+    """A saved config re-validated, so keys added to the schema since then compare as their defaults."""
+    return config_dict(validate(raw, source=str(source)))
+
+
+def training_changes(done: dict, cell: Cell) -> list[str]:
+    """Config keys that changed since the cell finished training (ignoring decode, logging)."""
+    old = _normalised(done["config"], source=cell.layout.done)
+    return [k for k in config_differences(old, config_dict(cell.config)) if not k.startswith(NOT_TRAINING_KEYS)]
+
+
+def cell_state(cell: Cell, spec: EvalSpec) -> CellState:
+    """pending / training step N / trained / evaluated; ``conflict`` if the directory holds another run
+    or cannot be read (the detail says why: one unreadable cell does not stop the grid).
+
+    A finished cell is judged by ``done.json`` alone (decode settings may change: it is only evaluated
+    again); an unfinished one by ``config.yaml``, with the rules ``runs.train_run`` will apply to it.
+    """
+    try:
+        return _cell_state(cell, spec)
+    except ConfigError as err:
+        return CellState("conflict", None, str(err))
+
+
+def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
+    run, layout = cell.run_dir, cell.layout
+    if not layout.config.exists():
+        return CellState("pending")
+    step, done = latest_step(run), read_json(layout.done)
+    if step is None and done:  # a finished cell committed without its checkpoints (results/compare)
+        step = done["summary"]["step"]
+    changes = training_changes(done, cell) if done else []
+    if done and not changes and step > done["summary"]["step"]:  # e.g. `sanlab train` with a larger budget; a
+        # budget the grid itself raised (changes) resumes past done.json and is judged by config.yaml below
+        return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step {step}, "
+                                           f"{DONE_FILE} says {done['summary']['step']}): not the grid's cell any more")
+    if done and not changes:
+        record = read_json(layout.compare_eval)
+        if record and record.get("key") == eval_key(cell, spec) and record.get("trained_at") == done["finished_at"]:
+            changed = [p for p, digest in (record.get("data_sha256") or {}).items()
+                       if data_digests(cell).get(p, digest) != digest]  # records before digests are trusted
+            if changed:
+                return CellState("trained", step, f"{', '.join(changed)} changed since the cell was scored")
+            if evidence_intact(run, record):
+                return CellState("evaluated", step)
+            return CellState("trained", step, f"{record.get('evidence')} or the recorded scores changed (or the "
+                                              "file is missing) since it was scored")
+        if record and record.get("trained_at") == done["finished_at"] and _stale_groups(record, eval_key(cell, spec)):
+            return CellState("trained", step, "scored with the OOV/ambiguous definitions before 2026-11-25: "
+                                              "`sanlab compare GRID --rescore` scores it again from its predictions")
+        return CellState("trained", step)
+    saved = _normalised(read_yaml_mapping(layout.config, what="run config"), source=layout.config)
+    blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
+    if blocking:
+        return CellState("conflict", step, f"the directory holds a run with other values of: {', '.join(blocking)}")
+    shorter = shorter_budget(run, cell.config, saved, trained=done["summary"] if done else None)
+    if shorter:
+        return CellState("conflict", step, shorter)
+    detail = f"continues: {', '.join(changes)} changed" if changes else ""
+    return CellState("training" if step is not None else "pending", step, detail)
