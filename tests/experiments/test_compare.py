@@ -250,7 +250,7 @@ def test_failed_cells_are_counted_and_named_in_the_table(tmp_path):
 
 
 def test_translation_cells_scored_against_other_references_are_not_paired(tmp_path, monkeypatch):
-    from sanlab.experiments import compare
+    from sanlab.experiments import compare_report as compare  # where collect reads the results
 
     _write(tmp_path / "mt.yaml", "task: translation\ndata: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, "
                                  "test: {t: {src: a.src, tgt: a.tgt}}}\n")

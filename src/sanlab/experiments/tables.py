@@ -1,6 +1,6 @@
 """The comparison table as data, and its Markdown, CSV and JSON renderings.
 
-``compare.build_report`` fills a ``Report``; this module only formats it. One ``Section`` per
+``compare_report.build_report`` fills a ``Report``; this module only formats it. One ``Section`` per
 dataset of the grid (a single section without a name when the grid has no datasets).
 """
 
