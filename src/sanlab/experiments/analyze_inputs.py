@@ -1,0 +1,204 @@
+"""What the ``sanlab analyze`` entry points read from run directories, and how they write: labels that
+tell runs apart, a run's config (validated or raw), the hypotheses ``sanlab evaluate`` wrote with their
+sources and references (checked to be of the weights the checkpoint names now), a run's score (best
+validation record or ``eval-<checkpoint>.json``), bootstrap options, and the ``<out>.md/.csv/.png`` triple.
+Heavy modules are imported inside the functions, as in ``analyze``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sanlab.errors import ConfigError, DataError
+from sanlab.files import read_json, write_text
+from sanlab.training.layout import RunLayout
+
+PathLike = str | Path
+
+
+def run_labels(run_dirs: Sequence[PathLike]) -> list[str]:
+    """Shortest path suffixes that tell the runs apart (``runs/csan2d``, ``runs/base`` -> csan2d, base);
+    a comparison cell (``<variant>/seed-N``) always keeps its variant."""
+    parts = [Path(r).resolve().parts for r in run_dirs]
+    least = [2 if re.fullmatch(r"seed-\d+", p[-1]) else 1 for p in parts]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+        labels = ["/".join(p[-max(depth, k):]) for p, k in zip(parts, least)]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(r) for r in run_dirs]
+
+
+def checked(fn: Callable, *args, context: str, **kwargs) -> Any:
+    """Call an analysis function; its input errors (KeyError / IndexError / ValueError) become
+    ``ConfigError``s that say which run or option they came from."""
+    try:
+        return fn(*args, **kwargs)
+    except (KeyError, IndexError, ValueError) as err:
+        message = err.args[0] if err.args else repr(err)
+        raise ConfigError(f"{context}: {message}") from None
+
+
+def load_config_of(run_dir: PathLike):
+    """The run's validated config (defaults filled in; properties such as a window's ``window_size``)."""
+    from sanlab.runs import load_run_config
+
+    return load_run_config(Path(run_dir))
+
+
+def raw_config(run_dir: PathLike) -> dict:
+    path = RunLayout(run_dir).config
+    if not path.exists():
+        raise ConfigError(f"{run_dir}: not a run directory (no {path.name})")
+    from sanlab.config_yaml import read_yaml_mapping
+
+    return read_yaml_mapping(path, what="run config")
+
+
+def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callable[[Path], Path],
+                  csv_table=None) -> dict[str, Path]:
+    """``<out>.md``, ``<out>.csv`` and ``<out>.png`` (``out`` is a prefix: ``results/gap`` -> results/gap.md).
+    ``csv_table``: the CSV's own table when the Markdown one is laid out for reading (default: ``table``)."""
+    paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
+    paths["md"].parent.mkdir(parents=True, exist_ok=True)
+    write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
+    write_text(paths["csv"], (table if csv_table is None else csv_table).csv())
+    plot(paths["png"])
+    return paths
+
+
+def _translation_config(run_dir: PathLike):
+    """The config of a run whose task writes hypotheses to analyse (``Task.supports("bleu-analysis")``)."""
+    from sanlab.runs import load_run_config
+    from sanlab.tasks.base import task_for
+
+    config = load_run_config(Path(run_dir))
+    task_for(config).require("bleu-analysis", run_dir)
+    return config
+
+
+def held_out_split(config, split: str | None) -> tuple[str, Any]:
+    """(name, ParallelFiles) of a held-out split: ``split``, else the first ``data.test`` split, else valid."""
+    files = {**dict(config.data.test), "valid": config.data.valid}
+    name = split or next(iter(config.data.test), "valid")
+    if name not in files:
+        raise ConfigError(f"unknown split {name!r}; the runs have: {', '.join(files)}")
+    return name, files[name]
+
+
+def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int) -> list[str]:
+    """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the references."""
+    path = RunLayout(run_dir).hypotheses(checkpoint, split)
+    if not path.exists():
+        raise ConfigError(f"{path} not found: decode first with "
+                          f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
+    from sanlab.tasks.translation import read_hypotheses
+
+    record = RunLayout(run_dir).eval_record(checkpoint)  # written with the hypotheses
+    results = read_json(record) or {}
+    if isinstance(results.get(split), dict):
+        check_current(record, results, split, run_dir=run_dir, checkpoint=checkpoint)
+    hyps = read_hypotheses(path)
+    if len(hyps) != expected:
+        raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
+    return hyps
+
+
+def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, checkpoint: str,
+                       sources: PathLike | None = None, references: PathLike | None = None,
+                       need_sources: bool = True) -> dict:
+    """Sources (unless not ``need_sources``), references (from the first run's config, or the given files)
+    and each run's hypotheses."""
+    from sanlab.data.parallel import open_text, read_parallel
+
+    configs = [_translation_config(r) for r in run_dirs]
+    name, files = held_out_split(configs[0], split)
+    from_config = not references or (need_sources and not sources)
+    pairs = read_parallel(files.src, files.tgt, keep_empty=True) if from_config else []  # every line, as scored
+    refs = list(open_text(references)) if references else [t for _, t in pairs]
+    src = (list(open_text(sources)) if sources else [s for s, _ in pairs]) if need_sources else None
+    if src is not None and len(src) != len(refs):
+        raise DataError(f"{len(src)} sources but {len(refs)} references", path=str(sources or references))
+    labels = run_labels(run_dirs)
+    hyps = {label: load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs))
+            for label, r in zip(labels, run_dirs)}
+    return {"split": name, "sources": src, "references": refs, "hypotheses": hyps}
+
+
+def bootstrap_options(samples: int | None, seed: int | None) -> tuple[int, int]:
+    """(resamples, seed) of a paired bootstrap, by default 1000 and 12345 as in ``sanlab compare``."""
+    samples = 1000 if samples is None else samples
+    seed = 12345 if seed is None else seed
+    if samples < 1 or seed < 1:  # sacreBLEU would take seed 0 as "unseeded"
+        raise ConfigError(f"--bootstrap-samples and --bootstrap-seed must be >= 1, got {samples} and {seed}")
+    return samples, seed
+
+
+def baselines_first(baselines: Sequence[PathLike], runs: Sequence[PathLike]) -> list[Path]:
+    """The baseline runs, then the other runs, each run once (a run may be named in both lists)."""
+    ordered: dict[Path, Path] = {}
+    for run in [*baselines, *runs]:
+        ordered.setdefault(Path(run).resolve(), Path(run))
+    return list(ordered.values())
+
+
+def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:
+    """The task's validation metric (bleu, accuracy) in validation records, its primary score (bleu, all) in
+    ``eval-*.json``."""
+    from sanlab.config import TASKS  # the raw config's task: the metrics file is read whatever the rest holds
+    from sanlab.tasks.base import task_named
+
+    name = raw_config(run_dir).get("task")
+    if name not in TASKS.references():
+        raise ConfigError(f"{RunLayout(run_dir).config}: task {name!r} is not a known task "
+                          f"({', '.join(TASKS.names())}); give --metric")
+    task = task_named(name)
+    return task.metric if score_from == "valid" else task.eval_metric
+
+
+def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: str | None,
+              checkpoint: str) -> tuple[float, str]:
+    """(score, where it came from) of a run: its best validation record, or ``eval-<checkpoint>.json``."""
+    from sanlab.evaluation import analysis
+    from sanlab.training.loop import read_metrics
+
+    metric = metric or default_metric(run_dir, score_from=score_from)
+    if score_from == "valid":
+        step, score = checked(analysis.best_validation, read_metrics(Path(run_dir)), metric=metric,
+                              context=str(RunLayout(run_dir).metrics))
+        return score, f"valid {metric}, step {step}"
+    if score_from != "eval":
+        raise ConfigError(f"score_from must be 'valid' or 'eval', got {score_from!r}")
+    path = RunLayout(run_dir).eval_record(checkpoint)
+    if not path.exists():
+        raise ConfigError(f"{path} not found: run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` first")
+    results = json.loads(path.read_text(encoding="utf-8"))
+    name = split or next(iter(results))
+    if name not in results or not isinstance(results[name].get(metric), (int, float)):
+        numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
+        raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
+                          f"metrics: {', '.join(numeric)})")
+    check_current(path, results, name, run_dir=run_dir, checkpoint=checkpoint)
+    return float(results[name][metric]), f"{path.name} {name} {metric}"
+
+
+def check_current(path: Path, results: dict, name: str, *, run_dir: PathLike, checkpoint: str) -> None:
+    """The ``name`` record of ``path`` (eval-<checkpoint>.json) scored the weights that ``checkpoint`` names
+    now; otherwise (the run trained on, or was averaged again) its scores and hypotheses are stale."""
+    named = [k for k, r in results.items() if isinstance(r, dict) and "checkpoint" in r]
+    if named and "checkpoint" not in results[name]:  # kept by `evaluate` beside newer records: maybe stale
+        raise ConfigError(f"{path}: the {name!r} record is from before records named their checkpoint, while "
+                          f"{', '.join(named)} name theirs, so it may come from other weights: run `sanlab evaluate "
+                          f"--run {run_dir} --checkpoint {checkpoint} --split {name}` again")
+    if "checkpoint" in results[name]:  # files from before the record named its checkpoint are taken as they are
+        from sanlab.runs import load_run_config, same_weights, scored_checkpoint
+
+        recorded = results[name]
+        now = scored_checkpoint(Path(run_dir), checkpoint, load_run_config(run_dir))
+        if not same_weights(recorded, now):
+            raise ConfigError(f"{path} scored {recorded['checkpoint']} (step {recorded.get('step')}), but the run's "
+                              f"{checkpoint!r} checkpoint is now {now['checkpoint']} (step {now['step']}): run "
+                              f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {name}` again")
