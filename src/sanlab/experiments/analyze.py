@@ -48,26 +48,26 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
           score_from: str = "valid", split: str | None = None, checkpoint: str = "best",
           baseline: PathLike | None = None) -> dict[str, Path]:
     """Score against the config value at dotted ``key`` across runs (CSAN Fig. 2); seeds are averaged."""
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_curves, plots
 
     metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
     for label, run in zip(run_labels(run_dirs), run_dirs):
-        value = checked(analysis.dotted_value, load_config_of(run), key, context=str(RunLayout(run).config))
+        value = checked(analysis_curves.dotted_value, load_config_of(run), key, context=str(RunLayout(run).config))
         if value is None:
             raise ConfigError(f"{RunLayout(run).config}: {key} is not set (null), so the run cannot be placed on the sweep's "
                               "axis; sweep the value it trained with (for a window part: "
                               "...parts.N.window_size, whether M was given as size, half_width or the default)")
         score, source = run_score(run, metric=metric, score_from=score_from, split=split, checkpoint=checkpoint)
-        points.append(analysis.SweepPoint(run=label, value=value, score=score, source=source))
+        points.append(analysis_curves.SweepPoint(run=label, value=value, score=score, source=source))
     reference = None
     if baseline is not None:
         base_score, base_source = run_score(baseline, metric=metric, score_from=score_from, split=split,
                                             checkpoint=checkpoint)
         reference = (f"baseline {run_labels([baseline])[0]}", base_score)
-    table = analysis.sweep_table(points, key=key)
+    table = analysis_curves.sweep_table(points, key=key)
     if reference is not None:
         table = dataclasses.replace(table, rows=table.rows + ((reference[0], None, reference[1], base_source),))
-    means = analysis.sweep_means(points)
+    means = analysis_curves.sweep_means(points)
     notes = ("Runs sharing a value (seeds) are averaged on the plotted line; the dots are single runs."
              + (" The dashed line is the baseline." if reference else "")
              + (" Scores are the best validation record logged during training (translation: greedy decoding of "
@@ -84,29 +84,29 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     """``metric`` of the ``split`` records of each run's ``metrics.jsonl`` against the step (Dufter Fig. 2).
 
     ``mean_over_seeds``: comparison cells ``<variant>/seed-N`` of one variant become one line, their mean."""
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_curves, plots
     from sanlab.training.loop import read_metrics
 
     metric = metric or default_metric(run_dirs[0])
     found = {}
     for label, run in zip(run_labels(run_dirs), run_dirs):
         records, context = read_metrics(Path(run)), str(RunLayout(run).metrics)
-        names = checked(analysis.metric_names, records, pattern=metric, split=split, context=context)
+        names = checked(analysis_curves.metric_names, records, pattern=metric, split=split, context=context)
         # a pattern (``*gamma*``) gives one line per matching metric; diagnostics that share their name after
         # "/" are told apart by their module path alone
         shared = len({n.partition("/")[2] for n in names}) == 1 and all("/" in n for n in names)
         for name in names:
             key = label if len(names) == 1 else f"{label}: {name.partition('/')[0] if shared else name}"
-            found[key] = checked(analysis.learning_curve, records, metric=name, split=split, context=context)
+            found[key] = checked(analysis_curves.learning_curve, records, metric=name, split=split, context=context)
     labels = list(found)
     notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
              "later record.")
     if mean_over_seeds:
         group_of = {label: re.sub(r"/seed-\d+(?=: |$)", "", label) for label in labels}  # (": metric" kept)
-        found = checked(analysis.mean_curves, found, group_of, context="--mean-over-seeds")
+        found = checked(analysis_curves.mean_curves, found, group_of, context="--mean-over-seeds")
         notes += (" Each line is the mean over the seeds of one variant, at the steps all of them logged "
                   "(a seed that stopped early ends its line there).")
-    return write_outputs(out, title=f"Learning curves: {split} {metric}", table=analysis.curves_table(found),
+    return write_outputs(out, title=f"Learning curves: {split} {metric}", table=analysis_curves.curves_table(found),
                          notes=notes, plot=lambda png: plots.lines(
                              png, series={k: ([s for s, _ in v], [y for _, y in v]) for k, v in found.items()},
                              title=f"{split} {metric} during training", xlabel="step", ylabel=metric))

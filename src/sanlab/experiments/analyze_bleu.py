@@ -23,19 +23,19 @@ from sanlab.experiments.analyze_inputs import (
 def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike, split: str | None = None,
               checkpoint: str = "best", references: PathLike | None = None, tokenize: str = "13a") -> dict[str, Path]:
     """Per-order n-gram precision of each run and its gap to ``baseline`` (CSAN Fig. 3)."""
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_bleu, plots
 
     data = translation_inputs(baselines_first([baseline], run_dirs), split=split, checkpoint=checkpoint,
                               references=references, need_sources=False)
     base_label = next(iter(data["hypotheses"]))
-    gaps = analysis.ngram_gaps(data["hypotheses"], data["references"], baseline=base_label, tokenize=tokenize)
+    gaps = analysis_bleu.ngram_gaps(data["hypotheses"], data["references"], baseline=base_label, tokenize=tokenize)
     orders = sorted({g.order for g in gaps})
     series = {s: [next(g.gap for g in gaps if g.system == s and g.order == n) for n in orders]
               for s in data["hypotheses"] if s != base_label}
     notes = (f"Split `{data['split']}` ({len(data['references'])} sentences), checkpoint `{checkpoint}`, "
              f"sacreBLEU tokenizer `{tokenize}`. precision = clipped n-gram matches / hypothesis n-grams "
              f"(%, unsmoothed); gap = precision - precision of the baseline `{base_label}` (points).")
-    return write_outputs(out, title=f"n-gram precision gap to {base_label}", table=analysis.ngram_gap_table(gaps),
+    return write_outputs(out, title=f"n-gram precision gap to {base_label}", table=analysis_bleu.ngram_gap_table(gaps),
                          notes=notes, plot=lambda png: plots.grouped_bars(
                              png, groups=[f"{n}-gram" for n in orders], series=series, hline=0.0,
                              title=f"Gap of n-gram precision to {base_label}", xlabel="n-gram order",
@@ -49,7 +49,7 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
     """Corpus BLEU per source-length bucket (words of the raw source) for each run (MUSE Fig. 3); with
     ``baseline``, each run's bucket is also tested against the baseline's (paired bootstrap, by default
     1000 resamples with seed 12345, as ``sanlab compare``)."""
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_bleu, plots
 
     if baseline is None and (bootstrap_samples is not None or bootstrap_seed is not None):
         raise ConfigError("--bootstrap-samples and --bootstrap-seed set the test against --baseline: "
@@ -57,9 +57,9 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
     bootstrap_samples, bootstrap_seed = bootstrap_options(bootstrap_samples, bootstrap_seed)
     runs = baselines_first([] if baseline is None else [baseline], run_dirs)  # the baseline first; each run once
     data = translation_inputs(runs, split=split, checkpoint=checkpoint, sources=sources, references=references)
-    lengths = analysis.source_lengths(data["sources"])
+    lengths = analysis_bleu.source_lengths(data["sources"])
     base_label = next(iter(data["hypotheses"])) if baseline is not None else None
-    scores = checked(analysis.length_buckets, data["hypotheses"], data["references"], lengths, edges=edges,
+    scores = checked(analysis_bleu.length_buckets, data["hypotheses"], data["references"], lengths, edges=edges,
                      tokenize=tokenize, baseline=base_label, n_samples=bootstrap_samples, seed=bootstrap_seed,
                      context="--buckets")
     buckets = list(dict.fromkeys(s.bucket for s in scores))
@@ -72,7 +72,7 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
         notes += (f" delta = BLEU - BLEU of the baseline `{base_label}` on the same sentences; p: sacreBLEU's paired "
                   f"bootstrap within the bucket ({bootstrap_samples} resamples, seed {bootstrap_seed}); "
                   "sig: ⇑/⇓ p < 0.01, ↑/↓ p < 0.05.")
-    table = analysis.length_bucket_table(scores, tested=base_label is not None)
+    table = analysis_bleu.length_bucket_table(scores, tested=base_label is not None)
     return write_outputs(out, title="BLEU by source length", table=table, notes=notes,
                          plot=lambda png: plots.grouped_bars(
                              png, groups=[f"{b}\n(n={counts[b]})" for b in buckets], series=series,
@@ -87,7 +87,7 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
     another too, which shows how far apart the baseline's own seeds are."""
     import numpy as np
 
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_bleu, plots
     from sanlab.evaluation.bleu import corpus_scores
     from sanlab.evaluation.significance import smallest_p_warning
 
@@ -99,13 +99,13 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
                               references=references, need_sources=False)
     labels = list(data["hypotheses"])
     bases = labels[:len(base_runs)]
-    results = analysis.pairwise_tests(data["hypotheses"], data["references"], baselines=bases, tokenize=tokenize,
+    results = analysis_bleu.pairwise_tests(data["hypotheses"], data["references"], baselines=bases, tokenize=tokenize,
                                       n_samples=samples, seed=seed)
     tested = {r.baseline: r.baseline_bleu for r in results} | {r.system: r.bleu for r in results}
     scores = {name: tested[name] if name in tested  # the bootstrap scored it already
               else corpus_scores(data["hypotheses"][name], data["references"], tokenize=tokenize).bleu
               for name in labels}
-    wide, long = analysis.pairwise_tables(results, scores, baselines=bases)
+    wide, long = analysis_bleu.pairwise_tables(results, scores, baselines=bases)
     notes = (f"Split `{data['split']}` ({len(data['references'])} sentences), checkpoint `{checkpoint}`, sacreBLEU "
              f"tokenizer `{tokenize}`. Each cell: BLEU of the row's run - BLEU of the column's run, and p of "
              f"sacreBLEU's paired bootstrap ({samples} resamples, seed {seed}{smallest_p_warning(samples)}); "

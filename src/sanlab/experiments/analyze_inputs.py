@@ -162,12 +162,12 @@ def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:
 def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: str | None,
               checkpoint: str) -> tuple[float, str]:
     """(score, where it came from) of a run: its best validation record, or ``eval-<checkpoint>.json``."""
-    from sanlab.evaluation import analysis
+    from sanlab.evaluation import analysis_curves
     from sanlab.training.loop import read_metrics
 
     metric = metric or default_metric(run_dir, score_from=score_from)
     if score_from == "valid":
-        step, score = checked(analysis.best_validation, read_metrics(Path(run_dir)), metric=metric,
+        step, score = checked(analysis_curves.best_validation, read_metrics(Path(run_dir)), metric=metric,
                               context=str(RunLayout(run_dir).metrics))
         return score, f"valid {metric}, step {step}"
     if score_from != "eval":

@@ -17,7 +17,7 @@ SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-atte
 
 def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict[str, Path]:
     """Gate weight g = softmax(alpha) of each MUSE convolution kernel in every layer (MUSE Fig. 4)."""
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_internals, plots
     from sanlab.layers.muse import gate_weights
     from sanlab.runs import load_trained
 
@@ -26,11 +26,11 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
     if not weights:
         raise ConfigError(f"{run_dir}: no MUSE layer with convolution cells (mixer type 'muse') in this model")
     kernels = {name: [cell.kernel_size for cell in model.get_submodule(name).cells] for name in weights}
-    rows = analysis.gate_rows({n: w.tolist() for n, w in weights.items()}, kernels)
+    rows = analysis_internals.gate_rows({n: w.tolist() for n, w in weights.items()}, kernels)
     layers = sorted({r.layer for r in rows})
     def ratio(stack: str, layer: int) -> float:
         row = next((r for r in rows if r.stack == stack and r.layer == layer), None)
-        value = analysis.small_to_large(row) if row is not None else None
+        value = analysis_internals.small_to_large(row) if row is not None else None
         return math.nan if value is None else value  # no bar: no such layer, or a single kernel
 
     ratios = {stack: [ratio(stack, n) for n in layers] for stack in dict.fromkeys(r.stack for r in rows)}
@@ -38,7 +38,8 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
              "layer (MUSE Eq. 7; 1/n at initialisation); layers are 0-based, as in the config's `layers` lists. "
              "small/large = g of the layer's smallest kernel over g of its largest, the bars of MUSE Fig. 4 "
              "(above 1: the layer leans on the small kernel); the plot draws it per layer and stack.")
-    return write_outputs(out, title="MUSE kernel gates per layer", table=analysis.gate_table(rows), notes=notes,
+    return write_outputs(out, title="MUSE kernel gates per layer", table=analysis_internals.gate_table(rows),
+                         notes=notes,
                          plot=lambda png: plots.grouped_bars(
                              png, groups=[f"layer {n}" for n in layers], series=ratios, hline=1.0,
                              title="MUSE: small-kernel over large-kernel gate weight per layer",
@@ -49,19 +50,19 @@ def attention_map(run_dir: PathLike, *, out: PathLike, sentence: str, side: str 
                   head: int | None = 0, target: str | None = None, stage: str = "final",
                   checkpoint: str = "best") -> dict[str, Path]:
     """Heat map of one layer/head (``head`` None: mean over heads) of a trained model on ``sentence``."""
-    from sanlab.evaluation import analysis, plots
+    from sanlab.evaluation import analysis_internals, analysis_table, plots
     from sanlab.experiments.attention_traces import layer_trace
 
     found = layer_trace(Path(run_dir), sentence=sentence, side=side, layer=layer, target=target,
                         checkpoint=checkpoint)
     where = f"{SIDE_NAMES.get(side, side)}, layer {layer}"
-    stage = checked(analysis.trace_stage, found.trace, stage, context=where)
-    matrix = checked(analysis.attention_matrix, found.trace, head=head, stage=stage, context=where)
-    blocks = checked(analysis.key_blocks, matrix, keys=len(found.keys), context=where)
+    stage = checked(analysis_internals.trace_stage, found.trace, stage, context=where)
+    matrix = checked(analysis_internals.attention_matrix, found.trace, head=head, stage=stage, context=where)
+    blocks = checked(analysis_internals.key_blocks, matrix, keys=len(found.keys), context=where)
     many = len(blocks) > 1
     columns = [f"{delta:+d}:{tok}" if many else tok for delta, _ in blocks for tok in found.keys]
     rows = tuple((q, *(float(x) for _, b in blocks for x in b[i])) for i, q in enumerate(found.queries))
-    table = analysis.Table(("query", *columns), rows, digits=3)
+    table = analysis_table.Table(("query", *columns), rows, digits=3)
     head_text = "mean over heads" if head is None else f"head {head}"
     title = f"{run_labels([run_dir])[0]}: {where}, {head_text} ({stage})"
     notes = (f"Checkpoint `{checkpoint}`. Rows: queries, columns: keys." + (f" Target: `{found.target}`." if

@@ -30,7 +30,9 @@ from sanlab.evaluation.significance import SignificanceResult, smallest_p_warnin
 from sanlab.experiments.cells import CellResult, machine, read_failure, read_references, read_result
 from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
 from sanlab.experiments.grid_state import CellState, cell_state
-from sanlab.experiments.tables import PAPER_DELTA_FLOOR, SEEDS_FOR_A_MARK, Report, Row, SeedsTest, SeedTest, Section, Stat
+from sanlab.experiments.tables import (
+    PAPER_DELTA_FLOOR, SEEDS_FOR_A_MARK, Report, Row, SeedsTest, SeedTest, Section, Stat,
+)
 from sanlab.files import read_json
 from sanlab.invocation import command_line
 from sanlab.tasks.base import Task, task_named

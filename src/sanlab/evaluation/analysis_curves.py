@@ -1,0 +1,135 @@
+"""The analyses of training records and configs: a value read from a config by dotted key, scores against a
+swept setting with the mean per value (CSAN Fig. 2), the best validation record, and learning curves from
+``metrics.jsonl`` records, matched by name or pattern and averaged over seeds (Dufter et al. Fig. 2).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from sanlab.evaluation.analysis_table import Table
+
+LOWER_IS_BETTER = frozenset({"loss", "ppl"})  # validation metrics where the best record is the minimum
+
+
+# ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)
+def dotted_value(tree: Any, key: str) -> Any:
+    """``tree`` followed by a dotted key: names index mappings and attributes of config objects (their
+    properties too, e.g. a window part's ``window_size``), integers index lists
+    (``model.encoder.attention.parts.0.size``). A missing step is an error naming what exists there."""
+    node, walked = tree, []
+    for step in key.split("."):
+        if isinstance(node, BaseModel):  # a validated config section
+            if not hasattr(node, step):
+                where, keys = ".".join(walked) or "<root>", ", ".join(type(node).model_fields)
+                raise KeyError(f"{where} has no key {step!r} (keys: {keys})")
+            node = getattr(node, step)
+        elif isinstance(node, Mapping):
+            if step not in node:
+                where, keys = ".".join(walked) or "<root>", ", ".join(map(str, node))
+                raise KeyError(f"{where} has no key {step!r} (keys: {keys})")
+            node = node[step]
+        elif isinstance(node, (list, tuple)):
+            if not step.lstrip("-").isdigit() or not -len(node) <= int(step) < len(node):
+                raise KeyError(f"{'.'.join(walked)} is a list of {len(node)} items; {step!r} is not an index in it")
+            node = node[int(step)]
+        else:
+            raise KeyError(f"{'.'.join(walked)} is a value ({node!r}), not a section; cannot look up {step!r}")
+        walked.append(step)
+    return node
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    run: str
+    value: Any       # the swept setting read from the run's config
+    score: float
+    source: str = ""  # where the score came from, e.g. "valid bleu, step 3000"
+
+
+def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> tuple[int, float]:
+    """(step, score) of the best ``split`` record for ``metric`` (max; min for loss/ppl)."""
+    curve = learning_curve(records, metric=metric, split=split)
+    pick = min if metric in LOWER_IS_BETTER else max
+    return pick(curve, key=lambda point: point[1])
+
+
+def _sort_key(value: Any) -> tuple:
+    """Numbers first, by value; then anything else by its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def sweep_means(points: Sequence[SweepPoint]) -> list[tuple[Any, float, int]]:
+    """(value, mean score, number of runs) per swept value, ordered by value (seeds are averaged)."""
+    groups: dict[str, tuple[Any, list[float]]] = {}
+    for p in points:
+        groups.setdefault(repr(p.value), (p.value, []))[1].append(p.score)
+    ordered = sorted(groups.values(), key=lambda g: _sort_key(g[0]))
+    return [(value, sum(scores) / len(scores), len(scores)) for value, scores in ordered]
+
+
+def sweep_table(points: Sequence[SweepPoint], *, key: str) -> Table:
+    ordered = sorted(points, key=lambda p: (_sort_key(p.value), p.run))
+    return Table(("run", key, "score", "from"), tuple((p.run, p.value, p.score, p.source) for p in ordered))
+
+
+# ----------------------------------------------------------------------------- learning curves (Dufter Fig. 2)
+def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> list[tuple[int, float]]:
+    """(step, value) of ``metric`` in the ``split`` records of a ``metrics.jsonl``, by step.
+
+    A resumed run may log a step twice (validated again after the restart); the later record wins.
+    """
+    chosen = [r for r in records if r.get("split") == split]
+    if not records:
+        raise KeyError("no records at all (has the run been trained and validated yet?)")
+    if not chosen:
+        splits = sorted({str(r.get("split")) for r in records})
+        raise KeyError(f"no {split!r} records (splits present: {', '.join(splits) or 'none'})")
+    with_metric = {int(r["step"]): float(r[metric]) for r in chosen if metric in r}
+    if not with_metric:
+        names = sorted({k for r in chosen for k in r} - {"split", "step", "time"})
+        raise KeyError(f"no {split!r} record has metric {metric!r} (metrics: {', '.join(names)})")
+    return sorted(with_metric.items())
+
+
+def metric_names(records: Sequence[Mapping], *, pattern: str, split: str = "valid") -> list[str]:
+    """The metrics of the ``split`` records that match the shell-style ``pattern`` (``*gamma_q*``), sorted;
+    a pattern without wildcards names one metric (checked by ``learning_curve``)."""
+    if not any(c in pattern for c in "*?["):
+        return [pattern]
+    names = sorted({k for r in records if r.get("split") == split for k in r} - {"split", "step", "time"})
+    matched = fnmatch.filter(names, pattern)
+    if not matched:
+        raise KeyError(f"no {split!r} metric matches {pattern!r} (metrics: {', '.join(names) or 'none'})")
+    return matched
+
+
+def mean_curves(curves: Mapping[str, Sequence[tuple[int, float]]],
+                group_of: Mapping[str, str]) -> dict[str, list[tuple[int, float]]]:
+    """One curve per group (e.g. the seeds of one variant): the mean at each step that every member
+    logged, so no point mixes a different number of runs; a run stopped early ends its group there.
+    Keys are ``"<group> (mean of n)"``."""
+    members: dict[str, list[dict[int, float]]] = {}
+    for name, points in curves.items():
+        members.setdefault(group_of[name], []).append(dict(points))
+    means = {}
+    for group, runs in members.items():
+        steps = sorted(set.intersection(*(set(run) for run in runs)))
+        if not steps:
+            raise ValueError(f"the runs of {group!r} have no validation step in common")
+        means[f"{group} (mean of {len(runs)})"] = [(s, sum(run[s] for run in runs) / len(runs)) for s in steps]
+    return means
+
+
+def curves_table(curves: Mapping[str, Sequence[tuple[int, float]]]) -> Table:
+    """Wide table: one row per step (union over runs), one column per run; blank where not logged."""
+    by_run = {name: dict(points) for name, points in curves.items()}
+    steps = sorted({s for points in by_run.values() for s in points})
+    return Table(("step", *curves), tuple((s, *(by_run[name].get(s) for name in curves)) for s in steps), digits=3)
