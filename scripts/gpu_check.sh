@@ -11,11 +11,17 @@
 #                                      without the cache (bench/decode_speed.py)
 #   4. Multi30k vanilla in bf16        the CPU recipe on cuda, resumable: rerun to continue; evaluated on
 #                                      test_2016_flickr once it has trained its 3,000 updates
+#   5. decode-agreement                that run (or DECODE_RUN, any trained Multi30k run) decoded on
+#                                      test_2016_flickr in fp32 and in bf16 (scripts/decode_agreement.py): the
+#                                      share of identical hypotheses (issue 24 asks >= 99%), BLEU and wall time of
+#                                      each, in $REPORT_DIR/decode-agreement.md
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
-#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train   which parts (default all); TRAIN_MINUTES (default 8): the run's slice
+#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement   which parts (default all, comma-separated);
+#   TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement measures (default: step 4's,
+#   once it has finished)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPORT_DIR=${REPORT_DIR:-${OUT:-runs/gpu-check}}
@@ -91,6 +97,19 @@ if wants train; then
         $PY -m sanlab evaluate --run "$run" --device cuda 2>&1 | tee -a "$report"
     else
         echo "not finished: run this step again (GPU_STEPS=train) to continue from the last checkpoint" \
+            | tee -a "$report"
+    fi
+    end_section
+fi
+if wants decode-agreement; then
+    section "scripts/decode_agreement.py: test_2016_flickr in fp32 and bf16 on cuda (issue 24: >= 99% identical)"
+    run=${DECODE_RUN:-runs/gpu-multi30k}
+    if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
+        timeout 540 $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device cuda \
+            --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
+            --output "$REPORT_DIR/decode-agreement.md" 2>&1 | head -n 16 | tee -a "$report"
+    else
+        echo "no trained run: $run has not finished (run GPU_STEPS=train until it has, or set DECODE_RUN)" \
             | tee -a "$report"
     fi
     end_section

@@ -12,6 +12,10 @@ from sanlab.errors import ConfigError, DataError, SanlabError
 from sanlab.experiments.analyze_cli import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
 
+# --precision of translate, tag and evaluate: training.device.DECODE_PRECISIONS, spelled here so that parsing
+# the command line does not import torch (tests/training/test_decode_precision.py checks they agree)
+DECODE_PRECISIONS = ("fp32", "bf16")
+
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config (recipes in configs/)")
@@ -72,10 +76,12 @@ def _cmd_translate(args) -> int:
     from sanlab.runs import load_trained
     from sanlab.tasks.base import task_for
     from sanlab.tasks.translation import translate
+    from sanlab.training.device import decoding_precision, model_device
 
     check_output_file(args.output)  # before the model is loaded and the input decoded
     config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint, device=args.device)
     task_for(config).require("translate", args.run)
+    task_for(config).require_precision(args.precision, args.run)
     if args.beam and args.beam > 0 and args.n_best is None and config.decode.n_best > args.beam:  # (< 1: updated())
         raise ConfigError(f"--beam {args.beam} cannot return the run's decode.n_best = {config.decode.n_best} "
                           f"hypotheses; pass --n-best (at most {args.beam})")
@@ -84,7 +90,8 @@ def _cmd_translate(args) -> int:
         raise DataError("input file not found", path=args.input)
     lines = input_lines(args.input)
     n_best = decode.n_best
-    results = translate(model, spm, lines, decode=decode, n_best=n_best, source=args.input or "<stdin>")
+    results = translate(model, spm, lines, decode=decode, n_best=n_best, source=args.input or "<stdin>",
+                        precision=decoding_precision(args.precision, model_device(model)))
     with output_stream(args.output) as out:
         for i, r in enumerate(results):
             if n_best == 1:
@@ -106,7 +113,7 @@ def _cmd_tag(args) -> int:
     from sanlab.runs import tag_file
 
     tag_file(Path(args.run), input_path=args.input, output_path=args.output, checkpoint=args.checkpoint,
-             device=args.device)
+             device=args.device, precision=args.precision)
     return 0
 
 
@@ -126,7 +133,7 @@ def _cmd_evaluate(args) -> int:
     overrides = {"beam": args.beam} if args.beam is not None else {}
     with _locked_run(args.run):
         results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
-                               decode_overrides=overrides, device=args.device)
+                               decode_overrides=overrides, device=args.device, precision=args.precision)
     task = task_for(load_run_config(Path(args.run)))
     for name, r in results.items():
         print(f"== {name}")
@@ -207,6 +214,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--run", required=True, help="trained run directory")
         p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
         p.add_argument("--device", default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
+        p.add_argument("--precision", default="fp32", choices=DECODE_PRECISIONS,
+                       help="fp32 (default) | bf16: the model's forward under bf16 autocast, scores in fp32"
+                       + ("; a bf16 evaluation writes eval-<checkpoint>-bf16.json and hyp-<checkpoint>-bf16-*.txt, "
+                          "beside the fp32 ones" if name == "evaluate" else ""))
         p.set_defaults(fn=fn)
         if name in ("translate", "tag"):
             p.add_argument("--input", help="input file (default: stdin)")

@@ -1,7 +1,6 @@
 """Run directories written before the run layout moved into one object (``tests/fixtures/rundir-v1``, made by
 ``tests/fixtures/make_rundir_v1.py`` with the code of that time) still resume and evaluate."""
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,16 +9,7 @@ from sanlab.config import load_config
 from sanlab.runs import evaluate_run, train_run
 from sanlab.training import rundir
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "rundir-v1"
-
-
-@pytest.fixture
-def legacy(tmp_path, monkeypatch):
-    """A copy of the fixture, the working directory at its root (its configs name the data relative to it)."""
-    root = tmp_path / "v1"
-    shutil.copytree(FIXTURE, root)
-    monkeypatch.chdir(root)
-    return root
+# the fixture ``legacy``: a copy of tests/fixtures/rundir-v1 (tests/training/conftest.py)
 
 
 @pytest.mark.parametrize("name, more", [("translation", ["train.max_steps=6"]), ("tagging", ["train.max_epochs=3"])])

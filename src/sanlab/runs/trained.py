@@ -67,8 +67,12 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"
 
 
 def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
-                 decode_overrides: dict | None = None, device: str = "cpu") -> dict:
+                 decode_overrides: dict | None = None, device: str = "cpu", precision: str = "fp32") -> dict:
     """Score a trained run on its held-out splits; writes hypotheses and ``eval-<checkpoint>.json`` into the run.
+
+    ``precision`` (fp32 or bf16, ``training.device.decoding_precision``) is what the model decodes in; each
+    record says it, and a precision other than fp32 writes files of its own (``eval-<checkpoint>-bf16.json``,
+    ``hyp-<checkpoint>-bf16-<split>.txt``: ``RunLayout``), so a bf16 evaluation never replaces an fp32 one.
 
     Each split's record names the checkpoint it scored (directory and update), since ``best`` and ``last``
     move when a run is resumed. Splits scored earlier from the same checkpoint stay in the file; records
@@ -76,18 +80,25 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     written before checkpoints were named cannot be told apart and are kept, files and all: deleting them
     could delete what a comparison grid scored.
     """
+    from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
+
+    check_decoding_precision(precision)  # before the model is loaded
     config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
+    task = task_for(config)
+    task.require_precision(precision, run_dir)
     scored = scored_checkpoint(run_dir, checkpoint, config)
-    results = task_for(config).evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint,
-                                        splits=splits, decode_overrides=decode_overrides)
-    results = {name: {**record, **scored} for name, record in results.items()}
+    # (tasks that decode only in fp32 take no precision argument: their interface predates it)
+    extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
+    results = task.evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint, splits=splits,
+                            decode_overrides=decode_overrides, **extra)
+    results = {name: {**record, **scored, "precision": precision} for name, record in results.items()}
     layout = RunLayout(run_dir)
-    out = layout.eval_record(checkpoint)
+    out = layout.eval_record(checkpoint, precision)
     earlier = read_json(out) or {}
     kept = {name: r for name, r in earlier.items()
             if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
     for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
-        layout.hypotheses(checkpoint, name).unlink(missing_ok=True)
+        layout.hypotheses(checkpoint, name, precision).unlink(missing_ok=True)
     write_json(out, {**kept, **results})
     return results
 
@@ -136,16 +147,20 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
 
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",
-             device: str = "cpu") -> None:
-    """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines."""
+             device: str = "cpu", precision: str = "fp32") -> None:
+    """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines.
+    ``precision``: fp32 or bf16 (the tagger's forward under autocast)."""
     from sanlab.data.conllu_io import TaggedSentence, read_conllu
     from sanlab.data.parallel import input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.tasks.tagging import tag_sentences
+    from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
 
     check_output_file(output_path)
+    check_decoding_precision(precision)  # before the model is loaded
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint, device=device)
     task_for(config).require("tag", run_dir)
+    task_for(config).require_precision(precision, run_dir)
     if input_path and not Path(input_path).is_file():
         raise DataError("input file not found", path=input_path)
     if input_path and ".conllu" in Path(input_path).name:
@@ -153,7 +168,8 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     else:
         sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))
                  for line in input_lines(input_path) if line.strip()]
-    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
+    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars,
+                              precision=decoding_precision(precision, model_device(model)))
     with output_stream(output_path) as out:
         for sent, tags in zip(sents, predicted):
             out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))

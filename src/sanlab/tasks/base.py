@@ -37,6 +37,10 @@ class Task:
     own_command: ClassVar[str | None] = None
     synthetic_splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     decodes: ClassVar[bool] = False        # whether ``decode.*`` settings apply to its evaluation
+    # what ``--precision`` its evaluation and own command run in (training.device.DECODE_PRECISIONS); a task
+    # that lists more than fp32 takes ``precision=`` (a ``training.device.Precision``) in ``evaluate`` when
+    # one other than fp32 is asked for, and applies it to its model's forward
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
 
     def supports(self, command: str) -> bool:
         return command in self.commands
@@ -51,6 +55,12 @@ class Task:
         able = " or ".join(n for n in TASKS.references() if task_named(n).supports(command)) or "another"
         use = f" (use `sanlab {self.own_command}`)" if self.own_command else ""
         raise ConfigError(f"{where} is a {self.name} {what}; `sanlab {command}` needs a {able} {what}{use}")
+
+    def require_precision(self, precision: str, where: object) -> None:
+        """An error unless the task's evaluation and own command can run in ``precision`` (``--precision``)."""
+        if precision not in self.precisions:
+            raise ConfigError(f"{where} is a {self.name} run; it decodes in {' or '.join(self.precisions)}, "
+                              f"not {precision}")
 
     # ----------------------------------------------------------------- training
     def trainer(self, config, run_dir: Path, log):
@@ -75,7 +85,9 @@ class Task:
 
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
                  decode_overrides: dict | None) -> dict:
-        """Scores of each held-out split (``sanlab evaluate``), writing what it scored into the run."""
+        """Scores of each held-out split (``sanlab evaluate``), writing what it scored into the run (by
+        ``RunLayout``, its names carrying the precision). A task whose ``precisions`` go beyond fp32 also
+        takes ``precision`` (a ``training.device.Precision``; fp32 when not given)."""
         raise NotImplementedError
 
     def summary(self, record: dict) -> str:

@@ -19,7 +19,7 @@ from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import Tagger
-from sanlab.training.device import model_device, to_device
+from sanlab.training.device import Precision, model_device, to_device
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
@@ -175,22 +175,26 @@ class TaggingTask:
 
 @torch.no_grad()
 def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
-                 batch_size: int = 64) -> list[list[str]]:
+                 batch_size: int = 64, precision: Precision | None = None) -> list[list[str]]:
+    """The most likely tag of each word; the forward under ``precision``'s autocast (default fp32)."""
     model.eval()
+    precision = precision or Precision("fp32", model_device(model))
     out = []
     for k in range(0, len(sents), batch_size):
         batch = to_device(encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars, pad_to=model.pad_to),
                           model_device(model))
-        pred = model(batch.words, batch.chars).argmax(-1).tolist()  # [b, t], one copy to the host
+        with precision.autocast():
+            logits = model(batch.words, batch.chars)  # [b, t, tags]
+        pred = logits.float().argmax(-1).tolist()  # [b, t], one copy to the host
         out += [[vocab.tags[p] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
     return out
 
 
 def tag_sentences(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_len: int,
-                  max_chars: int) -> list[list[str]]:
+                  max_chars: int, precision: Precision | None = None) -> list[list[str]]:
     """Predicted tags per whole sentence: sentences longer than t are tagged chunk by chunk and joined."""
     chunks = [chunk_sentences([s], max_len) for s in sents]
-    flat = predict_tags(model, vocab, [c for cs in chunks for c in cs], max_chars=max_chars)
+    flat = predict_tags(model, vocab, [c for cs in chunks for c in cs], max_chars=max_chars, precision=precision)
     pred, k = [], 0
     for cs in chunks:
         pred.append([t for chunk in flat[k:k + len(cs)] for t in chunk])
@@ -239,7 +243,7 @@ def load_tagging_model(config: TaggingConfig, run_dir: Path) -> tuple[Tagger, Ta
 
 
 def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingConfig, *,
-                            splits: list[str] | None) -> dict:
+                            splits: list[str] | None, precision: Precision | None = None) -> dict:
     """Accuracy over all tokens and each word group (``evaluation.tagging``) and a per-tag report on dev and test."""
     from sanlab.evaluation.tagging import format_report, per_tag_report
 
@@ -251,7 +255,8 @@ def evaluate_tagging_splits(model: Tagger, vocab: TaggingVocab, config: TaggingC
         if name not in files:
             raise ConfigError(f"unknown split {name!r}; this run has: {', '.join(files)}")
         sents = read_conllu(files[name], column=d.column)
-        pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
+        pred = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars,
+                             precision=precision)
         gold = [list(s.tags) for s in sents]
         s = tagging_accuracy(gold=gold, pred=pred, words=[list(x.words) for x in sents], in_vocab=vocab.in_vocab,
                              train_word_tags=train_word_tags)

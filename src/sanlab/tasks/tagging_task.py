@@ -35,6 +35,7 @@ class Tagging(Task):
     legend = (TAGGING_COLUMNS,)
     commands = frozenset({"tag", "rescore"})
     own_command = "tag"
+    precisions = ("fp32", "bf16")
 
     # ----------------------------------------------------------------- training
     def trainer(self, config, run_dir: Path, log):
@@ -62,13 +63,13 @@ class Tagging(Task):
         return load_tagging_model(config, run_dir)
 
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
-                 decode_overrides: dict | None) -> dict:
+                 decode_overrides: dict | None, precision=None) -> dict:
         from sanlab.tasks.tagging import evaluate_tagging_splits
 
         if decode_overrides:
             raise ConfigError(f"{run_dir} is a tagging run: decode settings ({', '.join(decode_overrides)}) do not "
                               "apply")
-        return evaluate_tagging_splits(model, assets, config, splits=splits)
+        return evaluate_tagging_splits(model, assets, config, splits=splits, precision=precision)
 
     def summary(self, record: dict) -> str:
         pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731

@@ -24,7 +24,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
 from sanlab.tasks.translation_data import load_subwords
 from sanlab.tasks.translation_data import prepare as prepare_training_data
-from sanlab.training.device import model_device, to_device
+from sanlab.training.device import Precision, model_device, to_device
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
@@ -168,8 +168,12 @@ def max_output_lengths(src_len: torch.Tensor, decode: DecodeConfig, limit: int |
 
 @torch.no_grad()
 def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
-              n_best: int = 1, source: str | None = None) -> list[str] | list[list[tuple[str, float]]]:
+              n_best: int = 1, source: str | None = None,
+              precision: Precision | None = None) -> list[str] | list[list[tuple[str, float]]]:
     """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score)).
+
+    ``precision`` (default fp32): the model's encoder pass and decoder steps run under its autocast; the
+    step's log-softmax (``Seq2Seq.decode_step``) and the beam search's scores stay in fp32.
 
     An empty sentence has nothing to translate and gets an empty translation (score 0). A sentence longer
     than the model accepts (``model.max_positions``) is a DataError naming its line of ``source``; the
@@ -185,6 +189,12 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
             raise DataError(f"{len(x)} subword tokens (with end of sentence), more than the model accepts "
                             f"(model.max_positions = {limit}); split the sentence", path=source or "<input>", line=k + 1)
     results: list = [[("", 0.0)] if not x else None for x in ids]
+    precision = precision or Precision("fp32", model_device(model))
+
+    def step(tokens: Tensor, state):
+        with precision.autocast():  # the search itself (scores, top-k, EOS bookkeeping) runs outside it
+            return model.decode_step(tokens, state)
+
     order = sorted((k for k, x in enumerate(ids) if x), key=lambda k: len(ids[k]))  # similar lengths share a batch
     for start in range(0, len(order), decode.batch_sentences):
         chunk = order[start:start + decode.batch_sentences]
@@ -192,7 +202,9 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
         src = to_device(src, model_device(model))  # the search's state follows max_lengths' device
         src_len = src.ne(spm.pad_id).sum(-1)
         max_lengths = max_output_lengths(src_len, decode, limit)
-        hyps = beam_search(model.decode_step, model.start_decoding(src), batch_size=len(chunk), beam_size=decode.beam,
+        with precision.autocast():
+            state = model.start_decoding(src)
+        hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
                            bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
                            length_penalty=decode.length_penalty, n_best=max(n_best, 1))
         for k, nbest in zip(chunk, hyps):
@@ -219,9 +231,11 @@ def read_hypotheses(path: Path) -> list[str]:
 
 
 def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationConfig, *, splits: list[str] | None,
-                         decode: DecodeConfig, out_dir: Path, tag: str) -> dict:
+                         decode: DecodeConfig, out_dir: Path, tag: str, precision: Precision | None = None) -> dict:
     """BLEU and chrF (sacreBLEU, detokenised output vs raw references) on the named test splits
-    (default: all of ``data.test``, else the validation set)."""
+    (default: all of ``data.test``, else the validation set), decoded in ``precision`` (default fp32; the
+    hypotheses file's name carries any other, ``RunLayout.hypotheses``)."""
+    precision = precision or Precision("fp32", model_device(model))
     files = dict(config.data.test) or {"valid": config.data.valid}
     if splits:
         unknown = [s for s in splits if s not in files and s != "valid"]
@@ -233,9 +247,9 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         # every line of a test set is scored (data.skip_empty applies to training and validation only):
         # an empty source has nothing to translate, so its hypothesis is empty
         raw = read_parallel(pair.src, pair.tgt, keep_empty=True)
-        hyps = translate(model, spm, [s for s, _ in raw], decode=decode, source=str(pair.src))
+        hyps = translate(model, spm, [s for s, _ in raw], decode=decode, source=str(pair.src), precision=precision)
         scores = corpus_scores(hyps, [t for _, t in raw])
-        hyp_path = RunLayout(out_dir).hypotheses(tag, name)
+        hyp_path = RunLayout(out_dir).hypotheses(tag, name, precision.name)
         write_hypotheses(hyp_path, hyps)
         results[name] = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                          "chrf_signature": scores.chrf_signature, "formatted": scores.format(),

@@ -16,6 +16,7 @@ class Translation(Task):
     own_command = "translate"
     synthetic_splits = ("train", "valid", "test")
     decodes = True
+    precisions = ("fp32", "bf16")
 
     # ----------------------------------------------------------------- training
     def trainer(self, config, run_dir: Path, log):
@@ -47,13 +48,13 @@ class Translation(Task):
         return load_translation_model(config, run_dir)
 
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
-                 decode_overrides: dict | None) -> dict:
+                 decode_overrides: dict | None, precision=None) -> dict:
         from sanlab.tasks.translation import evaluate_translation
 
         # one hypothesis per sentence is scored, so a run's n_best (for `translate`) must not limit --beam
         decode = config.decode.updated(**{"n_best": 1, **(decode_overrides or {})})
         return evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
-                                    tag=checkpoint)
+                                    tag=checkpoint, precision=precision)
 
     def summary(self, record: dict) -> str:
         return record["formatted"]

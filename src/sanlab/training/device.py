@@ -6,6 +6,8 @@ moves the model and each batch here, and runs the forward under ``Precision.auto
                and ``auto`` mean cuda:LOCAL_RANK, one GPU per process
     precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
                on the CPU too where torch supports it, for tests)
+
+Decoding (``--precision`` on ``translate``, ``tag`` and ``evaluate``) takes fp32 or bf16: ``decoding_precision``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from sanlab.errors import ConfigError, TrainingError
 
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# what decoding and tagging run in (--precision): the model's forward under autocast, the search's scores in fp32
+DECODE_PRECISIONS = ("fp32", "bf16")
 # fairseq's --min-loss-scale default: below it fp16 training has stopped learning, however long it runs
 MIN_LOSS_SCALE = 1e-4
 
@@ -91,6 +95,20 @@ class Precision:
         if self.name != "fp16":
             return None
         return torch.amp.GradScaler(self.device.type)
+
+
+def decoding_precision(name: str, device: torch.device) -> Precision:
+    """The ``Precision`` that ``translate``, ``tag`` and ``evaluate`` run a trained model in on ``device``:
+    fp32, or bf16 (the model's forward steps under autocast; log-probabilities, beam scores and argmaxes are
+    taken in fp32, as training takes its losses)."""
+    return Precision(check_decoding_precision(name), torch.device(device))
+
+
+def check_decoding_precision(name: str) -> str:
+    """``name`` if decoding can run in it (``DECODE_PRECISIONS``), else a ConfigError."""
+    if name not in DECODE_PRECISIONS:
+        raise ConfigError(f"precision {name!r} for decoding: expected one of {', '.join(DECODE_PRECISIONS)}")
+    return name
 
 
 def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> None:

@@ -51,6 +51,8 @@ class RunLayout:
     failed = _Named("failed.json")          # `sanlab compare`: the last error of a cell
     EVAL_RECORD = "eval-{checkpoint}.json"            # `sanlab evaluate`: the scores of each split
     HYPOTHESES = "hyp-{checkpoint}-{split}.txt"       # `sanlab evaluate` (translation): what was scored
+    # `sanlab evaluate --precision bf16` writes beside the fp32 files, never over them: its checkpoint part
+    # carries the precision (eval-best-bf16.json, hyp-best-bf16-test.txt); fp32 keeps the names above
     TAG_PREDICTIONS = "tags-{checkpoint}-{split}.jsonl.gz"  # `sanlab compare` (tagging): the evidence
     # temporary names of files and directories being written or replaced (files.replacing, the sentencepiece
     # staging, files.replace_directory)
@@ -82,12 +84,14 @@ class RunLayout:
         return self.root / _subword_stem(side)
 
     # ---------------------------------------------------------------- evaluation
-    def eval_record(self, checkpoint: str | Path) -> Path:
-        """``sanlab evaluate``'s record of ``checkpoint`` (best, last, averaged, step-N or a directory)."""
-        return self.root / self.EVAL_RECORD.format(checkpoint=Path(checkpoint).name)
+    def eval_record(self, checkpoint: str | Path, precision: str = "fp32") -> Path:
+        """``sanlab evaluate``'s record of ``checkpoint`` (best, last, averaged, step-N or a directory) decoded
+        in ``precision`` (fp32: ``eval-best.json``; bf16: ``eval-best-bf16.json``)."""
+        return self.root / self.EVAL_RECORD.format(checkpoint=_evaluated(checkpoint, precision))
 
-    def hypotheses(self, checkpoint: str | Path, split: str) -> Path:
-        return self.root / self.HYPOTHESES.format(checkpoint=Path(checkpoint).name, split=split)
+    def hypotheses(self, checkpoint: str | Path, split: str, precision: str = "fp32") -> Path:
+        """The hypotheses ``sanlab evaluate`` scored (fp32: ``hyp-best-test.txt``; bf16: ``hyp-best-bf16-test.txt``)."""
+        return self.root / self.HYPOTHESES.format(checkpoint=_evaluated(checkpoint, precision), split=split)
 
     def tag_predictions(self, checkpoint: str | Path, split: str) -> Path:
         return self.root / self.TAG_PREDICTIONS.format(checkpoint=Path(checkpoint).name, split=split)
@@ -123,6 +127,13 @@ def _subword_stem(side: str) -> str:
     if side not in SUBWORD_SIDES:
         raise ValueError(f"subword side {side!r}: one of {SUBWORD_SIDES}")
     return RunLayout.SUBWORD if side == "joint" else f"{RunLayout.SUBWORD}-{side}"
+
+
+def _evaluated(checkpoint: str | Path, precision: str) -> str:
+    """The checkpoint part of an evaluation's file names: the checkpoint's name, with ``-<precision>`` unless
+    fp32 (the names evaluations have always had)."""
+    name = Path(checkpoint).name
+    return name if precision == "fp32" else f"{name}-{precision}"
 
 
 def _wildcard(template: str) -> str:

@@ -1,0 +1,177 @@
+"""Decode one split of a translation run in fp32 and in bf16 and report how often the two agree (issue 24:
+"decoding in bf16 gives the same hypotheses as fp32 on the committed Multi30k test set for >= 99% of
+sentences").
+
+    python scripts/decode_agreement.py --run RUN [--split test_2016_flickr] [--device cuda] [--checkpoint best]
+                                       [--beam N] [--output report.md]
+
+Both passes load the same checkpoint once and decode with the run's ``decode`` settings (``--beam`` overrides
+the beam; one hypothesis per sentence, as ``sanlab evaluate`` scores). bf16 is ``sanlab translate --precision
+bf16``: the model's forward steps under autocast, log-probabilities and beam scores in fp32. The report gives
+the share of sentences whose hypotheses are identical (string equality of the detokenised output), BLEU and
+chrF of each pass (sacreBLEU, against the split's references), the wall time of each pass (after a warm-up on a
+few sentences in both precisions, so neither pays the first call's costs), the machine and the command, and the
+first sentences that differ. It writes nothing into the run directory. ``--src``/``--ref`` point the split at
+other files (a run whose config names data paths that this machine lays out elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+TARGET = 99.0  # issue 24: identical hypotheses for at least this share of sentences
+WARMUP_SENTENCES = 16
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _timed(fn, device) -> tuple[object, float]:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def measure(run: Path, *, split: str | None = None, device: str = "auto", checkpoint: str = "best",
+            beam: int | None = None, src: str | None = None, ref: str | None = None) -> dict:
+    """fp32 and bf16 hypotheses of ``split``, their scores and wall times, and what produced them."""
+    import torch
+
+    from sanlab.data.parallel import read_parallel
+    from sanlab.errors import ConfigError
+    from sanlab.evaluation.bleu import corpus_scores
+    from sanlab.runs import load_trained
+    from sanlab.runs.trained import scored_checkpoint
+    from sanlab.tasks.base import task_for
+    from sanlab.tasks.translation import translate
+    from sanlab.training.device import DECODE_PRECISIONS, decoding_precision, environment, model_device
+
+    config, model, spm = load_trained(run, checkpoint=checkpoint, device=device)
+    task = task_for(config)
+    task.require("translate", run)
+    split = split or task.default_split(config)
+    if split not in task.splits(config):
+        raise ConfigError(f"unknown split {split!r}; {run} has: {', '.join(task.splits(config))}")
+    default_src, default_ref = task.split_files(config, split)
+    src_path, ref_path = Path(src or default_src), Path(ref or default_ref)
+    pairs = read_parallel(src_path, ref_path, keep_empty=True)  # every line, as `sanlab evaluate` scores
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    decode = config.decode.updated(n_best=1, beam=beam)
+    where = model_device(model)
+    precisions = {name: decoding_precision(name, where) for name in DECODE_PRECISIONS}
+    for precision in precisions.values():  # warm-up: allocations, kernels, autocast's first casts
+        translate(model, spm, sources[:WARMUP_SENTENCES], decode=decode, precision=precision)
+    passes = {}
+    for name, precision in precisions.items():
+        hyps, seconds = _timed(lambda p=precision: translate(model, spm, sources, decode=decode,
+                                                             source=str(src_path), precision=p), where)
+        passes[name] = {"hypotheses": hyps, "seconds": seconds, "scores": corpus_scores(hyps, refs)}
+    env = environment(where)
+    return {"run": str(run), "which": checkpoint, **scored_checkpoint(run, checkpoint, config), "split": split,
+            "src": str(src_path), "ref": str(ref_path), "sources": sources, "decode": decode.model_dump(),
+            "passes": passes, "device": str(where), "device_name": env.get("device_name") or _cpu_name(),
+            "torch": env["torch"], "cuda": env["cuda"], "threads": torch.get_num_threads(),
+            "identical": sum(a == b for a, b in zip(passes["fp32"]["hypotheses"], passes["bf16"]["hypotheses"]))}
+
+
+def report(found: dict, *, command: str, examples: int = 5) -> str:
+    """The Markdown report of ``measure``'s result."""
+    fp32, bf16 = found["passes"]["fp32"], found["passes"]["bf16"]
+    n = len(found["sources"])
+    share = 100.0 * found["identical"] / n if n else 100.0
+    verdict = "meets" if share >= TARGET else "does not meet"
+    d = found["decode"]
+    cpu = found["device"] == "cpu"
+    lines = [
+        f"# Decoding in bf16 against fp32: {found['run']}, {found['split']}",
+        "",
+        f"Identical hypotheses: **{found['identical']:,} of {n:,} sentences ({share:.2f}%)**, which {verdict} issue "
+        f"24's criterion (at least {TARGET:g}%).",
+        "",
+        "| | fp32 | bf16 |",
+        "|---|---:|---:|",
+        f"| BLEU | {fp32['scores'].bleu:.2f} | {bf16['scores'].bleu:.2f} |",
+        f"| chrF | {fp32['scores'].chrf:.2f} | {bf16['scores'].chrf:.2f} |",
+        f"| wall time, s | {fp32['seconds']:.1f} | {bf16['seconds']:.1f} |",
+        f"| sentences/s | {n / max(fp32['seconds'], 1e-9):.1f} | {n / max(bf16['seconds'], 1e-9):.1f} |",
+        "",
+        f"- Run: `{found['run']}`, checkpoint {found['which']} (`{found['checkpoint']}`, update {found['step']}); "
+        f"split {found['split']}: `{found['src']}` against `{found['ref']}`",
+        f"- Decoding: beam {d['beam']}, length penalty {d['length_penalty']}, max length {d['max_len_a']} x source "
+        f"+ {d['max_len_b']}, {d['batch_sentences']} sentences per batch; one hypothesis per sentence",
+        "- bf16: the model's encoder pass and decoder steps under torch.autocast (bfloat16); the log-softmax and "
+        "the beam search's scores in fp32 (`sanlab translate --precision bf16`)",
+        f"- BLEU: sacreBLEU `{fp32['scores'].bleu_signature}`",
+        f"- Wall time: decoding only (no loading, no scoring), after a warm-up on {WARMUP_SENTENCES} sentences in "
+        "each precision",
+        f"- Machine: {found['device']} ({found['device_name']}), torch {found['torch']}"
+        + (f", CUDA {found['cuda']}" if found["device"].startswith("cuda") else "")
+        + f", {found['threads']} CPU thread(s)",
+        f"- Command: `{command}`",
+        f"- Date: {datetime.date.today().isoformat()}",
+    ]
+    if cpu:
+        lines += ["", "This is the CPU's bf16 (torch's CPU autocast), not a GPU's: the GPU measurement is the "
+                  "`decode-agreement` step of `scripts/gpu_check.sh`."]
+    differing = [k for k, (a, b) in enumerate(zip(fp32["hypotheses"], bf16["hypotheses"])) if a != b]
+    if differing and examples:
+        lines += ["", f"## Sentences that differ (the first {min(examples, len(differing))} of {len(differing)})", ""]
+        for k in differing[:examples]:
+            lines += [f"{k + 1}. source: {found['sources'][k]}", f"   - fp32: {fp32['hypotheses'][k]}",
+                      f"   - bf16: {bf16['hypotheses'][k]}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a trained translation run directory")
+    parser.add_argument("--split", help="a split of the run (default: its first test split, e.g. test_2016_flickr)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
+    parser.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a directory")
+    parser.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
+    parser.add_argument("--src", help="the split's source file (default: the one the run's config names)")
+    parser.add_argument("--ref", help="the split's reference file (default: the one the run's config names)")
+    parser.add_argument("--examples", type=int, default=5, help="differing sentences to show (default 5)")
+    parser.add_argument("--output", help="write the Markdown report here too (it is always printed)")
+    args = parser.parse_args(argv)
+
+    from sanlab.errors import SanlabError
+
+    try:
+        found = measure(Path(args.run), split=args.split, device=args.device, checkpoint=args.checkpoint,
+                        beam=args.beam, src=args.src, ref=args.ref)
+    except SanlabError as err:
+        print(f"decode_agreement: error: {err}", file=sys.stderr)
+        return 2
+    command = shlex.join(["python", "scripts/decode_agreement.py", *argv])
+    text = report(found, command=command, examples=args.examples)
+    print(text, end="")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

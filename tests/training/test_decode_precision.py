@@ -1,0 +1,151 @@
+"""--precision fp32|bf16 on translate, tag and evaluate (issue 24), on copies of the committed tiny runs
+(tests/fixtures/rundir-v1, the ``legacy`` fixture), and scripts/decode_agreement.py end to end."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sanlab.cli import DECODE_PRECISIONS, main
+from sanlab.errors import ConfigError
+from sanlab.runs import evaluate_run
+from sanlab.tasks.base import Task
+from sanlab.training import rundir
+from sanlab.training.device import decoding_precision
+from sanlab.training.layout import RunLayout
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "rundir-v1"
+
+
+def test_the_cli_offers_the_precisions_decoding_has():
+    from sanlab.training import device
+
+    assert DECODE_PRECISIONS == device.DECODE_PRECISIONS == ("fp32", "bf16")
+    for name in ("fp16", "tf32"):
+        with pytest.raises(ConfigError, match="expected one of fp32, bf16"):
+            decoding_precision(name, torch.device("cpu"))
+
+
+def test_layout_names_a_bf16_evaluation_beside_the_fp32_one():
+    run = RunLayout("runs/x")
+    assert run.eval_record("best") == run.eval_record("best", "fp32") == Path("runs/x/eval-best.json")
+    assert run.eval_record("checkpoints/step-00000004", "bf16") == Path("runs/x/eval-step-00000004-bf16.json")
+    assert run.hypotheses("best", "test", "bf16") == Path("runs/x/hyp-best-bf16-test.txt")
+    assert run.hypotheses("best", "test") == Path("runs/x/hyp-best-test.txt")
+    # sanlab wrote them: --overwrite may delete them, and they make no directory a stranger's
+    assert rundir.is_known("eval-best-bf16.json") and rundir.is_known("hyp-best-bf16-test.txt")
+
+
+def test_translate_in_bf16_runs_the_model_under_autocast_and_the_search_in_fp32(legacy, monkeypatch):
+    from sanlab.runs import load_trained
+    from sanlab.tasks import translation
+
+    config, model, spm = load_trained(Path("translation"), device="cpu")
+    seen = []
+    real = translation.beam_search
+
+    def spying(step, state, **kw):
+        def watched(tokens, cache):
+            log_probs, cache = step(tokens, cache)
+            seen.append((torch.is_autocast_enabled("cpu"), log_probs.dtype))
+            return log_probs, cache
+
+        assert not torch.is_autocast_enabled("cpu")  # the search's own arithmetic is outside autocast
+        return real(watched, state, **kw)
+
+    monkeypatch.setattr(translation, "beam_search", spying)
+    sources = Path("data/translation/test.src").read_text(encoding="utf-8").splitlines()
+    bf16 = translation.translate(model, spm, sources, decode=config.decode,
+                                 precision=decoding_precision("bf16", torch.device("cpu")))
+    assert len(bf16) == len(sources) and seen and all(dtype == torch.float32 for _, dtype in seen)
+    seen.clear()
+    fp32 = translation.translate(model, spm, sources, decode=config.decode)
+    assert seen and all(dtype == torch.float32 for _, dtype in seen)
+    assert fp32 == Path("translation/hyp-best-test.txt").read_text(encoding="utf-8").splitlines()  # unchanged
+
+
+def test_translate_command_with_precision(legacy, tmp_path, capsys):
+    out32, out16 = tmp_path / "fp32.txt", tmp_path / "bf16.txt"
+    common = ["translate", "--run", "translation", "--device", "cpu", "--input", "data/translation/test.src"]
+    assert main([*common, "--output", str(out32)]) == 0
+    assert main([*common, "--precision", "bf16", "--output", str(out16)]) == 0
+    assert out32.read_text(encoding="utf-8") == Path("translation/hyp-best-test.txt").read_text(encoding="utf-8")
+    assert len(out16.read_text(encoding="utf-8").splitlines()) == len(out32.read_text(encoding="utf-8").splitlines())
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        main([*common, "--precision", "fp16"])
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
+def test_evaluate_in_bf16_keeps_the_fp32_record_and_says_its_precision(legacy, capsys):
+    run = Path("translation")
+    committed = (run / "eval-best.json").read_bytes(), (run / "hyp-best-test.txt").read_bytes()
+    assert main(["evaluate", "--run", str(run), "--device", "cpu", "--precision", "bf16"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+    assert ((run / "eval-best.json").read_bytes(), (run / "hyp-best-test.txt").read_bytes()) == committed
+    bf16 = json.loads((run / "eval-best-bf16.json").read_text(encoding="utf-8"))["test"]
+    assert bf16["precision"] == "bf16" and bf16["step"] == 4 and bf16["sentences"] == 10
+    assert Path(bf16["hypotheses"]).name == "hyp-best-bf16-test.txt" and (run / "hyp-best-bf16-test.txt").is_file()
+    # fp32 again: the same scores and hypotheses as the committed record, which now names its precision
+    old = json.loads(committed[0])["test"]
+    fp32 = evaluate_run(run, checkpoint="best")["test"]
+    assert fp32["precision"] == "fp32" and (fp32["bleu"], fp32["chrf"]) == (old["bleu"], old["chrf"])
+    assert (run / "hyp-best-test.txt").read_bytes() == committed[1]
+    assert json.loads((run / "eval-best-bf16.json").read_text(encoding="utf-8"))["test"]["precision"] == "bf16"
+    with pytest.raises(ConfigError, match="expected one of fp32, bf16"):
+        evaluate_run(run, precision="fp16")
+
+
+def test_tag_and_evaluate_a_tagger_in_bf16(legacy, tmp_path):
+    run = Path("tagging")
+    committed = (run / "eval-best.json").read_bytes()
+    out32, out16 = tmp_path / "fp32.tsv", tmp_path / "bf16.tsv"
+    data = next(Path("data/tagging").glob("test*"))
+    common = ["tag", "--run", str(run), "--device", "cpu", "--input", str(data)]
+    assert main([*common, "--output", str(out32)]) == 0
+    assert main([*common, "--precision", "bf16", "--output", str(out16)]) == 0
+    words = lambda p: [line.split("\t")[0] for line in p.read_text(encoding="utf-8").splitlines()]  # noqa: E731
+    assert words(out16) == words(out32) and len(words(out32)) > 0
+    assert main(["evaluate", "--run", str(run), "--device", "cpu", "--precision", "bf16"]) == 0
+    assert (run / "eval-best.json").read_bytes() == committed
+    bf16 = json.loads((run / "eval-best-bf16.json").read_text(encoding="utf-8"))
+    assert set(bf16) == set(json.loads(committed)) and all(r["precision"] == "bf16" for r in bf16.values())
+    assert all(0 <= r["all"] <= 100 for r in bf16.values())
+
+
+def test_a_task_that_decodes_only_in_fp32_says_so():
+    class Copy(Task):
+        name = "copy"
+
+    Copy().require_precision("fp32", "runs/c")
+    with pytest.raises(ConfigError, match="runs/c is a copy run; it decodes in fp32, not bf16"):
+        Copy().require_precision("bf16", "runs/c")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("decode_agreement", ROOT / "scripts" / "decode_agreement.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_agreement_script_end_to_end(legacy, tmp_path, capsys):
+    report = tmp_path / "agreement.md"
+    assert _script().main(["--run", "translation", "--device", "cpu", "--output", str(report)]) == 0
+    text = report.read_text(encoding="utf-8")
+    assert text == capsys.readouterr().out
+    assert text.startswith("# Decoding in bf16 against fp32: translation, test")
+    assert "Identical hypotheses: **" in text and " of 10 sentences (" in text
+    assert "| BLEU | 0.00 |" in text and "wall time, s" in text and "CPU's bf16" in text
+    names = lambda d: sorted(p.name for p in d.iterdir())  # noqa: E731
+    assert names(Path("translation")) == names(FIXTURE / "translation")  # it wrote nothing into the run
+
+
+def test_the_agreement_script_refuses_a_tagging_run_and_an_unknown_split(legacy, capsys):
+    script = _script()
+    assert script.main(["--run", "tagging", "--device", "cpu"]) == 2
+    assert "sanlab translate` needs a translation run" in capsys.readouterr().err
+    assert script.main(["--run", "translation", "--device", "cpu", "--split", "nope"]) == 2
+    assert "unknown split 'nope'" in capsys.readouterr().err
