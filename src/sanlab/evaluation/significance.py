@@ -297,32 +297,14 @@ def seed_bootstrap(
     One run per side draws nothing extra to matter: the result equals the paired bootstrap's.
     """
     _check_bootstrap_args(n_samples=n_samples, seed=seed)
-    runs = [np.asarray(r, dtype=np.int64) for r in (*baseline_runs, *system_runs)]
-    if not baseline_runs or not system_runs:
-        raise ValueError(f"need runs on both sides, got {len(baseline_runs)} baseline and {len(system_runs)} system")
-    shapes = {r.shape for r in runs}
-    if len(shapes) != 1 or runs[0].ndim != 2:
-        raise ValueError(f"every run needs per-sentence statistics of one shape (N, K), got {sorted(shapes)}")
-    n = runs[0].shape[0]
-
+    n = _sentences_of_runs(baseline_runs, system_runs)
     rng = np.random.default_rng(seed)
     idxs = rng.choice(n, size=(n_samples, n), replace=True)  # (B, N), as sacreBLEU
     # how often each sentence is drawn, so a resample's sums are one matrix product per run
     counts = np.bincount((np.arange(n_samples)[:, None] * n + idxs).ravel(),
                          minlength=n_samples * n).reshape(n_samples, n)
-
-    def resampled(side: Sequence[np.ndarray]) -> tuple[float, np.ndarray]:
-        per_run = np.stack([score(counts @ np.asarray(r, dtype=np.int64)) for r in side])  # (k, B)
-        k = len(side)
-        picks = rng.integers(k, size=(n_samples, k))  # (B, k): runs drawn for each resample
-        picked = per_run[picks, np.arange(n_samples)[:, None]].mean(axis=1)  # (B,)
-        everyone = per_run.mean(axis=0)
-        inflate = np.sqrt(k / (k - 1)) if k > 1 else 1.0
-        observed = float(np.mean([score(np.asarray(r, dtype=np.int64).sum(axis=0)) for r in side]))
-        return observed, everyone + inflate * (picked - everyone)
-
-    base_score, base_samples = resampled(baseline_runs)
-    sys_score, sys_samples = resampled(system_runs)
+    base_score, base_samples = _resampled_mean(baseline_runs, counts, score, rng)
+    sys_score, sys_samples = _resampled_mean(system_runs, counts, score, rng)
     delta = sys_score - base_score
     p_value = _shifted_p_value(np.abs(sys_samples - base_samples), abs(delta))
     base_mean, base_ci = estimate_ci(base_samples)
@@ -336,6 +318,31 @@ def seed_bootstrap(
         n_samples=n_samples,
         seed=seed,
     )
+
+
+def _sentences_of_runs(baseline_runs: Sequence[np.ndarray], system_runs: Sequence[np.ndarray]) -> int:
+    """N, the test sentences every run scored; an error unless both sides have runs of one (N, K) shape."""
+    runs = [np.asarray(r, dtype=np.int64) for r in (*baseline_runs, *system_runs)]
+    if not baseline_runs or not system_runs:
+        raise ValueError(f"need runs on both sides, got {len(baseline_runs)} baseline and {len(system_runs)} system")
+    shapes = {r.shape for r in runs}
+    if len(shapes) != 1 or runs[0].ndim != 2:
+        raise ValueError(f"every run needs per-sentence statistics of one shape (N, K), got {sorted(shapes)}")
+    return runs[0].shape[0]
+
+
+def _resampled_mean(side: Sequence[np.ndarray], counts: np.ndarray, score: Callable[[np.ndarray], np.ndarray],
+                    rng: np.random.Generator) -> tuple[float, np.ndarray]:
+    """The side's observed mean score over its runs, and its (B,) resampled means (``seed_bootstrap``)."""
+    n_samples = counts.shape[0]
+    per_run = np.stack([score(counts @ np.asarray(r, dtype=np.int64)) for r in side])  # (k, B)
+    k = len(side)
+    picks = rng.integers(k, size=(n_samples, k))  # (B, k): runs drawn for each resample
+    picked = per_run[picks, np.arange(n_samples)[:, None]].mean(axis=1)  # (B,)
+    everyone = per_run.mean(axis=0)
+    inflate = np.sqrt(k / (k - 1)) if k > 1 else 1.0
+    observed = float(np.mean([score(np.asarray(r, dtype=np.int64).sum(axis=0)) for r in side]))
+    return observed, everyone + inflate * (picked - everyone)
 
 
 def seed_bootstrap_accuracy(
