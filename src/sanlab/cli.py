@@ -182,6 +182,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sanlab", description="Locality- and interaction-enhanced SANs: "
                                      "train, decode, evaluate and compare.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _register_training(sub)
+    _register_decoding(sub)
+    _register_tools(sub)
+    register_compare(sub)
+    register_analyze(sub)
+    return parser
+
+
+def _register_training(sub) -> None:
+    """``train`` and ``prepare``."""
     p = sub.add_parser("train", help="train a model (resumes an existing run directory)")
     _add_config_args(p)
     # --run-dir: the spelling to use after ``torchrun ... -m sanlab train``, whose parser would take
@@ -205,6 +215,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="encoding processes (default: every core for corpora over 200,000 pairs, else 1)")
     p.set_defaults(fn=_cmd_prepare)
 
+
+def _register_decoding(sub) -> None:
+    """``translate``, ``tag`` and ``evaluate``: the commands that load a trained model and decode with it."""
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
                            ("tag", _cmd_tag, "tag tokenised text (one sentence per line, split at spaces; blank lines are "
                             "skipped) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
@@ -231,6 +244,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "evaluate":
             p.add_argument("--split", action="append", help="split name (repeatable; default: a translation run's test splits, a tagging run's dev and test)")
 
+
+def _register_tools(sub) -> None:
+    """``env``, ``average``, ``params`` and ``demo``."""
     p = sub.add_parser("env", help="torch, CUDA, cuDNN, NCCL and the device a run would use: what a result depends on")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.set_defaults(fn=_cmd_env)
@@ -255,10 +271,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default="runs/demo", help="where the demo writes data and runs")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test; scores will be low)")
     p.set_defaults(fn=_cmd_demo)
-
-    register_compare(sub)
-    register_analyze(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
