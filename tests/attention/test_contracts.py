@@ -339,6 +339,7 @@ def _pair(cfg_a, cfg_b, side: str, plan: str = "dense") -> Attention:
     return attn
 
 
+@pytest.mark.slow  # 85 pairs, about a quarter of the fast suite's time: make test runs them
 @pytest.mark.parametrize("cfg_a, cfg_b", PAIRS)
 def test_two_parts_in_one_layer_keep_the_plan_and_cache_contracts(cfg_a, cfg_b, monkeypatch):
     """Parts compose (csan2d + rel_pos: extend, then score the extended keys; window + temperature under

@@ -83,6 +83,7 @@ def test_flex_equals_dense_in_values_and_gradients(cfg, side):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow  # the flex plan's cached steps; the contract tests check cached == full for every part fast
 @pytest.mark.parametrize("name, n", [("window", 1), ("local_soft", 0), ("local_hard", 2)])
 def test_cached_decoding_with_flex_equals_the_full_dense_forward(name, n):
     cfg = PARTS.entry(name).config.examples()[n]
