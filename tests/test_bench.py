@@ -36,22 +36,23 @@ def test_char_cnn_bench_times_both_paths_on_a_synthetic_tagger(tmp_path):
     assert rows[0][2] == "1.00" and float(rows[1][1]) > 0
 
 
+def _tiny_translation_grid(tmp_path, *, vocab: int, variant: str, synthetic: str = "") -> None:
+    """tmp_path/grid.yaml: vanilla and ``variant`` (a YAML flow mapping) over a d = 16, 1+1-layer recipe."""
+    (tmp_path / "mt.yaml").write_text(f"""\
+task: translation
+data: {{train: {{src: x, tgt: x}}, valid: {{src: x, tgt: x}}, subword: {{vocab_size: {vocab}}}}}
+model: {{dim: 16, encoder: {{layers: 1, ffn_dim: 32, attention: {{heads: 2}}}},
+        decoder: {{layers: 1, ffn_dim: 32, attention: {{heads: 2}}}}}}
+""")
+    (tmp_path / "grid.yaml").write_text(f"base: mt.yaml\n{synthetic}seeds: [1]\nvariants:\n  - {{name: vanilla}}\n"
+                                        f"  - {variant}\n")
+
+
 @pytest.mark.slow
 def test_decode_speed_times_every_variant_and_the_recomputed_reference(tmp_path):
-    (tmp_path / "mt.yaml").write_text("""\
-task: translation
-data: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, subword: {vocab_size: 120}}
-model: {dim: 16, encoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}},
-        decoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}}}
-""")
-    (tmp_path / "grid.yaml").write_text("""\
-base: mt.yaml
-synthetic: {task: translation, sizes: {train: 60, valid: 6, test: 2}}
-seeds: [1]
-variants:
-  - {name: vanilla}
-  - {name: capsule, overrides: ["model.decoder.attention.parts=[{type: capsule}]"]}
-""")
+    _tiny_translation_grid(tmp_path, vocab=120,
+                           variant='{name: capsule, overrides: ["model.decoder.attention.parts=[{type: capsule}]"]}',
+                           synthetic="synthetic: {task: translation, sizes: {train: 60, valid: 6, test: 2}}\n")
     out = tmp_path / "decode.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
                     "--recompute", "capsule", "--threads", "1", "--sentences", "4", "--batch", "2", "--beam", "2",
@@ -73,19 +74,8 @@ variants:
 @pytest.mark.slow
 def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
     """bench/gpu.py's CPU smoke path: every variant against the baseline, counted FLOPs, a compiled row."""
-    (tmp_path / "mt.yaml").write_text("""\
-task: translation
-data: {train: {src: x, tgt: x}, valid: {src: x, tgt: x}, subword: {vocab_size: 50}}
-model: {dim: 16, encoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}},
-        decoder: {layers: 1, ffn_dim: 32, attention: {heads: 2}}}
-""")
-    (tmp_path / "grid.yaml").write_text("""\
-base: mt.yaml
-seeds: [1]
-variants:
-  - {name: vanilla}
-  - {name: 1D-CSAN, overrides: ["model.encoder.attention.parts=[{type: window, size: 3}]"]}
-""")
+    _tiny_translation_grid(tmp_path, vocab=50,
+                           variant='{name: 1D-CSAN, overrides: ["model.encoder.attention.parts=[{type: window, size: 3}]"]}')
     out = tmp_path / "gpu.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), str(tmp_path / "grid.yaml"), "--device", "cpu",
                     "--precision", "fp32", "--quick", "--threads", "1", "--compile", "vanilla", "--backend", "eager",
