@@ -62,7 +62,7 @@ def check(requested: str, parts: Sequence[AttentionPart], *, dropout: float = 0.
 
 
 def choose(parts: StageParts, *, requested: str, device: torch.device, key_length: int,
-           need_trace: bool, dropout: bool = False) -> Plan:
+           need_trace: bool, dropout: bool = False, can: tuple[Plan, ...] | None = None) -> Plan:
     """The plan one call runs: ``requested`` (a config's ``plan``) for these parts over ``key_length`` keys.
 
     A trace needs the dense matrix. ``auto`` on the CPU bands from ``banded.MIN_KEYS`` keys on
@@ -70,9 +70,10 @@ def choose(parts: StageParts, *, requested: str, device: torch.device, key_lengt
     ``flex`` from ``flex.MIN_KEYS`` keys on for the parts FlexAttention can run (unless attention ``dropout``
     is active in this call: FlexAttention has none), bands only what FlexAttention cannot run (2D-CSAN),
     and fuses the rest. ``device`` is where the call runs; this function only decides, it never touches
-    the device, so that parts and the pipeline stay device-free.
+    the device, so that parts and the pipeline stay device-free. ``can``: ``runnable(parts)`` if the caller
+    keeps it (an ``Attention`` computes it once, not at every call).
     """
-    can = runnable(parts)
+    can = runnable(parts) if can is None else can
     cuda_flex = device.type == "cuda" and "flex" in can and not dropout
     if requested == "flex" and "flex" not in can:  # nothing to mask or score in this layer: what auto runs
         requested = "auto"
