@@ -556,6 +556,28 @@ def test_attention_map_plain_and_cross(corpus, tmp_path):
             analyze.attention_map(run, out=tmp_path / "x", sentence=long_sentence, side=side, target=long_target)
 
 
+def _tensors(trace: dict) -> list[torch.Tensor]:
+    return [t for t in trace.values() if isinstance(t, torch.Tensor)]
+
+
+def test_attention_traces_put_their_inputs_on_the_models_device(corpus, tmp_path):
+    """The device guard of ``analyze attention`` (tests/test_device_guard.py): the model on the CPU, new tensors
+    on ``meta`` by default, so an input made without ``device=`` fails; the trace comes back on the CPU (where
+    the analysis reads it with numpy) whatever device the model ran on."""
+    from sanlab.runs import load_trained
+    from sanlab.tasks.base import task_for
+
+    run = make_translation_run(corpus, tmp_path / "base")
+    config, model, spm = load_trained(run, device="cpu")
+    with torch.device("meta"):
+        # a given target: without one the model translates first, whose batches are built on the CPU by design
+        # (data/batching.py) and moved once, which this guard cannot tell from a bug
+        for side in ("encoder", "decoder", "cross"):
+            found = task_for(config).attention_trace(model, spm, config, sentence="the dog sleeps .", side=side,
+                                                     layer=1, target="der hund schlaeft .")
+            assert _tensors(found.trace) and all(t.device.type == "cpu" for t in _tensors(found.trace))
+
+
 def test_attention_map_of_2d_csan_shows_head_blocks(corpus, tmp_path):
     parts = [{"type": "csan2d", "size": 3, "heads_area": 3, "layers": [0]}]
     run = make_translation_run(corpus, tmp_path / "csan2d",

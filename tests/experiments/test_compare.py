@@ -203,6 +203,25 @@ def test_speed_conditions_follow_every_training_session(tmp_path):
     assert speed_conditions(tmp_path, {"threads": 1, "jobs": 2}) == "mixed (1 job x 1 thread; 2 jobs x 1 thread)"
 
 
+def test_speed_conditions_name_the_device_precision_and_compilation(tmp_path):
+    """A speed measured on a GPU, in bf16 or compiled is not comparable with a CPU fp32 eager one: the
+    conditions say so (and stay as they were for CPU fp32 eager runs and for sessions recorded before)."""
+    old = {"command": ["sanlab", "compare", "g.yaml"], "threads": 1, "jobs": 1}  # no device: the CPU
+    gpu = {**old, "device": "cuda (NVIDIA H100 80GB HBM3)", "precision": "bf16", "compile": True}
+    cpu = {**old, "device": "cpu", "precision": "fp32", "compile": False}
+
+    def conditions(sessions, config=None):
+        (tmp_path / "meta.json").write_text(json.dumps({"command": old["command"], "sessions": sessions}))
+        return speed_conditions(tmp_path, {"threads": 1, "jobs": 1, "config": config or {}})
+
+    assert conditions([old]) == conditions([cpu]) == "1 job x 1 thread"
+    assert conditions([gpu]) == "1 job x 1 thread, cuda (NVIDIA H100 80GB HBM3), bf16, compiled"
+    assert conditions([old, gpu]) == \
+        "mixed (1 job x 1 thread; 1 job x 1 thread, cuda (NVIDIA H100 80GB HBM3), bf16, compiled)"
+    # a session from before precision was recorded trained in the precision the run finished with
+    assert conditions([old], {"train": {"bf16": True}}) == "1 job x 1 thread, bf16"
+
+
 def test_a_baseline_trained_under_mixed_conditions_gives_no_speed_delta(tmp_path):
     grid = _hand_grid(tmp_path)
 
@@ -415,6 +434,24 @@ def test_second_invocation_reuses_finished_cells(finished, monkeypatch):
     assert run_grid(finished, finished.cells, log=lambda m: None) == []
     assert stamps == {c.run_dir: (c.run_dir / "done.json").stat().st_mtime_ns for c in finished.cells}
     assert "4 of 4 cells evaluated" in describe_cells(finished, finished.cells)
+
+
+def test_another_device_does_not_make_finished_cells_train_again(finished, monkeypatch):
+    """``compare --device cpu`` (``train.device=cpu``) on cells trained with ``auto``: a device does not change
+    what was trained, so the cells stay evaluated (a grid trained on a GPU is scored where it is read)."""
+    import argparse
+
+    from sanlab.experiments import compare_cli
+
+    parser = argparse.ArgumentParser(prog="sanlab")
+    compare_cli.register(parser.add_subparsers(dest="command"))
+    seen = {}
+    monkeypatch.setattr("sanlab.experiments.compare.run_compare", lambda path, **kw: seen.update(kw) or 0)
+    args = parser.parse_args(["compare", str(SMOKE), "--device", "cpu", "--set", "train.max_steps=3"])
+    assert args.fn(args) == 0 and seen["overrides"] == ["train.max_steps=3", "train.device=cpu"]
+    grid = load_grid(SMOKE, overrides=TINY + ["train.device=cpu"], runs_dir=finished.runs_dir)
+    assert finished.cells[0].config.train.device == "auto" and grid.cells[0].config.train.device == "cpu"
+    assert set(_statuses(grid).values()) == {"evaluated"}
 
 
 def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):

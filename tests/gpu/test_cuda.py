@@ -3,7 +3,8 @@
 
     plans        every part's fast plans (sdpa, banded) == dense on CUDA, values and gradients, fp32 and bf16
     decoding     step-by-step decoding with the cache == the full forward on CUDA, for every decoder-capable part
-    training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact
+    training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact;
+                 `analyze attention --device cuda` gives the map it gives on the CPU
     cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
 """
 
@@ -117,6 +118,20 @@ def test_a_tiny_run_trains_validates_and_translates_on_cuda_in_bf16(tmp_path, ti
     assert summary["step"] == 12
     scores = evaluate_run(run, checkpoint="last", splits=["valid"], device="cuda")
     assert 0.0 <= scores["valid"]["bleu"] <= 100.0
+    # analyze attention with the model on CUDA reads the same map as on the CPU (inputs moved, trace back)
+    from sanlab.experiments import analyze
+
+    sentence = (tmp_path / "train.src").read_text().splitlines()[0]
+    maps = {device: (tmp_path / device).with_suffix(".csv") for device in ("cpu", "cuda")}
+    for device in maps:
+        analyze.attention_map(run, out=tmp_path / device, sentence=sentence, side="cross", layer=0, head=None,
+                              checkpoint="last", target=sentence, device=device)
+    import csv
+
+    rows = {d: list(csv.reader(maps[d].open())) for d in maps}
+    assert rows["cpu"][0] == rows["cuda"][0] and [r[0] for r in rows["cpu"]] == [r[0] for r in rows["cuda"]]
+    values = [[[float(x) for x in r[1:]] for r in rows[d][1:]] for d in maps]
+    torch.testing.assert_close(torch.tensor(values[1]), torch.tensor(values[0]), atol=2e-3, rtol=0)
 
 
 def test_fp16_on_cuda_resumes_bit_exact(tmp_path, tiny_translation):

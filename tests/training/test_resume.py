@@ -315,11 +315,14 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_tran
 def test_meta_json_records_every_session_with_the_threads_it_trained_with(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2, threads=1), run, quiet=True)
-    train_run(tiny_translation(max_steps=4, threads=1), run, quiet=True)  # resumed
+    train_run(tiny_translation(max_steps=4, threads=1, device="cpu"), run, quiet=True)  # resumed
     meta = json.loads((run / "meta.json").read_text())
     assert meta["threads"] == 1 and meta["processes"] == 1
     assert [s["from_step"] for s in meta["sessions"]] == [0, 2]
     assert all(s["threads"] == 1 and s["command"] for s in meta["sessions"])
+    # what else its speed depends on (experiments/cells.speed_conditions)
+    assert [(s["device"], s["precision"], s["compile"]) for s in meta["sessions"]] == \
+        [("cpu", "fp32", False)] * 2  # train.device auto and cpu: both the CPU here
 
 
 def test_a_programmatic_cli_call_records_its_own_command_not_the_host_process(tmp_path, tiny_translation,

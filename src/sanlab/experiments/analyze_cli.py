@@ -52,6 +52,12 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenize", default="13a", type=_tokenizer, help="sacreBLEU tokenizer (default: 13a)")
 
 
+def _device_arg(p: argparse.ArgumentParser) -> None:
+    """Analyses that load a model: where it runs (the analysis itself reads CPU copies)."""
+    p.add_argument("--device", default="auto", help="where the model runs: auto (CUDA when available) | cpu | "
+                   "cuda | cuda:N")
+
+
 def _edges(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
@@ -155,7 +161,8 @@ def _add_gates_and_curves(sub) -> None:
     p = sub.add_parser("gates", help="MUSE kernel-gate weights per layer (MUSE Fig. 4)")
     _common(p, runs=None)
     p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
-    p.set_defaults(fn=lambda a: _report(analyze.gates(a.runs, out=a.out, checkpoint=a.checkpoint)))
+    _device_arg(p)
+    p.set_defaults(fn=lambda a: _report(analyze.gates(a.runs, out=a.out, checkpoint=a.checkpoint, device=a.device)))
 
     p = sub.add_parser("curves", help="a metric over training steps, one line per run (Dufter Fig. 2)")
     _common(p, runs="+")
@@ -181,9 +188,10 @@ def _add_attention(sub) -> None:
     p.add_argument("--stage", choices=("final", "weights", "weights_final", "scores"), default="final",
                    help="final (default): the weights applied to the values")
     p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
+    _device_arg(p)
     p.set_defaults(fn=lambda a: _report(analyze.attention_map(a.runs, out=a.out, sentence=a.sentence, side=a.side,
                                                       layer=a.layer, head=a.head, target=a.target,
-                                                      stage=a.stage, checkpoint=a.checkpoint)))
+                                                      stage=a.stage, checkpoint=a.checkpoint, device=a.device)))
 
 
 def register(subparsers) -> None:

@@ -15,13 +15,14 @@ SIDE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-atte
               "cross": "decoder cross-attention"}
 
 
-def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict[str, Path]:
-    """Gate weight g = softmax(alpha) of each MUSE convolution kernel in every layer (MUSE Fig. 4)."""
+def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best", device: str = "cpu") -> dict[str, Path]:
+    """Gate weight g = softmax(alpha) of each MUSE convolution kernel in every layer (MUSE Fig. 4), the model
+    loaded on ``device``."""
     from sanlab.evaluation import analysis_internals, plots
     from sanlab.layers.muse import gate_weights
     from sanlab.runs import load_trained
 
-    _, model, _ = load_trained(Path(run_dir), checkpoint=checkpoint)
+    _, model, _ = load_trained(Path(run_dir), checkpoint=checkpoint, device=device)
     weights = gate_weights(model)
     if not weights:
         raise ConfigError(f"{run_dir}: no MUSE layer with convolution cells (mixer type 'muse') in this model")
@@ -48,13 +49,14 @@ def gates(run_dir: PathLike, *, out: PathLike, checkpoint: str = "best") -> dict
 
 def attention_map(run_dir: PathLike, *, out: PathLike, sentence: str, side: str = "encoder", layer: int = 0,
                   head: int | None = 0, target: str | None = None, stage: str = "final",
-                  checkpoint: str = "best") -> dict[str, Path]:
-    """Heat map of one layer/head (``head`` None: mean over heads) of a trained model on ``sentence``."""
+                  checkpoint: str = "best", device: str = "cpu") -> dict[str, Path]:
+    """Heat map of one layer/head (``head`` None: mean over heads) of a trained model on ``sentence``, the
+    model loaded on ``device``."""
     from sanlab.evaluation import analysis_internals, analysis_table, plots
     from sanlab.experiments.attention_traces import layer_trace
 
     found = layer_trace(Path(run_dir), sentence=sentence, side=side, layer=layer, target=target,
-                        checkpoint=checkpoint)
+                        checkpoint=checkpoint, device=device)
     where = f"{SIDE_NAMES.get(side, side)}, layer {layer}"
     stage = checked(analysis_internals.trace_stage, found.trace, stage, context=where)
     matrix = checked(analysis_internals.attention_matrix, found.trace, head=head, stage=stage, context=where)

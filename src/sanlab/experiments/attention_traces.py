@@ -13,8 +13,9 @@ from sanlab.tasks.traces import SIDES, LayerTrace, tagging_trace, translation_tr
 
 
 def layer_trace(run_dir: Path, *, sentence: str, side: str = "encoder", layer: int = 0, target: str | None = None,
-                checkpoint: str = "best") -> LayerTrace:
-    """Load the run's model and trace ``layer`` on ``side`` for ``sentence``."""
+                checkpoint: str = "best", device: str = "cpu") -> LayerTrace:
+    """Load the run's model on ``device`` (auto, cpu, cuda, cuda:N) and trace ``layer`` on ``side`` for
+    ``sentence``; the trace comes back on the CPU."""
     from sanlab.runs import load_trained
     from sanlab.tasks.base import task_for
 
@@ -22,6 +23,6 @@ def layer_trace(run_dir: Path, *, sentence: str, side: str = "encoder", layer: i
         raise ConfigError(f"unknown side {side!r}; choose one of {SIDES}")
     if not sentence.strip():
         raise ConfigError("the sentence to analyse is empty")
-    config, model, assets = load_trained(run_dir, checkpoint=checkpoint)
+    config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
     return task_for(config).attention_trace(model, assets, config, sentence=sentence, side=side, layer=layer,
                                             target=target)

@@ -92,25 +92,42 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
 
 
 def speed_conditions(run_dir: Path, done: dict) -> str:
-    """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each;
-    ``"mixed (...)"`` when the run's training sessions (``meta.json``) differ, since its speed is an
-    average over all of them. Sessions recorded before ``jobs`` was take it from their command line."""
+    """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each, followed
+    by the device, precision and compilation where they are not the CPU, fp32 and eager
+    (``"1 job x 1 thread, cuda (NVIDIA H100), bf16, compiled"``); ``"mixed (...)"`` when the run's training
+    sessions (``meta.json``) differ, since its speed is an average over all of them. Sessions recorded before
+    ``jobs`` was take it from their command line; before device and precision were, the CPU and the
+    precision the run finished with."""
     try:
         meta = read_json(RunLayout(run_dir).meta) or {}
     except ConfigError:  # provenance only: a damaged file must not stop the table
         return "unknown (meta.json unreadable)"
+    train = (done.get("config") or {}).get("train") or {}
+    defaults = {"device": "cpu", "precision": train.get("precision", "bf16" if train.get("bf16") else "fp32"),
+                "compile": train.get("compile", False)}
     sessions = meta.get("sessions") or []
-    last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"))
+    last_session = {**defaults, **{k: sessions[-1][k] for k in defaults if sessions and k in sessions[-1]}}
+    last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"), _where(last_session))
     if not sessions:  # runs created before sessions were recorded: the first command and the last session
         # (their meta.json "threads" was read before train.threads applied, so the last session's stand in)
-        seen = [(_jobs_in(meta.get("command")), last[1]) if meta.get("command") else last, last]
+        seen = [(_jobs_in(meta.get("command")), *last[1:]) if meta.get("command") else last, last]
     else:
-        seen = [(s.get("jobs", _jobs_in(s.get("command"))), s.get("threads", "?")) for s in sessions[:-1]] + [last]
+        seen = [(s.get("jobs", _jobs_in(s.get("command"))), s.get("threads", "?"), _where({**defaults, **s}))
+                for s in sessions[:-1]] + [last]
         if sessions[0].get("from_step"):  # created before sessions were recorded: its first command counts too
-            seen.insert(0, (_jobs_in(meta.get("command")), sessions[0].get("threads", "?")))
+            seen.insert(0, (_jobs_in(meta.get("command")), sessions[0].get("threads", "?"), _where(defaults)))
     distinct = list(dict.fromkeys(seen))
-    text = [f"{j} job{'s' if j != 1 else ''} x {t} thread{'s' if t != 1 else ''}" for j, t in distinct]
+    text = [f"{j} job{'s' if j != 1 else ''} x {t} thread{'s' if t != 1 else ''}{where}" for j, t, where in distinct]
     return text[0] if len(text) == 1 else f"mixed ({'; '.join(text)})"
+
+
+def _where(session: dict) -> str:
+    """``", cuda (NVIDIA H100), bf16, compiled"``: a session's device, precision and compilation, each only
+    where it is not the CPU default (so CPU fp32 eager conditions read as they always have)."""
+    extra = [session["device"]] if session["device"] != "cpu" else []
+    extra += [session["precision"]] if session["precision"] != "fp32" else []
+    extra += ["compiled"] if session["compile"] else []
+    return "".join(f", {x}" for x in extra)
 
 
 def _jobs_in(argv: list[str] | None) -> int:

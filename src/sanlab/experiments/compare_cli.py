@@ -15,6 +15,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("grid", help="grid YAML (see configs/compare/ and docs/compare.md)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every cell, e.g. --set train.max_steps=2000 (repeatable)")
+    p.add_argument("--device", help="where the cells train and are evaluated: auto | cpu | cuda | cuda:N (the same as "
+                   "--set train.device=...; a finished cell is not trained again for it)")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="print the table from what exists; run nothing")
     p.add_argument("--rescore", action="store_true",
@@ -47,7 +49,8 @@ def _cmd_compare(args) -> int:
 
     # through the environment, so that the grid's worker processes see it too
     with mock.patch.dict(os.environ, {ALLOW_CHANGED_DATA_ENV: "1"} if args.allow_changed_data else {}):
-        return run_compare(args.grid, overrides=args.overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
+        overrides = args.overrides + ([f"train.device={args.device}"] if args.device else [])
+        return run_compare(args.grid, overrides=overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                            table_only=args.table_only, rescore=args.rescore, jobs=args.jobs, only=args.only,
                            datasets=args.dataset, seeds=args.seeds, datasets_file=args.datasets_file,
                            quiet=args.quiet)

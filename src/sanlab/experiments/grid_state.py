@@ -25,8 +25,9 @@ from sanlab.training.layout import RunLayout
 DONE_FILE = RunLayout.done.name          # written when train_run returns: the cell finished training
 EVAL_FILE = RunLayout.compare_eval.name  # written when the cell was evaluated the way the grid asks
 FAILED_FILE = RunLayout.failed.name      # the last error of a cell that failed; removed when it is evaluated
-# Keys that do not change what was trained: a finished cell stays finished when only these change.
-NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every")
+# Keys that do not change what was trained: a finished cell stays finished when only these change (a cell
+# trained on a GPU is evaluated, not trained again, by a grid run on the CPU, and the other way round).
+NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every", "train.device")
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,24 @@ ALLOW_CHANGED_DATA_ENV = "SANLAB_ALLOW_CHANGED_DATA"  # `sanlab compare --allow-
 def _session_conditions(config: Config) -> dict:
     # threads as training will set them (meta.json is written before _train_locked applies train.threads)
     # jobs: cells a `sanlab compare --jobs` grid trains side by side with this one (set in its workers)
+    # device, precision, compile: what else a speed depends on (experiments/cells.speed_conditions)
     return {"threads": config.train.threads or torch.get_num_threads(),
-            "processes": int(os.environ.get("WORLD_SIZE", "1")), "jobs": int(os.environ.get(GRID_JOBS_ENV, "1"))}
+            "processes": int(os.environ.get("WORLD_SIZE", "1")), "jobs": int(os.environ.get(GRID_JOBS_ENV, "1")),
+            "device": device_label(config.train.device), "precision": config.train.precision,
+            "compile": config.train.compile}
+
+
+def device_label(spec: str) -> str:
+    """``cpu``, or ``cuda (NVIDIA H100 80GB HBM3)``: the kind of device a ``train.device`` value trains on
+    here (the spec itself when this machine cannot resolve it; training then stops with the reason)."""
+    from sanlab.errors import ConfigError
+    from sanlab.training.device import resolve_device
+
+    try:
+        device = resolve_device(spec)
+    except ConfigError:
+        return spec
+    return "cpu" if device.type == "cpu" else f"{device.type} ({torch.cuda.get_device_name(device)})"
 
 
 def record_session(run_dir: Path, config: Config, *, step: int) -> None:

@@ -3,7 +3,8 @@
 Used by ``sanlab analyze attention`` (``experiments/attention_traces.py``) through ``Task.attention_trace``.
 The model is called exactly as in training / teacher forcing, with ``traces=[]``: every layer appends its mixer's trace (``scores``, ``weights`` and,
 after post-softmax parts, ``weights_final``, each [b, h, i, j]); see ``layers/transformer.py``.
-Labels are sentencepiece pieces (translation, with ``</s>`` / ``<s>``) or words (tagging).
+Labels are sentencepiece pieces (translation, with ``</s>`` / ``<s>``) or words (tagging). The inputs go to
+the model's device and the trace comes back on the CPU, whatever device the model was loaded on.
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ from dataclasses import dataclass
 import torch
 
 from sanlab.errors import ConfigError
+from sanlab.training.device import model_device, to_device
 
 SIDES = ("encoder", "decoder", "cross")
 
 
 @dataclass(frozen=True)
 class LayerTrace:
-    trace: dict | None     # the layer's trace dict (None / {} for a mixer without attention)
+    trace: dict | None     # the layer's trace dict (None / {} for a mixer without attention), on the CPU
     queries: list[str]     # one label per query position (rows)
     keys: list[str]        # one label per key token (columns; 2D-CSAN repeats them per head block)
     target: str | None     # decoder sides: the target text that was forced
+
+    def __post_init__(self):  # the analysis reads it with numpy
+        object.__setattr__(self, "trace", to_device(self.trace, torch.device("cpu")))
 
 
 def _pick(traces: list, layer: int, what: str):
@@ -44,21 +49,22 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
     from sanlab.evaluation.analysis import split_decoder_traces
     from sanlab.tasks.translation import translate
 
+    device = model_device(model)
     src = spm.src.encode(sentence) + [spm.eos_id]
     _check_length(model, src, "the sentence")
     src_labels = [spm.src.id_to_piece(t) for t in src]
     if side == "encoder":
         traces: list = []
-        model.encode(torch.tensor([src]), traces=traces)
+        model.encode(torch.tensor([src], device=device), traces=traces)
         return LayerTrace(_pick(traces, layer, "encoder"), src_labels, src_labels, None)
     if target is None:
         target = translate(model, spm, [sentence], decode=config.decode)[0]
     tgt = [spm.bos_id] + spm.tgt.encode(target)
     _check_length(model, tgt, "the target")
     tgt_labels = [spm.tgt.id_to_piece(t) for t in tgt]
-    memory, memory_valid = model.encode(torch.tensor([src]))
+    memory, memory_valid = model.encode(torch.tensor([src], device=device))
     traces = []
-    model.decode(torch.tensor([tgt]), memory=memory, memory_valid=memory_valid, traces=traces)
+    model.decode(torch.tensor([tgt], device=device), memory=memory, memory_valid=memory_valid, traces=traces)
     has_cross = [decoder_layer.cross_attention is not None for decoder_layer in model.decoder.layers]
     own, cross = _pick(split_decoder_traces(traces, has_cross=has_cross), layer, "decoder")
     return LayerTrace(own, tgt_labels, tgt_labels, target) if side == "decoder" else \
@@ -75,8 +81,8 @@ def tagging_trace(model, vocab, config, *, sentence: str, layer: int) -> LayerTr
     if not 0 < len(words) <= config.model.max_len:
         raise ConfigError(f"the sentence has {len(words)} words; the tagger takes 1 to {config.model.max_len} "
                           "(model.max_len) at once")
-    batch = encode_batch(vocab, [TaggedSentence(tuple(words), ("_",) * len(words))],
-                         max_chars=config.model.max_word_chars, pad_to=model.pad_to)
+    batch = to_device(encode_batch(vocab, [TaggedSentence(tuple(words), ("_",) * len(words))],
+                                   max_chars=config.model.max_word_chars, pad_to=model.pad_to), model_device(model))
     traces: list = []
     model(batch.words, batch.chars, traces=traces)
     # without the padding mask the chunk is padded to t and attends over it: the map shows that padding

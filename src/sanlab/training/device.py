@@ -53,13 +53,14 @@ def resolve_device(spec: str = "auto") -> torch.device:
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` with every tensor on ``device`` (dataclasses, tuples, lists and dicts are walked). A CPU
-    tensor for CUDA is pinned first, so the copy does not wait for the host; on the CPU nothing moves."""
+    tensor for CUDA is pinned first, so the copy does not wait for the host; on the CPU nothing moves. A copy
+    back to the host blocks: a non-blocking one could be read before it has landed."""
     if isinstance(batch, Tensor):
         if batch.device == device:
             return batch
         if device.type == "cuda" and batch.device.type == "cpu":
             batch = batch.pin_memory()
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=device.type == "cuda")
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         fields = {f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if f.init}
         return dataclasses.replace(batch, **fields)
