@@ -18,12 +18,14 @@ demo: $(STAMP)
 	$(BIN)/sanlab demo
 
 # --durations lists the slowest tests: the inner loop (test-fast) must stay under ~90 s, so a test that
-# grows slow shows up here and gets the slow marker
+# grows slow shows up here and gets the slow marker. -n: pytest-xdist, one worker per core (TEST_WORKERS=0
+# runs in this process, e.g. for pdb); every test sets one torch thread, so the workers do not oversubscribe.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=10
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --durations=10
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=10
 
 clean-venv:
 	rm -rf $(VENV)
