@@ -213,6 +213,18 @@ def test_rescore_refuses_predictions_it_cannot_trust(scored):
             rescore_tagging_cell(cell, grid.spec.eval)
     finally:
         path.write_text(text)
+    meta_path = cell.run_dir / "meta.json"
+    meta_text = meta_path.read_text()
+    try:  # the training file is not the one the cell trained on: its word groups would come from other data
+        meta = json.loads(meta_text)
+        train_file = str(cell.config.data.train)
+        meta["data_fingerprint"][train_file] = {**meta["data_fingerprint"][train_file], "sample_sha256": "0" * 64}
+        meta_path.write_text(json.dumps(meta))
+        with pytest.raises(ConfigError, match=rf"the training data changed since the cell trained \({train_file}: "
+                                              r"same size, other bytes"):
+            rescore_tagging_cell(cell, grid.spec.eval)
+    finally:
+        meta_path.write_text(meta_text)
     with pytest.raises(ConfigError, match="--dry-run and --rescore: choose one"):
         run_compare(str(TREEBANKS), dry_run=True, rescore=True)
 

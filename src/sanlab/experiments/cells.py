@@ -183,7 +183,8 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
 
     Refuses (ConfigError) a cell whose predictions are not the ones its record scored, were made with
     another checkpoint or split than the grid asks for, or on other sentences than the split's file now
-    holds; and one whose rebuilt vocabulary does not give the OOV count recorded under the old definition.
+    holds; one whose training data changed since it trained (the word groups and the vocabulary come from
+    it); and one whose rebuilt vocabulary does not give the OOV count recorded under the old definition.
     """
     from sanlab.data.conllu_io import read_conllu
     from sanlab.evaluation.tagging import tagging_accuracy
@@ -208,6 +209,7 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     if [list(s.words) for s in sents] != words or [list(s.tags) for s in sents] != gold:
         raise ConfigError(f"{run}: {record['evidence']} holds other sentences than {split_files(cell)[0]} "
                           "(words or gold tags differ): the test file changed since the cell was scored")
+    _refuse_changed_training_data(cell)
     vocab = run_vocab(config, run)
     old = record["scores"]
     if "word_groups" not in old_key and "n_oov" in old:  # the old OOV: words outside the vocabulary
@@ -224,6 +226,20 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     _write_record(cell, spec, done=done, scores=scores.record(), evidence=record["evidence"],
                   extra={"signature": record.get("signature"), "rescored": {"at": time.time(), "previous": old}})
     return old, scores.record()
+
+
+def _refuse_changed_training_data(cell: Cell) -> None:
+    """The training files against the fingerprint the run recorded when it last trained (meta.json; runs from
+    before fingerprints were recorded are trusted): a word group is defined by the training sentences."""
+    from sanlab.data.fingerprint import changes, fingerprints
+
+    recorded = (read_json(cell.layout.meta) or {}).get("data_fingerprint") or {}
+    changed = changes(recorded, fingerprints(cell.kind.training_files(cell.config)))
+    if changed:
+        path, what = next(iter(changed.items()))
+        raise ConfigError(f"{cell.run_dir}: the training data changed since the cell trained ({path}: {what}); "
+                          "its word groups (OOV = unseen in training) and vocabulary would come from other data: "
+                          "restore the file, or train the cell again")
 
 
 def _same(a: float | None, b: float | None) -> bool:
