@@ -20,12 +20,14 @@ demo: $(STAMP)
 # --durations lists the slowest tests: the inner loop (test-fast) must stay under ~90 s, so a test that
 # grows slow shows up here and gets the slow marker. -n: pytest-xdist, one worker per core (TEST_WORKERS=0
 # runs in this process, e.g. for pdb); every test sets one torch thread, so the workers do not oversubscribe.
+# --dist loadfile: a file's tests run in one worker, in order, with its module fixtures built once.
 TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10
+	$(BIN)/python -m pytest -q $(XDIST) --durations=10
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=10
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" --durations=10
 
 clean-venv:
 	rm -rf $(VENV)

@@ -21,19 +21,26 @@ COMMAND_ENV = "SANLAB_COMMAND"
 
 
 @contextmanager
-def running(argv: Sequence[str]) -> Iterator[None]:
-    """Within this block, ``command()`` is ``["sanlab", *argv]``, or in a data-parallel worker of a sanlab
-    command (``WORLD_SIZE`` set, command inherited), that command."""
-    previous = os.environ.get(COMMAND_ENV)
-    if previous is None or "WORLD_SIZE" not in os.environ:
-        os.environ[COMMAND_ENV] = json.dumps(["sanlab", *argv])
+def environment_variable(name: str, value: str | None) -> Iterator[None]:
+    """``name=value`` in this process's environment (and so in the processes it starts) within the block,
+    restored after it; ``value`` None leaves the variable as it is."""
+    previous = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(COMMAND_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[COMMAND_ENV] = previous
+            os.environ[name] = previous
+
+
+def running(argv: Sequence[str]):
+    """Within this block, ``command()`` is ``["sanlab", *argv]``, or in a data-parallel worker of a sanlab
+    command (``WORLD_SIZE`` set, command inherited), that command."""
+    inherited = COMMAND_ENV in os.environ and "WORLD_SIZE" in os.environ
+    return environment_variable(COMMAND_ENV, None if inherited else json.dumps(["sanlab", *argv]))
 
 
 def command() -> list[str]:

@@ -445,10 +445,23 @@ def test_another_device_does_not_make_finished_cells_train_again(finished, monke
 
     parser = argparse.ArgumentParser(prog="sanlab")
     compare_cli.register(parser.add_subparsers(dest="command"))
+    import os
+
+    from sanlab.runs import ALLOW_CHANGED_DATA_ENV
+
     seen = {}
-    monkeypatch.setattr("sanlab.experiments.compare.run_compare", lambda path, **kw: seen.update(kw) or 0)
+
+    def fake_run_compare(path, **kwargs):  # what the grid (and its spawned workers) would see
+        seen.update(kwargs, allow=os.environ.get(ALLOW_CHANGED_DATA_ENV))
+        return 0
+
+    monkeypatch.setattr("sanlab.experiments.compare.run_compare", fake_run_compare)
+    monkeypatch.delenv(ALLOW_CHANGED_DATA_ENV, raising=False)
     args = parser.parse_args(["compare", str(SMOKE), "--device", "cpu", "--set", "train.max_steps=3"])
     assert args.fn(args) == 0 and seen["overrides"] == ["train.max_steps=3", "train.device=cpu"]
+    assert seen["allow"] is None
+    args = parser.parse_args(["compare", str(SMOKE), "--allow-changed-data"])
+    assert args.fn(args) == 0 and seen["allow"] == "1" and ALLOW_CHANGED_DATA_ENV not in os.environ
     grid = load_grid(SMOKE, overrides=TINY + ["train.device=cpu"], runs_dir=finished.runs_dir)
     assert finished.cells[0].config.train.device == "auto" and grid.cells[0].config.train.device == "cpu"
     assert set(_statuses(grid).values()) == {"evaluated"}
@@ -594,6 +607,8 @@ def test_a_lower_patience_makes_finished_cells_conflict_instead_of_being_relabel
 
 def test_a_test_file_changed_after_scoring_makes_the_cell_score_again(finished):
     cell = finished.cells[0]
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(finished.runs_dir), table_only=True,
+                       command="t", out=lambda m: None) == 0  # the table of the evaluated cells
     record = json.loads((cell.run_dir / "compare-eval.json").read_text())
     (path,) = record["data_sha256"]
     original = Path(path).read_bytes()

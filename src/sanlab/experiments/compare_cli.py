@@ -41,14 +41,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _cmd_compare(args) -> int:
-    import os
-    from unittest import mock
-
     from sanlab.experiments.compare import run_compare
+    from sanlab.invocation import environment_variable
     from sanlab.runs import ALLOW_CHANGED_DATA_ENV
 
     # through the environment, so that the grid's worker processes see it too
-    with mock.patch.dict(os.environ, {ALLOW_CHANGED_DATA_ENV: "1"} if args.allow_changed_data else {}):
+    with environment_variable(ALLOW_CHANGED_DATA_ENV, "1" if args.allow_changed_data else None):
         overrides = args.overrides + ([f"train.device={args.device}"] if args.device else [])
         return run_compare(args.grid, overrides=overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                            table_only=args.table_only, rescore=args.rescore, jobs=args.jobs, only=args.only,
