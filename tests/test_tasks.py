@@ -26,6 +26,10 @@ def test_a_command_of_another_task_names_the_tasks_that_have_it():
                                           r"\(use `sanlab tag`\)"):
         task_named("tagging").require("translate", "runs/x")
     task_named("translation").require("translate", "runs/x")
+    with pytest.raises(ConfigError, match=r"a tagging config; `sanlab prepare` needs a translation config$"):
+        task_named("tagging").require("prepare", "c.yaml", what="config")  # no `sanlab tag` advice: it is no answer
+    with pytest.raises(ConfigError, match=r"`sanlab prepare` needs a translation config \(train it directly\)"):
+        task_named("tagging").require("prepare", "c.yaml", what="config", instead="train it directly")
 
 
 def test_an_unknown_task_lists_the_known_ones():

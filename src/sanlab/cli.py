@@ -53,7 +53,8 @@ def _cmd_prepare(args) -> int:
     if args.print_config:
         print(dump_config(config), end="")
         return 0
-    task_for(config).require("prepare", args.config, what="config")  # (a tagger reads its CoNLL-U files as they are)
+    task_for(config).require("prepare", args.config, what="config",
+                             instead="its run reads its data files as they are: `sanlab train` it directly")
     print(summary(prepare(config, None, log=print, workers=args.workers)))
     return 0
 

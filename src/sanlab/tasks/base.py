@@ -45,16 +45,20 @@ class Task:
     def supports(self, command: str) -> bool:
         return command in self.commands
 
-    def require(self, command: str, where: object, *, what: str = "run") -> None:
+    def require(self, command: str, where: object, *, what: str = "run", instead: str = "") -> None:
         """An error unless the task has ``command`` (``sanlab translate`` on a tagging run), naming the tasks
-        that have it."""
+        that have it; ``instead``: what to do for this task (default: its own command, when ``command`` is
+        another task's own command)."""
         if self.supports(command):
             return
         from sanlab.config import TASKS
 
-        able = " or ".join(n for n in TASKS.references() if task_named(n).supports(command)) or "another"
-        use = f" (use `sanlab {self.own_command}`)" if self.own_command else ""
-        raise ConfigError(f"{where} is a {self.name} {what}; `sanlab {command}` needs a {able} {what}{use}")
+        tasks = [task_named(n) for n in TASKS.references()]
+        able = " or ".join(t.name for t in tasks if t.supports(command)) or "another"
+        if not instead and self.own_command and any(t.own_command == command for t in tasks):
+            instead = f"use `sanlab {self.own_command}`"
+        raise ConfigError(f"{where} is a {self.name} {what}; `sanlab {command}` needs a {able} {what}"
+                          + (f" ({instead})" if instead else ""))
 
     def require_precision(self, precision: str, where: object) -> None:
         """An error unless the task's evaluation and own command can run in ``precision`` (``--precision``)."""
