@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sanlab.evaluation.significance import (
-    paired_bootstrap_accuracy,
-    paired_bootstrap_bleu,
-    seed_bootstrap,
-    seed_bootstrap_accuracy,
-    seed_bootstrap_bleu,
-)
+from sanlab.evaluation.seed_significance import seed_bootstrap, seed_bootstrap_accuracy, seed_bootstrap_bleu
+from sanlab.evaluation.significance import paired_bootstrap_accuracy, paired_bootstrap_bleu
 
 N = 200
 

@@ -22,17 +22,16 @@ One deliberate deviation: when the two systems tie on every resample (e.g. ident
 sacreBLEU's ``s_b > d`` is never true and it returns its smallest p, ``1 / (B + 1)``; we report
 ``p = 1.0`` there, since there is no difference at all. Every other p-value is sacreBLEU's.
 
-``seed_bootstrap_bleu`` / ``seed_bootstrap_accuracy`` compare two *rows* trained with several seeds:
-a two-level (hierarchical) bootstrap that resamples training seeds as well as sentences, so a
-difference must hold up against seed-to-seed variation too, which a test of one seed's outputs
-cannot see. With one seed per side it is exactly the paired bootstrap above.
+Rows trained with several seeds are compared in ``seed_significance`` (a two-level bootstrap over seeds
+and sentences, built on the helpers here: ``check_bootstrap_args``, ``shifted_p_value``, ``tie_corrected``,
+``sentence_counts``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -101,7 +100,7 @@ def smallest_p_warning(n_samples: int) -> str:
     return f"; with {n_samples} resamples the smallest p is {1 / (n_samples + 1):.3g}, so {cannot} can appear"
 
 
-def _check_bootstrap_args(*, n_samples: int, seed: int) -> None:
+def check_bootstrap_args(*, n_samples: int, seed: int) -> None:
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     # sacreBLEU's PairedTest turns seed 0 into "no seed" (`self._seed if self._seed else None`),
@@ -110,7 +109,7 @@ def _check_bootstrap_args(*, n_samples: int, seed: int) -> None:
         raise ValueError(f"seed must be a positive integer (sacreBLEU treats 0 as unseeded), got {seed}")
 
 
-def _tie_corrected(p_value: float, *, delta: float, n_samples: int) -> float:
+def tie_corrected(p_value: float, *, delta: float, n_samples: int) -> float:
     """p = 1 when every resample ties (see module docstring); sacreBLEU's p otherwise."""
     no_exceedance = round(p_value * (n_samples + 1)) == 1  # c == 0 in sacreBLEU's formula
     return 1.0 if delta == 0 and no_exceedance else p_value
@@ -148,7 +147,7 @@ def paired_bootstrap_bleu(
     lowercase: bool = False,
 ) -> SignificanceResult:
     """sacreBLEU's paired bootstrap (``--paired-bs``) of corpus BLEU, system vs baseline."""
-    _check_bootstrap_args(n_samples=n_samples, seed=seed)
+    check_bootstrap_args(n_samples=n_samples, seed=seed)
     if len(system_hyps) != len(baseline_hyps):
         raise ValueError(
             f"baseline has {len(baseline_hyps)} hypotheses but system has {len(system_hyps)}"
@@ -172,14 +171,14 @@ def paired_bootstrap_bleu(
         baseline=SystemEstimate(score=float(base.score), mean=float(base.mean), ci=float(base.ci)),
         system=SystemEstimate(score=float(sys_.score), mean=float(sys_.mean), ci=float(sys_.ci)),
         delta=delta,
-        p_value=_tie_corrected(float(sys_.p_value), delta=delta, n_samples=n_samples),
+        p_value=tie_corrected(float(sys_.p_value), delta=delta, n_samples=n_samples),
         n_samples=n_samples,
         seed=seed,
         signature=str(signatures["BLEU"]),
     )
 
 
-def _sentence_counts(flags: Sequence[Sequence[bool]]) -> tuple[np.ndarray, np.ndarray]:
+def sentence_counts(flags: Sequence[Sequence[bool]]) -> tuple[np.ndarray, np.ndarray]:
     correct = np.array([sum(bool(f) for f in s) for s in flags], dtype=np.int64)
     totals = np.array([len(s) for s in flags], dtype=np.int64)
     return correct, totals
@@ -206,8 +205,8 @@ def paired_bootstrap_accuracy(
     for i, (b, s) in enumerate(zip(baseline_correct, system_correct)):
         if len(b) != len(s):
             raise ValueError(f"sentence {i}: baseline has {len(b)} tokens but system has {len(s)}")
-    base_hits, totals = _sentence_counts(baseline_correct)
-    sys_hits, _ = _sentence_counts(system_correct)
+    base_hits, totals = sentence_counts(baseline_correct)
+    sys_hits, _ = sentence_counts(system_correct)
     return paired_bootstrap_counts(
         baseline_hits=base_hits, system_hits=sys_hits, totals=totals, n_samples=n_samples, seed=seed
     )
@@ -226,7 +225,7 @@ def paired_bootstrap_counts(
     Accuracy of a resample is its pooled hits over its pooled tokens (micro average, like the
     corpus score); a resample that happens to hold no token scores 0 for both systems.
     """
-    _check_bootstrap_args(n_samples=n_samples, seed=seed)
+    check_bootstrap_args(n_samples=n_samples, seed=seed)
     base = np.asarray(baseline_hits, dtype=np.int64)
     sys_ = np.asarray(system_hits, dtype=np.int64)
     tot = np.asarray(totals, dtype=np.int64)
@@ -249,7 +248,7 @@ def paired_bootstrap_counts(
     base_score = 100.0 * base.sum() / tot.sum()
     sys_score = 100.0 * sys_.sum() / tot.sum()
     delta = float(sys_score - base_score)
-    p_value = _shifted_p_value(np.abs(sys_samples - base_samples), abs(delta))
+    p_value = shifted_p_value(np.abs(sys_samples - base_samples), abs(delta))
     base_mean, base_ci = estimate_ci(base_samples)
     sys_mean, sys_ci = estimate_ci(sys_samples)
     return SignificanceResult(
@@ -257,150 +256,14 @@ def paired_bootstrap_counts(
         baseline=SystemEstimate(score=float(base_score), mean=float(base_mean), ci=float(base_ci)),
         system=SystemEstimate(score=float(sys_score), mean=float(sys_mean), ci=float(sys_ci)),
         delta=delta,
-        p_value=_tie_corrected(p_value, delta=delta, n_samples=n_samples),
+        p_value=tie_corrected(p_value, delta=delta, n_samples=n_samples),
         n_samples=n_samples,
         seed=seed,
     )
 
 
-def _shifted_p_value(sample_diffs: np.ndarray, observed_diff: float) -> float:
+def shifted_p_value(sample_diffs: np.ndarray, observed_diff: float) -> float:
     """sacreBLEU's p: resampled |delta| shifted to mean 0, compared with the observed |delta|."""
     stats = sample_diffs - sample_diffs.mean()
     c = int(np.sum(stats > observed_diff))
     return (c + 1) / (len(stats) + 1)
-
-
-# ----------------------------------------------------------------------------- several seeds per system
-def seed_bootstrap(
-    baseline_runs: Sequence[np.ndarray],
-    system_runs: Sequence[np.ndarray],
-    score: Callable[[np.ndarray], np.ndarray],
-    *,
-    metric: str,
-    n_samples: int = 1000,
-    seed: int = 12345,
-) -> SignificanceResult:
-    """Two-level paired bootstrap of the mean score over training seeds, system vs baseline.
-
-    Each run (one training seed) is an ``(N, K)`` array of per-sentence sufficient statistics on
-    the same N test sentences; ``score`` maps summed statistics ``(..., K)`` to scores ``(...)``.
-    A row's score is the mean of its runs' corpus scores (the table's mean over seeds), so the
-    observed ``delta`` is the table's Δ. Every resample draws
-
-    1. sentence indices, ``rng.choice(N, size=(B, N))`` as sacreBLEU, shared by all runs (paired);
-    2. for each system, as many runs as it has, with replacement, ``rng.integers(k, size=(B, k))``.
-
-    The resampled mean over ``k`` drawn runs understates the seed variance by ``(k - 1) / k``
-    (plug-in variance), which matters with the usual 3 seeds; so its deviation from the mean of
-    all ``k`` runs on that resample is scaled by ``sqrt(k / (k - 1))``, giving the unbiased
-    ``s^2 / k``. The p-value then follows the paired bootstrap (shifted |Δ|, sacreBLEU's formula).
-    One run per side draws nothing extra to matter: the result equals the paired bootstrap's.
-    """
-    _check_bootstrap_args(n_samples=n_samples, seed=seed)
-    n = _sentences_of_runs(baseline_runs, system_runs)
-    rng = np.random.default_rng(seed)
-    idxs = rng.choice(n, size=(n_samples, n), replace=True)  # (B, N), as sacreBLEU
-    # how often each sentence is drawn, so a resample's sums are one matrix product per run
-    counts = np.bincount((np.arange(n_samples)[:, None] * n + idxs).ravel(),
-                         minlength=n_samples * n).reshape(n_samples, n)
-    base_score, base_samples = _resampled_mean(baseline_runs, counts, score, rng)
-    sys_score, sys_samples = _resampled_mean(system_runs, counts, score, rng)
-    delta = sys_score - base_score
-    p_value = _shifted_p_value(np.abs(sys_samples - base_samples), abs(delta))
-    base_mean, base_ci = estimate_ci(base_samples)
-    sys_mean, sys_ci = estimate_ci(sys_samples)
-    return SignificanceResult(
-        metric=metric,
-        baseline=SystemEstimate(score=base_score, mean=float(base_mean), ci=float(base_ci)),
-        system=SystemEstimate(score=sys_score, mean=float(sys_mean), ci=float(sys_ci)),
-        delta=delta,
-        p_value=_tie_corrected(p_value, delta=delta, n_samples=n_samples),
-        n_samples=n_samples,
-        seed=seed,
-    )
-
-
-def _sentences_of_runs(baseline_runs: Sequence[np.ndarray], system_runs: Sequence[np.ndarray]) -> int:
-    """N, the test sentences every run scored; an error unless both sides have runs of one (N, K) shape."""
-    runs = [np.asarray(r, dtype=np.int64) for r in (*baseline_runs, *system_runs)]
-    if not baseline_runs or not system_runs:
-        raise ValueError(f"need runs on both sides, got {len(baseline_runs)} baseline and {len(system_runs)} system")
-    shapes = {r.shape for r in runs}
-    if len(shapes) != 1 or runs[0].ndim != 2:
-        raise ValueError(f"every run needs per-sentence statistics of one shape (N, K), got {sorted(shapes)}")
-    return runs[0].shape[0]
-
-
-def _resampled_mean(side: Sequence[np.ndarray], counts: np.ndarray, score: Callable[[np.ndarray], np.ndarray],
-                    rng: np.random.Generator) -> tuple[float, np.ndarray]:
-    """The side's observed mean score over its runs, and its (B,) resampled means (``seed_bootstrap``)."""
-    n_samples = counts.shape[0]
-    per_run = np.stack([score(counts @ np.asarray(r, dtype=np.int64)) for r in side])  # (k, B)
-    k = len(side)
-    picks = rng.integers(k, size=(n_samples, k))  # (B, k): runs drawn for each resample
-    picked = per_run[picks, np.arange(n_samples)[:, None]].mean(axis=1)  # (B,)
-    everyone = per_run.mean(axis=0)
-    inflate = np.sqrt(k / (k - 1)) if k > 1 else 1.0
-    observed = float(np.mean([score(np.asarray(r, dtype=np.int64).sum(axis=0)) for r in side]))
-    return observed, everyone + inflate * (picked - everyone)
-
-
-def seed_bootstrap_accuracy(
-    baseline_runs: Sequence[Sequence[Sequence[bool]]],
-    system_runs: Sequence[Sequence[Sequence[bool]]],
-    *,
-    n_samples: int = 1000,
-    seed: int = 12345,
-) -> SignificanceResult:
-    """``seed_bootstrap`` of token accuracy: each run is per-token correctness, one list per sentence
-    (as ``paired_bootstrap_accuracy`` takes), all runs on the same tokens."""
-    def stats(run: Sequence[Sequence[bool]]) -> np.ndarray:
-        hits, totals = _sentence_counts(run)
-        return np.stack([hits, totals], axis=1)
-
-    runs = [stats(r) for r in (*baseline_runs, *system_runs)]
-    totals = runs[0][:, 1] if runs else None
-    for i, r in enumerate(runs):
-        if r.shape != runs[0].shape or not np.array_equal(r[:, 1], totals):
-            raise ValueError(f"run {i} is not on the same sentences and tokens as run 0")
-    if totals is not None and totals.sum() == 0:
-        raise ValueError(f"no tokens to score: {len(totals)} sentences with 0 tokens in total")
-
-    def accuracy(summed: np.ndarray) -> np.ndarray:
-        return 100.0 * summed[..., 0] / np.maximum(summed[..., 1], 1)
-
-    k = len(baseline_runs)
-    return seed_bootstrap(runs[:k], runs[k:], accuracy, metric="accuracy", n_samples=n_samples, seed=seed)
-
-
-def seed_bootstrap_bleu(
-    baseline_runs: Sequence[Sequence[str]],
-    system_runs: Sequence[Sequence[str]],
-    references: References,
-    *,
-    n_samples: int = 1000,
-    seed: int = 12345,
-    tokenize: str = "13a",
-    lowercase: bool = False,
-) -> SignificanceResult:
-    """``seed_bootstrap`` of corpus BLEU: each run is one seed's hypotheses of the same sentences.
-
-    Sentence statistics and scores come from sacreBLEU's BLEU, through the same two methods its
-    own paired bootstrap uses (``_extract_corpus_statistics``, ``_compute_score_from_stats``).
-    """
-    lengths = {len(r) for r in (*baseline_runs, *system_runs)}
-    if len(lengths) > 1:
-        raise ValueError(f"runs have different numbers of hypotheses: {sorted(lengths)}")
-    n_hyps = lengths.pop() if lengths else 0
-    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
-    streams = reference_streams(references, n_hypotheses=n_hyps)
-    runs = [np.asarray(bleu._extract_corpus_statistics(list(r), streams), dtype=np.int64)
-            for r in (*baseline_runs, *system_runs)]
-
-    def corpus_bleu(summed: np.ndarray) -> np.ndarray:
-        flat = summed.reshape(-1, summed.shape[-1])
-        scores = [bleu._compute_score_from_stats(list(s)).score for s in flat]
-        return np.asarray(scores, dtype=np.float64).reshape(summed.shape[:-1])
-
-    k = len(baseline_runs)
-    return seed_bootstrap(runs[:k], runs[k:], corpus_bleu, metric="BLEU", n_samples=n_samples, seed=seed)

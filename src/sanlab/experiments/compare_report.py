@@ -17,7 +17,7 @@ bootstrap on that seed's outputs of the same test set (sacreBLEU's ``paired-bs``
 Those tests see the test set's variation only: two models trained with different seeds differ on
 it too. When the variant and the baseline both have two or more seeds, a second column gives a
 two-level bootstrap over seeds and sentences of the difference of the means
-(``significance.seed_bootstrap``), which must also beat the seed-to-seed variation.
+(``seed_significance.seed_bootstrap``), which must also beat the seed-to-seed variation.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def paired_test(task: Task | str, baseline: list, system: list, *, references: l
 
 def seeds_test(task: Task | str, baseline: dict[int, CellResult], system: dict[int, CellResult], *,
                references: list[str] | None, spec: EvalSpec) -> SeedsTest | None:
-    """``significance.seed_bootstrap_*`` over every evaluated seed of both rows; None with fewer than
+    """``seed_significance.seed_bootstrap_*`` over every evaluated seed of both rows; None with fewer than
     two seeds on either side (one run shows no seed variation), and no mark (the p only) with fewer than
     ``SEEDS_FOR_A_MARK``."""
     if len(baseline) < 2 or len(system) < 2:

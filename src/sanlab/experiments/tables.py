@@ -90,7 +90,7 @@ class Row:
     note: str | None = None
     speed_conditions: tuple[str, ...] = ()  # jobs x threads its cells trained with (``cells.speed_conditions``)
     speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
-    seeds_test: SeedsTest | None = None     # over all seeds of both rows (``significance.seed_bootstrap``)
+    seeds_test: SeedsTest | None = None     # over all seeds of both rows (``seed_significance.seed_bootstrap``)
     seeds_failed: tuple[int, ...] = ()      # seeds whose cell failed (``failed.json``) and is not evaluated
     problem: str | None = None              # why the row has no test against the baseline, if it cannot have one
 

@@ -100,7 +100,7 @@ class Translation(Task):
         return paired_bootstrap_bleu(baseline, system, references, n_samples=n_samples, seed=seed)
 
     def seeds_test(self, baseline, system, references, *, n_samples: int, seed: int):
-        from sanlab.evaluation.significance import seed_bootstrap_bleu
+        from sanlab.evaluation.seed_significance import seed_bootstrap_bleu
 
         return seed_bootstrap_bleu(baseline, system, references, n_samples=n_samples, seed=seed)
 

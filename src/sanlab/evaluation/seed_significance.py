@@ -1,0 +1,152 @@
+"""Significance between two *rows* trained with several seeds each: a two-level (hierarchical) paired
+bootstrap that resamples training seeds as well as sentences, so a difference must hold up against
+seed-to-seed variation too, which a test of one seed's outputs (``significance``) cannot see. With one seed
+per side it is exactly ``significance``'s paired bootstrap: the same resamples, p-value and tie rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import estimate_ci
+
+from sanlab.evaluation.bleu import References, reference_streams
+from sanlab.evaluation.significance import (SignificanceResult, SystemEstimate, check_bootstrap_args,
+                                            sentence_counts, shifted_p_value, tie_corrected)
+
+
+def seed_bootstrap(
+    baseline_runs: Sequence[np.ndarray],
+    system_runs: Sequence[np.ndarray],
+    score: Callable[[np.ndarray], np.ndarray],
+    *,
+    metric: str,
+    n_samples: int = 1000,
+    seed: int = 12345,
+) -> SignificanceResult:
+    """Two-level paired bootstrap of the mean score over training seeds, system vs baseline.
+
+    Each run (one training seed) is an ``(N, K)`` array of per-sentence sufficient statistics on
+    the same N test sentences; ``score`` maps summed statistics ``(..., K)`` to scores ``(...)``.
+    A row's score is the mean of its runs' corpus scores (the table's mean over seeds), so the
+    observed ``delta`` is the table's Δ. Every resample draws
+
+    1. sentence indices, ``rng.choice(N, size=(B, N))`` as sacreBLEU, shared by all runs (paired);
+    2. for each system, as many runs as it has, with replacement, ``rng.integers(k, size=(B, k))``.
+
+    The resampled mean over ``k`` drawn runs understates the seed variance by ``(k - 1) / k``
+    (plug-in variance), which matters with the usual 3 seeds; so its deviation from the mean of
+    all ``k`` runs on that resample is scaled by ``sqrt(k / (k - 1))``, giving the unbiased
+    ``s^2 / k``. The p-value then follows the paired bootstrap (shifted |Δ|, sacreBLEU's formula).
+    One run per side draws nothing extra to matter: the result equals the paired bootstrap's.
+    """
+    check_bootstrap_args(n_samples=n_samples, seed=seed)
+    n = _sentences_of_runs(baseline_runs, system_runs)
+    rng = np.random.default_rng(seed)
+    idxs = rng.choice(n, size=(n_samples, n), replace=True)  # (B, N), as sacreBLEU
+    # how often each sentence is drawn, so a resample's sums are one matrix product per run
+    counts = np.bincount((np.arange(n_samples)[:, None] * n + idxs).ravel(),
+                         minlength=n_samples * n).reshape(n_samples, n)
+    base_score, base_samples = _resampled_mean(baseline_runs, counts, score, rng)
+    sys_score, sys_samples = _resampled_mean(system_runs, counts, score, rng)
+    delta = sys_score - base_score
+    p_value = shifted_p_value(np.abs(sys_samples - base_samples), abs(delta))
+    base_mean, base_ci = estimate_ci(base_samples)
+    sys_mean, sys_ci = estimate_ci(sys_samples)
+    return SignificanceResult(
+        metric=metric,
+        baseline=SystemEstimate(score=base_score, mean=float(base_mean), ci=float(base_ci)),
+        system=SystemEstimate(score=sys_score, mean=float(sys_mean), ci=float(sys_ci)),
+        delta=delta,
+        p_value=tie_corrected(p_value, delta=delta, n_samples=n_samples),
+        n_samples=n_samples,
+        seed=seed,
+    )
+
+
+def _sentences_of_runs(baseline_runs: Sequence[np.ndarray], system_runs: Sequence[np.ndarray]) -> int:
+    """N, the test sentences every run scored; an error unless both sides have runs of one (N, K) shape."""
+    runs = [np.asarray(r, dtype=np.int64) for r in (*baseline_runs, *system_runs)]
+    if not baseline_runs or not system_runs:
+        raise ValueError(f"need runs on both sides, got {len(baseline_runs)} baseline and {len(system_runs)} system")
+    shapes = {r.shape for r in runs}
+    if len(shapes) != 1 or runs[0].ndim != 2:
+        raise ValueError(f"every run needs per-sentence statistics of one shape (N, K), got {sorted(shapes)}")
+    return runs[0].shape[0]
+
+
+def _resampled_mean(side: Sequence[np.ndarray], counts: np.ndarray, score: Callable[[np.ndarray], np.ndarray],
+                    rng: np.random.Generator) -> tuple[float, np.ndarray]:
+    """The side's observed mean score over its runs, and its (B,) resampled means (``seed_bootstrap``)."""
+    n_samples = counts.shape[0]
+    per_run = np.stack([score(counts @ np.asarray(r, dtype=np.int64)) for r in side])  # (k, B)
+    k = len(side)
+    picks = rng.integers(k, size=(n_samples, k))  # (B, k): runs drawn for each resample
+    picked = per_run[picks, np.arange(n_samples)[:, None]].mean(axis=1)  # (B,)
+    everyone = per_run.mean(axis=0)
+    inflate = np.sqrt(k / (k - 1)) if k > 1 else 1.0
+    observed = float(np.mean([score(np.asarray(r, dtype=np.int64).sum(axis=0)) for r in side]))
+    return observed, everyone + inflate * (picked - everyone)
+
+
+def seed_bootstrap_accuracy(
+    baseline_runs: Sequence[Sequence[Sequence[bool]]],
+    system_runs: Sequence[Sequence[Sequence[bool]]],
+    *,
+    n_samples: int = 1000,
+    seed: int = 12345,
+) -> SignificanceResult:
+    """``seed_bootstrap`` of token accuracy: each run is per-token correctness, one list per sentence
+    (as ``paired_bootstrap_accuracy`` takes), all runs on the same tokens."""
+    def stats(run: Sequence[Sequence[bool]]) -> np.ndarray:
+        hits, totals = sentence_counts(run)
+        return np.stack([hits, totals], axis=1)
+
+    runs = [stats(r) for r in (*baseline_runs, *system_runs)]
+    totals = runs[0][:, 1] if runs else None
+    for i, r in enumerate(runs):
+        if r.shape != runs[0].shape or not np.array_equal(r[:, 1], totals):
+            raise ValueError(f"run {i} is not on the same sentences and tokens as run 0")
+    if totals is not None and totals.sum() == 0:
+        raise ValueError(f"no tokens to score: {len(totals)} sentences with 0 tokens in total")
+
+    def accuracy(summed: np.ndarray) -> np.ndarray:
+        return 100.0 * summed[..., 0] / np.maximum(summed[..., 1], 1)
+
+    k = len(baseline_runs)
+    return seed_bootstrap(runs[:k], runs[k:], accuracy, metric="accuracy", n_samples=n_samples, seed=seed)
+
+
+def seed_bootstrap_bleu(
+    baseline_runs: Sequence[Sequence[str]],
+    system_runs: Sequence[Sequence[str]],
+    references: References,
+    *,
+    n_samples: int = 1000,
+    seed: int = 12345,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+) -> SignificanceResult:
+    """``seed_bootstrap`` of corpus BLEU: each run is one seed's hypotheses of the same sentences.
+
+    Sentence statistics and scores come from sacreBLEU's BLEU, through the same two methods its
+    own paired bootstrap uses (``_extract_corpus_statistics``, ``_compute_score_from_stats``).
+    """
+    lengths = {len(r) for r in (*baseline_runs, *system_runs)}
+    if len(lengths) > 1:
+        raise ValueError(f"runs have different numbers of hypotheses: {sorted(lengths)}")
+    n_hyps = lengths.pop() if lengths else 0
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    streams = reference_streams(references, n_hypotheses=n_hyps)
+    runs = [np.asarray(bleu._extract_corpus_statistics(list(r), streams), dtype=np.int64)
+            for r in (*baseline_runs, *system_runs)]
+
+    def corpus_bleu(summed: np.ndarray) -> np.ndarray:
+        flat = summed.reshape(-1, summed.shape[-1])
+        scores = [bleu._compute_score_from_stats(list(s)).score for s in flat]
+        return np.asarray(scores, dtype=np.float64).reshape(summed.shape[:-1])
+
+    k = len(baseline_runs)
+    return seed_bootstrap(runs[:k], runs[k:], corpus_bleu, metric="BLEU", n_samples=n_samples, seed=seed)
