@@ -182,7 +182,7 @@ PLUGIN = {
                 return paired_bootstrap_accuracy(baseline, system, n_samples=n_samples, seed=seed)
 
             def seeds_test(self, baseline, system, references, *, n_samples, seed):
-                from sanlab.evaluation.significance import seed_bootstrap_accuracy
+                from sanlab.evaluation.seed_significance import seed_bootstrap_accuracy
 
                 return seed_bootstrap_accuracy(baseline, system, n_samples=n_samples, seed=seed)
 

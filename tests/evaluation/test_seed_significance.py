@@ -122,3 +122,13 @@ def test_input_errors():
         seed_bootstrap_accuracy([[[True, False]]], [[[True]]])
     with pytest.raises(ValueError, match="different numbers of hypotheses"):
         seed_bootstrap_bleu([["a", "b"]], [["a"]], ["a", "b"])
+
+
+def test_the_seed_tests_are_still_importable_from_significance():
+    """Where they lived before evaluation/seed_significance.py (plug-in tasks import them from there)."""
+    from sanlab.evaluation import significance
+
+    assert significance.seed_bootstrap_accuracy is seed_bootstrap_accuracy
+    assert significance.seed_bootstrap_bleu is seed_bootstrap_bleu and significance.seed_bootstrap is seed_bootstrap
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        significance.nothing  # noqa: B018

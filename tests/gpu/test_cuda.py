@@ -128,7 +128,7 @@ def test_a_tiny_run_trains_validates_and_translates_on_cuda_in_bf16(tmp_path, ti
                               checkpoint="last", target=sentence, device=device)
     import csv
 
-    rows = {d: list(csv.reader(maps[d].open())) for d in maps}
+    rows = {d: list(csv.reader(maps[d].read_text().splitlines())) for d in maps}
     assert rows["cpu"][0] == rows["cuda"][0] and [r[0] for r in rows["cpu"]] == [r[0] for r in rows["cuda"]]
     values = [[[float(x) for x in r[1:]] for r in rows[d][1:]] for d in maps]
     torch.testing.assert_close(torch.tensor(values[1]), torch.tensor(values[0]), atol=2e-3, rtol=0)

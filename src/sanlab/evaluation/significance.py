@@ -267,3 +267,13 @@ def shifted_p_value(sample_diffs: np.ndarray, observed_diff: float) -> float:
     stats = sample_diffs - sample_diffs.mean()
     c = int(np.sum(stats > observed_diff))
     return (c + 1) / (len(stats) + 1)
+
+
+def __getattr__(name: str):
+    """``seed_bootstrap*`` lived here until 2026-11-25 (now ``seed_significance``, which imports this module):
+    plug-in tasks that import them from here keep working."""
+    if name in ("seed_bootstrap", "seed_bootstrap_accuracy", "seed_bootstrap_bleu"):
+        from sanlab.evaluation import seed_significance
+
+        return getattr(seed_significance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

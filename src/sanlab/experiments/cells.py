@@ -103,7 +103,9 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
     except ConfigError:  # provenance only: a damaged file must not stop the table
         return "unknown (meta.json unreadable)"
     train = (done.get("config") or {}).get("train") or {}
-    defaults = {"device": "cpu", "precision": train.get("precision", "bf16" if train.get("bf16") else "fp32"),
+    named = str(train.get("device", "cpu"))  # "auto" stays the CPU: no GPU run predates these records
+    defaults = {"device": named if named.startswith("cuda") else "cpu",
+                "precision": train.get("precision", "bf16" if train.get("bf16") else "fp32"),
                 "compile": train.get("compile", False)}
     sessions = meta.get("sessions") or []
     last_session = {**defaults, **{k: sessions[-1][k] for k in defaults if sessions and k in sessions[-1]}}
