@@ -60,3 +60,45 @@ def test_parameters_without_gradient_get_a_clear_error_naming_them(tmp_path, tin
     assert main(["train", str(config), "--run", str(tmp_path / "muse"), "--nproc", "2", "--quiet"]) != 0
     err = capfd.readouterr().err
     assert "--set train.find_unused_parameters=true" in err and "reference_only.weight" in err
+
+
+# The launcher a rank-1 failure runs under: `python -m sanlab` (what `sanlab train --nproc` runs), with rank 1's
+# loss made to raise from update FAIL_AT on; nothing in sanlab knows about it.
+RANK_FAILS = """
+import os, runpy, sys
+from sanlab.training import loop
+
+if os.environ.get("RANK") == "1":
+    real = loop.Trainer._loss
+    def failing(self, batch):
+        if self.progress.step + 1 >= {fail_at}:
+            raise RuntimeError(f"rank 1 fails on purpose at update {{self.progress.step + 1}}")
+        return real(self, batch)
+    loop.Trainer._loss = failing
+sys.argv[0] = "sanlab"
+runpy.run_module("sanlab", run_name="__main__")
+"""
+
+
+def test_a_crash_on_one_rank_ends_the_others_with_its_message_and_the_run_resumes(tmp_path, tiny_translation):
+    """Rank 1 raises at update 4: rank 0, waiting in the gradient all-reduce, is ended too (no hang), the
+    failure summary of torchrun names rank 1's error with its traceback (``record`` in sanlab/__main__.py), the
+    checkpoint of update 2 is intact, and the run resumes from it to the end."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=6, valid_every=2)))
+    launcher = tmp_path / "rank_fails.py"
+    launcher.write_text(RANK_FAILS.format(fail_at=4))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    summary = done.stderr[done.stderr.index("Root Cause"):]
+    assert "rank      : 1" in summary and "RuntimeError: rank 1 fails on purpose at update 4" in summary
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000002"]
+    assert main(["train", str(config), "--run", str(run), "--nproc", "2", "--quiet"]) == 0
+    assert "resumed from" in (run / "train.log").read_text()
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] == "step-00000006"
