@@ -205,7 +205,7 @@ def _register_training(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the console")
     p.add_argument("--device", help="where to train: auto | cpu | cuda | cuda:N (the same as --set train.device=...)")
     p.add_argument("--nproc", type=_positive, default=1, metavar="N",
-                   help="data-parallel training in N processes (torchrun + DDP, gloo); each update then takes "
+                   help="data-parallel training in N processes (torchrun + DDP: NCCL on CUDA, gloo on the CPU); each update then takes "
                         "N x train.accum_steps batches")
     p.set_defaults(fn=_cmd_train)
 

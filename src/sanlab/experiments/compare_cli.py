@@ -18,7 +18,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", help="where the cells train and are evaluated: auto | cpu | cuda | cuda:N (the same as "
                    "--set train.device=...; a finished cell is not trained again for it)")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their state; run nothing")
-    p.add_argument("--table-only", action="store_true", help="print the table from what exists; run nothing")
+    p.add_argument("--table-only", action="store_true", help="print the table from what exists and write it to the runs directory (table.md/.csv/.json); train nothing")
     p.add_argument("--rescore", action="store_true",
                    help="tagging: score the evaluated cells again from their predictions (tags-*.jsonl.gz) with the "
                    "current word-group definitions, without checkpoints; then print the table (docs/compare.md)")
