@@ -63,9 +63,9 @@ def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
     fsync(path.parent)
 
 
-def read_json(path: Path | str) -> dict | None:
+def read_json(path: Path | str, *, remedy: str = "delete it to redo what wrote it") -> dict | None:
     """The JSON object in ``path`` (a file sanlab wrote), None if there is no such file; a damaged file is
-    a ConfigError naming it."""
+    a ConfigError naming it and what to do (``remedy``)."""
     from sanlab.errors import ConfigError
 
     path = Path(path)
@@ -74,7 +74,7 @@ def read_json(path: Path | str) -> dict | None:
     except FileNotFoundError:  # also when another process removed it just now
         return None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid JSON ({err}); delete it to redo what wrote it") from None
+        raise ConfigError(f"{path}: not valid JSON ({err}); {remedy}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data

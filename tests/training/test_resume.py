@@ -431,6 +431,29 @@ def test_damaged_checkpoint_files_are_named_and_resume_skips_them(tmp_path, tiny
         train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
 
 
+def test_a_checkpoint_whose_meta_json_is_damaged_or_gone_stops_the_run_instead_of_being_written_over(
+        tmp_path, tiny_translation):
+    """meta.json is what makes a step-N directory a checkpoint. Damaged, or deleted (as a user might, to get past
+    the error), the run must not start again from step 0 and write a new step-2 over the old one: it names the
+    checkpoint and says to move it away; once moved, the run resumes from the one before."""
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights = (newest / "model.safetensors").read_bytes()
+    (newest / "meta.json").write_text('{"step": 2, "sco')
+    for damaged in ("not valid JSON", "checkpoint without meta.json"):
+        with pytest.raises(ConfigError, match=f"{newest}.*{damaged}.*move step-00000002 out of .*checkpoints .*to "
+                                              "resume from the checkpoint before it"):
+            train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+        with pytest.raises(ConfigError, match="step-00000002"):
+            load_trained(run, checkpoint="last")
+        assert (newest / "model.safetensors").read_bytes() == weights  # nothing written over
+        (newest / "meta.json").unlink(missing_ok=True)
+    newest.rename(tmp_path / "step-00000002.aside")
+    summary = train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+    assert summary["step"] == 4 and "(step 1," in (run / "train.log").read_text().split("resumed from")[-1]
+
+
 def test_a_checkpoint_damaged_inside_its_tensors_is_caught_by_its_checksum(tmp_path, tiny_translation, monkeypatch):
     """0xff over tensor bytes leaves a readable safetensors file: only the checksum tells. Resume skips it, and
     the NaN message's "last good checkpoint" is one that loaded and validated."""

@@ -95,13 +95,23 @@ def _as_tuple(x):
 
 
 def complete_checkpoints(directory: Path) -> list[dict]:
-    """Meta (plus ``path``) of every complete checkpoint in ``directory``, oldest first."""
-    metas = []
-    for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*")):
-        meta = read_json(d / META)  # a damaged one is an error naming it
-        if meta is not None:
-            metas.append({**meta, "path": str(d)})
-    return metas
+    """Meta (plus ``path``) of every checkpoint in ``directory``, oldest first. A ``step-N`` directory is
+    complete by construction (written under a temporary name, then renamed), so one without a readable
+    ``meta.json`` was damaged afterwards: an error naming it, never a checkpoint to skip (training would
+    start again and write over it)."""
+    return [{**read_meta(d), "path": str(d)} for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*"))]
+
+
+def read_meta(checkpoint: Path) -> dict:
+    """A ``step-N`` checkpoint's meta.json; damaged or missing, an error naming the checkpoint and what to do."""
+    checkpoint = Path(checkpoint)
+    remedy = (f"move {checkpoint.name} out of {checkpoint.parent} (or restore the file) to resume from the "
+              "checkpoint before it")
+    meta = read_json(checkpoint / META, remedy=remedy)
+    if meta is None:
+        raise ConfigError(f"{checkpoint}: checkpoint without {META} (written complete, so it was removed since); "
+                          f"{remedy}")
+    return meta
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -113,7 +123,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
             raise ConfigError(f"{pointer}: expected {{\"checkpoint\": \"step-N\"}}, found {latest}; delete it to "
                               "resume from the newest complete checkpoint")
         path = Path(directory) / latest["checkpoint"]
-        if (path / META).exists():
+        if path.is_dir():
+            read_meta(path)  # damaged: an error, not a fall-back that training would write over
             return path
     complete = complete_checkpoints(directory)
     return Path(complete[-1]["path"]) if complete else None
