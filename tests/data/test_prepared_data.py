@@ -159,6 +159,23 @@ def test_blank_line_is_reported_before_any_cache_entry(tmp_path, cache):
     assert _entries(cache, "subword") == [] and _entries(cache, "corpus") == []
 
 
+@pytest.mark.parametrize("damage", ["not gzip at all", "truncated"])
+def test_a_training_file_that_is_not_a_readable_gzip_is_named(tmp_path, cache, damage):
+    """A .gz training file that is plain text or cut short: a DataError naming it, not gzip's traceback (the
+    line count that sizes the subword sample reads it first)."""
+    import gzip
+
+    config = make_reverse_config(tmp_path)
+    bad = tmp_path / "train.src.gz"
+    text = open(config.data.train.src, "rb").read()
+    bad.write_bytes(text if damage == "not gzip at all" else gzip.compress(text)[:-20])
+    config = config.model_copy(update={"data": config.data.model_copy(update={
+        "train": config.data.train.model_copy(update={"src": str(bad)})})})
+    with pytest.raises(DataError, match=rf"{bad}: cannot read \(corrupt or truncated compressed file\?\)"):
+        prepare(config, None, log=print)
+    assert _entries(cache, "subword") == [] and _entries(cache, "corpus") == []
+
+
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SANLAB_CACHE_DIR", str(tmp_path / "x"))
     assert cache_root() == tmp_path / "x"

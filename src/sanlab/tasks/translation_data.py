@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +57,13 @@ def count_lines(path: str | os.PathLike[str]) -> int:
     if not path.is_file():
         return 0
     n, last = 0, b"\n"
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-        while block := f.read(1 << 22):
-            n, last = n + block.count(b"\n"), block[-1:]
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            while block := f.read(1 << 22):
+                n, last = n + block.count(b"\n"), block[-1:]
+    except (OSError, EOFError, zlib.error) as exc:  # what gzip raises for a corrupt or truncated stream
+        # (counted in blocks: no line number to give; reading it line by line would name one)
+        raise DataError(f"cannot read (corrupt or truncated compressed file?): {exc}", path=str(path)) from exc
     return n + (last != b"\n")
 
 
