@@ -212,9 +212,30 @@ def test_tagger_pipeline(tmp_path, capsys):
     tagged = capsys.readouterr().out.split("\n\n")[0].splitlines()
     assert [line.split("\t")[0] for line in tagged] == ["the", "dog", "runs", "."]
     assert all(line.split("\t")[1] != "_" for line in tagged)
+    # the same CoNLL-U under another name, and on standard input: recognised by its columns, not tagged as text
+    conllu_text = "# sent_id = 1\n" + (tmp_path / "in.conllu").read_text()
+    (tmp_path / "in.conll").write_text(conllu_text)
+    assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.conll")]) == 0
+    assert capsys.readouterr().out.split("\n\n")[0].splitlines() == tagged
+    import io
+    import sys
+
+    class Stdin:
+        buffer = io.BytesIO(conllu_text.encode())
+
+    for dash in ([], ["--input", "-"]):  # -: standard input, as without --input
+        real, sys.stdin = sys.stdin, Stdin()
+        Stdin.buffer.seek(0)
+        try:
+            assert main(["tag", "--run", str(tmp_path / "run"), *dash]) == 0
+        finally:
+            sys.stdin = real
+        assert capsys.readouterr().out.split("\n\n")[0].splitlines() == tagged
     # user mistakes are one line each, not a traceback
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt: input file not found" in capsys.readouterr().err
+    assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(data)]) == 2
+    assert f"{data}: is a directory; give an input file" in capsys.readouterr().err
     assert main(["evaluate", "--run", str(tmp_path / "run"), "--split", "tset"]) == 2
     assert "unknown split 'tset'; this run has: dev, test" in capsys.readouterr().err
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from sanlab import invocation
-from sanlab.errors import ConfigError, DataError, SanlabError
+from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.analyze_cli import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
 
@@ -72,7 +72,7 @@ def _launch_torchrun(args) -> int:
 
 
 def _cmd_translate(args) -> int:
-    from sanlab.data.parallel import input_lines
+    from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.runs import load_trained
     from sanlab.tasks.base import task_for
@@ -87,8 +87,7 @@ def _cmd_translate(args) -> int:
         raise ConfigError(f"--beam {args.beam} cannot return the run's decode.n_best = {config.decode.n_best} "
                           f"hypotheses; pass --n-best (at most {args.beam})")
     decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best)
-    if args.input and not Path(args.input).is_file():
-        raise DataError("input file not found", path=args.input)
+    check_input_file(args.input)
     lines = input_lines(args.input)
     n_best = decode.n_best
     results = translate(model, spm, lines, decode=decode, n_best=n_best, source=args.input or "<stdin>",
@@ -217,6 +216,10 @@ def _register_training(sub) -> None:
     p.set_defaults(fn=_cmd_prepare)
 
 
+def _input_path(text: str) -> str | None:
+    return None if text == "-" else text  # -: standard input, as without --input
+
+
 def _register_decoding(sub) -> None:
     """``translate``, ``tag`` and ``evaluate``: the commands that load a trained model and decode with it."""
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
@@ -234,7 +237,7 @@ def _register_decoding(sub) -> None:
                           "beside the fp32 ones" if name == "evaluate" else ""))
         p.set_defaults(fn=fn)
         if name in ("translate", "tag"):
-            p.add_argument("--input", help="input file (default: stdin)")
+            p.add_argument("--input", type=_input_path, help="input file (default, or -: standard input)")
             p.add_argument("--output", help="output file (default: stdout)")
         if name in ("translate", "evaluate"):
             p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")

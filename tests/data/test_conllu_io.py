@@ -162,3 +162,17 @@ def test_chunk_sentences_splits_without_dropping():
         chunk_sentences([sentence], max_len=0)
     with pytest.raises(ValueError, match="2 words but 1 tags"):
         TaggedSentence(("a", "b"), ("X",))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("# sent_id = 1\n1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_\n", True),
+    ("\n1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_\n", True),
+    ("the dog runs .\n", False),
+    ("#hashtag starts a tweet\nthe dog runs .\n", False),
+    ("a\tb\tc\n", False),  # tabs, but not the ten columns
+    ("", False),
+])
+def test_conllu_is_recognised_by_its_first_word_line(text, expected):
+    from sanlab.data.conllu_io import looks_like_conllu
+
+    assert looks_like_conllu(text.splitlines()) is expected

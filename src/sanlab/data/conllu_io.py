@@ -56,9 +56,9 @@ class TaggedSentence:
 Block = list[tuple[int, str]]  # (1-based line number, line) of one sentence
 
 
-def _blocks(path: Path) -> Iterator[Block]:
+def _blocks(lines: Iterable[str]) -> Iterator[Block]:
     block: Block = []
-    for lineno, line in enumerate(open_text(path), start=1):
+    for lineno, line in enumerate(lines, start=1):
         if line.strip():
             block.append((lineno, line))
         elif block:
@@ -159,8 +159,9 @@ def _parse_block(block: Block, *, path: Path, column: TagColumn) -> TaggedSenten
 
 
 def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos",
-                require_tags: bool = True) -> list[TaggedSentence]:
-    """Read the words and tags (`column` = "upos" or "xpos") of every sentence in a CoNLL-U file.
+                require_tags: bool = True, lines: Iterable[str] | None = None) -> list[TaggedSentence]:
+    """Read the words and tags (`column` = "upos" or "xpos") of every sentence in a CoNLL-U file (or in
+    ``lines`` already read from it, e.g. standard input; `path` then names them in errors).
 
     Raises `DataError` naming the file and 1-based line for a malformed line: a column count
     other than 10, an invalid or out-of-sequence ID, an empty FORM, or a missing tag ("_") on a
@@ -172,12 +173,22 @@ def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos",
         raise ValueError(f"column must be 'upos' or 'xpos', got {column!r}")
     path = Path(path)
     sentences = []
-    for block in _blocks(path):
+    for block in _blocks(open_text(path) if lines is None else lines):
         _check_block(block, path=path, tag_index=_TAG_INDEX[column], require_tags=require_tags)
         sentences.append(_parse_block(block, path=path, column=column))
     if not sentences:
         raise DataError("no sentences (the file is empty)", path=str(path))
     return sentences
+
+
+def looks_like_conllu(lines: Iterable[str]) -> bool:
+    """Whether text that is not named ``.conllu`` is CoNLL-U all the same: its first line that is neither blank
+    nor a comment has the ten tab-separated columns, the first a word ID. (Tokenised plain text has no tabs.)"""
+    for line in lines:
+        if line.strip() and not line.startswith("#"):
+            columns = line.split("\t")
+            return len(columns) == 10 and _parse_id(columns[0]) is not None
+    return False
 
 
 def write_conllu(

@@ -68,6 +68,16 @@ def open_text(path: PathLike) -> Iterator[str]:
     return _iter_lines(_open_binary(path), path)
 
 
+def check_input_file(path: PathLike | None) -> None:
+    """Fail before any work unless ``path`` is a file to read (None: standard input)."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        raise DataError("is a directory; give an input file (or none, or -, for standard input)", path=str(path))
+    if not Path(path).is_file():
+        raise DataError("input file not found", path=str(path))
+
+
 def input_lines(path: PathLike | None) -> list[str]:
     """The lines of an input file (as ``open_text``) or of standard input when ``path`` is None.
 

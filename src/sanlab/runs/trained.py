@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 from sanlab.config import Config
-from sanlab.errors import ConfigError, DataError
+from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
 from sanlab.training.checkpoint import META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights
 from sanlab.training.layout import RunLayout
@@ -148,10 +148,11 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",
              device: str = "cpu", precision: str = "fp32") -> None:
-    """Tag a CoNLL-U file (``.conllu``/``.conllu.gz``) or plain tokenised text; writes word<TAB>tag lines.
+    """Tag a CoNLL-U file (named ``.conllu``/``.conllu.gz``, or any input, standard input too, whose first
+    word line has CoNLL-U's ten tab-separated columns) or plain tokenised text; writes word<TAB>tag lines.
     ``precision``: fp32 or bf16 (the tagger's forward under autocast)."""
-    from sanlab.data.conllu_io import TaggedSentence, read_conllu
-    from sanlab.data.parallel import input_lines
+    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, read_conllu
+    from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.tasks.tagging import tag_sentences
     from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
@@ -161,13 +162,13 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint, device=device)
     task_for(config).require("tag", run_dir)
     task_for(config).require_precision(precision, run_dir)
-    if input_path and not Path(input_path).is_file():
-        raise DataError("input file not found", path=input_path)
-    if input_path and ".conllu" in Path(input_path).name:
-        sents = read_conllu(input_path, column=config.data.column, require_tags=False)  # tags, if any, ignored
+    check_input_file(input_path)
+    named_conllu = bool(input_path) and ".conllu" in Path(input_path).name
+    lines = None if named_conllu else input_lines(input_path)
+    if lines is None or looks_like_conllu(lines):  # tags, if any, ignored
+        sents = read_conllu(input_path or "<stdin>", column=config.data.column, require_tags=False, lines=lines)
     else:
-        sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split()))
-                 for line in input_lines(input_path) if line.strip()]
+        sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split())) for line in lines if line.strip()]
     predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars,
                               precision=decoding_precision(precision, model_device(model)))
     with output_stream(output_path) as out:
