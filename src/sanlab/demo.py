@@ -16,6 +16,7 @@ from sanlab.config import validate
 from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
 from sanlab.errors import ConfigError
 from sanlab.runs import evaluate_run, load_trained, train_run
+from sanlab.training.rundir import check_overwritable
 
 SEED = 1
 
@@ -58,9 +59,9 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root}: is a file, not a directory for the demo's data and runs; choose another --run")
-    mt_data, tag_data = root / "data" / "translation", root / "data" / "tagging"
-    write_translation_corpus(mt_data, seed=SEED)
-    write_tagging_corpus(tag_data, seed=SEED)
+    for run in (root / "translation", root / "tagging"):  # both refused before anything is written
+        check_overwritable(run)
+    mt_data, tag_data = _write_corpora(root / "data")
     print(f"generated synthetic corpora in {root / 'data'}")
 
     mt_cfg = validate(translation_config(mt_data, quick=quick), source="sanlab demo (translation)")
@@ -85,6 +86,32 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
     if not ok:
         print("demo targets NOT reached (BLEU > 90, tagging accuracy > 95)")
     return 0 if ok else 1
+
+
+def _write_corpora(data: Path) -> tuple[Path, Path]:
+    """The demo's corpora in ``data``/translation and ``data``/tagging. They are generated aside first: a file
+    already there that differs from the demo's own (a user's ``train.src``) is an error, never written over."""
+    import filecmp
+    import shutil
+    import tempfile
+
+    data.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=data, prefix=".demo-") as tmp:
+        fresh = Path(tmp)
+        write_translation_corpus(fresh / "translation", seed=SEED)
+        write_tagging_corpus(fresh / "tagging", seed=SEED)
+        for sub in ("translation", "tagging"):
+            target = data / sub
+            others = [f.name for f in sorted(target.iterdir()) if not (fresh / sub / f.name).is_file()
+                      or not filecmp.cmp(f, fresh / sub / f.name, shallow=False)] if target.is_dir() else []
+            if others:
+                raise ConfigError(f"{target}: holds files the demo did not write ({', '.join(others[:5])}); the "
+                                  "demo would write its corpora there: choose another --run directory")
+        for sub in ("translation", "tagging"):
+            (data / sub).mkdir(exist_ok=True)
+            for f in (fresh / sub).iterdir():
+                shutil.move(f, data / sub / f.name)
+    return data / "translation", data / "tagging"
 
 
 def _fmt(x: float | None) -> str:

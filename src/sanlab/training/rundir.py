@@ -83,6 +83,16 @@ def check_new_run(run_dir: Path) -> None:
 def empty_run(run_dir: Path) -> None:
     """``--overwrite``: delete what sanlab wrote in ``run_dir``, after checking that it wrote all of it."""
     names = entries(run_dir)
+    check_overwritable(run_dir)
+    # config.yaml and meta.json last: interrupted, the directory is still a run that --overwrite will empty
+    for name in sorted(names, key=lambda n: n in RunLayout.provenance_names()):
+        _delete(Path(run_dir) / name)
+
+
+def check_overwritable(run_dir: Path) -> None:
+    """That ``--overwrite`` may empty ``run_dir``: absent, empty, or a run holding only what sanlab wrote (so a
+    command that will overwrite several runs can check them all before it writes anything)."""
+    names = entries(run_dir)
     if not names:
         return
     if not is_run(run_dir):
@@ -93,9 +103,6 @@ def empty_run(run_dir: Path) -> None:
     if unknown:
         raise ConfigError(f"{run_dir}: holds files sanlab did not write ({_listed(unknown)}); --overwrite deletes "
                           "only a run's own files: move them away first, or choose another --run directory")
-    # config.yaml and meta.json last: interrupted, the directory is still a run that --overwrite will empty
-    for name in sorted(names, key=lambda n: n in RunLayout.provenance_names()):
-        _delete(Path(run_dir) / name)
 
 
 def _delete(path: Path) -> None:
