@@ -32,6 +32,13 @@ def test_a_command_of_another_task_names_the_tasks_that_have_it():
         task_named("tagging").require("prepare", "c.yaml", what="config", instead="train it directly")
 
 
+def test_a_config_without_a_task_says_so():
+    with pytest.raises(ConfigError, match=r"c.yaml: no `task:` \(.*translation.*\).*; it is empty"):
+        validate({}, source="c.yaml")
+    with pytest.raises(ConfigError, match=r"no `task:` .*; its keys: model, train"):
+        validate({"model": {}, "train": {}}, source="c.yaml")
+
+
 def test_an_unknown_task_lists_the_known_ones():
     with pytest.raises(ConfigError, match="expected tags: 'translation', 'tagging'"):
         validate({"task": "copy"}, source="t")

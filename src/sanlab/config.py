@@ -330,6 +330,10 @@ def _adapter() -> TypeAdapter:
 
 def validate(raw: dict, *, source: str) -> TaskConfig:
     """Validate a raw dict; errors name each offending key and the source."""
+    if isinstance(raw, dict) and "task" not in raw:  # (pydantic's words: "unable to extract tag using discriminator")
+        found = f"its keys: {', '.join(map(str, raw))}" if raw else "it is empty"
+        raise ConfigError(f"{source}: no `task:` ({' or '.join(TASKS.references())}), which says what the config "
+                          f"trains; {found}")
     try:
         # strict, through JSON: a quoted "0.1" or "no" in YAML is a string, refused where a number or a bool
         # belongs (lax mode would convert it); JSON lists still fill tuples, numbers from --set stay typed

@@ -231,3 +231,16 @@ def test_allow_changed_data_reaches_torchrun_workers_and_grid_cells(tmp_path, mo
     assert main(["compare", "grid.yaml", "--allow-changed-data"]) == 0
     assert main(["compare", "grid.yaml"]) == 0
     assert seen == ["1", None] and ALLOW_CHANGED_DATA_ENV not in os.environ
+
+
+def test_a_run_whose_meta_json_is_damaged_is_named_as_that_not_as_a_stranger(tmp_path, tiny_translation):
+    """A damaged meta.json leaves sanlab unable to tell its run from a user's directory: it says which file and
+    what to do, instead of "not a sanlab run directory and not empty"; nothing in the directory changes."""
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1, valid_every=1), run, quiet=True)
+    (run / "meta.json").write_text('{"sanlab_run')
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(ConfigError, match=rf"{run / 'meta.json'}: not valid JSON .*sanlab cannot tell whether "
+                                          rf"{run} is its run \(meta.json says so\): restore the file"):
+        train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    assert sorted(p.name for p in run.iterdir()) == before

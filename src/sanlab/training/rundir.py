@@ -75,6 +75,10 @@ def check_new_run(run_dir: Path) -> None:
     a start that failed); never among a user's files. A ``config.yaml`` without a run's ``meta.json`` is a
     user's file too (a recipe), and must not be rewritten with the resolved config."""
     unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()]
+    meta = RunLayout(run_dir).meta
+    if meta.name in unknown:  # a run whose meta.json was damaged: say that, not "not a run directory"
+        read_json(meta, remedy=f"sanlab cannot tell whether {run_dir} is its run (meta.json says so): restore the "
+                               "file, or choose another --run directory")
     if unknown:
         raise ConfigError(f"{run_dir}: not a sanlab run directory and not empty (holds {_listed(unknown)}); "
                           "choose a new or empty --run directory")
