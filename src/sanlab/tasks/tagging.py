@@ -60,7 +60,8 @@ class TaggingVocab:
 
     @staticmethod
     def load(path: Path) -> "TaggingVocab":
-        data = read_json(path)
+        data = read_json(path, remedy="restore it, or delete it and rerun the run's `sanlab train` command, which "
+                                      "builds it again from the training data")
         if data is None or not {"words", "chars", "tags"} <= data.keys():
             raise ConfigError(f"{path}: " + ("missing" if data is None else "not a tagging vocabulary (words, chars, "
                                              "tags)") + "; a run directory keeps it beside config.yaml")
