@@ -42,6 +42,21 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
     assert "model.word_dimm: unknown key" in err and path in err
 
 
+def test_a_key_set_in_a_base_file_is_traced_to_that_file(tmp_path, capsys):
+    """A typo inside a ``base:`` file is named with the file that has it, not only the config given; a key the
+    config itself sets, or --set gives, is not attributed to a base."""
+    (tmp_path / "cfg").mkdir()
+    base = tmp_path / "cfg" / "base.yaml"
+    base.write_text("task: tagging\ndata: {train: a, dev: b}\nmodel: {word_dimm: 3}\ntrain: {batch_size: 2}\n")
+    child = _config(tmp_path / "cfg", "base: base.yaml\ntrain: {batch_size: many}\n")
+    assert main(["train", child, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert f"model.word_dimm: unknown key (set in {base})" in err
+    assert "train.batch_size: Input should be a valid integer (got 'many')\n" in err + "\n"  # the config's own key
+    assert main(["train", child, "--set", "model.word_dimm=4", "--print-config"]) == 2
+    assert "model.word_dimm: unknown key\n" in capsys.readouterr().err + "\n"  # --set gave it
+
+
 def test_ill_typed_override_is_named(tmp_path, capsys):
     path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n")
     assert main(["train", path, "--set", "train.batch_size=many", "--print-config"]) == 2

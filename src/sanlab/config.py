@@ -11,6 +11,7 @@ here.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
@@ -21,6 +22,8 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is where callers find them)
     PRESETS,
     apply_override,
+    key_origin,
+    load_chain,
     load_raw,
     parse_value,
     read_yaml_mapping,
@@ -328,8 +331,9 @@ def _adapter() -> TypeAdapter:
     return _ADAPTERS[classes]
 
 
-def validate(raw: dict, *, source: str) -> TaskConfig:
-    """Validate a raw dict; errors name each offending key and the source."""
+def validate(raw: dict, *, source: str, origin: Callable[[str], Path | None] | None = None) -> TaskConfig:
+    """Validate a raw dict; errors name each offending key and the source (``origin``: the file that set a
+    dotted key, when a ``base:`` chain spreads the config over several, ``load_config``)."""
     if isinstance(raw, dict) and "task" not in raw:  # (pydantic's words: "unable to extract tag using discriminator")
         found = f"its keys: {', '.join(map(str, raw))}" if raw else "it is empty"
         raise ConfigError(f"{source}: no `task:` ({' or '.join(TASKS.references())}), which says what the config "
@@ -345,8 +349,10 @@ def validate(raw: dict, *, source: str) -> TaskConfig:
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
+            where = origin(loc) if origin and loc else None
             lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
-                                                          and not isinstance(e["input"], dict) else ""))
+                                                          and not isinstance(e["input"], dict) else "")
+                         + (f" (set in {where})" if where else ""))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
 
 
@@ -374,11 +380,18 @@ def _typed_text(value: object) -> bool:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
+    chain = load_chain(path)
     raw = load_raw(path)
     for assignment in overrides:
         apply_override(raw, assignment)
     source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")
-    return validate(raw, source=source)
+    overridden = {a.split("=", 1)[0].strip() for a in overrides}
+
+    def origin(key: str) -> Path | None:  # named only where a base file, not the config itself, set the key
+        found = None if key in overridden else key_origin(chain, key)
+        return found if found is not None and found != chain[0][0] else None
+
+    return validate(raw, source=source, origin=origin)
 
 
 def dump_config(config: BaseModel) -> str:

@@ -77,14 +77,23 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
-    """Read a YAML config, resolving its ``base:`` chain."""
+    """Read a YAML config, resolving its ``base:`` chain (each file's keys merged over its base's)."""
+    merged: dict = {}
+    for _, own in reversed(load_chain(path, _seen)):
+        merged = _merge(merged, own)
+    return merged
+
+
+def load_chain(path: str | Path, _seen: tuple = ()) -> list[tuple[Path, dict]]:
+    """``[(path, its own keys), (its base, the base's own keys), ...]``: the ``base:`` chain, the file itself
+    first, so that a key can be traced to the file that sets it (``key_origin``)."""
     path = Path(path)
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
     data = read_yaml_mapping(path)
     base = data.pop("base", None)
     if base is None:
-        return data
+        return [(path, data)]
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{path}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
     base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
@@ -94,7 +103,21 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
     if not base_path.is_file():
         problem = "is a directory, not a config file" if base_path.is_dir() else "config file not found"
         raise ConfigError(f"{path}: base {base!r}: {base_path}: {problem}")
-    return _merge(load_raw(base_path, _seen + (path.resolve(),)), data)
+    return [(path, data), *load_chain(base_path, _seen + (path.resolve(),))]
+
+
+def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
+    """The file of a ``load_chain`` whose value of the key ``a.b.c`` the merged config holds: the first, from
+    the file itself down its bases, that sets it."""
+    def has(data: dict, parts: list[str]) -> bool:
+        for part in parts:
+            if not isinstance(data, dict) or part not in data:
+                return False
+            data = data[part]
+        return True
+
+    parts = dotted.split(".")
+    return next((p for p, own in chain if has(own, parts)), None)
 
 
 def apply_override(raw: dict, assignment: str) -> dict:
