@@ -25,6 +25,7 @@ from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is w
     key_origin,
     load_chain,
     load_raw,
+    merge_chain,
     parse_value,
     read_yaml_mapping,
     set_key,
@@ -380,8 +381,8 @@ def _typed_text(value: object) -> bool:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
-    chain = load_chain(path)
-    raw = load_raw(path)
+    chain = load_chain(path)  # read once: merged here, and traced in errors
+    raw = merge_chain(chain)
     for assignment in overrides:
         apply_override(raw, assignment)
     source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")

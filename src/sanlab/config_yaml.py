@@ -78,8 +78,13 @@ def _merge(base: dict, over: dict) -> dict:
 
 def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
     """Read a YAML config, resolving its ``base:`` chain (each file's keys merged over its base's)."""
+    return merge_chain(load_chain(path, _seen))
+
+
+def merge_chain(chain: list[tuple[Path, dict]]) -> dict:
+    """The config a ``load_chain`` describes: each file's keys merged over its base's."""
     merged: dict = {}
-    for _, own in reversed(load_chain(path, _seen)):
+    for _, own in reversed(chain):
         merged = _merge(merged, own)
     return merged
 

@@ -233,10 +233,9 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
 def _refuse_changed_training_data(cell: Cell) -> None:
     """The training files against the fingerprint the run recorded when it last trained (meta.json; runs from
     before fingerprints were recorded are trusted): a word group is defined by the training sentences."""
-    from sanlab.data.fingerprint import changes, fingerprints
+    from sanlab.runs import training_data_changes
 
-    recorded = (read_json(cell.layout.meta) or {}).get("data_fingerprint") or {}
-    changed = changes(recorded, fingerprints(cell.kind.training_files(cell.config)))
+    changed = training_data_changes(cell.run_dir, cell.config)
     if changed:
         path, what = next(iter(changed.items()))
         raise ConfigError(f"{cell.run_dir}: the training data changed since the cell trained ({path}: {what}); "

@@ -78,6 +78,17 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     return False
 
 
+def training_data_changes(run_dir: Path, config: Config) -> dict[str, str]:
+    """What changed, by file, in the training data since the run last trained on it (``data.fingerprint.changes``;
+    nothing for a run that recorded no fingerprint). Reads only."""
+    return _data_changes(read_json(RunLayout(run_dir).meta) or {}, config)[2]
+
+
+def _data_changes(meta: dict, config: Config) -> tuple[dict, dict, dict[str, str]]:
+    recorded, current = meta.get("data_fingerprint") or {}, fingerprints(task_for(config).training_files(config))
+    return recorded, current, changes(recorded, current)
+
+
 def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -> list[str]:
     """Compare the training data with the fingerprint recorded in ``meta.json`` (``data_fingerprint``).
     Changed data is a DataError naming the file, unless ``allow_changed``; then the changes are returned
@@ -85,8 +96,7 @@ def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -
     records the data it starts or resumes on."""
     path = RunLayout(run_dir).meta
     meta = read_json(path) or provenance(config)
-    recorded, current = meta.get("data_fingerprint") or {}, fingerprints(task_for(config).training_files(config))
-    found = changes(recorded, current)
+    recorded, current, found = _data_changes(meta, config)
     if found and not allow_changed:
         first = next(iter(found))
         more = f" (and {len(found) - 1} more file(s): {', '.join(list(found)[1:])})" if len(found) > 1 else ""
