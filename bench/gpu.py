@@ -116,7 +116,8 @@ def peak_tflops(device: torch.device, precision: str, override: float | None) ->
     return next((p.get(precision) for key, p in PEAKS.items() if key in name), None)
 
 
-def measure(runners: list[Runner], *, rounds: int, updates: int, warmup: int, device: torch.device) -> None:
+def measure(runners: list[Runner], *, rounds: int, updates: int, warmup: int, device: torch.device,
+            after_round=lambda done: None) -> None:
     for r in range(rounds):
         order = runners[r % len(runners):] + runners[:r % len(runners)]
         for runner in order:
@@ -128,6 +129,7 @@ def measure(runners: list[Runner], *, rounds: int, updates: int, warmup: int, de
                 runner.step()
             sync(device)  # a GPU runs asynchronously: time the work, not its launch
             runner.seconds.append((time.perf_counter() - start) / updates)
+        after_round(r + 1)
 
 
 def table(runners: list[Runner], *, tokens: int, peak: float | None) -> list[str]:
@@ -174,19 +176,25 @@ def main() -> None:
     if args.compile is not None:
         runners += [prepare(c, args, device, batch, compiled=True) for c in cells
                     if not args.compile or c.variant in args.compile]
-    measure(runners, rounds=args.rounds, updates=args.updates, warmup=args.warmup, device=device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} thread(s)"
     peak = peak_tflops(device, args.precision, args.peak_tflops)
     tokens = batch[0].shape[0] * args.length
-    lines = [f"# Training throughput per variant ({where}, {args.precision})", "",
-             *provenance("gpu.py", grid, args, cells,
-                         f"{tokens:,} target tokens per update ({batch[0].shape[0]} x {args.length}), median of "
-                         f"{args.rounds} rounds x {args.updates} updates; peak {peak or 'unknown'} TFLOP/s"),
-             *table(runners, tokens=tokens, peak=peak)]
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+
+    def report(done: int) -> None:
+        """The table after each round (a lease that runs out keeps the rounds measured so far)."""
+        partial = f" (partial: {done} of {args.rounds} rounds)" if done < args.rounds else ""
+        lines = [f"# Training throughput per variant ({where}, {args.precision}){partial}", "",
+                 *provenance("gpu.py", grid, args, cells,
+                             f"{tokens:,} target tokens per update ({batch[0].shape[0]} x {args.length}), median "
+                             f"of {done} rounds x {args.updates} updates; peak {peak or 'unknown'} TFLOP/s"),
+                 *table(runners, tokens=tokens, peak=peak)]
+        print("\n".join(lines), flush=True)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+
+    measure(runners, rounds=args.rounds, updates=args.updates, warmup=args.warmup, device=device,
+            after_round=report)
 
 
 if __name__ == "__main__":

@@ -19,27 +19,39 @@
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
-#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement   which parts (default all, comma-separated);
-#   TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement measures (default: step 4's,
-#   once it has finished)
+#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement   which parts (default all, comma-separated;
+#   bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
+#   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
+#   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
+#   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
+#   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT: seconds per step
+#   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10).
+# Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
+# (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPORT_DIR=${REPORT_DIR:-${OUT:-runs/gpu-check}}
 DATA=${GPU_DATA:-../shared/data/multi30k}
 STEPS=${GPU_STEPS:-all}
 PY=${PYTHON:-python3}
+DEVICE=${GPU_DEVICE:-cuda}  # cpu: a dry run of this script where there is no GPU (slow, but every step starts)
 mkdir -p "$REPORT_DIR"
 report="$REPORT_DIR/gpu.md"
 
+SITE=/tmp/sanlab-site
 if compgen -G ".whl/*.whl" > /dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/sanlab-site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH="/tmp/sanlab-site:$PWD/src"
+    # once per machine: concurrent invocations (tests beside the run) must not install into one folder together
+    if [ ! -e "$SITE/.installed" ]; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            .whl/*.whl && touch "$SITE/.installed" || exit 1
+    fi
+    export PYTHONPATH="$SITE:$PWD/src"
 else
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-wants() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
+wants() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
+                                                                   [[ "$1" == trainstep || "$1" == window ]]; }; }
 files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
        --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
        --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
@@ -52,35 +64,38 @@ printf '# sanlab on a GPU (scripts/gpu_check.sh, %s)\n\nCommit: %s\n' "$(date -u
 
 if wants env; then
     section "sanlab env"
-    $PY -m sanlab env --device cuda 2>&1 | tee -a "$report"; nvidia-smi -L 2>&1 | tee -a "$report"
+    $PY -m sanlab env --device "$DEVICE" 2>&1 | tee -a "$report"; nvidia-smi -L 2>&1 | tee -a "$report"
     end_section
 fi
 if wants tests; then
     section "pytest -m gpu"
-    $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
+    timeout "${GPU_TEST_TIMEOUT:-0}" $PY -m pytest -q -m gpu -p no:cacheprovider ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
         | tee -a "$report"
     end_section
 fi
-if wants bench; then
+if wants trainstep; then
     section "bench/train_step.py (d=256 3+3 recipe size, 512 x 30 tokens)"
     for precision in fp32 bf16; do
-        $PY bench/train_step.py --device cuda --precision "$precision" --batch 512 --repeats 10 2>&1 | tee -a "$report"
+        $PY bench/train_step.py --device "$DEVICE" --precision "$precision" --batch 512 --repeats 10 2>&1 | tee -a "$report"
     done
     end_section
+fi
+if wants window; then
     section "bench/attention_window.py (B=8, H=8, D=64, M=11)"
-    $PY bench/attention_window.py --device cuda --lengths 512 2048 4096 8192 --batch 8 --repeats 10 2>&1 \
+    timeout "${GPU_WINDOW_TIMEOUT:-0}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
+        --batch 8 --repeats "${GPU_WINDOW_REPEATS:-10}" 2>&1 \
         | tee -a "$report"
     end_section
 fi
 if wants gpubench; then
     section "bench/gpu.py: CSAN Table 1 at Transformer-Base size, bf16, ~25k tokens per update, MFU"
-    timeout 540 $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device cuda --precision bf16 \
-        --compile vanilla 1D-CSAN --out "$REPORT_DIR/gpu-train-speed.md" 2>&1 | tail -n 20 | tee -a "$report"
+    timeout "${GPU_BENCH_TIMEOUT:-540}" $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device "$DEVICE" --precision bf16 \
+        --compile ${GPU_COMPILE:-vanilla 1D-CSAN} --out "$REPORT_DIR/gpu-train-speed.md" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 40 | tee -a "$report"
     end_section
 fi
 if wants decode; then
     section "bench/decode_speed.py: beam 5 on cuda, cached vs recomputed prefix (Multi30k grid, untrained)"
-    timeout 540 $PY bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --device cuda --threads 4 \
+    timeout "${GPU_DECODE_TIMEOUT:-540}" $PY bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --device "$DEVICE" --threads 4 \
         --recompute vanilla --sentences 200 --batch 50 "${files[@]}" 2>&1 | tail -n 24 | tee -a "$report"
     end_section
 fi
@@ -89,23 +104,25 @@ if wants train; then
     run=runs/gpu-multi30k
     start=$(date +%s)
     timeout "$(( ${TRAIN_MINUTES:-8} * 60 ))" $PY -m sanlab train configs/multi30k-en-de-transformer.yaml --run "$run" \
-        --device cuda --set train.precision=bf16 --quiet "${files[@]}" 2>&1 | tail -n 3 | tee -a "$report"
+        --device "$DEVICE" --set train.precision=bf16 --quiet "${files[@]}" 2>&1 | tail -n 3 | tee -a "$report"
     echo "this slice: $(( $(date +%s) - start )) s wall" | tee -a "$report"
     grep -E "device|finished|resumed" "$run/train.log" | tail -n 4 | tee -a "$report"
     grep '"speed"' "$run/metrics.jsonl" | tail -n 1 | tee -a "$report"
     if grep -q "finished at step 3000" "$run/train.log"; then
-        $PY -m sanlab evaluate --run "$run" --device cuda 2>&1 | tee -a "$report"
+        $PY -m sanlab evaluate --run "$run" --device "$DEVICE" 2>&1 | tee -a "$report"
     else
         echo "not finished: run this step again (GPU_STEPS=train) to continue from the last checkpoint" \
             | tee -a "$report"
     fi
+    # the run's log, metrics and scores (not its checkpoints) come back with the report
+    tar czf "$REPORT_DIR/gpu-multi30k.tar.gz" --exclude=checkpoints -C "$(dirname "$run")" "$(basename "$run")"
     end_section
 fi
 if wants decode-agreement; then
     section "scripts/decode_agreement.py: test_2016_flickr in fp32 and bf16 on cuda (issue 24: >= 99% identical)"
     run=${DECODE_RUN:-runs/gpu-multi30k}
     if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
-        timeout 540 $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device cuda \
+        timeout 540 $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
             --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
             --output "$REPORT_DIR/decode-agreement.md" 2>&1 | head -n 16 | tee -a "$report"
     else

@@ -83,3 +83,16 @@ def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0]] and rows[2][0].startswith("vanilla (compiled)")
     assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
+    # the table is rewritten after every round; the last one is whole
+    assert "partial" not in out.read_text().splitlines()[0] and "median of 2 rounds" in out.read_text()
+
+
+def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_beat():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "attention_window.py"), "--quick", "--threads", "1",
+                           "--lengths", "24", "--batch", "2", "--heads", "2", "--head-dim", "8", "--size", "5"],
+                          cwd=ROOT, check=True, capture_output=True, text=True)
+    rows = [line.split() for line in done.stdout.splitlines()[2:] if len(line.split()) == 5]  # I, method (2), ms, ratio
+    assert [" ".join(r[1:3]) for r in rows] == ["1D dense", "1D sdpa+mask", "1D banded", "2D dense", "2D banded",
+                                                "global sdpa"]
+    assert all(float(r[3]) > 0 for r in rows)
+    assert "global sdpa / fastest 1D window plan:" in done.stdout
