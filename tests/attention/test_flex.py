@@ -133,3 +133,29 @@ def test_without_flexattention_the_plan_is_not_offered(monkeypatch):
     assert "flex" not in plans.runnable(StageParts.sort([window]))
     with pytest.raises(ValueError, match="needs torch.nn.attention.flex_attention"):
         Attention(dim=DIM, heads=HEADS, parts=[window], plan="flex")
+
+
+@pytest.mark.slow
+def test_the_compiled_kernel_takes_windows_of_different_widths_in_one_process():
+    """The kernel CUDA runs (``flex._compiled``, inductor), here on the CPU, forward only: windows of three widths
+    one after another, as an encoder's and a decoder's windows come in one process. Without the specialised
+    integers torch turned the window's offsets symbolic at the second width and inductor's lowering failed (on
+    an H200 with torch 2.11, and on the CPU with 2.13)."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from sanlab.attention.parts.window import WindowMask
+
+    torch._dynamo.reset()
+    # 64 positions: torch 2.13's CPU kernel (not the CUDA one this guards) gave wrong rows at a length of 40
+    valid = torch.arange(64)[None] < torch.tensor([64, 29])[:, None]
+    positions = Positions.self_attention(valid, length=64)
+    for m in (1, 2, 3):
+        q, k, v = (torch.randn(2, 2, 64, 8) for _ in range(3))
+        ctx = AttentionContext(positions=positions, heads=2, head_dim=8, q=q, k=k)
+        parts = StageParts.sort([WindowMask(half_width=m)])
+        block_mask = create_block_mask(flex._mask_mod(ctx, parts), 2, 2, 64, 64, device="cpu")
+        with torch.no_grad():
+            out = flex._compiled()(q, k, v, block_mask=block_mask, scale=8 ** -0.5)
+            ref = plans.dense(q, k, v, ctx, parts=parts, scale=8 ** -0.5, dropout=0.0, training=False, trace=None)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5, msg=lambda msg: f"window m={m}: {msg}")

@@ -15,6 +15,7 @@ from sanlab.attention.plans import StageParts
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 SHORT, LONG = banded.MIN_KEYS - 1, banded.MIN_KEYS
 FLEX_SHORT, FLEX_LONG = flex.MIN_KEYS - 1, flex.MIN_KEYS
+CUDA_BAND = banded.CUDA_MIN_KEYS
 
 
 class _Score(AttentionPart):
@@ -76,20 +77,23 @@ def test_flexattention_changes_nothing_on_the_cpu_unless_asked_for(parts, reques
 @pytest.mark.parametrize("parts, requested, keys, trace, dropout, expected", [
     ([], "auto", FLEX_LONG, False, False, "sdpa"),               # global attention: the fused kernel, no mask
     ([], "flex", FLEX_LONG, False, False, "sdpa"),               # a layer without parts in a flex stack
-    ([WINDOW], "auto", FLEX_SHORT, False, False, "sdpa"),        # a short window: sdpa (not banded) ...
-    ([WINDOW], "auto", FLEX_LONG, False, False, "flex"),         # ... FlexAttention from flex.MIN_KEYS on
+    ([WINDOW], "auto", CUDA_BAND - 1, False, False, "sdpa"),     # a short window: SDPA + mask ...
+    ([WINDOW], "auto", CUDA_BAND, False, False, "banded"),       # ... banded from CUDA_MIN_KEYS on
+    ([WINDOW], "auto", FLEX_LONG, False, False, "banded"),       # banded, not FlexAttention (measured faster)
     ([WINDOW], "auto", FLEX_LONG, True, False, "dense"),         # a trace needs the score matrix
-    ([WINDOW], "auto", FLEX_LONG, False, True, "banded"),        # attention dropout: FlexAttention has none
-    ([WINDOW], "banded", FLEX_LONG, False, False, "banded"),     # an explicit request is kept
+    ([WINDOW], "auto", FLEX_LONG, False, True, "banded"),        # attention dropout
+    ([WINDOW], "banded", 3, False, False, "banded"),             # an explicit request is kept
     ([WINDOW], "sdpa", FLEX_LONG, False, False, "sdpa"),
     ([WINDOW], "flex", 3, False, False, "flex"),                 # and ignores the length
-    ([DIRECTIONS], "auto", FLEX_LONG, False, False, "flex"),     # per-head masks
+    ([DIRECTIONS], "auto", FLEX_SHORT, False, False, "sdpa"),    # per-head masks: SDPA + mask when short ...
+    ([DIRECTIONS], "auto", FLEX_LONG, False, False, "flex"),     # ... FlexAttention from flex.MIN_KEYS on
+    ([DIRECTIONS], "auto", FLEX_LONG, False, True, "sdpa"),      # FlexAttention has no attention dropout
     ([GAUSS], "auto", FLEX_SHORT, False, False, "dense"),        # a score part: dense when short ...
     ([GAUSS], "auto", FLEX_LONG, False, False, "flex"),          # ... its bias as a score_mod when long
     ([TRUNCATED], "auto", FLEX_LONG, False, False, "flex"),      # a data-dependent window and its bias
     ([LUONG], "auto", FLEX_LONG, False, False, "dense"),         # scales the weights: dense only
-    ([AREA], "auto", FLEX_LONG, False, False, "banded"),         # 2D-CSAN mixes heads: banded
-    ([AREA], "auto", SHORT, False, False, "dense"),
+    ([AREA], "auto", SHORT, False, False, "dense"),              # 2D-CSAN mixes heads: no SDPA, so it
+    ([AREA], "auto", LONG, False, False, "banded"),              # bands from banded.MIN_KEYS, as on the CPU
     ([_Score()], "auto", FLEX_LONG, False, False, "dense"),      # a score part that offers no score_mod
 ])
 def test_choose_on_cuda(parts, requested, keys, trace, dropout, expected):

@@ -34,6 +34,9 @@ from sanlab.attention.parts_base import AttentionContext, StageParts
 
 BLOCK = 16        # queries per block; each block reads BLOCK + left + right keys
 MIN_KEYS = 128    # ``plans.choose`` takes this plan for ``auto`` from this many keys on (dense is as fast below)
+# on CUDA where SDPA could run the window as a mask instead: on an H200 (fp32, forward + backward, B 8, H 8,
+# D 64, M 11; results/gpu.md) SDPA + mask was 2.1x faster than this plan at I = 512 and 3x slower at 2048
+CUDA_MIN_KEYS = 1024
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,12 @@ except ImportError:  # pragma: no cover - the project's torch has it
     create_block_mask = flex_attention = None
 
 AVAILABLE = flex_attention is not None
-# ``plans.choose`` takes this plan for ``auto`` on CUDA from this many keys on. A guess, not a measurement:
-# below two 128-key blocks a block mask skips nothing. GPU numbers must set it (bench/attention_window.py
-# --device cuda, the window plans at I = 512 .. 8192, and the GPU benchmarks of issue 24); none could be
-# measured where this plan was written (no GPU).
-MIN_KEYS = 256
+# ``plans.choose`` takes this plan for ``auto`` on CUDA from this many keys on, for parts the banded plan cannot
+# run (it was faster than this one at every length measured). Measured on an H200 (fp32, forward + backward,
+# B 8, H 8, D 64, 1D window M 11; results/gpu.md): 3.7x slower than dense at I = 512, on par at 2048 (0.94),
+# twice as fast at 4096 (0.45) and 8192 (0.25); against SDPA + mask 1.6x slower at 2048, 0.8 at 4096. The
+# block mask is built in every call (padding and data-dependent windows change per batch): part of the cost.
+MIN_KEYS = 4096
 
 
 def supports(parts: StageParts) -> bool:
@@ -89,8 +90,29 @@ def _score_mod(ctx: AttentionContext, parts: StageParts):
 
 @functools.cache
 def _compiled():
-    """The fused kernel: ``flex_attention`` compiled once per process (torch recompiles on new shapes)."""
-    return torch.compile(flex_attention)
+    """The fused kernel: ``flex_attention`` compiled once per process (torch recompiles on new shapes).
+
+    Integers the mods capture (a window's offsets) are specialised: torch otherwise makes such an integer
+    symbolic once its value changes between calls (an encoder's window and a decoder's differ), and inductor's
+    flex lowering fails on a symbolic captured integer ("'ShapeAsConstantBuffer' object has no attribute
+    'dtype'", seen on an H200 with torch 2.11; the same failure on the CPU with 2.13 is the regression test).
+    Each distinct set of values compiles once, a few per model, so the recompile limit is raised for this
+    kernel: past it torch would run flex_attention unfused, forming the score matrix. Inside a compiled model
+    the model's compilation decides (``training/compile.py``)."""
+    kernel = torch.compile(flex_attention)
+    settings = {"specialize_int": True}
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
+        if hasattr(torch._dynamo.config, name):
+            settings[name] = max(getattr(torch._dynamo.config, name), 64)
+            break
+
+    def run(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return kernel(*args, **kwargs)
+        with torch._dynamo.config.patch(**settings):
+            return kernel(*args, **kwargs)
+
+    return run
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask, scale: float) -> Tensor:

@@ -65,28 +65,35 @@ def choose(parts: StageParts, *, requested: str, device: torch.device, key_lengt
            need_trace: bool, dropout: bool = False, can: tuple[Plan, ...] | None = None) -> Plan:
     """The plan one call runs: ``requested`` (a config's ``plan``) for these parts over ``key_length`` keys.
 
-    A trace needs the dense matrix. ``auto`` on the CPU bands from ``banded.MIN_KEYS`` keys on
-    (docs/performance.md) and fuses (``sdpa``) otherwise when no part reads the scores. On CUDA it takes
-    ``flex`` from ``flex.MIN_KEYS`` keys on for the parts FlexAttention can run (unless attention ``dropout``
-    is active in this call: FlexAttention has none), bands only what FlexAttention cannot run (2D-CSAN),
-    and fuses the rest. ``device`` is where the call runs; this function only decides, it never touches
-    the device, so that parts and the pipeline stay device-free. ``can``: ``runnable(parts)`` if the caller
-    keeps it (an ``Attention`` computes it once, not at every call).
+    A trace needs the dense matrix. ``auto`` bands window-local parts from ``banded_from`` keys on, and
+    fuses (``sdpa``) otherwise when no part reads the scores. On CUDA it takes ``flex`` from ``flex.MIN_KEYS``
+    keys on for the parts FlexAttention can run and the banded plan cannot (Bi_Direct's per-head directions,
+    the Gaussian biases, Local_Hard's data-dependent window), unless attention ``dropout`` is active in this
+    call (FlexAttention has none). The thresholds are measured (docs/performance.md, "GPU"). ``device`` is
+    where the call runs; this function only decides, it never touches the device, so that parts and the
+    pipeline stay device-free. ``can``: ``runnable(parts)`` if the caller keeps it (an ``Attention`` computes
+    it once, not at every call).
     """
     can = runnable(parts) if can is None else can
-    cuda_flex = device.type == "cuda" and "flex" in can and not dropout
     if requested == "flex" and "flex" not in can:  # nothing to mask or score in this layer: what auto runs
         requested = "auto"
-    if not need_trace and (requested == "flex" or (requested == "auto" and cuda_flex
-                                                   and key_length >= flex.MIN_KEYS)):
-        return "flex"
-    if not need_trace and "banded" in can and (requested == "banded" or (
-            requested == "auto" and key_length >= banded.MIN_KEYS and not cuda_flex)):
-        return "banded"
+    if not need_trace:
+        if requested == "flex" or (requested == "auto" and "banded" not in can and device.type == "cuda"
+                                   and "flex" in can and not dropout and key_length >= flex.MIN_KEYS):
+            return "flex"
+        if "banded" in can and (requested == "banded" or (
+                requested == "auto" and key_length >= banded_from(can, device))):
+            return "banded"
     # an explicit 'sdpa' was checked at construction; it runs even with a trace (which then stays empty)
     if requested == "sdpa" or (requested == "auto" and not need_trace and "sdpa" in can):
         return "sdpa"
     return "dense"
+
+
+def banded_from(can: tuple[Plan, ...], device: torch.device) -> int:
+    """The key length from which ``auto`` bands: ``banded.MIN_KEYS`` where the alternative is dense (and on
+    the CPU), ``banded.CUDA_MIN_KEYS`` on CUDA where SDPA's fused kernels could run the mask instead."""
+    return banded.CUDA_MIN_KEYS if device.type == "cuda" and "sdpa" in can else banded.MIN_KEYS
 
 
 def visibility(ctx: AttentionContext, parts: StageParts) -> Tensor | None:
