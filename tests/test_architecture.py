@@ -11,9 +11,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sanlab"
 
-KERNEL = {"errors", "files", "invocation", "registry"}
+KERNEL = {"errors", "files", "invocation", "registry", "compile_limits"}
 ALLOWED = {
-    "errors": set(), "files": {"errors"}, "invocation": set(), "registry": {"errors"},
+    "errors": set(), "files": {"errors"}, "invocation": set(), "registry": {"errors"}, "compile_limits": set(),
     "attention": KERNEL,
     "layers": KERNEL | {"attention"},
     "config_yaml": {"errors"},
@@ -22,7 +22,7 @@ ALLOWED = {
     "decoding": set(),
     "data": {"errors"},
     "evaluation": {"errors"},
-    "training": {"errors", "files", "config"},
+    "training": {"errors", "files", "compile_limits", "config"},
 }
 ALLOWED["tasks"] = set(ALLOWED)
 ALLOWED["runs"] = ALLOWED["tasks"] | {"tasks"}

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from sanlab.attention import masks
 from sanlab.attention.parts_base import AttentionContext, StageParts
+from sanlab.compile_limits import raised_limit
 
 try:  # torch >= 2.5; without it the plan is not offered (``supports`` is False)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -100,11 +101,7 @@ def _compiled():
     kernel: past it torch would run flex_attention unfused, forming the score matrix. Inside a compiled model
     the model's compilation decides (``training/compile.py``)."""
     kernel = torch.compile(flex_attention)
-    settings = {"specialize_int": True}
-    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
-        if hasattr(torch._dynamo.config, name):
-            settings[name] = max(getattr(torch._dynamo.config, name), 64)
-            break
+    settings = {"specialize_int": True, **raised_limit()}
 
     def run(*args, **kwargs):
         if torch.compiler.is_compiling():

@@ -17,11 +17,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from sanlab.compile_limits import RECOMPILE_LIMIT, raised_limit
 from sanlab.errors import TrainingError
 
-RECOMPILE_LIMIT = 64  # graphs per compiled function; torch's default (8) is soon spent by a varying batch
-# the names of torch's settings changed in 2.6 (cache_size_limit -> recompile_limit); the first one found
-LIMIT_SETTINGS = ("recompile_limit", "cache_size_limit")
 FAIL_SETTINGS = ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
 LIMIT_ERRORS = ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
 
@@ -37,11 +35,9 @@ def configure_dynamo() -> bool:
     to stop at the limit (the log then says that a run past it would run eager)."""
     import torch._dynamo
 
+    for name, value in raised_limit().items():
+        setattr(torch._dynamo.config, name, value)
     known = _settings()
-    for name in LIMIT_SETTINGS:
-        if name in known:
-            setattr(torch._dynamo.config, name, max(known[name], RECOMPILE_LIMIT))
-            break
     for name in FAIL_SETTINGS:
         if name in known:
             setattr(torch._dynamo.config, name, True)

@@ -1,0 +1,19 @@
+"""torch.compile's recompile limit, shared by whole-model compilation (``training/compile.py``) and the
+FlexAttention kernel (``attention/flex.py``): torch's default (8 graphs per compiled function) is soon spent
+by varying batch shapes or a model's several windows, and past it torch runs the function uncompiled."""
+
+from __future__ import annotations
+
+RECOMPILE_LIMIT = 64
+# the names of torch's settings changed in 2.6 (cache_size_limit -> recompile_limit); the first one found
+LIMIT_SETTINGS = ("recompile_limit", "cache_size_limit")
+
+
+def raised_limit() -> dict[str, int]:
+    """``{setting: value}`` raising this torch's recompile limit to ``RECOMPILE_LIMIT`` (never lowering it)."""
+    import torch._dynamo
+
+    for name in LIMIT_SETTINGS:
+        if hasattr(torch._dynamo.config, name):
+            return {name: max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT)}
+    return {}
