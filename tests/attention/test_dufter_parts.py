@@ -151,6 +151,15 @@ def test_position_beyond_t_raises_naming_t(part):
     hook = part.weights if isinstance(part, ConvolvedAttention) else part.score
     with pytest.raises(ValueError, match=r"position 4 is outside the fixed length t = 4"):
         hook(torch.zeros(1, 2, 5, 5), _ctx(5))
+    # a decoding step: one query after four cached positions (the limit read from the layout, not the tensors)
+    with pytest.raises(ValueError, match=r"query position 4 is outside the fixed length t = 4"):
+        hook(torch.zeros(1, 2, 1, 5), _ctx(1, offset=4, causal=True))
+    hook(torch.zeros(1, 2, 1, 4), _ctx(1, offset=3, causal=True))  # position 3 fits
+    # positions without a promised layout are read from the tensors
+    free = Positions(q_pos=torch.tensor([0, 2, 4]), k_pos=torch.tensor([0, 2, 4]))
+    assert free.query_start is None
+    with pytest.raises(ValueError, match=r"query position 4 is outside the fixed length t = 4"):
+        hook(torch.zeros(1, 2, 3, 3), AttentionContext(positions=free, heads=2, head_dim=4))
 
 
 def test_temperature_starts_at_one_and_scales_logits_and_values():

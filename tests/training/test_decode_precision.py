@@ -67,6 +67,44 @@ def test_translate_in_bf16_runs_the_model_under_autocast_and_the_search_in_fp32(
     assert fp32 == Path("translation/hyp-best-test.txt").read_text(encoding="utf-8").splitlines()  # unchanged
 
 
+def test_bf16_decoding_casts_the_weights_once_per_batch_not_at_every_step(legacy, monkeypatch):
+    """torch drops autocast's bf16 copies of the weights when the outermost autocast context exits; the search
+    holds one open over each batch (``Precision.cast_cache``), so the copies are made once per batch."""
+    from sanlab.runs import load_trained
+    from sanlab.tasks import translation
+
+    config, model, spm = load_trained(Path("translation"), device="cpu")
+    cleared, steps = [], []
+    real_clear, real_step = torch.clear_autocast_cache, model.decode_step
+    monkeypatch.setattr(torch, "clear_autocast_cache", lambda: (cleared.append(1), real_clear()))
+    monkeypatch.setattr(model, "decode_step", lambda *a, **k: (steps.append(1), real_step(*a, **k))[1])
+    sources = Path("data/translation/test.src").read_text(encoding="utf-8").splitlines()
+    decode = config.decode.model_copy(update={"batch_sentences": 4})
+    translation.translate(model, spm, sources, decode=decode, precision=decoding_precision("bf16", torch.device("cpu")))
+    batches = -(-sum(1 for s in sources if s.strip()) // 4)
+    assert batches > 1 and len(steps) > 2 * batches
+    assert len(cleared) == batches
+
+
+def test_decode_step_projects_to_the_vocabulary_in_fp32_under_autocast(legacy):
+    """bf16 logits keep about three significant digits, enough to flip a close choice of the beam: the
+    output projection of a decoding step runs in fp32 whatever the autocast around it."""
+    from sanlab.runs import load_trained
+
+    _, model, spm = load_trained(Path("translation"), device="cpu")
+    seen = []
+    model.generator.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+    src = torch.tensor([spm.src.encode("a b c") + [spm.eos_id]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        state = model.start_decoding(src)
+        log_probs, _ = model.decode_step(torch.tensor([[spm.bos_id]]), state)
+    (inputs, logits), = seen
+    assert logits.dtype == inputs.dtype == log_probs.dtype == torch.float32
+    torch.testing.assert_close(logits, inputs @ model.generator.weight.T + (
+        0 if model.generator.bias is None else model.generator.bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_probs, torch.log_softmax(logits, -1))
+
+
 def test_translate_command_with_precision(legacy, tmp_path, capsys):
     out32, out16 = tmp_path / "fp32.txt", tmp_path / "bf16.txt"
     common = ["translate", "--run", "translation", "--device", "cpu", "--input", "data/translation/test.src"]

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from sanlab.attention import banded, flex, plans
-from sanlab.attention.parts_base import AttentionContext, AttentionPart, KeySet, PartCache
+from sanlab.attention.parts_base import AttentionContext, AttentionPart, CallMemo, KeySet, PartCache
 from sanlab.attention.plans import PLANS
 from sanlab.attention.positions import Positions
 from sanlab.attention.state import KV, PrefixState
@@ -110,7 +110,10 @@ class Attention(nn.Module):
         if use_cache and memory is None and not self.incremental:
             return self._forward_prefix(x, positions=positions, cache=cache, need_trace=need_trace)
         kept = cache.parts if isinstance(cache, KV) else {}  # part index -> what the part kept at the last step
+        # memo passed, not left to its default_factory: inside a model, dynamo (torch 2.13) failed to call that
+        # factory and split the compiled model at every attention call (test_compile.py: one graph per recipe)
         ctx = AttentionContext(positions=positions, heads=self.heads, head_dim=self.head_dim, q_full=self.q_proj(x),
+                               memo=CallMemo(),
                                cache=PartCache({self.parts[n]: s for n, s in kept.items()}, keeping=use_cache))
         if memory is not None and isinstance(cache, KV):  # cross-attention: memory keys/values are fixed
             q, k, v = self._split(ctx.q_full), cache.k, cache.v

@@ -38,10 +38,15 @@ def glorot_uniform_(tensor: Tensor, *, fan_in: float, fan_out: float) -> Tensor:
 
 
 def check_fixed_positions(ctx: AttentionContext, *, t: int, part: str) -> None:
-    """Raise if a query or key position does not fit the part's fixed length t (= model max_len)."""
-    for name, pos in (("query", ctx.q_pos), ("key", ctx.k_pos)):
-        if pos.numel() and int(pos.max()) >= t:
-            raise ValueError(f"{part}: {name} position {int(pos.max())} is outside the fixed length t = {t} "
+    """Raise if a query or key position does not fit the part's fixed length t (= model max_len).
+    The last positions come from the layout where ``Positions`` promises one (``last_positions``)."""
+    known = ctx.positions.last_positions()
+    for index, (name, pos) in enumerate((("query", ctx.q_pos), ("key", ctx.k_pos))):
+        if not pos.numel():
+            continue
+        last = known[index] if known is not None else int(pos.max())
+        if last >= t:
+            raise ValueError(f"{part}: {name} position {last} is outside the fixed length t = {t} "
                              "the part was built for (the model's max_len); split or filter longer sequences")
 
 

@@ -52,6 +52,14 @@ class Positions:
         return Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid, query_valid=query.query_valid,
                          query_start=query.query_start)
 
+    def last_positions(self) -> tuple[int, int] | None:
+        """(last query position, last key position) from the layout ``query_start`` promises, read from the
+        sizes alone (no wait for the device, nothing for torch.compile to stop at); None without that layout
+        or with no query or no key."""
+        if self.query_start is None or not self.q_pos.numel() or not self.k_pos.numel():
+            return None
+        return self.query_start + self.q_pos.shape[0] - 1, self.k_pos.shape[0] - 1
+
     def lengths(self) -> Tensor | None:
         """[b] number of valid keys per sentence (L_b), or None when nothing is padded."""
         return None if self.key_valid is None else self.key_valid.sum(-1)

@@ -41,7 +41,7 @@ class SinusoidalPositions(nn.Module):
         inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: Tensor) -> Tensor:
+    def forward(self, positions: Tensor, *, last: int | None = None) -> Tensor:  # ``last``: as LearnedPositions
         angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]  # [t, dim/2]
         return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # [t, dim] (interleaved)
 
@@ -58,8 +58,12 @@ class LearnedPositions(nn.Module):
             nn.init.normal_(self.table.weight, std=init_std)
         self.max_positions = max_positions
 
-    def forward(self, positions: Tensor) -> Tensor:
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(positions.max())} exceeds the {self.max_positions} learned positions; "
-                             "raise model.max_positions or filter longer sentences")
+    def forward(self, positions: Tensor, *, last: int | None = None) -> Tensor:
+        """``last``: the largest of ``positions`` where the caller knows it from the layout
+        (``Positions.last_positions``), so the check reads no tensor; else it is read from ``positions``."""
+        if positions.numel():
+            last = int(positions.max()) if last is None else last
+            if last >= self.max_positions:
+                raise ValueError(f"position {last} exceeds the {self.max_positions} learned positions; "
+                                 "raise model.max_positions or filter longer sentences")
         return self.table(positions)  # [t, dim]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -42,28 +43,36 @@ class Seq2Seq(nn.Module):
         else:  # fairseq's untied output projection (and the released MUSE/DynamicConv code): N(0, d^-1/2)
             nn.init.normal_(self.generator.weight, mean=0.0, std=dim ** -0.5)
 
-    def _embed(self, embed: nn.Module, table: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
-        return self.dropout(embed(tokens) + table(positions)[None])  # [b, t, dim]
+    def _embed(self, embed: nn.Module, table: nn.Module, tokens: Tensor, positions: Positions) -> Tensor:
+        known = positions.last_positions()
+        vectors = table(positions.q_pos, last=None if known is None else known[0])
+        return self.dropout(embed(tokens) + vectors[None])  # [b, t, dim]
 
     def encode(self, src: Tensor, *, traces: list | None = None) -> tuple[Tensor, Tensor]:
         """src [b, j] -> memory [b, j, dim], memory_valid [b, j]."""
         valid = src.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=src.shape[1], device=src.device)
-        x = self._embed(self.src_embed, self.src_positions, src, pos.q_pos)
+        x = self._embed(self.src_embed, self.src_positions, src, pos)
         return self.encoder(x, positions=pos, traces=traces), valid
 
     def decode(self, tgt_in: Tensor, *, memory: Tensor, memory_valid: Tensor, states=None, offset: int = 0,
                use_cache: bool = False, traces: list | None = None):
         """tgt_in [b, i] (tokens at positions offset..offset+i-1) -> logits [b, i, V], new layer states."""
+        h, states = self._decode_hidden(tgt_in, memory=memory, memory_valid=memory_valid, states=states,
+                                        offset=offset, use_cache=use_cache, traces=traces)
+        return self.generator(h), states
+
+    def _decode_hidden(self, tgt_in: Tensor, *, memory: Tensor, memory_valid: Tensor, states=None, offset: int = 0,
+                       use_cache: bool = False, traces: list | None = None):
+        """``decode`` up to the decoder's output [b, i, dim], before the output projection."""
         if offset and not use_cache:  # the earlier positions' keys live only in a cache
             raise ValueError(f"decode at offset {offset} needs use_cache=True (without a cache decode from 0)")
         valid = None if use_cache else tgt_in.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=tgt_in.shape[1], offset=offset, causal=True, device=tgt_in.device)
         cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1])
-        x = self._embed(self.tgt_embed, self.tgt_positions, tgt_in, pos.q_pos)
-        h, states = self.decoder(x, memory=memory, positions=pos, cross_positions=cross, states=states,
-                                 use_cache=use_cache, traces=traces)
-        return self.generator(h), states
+        x = self._embed(self.tgt_embed, self.tgt_positions, tgt_in, pos)
+        return self.decoder(x, memory=memory, positions=pos, cross_positions=cross, states=states,
+                            use_cache=use_cache, traces=traces)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits [b, i, V]."""
@@ -77,10 +86,16 @@ class Seq2Seq(nn.Module):
         return DecodeState(memory=memory, memory_valid=memory_valid)
 
     def decode_step(self, tokens: Tensor, state: DecodeState) -> tuple[Tensor, DecodeState]:
-        """tokens [n, 1] (last token per hypothesis) -> log-probabilities [n, V], next state."""
-        logits, layers = self.decode(tokens, memory=state.memory, memory_valid=state.memory_valid,
-                                     states=state.layers, offset=state.offset, use_cache=True)
-        log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)
+        """tokens [n, 1] (last token per hypothesis) -> log-probabilities [n, V], next state.
+
+        The output projection runs in the weights' precision even under autocast: bf16 logits keep about three
+        significant digits (near 10 they lie 0.06 apart), which would decide close choices of the search
+        differently from fp32. The rest of the step keeps the caller's autocast."""
+        h, layers = self._decode_hidden(tokens, memory=state.memory, memory_valid=state.memory_valid,
+                                        states=state.layers, offset=state.offset, use_cache=True)
+        with torch.autocast(h.device.type, enabled=False):
+            logits = self.generator(h[:, -1].to(self.generator.weight.dtype))
+        log_probs = F.log_softmax(logits.float(), dim=-1)
         return log_probs, DecodeState(state.memory, state.memory_valid, layers, state.offset + tokens.shape[1])
 
 

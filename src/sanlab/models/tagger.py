@@ -99,18 +99,18 @@ class Tagger(nn.Module):
         """
         return None if self.mask_padding else self.max_len
 
-    def embed(self, words: Tensor, chars: Tensor, pos: Tensor) -> Tensor:
+    def embed(self, words: Tensor, chars: Tensor, positions: Positions) -> Tensor:
         w = self.word_embed(words)  # [b, t, word_dim]
-        if self.position_mode == "add":
-            w = w + self.positions(pos)[None]
-        elif self.position_mode == "concat":
-            w = torch.cat([w, self.positions(pos)[None].expand(w.shape[0], -1, -1)], dim=-1)
+        if self.position_mode != "none":
+            known = positions.last_positions()
+            table = self.positions(positions.q_pos, last=None if known is None else known[0])[None]  # [1, t, pos_dim]
+            w = w + table if self.position_mode == "add" else torch.cat([w, table.expand(w.shape[0], -1, -1)], dim=-1)
         return torch.cat([w, self.char_cnn(chars)], dim=-1)  # [b, t, model_dim]
 
     def forward(self, words: Tensor, chars: Tensor, *, traces: list | None = None) -> Tensor:
         """words [b, t] (0 = pad), chars [b, t, c] -> tag logits [b, t, num_tags]."""
         valid = words.ne(0) if self.mask_padding else None
         positions = Positions.self_attention(valid, length=words.shape[1], device=words.device)
-        e = self.embed(words, chars, positions.q_pos)
+        e = self.embed(words, chars, positions)
         h = self.encoder(e, positions=positions, traces=traces)
         return self.classifier(torch.cat([e, h], dim=-1) if self.classifier_sees_embedding else h)

@@ -173,7 +173,8 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
     """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score)).
 
     ``precision`` (default fp32): the model's encoder pass and decoder steps run under its autocast; the
-    step's log-softmax (``Seq2Seq.decode_step``) and the beam search's scores stay in fp32.
+    step's output projection and log-softmax (``Seq2Seq.decode_step``) and the beam search's scores stay in
+    fp32, and the weights are cast once per batch (``Precision.cast_cache``).
 
     An empty sentence has nothing to translate and gets an empty translation (score 0). A sentence longer
     than the model accepts (``model.max_positions``) is a DataError naming its line of ``source``; the
@@ -202,11 +203,12 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
         src = to_device(src, model_device(model))  # the search's state follows max_lengths' device
         src_len = src.ne(spm.pad_id).sum(-1)
         max_lengths = max_output_lengths(src_len, decode, limit)
-        with precision.autocast():
-            state = model.start_decoding(src)
-        hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
-                           bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
-                           length_penalty=decode.length_penalty, n_best=max(n_best, 1))
+        with precision.cast_cache():  # the weights cast to bf16 once per batch, not at every step
+            with precision.autocast():
+                state = model.start_decoding(src)
+            hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
+                               bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
+                               length_penalty=decode.length_penalty, n_best=max(n_best, 1))
         for k, nbest in zip(chunk, hyps):
             results[k] = [(spm.tgt.decode(h.tokens), h.score) for h in nbest]
     return [r[0][0] if r else "" for r in results] if n_best == 1 else results

@@ -90,6 +90,15 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=DTYPES[self.name])
 
+    def cast_cache(self) -> contextlib.AbstractContextManager:
+        """Keeps autocast's bf16 copies of the weights across the ``autocast()`` blocks inside it, so a search
+        that runs every decoder step under its own ``autocast()`` casts the weights once, not at every step.
+        torch drops those copies when the outermost autocast context exits, and a disabled context counts
+        as one: inside this one the code between the steps (the beam search's arithmetic) stays fp32."""
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, enabled=False)
+
     def scaler(self) -> "torch.amp.GradScaler | None":
         """fp16's dynamic loss scale (None otherwise): a step whose gradients overflow is skipped and the
         scale halved; after 2,000 good steps it doubles."""
