@@ -145,16 +145,28 @@ def test_fp16_on_cuda_resumes_bit_exact(tmp_path, tiny_translation):
 
 
 def test_inductor_compiled_training_equals_eager_on_cuda(tmp_path, tiny_translation):
-    """Inductor's CUDA kernels against eager with the same batches (train.pad_multiple 8 in both)."""
+    """Inductor's CUDA kernels against eager with the same batches (train.pad_multiple 8 in both). Inductor draws
+    dropout masks from its own generator unless told to call eager's (``fallback_random``; pytorch/pytorch#141645),
+    and the tiny run has dropout 0.2: without it the two runs differ by their masks, not by their arithmetic.
+    That is how the H200 run of 2026-11-27 failed (decoder.layers.0.cross_attention.k_proj.weight, the first
+    name checked): CPU inductor gives the same picture, 4.4e-3 apart with its own masks, 6e-8 with eager's
+    (results/gpu.md). The scheduler must also keep those calls in eager's order (``reorder_for_peak_memory``
+    off, pytorch/pytorch#192635)."""
     import torch._dynamo
+    import torch._inductor.config as inductor
 
+    settings = {name: value for name, value in (("fallback_random", True), ("reorder_for_peak_memory", False))
+                if hasattr(inductor, name)}
     torch._dynamo.reset()
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     config = dict(max_steps=6, valid_every=6, device="cuda")
     train_run(tiny_translation(pad_multiple=8, **config), eager, quiet=True)
-    train_run(tiny_translation(compile=True, **config), compiled, quiet=True)
+    with inductor.patch(settings):
+        train_run(tiny_translation(compile=True, **config), compiled, quiet=True)
     a, b = final_weights(eager), final_weights(compiled)
+    worst = sorted(((b[k] - a[k]).abs().max().item(), k) for k in a)[-3:]  # named in a failure's message
     for name in a:
         if not name.endswith("k_proj.bias"):  # zero gradient in exact arithmetic: Adam amplifies kernel noise
-            torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-4, msg=name)
+            torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-4,
+                                       msg=lambda m, name=name: f"{name}: {m}\nlargest differences: {worst}")
     assert "torch.compile: compiled at update 1" in (compiled / "train.log").read_text()
