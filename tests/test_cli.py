@@ -51,10 +51,27 @@ def test_a_key_set_in_a_base_file_is_traced_to_that_file(tmp_path, capsys):
     child = _config(tmp_path / "cfg", "base: base.yaml\ntrain: {batch_size: many}\n")
     assert main(["train", child, "--print-config"]) == 2
     err = capsys.readouterr().err
-    assert f"model.word_dimm: unknown key (set in {base})" in err
-    assert "train.batch_size: Input should be a valid integer (got 'many')\n" in err + "\n"  # the config's own key
+    assert f"model.word_dimm: unknown key (set in {base}, line 3)" in err
+    assert "train.batch_size: Input should be a valid integer (got 'many') (line 2)\n" in err + "\n"  # its own key
     assert main(["train", child, "--set", "model.word_dimm=4", "--print-config"]) == 2
-    assert "model.word_dimm: unknown key\n" in capsys.readouterr().err + "\n"  # --set gave it
+    assert "model.word_dimm: unknown key (from --set)\n" in capsys.readouterr().err + "\n"  # --set gave it
+
+
+def test_config_errors_name_the_line_of_the_key(tmp_path, capsys):
+    """Block style, a list item (a part: the schema's location ends in the item, whose line is named), and a
+    key nested under a name the schema adds (the part's type tag) found at its enclosing key."""
+    from sanlab.config import key_line
+
+    path = _config(tmp_path, "task: translation\ndata:\n  train: {src: a, tgt: b}\n  valid: {src: c, tgt: d}\n"
+                             "model:\n  encoder:\n    attention:\n      parts:\n        - type: window\n"
+                             "          sizee: 3\n  dimm: 8\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "model.dimm: unknown key (line 11)" in err
+    assert "model.encoder.attention.parts.0: " in err and "sizee" in err and "(line 9)" in err
+    assert key_line(Path(path), "model.encoder.attention.parts.0.window.sizee") == 10  # the tag is skipped
+    assert key_line(Path(path), "model.nothing") == 5 and key_line(Path(path), "train.lr") is None
+    assert key_line(tmp_path / "missing.yaml", "model") is None
 
 
 def test_ill_typed_override_is_named(tmp_path, capsys):

@@ -22,6 +22,7 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is where callers find them)
     PRESETS,
     apply_override,
+    key_line,
     key_origin,
     load_chain,
     load_raw,
@@ -332,9 +333,9 @@ def _adapter() -> TypeAdapter:
     return _ADAPTERS[classes]
 
 
-def validate(raw: dict, *, source: str, origin: Callable[[str], Path | None] | None = None) -> TaskConfig:
-    """Validate a raw dict; errors name each offending key and the source (``origin``: the file that set a
-    dotted key, when a ``base:`` chain spreads the config over several, ``load_config``)."""
+def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | None = None) -> TaskConfig:
+    """Validate a raw dict; errors name each offending key and the source (``origin``: where a dotted key was
+    set, e.g. "line 4" or "set in base.yaml, line 7", ``load_config``)."""
     if isinstance(raw, dict) and "task" not in raw:  # (pydantic's words: "unable to extract tag using discriminator")
         found = f"its keys: {', '.join(map(str, raw))}" if raw else "it is empty"
         raise ConfigError(f"{source}: no `task:` ({' or '.join(TASKS.references())}), which says what the config "
@@ -353,7 +354,7 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], Path | None] | N
             where = origin(loc) if origin and loc else None
             lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
                                                           and not isinstance(e["input"], dict) else "")
-                         + (f" (set in {where})" if where else ""))
+                         + (f" ({where})" if where else ""))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
 
 
@@ -388,9 +389,17 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
     source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")
     overridden = {a.split("=", 1)[0].strip() for a in overrides}
 
-    def origin(key: str) -> Path | None:  # named only where a base file, not the config itself, set the key
-        found = None if key in overridden else key_origin(chain, key)
-        return found if found is not None and found != chain[0][0] else None
+    def origin(key: str) -> str | None:  # where the key was set: --set, or its line (and file if a base's)
+        if key in overridden:
+            return "from --set"
+        found = key_origin(chain, key)
+        if found is None:
+            return None
+        line = key_line(found, key)
+        at = f"line {line}" if line is not None else None
+        if found == chain[0][0]:
+            return at
+        return f"set in {found}" + (f", {at}" if at else "")
 
     return validate(raw, source=source, origin=origin)
 

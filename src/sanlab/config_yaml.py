@@ -116,13 +116,38 @@ def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
     the file itself down its bases, that sets it."""
     def has(data: dict, parts: list[str]) -> bool:
         for part in parts:
-            if not isinstance(data, dict) or part not in data:
+            if isinstance(data, list) and part.isdigit() and int(part) < len(data):  # list items: name.0
+                data = data[int(part)]
+            elif isinstance(data, dict) and part in data:
+                data = data[part]
+            else:
                 return False
-            data = data[part]
         return True
 
     parts = dotted.split(".")
     return next((p for p, own in chain if has(own, parts)), None)
+
+
+def key_line(path: Path, dotted: str) -> int | None:
+    """The line (1-based) of ``path`` that sets the key ``a.b.c``, or of the nearest enclosing key it sets
+    (a schema's location may end in names the file does not spell, e.g. a variant's type tag; list items count
+    as ``name.0``); None if the file sets none of it. The file is parsed again: this is for error messages."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    found = None
+    for part in dotted.split("."):
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == part and k.tag != "tag:yaml.org,2002:merge"),
+                         None)
+            if match is None:
+                continue  # a name the schema adds (a type tag): keep looking below the same node
+            found, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            found = node.start_mark.line + 1
+    return found
 
 
 def apply_override(raw: dict, assignment: str) -> dict:
