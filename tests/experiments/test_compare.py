@@ -324,6 +324,23 @@ def test_unknown_config_key_in_overrides_names_the_grid_variant_and_key(tmp_path
         load_grid(bad)
     message = str(err.value)
     assert str(bad) in message and "variant 'b'" in message and "model.encoder.atention: unknown key" in message
+    assert "model.encoder.atention: unknown key (from the overrides of variant 'b')" in message
+
+
+@pytest.mark.parametrize("where, expected", [
+    ("recipe", "model.word_dimm: unknown key (set in {base}, line 3)"),
+    ("set", "model.word_dimm: unknown key (from the grid's set:)"),
+    ("cli", "model.word_dimm: unknown key (from --set)")])
+def test_an_invalid_key_of_a_cell_is_traced_to_where_it_was_set(tmp_path, where, expected):
+    """Down the recipe's base chain to its file and line, or to the grid's layer that set it."""
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    base = _write(tmp_path / "mid.yaml", "base: tagger.yaml\ntrain: {batch_size: 4}\n"
+                                         + ("model: {word_dimm: 3}\n" if where == "recipe" else ""))
+    grid = _write(tmp_path / "g.yaml", "base: mid.yaml\nseeds: [1]\nvariants:\n  - {name: a}\n"
+                                       + ("set: [model.word_dimm=3]\n" if where == "set" else ""))
+    with pytest.raises(ConfigError) as err:
+        load_grid(grid, overrides=["model.word_dimm=3"] if where == "cli" else [])
+    assert expected.format(base=base) in str(err.value)
 
 
 def test_synthetic_data_replaces_the_recipes_test_sets(tmp_path):

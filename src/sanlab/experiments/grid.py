@@ -32,7 +32,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sanlab.config import TASKS, Config, validate
-from sanlab.config_yaml import apply_override, load_raw, read_yaml_mapping, set_key
+from sanlab.config_yaml import (
+    apply_override,
+    key_line,
+    key_origin,
+    load_chain,
+    merge_chain,
+    read_yaml_mapping,
+    set_key,
+)
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid_schema import (  # noqa: F401  (Cell, EvalSpec, Grid re-exported)
     Cell,
@@ -171,19 +179,41 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
     root = Path(runs_dir or spec.runs_dir or Path("runs") / "compare" / path.stem)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root}: is a file, not a directory for the grid's cells (runs_dir / --runs-dir)")
-    base = load_raw(path.parent / spec.base)
+    chain = load_chain(path.parent / spec.base)  # kept: an invalid key is traced to the file that sets it
+    base = merge_chain(chain)
     cells = []
     for dataset in spec.datasets or [None]:
         for variant in spec.variants:
             for seed in variant.seeds or spec.seeds:
                 cells.append(_plan_cell(spec, base, path=path, root=root, dataset=dataset, variant=variant,
-                                        seed=seed, cli=list(overrides), datasets_from=datasets_from))
+                                        seed=seed, cli=list(overrides), datasets_from=datasets_from, chain=chain))
     return Grid(path=path, spec=spec, runs_dir=root, cells=tuple(cells), cli_overrides=tuple(overrides),
                 datasets_file=datasets_from)
 
 
+def _sets(overrides: Overrides, key: str) -> bool:
+    """Whether ``overrides`` (``k=v`` strings or a mapping of dotted keys) set ``key``: itself, a mapping or
+    list that holds it, or a key inside it (which made the mapping ``key`` names)."""
+    names = [a.split("=", 1)[0].strip() for a in overrides] if isinstance(overrides, list) else map(str, overrides)
+    return any(key == name or key.startswith(name + ".") or name.startswith(key + ".") for name in names)
+
+
+def _key_source(key: str, chain: list, layers: list[tuple[Overrides, str]]) -> str | None:
+    """Where a cell's value of ``key`` came from, for a config error: the last override layer that sets it,
+    else the recipe file of the base chain that does, with its line."""
+    for overrides, where in reversed(layers):
+        if _sets(overrides, key):
+            return where
+    found = key_origin(chain, key)
+    if found is None:
+        return None
+    line = key_line(found, key)
+    return f"set in {found}" + (f", line {line}" if line is not None else "")
+
+
 def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: DatasetSpec | None,
-               variant: VariantSpec, seed: int, cli: list[str], datasets_from: Path | None = None) -> Cell:
+               variant: VariantSpec, seed: int, cli: list[str], datasets_from: Path | None = None,
+               chain: list | None = None) -> Cell:
     where = f"variant {variant.name!r}" + (f" on dataset {dataset.name!r}" if dataset else "")
     origin = f"{path}: {where}"
     raw = json.loads(json.dumps(base))  # a deep copy
@@ -196,11 +226,16 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
         raise ConfigError(f"{own}: its overrides set no data.* key, so it would train and test on the recipe's "
                           f"data ({spec.base}); set data.train, data.dev and data.test (or their translation "
                           "counterparts) there")
-    for overrides, what in ((dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
-                            (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")):
+    layers = [(dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
+              (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")]
+    for overrides, what in layers:
         _apply(raw, overrides, origin=f"{own} (overrides)" if own and what == "dataset" else f"{origin} ({what})")
+    described = {"dataset": f"from the overrides of dataset {dataset.name!r}" if dataset else "",
+                 "overrides": f"from the overrides of variant {variant.name!r}", "set": "from the grid's set:",
+                 "--set": "from --set", "seed": "from the cell's seed"}
+    named = [(overrides, described[what]) for overrides, what in layers]
     config = validate(raw, source=f"{own} (base {spec.base}, variant {variant.name!r})" if own else
-                      f"{origin} (base {spec.base})")
+                      f"{origin} (base {spec.base})", origin=lambda key: _key_source(key, chain or [], named))
     if own:
         _check_data_files(config, origin=own)
     split = spec.eval.split or default_split(config)
