@@ -69,6 +69,12 @@ def test_config_errors_name_the_line_of_the_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "model.dimm: unknown key (line 11)" in err
     assert "model.encoder.attention.parts.0: " in err and "sizee" in err and "(line 9)" in err
+    # the same key given by --set, whole or in part, is not blamed on the file's line
+    for override in ("model.encoder.attention.parts=[{type: window, sizee: 3}]",
+                     "model.encoder.attention.parts.0.sizee=4"):
+        assert main(["train", path, "--set", override, "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert "model.encoder.attention.parts.0: " in err and "(from --set)" in err and "(line 9)" not in err
     assert key_line(Path(path), "model.encoder.attention.parts.0.window.sizee") == 10  # the tag is skipped
     assert key_line(Path(path), "model.nothing") == 5 and key_line(Path(path), "train.lr") is None
     assert key_line(tmp_path / "missing.yaml", "model") is None
@@ -191,7 +197,7 @@ def test_impossible_combination_is_a_config_error_before_any_data_is_read(tmp_pa
                              "model: {encoder: {attention: {heads: 4, parts: [{type: csan2d, heads_area: 5}]}}}\n")
     assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("sanlab train: error: this model cannot be built:") and "absent" not in err
+    assert err.startswith(f"sanlab train: error: {path}: this model cannot be built:") and "absent" not in err
     assert not (tmp_path / "r").exists()
 
 

@@ -30,6 +30,7 @@ from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is w
     parse_value,
     read_yaml_mapping,
     set_key,
+    sets_key,
 )
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
@@ -390,7 +391,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
     overridden = {a.split("=", 1)[0].strip() for a in overrides}
 
     def origin(key: str) -> str | None:  # where the key was set: --set, or its line (and file if a base's)
-        if key in overridden:
+        if sets_key(overridden, key):
             return "from --set"
         found = key_origin(chain, key)
         if found is None:

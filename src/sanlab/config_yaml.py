@@ -128,6 +128,12 @@ def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
     return next((p for p, own in chain if has(own, parts)), None)
 
 
+def sets_key(names, key: str) -> bool:
+    """Whether assigning the dotted ``names`` set the key ``key``: itself, a mapping or list that holds it,
+    or a key inside it (which made the mapping ``key`` names). For tracing an invalid key to its setter."""
+    return any(key == name or key.startswith(name + ".") or name.startswith(key + ".") for name in names)
+
+
 def key_line(path: Path, dotted: str) -> int | None:
     """The line (1-based) of ``path`` that sets the key ``a.b.c``, or of the nearest enclosing key it sets
     (a schema's location may end in names the file does not spell, e.g. a variant's type tag; list items count

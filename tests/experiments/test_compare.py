@@ -327,6 +327,17 @@ def test_unknown_config_key_in_overrides_names_the_grid_variant_and_key(tmp_path
     assert "model.encoder.atention: unknown key (from the overrides of variant 'b')" in message
 
 
+def test_a_variant_that_cannot_be_built_fails_when_the_grid_loads(tmp_path):
+    """Not hours later, when its cell's turn to train comes: the message names the grid file and variant."""
+    _write(tmp_path / "tagger.yaml", TAGGER)
+    bad = _write(tmp_path / "bad.yaml", "base: tagger.yaml\nseeds: [1]\nvariants:\n  - {name: a}\n  - name: b\n"
+                                        "    overrides: ['model.encoder.attention.parts=[{type: csan2d, heads_area: 5}]',"
+                                        " model.encoder.attention.heads=4]\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(bad)
+    assert str(err.value).startswith(f"{bad}: variant 'b' (base tagger.yaml): this model cannot be built:")
+
+
 @pytest.mark.parametrize("where, expected", [
     ("recipe", "model.word_dimm: unknown key (set in {base}, line 3)"),
     ("set", "model.word_dimm: unknown key (from the grid's set:)"),

@@ -148,8 +148,8 @@ def test_inductor_compiled_training_equals_eager_on_cuda(tmp_path, tiny_translat
     """Inductor's CUDA kernels against eager with the same batches (train.pad_multiple 8 in both). Inductor draws
     dropout masks from its own generator unless told to call eager's (``fallback_random``; pytorch/pytorch#141645),
     and the tiny run has dropout 0.2: without it the two runs differ by their masks, not by their arithmetic.
-    That is how the H200 run of 2026-11-27 failed (decoder.layers.0.cross_attention.k_proj.weight, the first
-    name checked): CPU inductor gives the same picture, 4.4e-3 apart with its own masks, 6e-8 with eager's
+    That is most likely how the H200 run of 2026-11-27 failed (decoder.layers.0.cross_attention.k_proj.weight,
+    the first name checked): CPU inductor gives the same picture, 4.4e-3 apart with its own masks, 6e-8 with eager's
     (results/gpu.md). The scheduler must also keep those calls in eager's order (``reorder_for_peak_memory``
     off, pytorch/pytorch#192635)."""
     import torch._dynamo

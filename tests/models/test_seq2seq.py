@@ -37,6 +37,24 @@ def test_cached_decoding_equals_full_forward(norm, positions):
     _assert_cached_decoding_equals_full_forward(model)
 
 
+def test_learned_positions_refuse_a_position_past_the_table_in_a_forward_and_at_a_decoding_step():
+    """The last position comes from the layout (no device read), also for a step after cached tokens."""
+    stack = StackConfig(layers=1, ffn_dim=16, attention={"heads": 2})
+    model = build_seq2seq(Seq2SeqConfig(dim=8, positions="learned", max_positions=6, encoder=stack, decoder=stack),
+                          vocab_size=20, pad_id=0).eval()
+    with pytest.raises(ValueError, match="position 6 exceeds the 6 learned positions"):
+        model(torch.randint(4, 20, (1, 7)), torch.randint(4, 20, (1, 3)))
+    with torch.no_grad():
+        state = model.start_decoding(torch.randint(4, 20, (1, 5)))
+        for _ in range(6):  # positions 0..5 fit
+            _, state = model.decode_step(torch.tensor([[5]]), state)
+        with pytest.raises(ValueError, match="position 6 exceeds the 6 learned positions"):
+            model.decode_step(torch.tensor([[5]]), state)
+    table = model.tgt_positions
+    with pytest.raises(ValueError, match="position 9 exceeds"):  # without a layout: read from the tensor
+        table(torch.tensor([1, 9, 2]))
+
+
 def test_cached_decoding_with_parts_in_cross_attention_equals_full_forward():
     """Cross-attention parts that read the query's position (Shaw's cross relative positions, Gaussian
     localness, temperatures) get the decoder's absolute offset at every cached step; parameters are moved

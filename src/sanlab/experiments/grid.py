@@ -40,6 +40,7 @@ from sanlab.config_yaml import (
     merge_chain,
     read_yaml_mapping,
     set_key,
+    sets_key,
 )
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid_schema import (  # noqa: F401  (Cell, EvalSpec, Grid re-exported)
@@ -55,6 +56,7 @@ from sanlab.experiments.grid_schema import (  # noqa: F401  (Cell, EvalSpec, Gri
     slug,
 )
 from sanlab.experiments.grid_state import cell_state, config_dict  # noqa: F401  (re-exported for tests)
+from sanlab.runs import check_buildable
 from sanlab.tasks.base import Task, task_for, task_named
 
 
@@ -192,10 +194,9 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
 
 
 def _sets(overrides: Overrides, key: str) -> bool:
-    """Whether ``overrides`` (``k=v`` strings or a mapping of dotted keys) set ``key``: itself, a mapping or
-    list that holds it, or a key inside it (which made the mapping ``key`` names)."""
+    """Whether ``overrides`` (``k=v`` strings or a mapping of dotted keys) set ``key`` (``sets_key``)."""
     names = [a.split("=", 1)[0].strip() for a in overrides] if isinstance(overrides, list) else map(str, overrides)
-    return any(key == name or key.startswith(name + ".") or name.startswith(key + ".") for name in names)
+    return sets_key(names, key)
 
 
 def _key_source(key: str, chain: list, layers: list[tuple[Overrides, str]]) -> str | None:
@@ -236,6 +237,7 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     named = [(overrides, described[what]) for overrides, what in layers]
     config = validate(raw, source=f"{own} (base {spec.base}, variant {variant.name!r})" if own else
                       f"{origin} (base {spec.base})", origin=lambda key: _key_source(key, chain or [], named))
+    check_buildable(config, source=f"{own or origin} (base {spec.base})")  # a cell that cannot train fails now
     if own:
         _check_data_files(config, origin=own)
     split = spec.eval.split or default_split(config)

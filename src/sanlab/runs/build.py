@@ -22,12 +22,13 @@ def make_task(config: Config, run_dir: Path, log: RunLogger):
     return task_for(config).trainer(config, run_dir, log)
 
 
-def check_buildable(config: Config) -> None:
+def check_buildable(config: Config, *, source: str | None = None) -> None:
     """Build the model on the meta device (no memory, no data, milliseconds) so that an impossible
     combination of settings, e.g. 2D-CSAN with more heads in its area than the layer has, is
-    reported before data loading and vocabulary training, as a config error."""
+    reported before data loading and vocabulary training, as a config error naming ``source`` (the config
+    file, or a grid's cell) where the caller knows it."""
     try:
         with torch.device("meta"):
             task_for(config).check_buildable(config)
     except ValueError as err:
-        raise ConfigError(f"this model cannot be built: {err}") from None
+        raise ConfigError(f"{source + ': ' if source else ''}this model cannot be built: {err}") from None
