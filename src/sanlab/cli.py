@@ -26,7 +26,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _cmd_train(args) -> int:
     from sanlab.config import dump_config, load_config
-    from sanlab.runs import check_buildable, train_run
+    from sanlab.runs import train_run
 
     overrides = args.overrides + ([f"train.device={args.device}"] if args.device else [])
     config = load_config(args.config, overrides)
@@ -35,11 +35,10 @@ def _cmd_train(args) -> int:
         return 0
     if args.run is None:
         raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
-    check_buildable(config, source=args.config)  # (train_run checks again, without the file's name)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _launch_torchrun(args)
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
-                        allow_changed_data=args.allow_changed_data)
+                        allow_changed_data=args.allow_changed_data, source=args.config)
     if os.environ.get("RANK", "0") == "0":
         print(f"done: step {summary['step']}, best {summary['best']}")
     return 0

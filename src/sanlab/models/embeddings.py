@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from sanlab.attention.positions import Positions
+
 
 class TokenEmbedding(nn.Module):
     """Embedding scaled by sqrt(dim) (Vaswani et al. 2017, 3.4); N(0, dim^-1/2) init, zero pad row."""
@@ -67,3 +69,10 @@ class LearnedPositions(nn.Module):
                 raise ValueError(f"position {last} exceeds the {self.max_positions} learned positions; "
                                  "raise model.max_positions or filter longer sentences")
         return self.table(positions)  # [t, dim]
+
+
+def position_vectors(table: nn.Module, positions: Positions) -> Tensor:
+    """``table``'s vectors [i, dim] for the queries of ``positions``, the last position passed from the layout
+    (``Positions.last_positions``) so that a learned table checks its range without reading the device."""
+    known = positions.last_positions()
+    return table(positions.q_pos, last=None if known is None else known[0])

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from sanlab.attention.positions import Positions
 from sanlab.layers.transformer import Decoder, DecoderLayerState, Encoder
+from sanlab.models.embeddings import position_vectors
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,7 @@ class Seq2Seq(nn.Module):
             nn.init.normal_(self.generator.weight, mean=0.0, std=dim ** -0.5)
 
     def _embed(self, embed: nn.Module, table: nn.Module, tokens: Tensor, positions: Positions) -> Tensor:
-        known = positions.last_positions()
-        vectors = table(positions.q_pos, last=None if known is None else known[0])
-        return self.dropout(embed(tokens) + vectors[None])  # [b, t, dim]
+        return self.dropout(embed(tokens) + position_vectors(table, positions)[None])  # [b, t, dim]
 
     def encode(self, src: Tensor, *, traces: list | None = None) -> tuple[Tensor, Tensor]:
         """src [b, j] -> memory [b, j, dim], memory_valid [b, j]."""

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from sanlab.attention.dufter_utils import glorot_uniform_
 from sanlab.attention.positions import Positions
 from sanlab.layers.transformer import Encoder
-from sanlab.models.embeddings import LearnedPositions
+from sanlab.models.embeddings import LearnedPositions, position_vectors
 
 POSITION_MODES = ("add", "concat", "none")
 
@@ -102,8 +102,7 @@ class Tagger(nn.Module):
     def embed(self, words: Tensor, chars: Tensor, positions: Positions) -> Tensor:
         w = self.word_embed(words)  # [b, t, word_dim]
         if self.position_mode != "none":
-            known = positions.last_positions()
-            table = self.positions(positions.q_pos, last=None if known is None else known[0])[None]  # [1, t, pos_dim]
+            table = position_vectors(self.positions, positions)[None]  # [1, t, pos_dim]
             w = w + table if self.position_mode == "add" else torch.cat([w, table.expand(w.shape[0], -1, -1)], dim=-1)
         return torch.cat([w, self.char_cnn(chars)], dim=-1)  # [b, t, model_dim]
 

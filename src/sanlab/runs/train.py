@@ -21,16 +21,16 @@ from sanlab.runs.resume import check_training_data, prepare_run_dir
 
 
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False,
-              allow_changed_data: bool = False) -> dict:
+              allow_changed_data: bool = False, source: str | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
 
     Resuming on training data that changed since (``check_training_data``) is an error unless
     ``allow_changed_data``. Under torchrun every process calls this; the main one prepares and locks the
-    run directory (see ``training.distributed``)."""
+    run directory (see ``training.distributed``). ``source``: the config file, named by a config error."""
     from sanlab.training.device import resolve_device
     from sanlab.training.distributed import from_environment
 
-    check_buildable(config)
+    check_buildable(config, source=source)
     run_dir = Path(run_dir)
     rundir.check_location(run_dir)  # before the lock, which would create the directory's .lock
     existed = run_dir.is_dir()
