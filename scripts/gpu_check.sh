@@ -15,12 +15,19 @@
 #                                      test_2016_flickr in fp32 and in bf16 (scripts/decode_agreement.py): the
 #                                      share of identical hypotheses (issue 24 asks >= 99%), BLEU and wall time of
 #                                      each, in $REPORT_DIR/decode-agreement.md
+#   6. table1 (only when named)        CSAN Table 1 cells the CPU has not trained yet (issue 26), on cuda in fp32
+#                                      as the grid's recipe says: its pending cells in the grid's order, less
+#                                      those begun elsewhere (or TABLE1_ARGS, e.g. "--only Block"), within
+#                                      TABLE1_MINUTES (default 8); every cell it
+#                                      finishes and scores comes back as $REPORT_DIR/table1-cells.tar.gz, the
+#                                      files results/compare/.gitignore tracks (unpack in the repository root
+#                                      and `sanlab compare GRID --table-only`); an unfinished cell is lost
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
-#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement   which parts (default all, comma-separated;
-#   bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
+#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement|table1   which parts (default all, which
+#   leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
@@ -50,7 +57,7 @@ else
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-wants() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
+wants() { { [ "$STEPS" = all ] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
                                                                    [[ "$1" == trainstep || "$1" == window ]]; }; }
 files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
        --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
@@ -129,6 +136,43 @@ if wants decode-agreement; then
         echo "no trained run: $run has not finished (run GPU_STEPS=train until it has, or set DECODE_RUN)" \
             | tee -a "$report"
     fi
+    end_section
+fi
+if wants table1; then
+    section "CSAN Table 1 cells on $DEVICE (configs/compare/csan-table1-multi30k.yaml, fp32 as on the CPU)"
+    grid=configs/compare/csan-table1-multi30k.yaml cells=results/compare/csan-table1-multi30k
+    # A cell's config holds the recipe's data paths (../shared/data/multi30k/...): the same paths here, so that
+    # the cells are the grid's own and a clone scores them, not trains them again. Only a link is added.
+    if [ ! -e ../shared/data/multi30k ]; then
+        mkdir -p ../shared/data && ln -s "$(realpath "$DATA")" ../shared/data/multi30k
+    fi
+    stamp=$(mktemp) deadline=$(( $(date +%s) + ${TABLE1_MINUTES:-8} * 60 ))
+    if [ -n "${TABLE1_ARGS:-}" ]; then
+        # shellcheck disable=SC2086  # a list of arguments
+        timeout "$(( deadline - $(date +%s) ))" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet $TABLE1_ARGS \
+            2>&1 | tail -n 20 | tee -a "$report"
+    else
+        # the grid's pending cells, in its order, less those begun elsewhere (a config.yaml without checkpoints:
+        # the machine that is training them keeps their checkpoints)
+        $PY -m sanlab compare "$grid" --dry-run 2>&1 | grep -E ' / seed [0-9]+ +pending ' | while read -r line; do
+            dir=${line##* } name=${line%% / seed *} seed=$(sed -E 's|.* / seed ([0-9]+) .*|\1|' <<< "$line")
+            if [ -e "$dir/config.yaml" ]; then echo "skipped (begun elsewhere): $name seed $seed"; continue; fi
+            left=$(( deadline - $(date +%s) ))
+            [ "$left" -gt 60 ] || { echo "out of time before $name seed $seed"; break; }
+            timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --only "$name" --seed "$seed" 2>&1 \
+                | tail -n 3
+        done | tee -a "$report"
+    fi
+    # cells finished and scored in this step: their tracked files (results/compare/.gitignore), no checkpoints
+    mapfile -t scored < <(find "$cells" -name compare-eval.json -newer "$stamp" -printf '%h\n' | sort)
+    if [ "${#scored[@]}" -gt 0 ]; then
+        tar czf "$REPORT_DIR/table1-cells.tar.gz" --exclude=checkpoints --exclude=tensorboard --exclude=averaged \
+            --exclude='subword.*' --exclude=.lock --exclude=eval-best.json "${scored[@]}"
+        echo "scored here, in $REPORT_DIR/table1-cells.tar.gz: ${scored[*]}" | tee -a "$report"
+    else
+        echo "no cell finished within ${TABLE1_MINUTES:-8} minutes" | tee -a "$report"
+    fi
+    $PY -m sanlab compare "$grid" --table-only 2>&1 | tail -n 30 | tee -a "$report"
     end_section
 fi
 echo "wrote $report"
