@@ -582,6 +582,25 @@ def test_cells_trained_by_names_only_the_commands_of_cells_in_the_table(finished
         record.write_bytes(originals[1])
 
 
+def test_cells_trained_by_names_the_command_of_every_session_of_a_cell(finished):
+    """A cell resumed by another command (another queue, other threads) names both: the first command
+    alone would hide how most of its updates were made."""
+    cell = finished.cells[0]
+    meta = cell.run_dir / "meta.json"
+    original = meta.read_bytes()
+    first = ["sanlab", "compare", "smoke.yaml", "--jobs", "2"]
+    resumed = ["sanlab", "compare", "smoke.yaml", "--seed", str(cell.seed), "--set", "train.threads=2"]
+    try:
+        recorded = json.loads(original)
+        sessions = [{**s, "command": first} for s in recorded["sessions"]] + [{**recorded["sessions"][-1],
+                                                                                "command": resumed}]
+        meta.write_text(json.dumps({**recorded, "command": first, "sessions": sessions}))
+        header = build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir), command="t").header
+        assert " ".join(first) in header["cells trained by"] and " ".join(resumed) in header["cells trained by"]
+    finally:
+        meta.write_bytes(original)
+
+
 def test_a_damaged_meta_json_does_not_stop_the_table(finished):
     """meta.json is provenance (speed conditions, training commands): the table says it is unreadable."""
     meta = finished.cells[0].run_dir / "meta.json"

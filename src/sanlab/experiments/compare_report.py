@@ -221,19 +221,20 @@ def _assignments(tree: dict, prefix: str = "") -> list[str]:
 
 
 def _training_commands(grid: Grid, sections: list[Section]) -> list[str]:
-    """The distinct command lines that trained the table's cells (each run's ``meta.json``), so a table
-    printed later with ``--table-only`` still says how its numbers were made. Only the evaluated cells
-    count: a cell still training elsewhere is not in the table, so neither is its command."""
+    """The distinct command lines that trained the table's cells (each run's ``meta.json``: the command that
+    made it and that of every session that resumed it), so a table printed later with ``--table-only`` still
+    says how its numbers were made. Only the evaluated cells count: a cell still training elsewhere is not in
+    the table, so neither is its command."""
     shown = {(s.dataset, r.variant, seed) for s in sections for r in s.rows for seed in r.seeds_done}
-    commands = []
+    commands = set()
     for cell in (c for c in grid.cells if (c.dataset, c.variant, c.seed) in shown):
         try:
-            argv = (read_json(cell.layout.meta) or {}).get("command") or []
+            meta = read_json(cell.layout.meta) or {}
         except ConfigError:  # provenance only: its cell's speed says "unknown (meta.json unreadable)"
-            argv = []
-        if argv:
-            commands.append(command_line(argv))
-    return sorted(set(commands))
+            meta = {}
+        argvs = [meta.get("command"), *(s.get("command") for s in meta.get("sessions") or [] if isinstance(s, dict))]
+        commands |= {command_line(argv) for argv in argvs if argv}
+    return sorted(commands)
 
 
 def _header(grid: Grid, sections: list[Section], *, command: str, trained_on: Sequence[str]) -> dict[str, str]:
