@@ -255,4 +255,4 @@ def test_compare_seed_option_narrows_the_cells(capsys):
     grid = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "configs/compare/csan-table1-multi30k.yaml")
     assert main(["compare", grid, "--dry-run", "--runs-dir", "/nonexistent/sanlab-dry-run", "--seed", "3"]) == 0
     listed = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == ["vanilla / seed 3", "2D-CSAN / seed 3", "0 of 2 cells evaluated"]
+    assert listed == ["vanilla / seed 3", "Bi_Direct / seed 3", "2D-CSAN / seed 3", "0 of 3 cells evaluated"]

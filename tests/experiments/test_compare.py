@@ -889,7 +889,8 @@ def test_cells_run_breadth_first_over_seeds(tmp_path):
     order = [(c.variant, c.seed) for c in run_order(grid, grid.cells)]
     rows = [v.name for v in grid.spec.variants]
     assert order[:len(rows)] == [(name, 1) for name in rows]
-    assert order[len(rows):] == [("vanilla", 2), ("2D-CSAN", 2), ("vanilla", 3), ("2D-CSAN", 3)]
+    assert order[len(rows):] == [("vanilla", 2), ("Bi_Direct", 2), ("2D-CSAN", 2),
+                                 ("vanilla", 3), ("Bi_Direct", 3), ("2D-CSAN", 3)]
 
 
 def test_reproduce_grid_differs_from_the_clean_one_only_by_the_profile_switches():
