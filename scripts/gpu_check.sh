@@ -33,6 +33,10 @@
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
 #   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT: seconds per step
 #   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10).
+# A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`: (1) GPU_STEPS=env,tests,
+# decode-agreement with DECODE_RUN=results/compare/csan-table1-multi30k/bi-direct/seed-1 (carry its subword.model
+# and the model.safetensors and meta.json of its best checkpoint, checkpoints/step-00002750: decoding needs no
+# optimizer state), then (2) GPU_STEPS=table1 TABLE1_MINUTES=6 at once, while the machine is warm.
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
 set -uo pipefail
