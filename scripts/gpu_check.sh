@@ -156,11 +156,21 @@ if wants table1; then
         timeout "$(( deadline - $(date +%s) ))" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet $TABLE1_ARGS \
             2>&1 | tail -n 20 | tee -a "$report"
     else
-        # the grid's pending cells, in its order, less those begun elsewhere (a config.yaml without checkpoints:
-        # the machine that is training them keeps their checkpoints)
-        $PY -m sanlab compare "$grid" --dry-run 2>&1 | grep -E ' / seed [0-9]+ +pending ' | while read -r line; do
-            dir=${line##* } name=${line%% / seed *} seed=$(sed -E 's|.* / seed ([0-9]+) .*|\1|' <<< "$line")
-            if [ -e "$dir/config.yaml" ]; then echo "skipped (begun elsewhere): $name seed $seed"; continue; fi
+        # the grid's pending cells, in its run order, less those begun elsewhere (a config.yaml without
+        # checkpoints: the machine that is training them keeps their checkpoints); one "variant<TAB>seed" a line
+        $PY - "$grid" 2>&1 <<'EOF' | while IFS=$'\t' read -r name seed; do
+import sys
+from sanlab.experiments.grid import load_grid
+from sanlab.experiments.grid_state import cell_state
+from sanlab.experiments.running import run_order
+grid = load_grid(sys.argv[1])
+for cell in run_order(grid, grid.cells):
+    if cell_state(cell, grid.spec.eval).status != "pending":
+        continue
+    begun = cell.layout.config.exists()
+    print(f"skipped (begun elsewhere): {cell.variant} seed {cell.seed}" if begun else f"{cell.variant}\t{cell.seed}")
+EOF
+            if [ -z "$seed" ]; then echo "$name"; continue; fi  # a message, not a cell
             left=$(( deadline - $(date +%s) ))
             [ "$left" -gt 60 ] || { echo "out of time before $name seed $seed"; break; }
             timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --only "$name" --seed "$seed" 2>&1 \
