@@ -889,8 +889,10 @@ def test_cells_run_breadth_first_over_seeds(tmp_path):
     order = [(c.variant, c.seed) for c in run_order(grid, grid.cells)]
     rows = [v.name for v in grid.spec.variants]
     assert order[:len(rows)] == [(name, 1) for name in rows]
-    assert order[len(rows):] == [("vanilla", 2), ("Bi_Direct", 2), ("2D-CSAN", 2),
-                                 ("vanilla", 3), ("Bi_Direct", 3), ("2D-CSAN", 3)]
+    later = order[len(rows):]
+    assert ("vanilla", 2) in later and ("vanilla", 3) in later  # the grid has rows with more seeds
+    # every second seed before any third, each seed's rows in the grid's order
+    assert later == sorted(later, key=lambda cell: (cell[1], rows.index(cell[0])))
 
 
 def test_reproduce_grid_differs_from_the_clean_one_only_by_the_profile_switches():
