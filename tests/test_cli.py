@@ -256,6 +256,7 @@ def test_compare_seed_option_narrows_the_cells(capsys):
     grid = str(Path(__file__).resolve().parents[1] / "configs/compare/csan-table1-multi30k.yaml")
     assert main(["compare", grid, "--dry-run", "--runs-dir", "/nonexistent/sanlab-dry-run", "--seed", "3"]) == 0
     listed = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()]
-    with_seed_3 = [f"{c.variant} / seed 3" for c in load_grid(grid).cells if c.seed == 3]
-    assert "vanilla / seed 3" in with_seed_3 and len(with_seed_3) < len(load_grid(grid).spec.variants)
+    planned = load_grid(grid)
+    with_seed_3 = [f"{c.variant} / seed 3" for c in planned.cells if c.seed == 3]
+    assert "vanilla / seed 3" in with_seed_3 and len(with_seed_3) < len(planned.spec.variants)
     assert listed == with_seed_3 + [f"0 of {len(with_seed_3)} cells evaluated"]
