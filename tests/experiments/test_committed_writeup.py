@@ -1,0 +1,88 @@
+"""The CSAN Table 1 write-up quotes the committed cells (issue 26: "the committed text matches" what
+`sanlab compare configs/compare/csan-table1-multi30k.yaml --table-only` prints on a fresh clone).
+
+The write-up (`results/csan-multi30k.md`) and its README row are edited by hand as cells land: these tests
+read the grid and the committed `done.json` / `compare-eval.json` files and check that every one-run row of
+the main table quotes its cell's test BLEU, chrF, Δ and parameters, and that the title and the README say how
+many cells and Table 1 rows are scored. No data or checkpoints are needed (only committed JSON files).
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sanlab.experiments.grid import load_grid
+from sanlab.experiments.grid_state import cell_state
+from sanlab.files import read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
+WRITEUP = ROOT / "results" / "csan-multi30k.md"
+TABLE1_ROWS = ["Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN"]
+
+
+@pytest.fixture(scope="module")
+def evaluated():
+    """(variant, seed) -> cell, for every cell of the grid evaluated as the grid asks."""
+    grid = load_grid(GRID, runs_dir=ROOT / "results" / "compare" / "csan-table1-multi30k")
+    cells = {(c.variant, c.seed): c for c in grid.cells if cell_state(c, grid.spec.eval).status == "evaluated"}
+    return grid, cells
+
+
+def main_table() -> list[list[str]]:
+    """The cells of the write-up's first table (the one headed by "params | test BLEU")."""
+    lines = WRITEUP.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| | params | test BLEU |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def run_of(label: str) -> tuple[str, int] | None:
+    """The (variant, seed) a row label names ("vanilla", "vanilla, seed 2", "2D-CSAN (seed 1)"), or None for
+    a row over several seeds ("2D-CSAN, 3 seeds vs vanilla, 3 seeds")."""
+    match = re.fullmatch(r"(\S+?)(?:,? \(?seed (\d)\)?)?", label)
+    return (match[1], int(match[2] or 1)) if match else None
+
+
+def minus(number: str) -> str:
+    return number.replace("-", "−")  # the write-up's typographic minus
+
+
+def test_every_one_run_row_quotes_its_cell(evaluated):
+    _, cells = evaluated
+    rows = main_table()
+    quoted = {run_of(row[0]) for row in rows} - {None}
+    assert quoted == set(cells), "the main table's one-run rows and the evaluated cells differ"
+    vanilla_params = read_json(cells["vanilla", 1].layout.done)["params"]
+    bleu_of = {run: read_json(cell.layout.compare_eval)["scores"]["bleu"] for run, cell in cells.items()}
+    for label, params, bleu, delta, _, chrf, *_ in rows:
+        if run_of(label) is None:
+            continue
+        variant, seed = run_of(label)
+        cell = cells[variant, seed]
+        scores = read_json(cell.layout.compare_eval)["scores"]
+        assert (bleu, chrf) == (f"{scores['bleu']:.2f}", f"{scores['chrf']:.2f}"), label
+        # Δ: against the vanilla run with the row's training seed (vanilla's own seeds: against seed 1)
+        against = ("vanilla", 1 if variant == "vanilla" else seed)
+        if (variant, seed) != ("vanilla", 1):
+            assert delta.split()[0] == minus(f"{scores['bleu'] - bleu_of[against]:+.2f}"), label
+        added = read_json(cell.layout.done)["params"] - vanilla_params
+        expected = f"{vanilla_params:,}" if label == "vanilla" else minus(f"{added:+,}")
+        assert params == expected, label
+
+
+def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
+    grid, cells = evaluated
+    scored = [v for v in TABLE1_ROWS if any(variant == v for variant, _ in cells)]
+    title = WRITEUP.read_text(encoding="utf-8").splitlines()[0]
+    counts = f"{len(cells)} of {len(grid.cells)} cells"
+    assert f"{len(scored)} of the 9 rows" in title and f"({', '.join(scored)})" in title, title
+    assert counts in title and ("partial" in title) == (len(cells) < len(grid.cells)), title
+    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| CSAN Table 1 on Multi30k"))
+    assert f"{len(scored)} of the table's 9 rows scored" in row and counts in row, row
