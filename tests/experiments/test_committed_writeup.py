@@ -7,6 +7,7 @@ the main table quotes its cell's test BLEU, chrF, Δ and parameters, and that th
 many cells and Table 1 rows are scored. No data or checkpoints are needed (only committed JSON files).
 """
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -74,6 +75,47 @@ def test_every_one_run_row_quotes_its_cell(evaluated):
         added = read_json(cell.layout.done)["params"] - vanilla_params
         expected = f"{vanilla_params:,}" if label == "vanilla" else minus(f"{added:+,}")
         assert params == expected, label
+
+
+def analyses_script():
+    spec = importlib.util.spec_from_file_location("csan_multi30k_analyses",
+                                                  ROOT / "scripts" / "csan_multi30k_analyses.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_analyses_script_takes_every_evaluated_cell(evaluated):
+    """scripts/csan_multi30k_analyses.py: pairwise and length buckets over every evaluated run, the n-gram
+    gap over vanilla's other seeds and CSAN's Table 1 rows only; a cell with neither dev hypotheses nor
+    checkpoints is left out of the n-gram gap with a note, not decoded."""
+    grid, cells = evaluated
+    script = analyses_script()
+    ordered = script.evaluated_cells(grid)
+    assert {(c.variant, c.seed) for c in ordered} == set(cells)
+    rows = [v.name for v in grid.spec.variants]
+    assert [rows.index(c.variant) for c in ordered] == sorted(rows.index(c.variant) for c in ordered)
+    commands, notes = script.plan(ordered)
+    by_analysis = {argv[1]: argv for argv in commands if argv[0] == "analyze"}
+    runs = lambda argv, stop: argv[2:argv.index(stop)]  # noqa: E731
+    base = str(cells["vanilla", 1].run_dir)
+    assert runs(by_analysis["pairwise"], "--against") == [str(c.run_dir) for c in ordered]
+    assert runs(by_analysis["length-buckets"], "--baseline") == [str(c.run_dir) for c in ordered
+                                                                  if str(c.run_dir) != base]
+    gap = runs(by_analysis["ngram-gap"], "--baseline")
+    assert gap == [str(c.run_dir) for c in ordered if c.variant in ("vanilla", *TABLE1_ROWS) and str(c.run_dir) != base]
+    assert not notes and all(argv[0] == "analyze" for argv in commands)  # committed cells have dev hypotheses
+
+    lost = next(c for c in ordered if c.variant == "Bi_Direct")
+    script.has_dev_hypotheses = lambda cell: cell is not lost
+    script.has_checkpoints = lambda cell: False
+    commands, notes = script.plan(ordered)
+    assert notes == [f"{lost.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the n-gram gap"]
+    assert str(lost.run_dir) not in runs(commands[0], "--baseline")
+    script.has_checkpoints = lambda cell: True  # trained here: decoded on the dev set first, then in the gap
+    commands, _ = script.plan(ordered)
+    assert commands[0] == ["evaluate", "--run", str(lost.run_dir), "--split", "valid"]
+    assert str(lost.run_dir) in runs(commands[1], "--baseline")
 
 
 def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
