@@ -3,10 +3,14 @@
 
 The write-up (`results/csan-multi30k.md`) and its README row are edited by hand as cells land: these tests
 read the grid and the committed `done.json` / `compare-eval.json` files and check that every one-run row of
-the main table quotes its cell's test BLEU, chrF, Δ and parameters, and that the title and the README say how
-many cells and Table 1 rows are scored. No data or checkpoints are needed (only committed JSON files).
+the main table quotes its cell's test BLEU, chrF, Δ and parameters, that the pairwise, length-bucket and
+n-gram tables quote the committed analyses (`results/csan-multi30k-*.csv`) and that those cover every
+evaluated cell (a cell that lands makes them fail until `scripts/csan_multi30k_analyses.py` is rerun and the
+rows are written), and that the title and the README say how many cells and Table 1 rows are scored. No data
+or checkpoints are needed (only committed JSON and CSV files).
 """
 
+import csv
 import importlib.util
 import re
 from pathlib import Path
@@ -31,16 +35,20 @@ def evaluated():
     return grid, cells
 
 
-def main_table() -> list[list[str]]:
-    """The cells of the write-up's first table (the one headed by "params | test BLEU")."""
+def table(header: str) -> list[list[str]]:
+    """The cells of the write-up's table whose header row starts with ``header``."""
     lines = WRITEUP.read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| | params | test BLEU |"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip() for cell in line.strip("|").split("|")])
     return rows
+
+
+def main_table() -> list[list[str]]:
+    return table("| | params | test BLEU |")
 
 
 def run_of(label: str) -> tuple[str, int] | None:
@@ -52,6 +60,79 @@ def run_of(label: str) -> tuple[str, int] | None:
 
 def minus(number: str) -> str:
     return number.replace("-", "−")  # the write-up's typographic minus
+
+
+def system_of(label: str, cells: dict) -> str:
+    """The analyses' name of the run a row label names ("bi-direct/seed-1")."""
+    run = cells[run_of(label)].run_dir
+    return f"{run.parent.name}/{run.name}"
+
+
+def analysis(name: str) -> list[dict]:
+    with open(ROOT / "results" / f"csan-multi30k-{name}.csv", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+def quoted_test(text: str, delta: str, p: str, sig: str) -> None:
+    """A table cell such as "+0.95 ↑ (p = 0.025)": the difference, the mark and (if shown) p, as the CSV has
+    them (p to the digits shown)."""
+    match = re.fullmatch(r"([+−]\d+\.\d\d)(?: ([↑↓⇑⇓]))?(?: \(p = ([\d.]+)\))?", text)
+    assert match, text
+    assert match[1] == minus(f"{float(delta):+.2f}") and (match[2] or "") == sig, (text, delta, sig)
+    if match[3]:
+        assert match[3] == f"{float(p):.{len(match[3].split('.')[1])}f}", (text, p)
+
+
+def test_the_pairwise_table_quotes_the_committed_analysis_over_every_cell(evaluated):
+    _, cells = evaluated
+    tests = {(r["system"], r["baseline"]): r for r in analysis("pairwise")}
+    vanillas = [system_of(f"vanilla, seed {s}", cells) for s in (1, 2, 3)]
+    assert {system for system, _ in tests} == {system_of(f"{v}, seed {s}", cells) for v, s in cells}
+    rows = table("| | test BLEU | vs vanilla seed 1 |")
+    assert sorted(system_of(row[0], cells) for row in rows) == sorted({system for system, _ in tests})
+    for label, bleu, *against, _ in rows:
+        system = system_of(label, cells)
+        for text, baseline in zip(against, vanillas):
+            if system == baseline:
+                assert text == ""
+                continue
+            test = tests[system, baseline]
+            assert bleu == f"{float(test['bleu']):.2f}", label
+            quoted_test(text, test["delta"], test["p"], test["sig"])
+
+
+def test_the_length_bucket_table_quotes_the_committed_analysis_over_every_cell(evaluated):
+    _, cells = evaluated
+    buckets = {}
+    for r in analysis("length-buckets"):
+        buckets.setdefault(r["system"], []).append(r)
+    assert set(buckets) == {system_of(f"{v}, seed {s}", cells) for v, s in cells}
+    rows = table("| | 1-8 (")
+    assert sorted(system_of(row[0], cells) for row in rows) == sorted(buckets)  # each run once, in any order
+    for label, *shown in rows:
+        records = buckets[system_of(label, cells)]
+        assert len(shown) == len(records), label
+        for text, r in zip(shown, records):
+            if r["delta"]:
+                quoted_test(text, r["delta"], r["p"], r["sig"])
+            else:  # the baseline's own BLEU
+                assert text == f"{float(r['bleu']):.2f}", label
+
+
+def test_the_ngram_table_quotes_the_committed_analysis_over_every_table1_cell(evaluated):
+    _, cells = evaluated
+    gaps = {}
+    for r in analysis("ngram-gap"):
+        gaps.setdefault(r["system"], []).append(r)
+    assert set(gaps) == {system_of(f"{v}, seed {s}", cells) for v, s in cells if v in ("vanilla", *TABLE1_ROWS)}
+    rows = table("| | 1-gram | 2-gram |")
+    assert sorted(system_of(row[0], cells) for row in rows) == sorted(gaps)
+    for label, *orders, tokens in rows:
+        records = gaps[system_of(label, cells)]
+        assert tokens == f"{int(records[0]['total']):,}", label
+        column = "precision" if run_of(label) == ("vanilla", 1) else "gap"
+        form = "{:.2f}" if column == "precision" else "{:+.2f}"
+        assert orders == [minus(form.format(float(r[column]))) for r in records], label
 
 
 def test_every_one_run_row_quotes_its_cell(evaluated):
