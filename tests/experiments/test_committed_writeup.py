@@ -24,6 +24,8 @@ from sanlab.files import read_json
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
+RERUN = ("a cell landed or went: `python scripts/csan_multi30k_analyses.py`, then its rows in "
+         "results/csan-multi30k.md, the title's and the README row's counts")
 TABLE1_ROWS = ["Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN"]
 
 
@@ -87,7 +89,7 @@ def test_the_pairwise_table_quotes_the_committed_analysis_over_every_cell(evalua
     _, cells = evaluated
     tests = {(r["system"], r["baseline"]): r for r in analysis("pairwise")}
     vanillas = [system_of(f"vanilla, seed {s}", cells) for s in (1, 2, 3)]
-    assert {system for system, _ in tests} == {system_of(f"{v}, seed {s}", cells) for v, s in cells}
+    assert {system for system, _ in tests} == {system_of(f"{v}, seed {s}", cells) for v, s in cells}, RERUN
     rows = table("| | test BLEU | vs vanilla seed 1 |")
     assert sorted(system_of(row[0], cells) for row in rows) == sorted({system for system, _ in tests})
     for label, bleu, *against, _ in rows:
@@ -106,7 +108,7 @@ def test_the_length_bucket_table_quotes_the_committed_analysis_over_every_cell(e
     buckets = {}
     for r in analysis("length-buckets"):
         buckets.setdefault(r["system"], []).append(r)
-    assert set(buckets) == {system_of(f"{v}, seed {s}", cells) for v, s in cells}
+    assert set(buckets) == {system_of(f"{v}, seed {s}", cells) for v, s in cells}, RERUN
     rows = table("| | 1-8 (")
     assert sorted(system_of(row[0], cells) for row in rows) == sorted(buckets)  # each run once, in any order
     for label, *shown in rows:
@@ -124,7 +126,8 @@ def test_the_ngram_table_quotes_the_committed_analysis_over_every_table1_cell(ev
     gaps = {}
     for r in analysis("ngram-gap"):
         gaps.setdefault(r["system"], []).append(r)
-    assert set(gaps) == {system_of(f"{v}, seed {s}", cells) for v, s in cells if v in ("vanilla", *TABLE1_ROWS)}
+    assert set(gaps) == {system_of(f"{v}, seed {s}", cells) for v, s in cells if v in ("vanilla", *TABLE1_ROWS)}, \
+        RERUN
     rows = table("| | 1-gram | 2-gram |")
     assert sorted(system_of(row[0], cells) for row in rows) == sorted(gaps)
     for label, *orders, tokens in rows:
@@ -139,7 +142,7 @@ def test_every_one_run_row_quotes_its_cell(evaluated):
     _, cells = evaluated
     rows = main_table()
     quoted = {run_of(row[0]) for row in rows} - {None}
-    assert quoted == set(cells), "the main table's one-run rows and the evaluated cells differ"
+    assert quoted == set(cells), f"the main table's one-run rows and the evaluated cells differ; {RERUN}"
     vanilla_params = read_json(cells["vanilla", 1].layout.done)["params"]
     bleu_of = {run: read_json(cell.layout.compare_eval)["scores"]["bleu"] for run, cell in cells.items()}
     for label, params, bleu, delta, _, chrf, *_ in rows:
