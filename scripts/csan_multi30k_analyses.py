@@ -47,11 +47,11 @@ def evaluated_cells(grid) -> list:
 
 
 def has_dev_hypotheses(cell) -> bool:
-    return (cell.run_dir / "hyp-best-valid.txt").is_file()
+    return cell.layout.hypotheses("best", "valid").is_file()
 
 
 def has_checkpoints(cell) -> bool:
-    return any((cell.run_dir / "checkpoints").glob("step-*"))
+    return cell.layout.checkpoints.is_dir() and any(cell.layout.checkpoints.glob("step-*"))
 
 
 def plan(cells: list) -> tuple[list[list[str]], list[str]]:
@@ -69,7 +69,9 @@ def plan(cells: list) -> tuple[list[list[str]], list[str]]:
             commands.append(["evaluate", "--run", str(cell.run_dir), "--split", "valid"])
             dev.append(cell)
         else:
-            notes.append(f"{cell.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the n-gram gap")
+            notes.append(f"{cell.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the n-gram gap "
+                         f"(its dev hypotheses come from the machine that trained it: `sanlab evaluate --run "
+                         f"{cell.run_dir} --split valid` there)")
     if base in dev:
         commands.append(["analyze", "ngram-gap", *(str(c.run_dir) for c in dev if c is not base),
                          "--baseline", str(base.run_dir), "--split", "valid", "--out", str(OUT / "csan-multi30k-ngram-gap")])
@@ -87,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--runs-dir", type=Path, help="the grid's cells elsewhere than its runs_dir")
     args = parser.parse_args(argv)
+    runs_dir = args.runs_dir.resolve() if args.runs_dir else None  # relative to where it was typed
     os.chdir(ROOT)  # the grid's data paths are relative to the repository root
     from sanlab.experiments.grid import load_grid
-    commands, notes = plan(evaluated_cells(load_grid(GRID, runs_dir=args.runs_dir)))
+    commands, notes = plan(evaluated_cells(load_grid(GRID, runs_dir=runs_dir)))
     for note in notes:
         print(note, file=sys.stderr)
     from sanlab.cli import main as sanlab

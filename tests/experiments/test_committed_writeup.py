@@ -3,7 +3,8 @@
 
 The write-up (`results/csan-multi30k.md`) and its README row are edited by hand as cells land: these tests
 read the grid and the committed `done.json` / `compare-eval.json` files and check that every one-run row of
-the main table quotes its cell's test BLEU, chrF, Δ and parameters, that the pairwise, length-bucket and
+the main table quotes its cell's test BLEU, chrF, Δ, mark, p and parameters (not the dev columns, whose scores
+stay with the checkpoints, nor the three-seed summary row, which `--table-only` prints), that the pairwise, length-bucket and
 n-gram tables quote the committed analyses (`results/csan-multi30k-*.csv`) and that those cover every
 evaluated cell (a cell that lands makes them fail until `scripts/csan_multi30k_analyses.py` is rerun and the
 rows are written), and that the title and the README say how many cells and Table 1 rows are scored. No data
@@ -49,6 +50,12 @@ def table(header: str) -> list[list[str]]:
     return rows
 
 
+def table_header(header: str) -> list[str]:
+    """The column names of that table, less the first (the row labels)."""
+    line = next(line for line in WRITEUP.read_text(encoding="utf-8").splitlines() if line.startswith(header))
+    return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+
 def main_table() -> list[list[str]]:
     return table("| | params | test BLEU |")
 
@@ -92,8 +99,12 @@ def test_the_pairwise_table_quotes_the_committed_analysis_over_every_cell(evalua
     assert {system for system, _ in tests} == {system_of(f"{v}, seed {s}", cells) for v, s in cells}, RERUN
     rows = table("| | test BLEU | vs vanilla seed 1 |")
     assert sorted(system_of(row[0], cells) for row in rows) == sorted({system for system, _ in tests})
-    for label, bleu, *against, _ in rows:
+    bleu_of = lambda run: read_json(cells[run].layout.compare_eval)["scores"]["bleu"]  # noqa: E731
+    mean = sum(bleu_of(("vanilla", seed)) for seed in (1, 2, 3)) / 3
+    for label, bleu, *against, to_mean in rows:
         system = system_of(label, cells)
+        assert len(against) == len(vanillas), label
+        assert to_mean == minus(f"{bleu_of(run_of(label)) - mean:+.2f}"), label
         for text, baseline in zip(against, vanillas):
             if system == baseline:
                 assert text == ""
@@ -111,6 +122,9 @@ def test_the_length_bucket_table_quotes_the_committed_analysis_over_every_cell(e
     assert set(buckets) == {system_of(f"{v}, seed {s}", cells) for v, s in cells}, RERUN
     rows = table("| | 1-8 (")
     assert sorted(system_of(row[0], cells) for row in rows) == sorted(buckets)  # each run once, in any order
+    header = table_header("| | 1-8 (")
+    for records in buckets.values():  # the header's buckets and sentence counts are the analysis'
+        assert header == [f"{r['bucket']} ({r['sentences']})" for r in records]
     for label, *shown in rows:
         records = buckets[system_of(label, cells)]
         assert len(shown) == len(records), label
@@ -132,6 +146,7 @@ def test_the_ngram_table_quotes_the_committed_analysis_over_every_table1_cell(ev
     assert sorted(system_of(row[0], cells) for row in rows) == sorted(gaps)
     for label, *orders, tokens in rows:
         records = gaps[system_of(label, cells)]
+        assert [r["order"] for r in records] == ["1", "2", "3", "4"], label
         assert tokens == f"{int(records[0]['total']):,}", label
         column = "precision" if run_of(label) == ("vanilla", 1) else "gap"
         form = "{:.2f}" if column == "precision" else "{:+.2f}"
@@ -145,7 +160,8 @@ def test_every_one_run_row_quotes_its_cell(evaluated):
     assert quoted == set(cells), f"the main table's one-run rows and the evaluated cells differ; {RERUN}"
     vanilla_params = read_json(cells["vanilla", 1].layout.done)["params"]
     bleu_of = {run: read_json(cell.layout.compare_eval)["scores"]["bleu"] for run, cell in cells.items()}
-    for label, params, bleu, delta, _, chrf, *_ in rows:
+    tests = {(r["system"], r["baseline"]): r for r in analysis("pairwise")}
+    for label, params, bleu, delta, sig, chrf, *_ in rows:
         if run_of(label) is None:
             continue
         variant, seed = run_of(label)
@@ -156,6 +172,10 @@ def test_every_one_run_row_quotes_its_cell(evaluated):
         against = ("vanilla", 1 if variant == "vanilla" else seed)
         if (variant, seed) != ("vanilla", 1):
             assert delta.split()[0] == minus(f"{scores['bleu'] - bleu_of[against]:+.2f}"), label
+            test = tests[system_of(label, cells), system_of(f"vanilla, seed {against[1]}", cells)]
+            assert sig.split()[0] == (test["sig"] or "–"), label  # "⇓", "↑ (p = 0.047)", "– (n.s., p = 0.10)"
+            if (p := re.search(r"p = ([\d.]+)", sig)):
+                assert p[1] == f"{float(test['p']):.{len(p[1].split('.')[1])}f}", label
         added = read_json(cell.layout.done)["params"] - vanilla_params
         expected = f"{vanilla_params:,}" if label == "vanilla" else minus(f"{added:+,}")
         assert params == expected, label
@@ -188,13 +208,14 @@ def test_the_analyses_script_takes_every_evaluated_cell(evaluated):
                                                                   if str(c.run_dir) != base]
     gap = runs(by_analysis["ngram-gap"], "--baseline")
     assert gap == [str(c.run_dir) for c in ordered if c.variant in ("vanilla", *TABLE1_ROWS) and str(c.run_dir) != base]
-    assert not notes and all(argv[0] == "analyze" for argv in commands)  # committed cells have dev hypotheses
+    assert not notes and all(argv[0] == "analyze" for argv in commands), \
+        f"every committed cell has its dev hypotheses (hyp-best-valid.txt): {notes or commands[0]}"
 
     lost = next(c for c in ordered if c.variant == "Bi_Direct")
     script.has_dev_hypotheses = lambda cell: cell is not lost
     script.has_checkpoints = lambda cell: False
     commands, notes = script.plan(ordered)
-    assert notes == [f"{lost.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the n-gram gap"]
+    assert len(notes) == 1 and notes[0].startswith(f"{lost.run_dir}: no hyp-best-valid.txt and no checkpoints here")
     assert str(lost.run_dir) not in runs(commands[0], "--baseline")
     script.has_checkpoints = lambda cell: True  # trained here: decoded on the dev set first, then in the gap
     commands, _ = script.plan(ordered)
