@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import shlex
 import sys
@@ -168,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = shlex.join(["python", "scripts/decode_agreement.py", *argv])
     text = report(found, command=command, examples=args.examples)
-    print(text, end="")
-    if args.output:
+    if args.output:  # written before printing: a reader that stops early (`| head`) must not cost the report
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text, encoding="utf-8")
+    try:
+        print(text, end="", flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again
     return 0
 
 

@@ -18,8 +18,10 @@
 #   6. table1 (only when named)        CSAN Table 1 cells the CPU has not trained yet (issue 26), on cuda in fp32
 #                                      as the grid's recipe says: its pending cells in the grid's order, less
 #                                      those begun elsewhere (or TABLE1_ARGS, e.g. "--only Block"), within
-#                                      TABLE1_MINUTES (default 8); every cell it
-#                                      finishes and scores comes back as $REPORT_DIR/table1-cells.tar.gz, the
+#                                      TABLE1_MINUTES (default 8; a cell starts only if ~1.2x the last cell's
+#                                      time is left; TABLE1_ORDER=end takes them from the end); every cell it
+#                                      finishes and scores is decoded on the dev set too (the report's n-gram
+#                                      gap reads it) and comes back as $REPORT_DIR/table1-cells.tar.gz, the
 #                                      files results/compare/.gitignore tracks (unpack in the repository root
 #                                      and `sanlab compare GRID --table-only`); an unfinished cell is lost
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
@@ -33,10 +35,15 @@
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
 #   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT: seconds per step
 #   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10).
-# A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`: (1) GPU_STEPS=env,tests,
-# decode-agreement with DECODE_RUN=results/compare/csan-table1-multi30k/bi-direct/seed-1 (carry its subword.model
-# and the model.safetensors and meta.json of its best checkpoint, checkpoints/step-00002750: decoding needs no
-# optimizer state), then (2) GPU_STEPS=table1 TABLE1_MINUTES=6 at once, while the machine is warm.
+# A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`, and the device tool carries
+# only the checkout: the data (GPU_DATA=.gpu-data: `mkdir -p .gpu-data && cp ../shared/data/multi30k/*.gz
+# .gpu-data/`), the wheels (`make gpu-wheels`: .whl) and a trained run's decoding files must be named in `carry`.
+#   (1) GPU_DATA=.gpu-data GPU_STEPS=env,tests,decode-agreement GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240
+#       GPU_AGREEMENT_TIMEOUT=200 DECODE_RUN=results/compare/csan-table1-multi30k/bi-direct/seed-1 bash scripts/gpu_check.sh
+#       carry: .gpu-data, .whl, and of DECODE_RUN its subword.model and the model.safetensors and meta.json of its
+#       best checkpoint, checkpoints/step-00002750 (decoding needs no optimizer state)
+#   (2) GPU_DATA=.gpu-data GPU_STEPS=table1 TABLE1_MINUTES=6 bash scripts/gpu_check.sh   at once, while warm
+#       (TABLE1_ORDER=end when a CPU queue is training the grid's first pending cells at the same time)
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
 set -uo pipefail
@@ -67,6 +74,13 @@ files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/trai
        --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
        --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
        --set "data.test.test_2016_flickr.tgt=$DATA/test_2016_flickr.de.gz")
+for step in decode train decode-agreement table1; do  # before anything runs: a missing file ends the call at once
+    if wants "$step" && [ ! -f "$DATA/train.en.gz" ]; then
+        echo "gpu_check: step $step needs the Multi30k files in $DATA (GPU_DATA), and $DATA/train.en.gz is not there:" \
+             "copy them into the checkout (e.g. .gpu-data/) and carry that folder" >&2
+        exit 2
+    fi
+done
 section() { printf '\n## %s\n\n```\n' "$1" >> "$report"; }
 end_section() { printf '```\n' >> "$report"; }
 
@@ -80,7 +94,7 @@ if wants env; then
 fi
 if wants tests; then
     section "pytest -m gpu"
-    timeout "${GPU_TEST_TIMEOUT:-0}" $PY -m pytest -q -m gpu -p no:cacheprovider ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
+    timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -q -m gpu -p no:cacheprovider ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
         | tee -a "$report"
     end_section
 fi
@@ -93,7 +107,7 @@ if wants trainstep; then
 fi
 if wants window; then
     section "bench/attention_window.py (B=8, H=8, D=64, M=11)"
-    timeout "${GPU_WINDOW_TIMEOUT:-0}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
+    timeout "${GPU_WINDOW_TIMEOUT:-480}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
         --batch 8 --repeats "${GPU_WINDOW_REPEATS:-10}" 2>&1 \
         | tee -a "$report"
     end_section
@@ -133,7 +147,7 @@ if wants decode-agreement; then
     section "scripts/decode_agreement.py: test_2016_flickr in fp32 and bf16 on cuda (issue 24: >= 99% identical)"
     run=${DECODE_RUN:-runs/gpu-multi30k}
     if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
-        timeout 540 $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
+        timeout "${GPU_AGREEMENT_TIMEOUT:-540}" $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
             --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
             --output "$REPORT_DIR/decode-agreement.md" 2>&1 | head -n 16 | tee -a "$report"
     else
@@ -158,13 +172,15 @@ if wants table1; then
     else
         # the grid's pending cells, in its run order, less those begun elsewhere (a config.yaml without
         # checkpoints: the machine that is training them keeps their checkpoints); one "variant<TAB>seed" a line
-        $PY - "$grid" 2>&1 <<'EOF' | while IFS=$'\t' read -r name seed; do
+        need=${TABLE1_CELL_SECONDS:-240}  # a cell's wall time on this device, until one has been timed here
+        $PY - "$grid" "${TABLE1_ORDER:-start}" 2>&1 <<'EOF' | while IFS=$'\t' read -r name seed; do
 import sys
 from sanlab.experiments.grid import load_grid
 from sanlab.experiments.grid_state import cell_state
 from sanlab.experiments.running import run_order
 grid = load_grid(sys.argv[1])
-for cell in run_order(grid, grid.cells):
+order = run_order(grid, grid.cells)
+for cell in (reversed(order) if sys.argv[2] == "end" else order):
     if cell_state(cell, grid.spec.eval).status != "pending":
         continue
     begun = cell.layout.config.exists()
@@ -172,13 +188,19 @@ for cell in run_order(grid, grid.cells):
 EOF
             if [ -z "$seed" ]; then echo "$name"; continue; fi  # a message, not a cell
             left=$(( deadline - $(date +%s) ))
-            [ "$left" -gt 60 ] || { echo "out of time before $name seed $seed"; break; }
+            # an unfinished cell is lost (its checkpoints stay here): start one only if it can end in time
+            [ "$left" -gt "$need" ] || { echo "out of time before $name seed $seed (${left} s left, a cell takes ~${need} s)"; break; }
+            began=$(date +%s)
             timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --only "$name" --seed "$seed" 2>&1 \
                 | tail -n 3
+            need=$(( ( $(date +%s) - began ) * 6 / 5 ))
         done | tee -a "$report"
     fi
     # cells finished and scored in this step: their tracked files (results/compare/.gitignore), no checkpoints
     mapfile -t scored < <(find "$cells" -name compare-eval.json -newer "$stamp" -printf '%h\n' | sort)
+    for cell in "${scored[@]}"; do  # the dev hypotheses the report's n-gram gap reads (the grid scores test only)
+        timeout 120 $PY -m sanlab evaluate --run "$cell" --split valid --device "$DEVICE" 2>&1 | tail -n 1 | tee -a "$report"
+    done
     if [ "${#scored[@]}" -gt 0 ]; then
         tar czf "$REPORT_DIR/table1-cells.tar.gz" --exclude=checkpoints --exclude=tensorboard --exclude=averaged \
             --exclude='subword.*' --exclude=.lock --exclude=eval-best.json "${scored[@]}"

@@ -18,6 +18,7 @@ from sanlab.errors import ConfigError
 from sanlab.models.builders import build_seq2seq
 from sanlab.registry import BuildContext
 from sanlab.runs import train_run
+from sanlab.training.compile import FAIL_SETTINGS, raised_limit
 from training_fixtures import final_weights
 
 pytestmark = [pytest.mark.gpu,
@@ -161,7 +162,10 @@ def test_inductor_compiled_training_equals_eager_on_cuda(tmp_path, tiny_translat
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     config = dict(max_steps=6, valid_every=6, device="cuda")
     train_run(tiny_translation(pad_multiple=8, **config), eager, quiet=True)
-    with inductor.patch(settings):
+    # training sets dynamo's recompile limit and fail-at-limit for its process: restored here, so that the other
+    # GPU tests in this process (FlexAttention's compiled kernels) run with torch's own settings
+    dynamo_keys = [k for k in (*raised_limit(), *FAIL_SETTINGS) if hasattr(torch._dynamo.config, k)]
+    with inductor.patch(settings), torch._dynamo.config.patch({k: getattr(torch._dynamo.config, k) for k in dynamo_keys}):
         train_run(tiny_translation(compile=True, **config), compiled, quiet=True)
     a, b = final_weights(eager), final_weights(compiled)
     worst = sorted(((b[k] - a[k]).abs().max().item(), k) for k in a)[-3:]  # named in a failure's message
