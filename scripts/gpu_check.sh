@@ -56,6 +56,16 @@ DEVICE=${GPU_DEVICE:-cuda}  # cpu: a dry run of this script where there is no GP
 mkdir -p "$REPORT_DIR"
 report="$REPORT_DIR/gpu.md"
 
+wants() { { [ "$STEPS" = all ] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
+                                                                   [[ "$1" == trainstep || "$1" == window ]]; }; }
+for step in decode train decode-agreement table1; do  # before anything runs: a missing file ends the call at once
+    if wants "$step" && [ ! -f "$DATA/train.en.gz" ]; then
+        echo "gpu_check: step $step needs the Multi30k files in $DATA (GPU_DATA), and $DATA/train.en.gz is not there:" \
+             "copy them into the checkout (e.g. .gpu-data/) and carry that folder" >&2
+        exit 2
+    fi
+done
+
 SITE=/tmp/sanlab-site
 if compgen -G ".whl/*.whl" > /dev/null; then
     # once per machine: concurrent invocations (tests beside the run) must not install into one folder together
@@ -68,19 +78,10 @@ else
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-wants() { { [ "$STEPS" = all ] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
-                                                                   [[ "$1" == trainstep || "$1" == window ]]; }; }
 files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
        --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
        --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
        --set "data.test.test_2016_flickr.tgt=$DATA/test_2016_flickr.de.gz")
-for step in decode train decode-agreement table1; do  # before anything runs: a missing file ends the call at once
-    if wants "$step" && [ ! -f "$DATA/train.en.gz" ]; then
-        echo "gpu_check: step $step needs the Multi30k files in $DATA (GPU_DATA), and $DATA/train.en.gz is not there:" \
-             "copy them into the checkout (e.g. .gpu-data/) and carry that folder" >&2
-        exit 2
-    fi
-done
 section() { printf '\n## %s\n\n```\n' "$1" >> "$report"; }
 end_section() { printf '```\n' >> "$report"; }
 
