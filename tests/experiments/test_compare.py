@@ -7,7 +7,9 @@ tagging corpus) shrunk further by ``--set`` so each cell trains for a handful of
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import math
 from dataclasses import replace
@@ -948,3 +950,35 @@ if __name__ == "__main__":
         time.sleep(0.1)
     os.kill(worker, signal.SIGKILL)
     pytest.fail(f"worker {worker} outlived the killed grid process")
+
+
+def test_a_row_trained_on_two_machines_averages_the_speeds_of_one(tmp_path):
+    """A mean over a CPU cell (0.3 steps/s) and GPU cells (17 steps/s) describes neither: the row takes the
+    cells trained as the baseline was, else the largest group, and the legend names the seeds left out."""
+    grid = _hand_grid(tmp_path)
+    cpu, gpu = "1 job x 2 threads", "6 jobs x 2 threads, cuda (NVIDIA H200)"
+
+    def cell(variant, seed, steps, conditions):
+        return CellResult(variant, seed, params=1000, speed={"steps_per_s": steps, "tokens_per_s": 10 * steps},
+                          conditions=conditions)
+
+    results = {("base", 1): cell("base", 1, 0.5, cpu), ("base", 2): cell("base", 2, 0.5, cpu),
+               ("better", 1): cell("better", 1, 0.4, cpu), ("better", 2): cell("better", 2, 17.0, gpu),
+               ("same", 1): cell("same", 1, 0.3, "mixed (2 jobs x 1 thread; 1 job x 1 thread)"),
+               ("same", 2): cell("same", 2, 16.0, gpu), ("same", 3): cell("same", 3, 18.0, gpu)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better, same = section.rows
+    assert base.speed_seeds == (1, 2) and base.speed_left_out == ()
+    # the baseline's conditions win: a Δ against it
+    assert better.speed_seeds == (1,) and better.steps_per_s.mean == 0.4 and better.speed_comparable
+    assert better.steps_delta == pytest.approx(-0.1) and better.speed_left_out == (f"seed 2: {gpu}",)
+    # none trained as the baseline: the largest group, shown without a Δ
+    assert same.speed_seeds == (2, 3) and same.steps_per_s.mean == 17.0 and not same.speed_comparable
+    assert same.speed_conditions == (gpu,) and same.steps_delta is None
+    report = Report(title="t", header={}, sections=(section,))
+    rows = list(csv.DictReader(io.StringIO(render_csv(report))))
+    assert [(r["speed_seeds"], r["speed_conditions"]) for r in rows] == [("1 2", cpu), ("1", cpu), ("2 3", gpu)]
+    from sanlab.experiments.compare_report import _speed_subset_legend
+    legend = _speed_subset_legend([section])
+    assert "better: seed 1 (left out: seed 2: 6 jobs x 2 threads, cuda (NVIDIA H200))" in legend
+    assert "same: seeds 2, 3 (left out: seed 1: mixed (2 jobs x 1 thread; 1 job x 1 thread))" in legend

@@ -107,6 +107,23 @@ def _stat(values) -> Stat:
     return Stat(tuple(v for v in values if v is not None))
 
 
+def _speed_seeds(results: dict[int, CellResult], baseline: Row | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The seeds whose speeds a row averages, and "seed N: conditions" of those it leaves out. A mean over a
+    cell trained on the CPU and one trained on a GPU describes neither, so when a row's cells trained under
+    several conditions it takes those trained as the baseline was (then a Δ means something), else the largest
+    group (ties: the one with the lowest seed)."""
+    timed = {seed: r for seed, r in sorted(results.items()) if r.speed}
+    groups: dict[str | None, list[int]] = {}
+    for seed, r in timed.items():
+        groups.setdefault(r.conditions, []).append(seed)
+    if len(groups) <= 1:
+        return tuple(timed), ()
+    base = baseline.speed_conditions if baseline is not None else ()
+    chosen = groups[base[0]] if len(base) == 1 and base[0] in groups else max(groups.values(), key=len)
+    return tuple(chosen), tuple(f"seed {seed}: {r.conditions or 'unknown'}" for seed, r in timed.items()
+                                if seed not in chosen)
+
+
 def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, CellResult],
          baseline: Row | None, base_results: dict[int, CellResult], references: list[str] | None,
          failed: dict[int, str] | None = None) -> Row:
@@ -117,9 +134,10 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     evaluated = {s: r for s, r in results.items() if r.scores}
     scores = {col: _stat(r.scores.get(key) for r in evaluated.values()) for col, key in metrics}
     params = next((r.params for r in results.values() if r.params is not None), None)
-    speeds = [r.speed for r in results.values() if r.speed]
+    speed_seeds, others = _speed_seeds(results, baseline)
+    speeds = [results[seed].speed for seed in speed_seeds]
     steps = _stat(s["steps_per_s"] for s in speeds)
-    conditions = tuple(sorted({r.conditions for r in results.values() if r.speed and r.conditions}))
+    conditions = tuple(sorted({results[seed].conditions for seed in speed_seeds if results[seed].conditions}))
     tests, seeds_result, problem = [], None, None
     if baseline is not None:
         try:
@@ -147,7 +165,8 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
                seeds_done=tuple(sorted(evaluated)), params=params, params_delta=minus(params, lambda b: b.params),
                steps_per_s=steps, tokens_per_s=_stat(s["tokens_per_s"] for s in speeds),
                steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean) if comparable else None,
-               speed_conditions=conditions, speed_comparable=comparable,
+               speed_conditions=conditions, speed_comparable=comparable, speed_seeds=speed_seeds,
+               speed_left_out=others,
                scores=scores,
                delta=None if problem else minus(scores[primary].mean, lambda b: b.scores[primary].mean),
                mark=mark, mark_support=support, tests=tuple(tests), seeds_test=seeds_result,
@@ -301,7 +320,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
         *grid.kind.legend,
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
         "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "
-        "the same jobs x threads on the same machine." + _speed_legend(sections),
+        "the same jobs x threads on the same machine." + _speed_legend(sections) + _speed_subset_legend(sections),
     )
     return Report(title=grid.spec.title or f"sanlab compare: {grid.name}",
                   header=_header(grid, sections, command=command, trained_on=sorted(machines)),
@@ -319,6 +338,18 @@ def _speed_legend(sections: Sequence[Section]) -> str:
                       f"(baseline: {', '.join(base[id(s)].speed_conditions)})" for s, r in odd)
     return (f" (†): trained with other jobs x threads than the baseline, or under several (a resumed cell: "
             f"'mixed'), so no speed Δ — {where}.")
+
+
+def _speed_subset_legend(sections: Sequence[Section]) -> str:
+    """Which rows' speeds leave seeds out, because those trained under other conditions (``_speed_seeds``)."""
+    subsets = [(s, r) for s in sections for r in s.rows if r.speed_left_out]
+    if not subsets:
+        return ""
+    where = "; ".join(f"{r.variant}{f' ({s.dataset})' if s.dataset else ''}: seed{'s' if len(r.speed_seeds) > 1 else ''} "
+                      f"{', '.join(map(str, r.speed_seeds))} (left out: {'; '.join(r.speed_left_out)})"
+                      for s, r in subsets)
+    return (" A row whose cells trained under different conditions averages the speeds of those trained as the "
+            f"baseline was, else of the largest group — {where}.")
 
 
 def mismatched_finished_cells(grid: Grid) -> list[tuple[Cell, CellState]]:

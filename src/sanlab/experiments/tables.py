@@ -90,6 +90,8 @@ class Row:
     note: str | None = None
     speed_conditions: tuple[str, ...] = ()  # jobs x threads its cells trained with (``cells.speed_conditions``)
     speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
+    speed_seeds: tuple[int, ...] = ()       # the seeds its speed averages (``compare_report._speed_seeds``)
+    speed_left_out: tuple[str, ...] = ()    # "seed N: conditions" of timed seeds trained otherwise, left out
     seeds_test: SeedsTest | None = None     # over all seeds of both rows (``seed_significance.seed_bootstrap``)
     seeds_failed: tuple[int, ...] = ()      # seeds whose cell failed (``failed.json``) and is not evaluated
     problem: str | None = None              # why the row has no test against the baseline, if it cannot have one
@@ -271,7 +273,8 @@ def render_csv(report: Report) -> str:
     metrics = list(dict.fromkeys(m for s in report.sections for m in s.metrics))
     paper = list(dict.fromkeys(c for s in report.sections for c in s.paper_columns))
     head = ["dataset", "variant", "baseline", "seeds_done", "seeds_planned", "params", "params_delta",
-            "seeds_failed", "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions"]
+            "seeds_failed", "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions",
+            "speed_seeds"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
     # p_values: "seed 0: 0.001; seed 1: 0.03"
     head += ["delta", "mark", "mark_support", "tests", "p_values", "seeds_test_mark", "seeds_test_p"]
@@ -284,7 +287,7 @@ def render_csv(report: Report) -> str:
         for r in s.rows:
             line = [s.dataset or "", r.variant, int(r.baseline), len(r.seeds_done), len(r.seeds_planned), r.params,
                     r.params_delta, len(r.seeds_failed), r.steps_per_s.mean, r.steps_delta, r.tokens_per_s.mean,
-                    "; ".join(r.speed_conditions)]
+                    "; ".join(r.speed_conditions), " ".join(map(str, r.speed_seeds))]
             for m in metrics:
                 stat = r.scores.get(m, Stat())
                 line += [stat.mean, stat.sd, stat.n]
