@@ -37,8 +37,11 @@ clean-venv:
 gpu-check:
 	bash scripts/gpu_check.sh
 
-# Here: the wheels a GPU image without network lacks (Python 3.12, x86-64), into .whl/ (git-ignored)
-GPU_WHEELS := pydantic pydantic-core typing-inspection typing-extensions annotated-types conllu
+# Here: the wheels a GPU image without network lacks (Python 3.12, x86-64), into .whl/ (git-ignored), each at
+# this venv's version. sentencepiece too, although images have one: another version trains another subword
+# vocabulary from the same texts and seed (0.2.2 and 0.2.3 do on Multi30k), so cells trained there would not be
+# the grid's recipe (the compare table marks them §)
+GPU_WHEELS := pydantic pydantic-core typing-inspection typing-extensions annotated-types conllu sentencepiece
 gpu-wheels: $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \

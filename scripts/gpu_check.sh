@@ -27,7 +27,8 @@
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
-# them in .whl/) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
+# them in .whl/, with this checkout's sentencepiece: the table1 cells must train the grid's subword vocabulary,
+# and another sentencepiece version trains another one; cells of 2026-11-27 did, and the table marks them §) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
 #   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement|table1   which parts (default all, which
 #   leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the

@@ -92,3 +92,13 @@ def test_train_rejects_empty_input(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no model, not even a partial one, for a resume to pick up
     with pytest.raises(ValueError, match="model_type"):
         SubwordModel.train(SRC, model_path=tmp_path / "m", vocab_size=50, model_type="word")  # type: ignore[arg-type]
+
+
+def test_the_digest_names_the_vocabulary_not_the_file(tmp_path):
+    """The same texts and settings give one digest wherever the model was trained (its file holds the path it
+    was trained under); other pieces give another."""
+    a = SubwordModel.train(SRC, model_path=tmp_path / "a" / "m", vocab_size=80, model_type="bpe")
+    b = SubwordModel.train(SRC, model_path=tmp_path / "elsewhere" / "joint", vocab_size=80, model_type="bpe")
+    other = SubwordModel.train(SRC, model_path=tmp_path / "c" / "m", vocab_size=90, model_type="bpe")
+    assert a.path.read_bytes() != b.path.read_bytes()  # the trainer spec records the training path
+    assert a.digest() == b.digest() != other.digest() and len(a.digest()) == 16

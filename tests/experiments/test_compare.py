@@ -982,3 +982,41 @@ def test_a_row_trained_on_two_machines_averages_the_speeds_of_one(tmp_path):
     legend = _speed_subset_legend([section])
     assert "better: seed 1 (left out: seed 2: 6 jobs x 2 threads, cuda (NVIDIA H200))" in legend
     assert "same: seeds 2, 3 (left out: seed 1: mixed (2 jobs x 1 thread; 1 job x 1 thread))" in legend
+
+
+def test_cells_with_another_subword_vocabulary_are_marked(tmp_path):
+    """Cells trained by another SentencePiece version (which trains another model from the same texts and seed)
+    are marked § and named in the legend; a recorded digest decides where both cells have one."""
+    from sanlab.experiments.cells import Vocabulary
+    from sanlab.experiments.compare_report import _vocabulary_legend
+    grid = _hand_grid(tmp_path)
+
+    def cell(variant, seed, vocabulary):
+        return CellResult(variant, seed, params=1000, vocabulary=vocabulary)
+
+    ours, recorded = Vocabulary("0.2.3"), Vocabulary("0.2.3", "89d153039078f756")
+    results = {("base", 1): cell("base", 1, ours), ("base", 2): cell("base", 2, recorded),
+               ("better", 1): cell("better", 1, recorded), ("better", 2): cell("better", 2, Vocabulary("0.2.2")),
+               ("same", 1): cell("same", 1, Vocabulary("0.2.3", "0123456789abcdef")), ("same", 2): cell("same", 2, None)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better, same = section.rows
+    assert base.vocabulary_differs == ()
+    assert better.vocabulary_differs == ("seed 2: sentencepiece 0.2.2 (baseline: sentencepiece 0.2.3)",)
+    assert same.vocabulary_differs == ()  # the baseline's seed 1 recorded no digest: the versions agree
+    assert Vocabulary("0.2.3", "0123456789abcdef").differs(recorded)
+    names = [line.split(" | ")[0] for line in section_markdown(section) if line.startswith("| ")]
+    assert names == ["| variant", "| base (baseline)", "| better (§)", "| same"]
+    assert "better: seed 2: sentencepiece 0.2.2" in _vocabulary_legend([section])[0]
+
+
+def test_a_cell_records_its_vocabulary(tmp_path):
+    from sanlab.data.subword import train_joint
+    from sanlab.experiments.cells import cell_vocabulary, vocabulary_digest
+    assert vocabulary_digest(tmp_path) is None
+    model = train_joint(["ein Haus", "a house"] * 50, ["ein Haus"] * 100, model_path=tmp_path / "subword",
+                        vocab_size=30)
+    assert vocabulary_digest(tmp_path) == model.digest()
+    (tmp_path / "meta.json").write_text(json.dumps({"versions": {"sentencepiece": "0.2.3"}}))
+    done = {"config": {"data": {"subword": {"vocab_size": 30}}}, "vocabulary": model.digest()}
+    assert str(cell_vocabulary(tmp_path, done)) == f"sentencepiece 0.2.3, vocabulary {model.digest()}"
+    assert cell_vocabulary(tmp_path, {"config": {"data": {}}}) is None  # tagging: no subword model

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from sanlab.data.subword import SubwordModel
 from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import synthetic_task
 from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
@@ -80,13 +81,55 @@ def machine() -> str:
             f"python {platform.python_version()}")
 
 
+def vocabulary_digest(run_dir: Path) -> str | None:
+    """``SubwordModel.digest`` of the run's subword model (source+target when they are two), or None for a run
+    without one (tagging)."""
+    layout = RunLayout(run_dir)
+    for joint in (True, False):
+        models = layout.subword_models(joint=joint)
+        if all(m.is_file() for m in models):
+            return "+".join(SubwordModel.load(m).digest() for m in models)
+    return None
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Which subword vocabulary a translation cell trained with: the SentencePiece version that trained it (from
+    ``meta.json``) and, for cells finished since it is recorded, its digest (``done.json``). The same settings
+    give the same vocabulary only under the same version, so cells of other versions differ even where no
+    digest was recorded."""
+
+    sentencepiece: str | None
+    digest: str | None = None
+
+    def differs(self, other: Vocabulary) -> bool:
+        if self.digest and other.digest:
+            return self.digest != other.digest
+        return self.sentencepiece != other.sentencepiece
+
+    def __str__(self) -> str:
+        return f"sentencepiece {self.sentencepiece or '?'}" + (f", vocabulary {self.digest}" if self.digest else "")
+
+
+def cell_vocabulary(run_dir: Path, done: dict) -> Vocabulary | None:
+    """The cell's ``Vocabulary``, or None where it has no subword model (a task without one)."""
+    if not ((done.get("config") or {}).get("data") or {}).get("subword"):
+        return None
+    try:
+        meta = read_json(RunLayout(run_dir).meta) or {}
+    except ConfigError:  # provenance only: a damaged file must not stop the table
+        meta = {}
+    return Vocabulary((meta.get("versions") or {}).get("sentencepiece"), done.get("vocabulary"))
+
+
 def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
     """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
     trained as many side by side (``jobs``), with as many threads, on the same machine."""
     summary = train_run(cell.config, cell.run_dir, quiet=quiet,
                         allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1")
     done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
-            "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config)}
+            "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config),
+            "vocabulary": vocabulary_digest(cell.run_dir)}
     write_json(cell.layout.done, done)
     return done
 
@@ -350,6 +393,7 @@ class CellResult:
     speed: dict[str, float] | None = None       # steps_per_s, tokens_per_s (last "speed" record)
     conditions: str | None = None               # how the speed was measured (``speed_conditions``)
     machine: str | None = None                  # where it was trained (recorded since done.json has it)
+    vocabulary: Vocabulary | None = None        # its subword vocabulary (``cell_vocabulary``), translation only
     scores: dict[str, float | None] = field(default_factory=dict)  # keys of METRICS
     signature: str | None = None                # sacreBLEU's BLEU signature (translation)
     chrf_signature: str | None = None           # and chrF's (recorded since 2026-11-23)
@@ -377,7 +421,8 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
         return None
     done = read_json(cell.layout.done)
     result = CellResult(cell.variant, cell.seed, params=done.get("params"), speed=last_speed(cell.run_dir),
-                        conditions=speed_conditions(cell.run_dir, done), machine=done.get("machine"))
+                        conditions=speed_conditions(cell.run_dir, done), machine=done.get("machine"),
+                        vocabulary=cell_vocabulary(cell.run_dir, done))
     if state.status != "evaluated":
         return result
     record = read_json(cell.layout.compare_eval)

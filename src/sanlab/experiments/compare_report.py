@@ -124,6 +124,17 @@ def _speed_seeds(results: dict[int, CellResult], baseline: Row | None) -> tuple[
                                 if seed not in chosen)
 
 
+def _other_vocabularies(results: dict[int, CellResult], base_results: dict[int, CellResult]) -> tuple[str, ...]:
+    """"seed N: <vocabulary>" of the row's cells whose subword vocabulary is not the baseline's (that of its
+    lowest seed that has one): their models segment the text differently, so they are not the same recipe,
+    although their scores, on detokenized text, compare."""
+    base = next((r.vocabulary for _, r in sorted(base_results.items()) if r.vocabulary), None)
+    if base is None:
+        return ()
+    return tuple(f"seed {seed}: {r.vocabulary} (baseline: {base})" for seed, r in sorted(results.items())
+                 if r.vocabulary and r.vocabulary.differs(base))
+
+
 def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, CellResult],
          baseline: Row | None, base_results: dict[int, CellResult], references: list[str] | None,
          failed: dict[int, str] | None = None) -> Row:
@@ -135,6 +146,7 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     scores = {col: _stat(r.scores.get(key) for r in evaluated.values()) for col, key in metrics}
     params = next((r.params for r in results.values() if r.params is not None), None)
     speed_seeds, others = _speed_seeds(results, baseline)
+    vocabulary_differs = _other_vocabularies(results, base_results)
     speeds = [results[seed].speed for seed in speed_seeds]
     steps = _stat(s["steps_per_s"] for s in speeds)
     conditions = tuple(sorted({results[seed].conditions for seed in speed_seeds if results[seed].conditions}))
@@ -166,7 +178,7 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
                steps_per_s=steps, tokens_per_s=_stat(s["tokens_per_s"] for s in speeds),
                steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean) if comparable else None,
                speed_conditions=conditions, speed_comparable=comparable, speed_seeds=speed_seeds,
-               speed_left_out=others,
+               speed_left_out=others, vocabulary_differs=vocabulary_differs,
                scores=scores,
                delta=None if problem else minus(scores[primary].mean, lambda b: b.scores[primary].mean),
                mark=mark, mark_support=support, tests=tuple(tests), seeds_test=seeds_result,
@@ -321,6 +333,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
         "params: trainable parameters (tied tensors once). steps/s and tok/s (target tokens, or words for "
         "tagging): update time only, whole run, mean over seeds; comparable only between cells trained with "
         "the same jobs x threads on the same machine." + _speed_legend(sections) + _speed_subset_legend(sections),
+        *_vocabulary_legend(sections),
     )
     return Report(title=grid.spec.title or f"sanlab compare: {grid.name}",
                   header=_header(grid, sections, command=command, trained_on=sorted(machines)),
@@ -338,6 +351,19 @@ def _speed_legend(sections: Sequence[Section]) -> str:
                       f"(baseline: {', '.join(base[id(s)].speed_conditions)})" for s, r in odd)
     return (f" (†): trained with other jobs x threads than the baseline, or under several (a resumed cell: "
             f"'mixed'), so no speed Δ — {where}.")
+
+
+def _vocabulary_legend(sections: Sequence[Section]) -> tuple[str, ...]:
+    """Which rows hold cells trained with another subword vocabulary than the baseline's (marked § in the table)."""
+    odd = [(s, r) for s in sections for r in s.rows if r.vocabulary_differs]
+    if not odd:
+        return ()
+    where = "; ".join(f"{r.variant}{f' ({s.dataset})' if s.dataset else ''}: {'; '.join(r.vocabulary_differs)}"
+                      for s, r in odd)
+    return ("(§): cells trained with another subword vocabulary than the baseline's: the "
+            "same settings and texts, segmented by another model (another SentencePiece version trains another one). "
+            "BLEU and chrF are scored on detokenized text and compare, but these cells are not the grid's recipe "
+            f"exactly — {where}.",)
 
 
 def _speed_subset_legend(sections: Sequence[Section]) -> str:

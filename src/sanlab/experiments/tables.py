@@ -92,6 +92,7 @@ class Row:
     speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
     speed_seeds: tuple[int, ...] = ()       # the seeds its speed averages (``compare_report._speed_seeds``)
     speed_left_out: tuple[str, ...] = ()    # "seed N: conditions" of timed seeds trained otherwise, left out
+    vocabulary_differs: tuple[str, ...] = ()  # "seed N: vocabulary" of cells whose subword model is not the baseline's
     seeds_test: SeedsTest | None = None     # over all seeds of both rows (``seed_significance.seed_bootstrap``)
     seeds_failed: tuple[int, ...] = ()      # seeds whose cell failed (``failed.json``) and is not evaluated
     problem: str | None = None              # why the row has no test against the baseline, if it cannot have one
@@ -232,6 +233,8 @@ def section_markdown(section: Section) -> list[str]:
             (f" ({len(row.seeds_failed)} failed)" if row.seeds_failed else "")
         if row.problem:
             name += " (‡)"
+        if row.vocabulary_differs:
+            name += " (§)"
         cells = [name, seeds, params, params_delta, steps, tokens,
                  format_stat(row.scores[primary]), "" if row.baseline else _signed(row.delta), format_mark(row),
                  *((_seeds_mark(row),) if seeds_column else ()), *(format_stat(row.scores[m]) for m in section.metrics[1:]),
