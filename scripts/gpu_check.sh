@@ -166,6 +166,23 @@ if wants table1; then
     if [ ! -e ../shared/data/multi30k ]; then
         mkdir -p ../shared/data && ln -s "$(realpath "$DATA")" ../shared/data/multi30k
     fi
+    # The cells must train the grid's subword vocabulary: another sentencepiece version trains another one from
+    # the same texts (0.2.2 on an H200 image did, 2026-11-27). Stop unless this one is what most cells used.
+    wanted=$($PY - "$cells" <<'EOF'
+import collections, glob, json, sys
+seen = collections.Counter()
+for meta in glob.glob(f"{sys.argv[1]}/*/seed-*/meta.json"):
+    seen[(json.load(open(meta)).get("versions") or {}).get("sentencepiece")] += 1
+print(seen.most_common(1)[0][0] if seen else "")
+EOF
+)
+    have=$($PY -c "import sentencepiece; print(sentencepiece.__version__)")
+    if [ -n "$wanted" ] && [ "$have" != "$wanted" ] && [ -z "${TABLE1_ANY_SENTENCEPIECE:-}" ]; then
+        echo "table1: sentencepiece $have here, but the grid's cells used $wanted: they would train another subword" \
+             "vocabulary. Carry its wheel (make gpu-wheels) or set TABLE1_ANY_SENTENCEPIECE=1" | tee -a "$report"
+        end_section
+        exit 2
+    fi
     stamp=$(mktemp) deadline=$(( $(date +%s) + ${TABLE1_MINUTES:-8} * 60 ))
     if [ -n "${TABLE1_ARGS:-}" ]; then
         # shellcheck disable=SC2086  # a list of arguments
