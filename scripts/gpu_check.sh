@@ -22,8 +22,9 @@
 #                                      time is left; TABLE1_ORDER=end takes them from the end); every cell it
 #                                      finishes and scores is decoded on the dev set too (the report's n-gram
 #                                      gap reads it) and comes back as $REPORT_DIR/table1-cells.tar.gz, the
-#                                      files results/compare/.gitignore tracks (unpack in the repository root
-#                                      and `sanlab compare GRID --table-only`); an unfinished cell is lost
+#                                      files results/compare/.gitignore tracks (`sanlab compare GRID --import
+#                                      table1-cells.tar.gz` adds them: never over a cell begun here); an
+#                                      unfinished cell is lost
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
@@ -223,7 +224,8 @@ EOF
     if [ "${#scored[@]}" -gt 0 ]; then
         tar czf "$REPORT_DIR/table1-cells.tar.gz" --exclude=checkpoints --exclude=tensorboard --exclude=averaged \
             --exclude='subword.*' --exclude=.lock --exclude=eval-best.json "${scored[@]}"
-        echo "scored here, in $REPORT_DIR/table1-cells.tar.gz: ${scored[*]}" | tee -a "$report"
+        echo "scored here, in $REPORT_DIR/table1-cells.tar.gz (sanlab compare $grid --import it): ${scored[*]}" \
+            | tee -a "$report"
     else
         echo "no cell finished within ${TABLE1_MINUTES:-8} minutes" | tee -a "$report"
     fi

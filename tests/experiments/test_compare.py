@@ -1020,3 +1020,87 @@ def test_a_cell_records_its_vocabulary(tmp_path):
     done = {"config": {"data": {"subword": {"vocab_size": 30}}}, "vocabulary": model.digest()}
     assert str(cell_vocabulary(tmp_path, done)) == f"sentencepiece 0.2.3, vocabulary {model.digest()}"
     assert cell_vocabulary(tmp_path, {"config": {"data": {}}}) is None  # tagging: no subword model
+
+
+def _cell_archive(path, source, arc_dir, *, skip=(), extra=()):
+    """A .tar.gz of the top-level files of ``source`` under ``arc_dir/`` (gpu_check's layout:
+    ``results/compare/<grid dir>/<variant>/seed-<N>/<file>``), less ``skip``, plus ``extra`` names."""
+    import tarfile
+    with tarfile.open(path, "w:gz") as tar:
+        for f in sorted(source.iterdir()):
+            if f.is_file() and f.name not in skip and f.name != ".lock":
+                tar.add(f, arcname=f"{arc_dir}/{f.name}")
+        for name in extra:
+            tar.add(next(p for p in source.iterdir() if p.is_file()), arcname=name)
+    return path
+
+
+def test_cells_trained_elsewhere_are_imported_whole_and_never_over_a_cell_begun_here(finished, tmp_path):
+    """`sanlab compare GRID --import ARCHIVE` (scripts/gpu_check.sh's table1 cells): a finished, scored cell lands
+    with every file; one that exists here, is locked by a run, lacks its score, or lies outside the grid does not."""
+    import shutil
+
+    grid, runs = finished, finished.runs_dir  # the cells' configs name the grid's own data files: used in place
+    cell, other = grid.cells[2], grid.cells[3]
+    backup = {c.run_dir: tmp_path / "backup" / c.run_dir.name for c in (cell, other)}
+    for run_dir, copy in backup.items():
+        shutil.copytree(run_dir, copy)
+    try:
+        _import_checks(grid, runs, cell, other, tmp_path)
+    finally:  # the module's other tests read these cells: as they were
+        for run_dir, copy in backup.items():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.copytree(copy, run_dir)
+
+
+def _import_checks(grid, runs, cell, other, tmp_path):
+    import shutil
+
+    from sanlab.experiments.importing import import_cells
+    from sanlab.runs import run_lock
+    arc = lambda c: f"results/compare/{runs.name}/{c.run_dir.relative_to(runs).as_posix()}"  # noqa: E731
+    status = lambda c: _statuses(grid)[c.variant, c.seed]  # noqa: E731
+    theirs = tmp_path / "elsewhere"
+    shutil.move(cell.run_dir, theirs)  # as if trained on another machine
+    archive = _cell_archive(tmp_path / "cells.tar.gz", theirs, arc(cell))
+    assert status(cell) == "pending"
+    logged = []
+    assert [i.error for i in import_cells(grid, archive, log=logged.append)] == [None]
+    assert status(cell) == "evaluated" and logged == [f"{cell.label}: imported"]
+    assert sorted(p.name for p in cell.run_dir.iterdir() if p.name != ".lock") == \
+        sorted(p.name for p in theirs.iterdir() if p.is_file() and p.name != ".lock")
+    assert not list(runs.rglob(".import-*"))  # no staging left behind
+    # again: the cell exists here now, and is left alone
+    again = import_cells(grid, archive, log=lambda m: None)
+    assert "exists here (begun or finished on this machine)" in again[0].error
+
+    # files under another grid's directory stop the whole archive
+    with pytest.raises(ConfigError, match="not files of cells of"):
+        import_cells(grid, _cell_archive(tmp_path / "x.tar.gz", other.run_dir, "results/compare/x/1d-csan/seed-1"),
+                     log=lambda m: None)
+    # a cell this machine is training (its run lock held) is left alone
+    archive2 = _cell_archive(tmp_path / "other.tar.gz", other.run_dir, arc(other))
+    shutil.move(other.run_dir, tmp_path / "other-moved")
+    with run_lock(other.run_dir):
+        locked = import_cells(grid, archive2, log=lambda m: None)
+    assert "being trained or evaluated by another process" in locked[0].error
+    assert status(other) == "pending"
+    # a cell without its score is not imported; a member outside the grid's cells stops the whole archive
+    unscored = _cell_archive(tmp_path / "unscored.tar.gz", tmp_path / "other-moved", arc(other),
+                             skip=("compare-eval.json",))
+    assert "lacks compare-eval.json" in import_cells(grid, unscored, log=lambda m: None)[0].error
+    assert status(other) == "pending"
+    stray = _cell_archive(tmp_path / "stray.tar.gz", tmp_path / "other-moved", arc(other), extra=("../../etc/passwd",))
+    with pytest.raises(ConfigError, match="nothing was imported"):
+        import_cells(grid, stray, log=lambda m: None)
+    assert status(other) == "pending"
+    assert [i.error for i in import_cells(grid, archive2, log=lambda m: None)] == [None]
+    assert status(other) == "evaluated"
+    # the command: the table follows, and a cell left out makes it exit 1, saying why
+    printed = []
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(runs), imports=[str(archive2)],
+                       command="sanlab compare smoke --import", out=printed.append) == 1
+    assert "- cells done: 4 of 4" in printed[0]
+    assert printed[-1].startswith(f"NOT IMPORTED {other.label} from {archive2}: ") and "exists here" in printed[-1]
+    with pytest.raises(ConfigError, match="--import adds cells and prints the table"):
+        run_compare(str(SMOKE), overrides=TINY, runs_dir=str(runs), imports=[str(archive2)], table_only=True)

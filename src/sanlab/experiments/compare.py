@@ -20,6 +20,7 @@ from sanlab.experiments.compare_report import (  # noqa: F401  (build_section, m
     paired_test,
 )
 from sanlab.experiments.grid import load_grid
+from sanlab.experiments.importing import import_cells
 from sanlab.experiments.grid_schema import Cell, Grid
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import render_markdown, write_report
@@ -73,10 +74,14 @@ def _refuse_conflicting_modes(*, jobs: int, dry_run: bool, table_only: bool, res
 def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | None = None, dry_run: bool = False,
                 table_only: bool = False, rescore: bool = False, jobs: int = 1, only: Sequence[str] = (),
                 datasets: Sequence[str] = (), seeds: Sequence[int] = (), datasets_file: str | None = None,
-                quiet: bool = False, command: str | None = None, out: Callable[[str], None] = print) -> int:
-    """What ``sanlab compare`` does; returns the exit code (1 if a cell failed). ``datasets_file``
-    (``--datasets``) replaces the grid's datasets (``grid.load_grid``)."""
-    _refuse_conflicting_modes(jobs=jobs, dry_run=dry_run, table_only=table_only, rescore=rescore,
+                quiet: bool = False, command: str | None = None, out: Callable[[str], None] = print,
+                imports: Sequence[str] = ()) -> int:
+    """What ``sanlab compare`` does; returns the exit code (1 if a cell failed, or one of ``imports``' cells
+    was not imported). ``datasets_file`` (``--datasets``) replaces the grid's datasets (``grid.load_grid``);
+    ``imports`` (``--import``): archives of cells trained elsewhere (``importing``), then the table only."""
+    if imports and (table_only or dry_run or rescore):
+        raise ConfigError("--import adds cells and prints the table: drop --table-only, --dry-run and --rescore")
+    _refuse_conflicting_modes(jobs=jobs, dry_run=dry_run, table_only=table_only or bool(imports), rescore=rescore,
                               selected=bool(only or datasets or seeds))
     grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir, datasets_file=datasets_file)
     check_synthetic(grid)
@@ -86,6 +91,9 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         return 0
     command = command or command_line()
     errors = rescore_cells(grid, cells, log=lambda m: print(m, file=sys.stderr)) if rescore else []
+    for archive in imports:
+        errors += [f"{i.cell.label} from {archive}: {i.error}"
+                   for i in import_cells(grid, archive, log=lambda m: print(m, file=sys.stderr)) if i.error]
 
     def write_table() -> None:
         # a finished cell that does not match this invocation's settings would drop out of the table:
@@ -94,7 +102,7 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
             write_report(build_report(grid, command=command), grid.runs_dir)
 
     failed = []
-    if not table_only and not rescore:
+    if not table_only and not rescore and not imports:
         # the table on disk is rewritten after every cell, so a grid stopped partway leaves a partial table
         failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
                                       keep_order=bool(only), after_cell=lambda _: write_table()) if o.error]
@@ -115,5 +123,5 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         for o in failed:
             out(f"FAILED {o.cell.label}: {o.error}")
         for error in errors:
-            out(f"NOT RE-SCORED {error}")
+            out(f"NOT {'IMPORTED' if imports else 'RE-SCORED'} {error}")
     return 1 if failed or errors else 0

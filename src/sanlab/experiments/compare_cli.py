@@ -19,6 +19,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                    "--set train.device=...; a finished cell is not trained again for it)")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their state; run nothing")
     p.add_argument("--table-only", action="store_true", help="print the table from what exists and write it to the runs directory (table.md/.csv/.json); train nothing")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="ARCHIVE",
+                   help="add the finished, scored cells of ARCHIVE (a .tar.gz of cell files, e.g. from "
+                   "scripts/gpu_check.sh's table1 step) to the grid, each whole or not at all, never over a cell "
+                   "begun here; then print the table (repeatable; docs/compare.md)")
     p.add_argument("--rescore", action="store_true",
                    help="tagging: score the evaluated cells again from their predictions (tags-*.jsonl.gz) with the "
                    "current word-group definitions, without checkpoints; then print the table (docs/compare.md)")
@@ -51,4 +55,4 @@ def _cmd_compare(args) -> int:
         return run_compare(args.grid, overrides=overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                            table_only=args.table_only, rescore=args.rescore, jobs=args.jobs, only=args.only,
                            datasets=args.dataset, seeds=args.seeds, datasets_file=args.datasets_file,
-                           quiet=args.quiet)
+                           quiet=args.quiet, imports=args.imports)
