@@ -1,0 +1,225 @@
+"""Write the four tables of `results/csan-multi30k.md` from the committed cells and analyses, so that cells that
+land join the write-up's tables with one command (after `scripts/csan_multi30k_analyses.py`).
+
+    python scripts/csan_multi30k_tables.py [--check]
+
+Every evaluated cell of `configs/compare/csan-table1-multi30k.yaml`, in the grid's row order (seeds of a row
+together), gets its row in:
+
+- the main table (`| | params | test BLEU |`): test BLEU and chrF (`compare-eval.json`), Δ and sacreBLEU's
+  paired bootstrap against the vanilla run of the same training seed (`results/csan-multi30k-pairwise.csv`),
+  whole-dev-set BLEU and brevity penalty of `hyp-best-valid.txt` against the data's references, the paper's Δ
+  (CSAN Table 1's rows; the other rows keep the text they had), and one summary row per variant with 2+ seeds
+  (mean ± sd against vanilla's, the seed-level bootstrap of the compare table);
+- the pairwise table (against every vanilla seed and vanilla's mean), the length-bucket table and the n-gram
+  table (vanilla and CSAN Table 1's rows), from their CSVs.
+
+Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("vanilla, seed 2",
+"Bi_Direct (seed 1)", "Bi_Direct, seed 2"). The prose around the tables is the author's to update. `--check`
+writes nothing and exits 1 if the tables would change. Needs the Multi30k files (`../shared/data/multi30k`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import gzip
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import sacrebleu
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from sanlab.experiments.grid import load_grid  # noqa: E402
+from sanlab.experiments.grid_state import cell_state  # noqa: E402
+
+GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
+WRITEUP = ROOT / "results" / "csan-multi30k.md"
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
+PAPER_BASE = 27.31  # CSAN Table 1's Transformer-Base
+
+
+def minus(text: str) -> str:
+    """The write-up's typographic minus before digits."""
+    return re.sub(r"-(?=\d)", "−", text)
+
+
+class Cells:
+    """The grid's evaluated cells and what the tables quote about them."""
+
+    def __init__(self, grid=None, evaluated=None) -> None:
+        """``grid`` and its ``evaluated`` cells when the caller has them (they take seconds to find)."""
+        grid = grid or load_grid(GRID)
+        self.runs = grid.runs_dir
+        evaluated = evaluated if evaluated is not None else [
+            c for c in grid.cells if cell_state(c, grid.spec.eval).status == "evaluated"]
+        self.order = [(c.variant, c.seed) for c in evaluated]
+        by_variant = {v.name: i for i, v in enumerate(grid.spec.variants)}
+        self.order.sort(key=lambda vs: (by_variant[vs[0]], vs[1]))
+        self.run_dir = {(c.variant, c.seed): c.run_dir for c in grid.cells}
+        report = json.loads((self.runs / "table.json").read_text(encoding="utf-8"))
+        self.rows = {r["variant"]: r for r in report["sections"][0]["rows"]}
+        self.multi = {v for v, _ in self.order if len(self.rows[v]["seeds_done"]) > 1}
+        self.pairwise = {(r["system"], r["baseline"]): r for r in _csv("pairwise")}
+        self.buckets, self.ngram = _grouped("length-buckets"), _grouped("ngram-gap")
+        self.dev_refs = _lines(DATA / "val.de.gz")
+
+    def system(self, variant: str, seed: int) -> str:
+        return self.run_dir[variant, seed].relative_to(self.runs).as_posix()
+
+    def label(self, variant: str, seed: int) -> str:
+        if variant == "vanilla":
+            return "vanilla" if seed == 1 else f"vanilla, seed {seed}"
+        if variant in self.multi:
+            return f"{variant} (seed 1)" if seed == 1 else f"{variant}, seed {seed}"
+        return variant
+
+    def scores(self, variant: str, seed: int) -> dict:
+        path = self.run_dir[variant, seed] / "compare-eval.json"
+        return json.loads(path.read_text(encoding="utf-8"))["scores"]
+
+    @functools.lru_cache(maxsize=None)
+    def dev(self, variant: str, seed: int) -> tuple[float, float]:
+        hyps = _lines(self.run_dir[variant, seed] / "hyp-best-valid.txt")
+        bleu = sacrebleu.corpus_bleu(hyps, [self.dev_refs])
+        return bleu.score, bleu.bp
+
+    def test(self, variant: str, seed: int, against: int) -> dict:
+        return self.pairwise[self.system(variant, seed), self.system("vanilla", against)]
+
+
+def _csv(name: str) -> list[dict]:
+    with open(ROOT / "results" / f"csan-multi30k-{name}.csv", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _grouped(name: str) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for r in _csv(name):
+        grouped.setdefault(r["system"], []).append(r)
+    return grouped
+
+
+def _lines(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _mark(test: dict, *, na: str = "– (n.s., p = {p:.2f})") -> str:
+    p = float(test["p"])
+    return f"{test['sig']} (p = {p:.3f})" if test["sig"] else na.format(p=p)
+
+
+def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
+    kept_paper = {}  # the other papers' rows keep their hand-written paper column
+    for line in old_rows:
+        cols = [x.strip() for x in line.strip("|").split("|")]
+        if cols[-1] and "3 seeds" not in cols[0]:
+            kept_paper.setdefault(re.split(r"[ ,(]", cols[0])[0], cols[-1])
+    params = {v: c.rows[v]["params"] for v in c.rows}
+    paper = {v: f"{c.rows[v]['paper']['BLEU'] - PAPER_BASE:+.2f}" for v in TABLE1 if v in c.rows}
+    rows = []
+    for v, s in c.order:
+        sc, (dev_bleu, dev_bp) = c.scores(v, s), c.dev(v, s)
+        if (v, s) == ("vanilla", 1):
+            added, delta, sig, pcol = f"{params['vanilla']:,}", "", "", f"({PAPER_BASE})"
+        else:
+            added = f"{params[v] - params['vanilla']:+,}"
+            test = c.test(v, s, 1 if v == "vanilla" else s)
+            delta = f"{float(test['delta']):+.2f}" + (f" (vs vanilla seed {s})" if v != "vanilla" and s > 1 else "")
+            sig = _mark(test)
+            pcol = (paper.get(v) or kept_paper.get(v, "")) if s == 1 and v != "vanilla" else ""
+        rows.append(minus(f"| {c.label(v, s)} | {added} | {sc['bleu']:.2f} | {delta} | {sig} | {sc['chrf']:.2f} | "
+                          f"{dev_bleu:.2f} | {dev_bp:.3f} | {pcol} |"))
+    van = c.rows["vanilla"]
+    van_dev = statistics.mean(c.dev("vanilla", s)[0] for s in van["seeds_done"])
+    for v in [v for v in c.rows if v in c.multi and v != "vanilla"]:
+        r, bleu, chrf = c.rows[v], c.rows[v]["scores"]["BLEU"], c.rows[v]["scores"]["chrF"]
+        marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
+        dev = statistics.mean(c.dev(v, s)[0] for s in r["seeds_done"])
+        rows.append(minus(
+            f"| {v}, {len(r['seeds_done'])} seeds vs vanilla, {len(van['seeds_done'])} seeds | "
+            f"{params[v] - params['vanilla']:+,} | {bleu['mean']:.2f} ± {bleu['sd']:.2f} vs "
+            f"{van['scores']['BLEU']['mean']:.2f} ± {van['scores']['BLEU']['sd']:.2f} | {r['delta']:+.2f} | "
+            f"– (seed-level bootstrap p = {r['seeds_test']['p_value']:.2f}; per seed {marks}) | {chrf['mean']:.2f} vs "
+            f"{van['scores']['chrF']['mean']:.2f} | {dev:.2f} vs {van_dev:.2f} | | {paper.get(v, '')} |"))
+    return rows
+
+
+def pairwise_rows(c: Cells) -> list[str]:
+    mean, rows = c.rows["vanilla"]["scores"]["BLEU"]["mean"], []
+    vanilla_seeds = c.rows["vanilla"]["seeds_done"]
+    for v, s in c.order:
+        bleu = c.scores(v, s)["bleu"]
+        cols = ["" if (v, s) == ("vanilla", k) else
+                f"{float(c.test(v, s, k)['delta']):+.2f} " + _mark(c.test(v, s, k), na="(p = {p:.3f})")
+                for k in vanilla_seeds]
+        label = f"vanilla, seed {s}" if v == "vanilla" else c.label(v, s)
+        rows.append(minus(f"| {label} | {bleu:.2f} | " + " | ".join(cols) + f" | {bleu - mean:+.2f} |")
+                    .replace("|  |", "| |"))
+    return rows
+
+
+def bucket_rows(c: Cells) -> list[str]:
+    rows = []
+    for v, s in c.order:
+        shown = [f"{float(r['bleu']):.2f}" if not r["delta"] else
+                 f"{float(r['delta']):+.2f}" + (f" {r['sig']}" if r["sig"] else "") for r in c.buckets[c.system(v, s)]]
+        rows.append(minus(f"| {c.label(v, s)} | " + " | ".join(shown) + " |"))
+    return rows
+
+
+def ngram_rows(c: Cells) -> list[str]:
+    rows = []
+    for v, s in c.order:
+        if v not in ("vanilla", *TABLE1):
+            continue
+        records = c.ngram[c.system(v, s)]
+        first = (v, s) == ("vanilla", 1)
+        values = [f"{float(r['precision']):.2f}" if first else f"{float(r['gap']):+.2f}" for r in records]
+        label = "vanilla (seed 1)" if first else c.label(v, s)
+        rows.append(minus(f"| {label} | " + " | ".join(values) + f" | {int(records[0]['total']):,} |"))
+    return rows
+
+
+def rewrite(text: str, c: Cells) -> str:
+    lines = text.split("\n")
+
+    def replace(header: str, make) -> None:
+        start = next(i for i, line in enumerate(lines) if line.startswith(header)) + 2
+        end = start
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[start:end] = make(lines[start:end])
+
+    replace("| | params | test BLEU |", lambda old: main_rows(c, old))
+    replace("| | test BLEU | vs vanilla seed 1 |", lambda old: pairwise_rows(c))
+    replace("| | 1-8 (", lambda old: bucket_rows(c))
+    replace("| | 1-gram | 2-gram |", lambda old: ngram_rows(c))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the tables would change")
+    args = parser.parse_args(argv)
+    old = WRITEUP.read_text(encoding="utf-8")
+    new = rewrite(old, Cells())
+    if args.check:
+        print("tables up to date" if new == old else "tables differ from the committed cells")
+        return 0 if new == old else 1
+    WRITEUP.write_text(new, encoding="utf-8")
+    print(f"wrote the tables of {WRITEUP.relative_to(ROOT)}" + (" (unchanged)" if new == old else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
