@@ -40,12 +40,11 @@
 # A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`, and the device tool carries
 # only the checkout: the data (GPU_DATA=.gpu-data: `mkdir -p .gpu-data && cp ../shared/data/multi30k/*.gz
 # .gpu-data/`), the wheels (`make gpu-wheels`: .whl) and a trained run's decoding files must be named in `carry`.
-#   (1) GPU_DATA=.gpu-data GPU_STEPS=env,tests,decode-agreement GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240
-#       GPU_AGREEMENT_TIMEOUT=200 DECODE_RUN=results/compare/csan-table1-multi30k/bi-direct/seed-1 bash scripts/gpu_check.sh
-#       carry: .gpu-data, .whl, and of DECODE_RUN its subword.model and the model.safetensors and meta.json of its
-#       best checkpoint, checkpoints/step-00002750 (decoding needs no optimizer state)
-#   (2) GPU_DATA=.gpu-data GPU_STEPS=table1 TABLE1_MINUTES=6 bash scripts/gpu_check.sh   at once, while warm
-#       (TABLE1_ORDER=end when a CPU queue is training the grid's first pending cells at the same time)
+#   What the 2026-11-27 lease ran (results/gpu.md, "Second lease"): one call of ~6 minutes with the table1 step
+#   in the background (TABLE1_ARGS="--only A --only B --seed 1 --jobs 3 --set train.threads=2": cells side by side
+#   train in 2.5-4.5 minutes each) beside GPU_STEPS=env,tests,decode-agreement (DECODE_RUN=<a trained run>; carry
+#   its subword.model and its best checkpoint's model.safetensors and meta.json), then a second call while warm
+#   with six more cells (--jobs 6, TABLE1_MINUTES=6). Bring the cells back with `sanlab compare GRID --import`.
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
 set -uo pipefail
