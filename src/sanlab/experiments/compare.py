@@ -20,8 +20,8 @@ from sanlab.experiments.compare_report import (  # noqa: F401  (build_section, m
     paired_test,
 )
 from sanlab.experiments.grid import load_grid
-from sanlab.experiments.importing import import_cells
 from sanlab.experiments.grid_schema import Cell, Grid
+from sanlab.experiments.importing import import_cells
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import render_markdown, write_report
 from sanlab.invocation import command_line
@@ -90,9 +90,10 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         out(describe_cells(grid, cells))
         return 0
     command = command or command_line()
-    errors = rescore_cells(grid, cells, log=lambda m: print(m, file=sys.stderr)) if rescore else []
+    errors = [f"NOT RE-SCORED {e}" for e in rescore_cells(grid, cells, log=lambda m: print(m, file=sys.stderr))] \
+        if rescore else []
     for archive in imports:
-        errors += [f"{i.cell.label} from {archive}: {i.error}"
+        errors += [f"NOT IMPORTED {i.cell.label} from {archive}: {i.error}"
                    for i in import_cells(grid, archive, log=lambda m: print(m, file=sys.stderr)) if i.error]
 
     def write_table() -> None:
@@ -123,5 +124,5 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         for o in failed:
             out(f"FAILED {o.cell.label}: {o.error}")
         for error in errors:
-            out(f"NOT {'IMPORTED' if imports else 'RE-SCORED'} {error}")
+            out(error)
     return 1 if failed or errors else 0
