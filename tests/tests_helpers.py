@@ -33,3 +33,37 @@ def perturb(module: torch.nn.Module, scale: float = 0.3, seed: int = 3) -> torch
         for p in module.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return module
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Records every operation that reads a tensor's value on the host, in order, with "step" markers.
+
+    On a GPU each of these waits for the device's queue (a sync); on the CPU they are free, so this is
+    how a CPU test sees them: ``bool(t)``, ``int(t)``, ``.item()``, ``.tolist()``, ``.cpu()``,
+    ``.nonzero()``, ``masked_select`` and indexing with a boolean mask (its size depends on the values).
+    """
+
+    NAMES = frozenset({"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy",
+                       "nonzero", "masked_select", "unique"})
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[str] = []
+
+    def mark(self, label: str = "step") -> None:
+        self.events.append(label)
+
+    def reads(self) -> list[str]:
+        return [e for e in self.events if e != "step"]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in self.NAMES or (name in ("__getitem__", "__setitem__") and _has_bool_index(args)):
+            self.events.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _has_bool_index(args) -> bool:
+    index = args[1] if len(args) > 1 else None
+    index = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sanlab.decoding.search import Hypothesis, beam_search, greedy_search
+from tests_helpers import HostReads
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -325,3 +326,29 @@ def test_bad_step_output_is_reported():
 
     with pytest.raises(ValueError, match=r"\[2, V\].*got \(3, 5\)"):
         beam_search(step, None, batch_size=1, beam_size=2, max_lengths=torch.tensor([3]), **SPECIAL)
+
+
+# ---- host reads ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_search_reads_the_host_once_per_step(beam_size):
+    """Its bookkeeping stays on the device; each step reads one small vector (the module docstring says
+    why), and the hypotheses are read once at the end."""
+    n = len(MAX_LENGTHS)
+    model = TrigramModel(n)
+    reads = HostReads()
+
+    def step(tokens, cache):
+        reads.mark()
+        return model(tokens, cache)
+
+    with reads:
+        found = beam_search(step, model.cache(list(range(n))), batch_size=n, max_lengths=torch.tensor(MAX_LENGTHS),
+                            beam_size=beam_size, n_best=beam_size, **SPECIAL)
+    before, *between, after = (segment.split() for segment in " ".join(reads.events).split("step"))
+    assert len(between) + 1 == len(model.rows_seen) >= 5 and len(set(model.rows_seen)) > 2  # sentences left
+    assert all(segment == ["tolist"] for segment in between), between
+    assert len(before) <= 3 and after[0] == "tolist" and len(after) <= 6  # arguments; the last step; the results
+    assert found == beam_search(model, model.cache(list(range(n))), batch_size=n,
+                                max_lengths=torch.tensor(MAX_LENGTHS), beam_size=beam_size, n_best=beam_size,
+                                **SPECIAL)

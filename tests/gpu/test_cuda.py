@@ -2,11 +2,14 @@
 (CI and the project's machines); run them with ``pytest -m gpu`` or ``make gpu-check`` on a GPU machine.
 
     plans        every part's fast plans (sdpa, banded) == dense on CUDA, values and gradients, fp32 and bf16
-    decoding     step-by-step decoding with the cache == the full forward on CUDA, for every decoder-capable part
+    decoding     step-by-step decoding with the cache == the full forward on CUDA, for every decoder-capable part;
+                 beam search syncs with the host once per step (the CPU tests count host reads; this counts syncs)
     training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact;
                  `analyze attention --device cuda` gives the map it gives on the CPU
     cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
 """
+
+import warnings
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ import torch
 from sanlab.attention import Attention, Positions, banded
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, validate
+from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError
 from sanlab.models.builders import build_seq2seq
 from sanlab.registry import BuildContext
@@ -99,6 +103,44 @@ def test_cached_decoding_equals_the_full_forward_on_cuda(cfg):
             log_probs, cache = model.decode_step(tgt[:, t:t + 1], cache)
             steps.append(log_probs)
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cfg", [pytest.param(None, id="vanilla"), *CASES])
+def test_beam_search_syncs_with_the_host_once_per_step_on_cuda(cfg):
+    """``torch.cuda.set_sync_debug_mode`` warns at every sync; a marker per step splits them. What runs between two
+    markers is one model step (CUDA-only plans included) and the search's bookkeeping: one sync in all."""
+    try:
+        model = _seq2seq([cfg.model_dump()] if cfg is not None else [])
+    except (ValueError, ConfigError) as err:  # no decoder form
+        pytest.skip(str(err))
+    src = torch.randint(4, 50, (3, 11), generator=torch.Generator(device=CUDA).manual_seed(2), device=CUDA)
+    src[1, 7:] = 0
+    events: list = []
+
+    def search(mark: bool):
+        def step(tokens, state):
+            if mark:
+                events.append("step")
+            return model.decode_step(tokens, state)
+        return beam_search(step, model.start_decoding(src), batch_size=3, beam_size=4, bos=2, eos=3, pad=0,
+                           max_lengths=torch.tensor([6, 12, 9], device=CUDA), n_best=4)
+
+    with torch.no_grad():
+        expected = search(mark=False)  # warm-up: first-call compilation (FlexAttention) may sync
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            events = caught  # the warnings and the step markers in one list, in order
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                found = search(mark=True)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert found == expected
+    marks = [k for k, e in enumerate(events) if e == "step"]
+    syncs = [[e for e in events[a + 1:b] if "synchroniz" in str(getattr(e, "message", ""))]
+             for a, b in zip(marks, marks[1:])]
+    assert len(marks) >= 5 and all(len(s) == 1 for s in syncs), [len(s) for s in syncs]
 
 
 def test_the_same_weights_give_the_same_outputs_on_cpu_and_cuda():

@@ -26,6 +26,14 @@ chosen token keeps the log-prob the model gave it. Every decision of a sentence 
 its own rows, so (given a step function that treats rows independently) its result does not
 depend on the other sentences in the batch. (One mixer does not: Block attention with
 ``block_len: auto`` takes its block length from the batch's longest sentence; docs/variants.md.)
+
+**One host read per step.** On a GPU every read of a tensor's value on the host (``bool(t)``,
+``.tolist()``, ``.nonzero()``, boolean indexing) waits for the device to finish its queue, and the
+device then idles while Python prepares the next step. So the search keeps its bookkeeping on the
+device: finished hypotheses are written into preallocated tensors by index (``_Finished``), ties are
+broken with ``searchsorted`` instead of ``nonzero``, and each step copies one small vector to the
+host: which sentences are done, and whether the step returned NaN or +inf. The hypotheses are read
+once, at the end. (``tests/decoding/test_beam_search.py`` counts these reads.)
 """
 
 from __future__ import annotations
@@ -112,28 +120,42 @@ def beam_search(
     # 1. Give every sentence k rows; only beam 0 is live at first, so the beams do not start as k copies.
     cache = expand_for_beams(cache, k)
     beams = _start(batch_size=batch_size, k=k, bos=bos, max_lengths=max_lengths)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    for t in range(int(max_lengths.max())):
+    live_max = max_lengths.tolist()  # the live sentences' max lengths, mirrored on the host
+    longest = max(live_max)
+    finished: _Finished | None = None
+    for t in range(longest):
         # 2. Score the next token of every row: [N, V], masked by min and max length.
         log_probs, cache = step(beams.tokens[:, -1:], cache)
-        _check_log_probs(log_probs, rows=beams.tokens.shape[0], ids=(bos, eos, pad))
-        log_probs = _restrict(log_probs, t=t, max_len=beams.max_len.repeat_interleave(k), bos=bos, eos=eos, pad=pad,
-                              min_length=min_length)
+        _check_log_probs_shape(log_probs, rows=beams.tokens.shape[0], ids=(bos, eos, pad))
+        invalid = _nan_or_posinf(log_probs)  # read below, with `done`
+        at_max = any(m <= t + 1 for m in live_max)
+        log_probs = _restrict(log_probs, t=t, max_len=beams.max_len.repeat_interleave(k) if at_max else None,
+                              bos=bos, eos=eos, pad=pad, min_length=min_length)
         # 3. The best 2k continuations of each sentence over all its beams.
         candidates = _top_candidates(beams.scores, log_probs)
         # 4. An EOS among the best k finishes a hypothesis.
-        _finish(beams, candidates, log_probs, finished, eos=eos, penalty=penalty)
+        if finished is None:  # its scores in the step's dtype
+            finished = _Finished.empty(batch_size=batch_size, k=k, max_len=longest, dtype=log_probs.dtype,
+                                       device=max_lengths.device)
+        counts = finished.add(beams, candidates, log_probs, t=t, eos=eos)
         # 5. The best k non-EOS continuations stay live: [b, k].
         scores, rows, tokens = _live_choice(candidates, eos=eos)
         # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses.
-        counts = torch.tensor([len(finished[s]) for s in beams.sentence.tolist()], device=scores.device)
         done = (counts >= k) | (beams.max_len <= t + 1) | ~torch.isfinite(scores).any(1)
-        if bool(done.all()):
+        *done_now, step_invalid = torch.cat([done, invalid.view(1)]).tolist()  # the step's one host read
+        if step_invalid:
+            raise ValueError("step returned NaN or +inf log-probabilities")
+        if all(done_now):
             break
-        beams, index = _next_beams(beams, log_probs, scores=scores, rows=rows, tokens=tokens, keep=~done)
+        kept = None
+        if any(done_now):  # the live sentences in order: a stable sort, which needs no host read
+            kept = done.to(torch.int8).argsort(stable=True)[:done_now.count(False)]
+            live_max = [m for m, gone in zip(live_max, done_now) if not gone]
+        beams, index = _next_beams(beams, log_probs, scores=scores, rows=rows, tokens=tokens, kept=kept)
         # 7. The cache follows the surviving rows.
         cache = reorder(cache, index)
-    return [sorted(hypotheses, key=lambda h: -h.score)[:n_best] for hypotheses in finished]
+    assert finished is not None  # max_lengths >= 1, so at least one step ran
+    return finished.hypotheses(penalty=penalty, n_best=n_best)
 
 
 def greedy_search(
@@ -179,12 +201,17 @@ def _check_arguments(*, batch_size: int, beam_size: int, eos: int, pad: int, max
                          f"got max_lengths={max_lengths.tolist()}")
 
 
-def _check_log_probs(log_probs: Tensor, *, rows: int, ids: tuple[int, ...]) -> None:
+def _check_log_probs_shape(log_probs: Tensor, *, rows: int, ids: tuple[int, ...]) -> None:
     if log_probs.dim() != 2 or log_probs.shape[0] != rows or log_probs.shape[1] <= max(ids):
         raise ValueError(f"step must return log_probs of shape [{rows}, V] with V > {max(ids)} "
                          f"(bos, eos, pad = {ids}), got {tuple(log_probs.shape)}")
-    if bool(torch.isnan(log_probs).any() or torch.isposinf(log_probs).any()):
-        raise ValueError("step returned NaN or +inf log-probabilities")
+
+
+def _nan_or_posinf(log_probs: Tensor) -> Tensor:
+    """Whether ``log_probs`` holds a NaN or a +inf, as a device scalar, in one reduction: the sum of values <= 0
+    is NaN or +inf exactly then (-inf entries, and a sum that overflows to -inf, are valid)."""
+    total = log_probs.sum()
+    return torch.isnan(total) | torch.isposinf(total)
 
 
 def _penalty_fn(alpha: float, style: str) -> Callable[[int], float]:
@@ -206,21 +233,21 @@ def _start(*, batch_size: int, k: int, bos: int, max_lengths: Tensor) -> _Beams:
     )
 
 
-def _restrict(log_probs: Tensor, *, t: int, max_len: Tensor, bos: int, eos: int, pad: int,
+def _restrict(log_probs: Tensor, *, t: int, max_len: Tensor | None, bos: int, eos: int, pad: int,
               min_length: int) -> Tensor:
     """Ban PAD and BOS (never a target; a model still gives them some mass), EOS before ``min_length``
-    tokens, and all but EOS in rows at their max length."""
+    tokens, and all but EOS in rows at their max length (``max_len`` [N]; None when no row is there, which
+    the caller knows on the host and which spares a pass over [N, V])."""
     out = log_probs.clone()
     out[:, pad] = float("-inf")
     if bos != eos:  # fairseq-style vocabularies use one symbol for both
         out[:, bos] = float("-inf")
     if t < min_length:
         out[:, eos] = float("-inf")
-    force = max_len <= t + 1  # [N] the token chosen now is the last one allowed
-    if bool(force.any()):
-        eos_lp = out[force, eos]
-        out[force] = float("-inf")
-        out[force, eos] = eos_lp
+    if max_len is not None:
+        force = (max_len <= t + 1).unsqueeze(1)  # [N, 1] the token chosen now is the last one allowed
+        not_eos = torch.arange(out.shape[1], device=out.device) != eos  # [V]
+        out.masked_fill_(force & not_eos, float("-inf"))
     return out
 
 
@@ -235,36 +262,77 @@ def _top_candidates(scores: Tensor, log_probs: Tensor) -> _Candidates:
 def _top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """The ``n`` largest entries of each row of ``x`` and their indices, best first.
 
-    Ties go to the lower index, so the result is a function of the row alone; ``torch.topk``
-    is used only to find the n-th value, which avoids sorting whole rows.
+    Ties go to the lower index, so the result is a function of the row alone (``torch.topk`` leaves them
+    open). A first ``topk`` finds the n-th value; a second one, over integer keys, takes every entry above
+    it and, of those equal to it, the lowest indices. No row is sorted whole and nothing is read on the host.
     """
+    width = x.shape[1]
     nth = x.topk(n, dim=1).values[:, -1:]  # [b, 1]
-    above = x > nth
-    tied = x == nth
-    room = n - above.sum(1, keepdim=True)  # [b, 1] how many tied entries still fit
-    take = above | (tied & (tied.cumsum(1) <= room))  # exactly n per row
-    index = take.nonzero()[:, 1].view(-1, n)  # [b, n] ascending
-    values = x.gather(1, index)
-    values, order = values.sort(dim=1, descending=True, stable=True)
+    position = torch.arange(width, device=x.device, dtype=torch.int32 if width < 2**30 else torch.int64)
+    key = torch.where(x > nth, 2 * width, torch.where(x == nth, width - position, -1))  # above > tied, lower first
+    index = key.topk(n, dim=1).indices.sort(dim=1).values  # [b, n] ascending
+    values, order = x.gather(1, index).sort(dim=1, descending=True, stable=True)
     return values, index.gather(1, order)
 
 
-def _finish(beams: _Beams, cand: _Candidates, log_probs: Tensor, finished: list[list[Hypothesis]], *,
-            eos: int, penalty: Callable[[int], float]) -> None:
-    """Add the EOS continuations among the best k of each sentence to ``finished`` (k at most)."""
-    k = beams.scores.shape[1]
-    hits = (cand.token[:, :k] == eos) & torch.isfinite(cand.scores[:, :k])  # [b, k]
-    if not bool(hits.any()):
-        return
-    i, j = hits.nonzero().unbind(1)  # row-major: sentence, then rank
-    rows = i * k + cand.beam[i, j]
-    positional = torch.cat([beams.token_lp[rows], log_probs[rows, eos].unsqueeze(1)], 1)
-    for s, tokens, pos, total in zip(beams.sentence[i].tolist(), beams.tokens[rows, 1:].tolist(),
-                                     positional.tolist(), cand.scores[i, j].tolist()):
-        if len(finished[s]) < k:
-            hypothesis = Hypothesis(tokens=tokens, score=total / penalty(len(tokens) + 1), log_prob=total,
-                                    positional_scores=pos)
-            finished[s].append(hypothesis)
+@dataclass(frozen=True)
+class _Finished:
+    """Up to k finished hypotheses per sentence, kept on the search's device and read once at the end.
+
+    Slot ``s*k + j`` holds sentence ``s``'s ``j``-th hypothesis in the order they finished; one more
+    row at the end takes the writes that are dropped, so every step writes without a host read.
+    """
+
+    count: Tensor  # [B] hypotheses finished so far (at most k)
+    tokens: Tensor  # [B*k+1, T] emitted tokens (EOS excluded)
+    length: Tensor  # [B*k+1] how many
+    positional: Tensor  # [B*k+1, T] log-prob of each token, then of EOS
+    total: Tensor  # [B*k+1] their sum (the cumulative log-prob the search ranked)
+
+    @staticmethod
+    def empty(*, batch_size: int, k: int, max_len: int, dtype: torch.dtype, device: torch.device) -> _Finished:
+        rows = batch_size * k + 1
+        return _Finished(
+            count=torch.zeros(batch_size, dtype=torch.long, device=device),
+            tokens=torch.zeros(rows, max_len, dtype=torch.long, device=device),
+            length=torch.zeros(rows, dtype=torch.long, device=device),
+            positional=torch.zeros(rows, max_len, dtype=dtype, device=device),
+            total=torch.zeros(rows, dtype=dtype, device=device),
+        )
+
+    def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, *, t: int, eos: int) -> Tensor:
+        """Store the EOS continuations among the best k of each live sentence, while it has fewer than k
+        (the rest, worse or later, are dropped); return each live sentence's new count [b]."""
+        b, k = beams.scores.shape
+        hits = (cand.token[:, :k] == eos) & torch.isfinite(cand.scores[:, :k])  # [b, k]
+        before = self.count[beams.sentence]  # [b]
+        slot = before.unsqueeze(1) + hits.long().cumsum(1) - 1  # [b, k] its place among the sentence's hypotheses
+        dropped = self.count.shape[0] * k  # the extra row
+        target = torch.where(hits & (slot < k), beams.sentence.unsqueeze(1) * k + slot, dropped).view(-1)
+        rows = (torch.arange(b, device=hits.device).unsqueeze(1) * k + cand.beam[:, :k]).view(-1)  # [b*k]
+        self.tokens[target, :t] = beams.tokens[rows, 1:]
+        self.length[target] = t
+        self.positional[target, :t] = beams.token_lp[rows]
+        self.positional[target, t] = log_probs[rows, eos]
+        self.total[target] = cand.scores[:, :k].reshape(-1)
+        after = (before + hits.sum(1)).clamp_(max=k)
+        self.count[beams.sentence] = after
+        return after
+
+    def hypotheses(self, *, penalty: Callable[[int], float], n_best: int) -> list[list[Hypothesis]]:
+        """Each sentence's best ``n_best``, ranked by the length-normalised score (ties: the earlier finished)."""
+        k = (self.tokens.shape[0] - 1) // self.count.shape[0]
+        count, tokens, length = self.count.tolist(), self.tokens.tolist(), self.length.tolist()
+        positional, total = self.positional.tolist(), self.total.tolist()
+        out = []
+        for s, n in enumerate(count):
+            found = []
+            for row in range(s * k, s * k + n):
+                m = length[row]
+                found.append(Hypothesis(tokens=tokens[row][:m], score=total[row] / penalty(m + 1), log_prob=total[row],
+                                        positional_scores=positional[row][:m + 1]))
+            out.append(sorted(found, key=lambda h: -h.score)[:n_best])
+        return out
 
 
 def _live_choice(cand: _Candidates, *, eos: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -281,9 +349,10 @@ def _live_choice(cand: _Candidates, *, eos: int) -> tuple[Tensor, Tensor, Tensor
 
 
 def _next_beams(beams: _Beams, log_probs: Tensor, *, scores: Tensor, rows: Tensor, tokens: Tensor,
-                keep: Tensor) -> tuple[_Beams, Tensor]:
-    """The live hypotheses of the kept sentences, and the old row each new row continues [N']."""
-    kept = keep.nonzero().squeeze(1)  # [b']
+                kept: Tensor | None) -> tuple[_Beams, Tensor]:
+    """The live hypotheses of the ``kept`` sentences (None: all), and the old row each new row continues [N']."""
+    if kept is None:
+        kept = torch.arange(scores.shape[0], device=scores.device)
     index = rows[kept].reshape(-1)  # [N']
     new = tokens[kept].reshape(-1, 1)  # [N', 1]
     return _Beams(

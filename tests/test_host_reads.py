@@ -1,0 +1,75 @@
+"""Decoding reads nothing on the host inside a model's step, and the search reads once per step.
+
+On a GPU, every read of a tensor's value on the host (``bool(t)``, ``.tolist()``, ``.nonzero()``, boolean
+indexing) waits until the device has run everything queued before it, and the device idles while Python
+prepares what comes next. ``HostReads`` records those operations on the CPU, where they are free, so these
+tests hold on CI. What they cannot see: code that runs only on CUDA (the FlexAttention plans; a GPU test,
+``tests/gpu/test_cuda.py``, counts real syncs there) and copies made with ``.to(device)``.
+"""
+
+import pytest
+import torch
+
+from sanlab.attention.registry import PARTS
+from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.decoding.search import beam_search
+from sanlab.errors import ConfigError
+from sanlab.layers.mixers import MIXERS
+from sanlab.models.builders import build_seq2seq
+from tests_helpers import HostReads, perturb
+
+DIM, HEADS, VOCAB = 16, 4, 30
+PLAIN = {"heads": HEADS}
+
+
+def _model(decoder: dict) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(dim=DIM, dropout=0.0, encoder=StackConfig(layers=2, ffn_dim=32),
+                        decoder=StackConfig(layers=2, ffn_dim=32, **decoder), max_positions=32)
+    return perturb(build_seq2seq(cfg, vocab_size=VOCAB, pad_id=0)).eval()
+
+
+def _source() -> torch.Tensor:
+    src = torch.randint(4, VOCAB, (3, 9), generator=torch.Generator().manual_seed(1))
+    src[1, 6:] = 0
+    return src
+
+
+DECODERS = [pytest.param({}, id="vanilla")]
+DECODERS += [pytest.param({side: {"heads": HEADS, "parts": [cfg.model_dump()]}}, id=f"{name}-{n}-{side}")
+             for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())
+             for side in ("attention", "cross_attention")]
+DECODERS += [pytest.param({"mixer": {"type": name}}, id=f"mixer-{name}")
+             for name in MIXERS.names() if name not in ("attention", "block")]  # block is encoder-only
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_decoder_step_reads_nothing_on_the_host(decoder):
+    try:
+        model = _model(decoder)
+    except (ValueError, ConfigError):  # the part has no decoder (or cross-attention) form
+        pytest.skip("no form on this side")
+    tokens = torch.randint(4, VOCAB, (3, 4), generator=torch.Generator().manual_seed(2))
+    reads = HostReads()
+    with torch.no_grad():
+        state = model.start_decoding(_source())
+        for t in range(tokens.shape[1]):  # the first step and the cached ones
+            with reads:
+                _, state = model.decode_step(tokens[:, t:t + 1], state)
+    assert reads.reads() == []
+
+
+def test_beam_search_over_a_model_reads_the_host_once_per_step():
+    model = _model({})
+    reads = HostReads()
+
+    def step(tokens, state):
+        reads.mark()
+        return model.decode_step(tokens, state)
+
+    with torch.no_grad(), reads:
+        hyps = beam_search(step, model.start_decoding(_source()), batch_size=3, beam_size=4, bos=2, eos=3, pad=0,
+                           max_lengths=torch.tensor([6, 11, 8]), n_best=4)
+    segments = " ".join(reads.events).split("step")
+    assert len(segments) - 1 >= 6 and all(h for h in hyps)
+    assert all(s.split() == ["tolist"] for s in segments[1:-1]), segments  # between two steps: one read
