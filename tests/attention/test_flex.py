@@ -159,3 +159,36 @@ def test_the_compiled_kernel_takes_windows_of_different_widths_in_one_process():
             out = flex._compiled()(q, k, v, block_mask=block_mask, scale=8 ** -0.5)
             ref = plans.dense(q, k, v, ctx, parts=parts, scale=8 ** -0.5, dropout=0.0, training=False, trace=None)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5, msg=lambda msg: f"window m={m}: {msg}")
+
+
+@pytest.mark.slow
+def test_the_compiled_block_mask_builder_equals_the_eager_one(monkeypatch):
+    """CUDA builds each call's block mask with ``create_block_mask`` compiled (``flex._compiled_block_mask``, with
+    the kernel's settings); here the same compiled builder runs on the CPU beside the eager one, for four kinds of
+    mask_mod, with padding and with causality, in one process: the same blocks and the same dense mask."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = flex.create_block_mask
+    compiled = flex._with_settings(eager)
+    checked = []
+
+    def both(mask_mod, *args, **kwargs):
+        expected, found = eager(mask_mod, *args, **kwargs), compiled(mask_mod, *args, **kwargs)
+        assert torch.equal(found.to_dense(), expected.to_dense())
+        for a, b in zip(found.as_tuple(), expected.as_tuple()):
+            assert a == b if not isinstance(a, torch.Tensor) else torch.equal(a, b)
+        checked.append(1)
+        return expected
+
+    monkeypatch.setattr(flex, "create_block_mask", both)
+    x = torch.randn(2, 40, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    valid = torch.arange(40)[None] < torch.tensor([40, 23])[:, None]
+    # a window of two widths (the kernel's regression), per-head directions, and a window per (b, h, i) from the
+    # data: each a mask_mod of its own kind; each compile takes a while on this CPU
+    for (name, n), side in ((("window", 0), "encoder"), (("window", 1), "decoder"), (("bi_direct", 0), "encoder"),
+                            (("local_hard", 0), "decoder")):
+        with torch.no_grad():
+            _build(PARTS.entry(name).config.examples()[n], side, "flex")(
+                x, positions=Positions.self_attention(valid, length=40, causal=side == "decoder"))
+    assert len(checked) == 4

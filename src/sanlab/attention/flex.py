@@ -17,7 +17,8 @@ score_mod, and no part may extend keys or touch the weights or values (2D-CSAN m
 convolved attention and capsule routing read the weights: dense). FlexAttention has no attention dropout,
 so ``plans.choose`` never picks it when dropout is active. A row with no visible key is 0, as in ``dense``.
 
-On CUDA the kernel is ``torch.compile(flex_attention)``, compiled once per process (``_compiled``). Elsewhere
+On CUDA the kernel is ``torch.compile(flex_attention)`` and the block mask's builder ``torch.compile(
+create_block_mask)``, each compiled once per process (``_compiled``, ``_compiled_block_mask``). Elsewhere
 (the CPU tests) it is torch's unfused reference of the same operator, which forms the score matrix and is
 slow: ``plans.choose`` takes this plan on the CPU only when a config asks for it (``plan: flex``).
 """
@@ -89,27 +90,43 @@ def _score_mod(ctx: AttentionContext, parts: StageParts):
     return score_mod
 
 
-@functools.cache
-def _compiled():
-    """The fused kernel: ``flex_attention`` compiled once per process (torch recompiles on new shapes).
+def _with_settings(fn):
+    """``torch.compile(fn)`` run with integers specialised and the recompile limit raised.
 
     Integers the mods capture (a window's offsets) are specialised: torch otherwise makes such an integer
     symbolic once its value changes between calls (an encoder's window and a decoder's differ), and inductor's
     flex lowering fails on a symbolic captured integer ("'ShapeAsConstantBuffer' object has no attribute
     'dtype'", seen on an H200 with torch 2.11; the same failure on the CPU with 2.13 is the regression test).
-    Each distinct set of values compiles once, a few per model, so the recompile limit is raised for this
-    kernel: past it torch would run flex_attention unfused, forming the score matrix. Inside a compiled model
-    the model's compilation decides (``training/compile.py``)."""
-    kernel = torch.compile(flex_attention)
+    Each distinct set of values compiles once, a few per model, so the recompile limit is raised: past it torch
+    would run the function uncompiled (the kernel forming the score matrix, the block mask the [b, h, i, j]
+    mask), without an error. Inside a compiled model the model's compilation decides (``training/compile.py``)."""
+    compiled = torch.compile(fn)
     settings = {"specialize_int": True, **raised_limit()}
 
     def run(*args, **kwargs):
         if torch.compiler.is_compiling():
-            return kernel(*args, **kwargs)
+            return compiled(*args, **kwargs)
         with torch._dynamo.config.patch(**settings):
-            return kernel(*args, **kwargs)
+            return compiled(*args, **kwargs)
 
     return run
+
+
+@functools.cache
+def _compiled():
+    """The fused kernel: ``flex_attention`` compiled once per process (torch recompiles on new shapes)."""
+    return _with_settings(flex_attention)
+
+
+@functools.cache
+def _compiled_block_mask():
+    """``create_block_mask`` compiled once per process (CUDA): uncompiled it forms the whole [b, h, i, j] mask
+    before reducing it to blocks. torch 2.5 compiles it when asked with ``_compile=True``; from 2.6 that flag is
+    deprecated (it warns, then calls ``torch.compile(create_block_mask)`` anew) in favour of compiling the
+    function, which is done here once, with the kernel's settings."""
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 6):
+        return functools.partial(create_block_mask, _compile=True)
+    return _with_settings(create_block_mask)
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask, scale: float) -> Tensor:
@@ -147,8 +164,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: Sta
     cuda = q.device.type == "cuda"
     mask_mod, score_mod = _mask_mod(ctx, parts), _score_mod(ctx, parts)
     # one block mask per call: padding and the data-dependent windows (Local_Hard) differ from batch to batch
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, h, i, k.shape[2], device=q.device,
-                                                                 _compile=cuda)
+    build = _compiled_block_mask() if cuda else create_block_mask
+    block_mask = None if mask_mod is None else build(mask_mod, b, h, i, k.shape[2], device=q.device)
     if cuda:
         return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
     return _reference(q, k, v, score_mod, block_mask, scale)
