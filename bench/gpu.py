@@ -13,6 +13,12 @@ tokens/s, the ratio to the baseline's tokens/s paired by round, model FLOPs per 
 ``torch.utils.flop_counter`` on one forward and backward: what the model really computes, attention
 included) and MFU against the device's dense peak for that precision (``--peak-tflops`` overrides the table).
 
+``--profile DIR`` then runs ``--profile-updates`` more updates of each row under ``torch.profiler`` and writes
+``DIR/profile.md``: per row, how busy the device was (its kernels' time over the wall time: the rest is
+launch overhead and host work), the share of matrix products and attention kernels against everything else
+(elementwise, normalisation, optimizer), and the ops that took the most device time; with
+``--profile-trace``, also each row's Chrome trace (gzip). This says where the MFU below the target goes.
+
     python bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device cuda --precision bf16 \\
         --compile vanilla 1D-CSAN --out results/gpu-train-speed.md     # on a GPU (scripts/gpu_check.sh)
     .venv/bin/python bench/gpu.py configs/compare/csan-table1-multi30k.yaml --quick --only 1D-CSAN  # CPU smoke
@@ -21,9 +27,13 @@ included) and MFU against the device's dense peak for that precision (``--peak-t
 from __future__ import annotations
 
 import argparse
+import gzip
+import re
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +157,67 @@ def table(runners: list[Runner], *, tokens: int, peak: float | None) -> list[str
     return lines
 
 
+# kernels and ops doing matrix products or attention (aten ops eager; cuBLAS/CUTLASS/flash kernels; inductor's extern mm)
+PRODUCTS = re.compile(r"mm|gemm|matmul|linear|xmma|cutlass|cublas|flash|attention|sdpa|sm\d\d_", re.IGNORECASE)
+
+
+def profile_rows(runners: list[Runner], *, updates: int, device: torch.device, out_dir: Path,
+                 trace: bool) -> list[str]:
+    """Each runner's breakdown under torch.profiler (after the timed rounds, so compilation is done)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    lines = [f"# Where an update's time goes ({updates} updates per row under torch.profiler)", "",
+             "Device busy: the time of every kernel on the device over the wall time of the profiled updates (the "
+             "profiler's own overhead counts against it). Products: matrix products and attention kernels. On a "
+             "CPU the rows are ops, not kernels, and busy is not meaningful.", ""]
+    for runner in runners:
+        runner.step()
+        sync(device)
+        start = time.perf_counter()
+        with profile(activities=activities) as prof:
+            for _ in range(updates):
+                runner.step()
+            sync(device)
+        wall_us = (time.perf_counter() - start) * 1e6
+        events = _device_events(prof.key_averages(), device)
+        self_time = _self_time_attribute(events, device)
+        total = sum(getattr(e, self_time) for e in events) or 1.0
+        products = sum(getattr(e, self_time) for e in events if PRODUCTS.search(e.key))
+        lines += [f"## {runner.name}", "",
+                  f"- device busy {100 * total / wall_us:.0f}% of {wall_us / 1e3 / updates:.1f} ms per update; "
+                  f"products {100 * products / total:.0f}% of device time, the rest {100 * (1 - products / total):.0f}%",
+                  "", "| op | calls | self device ms / update | share |", "|---|---:|---:|---:|"]
+        for e in sorted(events, key=lambda e: -getattr(e, self_time))[:25]:
+            t = getattr(e, self_time)
+            lines.append(f"| `{e.key[:90]}` | {e.count // updates} | {t / 1e3 / updates:.3f} | {100 * t / total:.1f}% |")
+        lines.append("")
+        if trace:
+            path = out_dir / f"{re.sub(r'[^A-Za-z0-9]+', '-', runner.name).strip('-')}.trace.json"
+            prof.export_chrome_trace(str(path))
+            with open(path, "rb") as raw, gzip.open(f"{path}.gz", "wb") as packed:
+                shutil.copyfileobj(raw, packed)
+            path.unlink()
+    return lines
+
+
+def _device_events(events, device: torch.device) -> list:
+    """The events that ran on ``device``, as torch's own profiler table totals them: on CUDA the kernels (an aten
+    op's device time is its kernels', and a ``record_function`` range spans kernels: counting either would count
+    twice), on the CPU the ops."""
+    from torch.autograd import DeviceType
+
+    kind = DeviceType.CUDA if device.type == "cuda" else DeviceType.CPU
+    return [e for e in events if e.key and e.device_type == kind and not getattr(e, "is_user_annotation", False)]
+
+
+def _self_time_attribute(events, device: torch.device) -> str:
+    """The name of an event's self time on ``device`` in this torch (renamed from cuda to device in 2.4)."""
+    if device.type != "cuda":
+        return "self_cpu_time_total"
+    return "self_device_time_total" if events and hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_grid_arguments(p)
@@ -163,6 +234,9 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, help="the device's peak for --precision (default: from a table)")
     p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny batch, 2 rounds of 1 update")
     p.add_argument("--out", help="also write the table to this Markdown file")
+    p.add_argument("--profile", type=Path, metavar="DIR", help="then profile each row: DIR/profile.md (see above)")
+    p.add_argument("--profile-updates", type=int, default=3)
+    p.add_argument("--profile-trace", action="store_true", help="with --profile: each row's Chrome trace, gzipped")
     args = p.parse_args()
     if args.quick:
         args.tokens, args.length, args.rounds, args.updates, args.warmup = 64, 8, 2, 1, 0
@@ -195,6 +269,12 @@ def main() -> None:
 
     measure(runners, rounds=args.rounds, updates=args.updates, warmup=args.warmup, device=device,
             after_round=report)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        lines = profile_rows(runners, updates=args.profile_updates, device=device, out_dir=args.profile,
+                             trace=args.profile_trace)
+        (args.profile / "profile.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print("\n".join(lines[:4] + [line for line in lines if line.startswith(("## ", "- device busy"))]), flush=True)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ fi
 if wants gpubench; then
     section "bench/gpu.py: CSAN Table 1 at Transformer-Base size, bf16, ~25k tokens per update, MFU"
     timeout "${GPU_BENCH_TIMEOUT:-540}" $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device "$DEVICE" --precision bf16 \
-        --compile ${GPU_COMPILE:-vanilla 1D-CSAN} --out "$REPORT_DIR/gpu-train-speed.md" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 40 | tee -a "$report"
+        --compile ${GPU_COMPILE:-vanilla 1D-CSAN} --out "$REPORT_DIR/gpu-train-speed.md" \
+        --profile "$REPORT_DIR/gpu-profile" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 60 | tee -a "$report"
     end_section
 fi
 if wants decode; then

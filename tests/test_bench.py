@@ -1,6 +1,7 @@
 """The bench scripts run end to end on small inputs and report against their baseline (the numbers
 themselves are measurements, never asserted)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,12 +80,20 @@ def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
     out = tmp_path / "gpu.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), str(tmp_path / "grid.yaml"), "--device", "cpu",
                     "--precision", "fp32", "--quick", "--threads", "1", "--compile", "vanilla", "--backend", "eager",
-                    "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+                    "--out", str(out), "--profile", str(tmp_path / "prof"), "--profile-updates", "2",
+                    "--profile-trace"], cwd=ROOT, check=True, capture_output=True)
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0]] and rows[2][0].startswith("vanilla (compiled)")
     assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
     # the table is rewritten after every round; the last one is whole
     assert "partial" not in out.read_text().splitlines()[0] and "median of 2 rounds" in out.read_text()
+    # --profile: each row's share of products (the CPU's own ops here) and its top ops; a trace per row
+    profile = (tmp_path / "prof" / "profile.md").read_text()
+    assert [line[3:] for line in profile.splitlines() if line.startswith("## ")] == ["vanilla", "1D-CSAN",
+                                                                                    "vanilla (compiled)"]
+    shares = [int(m) for m in re.findall(r"products (\d+)% of device time", profile)]
+    assert len(shares) == 3 and all(0 < s < 100 for s in shares)
+    assert "`aten::" in profile and len(list((tmp_path / "prof").glob("*.trace.json.gz"))) == 3
 
 
 def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_beat():
