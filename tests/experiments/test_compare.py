@@ -1104,3 +1104,24 @@ def _import_checks(grid, runs, cell, other, tmp_path):
     assert printed[-1].startswith(f"NOT IMPORTED {other.label} from {archive2}: ") and "exists here" in printed[-1]
     with pytest.raises(ConfigError, match="--import adds cells and prints the table"):
         run_compare(str(SMOKE), overrides=TINY, runs_dir=str(runs), imports=[str(archive2)], table_only=True)
+
+
+def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished):
+    """``--dry-run`` ends with the time the remaining updates take at the speed of the cells trained on this
+    machine, by variant; nothing left (or nothing trained here), no estimate."""
+    from sanlab.experiments.cells import last_speed
+    from sanlab.experiments.running import time_left
+
+    assert time_left(finished, finished.cells) is None  # all evaluated
+    longer = load_grid(SMOKE, overrides=[*TINY, "train.max_steps=400000"], runs_dir=finished.runs_dir)
+    assert set(_statuses(longer).values()) == {"training"}  # the budget grew: 399,996 more steps each
+    speeds = {c.variant: [] for c in finished.cells}
+    for c in finished.cells:
+        speeds[c.variant].append(last_speed(c.run_dir)["steps_per_s"])
+    seconds = sum(399_996 / (sum(v) / 2) for v in speeds.values() for _ in v)  # the median of two is their mean
+    minutes = round(seconds / 60)
+    expected = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+    assert time_left(longer, longer.cells) == (
+        f"about {expected} of updates left for 4 cells, one at a time, at the speed of the 4 cells trained on this "
+        "machine (by variant where there are some); validation and evaluation come on top")
+    assert describe_cells(longer, longer.cells).splitlines()[-1] == time_left(longer, longer.cells)

@@ -7,6 +7,7 @@ runs leave behind.
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -14,10 +15,12 @@ from multiprocessing import get_context
 
 from sanlab.errors import ConfigError
 from sanlab.experiments.cells import (
-    CellOutcome, cores, init_worker, prepare_synthetic, read_failure, record_failure, run_cell, run_cell_job,
+    CellOutcome, cores, init_worker, last_speed, machine, prepare_synthetic, read_failure, record_failure, run_cell,
+    run_cell_job,
 )
 from sanlab.experiments.grid_schema import Cell, Grid, slug
 from sanlab.experiments.grid_state import cell_state
+from sanlab.files import read_json
 
 
 def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),
@@ -67,7 +70,44 @@ def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
     width = [max(len(r[k]) for r in rows) for k in range(2)]
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d}" for a, b, d in rows]
     done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
-    return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"])
+    estimate = time_left(grid, cells)
+    return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"] + ([estimate] if estimate else []))
+
+
+def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
+    """How long the updates of the chosen cells not yet trained will take on this machine, one cell at a time:
+    each cell's remaining steps at the median speed (updates per second of update time) of the grid's cells
+    trained on this machine, of its own variant where there are some. None when no cell was trained here or
+    nothing is left. Validation and evaluation come on top; cells side by side (``--jobs``) change the pace."""
+    here = machine()
+    speeds: dict[str, list[float]] = {}
+    for cell in grid.cells:
+        done = read_json(cell.layout.done) if cell.layout.done.is_file() else None
+        speed = last_speed(cell.run_dir) if done and done.get("machine") == here else None
+        if speed and speed["steps_per_s"] > 0:
+            speeds.setdefault(cell.variant, []).append(speed["steps_per_s"])
+    if not speeds:
+        return None
+    overall = statistics.median(v for values in speeds.values() for v in values)
+    seconds, count = 0.0, 0
+    for cell in cells:
+        state = cell_state(cell, grid.spec.eval)
+        steps = max(cell.config.train.max_steps - (state.step or 0), 0) if state.status in ("pending", "training") \
+            else 0
+        if steps:
+            seconds += steps / statistics.median(speeds.get(cell.variant, [overall]))
+            count += 1
+    if not count:
+        return None
+    trained = sum(len(values) for values in speeds.values())
+    return (f"about {_duration(seconds)} of updates left for {count} cell{'s' if count > 1 else ''}, one at a time, at "
+            f"the speed of the {trained} cell{'s' if trained > 1 else ''} trained on this machine (by variant where "
+            "there are some); validation and evaluation come on top")
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
 def run_order(grid: Grid, cells: Sequence[Cell]) -> list[Cell]:
