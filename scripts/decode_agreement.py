@@ -8,7 +8,7 @@ sentences").
 Both passes load the same checkpoint once and decode with the run's ``decode`` settings (``--beam`` overrides
 the beam; one hypothesis per sentence, as ``sanlab evaluate`` scores). bf16 is ``sanlab translate --precision
 bf16``: the model's forward steps under autocast; the output projection, log-probabilities and beam scores in
-fp32. The report gives
+fp32; the choice among the search's finished hypotheses by their fp32 scores. The report gives
 the share of sentences whose hypotheses are identical (string equality of the detokenised output), BLEU and
 chrF of each pass (sacreBLEU, against the split's references), the wall time of each pass (after a warm-up on a
 few sentences in both precisions, so neither pays the first call's costs), the machine and the command, and the
@@ -121,7 +121,8 @@ def report(found: dict, *, command: str, examples: int = 5) -> str:
         f"- Decoding: beam {d['beam']}, length penalty {d['length_penalty']}, max length {d['max_len_a']} x source "
         f"+ {d['max_len_b']}, {d['batch_sentences']} sentences per batch; one hypothesis per sentence",
         "- bf16: the model's encoder pass and decoder steps under torch.autocast (bfloat16), the weights cast once "
-        "per batch; the output projection, the log-softmax and the beam search's scores in fp32 "
+        "per batch; the output projection, the log-softmax and the beam search's scores in fp32; the search keeps "
+        "every finished hypothesis and the fp32 model, teacher-forced, chooses among them "
         "(`sanlab translate --precision bf16`)",
         f"- BLEU: sacreBLEU `{fp32['scores'].bleu_signature}`",
         f"- Wall time: decoding only (no loading, no scoring), after a warm-up on {WARMUP_SENTENCES} sentences in "

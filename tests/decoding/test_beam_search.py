@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from sanlab.decoding.search import Hypothesis, beam_search, greedy_search
+from sanlab.decoding.search import Hypothesis, beam_search, greedy_search, rescore
 from tests_helpers import HostReads
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
@@ -352,3 +352,16 @@ def test_the_search_reads_the_host_once_per_step(beam_size):
     assert found == beam_search(model, model.cache(list(range(n))), batch_size=n,
                                 max_lengths=torch.tensor(MAX_LENGTHS), beam_size=beam_size, n_best=beam_size,
                                 **SPECIAL)
+
+
+def test_rescore_ranks_the_same_outputs_by_new_scores():
+    a = Hypothesis(tokens=[A], score=-0.5, log_prob=-1.0, positional_scores=[-0.4, -0.6])
+    b = Hypothesis(tokens=[A, B], score=-0.6, log_prob=-1.8, positional_scores=[-0.5, -0.6, -0.7])
+    again = rescore([a, b], [[-0.9, -0.9], [-0.5, -0.5, -0.5]], length_penalty=1.0)
+    assert [h.tokens for h in again] == [[A, B], [A]]
+    assert again[0].log_prob == pytest.approx(-1.5) and again[0].score == pytest.approx(-0.5)
+    assert again[1].score == pytest.approx(-0.9) and again[1].positional_scores == [-0.9, -0.9]
+    tied = rescore([a, b], [[-1.0, -1.0], [-1.0, -1.0, -1.0]], length_penalty=1.0)
+    assert [h.tokens for h in tied] == [[A], [A, B]]  # ties keep the given order
+    with pytest.raises(ValueError, match="3 scores for 1 tokens and EOS"):
+        rescore([a], [[-1.0, -1.0, -1.0]])

@@ -86,6 +86,39 @@ def test_bf16_decoding_casts_the_weights_once_per_batch_not_at_every_step(legacy
     assert len(cleared) == batches
 
 
+def test_bf16_translation_chooses_among_its_hypotheses_by_their_fp32_scores(legacy, monkeypatch):
+    """The search runs in bf16 and keeps every finished hypothesis; the fp32 model then scores each one,
+    teacher-forced, and the best by that score is the translation: the scores returned are fp32's, computed
+    here independently, and nothing the search found is lost or invented."""
+    from sanlab.runs import load_trained
+    from sanlab.tasks import translation
+
+    config, model, spm = load_trained(Path("translation"), device="cpu")
+    searched = []
+    real = translation.beam_search
+    monkeypatch.setattr(translation, "beam_search",
+                        lambda *a, **kw: searched.append(kw["n_best"]) or searched.append(found := real(*a, **kw))
+                        or found)
+    sources = [s for s in Path("data/translation/test.src").read_text(encoding="utf-8").splitlines() if s.strip()][:6]
+    k = config.decode.beam
+    bf16 = decoding_precision("bf16", torch.device("cpu"))
+    for sentence in sources:  # one at a time: the search's output is then this sentence's
+        searched.clear()
+        (options,) = translation.translate(model, spm, [sentence], decode=config.decode, n_best=k, precision=bf16)
+        (n_best, (hyps,)) = searched
+        assert n_best == k  # every finished hypothesis, whatever n_best
+        assert sorted(t for t, _ in options) == sorted(spm.tgt.decode(h.tokens) for h in hyps)
+        assert [score for _, score in options] == sorted((score for _, score in options), reverse=True)
+        src = torch.tensor([spm.src.encode(sentence) + [spm.eos_id]])
+        for hyp in hyps:
+            with torch.no_grad():
+                logits = model(src, torch.tensor([[spm.bos_id] + hyp.tokens]))[0]
+            gold = torch.tensor(hyp.tokens + [spm.eos_id])
+            log_prob = torch.log_softmax(logits.float(), -1)[torch.arange(len(gold)), gold].sum().item()
+            expected = log_prob / (len(hyp.tokens) + 1) ** config.decode.length_penalty
+            assert dict(options)[spm.tgt.decode(hyp.tokens)] == pytest.approx(expected, abs=1e-5)
+
+
 def test_decode_step_projects_to_the_vocabulary_in_fp32_under_autocast(legacy):
     """bf16 logits keep about three significant digits, enough to flip a close choice of the beam: the
     output projection of a decoding step runs in fp32 whatever the autocast around it."""

@@ -181,6 +181,24 @@ def greedy_search(
     )
 
 
+def rescore(hypotheses: list[Hypothesis], positional_scores: list[list[float]], *, length_penalty: float = 1.0,
+            length_penalty_style: str = "fairseq") -> list[Hypothesis]:
+    """The same outputs scored again: ``positional_scores[i]`` are the log-probs of ``hypotheses[i]``'s tokens
+    then EOS under another model (or the same in another precision). Ranked by the new length-normalised score,
+    best first; ties keep the given order."""
+    if length_penalty_style not in LENGTH_PENALTY_STYLES:
+        raise ValueError(f"length_penalty_style must be one of {LENGTH_PENALTY_STYLES}, got {length_penalty_style!r}")
+    penalty = _penalty_fn(length_penalty, length_penalty_style)
+    out = []
+    for hypothesis, positional in zip(hypotheses, positional_scores, strict=True):
+        if len(positional) != len(hypothesis.tokens) + 1:
+            raise ValueError(f"{len(positional)} scores for {len(hypothesis.tokens)} tokens and EOS")
+        total = sum(positional)
+        out.append(Hypothesis(tokens=hypothesis.tokens, score=total / penalty(len(hypothesis.tokens) + 1),
+                              log_prob=total, positional_scores=list(positional)))
+    return sorted(out, key=lambda h: -h.score)
+
+
 def _check_arguments(*, batch_size: int, beam_size: int, eos: int, pad: int, max_lengths: Tensor, style: str,
                      n_best: int, min_length: int) -> None:
     if batch_size < 1 or beam_size < 1:

@@ -16,7 +16,7 @@ from sanlab.config import DecodeConfig, TranslationConfig
 from sanlab.data.batching import EpochPlan, TokenBatchSampler, pad_batch
 from sanlab.data.parallel import read_parallel
 from sanlab.data.subword import SubwordPair
-from sanlab.decoding.search import beam_search
+from sanlab.decoding.search import Hypothesis, beam_search, rescore
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
@@ -174,7 +174,10 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
 
     ``precision`` (default fp32): the model's encoder pass and decoder steps run under its autocast; the
     step's output projection and log-softmax (``Seq2Seq.decode_step``) and the beam search's scores stay in
-    fp32, and the weights are cast once per batch (``Precision.cast_cache``).
+    fp32, and the weights are cast once per batch (``Precision.cast_cache``). In bf16 the search keeps all its
+    finished hypotheses (up to ``decode.beam``), and the fp32 model scores them again in one teacher-forced
+    pass and chooses among them (``rescore_in_fp32``): bf16's rounding (about 3 significant digits) otherwise
+    decides between near-equal hypotheses differently from fp32, and the scores returned are fp32's.
 
     An empty sentence has nothing to translate and gets an empty translation (score 0). A sentence longer
     than the model accepts (``model.max_positions``) is a DataError naming its line of ``source``; the
@@ -203,15 +206,38 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
         src = to_device(src, model_device(model))  # the search's state follows max_lengths' device
         src_len = src.ne(spm.pad_id).sum(-1)
         max_lengths = max_output_lengths(src_len, decode, limit)
+        again = precision.name != "fp32"  # then the search keeps every finished hypothesis for fp32 to choose
         with precision.cast_cache():  # the weights cast to bf16 once per batch, not at every step
             with precision.autocast():
                 state = model.start_decoding(src)
             hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
                                bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
-                               length_penalty=decode.length_penalty, n_best=max(n_best, 1))
+                               length_penalty=decode.length_penalty, n_best=decode.beam if again else max(n_best, 1))
+        if again:
+            hyps = [h[:max(n_best, 1)] for h in rescore_in_fp32(model, src, hyps, spm=spm, decode=decode)]
         for k, nbest in zip(chunk, hyps):
             results[k] = [(spm.tgt.decode(h.tokens), h.score) for h in nbest]
     return [r[0][0] if r else "" for r in results] if n_best == 1 else results
+
+
+def rescore_in_fp32(model: Seq2Seq, src: Tensor, hyps: list[list[Hypothesis]], *, spm: SubwordPair,
+                    decode: DecodeConfig) -> list[list[Hypothesis]]:
+    """Each sentence's hypotheses (``src`` [B, S] its sources) scored by ``model`` in fp32, teacher-forced, in
+    chunks of ``decode.batch_sentences`` hypotheses, and ranked by that score (``search.rescore``)."""
+    rows = [(b, h) for b, nbest in enumerate(hyps) for h in nbest]
+    positional: list[list[float]] = []
+    for start in range(0, len(rows), decode.batch_sentences):
+        part = rows[start:start + decode.batch_sentences]
+        tgt_in, _ = pad_batch([[spm.bos_id] + h.tokens for _, h in part], spm.pad_id)
+        gold, _ = pad_batch([h.tokens + [spm.eos_id] for _, h in part], spm.pad_id)
+        sources = src.index_select(0, torch.tensor([b for b, _ in part], device=src.device))
+        logits = model(sources, tgt_in.to(src.device)).float()  # [n, L, V], outside any autocast
+        token_lp = F.log_softmax(logits, dim=-1).gather(2, gold.to(src.device).unsqueeze(2)).squeeze(2).tolist()
+        positional += [lp[:len(h.tokens) + 1] for lp, (_, h) in zip(token_lp, part)]
+    out: list[list[Hypothesis]] = [[] for _ in hyps]
+    for (b, _), lp in zip(rows, positional):
+        out[b].append(lp)
+    return [rescore(nbest, scores, length_penalty=decode.length_penalty) for nbest, scores in zip(hyps, out)]
 
 
 def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordPair]:
