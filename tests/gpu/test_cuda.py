@@ -143,6 +143,15 @@ def test_beam_search_syncs_with_the_host_once_per_step_on_cuda(cfg):
     assert len(marks) >= 5 and all(len(s) == 1 for s in syncs), [len(s) for s in syncs]
 
 
+def test_adamw_runs_fused_on_cuda_only():
+    from sanlab.config import TrainConfig
+    from sanlab.training.loop import build_optimizer
+
+    model = _seq2seq([])
+    assert build_optimizer(model, TrainConfig()).param_groups[0]["fused"] is True
+    assert build_optimizer(model.cpu(), TrainConfig()).param_groups[0]["fused"] is None
+
+
 def test_the_same_weights_give_the_same_outputs_on_cpu_and_cuda():
     model = _seq2seq([{"type": "window", "size": 5, "layers": [0]}]).cpu()
     src, tgt = torch.randint(4, 50, (2, 13)), torch.randint(4, 50, (2, 8))

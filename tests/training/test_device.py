@@ -127,7 +127,8 @@ def test_env_command_and_the_train_log_say_what_produced_a_result(tmp_path, tiny
 
 def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_translation):
     """state.pt of a CUDA run holds CUDA tensors (optimizer moments): it must load here, not count as damaged
-    (which would skip it and delete it). Simulated by saving the state with CUDA location tags."""
+    (which would skip it and delete it). Simulated by saving the state with CUDA location tags, and with the
+    optimizer's groups saying fused, as AdamW is on CUDA (``build_optimizer``): the CPU resumes with it."""
     from torch import serialization
 
     from sanlab.files import read_json, write_json
@@ -137,6 +138,9 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_transla
     train_run(tiny_translation(max_steps=4, valid_every=2), run, quiet=True)
     newest = run / "checkpoints" / "step-00000004"
     state = load_state(newest)
+    for group in state["optimizer"]["param_groups"]:
+        assert group["fused"] is None  # on the CPU, torch's default
+        group["fused"] = True
     real_tag = serialization.location_tag
     serialization.location_tag = lambda storage: "cuda:0"
     try:
