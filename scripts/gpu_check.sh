@@ -3,11 +3,13 @@
 # each end well within 10 minutes, so whoever next has a GPU at hand verifies it in one sitting:
 #   1. sanlab env                      what the numbers below ran on
 #   2. pytest -m gpu                   plans == dense on CUDA (fp32, bf16), cached == full decoding, CPU == CUDA,
-#                                      a bf16 run end to end, fp16 resume bit-exact
+#                                      a bf16 run end to end, fp16 resume bit-exact, beam search syncs once a step,
+#                                      AdamW fused
 #   3. the benchmarks on the device    training step (vanilla vs nn.Transformer, fp32 and bf16) and the window
 #                                      plans (dense, SDPA + mask, banded, FlexAttention) with peak memory;
 #                                      every CSAN Table 1 variant at Transformer-Base size in bf16, eager and
-#                                      compiled, tokens/s and MFU (bench/gpu.py); beam-5 decoding with and
+#                                      compiled, tokens/s and MFU (bench/gpu.py), then a torch.profiler
+#                                      breakdown of each row ($REPORT_DIR/gpu-profile/profile.md); beam-5 decoding with and
 #                                      without the cache (bench/decode_speed.py)
 #   4. Multi30k vanilla in bf16        the CPU recipe on cuda, resumable: rerun to continue; evaluated on
 #                                      test_2016_flickr once it has trained its 3,000 updates
