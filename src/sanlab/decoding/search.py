@@ -30,9 +30,9 @@ depend on the other sentences in the batch. (One mixer does not: Block attention
 **One host read per step.** On a GPU every read of a tensor's value on the host (``bool(t)``,
 ``.tolist()``, ``.nonzero()``, boolean indexing) waits for the device to finish its queue, and the
 device then idles while Python prepares the next step. So the search keeps its bookkeeping on the
-device: finished hypotheses are written into preallocated tensors by index (``_Finished``), ties are
-broken with ``searchsorted`` instead of ``nonzero``, and each step copies one small vector to the
-host: which sentences are done, and whether the step returned NaN or +inf. The hypotheses are read
+device: finished hypotheses are written into preallocated tensors by index (``_Finished``), the
+top-k's ties are broken by a second ``topk`` over integer keys instead of ``nonzero``, and each step
+copies one small vector to the host: which sentences are done, and whether the step returned NaN or +inf. The hypotheses are read
 once, at the end. (``tests/decoding/test_beam_search.py`` counts these reads.)
 """
 
@@ -193,10 +193,14 @@ def rescore(hypotheses: list[Hypothesis], positional_scores: list[list[float]], 
     for hypothesis, positional in zip(hypotheses, positional_scores, strict=True):
         if len(positional) != len(hypothesis.tokens) + 1:
             raise ValueError(f"{len(positional)} scores for {len(hypothesis.tokens)} tokens and EOS")
-        total = sum(positional)
-        out.append(Hypothesis(tokens=hypothesis.tokens, score=total / penalty(len(hypothesis.tokens) + 1),
-                              log_prob=total, positional_scores=list(positional)))
+        out.append(_scored(hypothesis.tokens, list(positional), sum(positional), penalty))
     return sorted(out, key=lambda h: -h.score)
+
+
+def _scored(tokens: list[int], positional: list[float], total: float, penalty: Callable[[int], float]) -> Hypothesis:
+    """A hypothesis with its log-prob ``total`` and its score, normalised by the penalty of tokens + EOS."""
+    return Hypothesis(tokens=tokens, score=total / penalty(len(tokens) + 1), log_prob=total,
+                      positional_scores=positional)
 
 
 def _check_arguments(*, batch_size: int, beam_size: int, eos: int, pad: int, max_lengths: Tensor, style: str,
@@ -347,8 +351,7 @@ class _Finished:
             found = []
             for row in range(s * k, s * k + n):
                 m = length[row]
-                found.append(Hypothesis(tokens=tokens[row][:m], score=total[row] / penalty(m + 1), log_prob=total[row],
-                                        positional_scores=positional[row][:m + 1]))
+                found.append(_scored(tokens[row][:m], positional[row][:m + 1], total[row], penalty))
             out.append(sorted(found, key=lambda h: -h.score)[:n_best])
         return out
 

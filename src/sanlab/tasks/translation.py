@@ -223,15 +223,19 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
 def rescore_in_fp32(model: Seq2Seq, src: Tensor, hyps: list[list[Hypothesis]], *, spm: SubwordPair,
                     decode: DecodeConfig) -> list[list[Hypothesis]]:
     """Each sentence's hypotheses (``src`` [B, S] its sources) scored by ``model`` in fp32, teacher-forced, in
-    chunks of ``decode.batch_sentences`` hypotheses, and ranked by that score (``search.rescore``)."""
+    chunks of ``decode.batch_sentences`` hypotheses, and ranked by that score (``search.rescore``). The batch
+    is encoded once, as the search encoded it; each hypothesis reads its sentence's memory."""
     rows = [(b, h) for b, nbest in enumerate(hyps) for h in nbest]
+    memory, memory_valid = model.encode(src)  # outside any autocast: fp32
     positional: list[list[float]] = []
     for start in range(0, len(rows), decode.batch_sentences):
         part = rows[start:start + decode.batch_sentences]
         tgt_in, _ = pad_batch([[spm.bos_id] + h.tokens for _, h in part], spm.pad_id)
         gold, _ = pad_batch([h.tokens + [spm.eos_id] for _, h in part], spm.pad_id)
-        sources = src.index_select(0, torch.tensor([b for b, _ in part], device=src.device))
-        logits = model(sources, tgt_in.to(src.device)).float()  # [n, L, V], outside any autocast
+        index = torch.tensor([b for b, _ in part], device=src.device)
+        logits, _ = model.decode(tgt_in.to(src.device), memory=memory.index_select(0, index),
+                                 memory_valid=memory_valid.index_select(0, index))
+        logits = logits.float()  # [n, L, V]
         token_lp = F.log_softmax(logits, dim=-1).gather(2, gold.to(src.device).unsqueeze(2)).squeeze(2).tolist()
         positional += [lp[:len(h.tokens) + 1] for lp, (_, h) in zip(token_lp, part)]
     out: list[list[Hypothesis]] = [[] for _ in hyps]
