@@ -48,6 +48,7 @@ def _time(trainer: Trainer, groups: cycle, updates: int) -> float:
     start = time.perf_counter()
     for _ in range(updates):
         trainer.update(next(groups))
+    trainer.settle()  # an update does not wait for the device; this read does (and stops on a NaN)
     return time.perf_counter() - start
 
 

@@ -1,5 +1,7 @@
 """Small builders shared by tests (imported as ``tests_helpers``; tests/ is on sys.path via conftest)."""
 
+import contextlib
+
 import torch
 
 from sanlab.config import Seq2SeqConfig, StackConfig
@@ -49,6 +51,16 @@ class HostReads(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.events: list[str] = []
+        self._ignoring = 0
+
+    @contextlib.contextmanager
+    def ignoring(self):
+        """Record nothing inside (host-side work whose reads are of host tensors, which never wait on a GPU)."""
+        self._ignoring += 1
+        try:
+            yield
+        finally:
+            self._ignoring -= 1
 
     def mark(self, label: str = "step") -> None:
         self.events.append(label)
@@ -58,7 +70,8 @@ class HostReads(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
-        if name in self.NAMES or (name in ("__getitem__", "__setitem__") and _has_bool_index(args)):
+        if not self._ignoring and (name in self.NAMES
+                                   or (name in ("__getitem__", "__setitem__") and _has_bool_index(args))):
             self.events.append(name)
         return func(*args, **(kwargs or {}))
 

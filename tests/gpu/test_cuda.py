@@ -5,6 +5,7 @@
     decoding     step-by-step decoding with the cache == the full forward on CUDA, for every decoder-capable part;
                  beam search syncs with the host once per step (the CPU tests count host reads; this counts syncs)
     training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact;
+                 an update never syncs with the host (fp32, bf16, fp16);
                  `analyze attention --device cuda` gives the map it gives on the CPU
     cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
 """
@@ -141,6 +142,33 @@ def test_beam_search_syncs_with_the_host_once_per_step_on_cuda(cfg):
     syncs = [[e for e in events[a + 1:b] if "synchroniz" in str(getattr(e, "message", ""))]
              for a, b in zip(marks, marks[1:])]
     assert len(marks) >= 5 and all(len(s) == 1 for s in syncs), [len(s) for s in syncs]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_training_update_never_syncs_with_the_host_on_cuda(tmp_path, tiny_translation, monkeypatch, precision):
+    """Issue 24: the loss, gradient norm and fp16's overflow stay on the device (``training.interval``); the loop
+    reads them every ``log_every`` updates. ``set_sync_debug_mode`` warns at every sync inside updates 3 to 8
+    (the first two may sync while cuBLAS and the caching allocator warm up); the loop's reads come between."""
+    from sanlab.training import loop
+
+    update, syncs = loop.Trainer.update, []
+
+    def watched(self, group):
+        if self.progress.step < 2:
+            return update(self, group)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return update(self, group)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
+
+    monkeypatch.setattr(loop.Trainer, "update", watched)
+    train_run(tiny_translation(max_steps=8, log_every=4, valid_every=8, device="cuda", precision=precision),
+              tmp_path / "run", quiet=True)
+    assert len(syncs) == 6 and not any(syncs), syncs
 
 
 def test_adamw_runs_fused_on_cuda_only():

@@ -228,9 +228,10 @@ def test_pad_rows_of_the_word_and_char_tables_train_only_in_the_reproduce_profil
 
 
 def test_char_cnn_on_distinct_words_equals_every_slot_in_values_and_gradients():
-    """The fast path (each distinct character sequence once, gathered back) against the reference
-    (every word slot of the batch), with repeats and padding words as in a real batch."""
-    from sanlab.models.tagger import CharCNN
+    """The fast path (each distinct character sequence once, gathered back; found in the forward or brought
+    by the batch, as ``encode_batch`` does) against the reference (every word slot of the batch), with repeats
+    and padding words as in a real batch."""
+    from sanlab.models.tagger import CharCNN, CharWords
 
     g = torch.Generator().manual_seed(0)
     chars = torch.randint(1, 9, (4, 7, 6), generator=g)
@@ -239,18 +240,20 @@ def test_char_cnn_on_distinct_words_equals_every_slot_in_values_and_gradients():
     chars[3, 5] = chars[0, 0]
     chars[2, 4:] = 0                                  # padding words
     results = []
-    for distinct in (False, True):
+    for distinct, brought in ((False, None), (True, None), (True, CharWords.of(chars))):
         torch.manual_seed(1)
         cnn = CharCNN(num_chars=9, dim=8, filters=5, width=3, layers=2, train_pad_row=True).double()
         cnn.distinct_words = distinct
-        out = cnn(chars)
+        out = cnn(chars, brought)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
         results.append((out, {n: p.grad.clone() for n, p in cnn.named_parameters()}))
-    (ref, ref_grads), (fast, fast_grads) = results
-    assert fast.shape == (4, 7, 5)
-    torch.testing.assert_close(fast, ref)
-    for name in ref_grads:
-        torch.testing.assert_close(fast_grads[name], ref_grads[name], msg=name)
+    (ref, ref_grads), *fast_paths = results
+    assert CharWords.of(chars).distinct.shape[0] < 4 * 7  # the repeats are run once
+    for fast, fast_grads in fast_paths:
+        assert fast.shape == (4, 7, 5)
+        torch.testing.assert_close(fast, ref)
+        for name in ref_grads:
+            torch.testing.assert_close(fast_grads[name], ref_grads[name], msg=name)
 
 
 def test_char_cnn_on_distinct_words_keeps_bf16_gradients_of_frequent_words():

@@ -391,8 +391,9 @@ def test_a_non_finite_gradient_norm_stops_without_saving(tmp_path, tiny_translat
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=3), run, quiet=True)
     clip = loop.Trainer._clip
-    monkeypatch.setattr(loop.Trainer, "_clip", lambda self: float("inf") if self.progress.step == 4 else clip(self))
-    with pytest.raises(TrainingError, match=r"gradient norm is inf at update 5; stopping without saving it\. "
+    monkeypatch.setattr(loop.Trainer, "_clip", lambda self: torch.tensor(float("inf")) if self.progress.step == 4
+                        else clip(self))
+    with pytest.raises(TrainingError, match=r"gradient norm is inf at update 5 \(epoch \d+\); stopping without saving it\. "
                                             r"Last good checkpoint: .*step-00000003"):
         train_run(tiny_translation(max_steps=9), run, quiet=True)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000003"]

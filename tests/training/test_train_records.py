@@ -15,7 +15,7 @@ def test_train_loss_record_is_the_mean_over_the_updates_since_the_last_one(tmp_p
 
     def recording(self, group):
         loss, tokens = update(self, group)
-        seen.append(loss)
+        seen.append(float(loss))
         return loss, tokens
 
     monkeypatch.setattr(loop.Trainer, "update", recording)
@@ -25,6 +25,59 @@ def test_train_loss_record_is_the_mean_over_the_updates_since_the_last_one(tmp_p
     train = [(r["step"], r["loss"]) for r in records if r["split"] == "train"]
     assert [s for s, _ in train] == [3, 6]
     assert [loss for _, loss in train] == pytest.approx([sum(seen[:3]) / 3, sum(seen[3:6]) / 3])
+
+
+def _tiny_tagging(root, **train):
+    from sanlab.config import validate
+    from sanlab.data.synthetic import write_tagging_corpus
+
+    write_tagging_corpus(root / "data", seed=2, sizes={"train": 60, "dev": 20, "test": 20})
+    return validate({"task": "tagging", "data": {"train": str(root / "data" / "train.conllu"),
+                                                 "dev": str(root / "data" / "dev.conllu")},
+                     "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                               "encoder": {"layers": 1}},
+                     "train": {"progress": False, "batch_size": 8, **train}}, source="test")
+
+
+@pytest.mark.parametrize("task,precision", [("translation", "fp32"), ("translation", "fp16"), ("tagging", "fp32")])
+def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(tmp_path, tiny_translation,
+                                                                               monkeypatch, task, precision):
+    """Issue 24: nothing in an update waits for the device; the loss, the gradient norm and fp16's skipped
+    updates are read together every ``log_every`` updates (and at validation). On the CPU a read is free, so
+    ``HostReads`` records the operations that would wait on a GPU. Left out, as they read host tensors only:
+    translation's collation of a batch (Python lists to CPU tensors, then copied to the device; the tagger's
+    batches are made before the update) and torch's unfused AdamW, which reads its CPU step counters (CUDA runs
+    the fused one, which reads nothing)."""
+    from sanlab.tasks.translation import TranslationTask
+    from sanlab.training import loop
+    from tests_helpers import HostReads
+
+    update, settle, read = loop.Trainer.update, loop.Trainer.settle, TranslationTask.read
+    seen, reads, settled = HostReads(), [], []
+
+    def watched_update(self, group):
+        step = self.optimizer.step
+        self.optimizer.step = lambda *a, **k: _ignored(step, *a, **k)
+        with seen:
+            result = update(self, group)
+        reads.append(seen.reads())
+        seen.events.clear()
+        return result
+
+    def _ignored(fn, *args, **kwargs):
+        with seen.ignoring():
+            return fn(*args, **kwargs)
+
+    monkeypatch.setattr(TranslationTask, "read", lambda self, batch: _ignored(read, self, batch))
+    monkeypatch.setattr(loop.Trainer, "update", watched_update)
+    monkeypatch.setattr(loop.Trainer, "settle", lambda self: settled.append(self.progress.step) or settle(self))
+    make = tiny_translation if task == "translation" else lambda **train: _tiny_tagging(tmp_path, **train)
+    train_run(make(max_steps=8, log_every=4, valid_every=8, precision=precision), tmp_path / "run", quiet=True)
+    if precision == "fp32":
+        assert reads == [[]] * 8
+    else:  # GradScaler.step reads its overflow flag before an unfused optimizer's step (not before CUDA's fused)
+        assert reads == [["item"]] * 8
+    assert settled == [4, 8, 8]  # two log records; the validation settles again (nothing new, so no wait)
 
 
 def test_tagging_dev_loss_is_the_nll_whatever_the_training_label_smoothing(tmp_path):

@@ -8,6 +8,8 @@ tags  = softmax(W [embed ; h] + b)        (the classifier also sees the embeddin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -17,6 +19,23 @@ from sanlab.layers.transformer import Encoder
 from sanlab.models.embeddings import LearnedPositions, position_vectors
 
 POSITION_MODES = ("add", "concat", "none")
+
+
+@dataclass(frozen=True)
+class CharWords:
+    """A batch's words as the character CNN reads them: each distinct character sequence once, and which of
+    them each word slot is. Made on the host with the batch (``tasks.tagging.encode_batch``): ``torch.unique``'s
+    output size depends on the values, so on a GPU it would make every forward wait for the device."""
+
+    distinct: Tensor  # [u, c] char ids
+    index: Tensor     # [b, t] row of ``distinct`` for each word slot
+
+    @staticmethod
+    def of(chars: Tensor) -> "CharWords":
+        """chars [b, t, c] -> its distinct words."""
+        b, t, c = chars.shape
+        distinct, index = torch.unique(chars.reshape(b * t, c), dim=0, return_inverse=True)
+        return CharWords(distinct, index.view(b, t))
 
 
 class CharCNN(nn.Module):
@@ -42,17 +61,17 @@ class CharCNN(nn.Module):
         self.out_dim = filters if layers else dim
         self.distinct_words = True
 
-    def forward(self, chars: Tensor) -> Tensor:
-        """chars [b, t, c] -> word vectors [b, t, filters]."""
+    def forward(self, chars: Tensor, distinct: CharWords | None = None) -> Tensor:
+        """chars [b, t, c] -> word vectors [b, t, filters]; ``distinct`` is ``CharWords.of(chars)`` when the batch
+        brings it (else made here)."""
         b, t, c = chars.shape
-        flat = chars.reshape(b * t, c)  # [b*t, c]
         if not self.distinct_words:
-            return self._words(flat).view(b, t, -1)
-        distinct, index = torch.unique(flat, dim=0, return_inverse=True)  # [u, c], [b*t]
-        words = self._words(distinct)  # [u, filters]
+            return self._words(chars.reshape(b * t, c)).view(b, t, -1)
+        distinct = CharWords.of(chars) if distinct is None else distinct
+        words = self._words(distinct.distinct)  # [u, filters]
         # gathered in fp32: the backward sums the gradients of every repeat (thousands of "<PAD>" slots
         # without the padding mask), which a bf16 sum under autocast would lose
-        return words.float()[index].to(words.dtype).view(b, t, -1)  # [b, t, filters]
+        return words.float()[distinct.index].to(words.dtype)  # [b, t, filters]
 
     def _words(self, chars: Tensor) -> Tensor:
         x = self.embed(chars).transpose(1, 2)  # [n, dim, c]
@@ -99,17 +118,19 @@ class Tagger(nn.Module):
         """
         return None if self.mask_padding else self.max_len
 
-    def embed(self, words: Tensor, chars: Tensor, positions: Positions) -> Tensor:
+    def embed(self, words: Tensor, chars: Tensor, positions: Positions, char_words: CharWords | None = None) -> Tensor:
         w = self.word_embed(words)  # [b, t, word_dim]
         if self.position_mode != "none":
             table = position_vectors(self.positions, positions)[None]  # [1, t, pos_dim]
             w = w + table if self.position_mode == "add" else torch.cat([w, table.expand(w.shape[0], -1, -1)], dim=-1)
-        return torch.cat([w, self.char_cnn(chars)], dim=-1)  # [b, t, model_dim]
+        return torch.cat([w, self.char_cnn(chars, char_words)], dim=-1)  # [b, t, model_dim]
 
-    def forward(self, words: Tensor, chars: Tensor, *, traces: list | None = None) -> Tensor:
-        """words [b, t] (0 = pad), chars [b, t, c] -> tag logits [b, t, num_tags]."""
+    def forward(self, words: Tensor, chars: Tensor, *, char_words: CharWords | None = None,
+                traces: list | None = None) -> Tensor:
+        """words [b, t] (0 = pad), chars [b, t, c] -> tag logits [b, t, num_tags]; ``char_words``: the batch's
+        ``CharWords.of(chars)``, when it brings it."""
         valid = words.ne(0) if self.mask_padding else None
         positions = Positions.self_attention(valid, length=words.shape[1], device=words.device)
-        e = self.embed(words, chars, positions)
+        e = self.embed(words, chars, positions, char_words)
         h = self.encoder(e, positions=positions, traces=traces)
         return self.classifier(torch.cat([e, h], dim=-1) if self.classifier_sees_embedding else h)

@@ -18,7 +18,7 @@ from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
-from sanlab.models.tagger import Tagger
+from sanlab.models.tagger import CharWords, Tagger
 from sanlab.training.device import Precision, model_device, to_device
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
@@ -74,6 +74,7 @@ class TagBatch:
     chars: Tensor   # [b, t, c] char ids
     tags: Tensor    # [b, t] tag ids, -100 at padding
     tokens: int
+    char_words: CharWords | None = None  # the distinct words of ``chars``, found on the host (models.tagger)
 
 
 PAD_WORD = "<PAD>"  # how the reference spells a padding word to its character CNN (spec C.10)
@@ -100,7 +101,7 @@ def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars:
             chars[b, i] = 0
             chars[b, i, :len(w[:max_chars])] = torch.tensor(char_ids(vocab, w[:max_chars]))
             tags[b, i] = vocab.tag_id.get(tag, unknown)
-    return TagBatch(words, chars, tags, tokens=int(sum(len(s.words) for s in sents)))
+    return TagBatch(words, chars, tags, tokens=int(sum(len(s.words) for s in sents)), char_words=CharWords.of(chars))
 
 
 def char_ids(vocab: TaggingVocab, word: str) -> list[int]:
@@ -149,7 +150,7 @@ class TaggingTask:
              label_smoothing: float | None = None) -> Tensor:
         model = self.model if model is None else model
         batch = to_device(batch, model_device(model))  # validation's batches are built on the CPU
-        logits = model(batch.words, batch.chars)  # [b, t, tags]
+        logits = model(batch.words, batch.chars, char_words=batch.char_words)  # [b, t, tags]
         ls = self.config.train.label_smoothing if label_smoothing is None else label_smoothing
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tags.flatten(), ignore_index=-100,
                                label_smoothing=ls, reduction="sum")
@@ -185,7 +186,7 @@ def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence]
         batch = to_device(encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars, pad_to=model.pad_to),
                           model_device(model))
         with precision.autocast():
-            logits = model(batch.words, batch.chars)  # [b, t, tags]
+            logits = model(batch.words, batch.chars, char_words=batch.char_words)  # [b, t, tags]
         pred = logits.float().argmax(-1).tolist()  # [b, t], one copy to the host
         out += [[vocab.tags[p] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
     return out

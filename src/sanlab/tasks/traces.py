@@ -84,7 +84,7 @@ def tagging_trace(model, vocab, config, *, sentence: str, layer: int) -> LayerTr
     batch = to_device(encode_batch(vocab, [TaggedSentence(tuple(words), ("_",) * len(words))],
                                    max_chars=config.model.max_word_chars, pad_to=model.pad_to), model_device(model))
     traces: list = []
-    model(batch.words, batch.chars, traces=traces)
+    model(batch.words, batch.chars, char_words=batch.char_words, traces=traces)
     # without the padding mask the chunk is padded to t and attends over it: the map shows that padding
     labels = words + [PAD_WORD] * (batch.words.shape[1] - len(words))
     return LayerTrace(_pick(traces, layer, "encoder"), labels, labels, None)

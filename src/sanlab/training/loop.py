@@ -31,6 +31,7 @@ from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import Precision, check_loss_scale, to_device
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed
+from sanlab.training.interval import DeviceInterval, Settled
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 from sanlab.training.schedule import learning_rate
@@ -46,6 +47,16 @@ class TrainTask(Protocol):
     def loss(self, batch: Any, *, model: nn.Module | None = None) -> Tensor: ...
     # ^ summed over the batch's tokens; computed with ``model`` (the DDP wrapper) when given
     def validate(self) -> dict[str, float]: ...
+
+
+@dataclass
+class SinceLog:
+    """The updates since the last "train" record (its loss is their mean, its speed theirs)."""
+
+    loss_sum: float = 0.0
+    updates: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
 
 
 @dataclass
@@ -100,7 +111,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, keep_best=config.keep_best, keep_last=config.keep_last,
                                              higher_is_better=task.higher_is_better, writer=self.dist.is_main)
         self.progress = Progress()
-        self._interval = [0.0, 0]  # loss sum and updates since the last train record (logged as their mean)
+        self.interval = DeviceInterval(self.device, distributed=self.dist.enabled)  # read by settle
+        self._since_log = SinceLog()  # what the next "train" record averages
         self.last_good: Path | None = None  # the newest checkpoint that loaded and validated, or this run saved
 
     # ------------------------------------------------------------------ resume
@@ -163,9 +175,11 @@ class Trainer:
         self.last_good = self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update
-    def update(self, group: list[Any]) -> tuple[float, int]:
-        """One optimizer step over ``group`` (the accumulated batches of all processes); loss per token
-        and tokens. Every process knows the whole group, so the normaliser needs no communication."""
+    def update(self, group: list[Any]) -> tuple[Tensor, int]:
+        """One optimizer step over ``group`` (the accumulated batches of all processes); this process's loss per
+        token (a tensor on the device) and the group's tokens. Every process knows the whole group, so the
+        normaliser needs no communication. Nothing here waits for the device: the loss and the gradient norm
+        go to ``self.interval``, which the loop reads every ``log_every`` updates (``training.interval``)."""
         cfg, p = self.config, self.progress
         lr = learning_rate(p.step + 1, kind=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                            warmup_init_lr=cfg.warmup_init_lr)
@@ -175,8 +189,7 @@ class Trainer:
         mine = self.dist.shard(group)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        # the loss is summed on the device (float64: the same sum as Python floats) and read once per update, so
-        # the host waits for the device once, not after every micro-batch; a non-finite loss makes the sum so
+        # summed on the device in float64 (the same sum as Python floats); a non-finite loss makes the sum so
         summed = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, batch in enumerate(mine):
             batch = to_device(batch, self.device)
@@ -187,21 +200,12 @@ class Trainer:
                 scaled = loss * self.dist.world_size
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             summed += loss.detach().double()
-        total = float(summed)
-        # One collective per update whatever the number of micro-batches: every process decides alike.
-        total, bad = self.dist.sum(total, float(not math.isfinite(total)))
-        if bad:
-            raise TrainingError(f"loss is {total} at update {p.step + 1} (epoch {p.epoch}); stopping "
-                                f"without saving it. Last good checkpoint: {self.last_good}. "
-                                "Try a lower learning rate, longer warm-up or gradient clipping.")
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # true gradients for clipping; records an overflow
         grad_norm = self._clip()
-        if not math.isfinite(grad_norm) and self.scaler is None:
-            raise TrainingError(f"gradient norm is {grad_norm} at update {p.step + 1}; stopping without saving it. "
-                                f"Last good checkpoint: {self.last_good}.")
+        self.interval.add(p.step + 1, summed, grad_norm, overflow_skips=self.scaler is not None)
         try:
-            self._step(overflow=not math.isfinite(grad_norm))
+            self._step()
         except RuntimeError as err:
             if "overflow" not in str(err):
                 raise
@@ -210,7 +214,32 @@ class Trainer:
                                 f"without saving it. Last good checkpoint: {self.last_good}. Try a lower learning "
                                 "rate.") from None
         p.step += 1
-        return total, tokens
+        return summed, tokens
+
+    def settle(self) -> Settled:
+        """Read what the updates since the last read left on the device (``training.interval``); stop if one of
+        them went non-finite, before anything validates or saves its weights."""
+        p, settled = self.progress, self.interval.settle()
+        if settled.bad is not None:
+            what, step, value = settled.bad
+            raise TrainingError(f"{what} is {value} at update {step} (epoch {p.epoch}); stopping without saving it. "
+                                f"Last good checkpoint: {self.last_good}. "
+                                "Try a lower learning rate, longer warm-up or gradient clipping.")
+        p.skipped_updates += settled.skipped
+        self._since_log.loss_sum += settled.loss_sum
+        self._since_log.updates += settled.updates
+        check_loss_scale(self.scaler, step=p.step)
+        return settled
+
+    def _log_train(self, bar) -> None:
+        """The "train" record: the mean loss and the speed of the updates since the last one."""
+        since, self._since_log = self._since_log, SinceLog()
+        record = {"loss": since.loss_sum / max(since.updates, 1), "lr": self.optimizer.param_groups[0]["lr"],
+                  "tokens_per_s": since.tokens / max(since.seconds, 1e-9)}
+        if self.scaler is not None:
+            record.update(loss_scale=self.scaler.get_scale(), skipped_updates=self.progress.skipped_updates)
+        self.log.scalars("train", record, step=self.progress.step)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
 
     def _compiled(self, config: TrainConfig) -> tuple[nn.Module, GraphWatch | None]:
         """The module training runs forward through: under ``train.compile`` the (DDP-wrapped) model compiled."""
@@ -230,16 +259,15 @@ class Trainer:
         return self.graphs.call(lambda: self.task.loss(batch, model=self.forward_model),
                                 step=self.progress.step + 1, batch=batch)
 
-    def _step(self, *, overflow: bool) -> None:
+    def _step(self) -> None:
         """The optimizer step; under fp16 through the loss scaler, which skips an update whose gradients
-        overflowed (counted; the update still counts as a step, as in HF's Trainer) and adapts the scale."""
+        overflowed (counted by ``self.interval``; the update still counts as a step, as in HF's Trainer) and
+        adapts the scale."""
         if self.scaler is None:
             self.optimizer.step()
             return
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.progress.skipped_updates += int(overflow)
-        check_loss_scale(self.scaler, step=self.progress.step + 1)
 
     @contextlib.contextmanager
     def _unused_parameters_hint(self):
@@ -256,10 +284,11 @@ class Trainer:
                                 "--set train.find_unused_parameters=true"
                                 + (f" (unused: {', '.join(unused)})" if unused else "")) from None
 
-    def _clip(self) -> float:
+    def _clip(self) -> Tensor:
+        """The gradients' norm before clipping (a tensor: not read here)."""
         params = [q for q in self.model.parameters() if q.grad is not None]
         max_norm = self.config.clip_norm if self.config.clip_norm > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     def _saved_step(self) -> int | None:
         saved = self.checkpoints.all()
@@ -273,6 +302,7 @@ class Trainer:
         A validation off the ``valid_every`` schedule (the budget ends between two, or a session ends
         with unsaved updates) is checkpointed but leaves the early-stopping counters alone, so a run
         whose budget is raised on resume stops where one trained straight through would."""
+        self.settle()  # the updates since the loop's last read (none, on the loop's own schedule)
         p, rngs = self.progress, self.dist.gather(rng_state())
         self._check_weights_finite()
         if self.dist.is_main:
@@ -306,7 +336,9 @@ class Trainer:
     def _check_weights_finite(self) -> None:
         """A finite loss and gradient can still give non-finite weights (an overflowing step); they must
         never be validated or saved. Every process holds the same weights, so all of them stop alike."""
-        bad = [name for name, q in self.model.named_parameters() if not bool(torch.isfinite(q).all())]
+        named = list(self.model.named_parameters())
+        finite = torch.stack([torch.isfinite(q).all() for _, q in named]).tolist()  # one host read
+        bad = [name for (name, _), ok in zip(named, finite) if not ok]
         if bad:
             raise TrainingError(f"weights are not finite after update {self.progress.step} ({len(bad)} tensors, "
                                 f"e.g. {bad[0]}); stopping without saving them. Last good checkpoint: "
@@ -335,22 +367,23 @@ class Trainer:
                     p.position = len(batches)
                     break
                 t0 = time.monotonic()
-                loss, tokens = self.update(group)
-                p.train_seconds += time.monotonic() - t0
+                _, tokens = self.update(group)
                 p.train_tokens += tokens
                 p.position += len(group)
                 bar.update(len(group))
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
-                self._interval = [self._interval[0] + loss, self._interval[1] + 1]
-                if p.step % cfg.log_every == 0:
-                    mean_loss, self._interval = self._interval[0] / self._interval[1], [0.0, 0]
-                    record = {"loss": mean_loss, "lr": self.optimizer.param_groups[0]["lr"],
-                              "tokens_per_s": tokens / max(time.monotonic() - t0, 1e-9)}
-                    if self.scaler is not None:
-                        record.update(loss_scale=self.scaler.get_scale(), skipped_updates=p.skipped_updates)
-                    self.log.scalars("train", record, step=p.step)
                 stop = p.step >= cfg.max_steps
-                if cfg.valid_every and (p.step % cfg.valid_every == 0 or stop):
+                log = p.step % cfg.log_every == 0
+                validate = bool(cfg.valid_every) and (p.step % cfg.valid_every == 0 or stop)
+                epoch_validation = not cfg.valid_every and p.position >= len(batches)
+                if log or validate or epoch_validation:
+                    self.settle()  # the host waits for the device here, so this update's time includes the wait
+                seconds = time.monotonic() - t0
+                p.train_seconds += seconds
+                self._since_log.tokens += tokens
+                self._since_log.seconds += seconds
+                if log:
+                    self._log_train(bar)
+                if validate:
                     stop = self._validate(on_schedule=p.step % cfg.valid_every == 0) or stop
             bar.close()
             if p.position >= len(batches):
