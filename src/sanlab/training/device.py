@@ -125,7 +125,7 @@ def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> Non
     """Stop with advice, not a traceback, when fp16's loss scale has collapsed (fairseq's "minimum loss scale
     reached"): every recent update overflowed, so training no longer moves."""
     if scaler is not None and scaler.get_scale() < MIN_LOSS_SCALE:
-        raise TrainingError(f"fp16 loss scale fell below {MIN_LOSS_SCALE:g} at update {step}: the gradients overflow "
+        raise TrainingError(f"fp16 loss scale fell below {MIN_LOSS_SCALE:g} by update {step}: the gradients overflow "
                             "at every scale. Try train.precision=bf16, a lower train.lr, a longer warm-up, or "
                             "--set train.clip_norm=1.0")
 

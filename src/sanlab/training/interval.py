@@ -54,7 +54,8 @@ class DeviceInterval:
         not an error."""
         self.updates += 1
         self._loss += loss
-        values = torch.stack([loss.to(torch.float64), grad_norm.detach().to(torch.float64)])
+        # (the norm is a CPU tensor when no parameter has a gradient)
+        values = torch.stack([loss.to(torch.float64), grad_norm.detach().to(self.device, torch.float64)])
         bad = ~torch.isfinite(values)
         if overflow_skips:
             self._skipped += bad[1]
@@ -65,13 +66,12 @@ class DeviceInterval:
 
     def settle(self) -> Settled:
         """Read the interval (one host read; under torchrun summed over processes) and start a new one."""
-        sums = torch.stack([self._loss, self._skipped])
-        first = self._first.clone()
-        if self.distributed:
-            dist.all_reduce(sums)
+        loss, first = self._loss.clone(), self._first.clone()
+        if self.distributed:  # each process has its share of the loss; the gradients, so the norms, are the same
+            dist.all_reduce(loss)  # (and so are the skipped updates: not summed, which would count each N times)
             dist.all_reduce(first, op=dist.ReduceOp.MIN)
-        # loss and skipped, then the first bad update of each watched value: one transfer
-        loss_sum, skipped, *firsts = torch.cat([sums, first.to(torch.float64)]).tolist()
+        # the loss, the skipped updates, the first bad update of each watched value: one transfer
+        loss_sum, skipped, *firsts = torch.cat([loss[None], self._skipped[None], first.to(torch.float64)]).tolist()
         bad = None
         if any(f != NONE for f in firsts):  # stopping: the extra reads and collective cost nothing that matters
             which = min(range(len(WATCHED)), key=lambda i: firsts[i])

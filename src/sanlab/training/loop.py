@@ -209,6 +209,7 @@ class Trainer:
         except RuntimeError as err:
             if "overflow" not in str(err):
                 raise
+            self.settle()  # an earlier update that went non-finite is the one to name (every process is here)
             # a step size beyond float32 (e.g. train.lr=1e39): torch refuses it where a smaller one gives NaN
             raise TrainingError(f"the update at step {p.step + 1} overflows float32 (learning rate {lr:g}); stopping "
                                 f"without saving it. Last good checkpoint: {self.last_good}. Try a lower learning "
@@ -374,8 +375,7 @@ class Trainer:
                 stop = p.step >= cfg.max_steps
                 log = p.step % cfg.log_every == 0
                 validate = bool(cfg.valid_every) and (p.step % cfg.valid_every == 0 or stop)
-                epoch_validation = not cfg.valid_every and p.position >= len(batches)
-                if log or validate or epoch_validation:
+                if log or validate or stop or p.position >= len(batches):  # (an error then names the right epoch)
                     self.settle()  # the host waits for the device here, so this update's time includes the wait
                 seconds = time.monotonic() - t0
                 p.train_seconds += seconds
