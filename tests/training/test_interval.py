@@ -72,6 +72,7 @@ def _two_processes(rank: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes that import torch: ~5 s
 def test_under_torchrun_the_loss_is_summed_over_processes_and_all_of_them_stop_alike(tmp_path):
     mp.spawn(_two_processes, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
     results = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in (0, 1)]
