@@ -1124,4 +1124,10 @@ def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished
     assert time_left(longer, longer.cells) == (
         f"about {expected} of updates left for 4 cells, one at a time, at the speed of the 4 cells trained on this "
         "machine (by variant where there are some); validation and evaluation come on top")
-    assert describe_cells(longer, longer.cells).splitlines()[-1] == time_left(longer, longer.cells)
+    listing = describe_cells(longer, longer.cells).splitlines()
+    assert listing[-1] == time_left(longer, longer.cells)
+    for cell, line in zip(longer.cells, listing):  # each cell's own share, at its variant's speed
+        minutes = round(399_996 / (sum(speeds[cell.variant]) / 2) / 60)
+        own = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+        assert line.startswith(cell.label) and line.endswith(f"  ~{own} of updates"), line
+    assert not any("of updates" in line for line in describe_cells(finished, finished.cells).splitlines())

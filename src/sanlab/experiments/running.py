@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
+from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.experiments.cells import (
@@ -60,49 +61,64 @@ def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str
 
 
 def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
-    """The ``--dry-run`` listing: one line per cell with its state and run directory."""
+    """The ``--dry-run`` listing: one line per cell with its state, run directory and, for a cell with updates
+    left, how long they take here (``cells_time_left``), then the count and the total."""
     def state(cell: Cell) -> str:
         described, error = cell_state(cell, grid.spec.eval), read_failure(cell)
         failed = error and described.status != "evaluated"
         return described.describe() + (f" (last attempt failed: {error})" if failed else "")
 
-    rows = [(c.label, state(c), str(c.run_dir)) for c in cells]
-    width = [max(len(r[k]) for r in rows) for k in range(2)]
-    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d}" for a, b, d in rows]
+    left = cells_time_left(grid, cells)
+    rows = [(c.label, state(c), str(c.run_dir),
+             f"  ~{_duration(left[c.run_dir])} of updates" if c.run_dir in left else "") for c in cells]
+    width = [max(len(r[k]) for r in rows) for k in range(3)]
+    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d:<{width[2]}}{e}".rstrip() for a, b, d, e in rows]
     done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
     estimate = time_left(grid, cells)
     return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"] + ([estimate] if estimate else []))
 
 
-def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
-    """How long the updates of the chosen cells not yet trained will take on this machine, one cell at a time:
-    each cell's remaining steps at the median speed (updates per second of update time) of the grid's cells
-    trained on this machine, of its own variant where there are some. None when no cell was trained here or
-    nothing is left. Validation and evaluation come on top; cells side by side (``--jobs``) change the pace."""
-    here = machine()
-    speeds: dict[str, list[float]] = {}
-    for cell in grid.cells:
-        done = read_json(cell.layout.done) if cell.layout.done.is_file() else None
-        speed = last_speed(cell.run_dir) if done and done.get("machine") == here else None
-        if speed and speed["steps_per_s"] > 0:
-            speeds.setdefault(cell.variant, []).append(speed["steps_per_s"])
+def cells_time_left(grid: Grid, cells: Sequence[Cell]) -> dict[Path, float]:
+    """Seconds of updates each chosen cell not yet trained needs on this machine, by run directory: its remaining steps at the
+    median speed (updates per second of update time) of the grid's cells trained on this machine, of its own
+    variant where there are some. Empty when no cell was trained here. (A cell stopped before its end resumes
+    only where its run directory, checkpoints included, survives: pick cells that fit the time at hand.)"""
+    speeds = _speeds_here(grid)
     if not speeds:
-        return None
+        return {}
     overall = statistics.median(v for values in speeds.values() for v in values)
-    seconds, count = 0.0, 0
+    left = {}
     for cell in cells:
         state = cell_state(cell, grid.spec.eval)
         steps = max(cell.config.train.max_steps - (state.step or 0), 0) if state.status in ("pending", "training") \
             else 0
         if steps:
-            seconds += steps / statistics.median(speeds.get(cell.variant, [overall]))
-            count += 1
-    if not count:
+            left[cell.run_dir] = steps / statistics.median(speeds.get(cell.variant, [overall]))
+    return left
+
+
+def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
+    """How long the updates of the chosen cells not yet trained take on this machine, one cell at a time
+    (``cells_time_left``, summed). None when no cell was trained here or nothing is left. Validation and
+    evaluation come on top; cells side by side (``--jobs``) change the pace."""
+    left = cells_time_left(grid, cells)
+    if not left:
         return None
-    trained = sum(len(values) for values in speeds.values())
-    return (f"about {_duration(seconds)} of updates left for {count} cell{'s' if count > 1 else ''}, one at a time, at "
-            f"the speed of the {trained} cell{'s' if trained > 1 else ''} trained on this machine (by variant where "
-            "there are some); validation and evaluation come on top")
+    trained, count = sum(len(v) for v in _speeds_here(grid).values()), len(left)
+    return (f"about {_duration(sum(left.values()))} of updates left for {count} cell{'s' if count > 1 else ''}, one "
+            f"at a time, at the speed of the {trained} cell{'s' if trained > 1 else ''} trained on this machine (by "
+            "variant where there are some); validation and evaluation come on top")
+
+
+def _speeds_here(grid: Grid) -> dict[str, list[float]]:
+    """Updates per second of the grid's cells trained on this machine, by variant."""
+    here, speeds = machine(), {}
+    for cell in grid.cells:
+        done = read_json(cell.layout.done) if cell.layout.done.is_file() else None
+        speed = last_speed(cell.run_dir) if done and done.get("machine") == here else None
+        if speed and speed["steps_per_s"] > 0:
+            speeds.setdefault(cell.variant, []).append(speed["steps_per_s"])
+    return speeds
 
 
 def _duration(seconds: float) -> str:
