@@ -19,9 +19,11 @@ def test_resumed_run_equals_uninterrupted(tmp_path, tiny_translation):
     straight = tmp_path / "straight"
     train_run(tiny_translation(max_steps=7, accum_steps=2), straight, quiet=True)
     resumed = tmp_path / "resumed"
-    train_run(tiny_translation(max_steps=3, accum_steps=2), resumed, quiet=True)
+    first = train_run(tiny_translation(max_steps=3, accum_steps=2), resumed, quiet=True)
     summary = train_run(tiny_translation(max_steps=7, accum_steps=2), resumed, quiet=True)  # resumes at step 3
     assert summary["step"] == 7
+    # the update time of both sessions (saved with step 3's checkpoint), not only the last one's
+    assert summary["train_seconds"] > first["train_seconds"] > 0
     a, b = final_weights(straight), final_weights(resumed)
     assert a.keys() == b.keys()
     for name in a:

@@ -397,7 +397,9 @@ class Trainer:
         best = self._best_saved() if self.dist.is_main else p.best
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {best} "
                       f"({elapsed:.0f}s this session)")
-        return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed}
+        # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's
+        return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
+                "train_seconds": p.train_seconds}
 
     def _best_saved(self) -> float | None:
         """The best validation score of the saved checkpoints (the best ones are always kept), an
