@@ -105,3 +105,22 @@ def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_b
                                                 "global sdpa"]
     assert all(float(r[3]) > 0 for r in rows)
     assert "global sdpa / fastest 1D window plan:" in done.stdout
+
+
+@pytest.mark.slow
+def test_trainer_versions_bench_loads_another_revisions_loop_and_checks_the_weights(tmp_path):
+    """Against HEAD (the same loop.py, loaded as a module of its own): same weights, both rates reported."""
+    import yaml
+
+    from training_fixtures import make_reverse_config
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(make_reverse_config(tmp_path).model_dump(mode="json")))
+    out = tmp_path / "trainer.md"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "trainer_versions.py"), str(config), "--against", "HEAD",
+                    "--threads", "1", "--updates", "2", "--rounds", "2", "--out", str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    text = out.read_text()
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["at HEAD (reference)", "this checkout"] and rows[0][2] == "1.00"
+    assert "Weights bit-identical after each round: yes, yes." in text
