@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -38,19 +36,12 @@ import torch
 
 import sanlab.decoding.search as current
 import sanlab.tasks.translation as translation
+from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
 def load_revision(rev: str) -> ModuleType:
     """``sanlab/decoding/search.py`` as it is at git revision ``rev``, as a module of its own."""
-    source = subprocess.run(["git", "show", f"{rev}:src/sanlab/decoding/search.py"], check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "search_at_revision.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("search_at_revision", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return module_at_revision(rev, "src/sanlab/decoding/search.py", "search_at_revision")
 
 
 def bookkeeping(search: ModuleType, *, sentences: int, beam: int, vocab: int, length: int):

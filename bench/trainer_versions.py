@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,19 +33,12 @@ from sanlab.config import load_config
 from sanlab.runs import make_task
 from sanlab.training import loop as current
 from sanlab.training.logging import SilentLogger
+from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
 def load_revision(rev: str) -> ModuleType:
     """``sanlab/training/loop.py`` as it is at git revision ``rev``, as a module of its own."""
-    source = subprocess.run(["git", "show", f"{rev}:src/sanlab/training/loop.py"], check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "loop_at_revision.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("loop_at_revision", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return module_at_revision(rev, "src/sanlab/training/loop.py", "loop_at_revision")
 
 
 def _parse() -> argparse.Namespace:

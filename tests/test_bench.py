@@ -124,3 +124,12 @@ def test_trainer_versions_bench_loads_another_revisions_loop_and_checks_the_weig
     rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["at HEAD (reference)", "this checkout"] and rows[0][2] == "1.00"
     assert "Weights bit-identical after each round: yes, yes." in text
+
+
+@pytest.mark.slow
+def test_search_versions_bench_decodes_with_both_searches(tmp_path):
+    out = tmp_path / "search.md"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "search_versions.py"), "--against", "HEAD", "--rounds", "1",
+                    "--sentences", "4", "--vocab", "50", "--length", "8", "--out", str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    assert "Same output in 4 of 4 sentences." in out.read_text()
