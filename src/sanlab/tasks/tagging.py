@@ -166,13 +166,14 @@ class TaggingTask:
     def dev_loss(self, batch_size: int = 64) -> float:
         """Negative log-likelihood per dev word (no label smoothing, like translation's validation loss)."""
         self.model.eval()
-        total, tokens = 0.0, 0
+        # summed on the device in float64 (the same sum as Python floats) and read once, not once per batch
+        total, tokens = torch.zeros((), dtype=torch.float64, device=model_device(self.model)), 0
         for k in range(0, len(self.dev), batch_size):
             batch = encode_batch(self.vocab, self.dev[k:k + batch_size], max_chars=self.config.model.max_word_chars,
                                  pad_to=self.model.pad_to)
-            total += float(self.loss(batch, label_smoothing=0.0))
+            total += self.loss(batch, label_smoothing=0.0).double()
             tokens += batch.tokens
-        return total / max(tokens, 1)
+        return float(total) / max(tokens, 1)
 
 
 @torch.no_grad()

@@ -144,12 +144,13 @@ class TranslationTask:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         self.model.eval()
-        total, tokens = 0.0, 0
+        # summed on the device in float64 (the same sum as Python floats) and read once, not once per batch
+        total, tokens = torch.zeros((), dtype=torch.float64, device=model_device(self.model)), 0
         for start in range(0, len(self.valid), 64):
             batch = collate(self.spm, self.valid[start:start + 64])
-            total += float(self.loss(batch, label_smoothing=0.0))
+            total += self.loss(batch, label_smoothing=0.0).double()
             tokens += batch.tokens
-        loss = total / tokens
+        loss = float(total) / tokens
         if not math.isfinite(loss):  # outputs not finite: nothing to decode (the trainer stops on it)
             return {"loss": loss, "ppl": loss, "bleu": 0.0}
         n = self.config.train.valid_max_sentences or len(self.valid_raw)
