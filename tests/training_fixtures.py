@@ -1,4 +1,5 @@
-"""A tiny translation config on a generated reverse-the-words corpus (shared by several tests)."""
+"""A tiny translation config on a generated reverse-the-words corpus, and a tiny tagger on a synthetic treebank
+(shared by several tests)."""
 
 import random
 
@@ -34,6 +35,19 @@ def make_reverse_config(root, **train):
         "decode": {"beam": 2, "max_len_b": 3},
     }
     return validate(raw, source="test")
+
+
+def make_tagging_config(root, **train):
+    """A resolved config for a tiny tagger on a synthetic treebank (60 training sentences) written under root."""
+    from sanlab.data.synthetic import write_tagging_corpus
+
+    data = root / "tagging-data"
+    if not (data / "train.conllu").exists():
+        write_tagging_corpus(data, seed=2, sizes={"train": 60, "dev": 20, "test": 20})
+    return validate({"task": "tagging", "data": {"train": str(data / "train.conllu"), "dev": str(data / "dev.conllu")},
+                     "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                               "encoder": {"layers": 1}},
+                     "train": {"progress": False, "batch_size": 8, **train}}, source="test")
 
 
 def final_weights(run):

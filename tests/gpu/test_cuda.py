@@ -24,7 +24,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.registry import BuildContext
 from sanlab.runs import train_run
 from sanlab.training.compile import FAIL_SETTINGS, raised_limit
-from training_fixtures import final_weights
+from training_fixtures import final_weights, make_tagging_config
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")]
@@ -144,10 +144,13 @@ def test_beam_search_syncs_with_the_host_once_per_step_on_cuda(cfg):
     assert len(marks) >= 5 and all(len(s) == 1 for s in syncs), [len(s) for s in syncs]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_a_training_update_never_syncs_with_the_host_on_cuda(tmp_path, tiny_translation, monkeypatch, precision):
+@pytest.mark.parametrize("task,precision", [("translation", "fp32"), ("translation", "bf16"),
+                                            ("translation", "fp16"), ("tagging", "bf16")])
+def test_a_training_update_never_syncs_with_the_host_on_cuda(tmp_path, tiny_translation, monkeypatch, task,
+                                                             precision):
     """Issue 24: the loss, gradient norm and fp16's overflow stay on the device (``training.interval``); the loop
-    reads them every ``log_every`` updates. ``set_sync_debug_mode`` warns at every sync inside updates 3 to 8
+    reads them every ``log_every`` updates; the tagger's batches bring their distinct words (``CharWords``).
+    ``set_sync_debug_mode`` warns at every sync inside updates 3 to 8
     (the first two may sync while cuBLAS and the caching allocator warm up); the loop's reads come between."""
     from sanlab.training import loop
 
@@ -166,8 +169,9 @@ def test_a_training_update_never_syncs_with_the_host_on_cuda(tmp_path, tiny_tran
                 syncs.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
 
     monkeypatch.setattr(loop.Trainer, "update", watched)
-    train_run(tiny_translation(max_steps=8, log_every=4, valid_every=8, device="cuda", precision=precision),
-              tmp_path / "run", quiet=True)
+    make = tiny_translation if task == "translation" else lambda **train: make_tagging_config(tmp_path, **train)
+    train_run(make(max_steps=8, log_every=4, valid_every=8, device="cuda", precision=precision), tmp_path / "run",
+              quiet=True)
     assert len(syncs) == 6 and not any(syncs), syncs
 
 

@@ -27,18 +27,6 @@ def test_train_loss_record_is_the_mean_over_the_updates_since_the_last_one(tmp_p
     assert [loss for _, loss in train] == pytest.approx([sum(seen[:3]) / 3, sum(seen[3:6]) / 3])
 
 
-def _tiny_tagging(root, **train):
-    from sanlab.config import validate
-    from sanlab.data.synthetic import write_tagging_corpus
-
-    write_tagging_corpus(root / "data", seed=2, sizes={"train": 60, "dev": 20, "test": 20})
-    return validate({"task": "tagging", "data": {"train": str(root / "data" / "train.conllu"),
-                                                 "dev": str(root / "data" / "dev.conllu")},
-                     "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
-                               "encoder": {"layers": 1}},
-                     "train": {"progress": False, "batch_size": 8, **train}}, source="test")
-
-
 @pytest.mark.parametrize("task,precision", [("translation", "fp32"), ("translation", "fp16"), ("tagging", "fp32")])
 def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(tmp_path, tiny_translation,
                                                                                monkeypatch, task, precision):
@@ -51,6 +39,7 @@ def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(t
     from sanlab.tasks.translation import TranslationTask
     from sanlab.training import loop
     from tests_helpers import HostReads
+    from training_fixtures import make_tagging_config
 
     update, settle, read = loop.Trainer.update, loop.Trainer.settle, TranslationTask.read
     seen, reads, settled = HostReads(), [], []
@@ -71,7 +60,7 @@ def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(t
     monkeypatch.setattr(TranslationTask, "read", lambda self, batch: _ignored(read, self, batch))
     monkeypatch.setattr(loop.Trainer, "update", watched_update)
     monkeypatch.setattr(loop.Trainer, "settle", lambda self: settled.append(self.progress.step) or settle(self))
-    make = tiny_translation if task == "translation" else lambda **train: _tiny_tagging(tmp_path, **train)
+    make = tiny_translation if task == "translation" else lambda **train: make_tagging_config(tmp_path, **train)
     train_run(make(max_steps=8, log_every=4, valid_every=8, precision=precision), tmp_path / "run", quiet=True)
     if precision == "fp32":
         assert reads == [[]] * 8
