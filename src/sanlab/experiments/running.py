@@ -62,30 +62,47 @@ def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str
 
 def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
     """The ``--dry-run`` listing: one line per cell with its state, run directory and, for a cell with updates
-    left, how long they take here (``cells_time_left``), then the count and the total."""
+    left, how long they take here (``_updates_left``), then the count and the total (``time_left``'s line)."""
     def state(cell: Cell) -> str:
         described, error = cell_state(cell, grid.spec.eval), read_failure(cell)
         failed = error and described.status != "evaluated"
         return described.describe() + (f" (last attempt failed: {error})" if failed else "")
 
-    left = cells_time_left(grid, cells)
+    left, trained = _updates_left(grid, cells)
     rows = [(c.label, state(c), str(c.run_dir),
              f"  ~{_duration(left[c.run_dir])} of updates" if c.run_dir in left else "") for c in cells]
     width = [max(len(r[k]) for r in rows) for k in range(3)]
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d:<{width[2]}}{e}".rstrip() for a, b, d, e in rows]
     done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
-    estimate = time_left(grid, cells)
+    estimate = _time_left_line(left, trained)
     return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"] + ([estimate] if estimate else []))
 
 
-def cells_time_left(grid: Grid, cells: Sequence[Cell]) -> dict[Path, float]:
-    """Seconds of updates each chosen cell not yet trained needs on this machine, by run directory: its remaining steps at the
-    median speed (updates per second of update time) of the grid's cells trained on this machine, of its own
-    variant where there are some. Empty when no cell was trained here. (A cell stopped before its end resumes
-    only where its run directory, checkpoints included, survives: pick cells that fit the time at hand.)"""
+def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
+    """How long the updates of the chosen cells not yet trained take on this machine, one cell at a time
+    (``_updates_left``, summed). None when no cell was trained here or nothing is left. Validation and
+    evaluation come on top; cells side by side (``--jobs``) change the pace."""
+    return _time_left_line(*_updates_left(grid, cells))
+
+
+def _time_left_line(left: dict[Path, float], trained: int) -> str | None:
+    if not left:
+        return None
+    count = len(left)
+    return (f"about {_duration(sum(left.values()))} of updates left for {count} cell{'s' if count > 1 else ''}, one "
+            f"at a time, at the speed of the {trained} cell{'s' if trained > 1 else ''} trained on this machine (by "
+            "variant where there are some); validation and evaluation come on top")
+
+
+def _updates_left(grid: Grid, cells: Sequence[Cell]) -> tuple[dict[Path, float], int]:
+    """Seconds of updates each chosen cell not yet trained needs on this machine, by run directory, and how many
+    of the grid's cells those speeds come from: a cell's remaining steps at the median speed (updates per second
+    of update time) of the grid's cells trained on this machine, of its own variant where there are some. Empty
+    when no cell was trained here. (A cell stopped before its end resumes only where its run directory,
+    checkpoints included, survives: pick cells that fit the time at hand.)"""
     speeds = _speeds_here(grid)
     if not speeds:
-        return {}
+        return {}, 0
     overall = statistics.median(v for values in speeds.values() for v in values)
     left = {}
     for cell in cells:
@@ -94,20 +111,7 @@ def cells_time_left(grid: Grid, cells: Sequence[Cell]) -> dict[Path, float]:
             else 0
         if steps:
             left[cell.run_dir] = steps / statistics.median(speeds.get(cell.variant, [overall]))
-    return left
-
-
-def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
-    """How long the updates of the chosen cells not yet trained take on this machine, one cell at a time
-    (``cells_time_left``, summed). None when no cell was trained here or nothing is left. Validation and
-    evaluation come on top; cells side by side (``--jobs``) change the pace."""
-    left = cells_time_left(grid, cells)
-    if not left:
-        return None
-    trained, count = sum(len(v) for v in _speeds_here(grid).values()), len(left)
-    return (f"about {_duration(sum(left.values()))} of updates left for {count} cell{'s' if count > 1 else ''}, one "
-            f"at a time, at the speed of the {trained} cell{'s' if trained > 1 else ''} trained on this machine (by "
-            "variant where there are some); validation and evaluation come on top")
+    return left, sum(len(values) for values in speeds.values())
 
 
 def _speeds_here(grid: Grid) -> dict[str, list[float]]:

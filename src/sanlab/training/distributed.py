@@ -68,14 +68,6 @@ class Distributed:
             return wrapped.no_sync()
         return contextlib.nullcontext()
 
-    def sum(self, *values: float) -> list[float]:
-        """Element-wise sums over processes (float64, so token counts stay exact)."""
-        if not self.enabled:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.tolist()
-
     def broadcast(self, value: T) -> T:
         """The main process's ``value`` on every process (any picklable object)."""
         if not self.enabled:
