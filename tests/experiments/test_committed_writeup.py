@@ -233,7 +233,7 @@ def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
     assert counts in title and ("partial" in title) == (len(cells) < len(grid.cells)), title
     row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
                if line.startswith("| CSAN Table 1 on Multi30k"))
-    assert (f"all of the table's 9 rows scored" if len(scored) == 9 else f"{len(scored)} of the table's 9 rows scored") \
+    assert ("all of the table's 9 rows scored" if len(scored) == 9 else f"{len(scored)} of the table's 9 rows scored") \
         in row and counts in row, row
 
 

@@ -26,6 +26,8 @@ from sanlab.experiments.compare import run_compare, select_cells
 from sanlab.experiments.grid import cell_state, load_grid
 from sanlab.tasks.tagging import VOCAB_FILE, TaggingVocab
 
+from compare_fixtures import write
+
 ROOT = Path(__file__).resolve().parents[2]
 TREEBANKS = ROOT / "configs" / "compare" / "dufter-treebanks-ud.yaml"
 TINY = ["model.word_dim=8", "model.char_dim=4", "model.char_filters=4", "model.encoder.layers=1",
@@ -33,13 +35,8 @@ TINY = ["model.word_dim=8", "model.char_dim=4", "model.char_filters=4", "model.e
         "train.max_epochs=1000", "train.patience=0", "train.keep_best=1", "train.keep_last=1", "train.progress=false"]
 
 
-def _write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 def _datasets_file(tmp: Path, data: dict[str, Path], name: str = "My-Treebank") -> Path:
-    return _write(tmp / "my-datasets.yaml", f"""\
+    return write(tmp / "my-datasets.yaml", f"""\
 datasets:
   - name: {name}
     overrides:
@@ -80,17 +77,17 @@ def test_a_datasets_file_replaces_the_grids_datasets(tmp_path, corpus):
      r"dataset names \['A B', 'a-b'\] collide"),
 ])
 def test_datasets_file_mistakes_name_the_file_and_the_entry(tmp_path, corpus, entry, message):
-    path = _write(tmp_path / "mine.yaml", "datasets:\n" + entry.replace("TRAIN", str(corpus["train"])) + "\n")
+    path = write(tmp_path / "mine.yaml", "datasets:\n" + entry.replace("TRAIN", str(corpus["train"])) + "\n")
     with pytest.raises(ConfigError, match=f"(?s)^{re.escape(str(path))}: .*{message}"):
         load_grid(TREEBANKS, datasets_file=path)
 
 
 def test_a_datasets_file_must_be_the_datasets_key(tmp_path):
-    listed = _write(tmp_path / "list.yaml", "- {name: X}\n")
+    listed = write(tmp_path / "list.yaml", "- {name: X}\n")
     with pytest.raises(ConfigError, match=f"{listed}: a datasets file must be a mapping"):
         load_grid(TREEBANKS, datasets_file=listed)
     with pytest.raises(ConfigError, match=r"datasets: List should have at least 1 item"):
-        load_grid(TREEBANKS, datasets_file=_write(tmp_path / "empty.yaml", "datasets: []\n"))
+        load_grid(TREEBANKS, datasets_file=write(tmp_path / "empty.yaml", "datasets: []\n"))
     with pytest.raises(ConfigError, match=f"{tmp_path / 'absent.yaml'}: datasets file not found"):
         load_grid(TREEBANKS, datasets_file=tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match=r"no dataset 'mine.yaml'.*\(a YAML file of datasets goes to --datasets\)"):
@@ -111,8 +108,8 @@ def test_the_command_line_takes_a_datasets_file_and_rescore(tmp_path, corpus, ca
 
 # ----------------------------------------------------------------------------- --only order
 def test_only_runs_the_chosen_cells_in_the_order_given(tmp_path, monkeypatch):
-    _write(tmp_path / "tagger.yaml", "task: tagging\ndata: {train: t.conllu, dev: d.conllu}\n")
-    grid = load_grid(_write(tmp_path / "g.yaml", "base: tagger.yaml\nseeds: [1, 2]\nvariants:\n"
+    write(tmp_path / "tagger.yaml", "task: tagging\ndata: {train: t.conllu, dev: d.conllu}\n")
+    grid = load_grid(write(tmp_path / "g.yaml", "base: tagger.yaml\nseeds: [1, 2]\nvariants:\n"
                             "  - {name: base}\n  - {name: b}\n  - {name: c, seeds: [1, 2, 3]}\n"))
     label = lambda cells: [(c.variant, c.seed) for c in cells]  # noqa: E731
     chosen = select_cells(grid, only=["c", "base"])
@@ -251,16 +248,16 @@ def test_a_translation_datasets_file_may_weight_several_training_corpora(tmp_pat
     """data.train as a list of weighted corpora (OpenNMT/Marian style) is checked file by file, named by index."""
     files = {}
     for name in ("a.en", "a.de", "b.en", "b.de", "v.en", "v.de", "t.en", "t.de"):
-        files[name] = _write(tmp_path / name, "a small house .\n")
+        files[name] = write(tmp_path / name, "a small house .\n")
     entry = (f"  - name: Mine\n    overrides:\n"
              f"      data.train: [{{src: {files['a.en']}, tgt: {files['a.de']}, weight: 1}}, "
              f"{{src: {files['b.en']}, tgt: MISSING, weight: 3}}]\n"
              f"      data.valid: {{src: {files['v.en']}, tgt: {files['v.de']}}}\n"
              f"      data.test: {{test_2016_flickr: {{src: {files['t.en']}, tgt: {files['t.de']}}}}}\n")
     grid_file = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
-    missing = _write(tmp_path / "weighted.yaml", "datasets:\n" + entry.replace("MISSING", str(tmp_path / "nope.de")))
+    missing = write(tmp_path / "weighted.yaml", "datasets:\n" + entry.replace("MISSING", str(tmp_path / "nope.de")))
     with pytest.raises(ConfigError, match=r"data.train\[1\].tgt .*nope.de: no such file"):
         load_grid(grid_file, datasets_file=missing, runs_dir=tmp_path / "r")
-    present = _write(tmp_path / "weighted-ok.yaml", "datasets:\n" + entry.replace("MISSING", str(files["b.de"])))
+    present = write(tmp_path / "weighted-ok.yaml", "datasets:\n" + entry.replace("MISSING", str(files["b.de"])))
     grid = load_grid(grid_file, datasets_file=present, runs_dir=tmp_path / "r")
     assert {len(c.config.data.train_corpora) for c in grid.cells} == {2}

@@ -87,7 +87,7 @@ def _parts(model):
 
 
 def _inputs(model):
-    src, tgt = torch.randint(1, V, (2, 7)), torch.randint(1, V, (2, 5))
+    src = torch.randint(1, V, (2, 7))
     memory, memory_valid = model.encode(src)
     pos = Positions.self_attention(None, length=5, causal=True)
     cross = Positions.cross_attention(pos, memory_valid, memory_length=7)

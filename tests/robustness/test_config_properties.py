@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sanlab.config import apply_override, dump_config, load_config, set_key, validate
+from sanlab.config import dump_config, load_config, set_key, validate
 from sanlab.errors import ConfigError
 
 # a deadline of 5 s per example fails one that is slow (measured after it ends); a real hang is ended by
