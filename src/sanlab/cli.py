@@ -229,7 +229,7 @@ def _register_decoding(sub) -> None:
                            ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="trained run directory")
-        p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
+        p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
         p.add_argument("--device", default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
         p.add_argument("--precision", default="fp32", choices=DECODE_PRECISIONS,
                        help="fp32 (default) | bf16: the model's forward under bf16 autocast, scores in fp32"

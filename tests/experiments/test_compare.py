@@ -95,7 +95,7 @@ def test_second_invocation_reuses_finished_cells(finished, monkeypatch):
         raise AssertionError("a finished cell was trained again")
 
     monkeypatch.setattr(cells_module, "train_run", no_training)
-    monkeypatch.setattr(cells_module, "evaluate_tagging_cell", no_training)
+    monkeypatch.setattr(cells_module, "score_cell", no_training)
     stamps = {c.run_dir: (c.run_dir / "done.json").stat().st_mtime_ns for c in finished.cells}
     assert run_grid(finished, finished.cells, log=lambda m: None) == []
     assert stamps == {c.run_dir: (c.run_dir / "done.json").stat().st_mtime_ns for c in finished.cells}
@@ -130,6 +130,9 @@ def test_another_device_does_not_make_finished_cells_train_again(finished, monke
     assert args.fn(args) == 0 and seen["allow"] == "1" and ALLOW_CHANGED_DATA_ENV not in os.environ
     grid = load_grid(SMOKE, overrides=TINY + ["train.device=cpu"], runs_dir=finished.runs_dir)
     assert finished.cells[0].config.train.device == "auto" and grid.cells[0].config.train.device == "cpu"
+    assert set(_statuses(grid).values()) == {"evaluated"}
+    # nor does a switch that only tells DDP where to look for unused parameters (a resume would rescore all)
+    grid = load_grid(SMOKE, overrides=TINY + ["train.find_unused_parameters=true"], runs_dir=finished.runs_dir)
     assert set(_statuses(grid).values()) == {"evaluated"}
 
 
@@ -545,8 +548,8 @@ def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished
     minutes = round(seconds / 60)
     expected = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
     assert time_left(longer, longer.cells) == (
-        f"about {expected} of updates left for 4 cells, one at a time, at the speed of the 4 cells trained on this "
-        "machine (by variant where there are some); validation and evaluation come on top")
+        f"about {expected} of updates left for 4 cells, one at a time, at the speed of the 4 cells trained one at a "
+        "time on this machine (by variant where there are some); validation and evaluation come on top")
     listing = describe_cells(longer, longer.cells).splitlines()
     assert listing[-1] == time_left(longer, longer.cells)
     for cell, line in zip(longer.cells, listing):  # each cell's own share, at its variant's speed
@@ -554,3 +557,41 @@ def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished
         own = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
         assert line.startswith(cell.label) and line.endswith(f"  ~{own} of updates"), line
     assert not any("of updates" in line for line in describe_cells(finished, finished.cells).splitlines())
+
+
+def test_dry_run_estimate_stops_at_max_epochs_prefers_cells_trained_alone_and_skips_damaged_ones(finished, tmp_path):
+    """Updates per epoch come from where finished cells stopped, so ``max_epochs`` caps a cell's steps; with early
+    stopping the estimate is an upper bound ("at most"); speeds of cells trained side by side (``--jobs``) are
+    used only where no cell trained alone; a cell whose files cannot be read is left out, not an error."""
+    import shutil
+
+    from sanlab.experiments.cells import last_speed
+    from sanlab.experiments.running import time_left
+
+    runs = tmp_path / "runs"
+    shutil.copytree(finished.runs_dir, runs)
+    pending, alone_a, alone_b, side_b = load_grid(SMOKE, overrides=TINY, runs_dir=runs).cells
+    assert pending.variant == alone_a.variant and alone_b.variant == side_b.variant != pending.variant
+    shutil.rmtree(pending.run_dir)
+    for cell, jobs in ((alone_a, 1), (alone_b, 1), (side_b, 2)):
+        done = read_json(cell.layout.done)
+        done["summary"].update(step=4, epoch=2, position=0)  # two updates an epoch
+        cell.layout.done.write_text(json.dumps({**done, "jobs": jobs}), encoding="utf-8")
+    # patience 3 (a tighter one than the finished cells': they are conflicts now, but their speeds still count)
+    grid = load_grid(SMOKE, overrides=[*TINY, "train.max_steps=400000", "train.patience=3"], runs_dir=runs)
+    speed = last_speed(alone_a.run_dir)["steps_per_s"]
+    minutes = round(1000 * 2 / speed / 60)  # max_epochs 1000 x 2 updates, not max_steps' 400,000
+    expected = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+    line = next(line for line in describe_cells(grid, grid.cells).splitlines() if line.startswith(pending.label))
+    assert line.endswith(f"  at most ~{expected} of updates"), line
+    assert time_left(grid, grid.cells) == (
+        f"at most about {expected} of updates left for 1 cell, one at a time, at the speed of the 2 cells trained "
+        "one at a time on this machine (by variant where there are some); validation and evaluation come on top; "
+        "early stopping (train.patience) may end cells sooner")
+    for cell in (alone_a, alone_b):
+        done = read_json(cell.layout.done)
+        cell.layout.done.write_text(json.dumps({**done, "jobs": 2}), encoding="utf-8")
+    assert "at the speed of the 3 cells trained side by side (each slower than alone) on this" in time_left(
+        grid, grid.cells)
+    alone_a.layout.done.write_text("{", encoding="utf-8")  # damaged: left out of the estimate, not an error
+    assert "at the speed of the 2 cells trained side by side" in describe_cells(grid, grid.cells).splitlines()[-1]

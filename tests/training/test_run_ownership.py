@@ -187,6 +187,7 @@ def test_checkpoint_names_and_average_counts_say_what_there_is(tmp_path, tiny_tr
     assert ("--checkpoint nosuch: no such checkpoint of " in (err := capsys.readouterr().err)
             and "give best, last, averaged (after `sanlab average`), a step-N name of this run (step-00000001)" in err)
     assert load_trained(run, checkpoint="step-00000001")[1] is not None
+    assert load_trained(run, checkpoint="step-1")[1] is not None  # the step number without the zeros
 
 
 def test_evaluating_a_run_with_no_checkpoint_says_so(tmp_path, tiny_translation):

@@ -203,12 +203,6 @@ def score_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str, dict]:
     return cell.kind.evaluate_cell(run)
 
 
-def evaluate_tagging_cell(cell: Cell, *, checkpoint: str) -> tuple[dict, str]:
-    """(scores, predictions file) of a tagging cell: ``score_cell`` as it was called before tasks scored cells."""
-    scores, evidence, _ = score_cell(cell, checkpoint=checkpoint)
-    return scores, evidence
-
-
 def _write_record(cell: Cell, spec: EvalSpec, *, done: dict, scores: dict, evidence: str, extra: dict) -> dict:
     record = {"key": eval_key(cell, spec), "trained_at": done["finished_at"], "evaluated_at": time.time(),
               "scores": scores, **extra, "evidence": evidence,

@@ -27,7 +27,8 @@ EVAL_FILE = RunLayout.compare_eval.name  # written when the cell was evaluated t
 FAILED_FILE = RunLayout.failed.name      # the last error of a cell that failed; removed when it is evaluated
 # Keys that do not change what was trained: a finished cell stays finished when only these change (a cell
 # trained on a GPU is evaluated, not trained again, by a grid run on the CPU, and the other way round).
-NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every", "train.device")
+NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every", "train.device",
+                     "train.find_unused_parameters")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -17,7 +18,7 @@ from pathlib import Path
 from sanlab.errors import ConfigError
 from sanlab.experiments.cells import (
     CellOutcome, cores, init_worker, last_speed, machine, prepare_synthetic, read_failure, record_failure, run_cell,
-    run_cell_job,
+    run_cell_job, speed_conditions,
 )
 from sanlab.experiments.grid_schema import Cell, Grid, slug
 from sanlab.experiments.grid_state import cell_state
@@ -68,13 +69,12 @@ def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
         failed = error and described.status != "evaluated"
         return described.describe() + (f" (last attempt failed: {error})" if failed else "")
 
-    left, trained = _updates_left(grid, cells)
-    rows = [(c.label, state(c), str(c.run_dir),
-             f"  ~{_duration(left[c.run_dir])} of updates" if c.run_dir in left else "") for c in cells]
+    left = _updates_left(grid, cells)
+    rows = [(c.label, state(c), str(c.run_dir), _cell_estimate(left, c)) for c in cells]
     width = [max(len(r[k]) for r in rows) for k in range(3)]
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {d:<{width[2]}}{e}".rstrip() for a, b, d, e in rows]
     done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
-    estimate = _time_left_line(left, trained)
+    estimate = _time_left_line(left)
     return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"] + ([estimate] if estimate else []))
 
 
@@ -82,47 +82,107 @@ def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
     """How long the updates of the chosen cells not yet trained take on this machine, one cell at a time
     (``_updates_left``, summed). None when no cell was trained here or nothing is left. Validation and
     evaluation come on top; cells side by side (``--jobs``) change the pace."""
-    return _time_left_line(*_updates_left(grid, cells))
+    return _time_left_line(_updates_left(grid, cells))
 
 
-def _time_left_line(left: dict[Path, float], trained: int) -> str | None:
-    if not left:
+@dataclass(frozen=True)
+class _Left:
+    """What ``_updates_left`` found: seconds of updates by run directory, the run directories whose cells may
+    stop sooner (early stopping), and the cells whose speeds it used (how many; trained one at a time?)."""
+    seconds: dict[Path, float]
+    early_stopping: frozenset[Path]
+    speed_cells: int
+    alone: bool
+
+
+def _cell_estimate(left: _Left, cell: Cell) -> str:
+    if cell.run_dir not in left.seconds:
+        return ""
+    bound = "at most " if cell.run_dir in left.early_stopping else ""
+    return f"  {bound}~{_duration(left.seconds[cell.run_dir])} of updates"
+
+
+def _time_left_line(left: _Left) -> str | None:
+    if not left.seconds:
         return None
-    count = len(left)
-    return (f"about {_duration(sum(left.values()))} of updates left for {count} cell{'s' if count > 1 else ''}, one "
-            f"at a time, at the speed of the {trained} cell{'s' if trained > 1 else ''} trained on this machine (by "
-            "variant where there are some); validation and evaluation come on top")
+    count, trained = len(left.seconds), left.speed_cells
+    bound = "at most " if left.early_stopping else ""
+    how = "one at a time" if left.alone else "side by side (each slower than alone)"
+    stops = "; early stopping (train.patience) may end cells sooner" if left.early_stopping else ""
+    return (f"{bound}about {_duration(sum(left.seconds.values()))} of updates left for {count} "
+            f"cell{'s' if count > 1 else ''}, one at a time, at the speed of the {trained} "
+            f"cell{'s' if trained > 1 else ''} trained {how} on this machine (by variant where there are some); "
+            f"validation and evaluation come on top{stops}")
 
 
-def _updates_left(grid: Grid, cells: Sequence[Cell]) -> tuple[dict[Path, float], int]:
-    """Seconds of updates each chosen cell not yet trained needs on this machine, by run directory, and how many
-    of the grid's cells those speeds come from: a cell's remaining steps at the median speed (updates per second
-    of update time) of the grid's cells trained on this machine, of its own variant where there are some. Empty
-    when no cell was trained here. (A cell stopped before its end resumes only where its run directory,
-    checkpoints included, survives: pick cells that fit the time at hand.)"""
-    speeds = _speeds_here(grid)
+def _updates_left(grid: Grid, cells: Sequence[Cell]) -> _Left:
+    """Seconds of updates each chosen cell not yet trained needs on this machine: its remaining steps (fewer
+    than ``max_steps`` where ``max_epochs`` ends it first, at the updates per epoch of the grid's finished cells
+    of its dataset) at the median speed (updates per second of update time) of the grid's cells trained on this
+    machine, of its own variant where there are some, and of cells trained one at a time where there are some
+    (side by side, each trains slower). Empty when no cell was trained here. (A cell stopped before its end
+    resumes only where its run directory, checkpoints included, survives: pick cells that fit the time at
+    hand.)"""
+    finished = _finished_cells(grid)
+    here = [f for f in finished if f.speed]
+    alone = [f for f in here if f.alone]
+    used = alone or here
+    speeds: dict[str, list[float]] = {}
+    for f in used:
+        speeds.setdefault(f.cell.variant, []).append(f.speed)
     if not speeds:
-        return {}, 0
-    overall = statistics.median(v for values in speeds.values() for v in values)
-    left = {}
+        return _Left({}, frozenset(), 0, False)
+    overall = statistics.median(f.speed for f in used)
+    per_epoch: dict[str | None, list[float]] = {}
+    for f in finished:
+        if f.steps_per_epoch:
+            per_epoch.setdefault(f.cell.dataset, []).append(f.steps_per_epoch)
+    seconds, early = {}, set()
     for cell in cells:
         state = cell_state(cell, grid.spec.eval)
-        steps = max(cell.config.train.max_steps - (state.step or 0), 0) if state.status in ("pending", "training") \
-            else 0
+        if state.status not in ("pending", "training"):
+            continue
+        train, done_steps = cell.config.train, state.step or 0
+        last = train.max_steps
+        if per_epoch.get(cell.dataset):
+            last = min(last, round(train.max_epochs * statistics.median(per_epoch[cell.dataset])))
+        steps = max(last - done_steps, 0)
         if steps:
-            left[cell.run_dir] = steps / statistics.median(speeds.get(cell.variant, [overall]))
-    return left, sum(len(values) for values in speeds.values())
+            seconds[cell.run_dir] = steps / statistics.median(speeds.get(cell.variant, [overall]))
+            if train.patience:
+                early.add(cell.run_dir)
+    return _Left(seconds, frozenset(early), len(used), bool(alone))
 
 
-def _speeds_here(grid: Grid) -> dict[str, list[float]]:
-    """Updates per second of the grid's cells trained on this machine, by variant."""
-    here, speeds = machine(), {}
+@dataclass(frozen=True)
+class _Finished:
+    cell: Cell
+    speed: float | None           # updates per second of update time, if trained on this machine
+    alone: bool                   # trained one cell at a time (every session)
+    steps_per_epoch: float | None  # updates per epoch, from where it stopped
+
+
+def _finished_cells(grid: Grid) -> list[_Finished]:
+    """The grid's finished cells (``done.json``), with what the estimate needs of each. A cell whose files
+    cannot be read is left out (``cell_state`` calls it a conflict): one damaged cell must not stop the listing."""
+    here, found = machine(), []
     for cell in grid.cells:
-        done = read_json(cell.layout.done) if cell.layout.done.is_file() else None
-        speed = last_speed(cell.run_dir) if done and done.get("machine") == here else None
-        if speed and speed["steps_per_s"] > 0:
-            speeds.setdefault(cell.variant, []).append(speed["steps_per_s"])
-    return speeds
+        if not cell.layout.done.is_file():
+            continue
+        try:
+            done = read_json(cell.layout.done) or {}
+            speed = last_speed(cell.run_dir) if done.get("machine") == here else None
+            conditions = speed_conditions(cell.run_dir, done) if speed else ""
+        except ConfigError:
+            continue
+        summary = done.get("summary") or {}
+        accum = (((done.get("config") or {}).get("train") or {}).get("accum_steps")) or 1
+        step, epoch = summary.get("step") or 0, summary.get("epoch") or 0
+        # the updates of the epoch it stopped in do not count as a whole epoch
+        per_epoch = (step - (summary.get("position") or 0) / accum) / epoch if epoch else None
+        found.append(_Finished(cell, speed["steps_per_s"] if speed and speed["steps_per_s"] > 0 else None,
+                               conditions.startswith("1 job x"), per_epoch if per_epoch and per_epoch > 0 else None))
+    return found
 
 
 def _duration(seconds: float) -> str:

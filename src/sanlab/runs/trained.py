@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
-
 
 from sanlab.config import Config
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
-from sanlab.training.checkpoint import META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights
+from sanlab.training.checkpoint import (
+    META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights, step_name,
+)
 from sanlab.training.layout import RunLayout
 from sanlab.runs.build import task_class
 from sanlab.runs.resume import load_run_config
@@ -31,8 +33,9 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
         if not path.exists():  # pruned by a training process since it was listed: the caller may choose again
             raise FileNotFoundError(f"{path} was removed")
     else:
-        named = layout.checkpoint(which)  # a step-N name of this run
-        path = named if which.startswith(STEP_PREFIX) and named.is_dir() else Path(which)
+        step = re.fullmatch(rf"{STEP_PREFIX}(\d+)", which)  # a step-N name of this run: step-3000 or step-00003000
+        named = layout.checkpoint(step_name(int(step.group(1)))) if step else None
+        path = named if named is not None and named.is_dir() else Path(which)
         if not path.is_dir():
             names = checkpoint_names(run_dir)
             steps = f"{names[0]} to {names[-1]}" if len(names) > 2 else ", ".join(names) or "none yet"

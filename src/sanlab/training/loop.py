@@ -365,6 +365,7 @@ class Trainer:
                 if len(group) < self.dist.world_size:  # too few left for every process to take one
                     self.log.info(f"epoch {p.epoch}: the last {len(group)} batch(es) skipped (fewer than the "
                                   f"{self.dist.world_size} processes)")
+                    self.settle()  # the epoch ends here: an error names this epoch, not the next
                     p.position = len(batches)
                     break
                 t0 = time.monotonic()
