@@ -221,6 +221,25 @@ def test_second_process_on_the_same_run_is_refused_and_a_dead_holders_lock_is_fr
                 pass
 
 
+def test_what_a_finished_run_records_is_written_while_the_run_is_still_locked(tmp_path, tiny_translation):
+    """``train_run(on_finished=...)``: ``sanlab compare`` writes a cell's ``done.json`` there, so no other process
+    finds the cell finished but unrecorded (and trains or scores it again)."""
+    from sanlab.runs import run_lock
+
+    run, seen = tmp_path / "run", []
+
+    def on_finished(summary):
+        with pytest.raises(ConfigError, match="another process"):
+            with run_lock(run):
+                pass
+        seen.append(summary["step"])
+
+    assert train_run(tiny_translation(max_steps=2), run, quiet=True, on_finished=on_finished)["step"] == 2
+    assert seen == [2]
+    with run_lock(run):  # released afterwards
+        pass
+
+
 def test_overwrite_never_deletes_a_run_being_trained(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2), run, quiet=True)

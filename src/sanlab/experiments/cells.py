@@ -125,12 +125,16 @@ def cell_vocabulary(run_dir: Path, done: dict) -> Vocabulary | None:
 def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
     """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
     trained as many side by side (``jobs``), with as many threads, on the same machine."""
-    summary = train_run(cell.config, cell.run_dir, quiet=quiet,
-                        allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1")
-    done = {"summary": summary, "finished_at": time.time(), "params": run_parameters(cell.run_dir),
-            "threads": torch.get_num_threads(), "jobs": jobs, "machine": machine(), "config": config_dict(cell.config),
-            "vocabulary": vocabulary_digest(cell.run_dir)}
-    write_json(cell.layout.done, done)
+    done = {}
+
+    def record(summary: dict) -> None:  # still holding the run's lock: never finished without done.json
+        done.update(summary=summary, finished_at=time.time(), params=run_parameters(cell.run_dir),
+                    threads=torch.get_num_threads(), jobs=jobs, machine=machine(), config=config_dict(cell.config),
+                    vocabulary=vocabulary_digest(cell.run_dir))
+        write_json(cell.layout.done, done)
+
+    train_run(cell.config, cell.run_dir, quiet=quiet, allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1",
+              on_finished=record)
     return done
 
 
@@ -311,7 +315,7 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
             trained = True
         if trained or state.status == "trained":
             with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
-                if trained or cell_state(cell, spec).status == "trained":  # it may have scored it meanwhile
+                if cell_state(cell, spec).status == "trained":  # it may have scored it meanwhile
                     evaluate_cell(cell, spec)
                     evaluated = True
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +22,15 @@ from sanlab.runs.resume import check_training_data, prepare_run_dir
 
 
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False,
-              allow_changed_data: bool = False, source: str | None = None) -> dict:
+              allow_changed_data: bool = False, source: str | None = None,
+              on_finished: Callable[[dict], None] | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
 
     Resuming on training data that changed since (``check_training_data``) is an error unless
     ``allow_changed_data``. Under torchrun every process calls this; the main one prepares and locks the
-    run directory (see ``training.distributed``). ``source``: the config file, named by a config error."""
+    run directory (see ``training.distributed``). ``source``: the config file, named by a config error.
+    ``on_finished(summary)`` runs in the main process while it still holds the run's lock (``sanlab compare``
+    records a finished cell there, so no other process sees it finished but unrecorded)."""
     from sanlab.training.device import resolve_device
     from sanlab.training.distributed import from_environment
 
@@ -46,7 +50,10 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
                     start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
                     start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
             start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
-            return _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
+            summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
+            if on_finished is not None and dist.is_main:
+                on_finished(summary)
+            return summary
 
 
 @dataclass
