@@ -199,6 +199,18 @@ def test_impossible_combination_is_a_config_error_before_any_data_is_read(tmp_pa
     assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"sanlab train: error: {path}: this model cannot be built:") and "absent" not in err
+
+
+@pytest.mark.parametrize("side,key", [("encoder", "cross_attention: {heads: 2}"),
+                                      ("decoder", "pre_blocks: [{type: conv}]")])
+def test_a_key_of_the_other_side_of_the_model_is_refused_not_ignored(tmp_path, capsys, side, key):
+    """Both stacks share one schema, so the encoder has a cross_attention key and the decoder pre_blocks:
+    setting either is an error before any data is read, never a setting that silently does nothing."""
+    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+                             f"model: {{dim: 16, {side}: {{layers: 1, attention: {{heads: 2}}, {key}}}}}\n")
+    assert main(["train", path, "--run", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: this model cannot be built:" in err and key.split(":")[0] in err, err
     assert not (tmp_path / "r").exists()
 
 

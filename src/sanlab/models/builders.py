@@ -42,6 +42,9 @@ def _build_mixer(stack: StackConfig, mixer: MixerConfig, ctx: BuildContext, *, d
 
 
 def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, max_len: int) -> Encoder:
+    if stack.cross_attention is not None:  # the schema's stacks have the key on both sides: never silently unused
+        raise ValueError("cross_attention is decoder-only (the encoder attends to nothing but its input); the "
+                         "encoder stack sets it")
     layers = []
     for n in range(stack.layers):
         ctx = _context(stack, dim=dim, index=n, side="encoder", max_len=max_len)
