@@ -140,6 +140,19 @@ def test_array_lengths_give_the_per_example_loops_batches():
             assert listed.epoch_batches(epoch) == packed.epoch_batches(epoch) == [b.tolist() for b in plan]
 
 
+@pytest.mark.parametrize("multiple", [3, 8, 12])
+def test_padding_multiples_cost_the_same_on_stored_uint16_lengths_as_on_python_ints(multiple):
+    """A prepared corpus's lengths are uint16: rounding them up to ``pad_multiple`` must not wrap around (it
+    did for multiples that do not divide 65536), so a batch's padded cost stays within ``max_tokens``."""
+    lengths = np.array(PAIR_LENGTHS, dtype=np.uint16)
+    packed = TokenBatchSampler(lengths, max_tokens=120, seed=3, pad_multiple=multiple)
+    listed = TokenBatchSampler(PAIR_LENGTHS, max_tokens=120, seed=3, pad_multiple=multiple)
+    assert packed.epoch_batches(0) == listed.epoch_batches(0)
+    for batch in packed.epoch_batches(0):
+        longest = max(max(PAIR_LENGTHS[i]) for i in batch)
+        assert len(batch) * -(-longest // multiple) * multiple <= 120
+
+
 def test_weighted_corpora_are_sampled_in_proportion():
     """Corpora of 1,000, 3,000 and 500 examples with weights 6 : 1 : 1. Over 20 seeded epochs the examples
     drawn from each corpus fit the multinomial with those probabilities (chi-square, 2 degrees of freedom,

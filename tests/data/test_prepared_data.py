@@ -79,6 +79,33 @@ def test_fingerprint_changes_with_the_file_and_only_then(tmp_path, cache):
     assert corpus_key(config, config.data.train, spm) != key
 
 
+def test_a_same_size_edit_between_the_sampled_ends_is_found_by_the_whole_file_digest(tmp_path):
+    """The fingerprint samples a file's first and last 64 KiB; a run also records each whole file's sha256, and a
+    file touched since with the same size and ends is read whole and compared. Untouched: nothing is read."""
+    from sanlab.data import fingerprint as fp
+
+    path = tmp_path / "train.src"
+    text = "".join(f"sentence number {i} of the corpus\n" for i in range(10_000))  # ~340 KB: a middle unsampled
+    path.write_text(text)
+    recorded = fp.with_content({}, fp.fingerprints([str(path)]))
+    assert recorded[str(path)]["sha256"] == fp.content_sha256(path)
+    assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
+    kept = fp.with_content({str(path): {**recorded[str(path)], "sha256": "kept"}}, fp.fingerprints([str(path)]))
+    assert kept[str(path)]["sha256"] == "kept"  # untouched since recorded: the whole file is not read again
+    middle = len(text) // 2
+    path.write_text(text[:middle] + "X" + text[middle + 1:])  # same size, same ends
+    os.utime(path, (1e9, 1e9))
+    current = fp.fingerprints([str(path)])
+    assert (current[str(path)]["size"], current[str(path)]["sample_sha256"]) == \
+        (recorded[str(path)]["size"], recorded[str(path)]["sample_sha256"])
+    assert "other bytes in between (whole-file sha256)" in fp.changes(recorded, current)[str(path)]
+    path.write_text(text)  # the same bytes again, touched: a copy, not a change
+    os.utime(path, (2e9, 2e9))
+    assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
+    assert fp.changes({str(path): {k: v for k, v in recorded[str(path)].items() if k != "sha256"}},
+                      fp.fingerprints([str(path)])) == {}  # runs recorded before whole-file digests: the sample
+
+
 def test_other_subwords_never_share_encoded_ids(tmp_path, cache):
     config = make_reverse_config(tmp_path)
     prepare(config, tmp_path / "a", log=print)

@@ -198,6 +198,8 @@ class LazyBatches(Sequence):
 
 def round_up(length, multiple: int):
     """``length`` (an int or an integer array) rounded up to a multiple of ``multiple``."""
+    if isinstance(length, np.ndarray):
+        length = length.astype(np.int64)  # unsigned lengths (uint16, as stored) would wrap around when negated
     return -(-length // multiple) * multiple
 
 

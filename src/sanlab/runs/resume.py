@@ -9,7 +9,7 @@ import yaml
 
 from sanlab.config import Config, dump_config, validate
 from sanlab.config_yaml import read_yaml_mapping
-from sanlab.data.fingerprint import changes, fingerprints
+from sanlab.data.fingerprint import changes, fingerprints, with_content
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
 from sanlab.training import rundir
@@ -103,7 +103,8 @@ def check_training_data(run_dir: Path, config: Config, *, allow_changed: bool) -
         raise DataError(f"changed since this run last trained on it ({found[first]}){more}; resuming would "
                         "continue on other data: pass --allow-changed-data to do so anyway, or start a new run "
                         "(another --run directory, or --overwrite)", path=first)
-    if current != recorded:
+    current = with_content(recorded, current)
+    if current != {p: recorded.get(p) for p in current}:
         meta["data_fingerprint"] = {**recorded, **current}
         write_json(path, meta)
     return [f"{p}: {what}" for p, what in found.items()]

@@ -117,9 +117,11 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     if run_dir is not None and all(p.exists() for p in RunLayout(run_dir).subword_models(joint=joint)):
         return load_subwords(run_dir, joint=joint)
     d = config.data
+    # sentencepiece's version too: another version trains another model from the same texts and seed
     key = entry_key({"v": PREPARE_VERSION, "files": [[fingerprint(c.src), fingerprint(c.tgt)]
                                                      for c in config.data.train_corpora],
-                     "subword": d.subword.model_dump(), "skip_empty": d.skip_empty})
+                     "subword": d.subword.model_dump(), "skip_empty": d.skip_empty,
+                     "sentencepiece": _sentencepiece_version()})
     entry = cache_root() / f"subword-{key}"
     build_once(entry, check=lambda e: load_subwords(e, joint=joint), build=lambda tmp: _train_subwords(config, tmp, log),
                log=log)
@@ -129,6 +131,12 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     for target in RunLayout(run_dir).subword_files(joint=joint):  # .vocab first, .model last
         _copy_atomic(entry / target.name, target)
     return load_subwords(run_dir, joint=joint)
+
+
+def _sentencepiece_version() -> str:
+    from importlib.metadata import version
+
+    return version("sentencepiece")
 
 
 # ----------------------------------------------------------------------------- encoded corpora
