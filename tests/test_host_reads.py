@@ -41,6 +41,10 @@ DECODERS += [pytest.param({side: {"heads": HEADS, "parts": [cfg.model_dump()]}},
              for side in ("attention", "cross_attention")]
 DECODERS += [pytest.param({"mixer": {"type": name}}, id=f"mixer-{name}")
              for name in MIXERS.names() if name not in ("attention", "block")]  # block is encoder-only
+# the banded plan (taken by `auto` from 128 keys on, beyond these short steps): its layout from the positions
+DECODERS += [pytest.param({"attention": {"heads": HEADS, "plan": "banded", "parts": [cfg.model_dump()]}},
+                          id=f"{name}-banded") for name in ("window", "csan2d")
+             for cfg in PARTS.entry(name).config.examples()[:1]]
 
 
 @pytest.mark.parametrize("decoder", DECODERS)

@@ -46,7 +46,7 @@ class HostReads(torch.overrides.TorchFunctionMode):
     """
 
     NAMES = frozenset({"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy",
-                       "nonzero", "masked_select", "unique"})
+                       "nonzero", "masked_select", "unique", "equal"})
 
     def __init__(self):
         super().__init__()

@@ -181,3 +181,26 @@ def test_plan_banded_for_a_whole_stack_leaves_layers_without_parts_dense(monkeyp
     x = torch.randn(2, 5, 16)
     pos = Positions.self_attention(None, length=5)
     torch.testing.assert_close(plain(x, positions=pos).output, reference(x, positions=pos).output)
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_attention_dropout_sits_where_the_dense_plan_puts_it(kind, monkeypatch):
+    """Dropout of the attention weights (after the softmax, before the values, scaled by 1/(1-p)): a random mask
+    cannot be compared across the two layouts, so ``F.dropout`` is made the deterministic scaling it is in
+    expectation, and the two plans must agree in training mode in values and gradients (and differ from eval)."""
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, training=True, inplace=False: x / (1 - p) if training and p
+                        else x)
+    part = _part(kind, 2)
+    dense = Attention(dim=16, heads=4, parts=[part], plan="dense", dropout=0.3).double().train()
+    fast = Attention(dim=16, heads=4, parts=[part], plan="banded", dropout=0.3).double().train()
+    fast.load_state_dict(dense.state_dict())
+    valid = _valid(11)
+    x = torch.randn(3, 11, 16, dtype=torch.float64, requires_grad=True)
+    positions = Positions.self_attention(valid, length=11, causal=False)
+    want, got = dense(x, positions=positions).output, fast(x, positions=positions).output
+    torch.testing.assert_close(got, want)
+    grads = [torch.autograd.grad(out[valid].sum(), x)[0] for out in (want, got)]
+    torch.testing.assert_close(grads[1], grads[0])
+    assert (got - dense.eval()(x, positions=positions).output)[valid].abs().max() > 1e-3  # dropout did run

@@ -230,3 +230,33 @@ def test_bi_direct_runs_on_the_fused_plan_and_equals_dense(monkeypatch):
     traced = dense(x, positions=pos, need_trace=True)  # a trace forces the dense plan
     torch.testing.assert_close(fused, traced.output)
     assert torch.all(traced.trace["weights"][:, 2].triu(1) == 0)  # forward head: nothing above the diagonal
+
+
+# ----------------------------------------------------------------------------- the Gaussian parts under autocast
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("part_cfg", [
+    {"type": "neighbor"},
+    {"type": "neighbor", "neighbor_mode": "sperber"},  # sigma_init rand, squared: widths up to 1000^2
+    {"type": "local_hard", "truncate": True},
+    {"type": "local_soft"},
+    {"type": "local_soft", "window": "layer"},
+], ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_gaussian_geometry_is_fp32_under_autocast(part_cfg, low):
+    """Under bf16/fp16 autocast the centre, width and bias are the fp32 ones from the same (low-precision)
+    query: in bf16, positions past 256 are not whole numbers; in fp16, (j - c)^2 overflows from 182 apart
+    (NaN scores where w^2 overflows too). A 600-token sentence reaches both."""
+    torch.manual_seed(0)
+    attn = _build(part_cfg, dim=16)
+    part, length = attn.parts[0], 600
+    q_full = torch.randn(1, length, 16).to(low)  # what the query projection gives under autocast
+    k = torch.randn(1, 4, length, 4).to(low)
+    low_ctx = replace(_ctx(length=length, q_full=q_full), k=k)
+    wide_ctx = replace(_ctx(length=length, q_full=q_full.float()), k=k.float())
+    with torch.autocast("cpu", dtype=low):
+        got = part.bias(low_ctx)
+        mask = part.mask(low_ctx) if part_cfg.get("truncate") else None
+    want = part.bias(wide_ctx)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if mask is not None:
+        assert torch.equal(mask, part.mask(wide_ctx))

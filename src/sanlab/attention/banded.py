@@ -76,7 +76,10 @@ def describe(parts: StageParts, *, heads: int, causal: bool, device: torch.devic
 
 def _start(ctx: AttentionContext, *, queries: int, keys: int) -> int:
     """Position of the first query; checks the layout the plan relies on (key j at position j,
-    queries at consecutive positions), which every ``Positions`` constructor produces."""
+    queries at consecutive positions), which every ``Positions`` constructor produces and records as
+    ``query_start`` (a plain int: nothing to read from the device). Positions built otherwise are checked."""
+    if ctx.positions.query_start is not None:
+        return ctx.positions.query_start
     q_pos, k_pos = ctx.q_pos, ctx.k_pos
     p0 = int(q_pos[0]) if queries else 0
     if not (torch.equal(k_pos, torch.arange(keys, device=k_pos.device))

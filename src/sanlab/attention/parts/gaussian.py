@@ -99,10 +99,16 @@ class GaussianLocalness(AttentionPart):
         raise NotImplementedError
 
     def geometry(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        """(centre, width), computed once per call (``ctx.memo``) and shared by the score/mask/weight hooks."""
+        """(centre, width), computed once per call (``ctx.memo``) and shared by the score/mask/weight hooks.
+
+        In fp32 (fp64 when given fp64) whatever autocast does, the predictors included: in bf16, positions past
+        256 are not whole numbers any more and a predicted centre (L - 1) p lands keys away from where fp32 puts
+        it; in fp16, (j - c)^2 overflows from |j - c| = 182 and w^2 from w = 256 (inf / inf: NaN scores)."""
         def compute() -> tuple[Tensor, Tensor]:
-            lengths = base_visibility(ctx).sum(-1, keepdim=True).to(ctx.q_full.dtype)  # [b|1, 1, i, 1]
-            return self.centre_and_width(ctx, lengths)
+            wide = torch.promote_types(ctx.q_full.dtype, torch.float32)
+            lengths = base_visibility(ctx).sum(-1, keepdim=True).to(wide)  # [b|1, 1, i, 1]
+            with torch.autocast(device_type=ctx.q_full.device.type, enabled=False):
+                return self.centre_and_width(ctx, lengths)
 
         return ctx.memo.once(self, compute)
 
@@ -133,13 +139,14 @@ class GaussianLocalness(AttentionPart):
 
         def mod(score, b, h, q_idx, kv_idx):
             bias = -2.0 * (k_pos[kv_idx] - centre[b, h, q_idx]).pow(2) / width[b, h, q_idx].pow(2)
-            return torch.where(h >= first, score + bias, score)
+            return torch.where(h >= first, score + bias.to(score.dtype), score)
 
         return mod
 
     def _on_local_heads(self, x: Tensor, fn) -> Tensor:
         first = self.heads - self.local_heads  # the non-local heads come first (reference code)
-        return torch.cat([x[:, :first], fn(x[:, first:])], dim=1)  # [b, h, i, j]
+        local = fn(x[:, first:])  # in fp32 under autocast (the bias is): every head goes to that type
+        return torch.cat([x[:, :first].to(local.dtype), local], dim=1)  # [b, h, i, j]
 
     def score(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
         bias = self.bias(ctx)
@@ -158,7 +165,8 @@ class NeighborCSAN(GaussianLocalness):
 
     def centre_and_width(self, ctx: AttentionContext, lengths: Tensor) -> tuple[Tensor, Tensor]:
         centre = ctx.q_pos.to(lengths.dtype)[:, None]  # [i, 1]
-        return centre, lengths * self.predict(ctx.q_full) + WIDTH_FLOOR  # [i, 1], [b, local, i, 1]
+        width = lengths * self.predict(ctx.q_full.to(lengths.dtype)) + WIDTH_FLOOR  # [b, local, i, 1]
+        return centre, width
 
 
 class NeighborSperber(GaussianLocalness):
@@ -193,7 +201,7 @@ class LocalHard(GaussianLocalness):
         return (("mask",) if self.truncate else ()) + (("weights",) if self.luong_exact else ("score",))
 
     def centre_and_width(self, ctx: AttentionContext, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        centre = (lengths - 1.0) * self.predict(ctx.q_full)  # [b, local, i, 1]
+        centre = (lengths - 1.0) * self.predict(ctx.q_full.to(lengths.dtype))  # [b, local, i, 1]
         return centre, torch.full_like(centre, self.window)
 
     def mask(self, ctx: AttentionContext) -> Tensor:
@@ -230,7 +238,7 @@ class LocalSoft(GaussianLocalness):
         self.window_mode, self.fixed_window = window, fixed_window
 
     def centre_and_width(self, ctx: AttentionContext, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.predict(ctx.q_full)  # [b, local (x2 for query), i, 1]
+        out = self.predict(ctx.q_full.to(lengths.dtype))  # [b, local (x2 for query), i, 1]
         centre = (lengths - 1.0) * out[:, :self.local_heads]  # [b, local, i, 1]
         if self.window_mode == "fixed":
             return centre, torch.full_like(centre, self.fixed_window)
@@ -241,7 +249,7 @@ class LocalSoft(GaussianLocalness):
     @staticmethod
     def mean_key(ctx: AttentionContext, lengths: Tensor) -> Tensor:
         """K-bar: mean of the full-width keys visible to each query (a prefix mean under causality)."""
-        keys = ctx.k.transpose(1, 2).flatten(2)  # [b, j, h*d]
+        keys = ctx.k.transpose(1, 2).flatten(2).to(lengths.dtype)  # [b, j, h*d]
         visible = base_visibility(ctx)[:, 0].to(keys.dtype)  # [b|1, i, j]
         return torch.matmul(visible, keys) / lengths[:, 0]  # [b, i, h*d]
 
