@@ -37,7 +37,7 @@
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
-#   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT: seconds per step
+#   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT: seconds per step
 #   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10).
 # A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`, and the device tool carries
 # only the checkout: the data (GPU_DATA=.gpu-data: `mkdir -p .gpu-data && cp ../shared/data/multi30k/*.gz
@@ -71,10 +71,14 @@ done
 
 SITE=/tmp/sanlab-site
 if compgen -G ".whl/*.whl" > /dev/null; then
-    # once per machine: concurrent invocations (tests beside the run) must not install into one folder together
+    # once per machine, under a lock: two invocations started together (tests beside the cells) must not install
+    # into one folder at once (pip --target --upgrade replaces package folders another may be importing from)
     if [ ! -e "$SITE/.installed" ]; then
-        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-            .whl/*.whl && touch "$SITE/.installed" || exit 1
+        (
+            if command -v flock > /dev/null; then flock 9; fi  # (util-linux; without it, as before: unlocked)
+            [ -e "$SITE/.installed" ] || { $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                --upgrade --target "$SITE" .whl/*.whl && touch "$SITE/.installed"; }
+        ) 9> "$SITE.lock" || exit 1
     fi
     export PYTHONPATH="$SITE:$PWD/src"
 else
@@ -220,12 +224,22 @@ EOF
     fi
     # cells finished and scored in this step: their tracked files (results/compare/.gitignore), no checkpoints
     mapfile -t scored < <(find "$cells" -name compare-eval.json -newer "$stamp" -printf '%h\n' | sort)
-    for cell in "${scored[@]}"; do  # the dev hypotheses the report's n-gram gap reads (the grid scores test only)
-        timeout 120 $PY -m sanlab evaluate --run "$cell" --split valid --device "$DEVICE" 2>&1 | tail -n 1 | tee -a "$report"
-    done
+    pack() {  # written before the dev decodes and again after them (atomically), so that a call cut off while
+              # decoding still brings its cells back
+        tar czf "$REPORT_DIR/.table1-cells.tmp" --exclude=checkpoints --exclude=tensorboard --exclude=averaged \
+            --exclude='subword.*' --exclude=.lock --exclude=eval-best.json --exclude='.*.tmp*' --exclude='.*.old' \
+            "${scored[@]}" && mv "$REPORT_DIR/.table1-cells.tmp" "$REPORT_DIR/table1-cells.tar.gz"
+    }
     if [ "${#scored[@]}" -gt 0 ]; then
-        tar czf "$REPORT_DIR/table1-cells.tar.gz" --exclude=checkpoints --exclude=tensorboard --exclude=averaged \
-            --exclude='subword.*' --exclude=.lock --exclude=eval-best.json "${scored[@]}"
+        pack
+        {  # the dev hypotheses the report's n-gram gap reads (the grid scores test only), side by side: the GPU
+           # has room, and the call's minutes are few
+            for cell in "${scored[@]}"; do
+                timeout 120 $PY -m sanlab evaluate --run "$cell" --split valid --device "$DEVICE" 2>&1 | tail -n 1 &
+            done
+            wait
+        } | tee -a "$report"
+        pack
         echo "scored here, in $REPORT_DIR/table1-cells.tar.gz (sanlab compare $grid --import it): ${scored[*]}" \
             | tee -a "$report"
     else
