@@ -691,6 +691,34 @@ def test_command_line(tmp_path, capsys, monkeypatch):
                     "references": "r.de", "tokenize": "intl", "bootstrap_samples": 20, "bootstrap_seed": 4}
 
 
+def test_runs_scored_against_other_references_are_refused_unless_references_are_given(corpus, tmp_path):
+    """Runs whose configs point the split at other references (with as many lines) cannot be compared sentence
+    by sentence: refused, naming both files. A copy of the same file elsewhere is the same test set."""
+    from sanlab.errors import ConfigError
+
+    base, other = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "other")
+    for run in (base, other):
+        (run / "hyp-best-test.txt").write_text(f"{BASE_HYP}\n{REF}\n{REF}\n")
+
+    def point_test_at(target):
+        config = (other / "config.yaml").read_text()
+        (other / "config.yaml").write_text(config.replace(str(corpus / "test.tgt"), str(target)))
+
+    copy = tmp_path / "copy.tgt"
+    copy.write_bytes((corpus / "test.tgt").read_bytes())
+    point_test_at(copy)
+    analyze.ngram_gap([other], baseline=base, out=tmp_path / "same")  # the same bytes: one test set
+    elsewhere = tmp_path / "elsewhere.tgt"
+    elsewhere.write_text("a b c\nd e f\ng h i\n")  # three lines, like the first run's references
+    (other / "config.yaml").write_text((other / "config.yaml").read_text().replace(str(copy), str(elsewhere)))
+    with pytest.raises(ConfigError, match=rf"{other}: its 'test' references are {elsewhere}, .*'s are "
+                                          rf"{corpus / 'test.tgt'}"):
+        analyze.ngram_gap([other], baseline=base, out=tmp_path / "gap")
+    refs = tmp_path / "refs.txt"
+    refs.write_text(f"{REF}\n{REF}\n{REF}\n")
+    analyze.ngram_gap([other], baseline=base, out=tmp_path / "given", references=refs)  # one set for all
+
+
 def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(corpus, tmp_path):
     base, csan = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "csan")
     for run, first in ((base, BASE_HYP), (csan, REF)):

@@ -107,6 +107,9 @@ def test_section_from_known_per_seed_numbers(tmp_path):
     assert direction(replace(shown, seeds_test=replace(three, mark=""))) == "n.s."  # 3 a side: the seeds test decides
     assert direction(replace(shown, seeds_test=replace(three, mark="↑"), mark="")) == "same"
     assert direction(replace(shown, paper={"All": 92.50})) == "same"  # +0.10 as printed is not below the floor
+    # Δ over every seed done may have the other sign than the paired tests' majority: the mark gives the way
+    assert direction(replace(shown, delta=-0.07, mark="↑")) == "same"
+    assert direction(replace(shown, delta=+0.07, mark="↓")) == "opposite"
     table = "\n".join(render_markdown(build_report(grid, command="test")).splitlines())
     assert "**Partial table: 0 of 7 cells done.**" in table  # nothing on disk for the real grid
 

@@ -116,6 +116,8 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
 
     configs = [_translation_config(r) for r in run_dirs]
     name, files = held_out_split(configs[0], split)
+    if not references:
+        _one_test_set(run_dirs, [held_out_split(c, name)[1].tgt for c in configs], name)
     from_config = not references or (need_sources and not sources)
     pairs = read_parallel(files.src, files.tgt, keep_empty=True) if from_config else []  # every line, as scored
     refs = list(open_text(references)) if references else [t for _, t in pairs]
@@ -126,6 +128,22 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
     hyps = {label: load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs))
             for label, r in zip(labels, run_dirs)}
     return {"split": name, "sources": src, "references": refs, "hypotheses": hyps}
+
+
+def _one_test_set(run_dirs: Sequence[PathLike], targets: list[str], split: str) -> None:
+    """Every run's ``split`` is scored against the first run's references (the same file, or the same bytes):
+    hypotheses of another test set with as many lines would otherwise be scored and tested against these."""
+    import hashlib
+
+    def digest(path: str) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    first = targets[0]
+    for run_dir, target in zip(run_dirs[1:], targets[1:]):
+        if Path(target).resolve() != Path(first).resolve() and digest(target) != digest(first):
+            raise ConfigError(f"{run_dir}: its {split!r} references are {target}, {run_dirs[0]}'s are {first}: "
+                              "other test sets cannot be compared sentence by sentence; analyse runs of one test "
+                              "set, or give --references FILE to score them all against one")
 
 
 def bootstrap_options(samples: int | None, seed: int | None) -> tuple[int, int]:

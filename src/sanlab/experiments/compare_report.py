@@ -325,8 +325,9 @@ def build_report(grid: Grid, *, command: str) -> Report:
            "lenient (in a simulated null with seed variation it rejected 10-16% at p < 0.05, the per-seed majority "
            "59-87%; docs/compare.md), but unlike the per-seed majority it sees seed variation at all.",) if any(s.has_seeds_tests for s in sections)
           else ()),
-        *((f"direction: whether our Δ has the sign of the paper's Δ, said only when ours is significant (the "
-           f"seeds test with {SEEDS_FOR_A_MARK}+ seeds a side, else sig.): same / opposite; n.s. when ours is not; "
+        *((f"direction: whether our significant result points the way of the paper's Δ, by the arrow of the mark "
+           f"that decides (the seeds test with {SEEDS_FOR_A_MARK}+ seeds a side, else sig.): same / opposite; n.s. "
+           "when neither marks; "
            f"paper ≈ 0 when the paper's Δ is below {PAPER_DELTA_FLOOR} (no sign to agree with). A direction, not "
            "a reproduction of the size.",) if any(s.paper_delta_column for s in sections) else ()),
         *grid.kind.legend,

@@ -138,9 +138,10 @@ class Section:
         return None if row.baseline or not isinstance(value, float) else value - base.paper[column]
 
     def direction(self, row: Row) -> str:
-        """``same`` / ``opposite``: whether our Δ, when significant, has the sign of the paper's; ``n.s.``
+        """``same`` / ``opposite``: whether our significant result points the way the paper's Δ does; ``n.s.``
         when ours is not significant (the seeds test decides where it can mark, i.e. with
-        ``SEEDS_FOR_A_MARK`` seeds a side, else the per-seed majority mark);
+        ``SEEDS_FOR_A_MARK`` seeds a side, else the per-seed majority mark). The mark that decides gives the
+        way, not Δ: a mean over unpaired seeds can have the other sign than the paired tests' majority;
         ``paper ≈ 0`` when the paper's own Δ is below ``PAPER_DELTA_FLOOR`` (no sign to agree with);
         ``""`` if either Δ is missing."""
         paper = self.paper_delta(row)
@@ -153,7 +154,7 @@ class Section:
         significant = seeds.mark if decides else row.mark
         if not significant:
             return "n.s."
-        return "same" if (paper > 0) == (row.delta > 0) else "opposite"
+        return "same" if (paper > 0) == (significant in ("⇑", "↑")) else "opposite"
 
 
 @dataclass(frozen=True)
