@@ -5,6 +5,7 @@ import io
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from sanlab.config import dump_config, validate
 from sanlab.data.synthetic import write_tagging_corpus
 from sanlab.errors import ConfigError
 from sanlab.runs import load_trained, train_run
+from sanlab.runs.resume import load_run_config
+from sanlab.runs.trained import select_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,21 @@ def test_average_replaces_only_an_averaged_checkpoint(translation_run, capsys):
         assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(target)]) == 2
         assert f"{target}: exists and is not an averaged checkpoint" in capsys.readouterr().err
     assert sorted(p.relative_to(translation_run) for p in translation_run.rglob("*")) == before
+
+
+def test_average_output_leaves_the_directories_beside_it_alone(translation_run, tmp_path):
+    """--output may be anywhere: the staging and set-aside names beside it are new ones, never a user's
+    ``.NAME.tmp`` or ``.NAME.old`` emptied or replaced."""
+    output = tmp_path / "mine" / "avg"
+    output.parent.mkdir()
+    for name in (".avg.tmp", ".avg.old"):
+        (output.parent / name).mkdir()
+        (output.parent / name / "notes.txt").write_text("keep me")
+    for _ in range(2):  # written, then replaced
+        assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(output)]) == 0
+        assert sorted(p.name for p in output.parent.iterdir()) == [".avg.old", ".avg.tmp", "avg"]
+    assert all((output.parent / n / "notes.txt").read_text() == "keep me" for n in (".avg.tmp", ".avg.old"))
+    assert sorted(p.name for p in output.iterdir()) == ["meta.json", "model.safetensors"]
 
 
 def test_translate_reads_stdin_and_writes_one_line_per_input(translation_run, monkeypatch, capsys):
@@ -135,25 +153,73 @@ def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(trans
         assert message in capsys.readouterr().err, argv
 
 
-def test_a_checkpoint_pruned_while_it_is_loaded_is_chosen_again(translation_run, monkeypatch):
-    """A training process may delete the chosen checkpoint between choosing and reading it."""
-    import sanlab.runs.trained as runs  # (where load_trained reads the weights)
+def test_a_checkpoint_pruned_while_it_is_loaded_is_chosen_again(translation_run, tmp_path, monkeypatch):
+    """A training process may prune the chosen checkpoint between choosing and reading it: the checkpoint
+    code's own rename-away (not a stand-in error), then the next best is loaded."""
+    import shutil
 
-    real, calls = runs.load_weights, []
+    from sanlab.training import checkpoint as ckpt
 
-    def pruned_once(model, path):
-        calls.append(path)
-        if len(calls) == 1:
-            raise FileNotFoundError(f"No such file or directory: {path}/model.safetensors")
-        real(model, path)
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    real, read = ckpt.load_model, []
 
-    monkeypatch.setattr(runs, "load_weights", pruned_once)
-    load_trained(translation_run, checkpoint="best")
-    assert len(calls) == 2
-    calls.clear()
-    monkeypatch.setattr(runs, "load_weights", lambda model, path: (_ for _ in ()).throw(FileNotFoundError(path)))
+    def pruned_before_reading(model, filename):
+        read.append(Path(filename).parent.name)
+        if len(read) == 1:
+            ckpt._remove(Path(filename).parent)
+        return real(model, filename)
+
+    monkeypatch.setattr(ckpt, "load_model", pruned_before_reading)
+    chosen_first = select_checkpoint(run, "best", load_run_config(run)).name
+    load_trained(run, checkpoint="best")
+    assert read[0] == chosen_first and len(read) == 2 and read[1] != chosen_first
+    assert not (run / "checkpoints" / chosen_first).exists()
+
+    def always_pruned(model, filename):  # and a newer one written meanwhile, as a training process does
+        chosen = Path(filename).parent
+        shutil.copytree(chosen, chosen.with_name(f"step-{int(chosen.name.removeprefix('step-')) + 1000:08d}"))
+        ckpt._remove(chosen)
+        return real(model, filename)
+
+    monkeypatch.setattr(ckpt, "load_model", always_pruned)
     with pytest.raises(ConfigError, match="disappeared while it was loaded"):
-        load_trained(translation_run, checkpoint="best")
+        load_trained(run, checkpoint="best")
+
+
+def test_a_checkpoint_without_its_weights_is_damaged_not_pruned(translation_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    chosen = select_checkpoint(run, "best", load_run_config(run))
+    (chosen / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match="no model.safetensors"):
+        load_trained(run, checkpoint="best")
+
+
+def test_listing_skips_a_checkpoint_pruned_while_listed(translation_run, tmp_path, monkeypatch):
+    import shutil
+
+    from sanlab.training import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    directory = run / "checkpoints"
+    names = sorted(p.name for p in directory.glob("step-*"))
+    real = ckpt.read_meta
+
+    def pruned_while_listed(checkpoint):
+        if checkpoint.name == names[0]:
+            ckpt._remove(checkpoint)
+        return real(checkpoint)
+
+    monkeypatch.setattr(ckpt, "read_meta", pruned_while_listed)
+    assert [Path(m["path"]).name for m in ckpt.complete_checkpoints(directory)] == names[1:]
+    monkeypatch.setattr(ckpt, "read_meta", real)
+    (directory / names[1] / "meta.json").unlink()  # still there, without its meta: damaged, an error
+    with pytest.raises(ConfigError, match="checkpoint without meta.json"):
+        ckpt.complete_checkpoints(directory)
 
 
 def test_run_directory_records_provenance(translation_run):

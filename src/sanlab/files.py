@@ -83,16 +83,25 @@ def read_json(path: Path | str, *, remedy: str = "delete it to redo what wrote i
 def replace_directory(tmp: Path, final: Path) -> None:
     """Move the finished directory ``tmp`` (flushed here) to ``final``. An older ``final`` is renamed aside
     first and deleted after, so ``final`` is never a mix of the two; only for the instant between the two
-    renames is it absent (a crash there leaves the old one as ``.<name>.old``)."""
+    renames is it absent (a crash there leaves the old one as ``.<name>.XXXX.old``). The aside name is a
+    new one each time: ``final`` may be anywhere (``sanlab average --output``), and a fixed name could be
+    someone's directory."""
     for f in (*tmp.iterdir(), tmp):
         fsync(f)
-    old = final.with_name(f".{final.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
+    old = None
     if final.exists():
-        os.replace(final, old)
+        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+        os.replace(final, old)  # (onto the empty directory mkdtemp made: allowed for directories)
     os.replace(tmp, final)
     fsync(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def staging_directory(final: Path) -> Path:
+    """A new, empty directory beside ``final`` to write its replacement in (``replace_directory``): a name
+    of its own, so that nothing already there is emptied or written into."""
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
 
 
 def check_output_file(path: Path | str | None, *, flag: str = "--output") -> None:

@@ -109,3 +109,30 @@ def test_a_crash_on_one_rank_ends_the_others_with_its_message_and_the_run_resume
     assert main(["train", str(config), "--run", str(run), "--nproc", "2", "--quiet"]) == 0
     assert "resumed from" in (run / "train.log").read_text()
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] == "step-00000006"
+
+
+class _OldDDP:
+    """DistributedDataParallel's constructor as torch 2.5 to 2.12 have it: no ``forward_sync_buffers``."""
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
+                 find_unused_parameters=False):
+        self.kwargs = {"broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters}
+
+
+class _NewDDP:
+    """And as newer releases have it, where ``forward_sync_buffers`` replaces ``broadcast_buffers``."""
+
+    def __init__(self, module, device_ids=None, broadcast_buffers=None, find_unused_parameters=False,
+                 forward_sync_buffers=None):
+        self.kwargs = {"forward_sync_buffers": forward_sync_buffers, "broadcast_buffers": broadcast_buffers}
+
+
+@pytest.mark.parametrize("ddp, expected", [(_OldDDP, {"broadcast_buffers": False, "find_unused_parameters": True}),
+                                           (_NewDDP, {"forward_sync_buffers": False, "broadcast_buffers": None})])
+def test_wrap_turns_off_buffer_sync_by_the_name_this_torch_knows(monkeypatch, ddp, expected):
+    # torch 2.13 renamed the switch; passing the new name to an older torch is a TypeError at the first update
+    from sanlab.training.distributed import Distributed
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp)
+    wrapped = Distributed(rank=0, world_size=2).wrap(torch.nn.Linear(2, 2), find_unused_parameters=True)
+    assert wrapped.kwargs == expected

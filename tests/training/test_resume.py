@@ -543,3 +543,33 @@ def test_a_run_path_that_is_a_file_is_refused_and_an_untrained_run_has_nothing_t
     with pytest.raises(ConfigError, match=r"averaged: no model.safetensors in this checkpoint directory \(run "
                                           r"`sanlab average --run .*trained --last N` first\)"):
         load_trained(trained, checkpoint="averaged")
+
+
+def test_a_resume_that_cannot_continue_the_gpu_random_streams_says_so(tmp_path, tiny_translation, monkeypatch):
+    """A GPU run resumed on the CPU (or on a GPU the checkpoint has no stream of) is not an exact resume:
+    the log says so instead of continuing quietly."""
+    from sanlab.training import loop
+
+    real = loop.rng_state
+    monkeypatch.setattr(loop, "rng_state", lambda: {**real(), "cuda": [torch.zeros(16, dtype=torch.uint8)]})
+    train_run(tiny_translation(max_steps=3), tmp_path / "run", quiet=True)
+    monkeypatch.setattr(loop, "rng_state", real)
+    train_run(tiny_translation(max_steps=5), tmp_path / "run", quiet=True)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert ("WARNING: not an exact resume: the checkpoint has the random streams of 1 GPU(s) and this run "
+            "computes on cpu") in log
+
+
+def test_each_gpu_stream_goes_back_to_the_gpu_of_its_index(monkeypatch):
+    from sanlab.training.checkpoint import rng_state, set_rng_state
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: restored.append((int(state[0]), index)))
+    state = {**rng_state(), "cuda": [torch.full((4,), 7, dtype=torch.uint8)]}
+    assert set_rng_state(state, torch.device("cuda", 0)) is None and restored == [(7, 0)]
+    assert "none for cuda:1" in set_rng_state(state, torch.device("cuda", 1))  # saved on one GPU, here two
+    state["cuda"] *= 3
+    restored.clear()
+    assert set_rng_state(state, torch.device("cuda", 1)) is None and restored == [(7, 0), (7, 1)]

@@ -42,6 +42,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
             raise ConfigError(f"--checkpoint {which}: no such checkpoint of {run_dir}; give best, last, averaged "
                               f"(after `sanlab average`), a step-N name of this run ({steps}) or a checkpoint "
                               "directory")
+    if which in ("best", "last") and not path.is_dir():
+        raise FileNotFoundError(f"{path} was removed")  # (as above: pruned between the two looks)
     if not (path / WEIGHTS).exists():
         hint = f" (run `sanlab average --run {run_dir} --last N` first)" if which == "averaged" else ""
         raise ConfigError(f"{path}: no {WEIGHTS} in this checkpoint directory{hint}")

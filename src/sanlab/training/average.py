@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from sanlab.errors import ConfigError
-from sanlab.files import read_json, replace_directory, write_json
+from sanlab.files import read_json, replace_directory, staging_directory, write_json
 from sanlab.training.checkpoint import META, WEIGHTS, checksums, read_weights
 
 
@@ -40,10 +40,14 @@ def write_average(checkpoints: list[Path], output: Path) -> Path:
     if output.exists() and not is_averaged_checkpoint(output):  # it would be deleted and replaced
         raise ConfigError(f"{output}: exists and is not an averaged checkpoint (no meta.json naming the averaged "
                           "checkpoints); refusing to replace it: choose a new --output")
-    tmp = output.with_name(f".{output.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(average_weights(checkpoints), str(tmp / WEIGHTS))
-    write_json(tmp / META, {"averaged": [str(p) for p in checkpoints], "sha256": checksums(tmp)})
-    replace_directory(tmp, output)
+    weights = average_weights(checkpoints)  # (before anything is written: unreadable checkpoints fail here)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = staging_directory(output)
+    try:
+        save_file(weights, str(tmp / WEIGHTS))
+        write_json(tmp / META, {"averaged": [str(p) for p in checkpoints], "sha256": checksums(tmp)})
+        replace_directory(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # ours alone: made above under a new name
+        raise
     return output

@@ -82,12 +82,26 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> str | None:
+    """Restore what ``rng_state`` saved. Each GPU's stream goes back to the GPU of its index; what cannot be
+    continued (a GPU run resumed on the CPU, or on a GPU the checkpoint has no stream of) is returned as a
+    sentence for the log, since the resume is then not the run it was."""
     torch.set_rng_state(state["torch"])
     random.setstate(_as_tuple(state["python"]))
     cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)  # (a GPU run resumed on the CPU has no CUDA stream to continue)
+    if cuda is None:
+        return None
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index in range(min(len(cuda), here)):
+        torch.cuda.set_rng_state(cuda[index], index)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type != "cuda":
+        return (f"the checkpoint has the random streams of {len(cuda)} GPU(s) and this run computes on {device}: "
+                "its dropout draws start anew")
+    if (device.index or 0) >= len(cuda):
+        return (f"the checkpoint has the random streams of {len(cuda)} GPU(s), none for {device}: its dropout "
+                "draws start anew")
+    return None
 
 
 def _as_tuple(x):
@@ -98,8 +112,16 @@ def complete_checkpoints(directory: Path) -> list[dict]:
     """Meta (plus ``path``) of every checkpoint in ``directory``, oldest first. A ``step-N`` directory is
     complete by construction (written under a temporary name, then renamed), so one without a readable
     ``meta.json`` was damaged afterwards: an error naming it, never a checkpoint to skip (training would
-    start again and write over it)."""
-    return [{**read_meta(d), "path": str(d)} for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*"))]
+    start again and write over it). One pruned between listing and reading (a training process beside a
+    reader renames it away whole) is left out: it is gone, not damaged."""
+    found = []
+    for checkpoint in sorted(Path(directory).glob(f"{STEP_PREFIX}*")):
+        try:
+            found.append({**read_meta(checkpoint), "path": str(checkpoint)})
+        except ConfigError:
+            if checkpoint.is_dir():
+                raise
+    return found
 
 
 def read_meta(checkpoint: Path) -> dict:
@@ -123,9 +145,12 @@ def latest_checkpoint(directory: Path) -> Path | None:
             raise ConfigError(f"{pointer}: expected {{\"checkpoint\": \"step-N\"}}, found {latest}; delete it to "
                               "resume from the newest complete checkpoint")
         path = Path(directory) / latest["checkpoint"]
-        if path.is_dir():
+        try:
             read_meta(path)  # damaged: an error, not a fall-back that training would write over
             return path
+        except ConfigError:
+            if path.is_dir():
+                raise  # (gone, pruned since latest.json named it: the newest complete one below)
     complete = complete_checkpoints(directory)
     return Path(complete[-1]["path"]) if complete else None
 
@@ -238,10 +263,17 @@ def _unreadable(path: Path, err: Exception) -> ConfigError:
 
 
 def load_weights(model: nn.Module, checkpoint: Path) -> None:
+    """Load ``checkpoint``'s weights into ``model``. A checkpoint directory that is gone (pruned by a training
+    process since it was chosen) raises FileNotFoundError, so that the caller can choose again; a directory
+    without its weights, or with damaged ones, is a DamagedCheckpoint."""
     path = Path(checkpoint) / WEIGHTS
-    verify(path)
     try:
+        verify(path)
         load_model(model, str(path))
+    except FileNotFoundError as err:
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{path.parent} was removed") from None
+        raise _unreadable(path, err) from None
     except (SafetensorError, OSError) as err:
         raise _unreadable(path, err) from None
     except RuntimeError as err:  # missing, unexpected or differently shaped tensors

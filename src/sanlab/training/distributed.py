@@ -14,6 +14,7 @@ collectives are identities, so the training loop has one code path.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,13 @@ T = TypeVar("T")
 # The main process validates (BLEU decoding of the whole dev set) while the others wait in a
 # collective: allow far longer than gloo's 30-minute default.
 COLLECTIVE_TIMEOUT = timedelta(hours=4)
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for broadcasting buffers in forward, by this torch's name for it: newer releases call it
+    ``forward_sync_buffers`` (deprecating ``broadcast_buffers``); torch 2.5 to 2.12 know only ``broadcast_buffers``."""
+    parameters = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers": False}
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class Distributed:
         # Buffers are not synchronised in forward: ours never change in training, and a broadcast inside
         # a forward only the main process runs (validation) would wait forever for the others.
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False,
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **_no_buffer_sync(),
                                                    find_unused_parameters=find_unused_parameters)
 
     def no_sync(self, wrapped: nn.Module, sync: bool):

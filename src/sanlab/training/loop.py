@@ -152,10 +152,13 @@ class Trainer:
 
     def _restore_rng(self, state: dict) -> None:
         per_process = state.get("rng_per_process")
+        lost = None
         if per_process is not None and len(per_process) == self.dist.world_size:
-            set_rng_state(per_process[self.dist.rank])
+            lost = set_rng_state(per_process[self.dist.rank], self.dist.device)
         elif self.dist.is_main:
-            set_rng_state(state["rng"])
+            lost = set_rng_state(state["rng"], self.dist.device)
+        if lost:
+            self.log.info(f"WARNING: not an exact resume: {lost}")
         saved = state.get("processes", 1)
         if saved != self.dist.world_size:
             # Legal (the weights and optimizer are the same), but not the run it was: say so.
