@@ -271,6 +271,11 @@ def test_tagger_pipeline(tmp_path, capsys):
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.txt")]) == 0
     tagged = capsys.readouterr().out.split("\n\n")[0].splitlines()
     assert [line.split("\t")[0] for line in tagged] == ["the", "dog", "runs", "."]
+    # plain text: block n is line n (a blank line gives an empty block); tokens split at spaces and tabs only
+    (tmp_path / "in.txt").write_text("the dog runs .\n\n  \nthe\tcat\u00a0cat  runs\n")
+    assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.txt")]) == 0
+    words = [line.split("\t")[0] for line in capsys.readouterr().out.split("\n")]
+    assert words == ["the", "dog", "runs", ".", "", "", "", "the", "cat\u00a0cat", "runs", "", ""]
     # untagged CoNLL-U ("_" in UPOS), the usual input of a tagger
     (tmp_path / "in.conllu").write_text("".join(f"{i}\t{w}\t_\t_\t_\t_\t_\t_\t_\t_\n"
                                                 for i, w in enumerate("the dog runs .".split(), 1)) + "\n")

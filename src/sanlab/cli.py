@@ -223,8 +223,8 @@ def _input_path(text: str) -> str | None:
 def _register_decoding(sub) -> None:
     """``translate``, ``tag`` and ``evaluate``: the commands that load a trained model and decode with it."""
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
-                           ("tag", _cmd_tag, "tag tokenised text (one sentence per line, split at spaces; blank lines are "
-                            "skipped) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
+                           ("tag", _cmd_tag, "tag tokenised text (one sentence per line, split at spaces and tabs; a blank line "
+                            "gives an empty block) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
                             "Vietnamese's); one word<TAB>tag block per sentence"),
                            ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
         p = sub.add_parser(name, help=text)

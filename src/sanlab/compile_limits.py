@@ -5,7 +5,7 @@ by varying batch shapes or a model's several windows, and past it torch runs the
 from __future__ import annotations
 
 RECOMPILE_LIMIT = 64
-# the names of torch's settings changed in 2.6 (cache_size_limit -> recompile_limit); the first one found
+# the names of torch's settings changed in 2.7 (cache_size_limit -> recompile_limit); the first one found
 LIMIT_SETTINGS = ("recompile_limit", "cache_size_limit")
 
 

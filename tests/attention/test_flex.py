@@ -14,7 +14,7 @@ from sanlab.attention.registry import PARTS
 from sanlab.errors import ConfigError
 from sanlab.registry import BuildContext
 
-pytestmark = pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no FlexAttention (torch < 2.5)")
+pytestmark = pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no usable FlexAttention (torch < 2.6)")
 
 DIM, HEADS, LENGTHS = 16, 4, (9, 6, 1)
 EXAMPLES = [(name, n, cfg) for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())]
@@ -133,6 +133,20 @@ def test_without_flexattention_the_plan_is_not_offered(monkeypatch):
     assert "flex" not in plans.runnable(StageParts.sort([window]))
     with pytest.raises(ValueError, match="needs torch.nn.attention.flex_attention"):
         Attention(dim=DIM, heads=HEADS, parts=[window], plan="flex")
+
+
+def test_before_torch_2_7_only_heads_of_a_power_of_two_size_take_the_plan(monkeypatch):
+    """torch 2.5-2.6's FlexAttention raises "NYI: non power of 2 embedding dimension" at the first call:
+    refused when built (plan: flex), never chosen (auto)."""
+    ctx = BuildContext(dim=48, heads=1, layer_index=0, num_layers=1, side="encoder", max_len=64)
+    window = PARTS.build(PARTS.entry("window").config.examples()[0], ctx)
+    monkeypatch.setattr(flex, "TORCH", (2, 6))
+    with pytest.raises(ValueError, match="heads whose size is a power of two.*these heads have 48"):
+        Attention(dim=48, heads=1, parts=[window], plan="flex")
+    assert "flex" not in Attention(dim=48, heads=1, parts=[window], plan="auto").runnable_plans
+    assert "flex" in Attention(dim=48, heads=3, parts=[window], plan="flex").runnable_plans  # 16 a head
+    monkeypatch.setattr(flex, "TORCH", (2, 7))
+    assert "flex" in Attention(dim=48, heads=1, parts=[window], plan="flex").runnable_plans
 
 
 @pytest.mark.slow

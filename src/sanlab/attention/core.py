@@ -66,8 +66,9 @@ class Attention(nn.Module):
                 raise ValueError(f"attention parts {', '.join(readers)} {why.format(', '.join(extending))}; "
                                  "put them in different layers")
         self.stage_parts = plans.StageParts.sort(list(self.parts))
-        plans.check(plan, list(self.parts), dropout=dropout)
-        self.runnable_plans = plans.runnable(self.stage_parts)  # fixed by the parts: asked once, not per call
+        plans.check(plan, list(self.parts), dropout=dropout, head_dim=self.head_dim)
+        # fixed by the parts and the heads: asked once, not per call
+        self.runnable_plans = plans.runnable(self.stage_parts, head_dim=self.head_dim)
         # the reference for cached decoding: keep the layer input and recompute every prefix query
         # (bench/decode_speed.py --recompute times it against the cache)
         self.recompute_prefix = False

@@ -1,6 +1,6 @@
 """FlexAttention plan: masks and score biases of the parts inside one fused kernel (CUDA).
 
-``torch.nn.attention.flex_attention`` (torch >= 2.5) takes a ``mask_mod(b, h, q_idx, kv_idx) -> visible``,
+``torch.nn.attention.flex_attention`` (torch >= 2.6 here: see AVAILABLE) takes a ``mask_mod(b, h, q_idx, kv_idx) -> visible``,
 from which ``create_block_mask`` builds a block-sparse mask (blocks of 128 x 128 that no key of the window
 reaches are skipped: a window of M keys costs O(I * max(M, 128)), not O(I * J)), and a
 ``score_mod(score, b, h, q_idx, kv_idx) -> score`` applied to each scaled score before the softmax. Neither
@@ -34,12 +34,17 @@ from sanlab.attention import masks
 from sanlab.attention.parts_base import AttentionContext, StageParts
 from sanlab.compile_limits import raised_limit
 
-try:  # torch >= 2.5; without it the plan is not offered (``supports`` is False)
+try:  # without it the plan is not offered (``supports`` is False)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - the project's torch has it
     create_block_mask = flex_attention = None
 
-AVAILABLE = flex_attention is not None
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+# From torch 2.6 only, although 2.5 has the module: 2.5's create_block_mask calls the mask_mod on indices
+# rounded up to a multiple of 128, past the end of the position tensors our mods index (pytorch#137801),
+# and refuses score_mod buffers that require grad (the Gaussian parts' predicted centres and widths).
+FIRST_TORCH = (2, 6)
+AVAILABLE = flex_attention is not None and TORCH >= FIRST_TORCH
 # ``plans.choose`` takes this plan for ``auto`` on CUDA from this many keys on, for parts the banded plan cannot
 # run (it was faster than this one at every length measured). Measured on an H200 (fp32, forward + backward,
 # B 8, H 8, D 64, 1D window M 11; results/gpu.md): 3.7x slower than dense at I = 512, on par at 2048 (0.94),
@@ -55,6 +60,12 @@ def supports(parts: StageParts) -> bool:
         return False
     return (all(callable(getattr(p, "flex_mask_mod", None)) for p in parts.mask)
             and all(callable(getattr(p, "flex_score_mod", None)) for p in parts.score))
+
+
+def supports_head_dim(head_dim: int | None) -> bool:
+    """torch before 2.7 runs FlexAttention only for head sizes that are powers of two ("NYI: non power of 2
+    embedding dimension"); ``None``: not known here, asked again where the attention is built."""
+    return head_dim is None or TORCH >= (2, 7) or (head_dim >= 2 and head_dim & (head_dim - 1) == 0)
 
 
 def _mask_mod(ctx: AttentionContext, parts: StageParts):
@@ -121,11 +132,9 @@ def _compiled():
 @functools.cache
 def _compiled_block_mask():
     """``create_block_mask`` compiled once per process (CUDA): uncompiled it forms the whole [b, h, i, j] mask
-    before reducing it to blocks. torch 2.5 compiles it when asked with ``_compile=True``; from 2.6 that flag is
+    before reducing it to blocks. From torch 2.6 (the first this plan runs on) the ``_compile=True`` flag is
     deprecated (it warns, then calls ``torch.compile(create_block_mask)`` anew) in favour of compiling the
     function, which is done here once, with the kernel's settings."""
-    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 6):
-        return functools.partial(create_block_mask, _compile=True)
     return _with_settings(create_block_mask)
 
 

@@ -28,14 +28,15 @@ Plan = Literal["dense", "sdpa", "banded", "flex"]     # what a call runs
 __all__ = ["PLANS", "Plan", "StageParts", "check", "choose", "dense", "runnable", "sdpa", "visibility"]
 
 
-def runnable(parts: StageParts) -> tuple[Plan, ...]:
-    """The plans that compute exactly what ``dense`` computes for these parts."""
+def runnable(parts: StageParts, *, head_dim: int | None = None) -> tuple[Plan, ...]:
+    """The plans that compute exactly what ``dense`` computes for these parts (and heads of ``head_dim``)."""
     fast: tuple[Plan, ...] = () if parts.needs_dense() else ("sdpa",)
     return ("dense", *fast, *(("banded",) if banded.supports(parts) else ()),
-            *(("flex",) if flex.supports(parts) else ()))
+            *(("flex",) if flex.supports(parts) and flex.supports_head_dim(head_dim) else ()))
 
 
-def check(requested: str, parts: Sequence[AttentionPart], *, dropout: float = 0.0) -> None:
+def check(requested: str, parts: Sequence[AttentionPart], *, dropout: float = 0.0,
+          head_dim: int | None = None) -> None:
     """Refuse, when the attention is built, a requested plan that can never run its parts."""
     sorted_parts = StageParts.sort(list(parts))
     can = runnable(sorted_parts)
@@ -48,8 +49,11 @@ def check(requested: str, parts: Sequence[AttentionPart], *, dropout: float = 0.
     if requested != "flex":
         return
     if not flex.AVAILABLE:
-        raise ValueError(f"plan 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5); this torch "
-                         f"{torch.__version__} has none: use 'auto'")
+        raise ValueError(f"plan 'flex' needs torch.nn.attention.flex_attention from torch 2.6 on (2.5's builds "
+                         f"block masks past the sequence's end); this torch is {torch.__version__}: use 'auto'")
+    if not flex.supports_head_dim(head_dim):
+        raise ValueError(f"plan 'flex' on torch {torch.__version__} needs heads whose size is a power of two "
+                         f"(FlexAttention before torch 2.7); these heads have {head_dim}: use 'auto'")
     if dropout > 0:
         raise ValueError(f"plan 'flex' has no attention dropout (FlexAttention applies none); set the attention's "
                          f"dropout to 0 or use 'auto' (dropout {dropout})")

@@ -171,12 +171,22 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     named_conllu = bool(input_path) and ".conllu" in Path(input_path).name
     lines = None if named_conllu else input_lines(input_path)
     if lines is None or looks_like_conllu(lines):  # tags, if any, ignored
-        sents = read_conllu(input_path or "<stdin>", column=config.data.column, require_tags=False, lines=lines)
-    else:
-        sents = [TaggedSentence(tuple(line.split()), tuple("_" for _ in line.split())) for line in lines if line.strip()]
-    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len, max_chars=config.model.max_word_chars,
-                              precision=decoding_precision(precision, model_device(model)))
+        blocks = [s.words for s in read_conllu(input_path or "<stdin>", column=config.data.column,
+                                                require_tags=False, lines=lines)]
+    else:  # one block per input line, an empty one for a blank line, so that block n is line n
+        blocks = [plain_words(line) for line in lines]
+    sents = [TaggedSentence(words, ("_",) * len(words)) for words in blocks if words]
+    predicted = iter(tag_sentences(model, vocab, sents, max_len=config.model.max_len,
+                                   max_chars=config.model.max_word_chars,
+                                   precision=decoding_precision(precision, model_device(model))))
     with output_stream(output_path) as out:
-        for sent, tags in zip(sents, predicted):
-            out.writelines(f"{w}\t{t}\n" for w, t in zip(sent.words, tags))
+        for words in blocks:
+            if words:
+                out.writelines(f"{w}\t{t}\n" for w, t in zip(words, next(predicted)))
             out.write("\n")
+
+
+def plain_words(line: str) -> tuple[str, ...]:
+    """The tokens of a line of tokenised text: split at spaces and tabs only, so that a token holding another
+    kind of space (a no-break space in "10\u00a0000", as some treebanks write numbers) stays one token."""
+    return tuple(word for word in re.split(r"[ \t]+", line) if word)
