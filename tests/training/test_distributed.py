@@ -1,6 +1,7 @@
 """Data-parallel training (torchrun + DDP, gloo): two processes train what one process accumulating the
 same batches trains, and an interrupted two-process run resumes to the uninterrupted parameters."""
 
+import os
 import re
 
 import pytest
@@ -136,3 +137,47 @@ def test_wrap_turns_off_buffer_sync_by_the_name_this_torch_knows(monkeypatch, dd
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp)
     wrapped = Distributed(rank=0, world_size=2).wrap(torch.nn.Linear(2, 2), find_unused_parameters=True)
     assert wrapped.kwargs == expected
+
+
+# Rank 0's validation made to raise: what a full disk or a decoding bug does there. Launched below without
+# torchrun (each process started by hand with RANK, WORLD_SIZE and MASTER_*, as srun or mpirun would), so no
+# agent ends rank 1, which waits for rank 0 in a collective.
+VALIDATION_FAILS = """
+import os, runpy, sys
+from sanlab.training import loop
+
+if os.environ.get("RANK") == "0":
+    def failing(self, rngs, *, on_schedule):
+        raise OSError(28, "No space left on device (on purpose)")
+    loop.Trainer._validate_and_save = failing
+sys.argv[0] = "sanlab"
+runpy.run_module("sanlab", run_name="__main__")
+"""
+
+
+def test_a_failed_validation_on_rank_0_ends_the_other_ranks_under_any_launcher(tmp_path, tiny_translation):
+    import socket
+    import subprocess
+    import sys
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=4, valid_every=2)))
+    launcher = tmp_path / "validation_fails.py"
+    launcher.write_text(VALIDATION_FAILS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(launcher), "train", str(config), "--run-dir", str(tmp_path / "run"),
+                               "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for rank in (0, 1)]
+    try:
+        errors = [p.communicate(timeout=180)[1] for p in procs]  # (without the fix rank 1 waits for hours)
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] != [0, 0] and all(p.returncode != 0 for p in procs), errors
+    assert "No space left on device (on purpose)" in errors[0], errors[0]
+    assert ("process 0 stopped while validating after update 2: OSError: [Errno 28] No space left on device "
+            "(on purpose)") in errors[1], errors[1]

@@ -307,35 +307,53 @@ class Trainer:
         with unsaved updates) is checkpointed but leaves the early-stopping counters alone, so a run
         whose budget is raised on resume stops where one trained straight through would."""
         self.settle()  # the updates since the loop's last read (none, on the loop's own schedule)
-        p, rngs = self.progress, self.dist.gather(rng_state())
+        rngs = self.dist.gather(rng_state())
         self._check_weights_finite()
+        failure = None
         if self.dist.is_main:
-            metrics = self.task.validate()
-            if not math.isfinite(metrics.get("loss", 0.0)):
-                raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
-                                    f"are not finite; stopping without saving it. Last good checkpoint: "
-                                    f"{self.last_good}. Try a lower learning rate or gradient clipping.")
-            rngs[0] = rng_state()  # after validation, as a single process always saved it
-            score = metrics[self.task.metric]
-            self.log.scalars("speed", p.speed(), step=p.step)
-            improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
-            if on_schedule:
-                p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
-                verdict = " (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"
-            else:
-                verdict = (" (" + ("a new best; " if improved else "")
-                           + "off the validation schedule: not counted for early stopping)")
-            self.log.scalars("valid", metrics, step=p.step)
-            diagnostics = collect_diagnostics(self.model)  # e.g. learnable temperatures (training/diagnostics.py)
-            if diagnostics:
-                self.log.scalars("diagnostics", diagnostics, step=p.step)
-            self.log.info(f"step {p.step} epoch {p.epoch}: "
-                          + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + verdict)
-            self._save(metrics, rngs)
-        if self.dist.enabled:  # in place: the loop holds a reference to it
-            for key, value in self.dist.broadcast(self.progress.as_dict()).items():
+            try:
+                self._validate_and_save(rngs, on_schedule=on_schedule)
+            except Exception as err:
+                if not self.dist.enabled:
+                    raise
+                failure = err  # told to the others first: they wait for this process in the broadcast below
+        if self.dist.enabled:
+            shared = self.dist.broadcast({"failed": f"{type(failure).__name__}: {failure}"} if failure
+                                         else self.progress.as_dict())
+            if failure is not None:
+                raise failure
+            if "failed" in shared:  # (any launcher: torchrun would end this process, others may not)
+                raise TrainingError(f"process 0 stopped while validating after update {self.progress.step}: "
+                                    f"{shared['failed']}")
+            for key, value in shared.items():  # in place: the loop holds a reference to it
                 setattr(self.progress, key, value)
         return self._patience_exhausted()
+
+    def _validate_and_save(self, rngs: list[dict], *, on_schedule: bool) -> None:
+        """The main process's part of ``_validate``: score, log, update the early-stopping counters, save."""
+        p = self.progress
+        metrics = self.task.validate()
+        if not math.isfinite(metrics.get("loss", 0.0)):
+            raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
+                                f"are not finite; stopping without saving it. Last good checkpoint: "
+                                f"{self.last_good}. Try a lower learning rate or gradient clipping.")
+        rngs[0] = rng_state()  # after validation, as a single process always saved it
+        score = metrics[self.task.metric]
+        self.log.scalars("speed", p.speed(), step=p.step)
+        improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
+        if on_schedule:
+            p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
+            verdict = " (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"
+        else:
+            verdict = (" (" + ("a new best; " if improved else "")
+                       + "off the validation schedule: not counted for early stopping)")
+        self.log.scalars("valid", metrics, step=p.step)
+        diagnostics = collect_diagnostics(self.model)  # e.g. learnable temperatures (training/diagnostics.py)
+        if diagnostics:
+            self.log.scalars("diagnostics", diagnostics, step=p.step)
+        self.log.info(f"step {p.step} epoch {p.epoch}: "
+                      + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + verdict)
+        self._save(metrics, rngs)
 
     def _check_weights_finite(self) -> None:
         """A finite loss and gradient can still give non-finite weights (an overflowing step); they must
