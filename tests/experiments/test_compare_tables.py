@@ -352,3 +352,40 @@ def test_a_cell_records_its_vocabulary(tmp_path):
     done = {"config": {"data": {"subword": {"vocab_size": 30}}}, "vocabulary": model.digest()}
     assert str(cell_vocabulary(tmp_path, done)) == f"sentencepiece 0.2.3, vocabulary {model.digest()}"
     assert cell_vocabulary(tmp_path, {"config": {"data": {}}}) is None  # tagging: no subword model
+
+
+def test_speeds_from_another_machine_get_no_delta(tmp_path):
+    """The same jobs x threads on another CPU (or core count, or torch) time another machine, not the variant."""
+    grid = _hand_grid(tmp_path)
+    here, there = "Linux x86_64, 2 cores, torch 2.13.0+cpu, python 3.11.7", "Linux x86_64, 16 cores, torch 2.11.0, python 3.12.3"
+
+    def cell(variant, seed, steps, machine):
+        return CellResult(variant, seed, params=1000, speed={"steps_per_s": steps, "tokens_per_s": 10 * steps},
+                          conditions="1 job x 2 threads", machine=machine)
+
+    results = {("base", 1): cell("base", 1, 2.0, here), ("better", 1): cell("better", 1, 4.0, there),
+               ("same", 1): cell("same", 1, 1.5, here), ("same", 2): cell("same", 2, 9.0, there)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better, same = section.rows
+    assert not better.speed_comparable and better.steps_delta is None
+    # a row with cells on both machines times those on the baseline's and names the other
+    assert same.speed_seeds == (1,) and same.steps_delta == pytest.approx(-0.5)
+    assert same.speed_left_out == (f"seed 2: 1 job x 2 threads on {there}",)
+    from sanlab.experiments.compare_report import _speed_legend
+
+    legend = _speed_legend([section])
+    assert legend.startswith(" (†): trained with other jobs x threads than the baseline, or on another machine, or")
+    assert f"better: 1 job x 2 threads on {there} (baseline: 1 job x 2 threads on {here})" in legend
+
+
+def test_a_cell_that_does_not_record_its_machine_counts_as_its_conditions_machine(tmp_path):
+    grid = _hand_grid(tmp_path)
+    here = "Linux x86_64, 2 cores, torch 2.13.0+cpu, python 3.11.7"
+    results = {("base", s): CellResult("base", s, params=1000, speed={"steps_per_s": 2.0 * s, "tokens_per_s": 20.0},
+                                       conditions="1 job x 2 threads", machine=None if s == 1 else here)
+               for s in (1, 2, 3)}
+    results[("same", 1)] = CellResult("same", 1, params=1000, speed={"steps_per_s": 1.0, "tokens_per_s": 10.0},
+                                      conditions="1 job x 2 threads", machine=here)
+    base, _, same = build_section(grid, dataset=None, results=results, references=None).rows
+    assert base.speed_seeds == (1, 2, 3) and base.steps_per_s.mean == pytest.approx(4.0)
+    assert same.speed_comparable and same.steps_delta == pytest.approx(-3.0)

@@ -113,15 +113,27 @@ def _speed_seeds(results: dict[int, CellResult], baseline: Row | None) -> tuple[
     several conditions it takes those trained as the baseline was (then a Δ means something), else the largest
     group (ties: the one with the lowest seed)."""
     timed = {seed: r for seed, r in sorted(results.items()) if r.speed}
-    groups: dict[str | None, list[int]] = {}
+    known: dict[str | None, set[str]] = {}  # conditions -> the machines that say so (older cells do not)
+    for r in timed.values():
+        known.setdefault(r.conditions, set()).update({r.machine} if r.machine else set())
+
+    def machine(r: CellResult) -> str | None:  # a cell that does not say: the machine of its conditions, if one
+        return r.machine or (next(iter(known[r.conditions])) if len(known[r.conditions]) == 1 else None)
+
+    groups: dict[tuple[str | None, str | None], list[int]] = {}
     for seed, r in timed.items():
-        groups.setdefault(r.conditions, []).append(seed)
+        groups.setdefault((r.conditions, machine(r)), []).append(seed)
     if len(groups) <= 1:
         return tuple(timed), ()
-    base = baseline.speed_conditions if baseline is not None else ()
-    chosen = groups[base[0]] if len(base) == 1 and base[0] in groups else max(groups.values(), key=len)
-    return tuple(chosen), tuple(f"seed {seed}: {r.conditions or 'unknown'}" for seed, r in timed.items()
-                                if seed not in chosen)
+    base = (baseline.speed_conditions, baseline.speed_machines) if baseline is not None else ((), ())
+    key = (base[0][0] if len(base[0]) == 1 else None, base[1][0] if len(base[1]) == 1 else None)
+    chosen = groups[key] if key in groups else max(groups.values(), key=len)
+    machines = {machine(timed[seed]) for seed in chosen}
+
+    def how(r: CellResult) -> str:
+        return (r.conditions or "unknown") + (f" on {r.machine}" if machine(r) not in machines else "")
+
+    return tuple(chosen), tuple(f"seed {seed}: {how(r)}" for seed, r in timed.items() if seed not in chosen)
 
 
 def _other_vocabularies(results: dict[int, CellResult], base_results: dict[int, CellResult]) -> tuple[str, ...]:
@@ -150,6 +162,7 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
     speeds = [results[seed].speed for seed in speed_seeds]
     steps = _stat(s["steps_per_s"] for s in speeds)
     conditions = tuple(sorted({results[seed].conditions for seed in speed_seeds if results[seed].conditions}))
+    machines = tuple(sorted({results[seed].machine for seed in speed_seeds if results[seed].machine}))
     tests, seeds_result, problem = [], None, None
     if baseline is not None:
         try:
@@ -166,18 +179,22 @@ def _row(grid: Grid, *, dataset: str | None, variant: str, results: dict[int, Ce
 
     # speeds measured with other jobs x threads than the baseline's, or under several (a resumed run), are
     # shown but not set against it
-    mixed = len(conditions) > 1 or any(c.startswith("mixed") for c in conditions)
+    # (and so are speeds from another machine: another CPU, core count or torch; where a cell does not say, it is
+    # taken to be the baseline's)
+    mixed = len(conditions) > 1 or any(c.startswith("mixed") for c in conditions) or len(machines) > 1
     if baseline is None:
         comparable = not mixed
     else:
+        same_machine = not machines or not baseline.speed_machines or machines == baseline.speed_machines
         comparable = not conditions or not baseline.speed_conditions or \
-            (not mixed and baseline.speed_comparable and conditions == baseline.speed_conditions)
+            (not mixed and baseline.speed_comparable and conditions == baseline.speed_conditions and same_machine)
 
     return Row(variant=variant, baseline=baseline is None, seeds_planned=tuple(grid.seeds_of(variant)),
                seeds_done=tuple(sorted(evaluated)), params=params, params_delta=minus(params, lambda b: b.params),
                steps_per_s=steps, tokens_per_s=_stat(s["tokens_per_s"] for s in speeds),
                steps_delta=minus(steps.mean, lambda b: b.steps_per_s.mean) if comparable else None,
-               speed_conditions=conditions, speed_comparable=comparable, speed_seeds=speed_seeds,
+               speed_conditions=conditions, speed_machines=machines, speed_comparable=comparable,
+               speed_seeds=speed_seeds,
                speed_left_out=others, vocabulary_differs=vocabulary_differs,
                scores=scores,
                delta=None if problem else minus(scores[primary].mean, lambda b: b.scores[primary].mean),
@@ -348,10 +365,16 @@ def _speed_legend(sections: Sequence[Section]) -> str:
     if not odd:
         return ""
     base = {id(s): next(r for r in s.rows if r.baseline) for s, _ in odd}
-    where = "; ".join(f"{r.variant}{f' ({s.dataset})' if s.dataset else ''}: {', '.join(r.speed_conditions)} "
-                      f"(baseline: {', '.join(base[id(s)].speed_conditions)})" for s, r in odd)
-    return (f" (†): trained with other jobs x threads than the baseline, or under several (a resumed cell: "
-            f"'mixed'), so no speed Δ — {where}.")
+
+    def how(row: Row, baseline: Row) -> str:  # the machine only where it is what differs
+        machines = row.speed_machines != baseline.speed_machines and row.speed_machines and baseline.speed_machines
+        return ", ".join(row.speed_conditions) + (f" on {' and '.join(row.speed_machines)}" if machines else "")
+
+    where = "; ".join(f"{r.variant}{f' ({s.dataset})' if s.dataset else ''}: {how(r, base[id(s)])} "
+                      f"(baseline: {how(base[id(s)], r)})" for s, r in odd)
+    other_machine = any(how(r, base[id(s)]) != ", ".join(r.speed_conditions) for s, r in odd)
+    return (f" (†): trained with other jobs x threads than the baseline{', or on another machine' if other_machine else ''}"
+            f", or under several (a resumed cell: 'mixed'), so no speed Δ — {where}.")
 
 
 def _vocabulary_legend(sections: Sequence[Section]) -> tuple[str, ...]:

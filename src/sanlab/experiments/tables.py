@@ -89,7 +89,8 @@ class Row:
     paper: dict[str, float | str]
     note: str | None = None
     speed_conditions: tuple[str, ...] = ()  # jobs x threads its cells trained with (``cells.speed_conditions``)
-    speed_comparable: bool = True           # same conditions as the baseline's, so a speed Δ is meaningful
+    speed_machines: tuple[str, ...] = ()    # the machines its timed cells trained on (``cells.machine``)
+    speed_comparable: bool = True           # same conditions and machine as the baseline's: a speed Δ means something
     speed_seeds: tuple[int, ...] = ()       # the seeds its speed averages (``compare_report._speed_seeds``)
     speed_left_out: tuple[str, ...] = ()    # "seed N: conditions" of timed seeds trained otherwise, left out
     vocabulary_differs: tuple[str, ...] = ()  # "seed N: vocabulary" of cells whose subword model is not the baseline's
