@@ -78,6 +78,15 @@ def test_translate_reads_stdin_and_writes_one_line_per_input(translation_run, mo
     assert len(lines) == 3 and all(line.startswith("0 ||| ") for line in lines)
 
 
+def test_a_line_the_subword_model_encodes_to_nothing_gets_an_empty_translation(translation_run, monkeypatch, capsys):
+    """A zero-width space or a stray BOM is not blank to str.strip() but encodes to no piece: decoding it would
+    translate a bare end of sentence, which training never shows the model."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("\u200b\na b c\n\ufeff\n".encode())))
+    assert main(["translate", "--run", str(translation_run), "--beam", "2"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert lines[0] == "" and lines[2] == "" and lines[3:] == [""]
+
+
 def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tmp_path, monkeypatch, capsys):
     import shutil
 

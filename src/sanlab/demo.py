@@ -75,7 +75,7 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
     _, model, spm = load_trained(root / "translation")
     source = (mt_data / "test.src").read_text(encoding="utf-8").splitlines()[0]
     reference = (mt_data / "test.tgt").read_text(encoding="utf-8").splitlines()[0]
-    hypothesis = (Path(mt["hypotheses"]).read_text(encoding="utf-8").splitlines())[0]
+    hypothesis = (root / "translation" / Path(mt["hypotheses"]).name).read_text(encoding="utf-8").splitlines()[0]
     print("\n== sanlab demo results (held-out synthetic test splits)")
     print(mt["formatted"])
     print(f"tagging accuracy: all {tag['all']:.2f}  OOV {_fmt(tag['oov'])}  ambiguous {_fmt(tag['ambiguous'])}  "

@@ -727,3 +727,18 @@ def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(cor
     refs.write_text(f"{REF}\n{REF}\n")  # another test set of 2 lines; the config's test files have 3
     rows = _csv(analyze.ngram_gap([csan], baseline=base, out=tmp_path / "gap", references=refs)["csv"])
     assert [r[0] for r in rows[1:]] == ["base"] * 4 + ["csan"] * 4
+
+
+def test_runs_decoded_with_different_searches_are_refused(corpus, tmp_path):
+    """A beam-2 run against a greedy one: part of the difference is the search's, which the tests would credit
+    to the model. Each record says how its hypotheses were decoded; runs decoded alike are compared."""
+    from sanlab.errors import ConfigError
+
+    base, other = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "other")
+    evaluate_run(base, checkpoint="best", splits=["test"])  # the config's beam 1
+    evaluate_run(other, checkpoint="best", splits=["test"], decode_overrides={"beam": 2})
+    with pytest.raises(ConfigError, match=r"decoded with different search settings \(base: beam 1, length_penalty "
+                                          r"1.0, max_len_a 1.2, max_len_b 4; other: beam 2, "):
+        analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)
+    evaluate_run(other, checkpoint="best", splits=["test"], decode_overrides={"beam": 1})
+    analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)

@@ -26,7 +26,7 @@ def test_legacy_run_resumes_and_evaluates(legacy, name, more):
     record = results["test"]
     assert record["step"] == summary["step"]
     if name == "translation":
-        assert Path(record["hypotheses"]).is_file()
+        assert (run / record["hypotheses"]).is_file()  # (named beside the record)
         assert 0 <= record["bleu"] <= 100
     else:
         assert 0 <= record["all"] <= 100

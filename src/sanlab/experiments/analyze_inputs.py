@@ -89,8 +89,13 @@ def held_out_split(config, split: str | None) -> tuple[str, Any]:
     return name, files[name]
 
 
-def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int) -> list[str]:
-    """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the references."""
+# the settings that change which hypothesis a run writes: runs compared must share them
+SEARCH_SETTINGS = ("beam", "length_penalty", "max_len_a", "max_len_b")
+
+
+def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int) -> tuple[list[str], dict | None]:
+    """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the references, and
+    the search settings its record says they were decoded with (None where it does not say)."""
     path = RunLayout(run_dir).hypotheses(checkpoint, split)
     if not path.exists():
         raise ConfigError(f"{path} not found: decode first with "
@@ -104,7 +109,19 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
     hyps = read_hypotheses(path)
     if len(hyps) != expected:
         raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
-    return hyps
+    decode = results.get(split, {}).get("decode") if isinstance(results.get(split), dict) else None
+    return hyps, ({k: decode.get(k) for k in SEARCH_SETTINGS} if isinstance(decode, dict) else None)
+
+
+def _one_search(labels: Sequence[str], searches: Sequence[dict | None], split: str) -> None:
+    """Every run's hypotheses come from the same search (beam, length penalty, length limits): a difference
+    between runs decoded otherwise is partly the decoding's, and the tests would credit it to the model."""
+    known = {label: s for label, s in zip(labels, searches) if s is not None}
+    if len({json.dumps(s, sort_keys=True) for s in known.values()}) <= 1:
+        return
+    listed = "; ".join(f"{label}: " + ", ".join(f"{k} {v}" for k, v in s.items()) for label, s in known.items())
+    raise ConfigError(f"the runs' {split} hypotheses were decoded with different search settings ({listed}); "
+                      "decode them alike first (`sanlab evaluate --run RUN --split SPLIT --beam N ...`)")
 
 
 def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, checkpoint: str,
@@ -125,8 +142,9 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
     if src is not None and len(src) != len(refs):
         raise DataError(f"{len(src)} sources but {len(refs)} references", path=str(sources or references))
     labels = run_labels(run_dirs)
-    hyps = {label: load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs))
-            for label, r in zip(labels, run_dirs)}
+    loaded = [load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs)) for r in run_dirs]
+    _one_search(labels, [search for _, search in loaded], name)
+    hyps = {label: h for label, (h, _) in zip(labels, loaded)}
     return {"split": name, "sources": src, "references": refs, "hypotheses": hyps}
 
 

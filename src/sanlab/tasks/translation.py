@@ -187,7 +187,8 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
     if isinstance(sentences, str):  # it would be translated character by character
         raise TypeError("translate() takes a list of sentences, got one str: pass [sentence]")
     model.eval()
-    ids = [spm.src.encode(s) + [spm.eos_id] if s.strip() else [] for s in sentences]
+    # empty: nothing but spaces, or only what the subword model drops (a zero-width space, a stray BOM)
+    ids = [x + [spm.eos_id] if x else [] for x in (spm.src.encode(s) if s.strip() else [] for s in sentences)]
     limit = model.max_length
     for k, x in enumerate(ids):
         if limit is not None and len(x) > limit:
@@ -286,6 +287,6 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         write_hypotheses(hyp_path, hyps)
         results[name] = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                          "chrf_signature": scores.chrf_signature, "formatted": scores.format(),
-                         "hypotheses": str(hyp_path), "sentences": len(raw),
+                         "hypotheses": hyp_path.name, "sentences": len(raw),  # (beside the record)
                          "decode": decode.model_dump()}
     return results
