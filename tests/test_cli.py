@@ -133,6 +133,24 @@ def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
     assert f"{tmp_path}: is a directory, not a config file" in capsys.readouterr().err
 
 
+def test_an_unreadable_config_is_named(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    path = tmp_path / "c.yaml"
+    path.write_text("task: tagging\n")
+    real = Path.read_text
+
+    def denied(self, *args, **kwargs):  # (the tests run as root, for whom chmod 000 still reads)
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    assert main(["train", str(path), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: cannot read this config file: Permission denied" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("setting, key", [
     ("train.batch_size=0", "train.batch_size"), ("train.max_tokens=0", "train.max_tokens"),
     ("train.patience=-1", "train.patience"), ("train.valid_max_sentences=0", "train.valid_max_sentences"),

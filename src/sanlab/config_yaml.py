@@ -58,6 +58,8 @@ def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
         raise ConfigError(f"{path}: {what} not found") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory, not a {what}") from None
+    except OSError as err:  # unreadable (permissions), an I/O error
+        raise ConfigError(f"{path}: cannot read this {what}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
         line = Path(path).read_bytes()[:err.start].count(b"\n") + 1
         raise ConfigError(f"{path}, line {line}: not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "

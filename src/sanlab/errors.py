@@ -19,8 +19,7 @@ class DataError(SanlabError):
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(where + message)
-        self.path = path
-        self.line = line
+        self.problem, self.path, self.line = message, path, line
 
 
 class TrainingError(SanlabError):

@@ -62,6 +62,9 @@ MALFORMED = [
     (5, row("2", "do", "do", "_", "VBP", "_", "4", "aux", "_", "_"), "missing UPOS tag ('_') for word 'do'"),
     (5, row("2", "", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "empty FORM column"),
     (5, row("2", "do  it", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "two consecutive spaces"),
+    (5, row("2", "do", "do", "AUX ", "VBP", "_", "4", "aux", "_", "_"), "leading or trailing whitespace in UPOS"),
+    (5, row("2", " do", "do", "AUX", "VBP", "_", "4", "aux", "_", "_"), "leading or trailing whitespace in FORM"),
+    (5, row("2", "do", "do", " ", "VBP", "_", "4", "aux", "_", "_"), "leading or trailing whitespace in UPOS"),
 ]
 
 

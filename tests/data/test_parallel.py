@@ -118,3 +118,15 @@ def test_read_parallel_keep_empty_keeps_every_line_and_the_modes_exclude_each_ot
     assert messages == [f"skipped 2 of 3 pairs with an empty side in {src} / {tgt}"]
     with pytest.raises(ValueError, match="exclude each other"):
         read_parallel(src, tgt, skip_empty=True, keep_empty=True)
+
+
+def test_utf16_text_and_nul_bytes_are_named_not_read_as_garbage(tmp_path):
+    """UTF-16 without a BOM decodes as valid UTF-8 with a NUL every other byte (and a stray NUL-only line)."""
+    src, tgt = tmp_path / "u16.en", tmp_path / "u16.de"
+    src.write_bytes("a small cat\nthe dog\n".encode("utf-16-le"))
+    tgt.write_bytes("eine Katze\nder Hund\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"u16\.en:1: NUL byte at character 2 of the line \(UTF-16 text"):
+        read_parallel(src, tgt)
+    zeroed = write(tmp_path / "z.txt", "fine\nbroken\x00\x00 block\n")
+    with pytest.raises(DataError, match=r"z\.txt:2: NUL byte at character 7"):
+        list(open_text(zeroed))

@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,3 +267,98 @@ def test_weighted_corpora_each_get_an_entry_and_feed_the_batches(tmp_path, cache
     base["data"]["train"] = files[0]
     plain = TranslationTask(validate(base, source="test"), tmp_path / "r2", SilentLogger(tmp_path / "r2"))
     assert [b.indices.tolist() for b in listed.epoch_batches(1)] == [b.indices.tolist() for b in plain.epoch_batches(1)]
+
+
+def test_a_same_second_edit_of_the_same_size_is_a_cache_miss_and_a_change(tmp_path, cache):
+    """Modification times are kept to the microsecond: an edit within the same second, at the same size and
+    between the sampled ends, is neither a stale cache hit nor an unseen change on resume."""
+    from sanlab.data import fingerprint as fp
+
+    path = tmp_path / "train.src"
+    text = "".join(f"sentence number {i} of the corpus\n" for i in range(10_000))
+    path.write_text(text)
+    os.utime(path, ns=(1_700_000_000_100_000_000, 1_700_000_000_100_000_000))
+    recorded = fp.with_content({}, fp.fingerprints([str(path)]))
+    middle = len(text) // 2
+    path.write_text(text[:middle] + "X" + text[middle + 1:])
+    os.utime(path, ns=(1_700_000_000_900_000_000, 1_700_000_000_900_000_000))  # the same second
+    current = fp.fingerprints([str(path)])
+    assert current[str(path)] != {k: v for k, v in recorded[str(path)].items() if k != "sha256"}  # another cache key
+    assert "other bytes in between" in fp.changes(recorded, current)[str(path)]
+
+
+def test_a_cache_manifest_of_another_shape_is_rebuilt(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    data = prepare(config, tmp_path / "run", log=print)
+    entry = _entries(cache, "corpus")[0]
+    (entry / MANIFEST).write_text("[1, 2]")
+    with pytest.raises(CacheError, match="not a JSON object"):
+        open_dataset(entry, key=corpus_key(config, config.data.train, data.spm))
+    messages = []
+    prepare(config, tmp_path / "run", log=messages.append)
+    assert any("rebuilding" in m for m in messages), messages
+
+
+def test_a_subword_model_that_cannot_be_trained_names_the_data_and_the_setting(tmp_path, cache):
+    from sanlab.errors import DataError
+
+    config = make_reverse_config(tmp_path)
+    config.data.subword.vocab_size = 8  # fewer pieces than the corpus has characters
+    with pytest.raises(DataError) as info:
+        prepare(config, tmp_path / "run", log=print)
+    message = str(info.value)
+    assert str(config.data.train.src) in message and "data.subword.vocab_size 8" in message
+    assert ".tmp" not in message  # (sentencepiece's staging path, gone by then)
+
+
+def test_a_data_error_stops_subword_training_where_it_is_found(tmp_path, cache, monkeypatch):
+    """A blank line early in a corpus ends sentencepiece's reading there, not after the whole corpus."""
+    from sanlab.errors import DataError
+    from sanlab.tasks import translation_data
+
+    config = make_reverse_config(tmp_path)
+    src = Path(config.data.train.src)
+    lines = src.read_text().splitlines()
+    src.write_text("\n".join([lines[0], "", *lines[2:]]) + "\n")
+    read = []
+    real = translation_data.iter_parallel
+
+    def counting(*args, **kwargs):
+        for pair in real(*args, **kwargs):
+            read.append(pair)
+            yield pair
+
+    trained = []
+    real_train = translation_data.SubwordModel.train
+
+    def recording(*args, **kwargs):
+        trained.append(real_train(*args, **kwargs))  # reached only if sentencepiece trained on to the end
+        return trained[-1]
+
+    monkeypatch.setattr(translation_data, "iter_parallel", counting)
+    monkeypatch.setattr(translation_data.SubwordModel, "train", recording)
+    with pytest.raises(DataError, match=r"train\.src:2: "):
+        prepare(config, tmp_path / "run", log=print)
+    assert len(read) == 1 and trained == []  # no model of the first line alone was trained first
+
+
+def test_an_unreadable_training_file_is_named_by_the_reader_not_a_traceback(tmp_path, cache, monkeypatch):
+    """The fingerprint leaves a file it cannot open to the reader, whose error names it."""
+    import builtins
+
+    from sanlab.data import fingerprint as fp
+    from sanlab.errors import DataError
+
+    config = make_reverse_config(tmp_path)
+    denied_path = str(config.data.train.src)
+    real = builtins.open
+
+    def denied(file, *args, **kwargs):  # (the tests run as root, for whom chmod 000 still reads)
+        if str(file) == denied_path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    assert fp.fingerprint(denied_path) is None
+    with pytest.raises(DataError, match=rf"{denied_path}: cannot (open|read): Permission denied"):
+        prepare(config, tmp_path / "run", log=print)

@@ -114,6 +114,8 @@ def read_manifest(directory: Path, *, key: str, verify: bool = True) -> dict:
         raise CacheError("no manifest: the dataset was never completed", path=str(directory)) from None
     except (OSError, ValueError) as exc:
         raise CacheError(f"unreadable manifest: {exc}", path=str(directory / MANIFEST)) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise CacheError("the manifest is not a JSON object of the expected form", path=str(directory / MANIFEST))
     if manifest.get("format") != FORMAT_VERSION or manifest.get("key") != key:
         raise CacheError(f"manifest is for format {manifest.get('format')} / key {manifest.get('key')}, "
                          f"expected {FORMAT_VERSION} / {key}", path=str(directory / MANIFEST))

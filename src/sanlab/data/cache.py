@@ -38,8 +38,15 @@ def entry_key(what: dict) -> str:
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` (created if needed); the kernel drops it when the process dies."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError as err:
+        from sanlab.errors import DataError
+
+        raise DataError(f"cannot write to the data cache: {err.strerror or err} (SANLAB_CACHE_DIR names another "
+                        "cache directory)", path=str(path.parent)) from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -91,6 +91,10 @@ def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str,
         # The conllu parser also splits columns on two spaces, so such a field would shift the tag columns;
         # later columns (HEAD .. MISC, where UD allows spaces) can only shift each other, and are not read.
         raise fail("a field contains two consecutive spaces, which CoNLL-U readers take as a column break")
+    names = ("ID", "FORM", "LEMMA", "UPOS", "XPOS")
+    padded = [name for name, column in zip(names, columns) if column != column.strip()]
+    if padded:  # "NOUN " would be a tag class of its own, "a " a word of its own (the UD validator refuses both)
+        raise fail(f"leading or trailing whitespace in {', '.join(padded)}: {[c for c in columns[:5]]}")
     token_id = _parse_id(columns[0])
     if token_id is None:
         raise fail(f"invalid token ID {columns[0]!r} (expected 1, 2, ... or a range 3-4 or an empty node 5.1)")

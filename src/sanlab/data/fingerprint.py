@@ -30,11 +30,13 @@ def fingerprint(path: str | os.PathLike[str]) -> dict | None:
             if size > SAMPLE_BYTES:
                 f.seek(max(size - SAMPLE_BYTES, SAMPLE_BYTES))
                 digest.update(f.read())
-            mtime = os.fstat(f.fileno()).st_mtime
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            mtime_ns = os.fstat(f.fileno()).st_mtime_ns
+    except OSError:  # not there, a directory, unreadable: reading the file says what is wrong, with its name
         return None
-    return {"size": size, "sample_sha256": digest.hexdigest(),
-            "mtime": datetime.fromtimestamp(mtime, timezone.utc).isoformat(timespec="seconds")}
+    # to the microsecond: an edit within the same second, at the same size, between the sampled ends must not
+    # look untouched (records in seconds, from before, read as touched: their whole-file sha256 decides)
+    when = datetime.fromtimestamp(mtime_ns // 1000 / 1e6, timezone.utc).isoformat(timespec="microseconds")
+    return {"size": size, "sample_sha256": digest.hexdigest(), "mtime": when}
 
 
 def fingerprints(paths: list[str]) -> dict[str, dict]:

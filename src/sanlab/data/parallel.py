@@ -50,6 +50,9 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                     ) from exc
                 if lineno == 1 and text.startswith("\ufeff"):
                     text = text[1:]
+                if "\x00" in text:  # UTF-16 text without a BOM reads as valid UTF-8 with a NUL every other byte
+                    raise DataError(f"NUL byte at character {text.index(chr(0)) + 1} of the line (UTF-16 text, or a "
+                                    "zero-filled block?); sanlab reads UTF-8", path=str(path), line=lineno)
                 yield text.removesuffix("\n").removesuffix("\r")
         except (OSError, EOFError, zlib.error) as exc:
             # gzip raises these for a corrupt or truncated stream.

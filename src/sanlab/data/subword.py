@@ -114,6 +114,8 @@ class SubwordModel:
                 num_threads=1 if sample is None else os.cpu_count() or 1,
                 input_sentence_size=sample or 0,
                 shuffle_input_sentence=sample is not None,
+                # its default (4,192 bytes) leaves longer lines out of training without a word
+                max_sentence_length=1 << 20,
                 minloglevel=2,
             )
         except RuntimeError as exc:

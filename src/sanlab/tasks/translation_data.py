@@ -63,19 +63,23 @@ def count_lines(path: str | os.PathLike[str]) -> int:
                 n, last = n + block.count(b"\n"), block[-1:]
     except (OSError, EOFError, zlib.error) as exc:  # what gzip raises for a corrupt or truncated stream
         # (counted in blocks: no line number to give; reading it line by line would name one)
-        raise DataError(f"cannot read (corrupt or truncated compressed file?): {exc}", path=str(path)) from exc
+        why = " (corrupt or truncated compressed file?)" if path.suffix == ".gz" and not isinstance(
+            exc, PermissionError) else ""
+        raise DataError(f"cannot read{why}: {getattr(exc, 'strerror', None) or exc}", path=str(path)) from exc
     return n + (last != b"\n")
 
 
 # ----------------------------------------------------------------------------- subword model(s)
 def _texts(corpora: list[ParallelFiles], side: int, skip_empty: bool, problems: list[DataError]) -> Iterator[str]:
-    """One side's texts. A DataError (a blank line, differing line counts) ends the texts and is kept in
-    ``problems``, to raise once sentencepiece is done: raised inside its reader, it would not come out as is."""
+    """One side's texts. A DataError (a blank line, differing line counts) is kept in ``problems`` and raised
+    inside sentencepiece's reader, which stops its training there (not at the end of a long corpus) with an
+    error of its own: ``_train_subwords`` raises the kept one instead, which names the file and line."""
     try:
         for c in corpora:
             yield from (pair[side] for pair in iter_parallel(c.src, c.tgt, skip_empty=skip_empty, log=lambda _: None))
     except DataError as problem:
         problems.append(problem)
+        raise
 
 
 def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], None]) -> None:
@@ -96,12 +100,18 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
             f"{how}")
         jobs = [(_texts(corpora, side, d.skip_empty, problems), layout.subword_stem(name))
                 for side, name in ((1, "tgt"), (0, "src"))]
+    files = ", ".join(str(p) for c in corpora for p in (c.src, c.tgt))
     for texts, stem in jobs:
         try:
             SubwordModel.train(texts, model_path=stem, **options)
-        finally:
+        except DataError as err:
             if problems:
-                raise problems[0]
+                raise problems[0] from None
+            # (the staging path sentencepiece wrote to is gone: name what the user can change instead)
+            raise DataError(f"training the subword model on {files} with data.subword.vocab_size "
+                            f"{sw.vocab_size} failed: {err.problem}") from None
+        if problems:
+            raise problems[0]
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
