@@ -130,3 +130,14 @@ def test_utf16_text_and_nul_bytes_are_named_not_read_as_garbage(tmp_path):
     zeroed = write(tmp_path / "z.txt", "fine\nbroken\x00\x00 block\n")
     with pytest.raises(DataError, match=r"z\.txt:2: NUL byte at character 7"):
         list(open_text(zeroed))
+
+
+def test_a_relative_path_not_found_says_where_it_was_looked_for_and_a_gzip_without_gz_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=rf"nope\.en: file not found \(relative to the working directory: "
+                                        rf"{tmp_path / 'nope.en'}\)"):
+        open_text("nope.en")
+    packed = write(tmp_path / "packed.gz", "eins\nzwei\n")
+    (tmp_path / "packed.txt").write_bytes(packed.read_bytes())
+    with pytest.raises(DataError, match=r"packed\.txt:1: not valid UTF-8 .*; it is gzip-compressed: name it \.gz"):
+        list(open_text(tmp_path / "packed.txt"))

@@ -26,7 +26,8 @@ PathLike = str | os.PathLike[str]
 
 def _open_binary(path: Path) -> BinaryIO:
     if not path.exists():
-        raise DataError("file not found", path=str(path))
+        where = "" if path.is_absolute() else f" (relative to the working directory: {path.absolute()})"
+        raise DataError(f"file not found{where}", path=str(path))
     if not path.is_file():
         raise DataError("not a regular file", path=str(path))
     try:
@@ -45,8 +46,10 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
+                    gzipped = lineno == 1 and raw.startswith(b"\x1f\x8b")
+                    hint = "; it is gzip-compressed: name it .gz" if gzipped else ""
                     raise DataError(
-                        f"not valid UTF-8 (byte {exc.start + 1} of the line)", path=str(path), line=lineno
+                        f"not valid UTF-8 (byte {exc.start + 1} of the line){hint}", path=str(path), line=lineno
                     ) from exc
                 if lineno == 1 and text.startswith("\ufeff"):
                     text = text[1:]
