@@ -90,7 +90,7 @@ def replace_directory(tmp: Path, final: Path) -> None:
         fsync(f)
     old = None
     if final.exists():
-        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+        old = _new_beside(final, ".old")
         os.replace(final, old)  # (onto the empty directory mkdtemp made: allowed for directories)
     os.replace(tmp, final)
     fsync(final.parent)
@@ -101,7 +101,12 @@ def replace_directory(tmp: Path, final: Path) -> None:
 def staging_directory(final: Path) -> Path:
     """A new, empty directory beside ``final`` to write its replacement in (``replace_directory``): a name
     of its own, so that nothing already there is emptied or written into."""
-    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    return _new_beside(final, ".tmp")
+
+
+def _new_beside(final: Path, suffix: str) -> Path:
+    """A new empty directory ``.<name>.XXXX<suffix>`` beside ``final`` (a temporary name, ``RunLayout.TEMPORARY``)."""
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=suffix))
 
 
 def check_output_file(path: Path | str | None, *, flag: str = "--output") -> None:

@@ -114,14 +114,18 @@ def complete_checkpoints(directory: Path) -> list[dict]:
     ``meta.json`` was damaged afterwards: an error naming it, never a checkpoint to skip (training would
     start again and write over it). One pruned between listing and reading (a training process beside a
     reader renames it away whole) is left out: it is gone, not damaged."""
-    found = []
-    for checkpoint in sorted(Path(directory).glob(f"{STEP_PREFIX}*")):
-        try:
-            found.append({**read_meta(checkpoint), "path": str(checkpoint)})
-        except ConfigError:
-            if checkpoint.is_dir():
-                raise
-    return found
+    listed = ((d, _meta_unless_pruned(d)) for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*")))
+    return [{**meta, "path": str(d)} for d, meta in listed if meta is not None]
+
+
+def _meta_unless_pruned(checkpoint: Path) -> dict | None:
+    """``read_meta``, or None for a checkpoint that is gone (pruned since it was named): gone, not damaged."""
+    try:
+        return read_meta(checkpoint)
+    except ConfigError:
+        if checkpoint.is_dir():
+            raise
+        return None
 
 
 def read_meta(checkpoint: Path) -> dict:
@@ -145,12 +149,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
             raise ConfigError(f"{pointer}: expected {{\"checkpoint\": \"step-N\"}}, found {latest}; delete it to "
                               "resume from the newest complete checkpoint")
         path = Path(directory) / latest["checkpoint"]
-        try:
-            read_meta(path)  # damaged: an error, not a fall-back that training would write over
+        if _meta_unless_pruned(path) is not None:  # damaged: an error, not a fall-back training would write over
             return path
-        except ConfigError:
-            if path.is_dir():
-                raise  # (gone, pruned since latest.json named it: the newest complete one below)
     complete = complete_checkpoints(directory)
     return Path(complete[-1]["path"]) if complete else None
 
