@@ -18,6 +18,7 @@ import pytest
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.experiments import cells as cells_module
 from sanlab.experiments.compare import build_report, describe_cells, majority_mark, run_compare, run_grid, select_cells
+from sanlab.experiments.compare_report import mismatched_finished_cells
 from sanlab.experiments.grid import cell_state, load_grid
 from sanlab.files import read_json
 from sanlab.experiments.tables import render_markdown
@@ -252,6 +253,19 @@ def test_a_damaged_meta_json_does_not_stop_the_table(finished):
         meta.write_bytes(original)
 
 
+def test_a_damaged_metrics_line_loses_the_speed_not_the_table(finished):
+    metrics = finished.cells[0].run_dir / "metrics.jsonl"
+    original = metrics.read_bytes()
+    try:
+        metrics.write_bytes(b"not a record\n" + original)
+        report = build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir), command="test")
+        table = render_markdown(report)
+        assert "unknown (metrics.jsonl unreadable)" in table
+        assert "cells done: 4 of 4" in table  # its scores are still in
+    finally:
+        metrics.write_bytes(original)
+
+
 def test_evidence_rewritten_after_scoring_makes_the_cell_score_again(finished):
     cell = finished.cells[0]
     record = json.loads((cell.run_dir / "compare-eval.json").read_text())
@@ -291,6 +305,99 @@ def test_a_lower_patience_makes_finished_cells_conflict_instead_of_being_relabel
     assert state.status == "conflict" and "train.patience=0; train.patience=1 would stop it" in state.detail
     longer = load_grid(SMOKE, overrides=[*TINY, "train.max_steps=6"], runs_dir=finished.runs_dir)
     assert cell_state(longer.cells[0], longer.spec.eval).status == "training"  # a larger budget trains on
+
+
+def test_a_budget_change_that_adds_no_update_keeps_the_finished_cell(finished):
+    # the smoke cells stopped at train.max_steps=4: a larger max_epochs or a looser patience would have stopped
+    # them there too, so resuming would add no update, only score them again and rewrite done.json
+    cell = finished.cells[0]
+    done = (cell.run_dir / "done.json").read_bytes()
+    for change in ("train.max_epochs=2000", "train.max_steps=4"):
+        grid = load_grid(SMOKE, overrides=[*TINY, change], runs_dir=finished.runs_dir)
+        state = cell_state(grid.cells[0], grid.spec.eval)
+        assert state.status == "evaluated"
+    assert state.detail == ""  # nothing changed
+    grid = load_grid(SMOKE, overrides=[*TINY, "train.max_epochs=2000"], runs_dir=finished.runs_dir)
+    state = cell_state(grid.cells[0], grid.spec.eval)
+    assert state.detail == "train.max_epochs changed, but it would stop at step 4 all the same"
+    assert mismatched_finished_cells(grid) == []
+    assert run_grid(grid, grid.cells[:1], log=lambda m: None, quiet=True) == []  # nothing to run
+    assert (cell.run_dir / "done.json").read_bytes() == done
+
+
+def test_a_changed_budget_goes_on_only_where_it_lifts_what_stopped_the_run(finished):
+    from sanlab.experiments.grid_state import _goes_on
+
+    real = json.loads((finished.cells[0].run_dir / "done.json").read_text())
+
+    def done(step: int, epoch: int, **train) -> dict:
+        config = {**real["config"], "train": {**real["config"]["train"], **train}}
+        return {**real, "config": config, "summary": {**real["summary"], "step": step, "epoch": epoch, "position": 0}}
+
+    def under(*overrides: str):
+        return load_grid(SMOKE, overrides=[*TINY, *overrides], runs_dir=finished.runs_dir).cells[0].config
+
+    at_steps = done(4, 0, max_steps=4, max_epochs=1000, patience=0)
+    assert _goes_on(at_steps, under("train.max_steps=8"))
+    assert not _goes_on(at_steps, under("train.max_epochs=2000"))
+    at_epochs = done(12, 3, max_steps=1000, max_epochs=3, patience=0)
+    assert _goes_on(at_epochs, under("train.max_steps=1000", "train.max_epochs=5"))
+    assert not _goes_on(at_epochs, under("train.max_steps=2000", "train.max_epochs=3"))
+    early = done(10, 2, max_steps=1000, max_epochs=6, patience=2)
+    assert _goes_on(early, under("train.max_steps=1000", "train.max_epochs=6", "train.patience=3"))
+    assert _goes_on(early, under("train.max_steps=1000", "train.max_epochs=6", "train.patience=0"))
+    assert not _goes_on(early, under("train.max_steps=2000", "train.max_epochs=6", "train.patience=2"))
+
+
+def test_a_finished_cell_without_its_checkpoints_is_never_trained_or_scored_again(finished, tmp_path):
+    """A committed or imported cell keeps no checkpoints: a larger budget or other evaluation settings cannot
+    be served by training it again from scratch over its results, or by a 'no checkpoint to load' failure."""
+    import shutil
+
+    from sanlab.experiments.grid_schema import EvalSpec
+
+    cell = finished.cells[1]
+    kept = {n: (cell.run_dir / n).read_bytes() for n in ("done.json", "compare-eval.json", "metrics.jsonl")}
+    shutil.move(cell.run_dir / "checkpoints", tmp_path / "checkpoints")
+    try:
+        assert cell_state(cell, finished.spec.eval).status == "evaluated"
+        longer = load_grid(SMOKE, overrides=[*TINY, "train.max_steps=8"], runs_dir=finished.runs_dir)
+        state = cell_state(longer.cells[1], longer.spec.eval)
+        assert state.status == "conflict"
+        assert state.detail.startswith("train.max_steps changed, which would train it on from step 4, but its "
+                                       "checkpoints are not here (a committed or imported cell)")
+        (outcome,) = run_grid(longer, [longer.cells[1]], log=lambda m: None, quiet=True)
+        assert "its checkpoints are not here" in outcome.error
+        last = EvalSpec(**{**finished.spec.eval.model_dump(), "checkpoint": "last"})
+        state = cell_state(cell, last)
+        assert state.status == "conflict" and "checkpoint=best" in state.detail and "checkpoint=last" in state.detail
+        assert "cannot be scored again" in state.detail
+        with pytest.raises(ConfigError, match="a finished grid cell whose checkpoints are not here"):
+            train_run(cell.config, cell.run_dir, quiet=True)
+        assert {n: (cell.run_dir / n).read_bytes() for n in kept} == kept
+    finally:
+        shutil.move(tmp_path / "checkpoints", cell.run_dir / "checkpoints")
+    state = cell_state(cell, EvalSpec(**{**finished.spec.eval.model_dump(), "checkpoint": "last"}))
+    assert state.status == "trained"  # with its checkpoints it is scored again
+    assert state.detail.startswith("scored with checkpoint=best")
+
+
+def test_training_data_changed_in_place_is_a_conflict_for_finished_cells(finished, monkeypatch):
+    cell = finished.cells[0]
+    train = Path(cell.config.data.train)
+    original = train.read_bytes()
+    try:
+        train.write_bytes(original + b"\n")
+        state = cell_state(cell, finished.spec.eval)
+        assert state.status == "conflict"
+        assert state.detail.startswith(f"the training data changed since it was trained ({train}: ")
+        assert "pass --allow-changed-data to keep it as it was trained" in state.detail
+        monkeypatch.setenv("SANLAB_ALLOW_CHANGED_DATA", "1")
+        assert cell_state(cell, finished.spec.eval).status == "evaluated"
+    finally:
+        train.write_bytes(original)
+    monkeypatch.delenv("SANLAB_ALLOW_CHANGED_DATA")
+    assert cell_state(cell, finished.spec.eval).status == "evaluated"  # the same bytes again (whole-file sha256)
 
 
 def test_a_test_file_changed_after_scoring_makes_the_cell_score_again(finished):
@@ -353,11 +460,8 @@ def test_a_dead_worker_sends_its_cells_to_a_new_pool_then_each_to_its_own(tmp_pa
         def __init__(self, *, max_workers, **kwargs):
             pools.append(max_workers)
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            pass
 
         def submit(self, fn, job):
             future, label = Future(), job[0].label
@@ -394,6 +498,57 @@ def test_jobs_run_cells_in_spawned_processes(tmp_path):
     done = [json.loads((c.run_dir / "done.json").read_text()) for c in cells]
     assert {(d["threads"], d["jobs"]) for d in done} == {(max(1, cores() // 2), 2)}
     assert set(_statuses(grid, cells).values()) == {"evaluated"}
+
+
+@pytest.mark.slow  # a `sanlab compare --jobs 2` process with spawned workers: ~20 s
+def test_ctrl_c_stops_a_grid_with_jobs_at_once(tmp_path):
+    """Ctrl-C reaches the whole process group: the grid ends its workers and exits 130 instead of training on
+    every cell already handed to the pool; the cells not started stay untouched, the others resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sanlab.experiments.running import run_order
+
+    long = [*TINY, "train.max_steps=100000", "train.valid_every=5"]
+    argv = [sys.executable, "-m", "sanlab", "compare", str(SMOKE), "--runs-dir", str(tmp_path), "--jobs", "2",
+            "--quiet", *(a for o in long for a in ("--set", o))]
+    process = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        grid = load_grid(SMOKE, overrides=long, runs_dir=tmp_path)
+        order = run_order(grid, grid.cells)
+        started, queued = order[:2], order[2:]  # each variant's first seed, then the second seeds
+        deadline = time.monotonic() + 240
+        while not all(list((c.run_dir / "checkpoints").glob("step-*")) for c in started):
+            assert process.poll() is None, "the grid ended before both workers saved a checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint from both workers within 240 s"
+            time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert "interrupted; rerun the same command to resume" in err
+    assert _live_processes_in_group(process.pid) == []  # no worker goes on training (the grid waited for them)
+    assert [cell_state(c, grid.spec.eval).status for c in order] == ["training", "training", "pending", "pending"]
+    assert not any(c.run_dir.exists() for c in queued)  # cancelled before they started
+
+
+def _live_processes_in_group(pgid: int) -> list[str]:
+    """The processes of a process group that are not zombies (Linux ``/proc``; a zombie waits for init to reap it)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(stat.parent.name)
+    return live
 
 
 def _run_translation_grid(tmp_path) -> str:
@@ -520,6 +675,18 @@ def _import_checks(grid, runs, cell, other, tmp_path):
     with pytest.raises(ConfigError, match="nothing was imported"):
         import_cells(grid, stray, log=lambda m: None)
     assert status(other) == "pending"
+    # nor does an archive cut short, one with two copies of a cell or a file twice, or a hidden file (.lock)
+    whole = Path(archive2).read_bytes()
+    (tmp_path / "cut.tar.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ConfigError, match=r"cannot read the archive \(.*\); nothing was imported"):
+        import_cells(grid, tmp_path / "cut.tar.gz", log=lambda m: None)
+    for extra, problem in ((f"copy/{arc(other)}/done.json", f"{other.label} is there 2 times"),
+                           (f"{arc(other)}/done.json", f"{other.label} has done.json more than once"),
+                           (f"{arc(other)}/.lock", "not files of cells of")):
+        bad = _cell_archive(tmp_path / "bad.tar.gz", tmp_path / "other-moved", arc(other), extra=(extra,))
+        with pytest.raises(ConfigError, match=problem):
+            import_cells(grid, bad, log=lambda m: None)
+    assert status(other) == "pending" and [p.name for p in other.run_dir.iterdir()] == [".lock"]  # the lock above
     assert [i.error for i in import_cells(grid, archive2, log=lambda m: None)] == [None]
     assert status(other) == "evaluated"
     # the command: the table follows, and a cell left out makes it exit 1, saying why
@@ -530,6 +697,8 @@ def _import_checks(grid, runs, cell, other, tmp_path):
     assert printed[-1].startswith(f"NOT IMPORTED {other.label} from {archive2}: ") and "exists here" in printed[-1]
     with pytest.raises(ConfigError, match="--import adds cells and prints the table"):
         run_compare(str(SMOKE), overrides=TINY, runs_dir=str(runs), imports=[str(archive2)], table_only=True)
+    with pytest.raises(ConfigError, match="--import brings in every cell of the archive .* --only, --dataset and"):
+        run_compare(str(SMOKE), overrides=TINY, runs_dir=str(runs), imports=[str(archive2)], only=["1D-CSAN"])
 
 
 def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished):

@@ -349,7 +349,11 @@ def read_failure(cell: Cell) -> str | None:
 def init_worker(threads: int, jobs: int, parent: int) -> None:
     """Initializer of a ``--jobs`` worker process: its share of the machine's cores, and how many cells
     train side by side (recorded with each training session, see ``runs.record_session``); ``parent`` is
-    the grid process's pid."""
+    the grid process's pid. Ctrl-C reaches the whole process group: the grid process alone answers it, and ends
+    its workers (``running._stop_pool``), so none is caught by it mid-way through saving a checkpoint."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)
     torch.set_num_threads(threads)
     os.environ[GRID_JOBS_ENV] = str(jobs)
@@ -418,9 +422,13 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     if state.status not in ("trained", "evaluated"):
         return None
     done = read_json(cell.layout.done)
-    result = CellResult(cell.variant, cell.seed, params=done.get("params"), speed=last_speed(cell.run_dir),
-                        conditions=speed_conditions(cell.run_dir, done), machine=done.get("machine"),
-                        vocabulary=cell_vocabulary(cell.run_dir, done))
+    try:
+        speed = last_speed(cell.run_dir)
+        conditions = speed_conditions(cell.run_dir, done)
+    except ConfigError:  # a damaged metrics.jsonl line (it names it in --dry-run): the speed is lost, not the scores
+        speed, conditions = None, "unknown (metrics.jsonl unreadable)"
+    result = CellResult(cell.variant, cell.seed, params=done.get("params"), speed=speed, conditions=conditions,
+                        machine=done.get("machine"), vocabulary=cell_vocabulary(cell.run_dir, done))
     if state.status != "evaluated":
         return result
     record = read_json(cell.layout.compare_eval)

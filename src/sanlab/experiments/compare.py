@@ -81,7 +81,10 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     ``imports`` (``--import``): archives of cells trained elsewhere (``importing``), then the table only."""
     if imports and (table_only or dry_run or rescore):
         raise ConfigError("--import adds cells and prints the table: drop --table-only, --dry-run and --rescore")
-    _refuse_conflicting_modes(jobs=jobs, dry_run=dry_run, table_only=table_only or bool(imports), rescore=rescore,
+    if imports and (only or datasets or seeds):
+        raise ConfigError("--import brings in every cell of the archive and prints the whole table; --only, "
+                          "--dataset and --seed choose the cells to run: drop them")
+    _refuse_conflicting_modes(jobs=jobs, dry_run=dry_run, table_only=table_only, rescore=rescore,
                               selected=bool(only or datasets or seeds))
     grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir, datasets_file=datasets_file)
     check_synthetic(grid)
@@ -115,7 +118,8 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
             # almost always a forgotten or extra --set
             out(f"NOT written to {grid.runs_dir}: {len(left_out)} finished cell(s) do not match this invocation's "
                 "settings and are missing from the table above (pass the --set they were trained with; or, if the "
-                "new settings are meant, run the grid until those cells are trained and scored again):")
+                "new settings are meant, run the grid until those cells are trained and scored again; a conflict "
+                "says what it needs):")
             out("\n".join(f"  {cell.label}: {state.describe()}" for cell, state in left_out))
             return 1
         paths = write_report(report, grid.runs_dir)

@@ -123,8 +123,11 @@ def _speed_seeds(results: dict[int, CellResult], baseline: Row | None) -> tuple[
     groups: dict[tuple[str | None, str | None], list[int]] = {}
     for seed, r in timed.items():
         groups.setdefault((r.conditions, machine(r)), []).append(seed)
+    # a cell whose metrics.jsonl cannot be read has no speed (``read_result``): say so rather than drop it unseen
+    unreadable = tuple(f"seed {seed}: {r.conditions}" for seed, r in sorted(results.items())
+                       if not r.speed and (r.conditions or "").startswith("unknown ("))
     if len(groups) <= 1:
-        return tuple(timed), ()
+        return tuple(timed), unreadable
     base = (baseline.speed_conditions, baseline.speed_machines) if baseline is not None else ((), ())
     key = (base[0][0] if len(base[0]) == 1 else None, base[1][0] if len(base[1]) == 1 else None)
     chosen = groups[key] if key in groups else max(groups.values(), key=len)
@@ -133,7 +136,7 @@ def _speed_seeds(results: dict[int, CellResult], baseline: Row | None) -> tuple[
     def how(r: CellResult) -> str:
         return (r.conditions or "unknown") + (f" on {r.machine}" if machine(r) not in machines else "")
 
-    return tuple(chosen), tuple(f"seed {seed}: {how(r)}" for seed, r in timed.items() if seed not in chosen)
+    return tuple(chosen), tuple(f"seed {seed}: {how(r)}" for seed, r in timed.items() if seed not in chosen) + unreadable
 
 
 def _other_vocabularies(results: dict[int, CellResult], base_results: dict[int, CellResult]) -> tuple[str, ...]:

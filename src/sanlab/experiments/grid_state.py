@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -146,29 +147,40 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     run, layout = cell.run_dir, cell.layout
     if not layout.config.exists():
         return CellState("pending")
-    step, done = latest_step(run), read_json(layout.done)
-    if step is None and done:  # a finished cell committed without its checkpoints (results/compare)
-        step = done["summary"]["step"]
+    on_disk, done = latest_step(run), read_json(layout.done)
+    step = done["summary"]["step"] if done and on_disk is None else on_disk  # None: checkpoints not here
     changes = training_changes(done, cell) if done else []
-    if done and not changes and step > done["summary"]["step"]:  # e.g. `sanlab train` with a larger budget; a
-        # budget the grid itself raised (changes) resumes past done.json and is judged by config.yaml below
-        return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step {step}, "
-                                           f"{DONE_FILE} says {done['summary']['step']}): not the grid's cell any more")
+    same_run = ""  # a changed budget under which it would have stopped where it did
+    if done:
+        if not changes and step > done["summary"]["step"]:  # e.g. `sanlab train` with a larger budget; a
+            # budget the grid itself raised (changes) resumes past done.json and is judged by config.yaml below
+            return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step "
+                                               f"{step}, {DONE_FILE} says {done['summary']['step']}): not the grid's "
+                                               "cell any more")
+        changed_data = _changed_training_data(cell)
+        if changed_data:
+            return CellState("conflict", step, changed_data)
+        if changes and all(k.startswith(RESUMABLE_KEYS) for k in changes):  # only its budget changed
+            shorter = shorter_budget(run, cell.config, _normalised(done["config"], source=layout.done),
+                                     trained=done["summary"])
+            if shorter:
+                return CellState("conflict", step, shorter)
+            if not _goes_on(done, cell.config):  # the new budget stops it where it stopped: the same run
+                same_run = f"{', '.join(changes)} changed, but it would stop at step {step} all the same"
+                changes = []
+            elif on_disk is None:
+                return CellState("conflict", step, f"{', '.join(changes)} changed, which would train it on from step "
+                                                   f"{step}, but its checkpoints are not here (a committed or imported "
+                                                   "cell): rerun with the budget it was trained with, or bring its "
+                                                   "checkpoints back")
     if done and not changes:
-        record = read_json(layout.compare_eval)
-        if record and record.get("key") == eval_key(cell, spec) and record.get("trained_at") == done["finished_at"]:
-            changed = [p for p, digest in (record.get("data_sha256") or {}).items()
-                       if data_digests(cell).get(p, digest) != digest]  # records before digests are trusted
-            if changed:
-                return CellState("trained", step, f"{', '.join(changed)} changed since the cell was scored")
-            if evidence_intact(run, record):
-                return CellState("evaluated", step)
-            return CellState("trained", step, f"{record.get('evidence')} or the recorded scores changed (or the "
-                                              "file is missing) since it was scored")
-        if record and record.get("trained_at") == done["finished_at"] and _stale_groups(record, eval_key(cell, spec)):
-            return CellState("trained", step, "scored with the OOV/ambiguous definitions before 2026-11-25: "
-                                              "`sanlab compare GRID --rescore` scores it again from its predictions")
-        return CellState("trained", step)
+        state = _finished_state(cell, spec, done, step)
+        if state.status == "trained" and on_disk is None and not state.detail.startswith(STALE_GROUPS):
+            why = state.detail or "not scored as the grid asks"
+            return CellState("conflict", step, f"{why}, and its checkpoints are not here (a committed or imported "
+                                               "cell), so it cannot be scored again: rerun with the evaluation "
+                                               "settings it was scored with, or bring its checkpoints back")
+        return replace(state, detail=state.detail or same_run)
     saved = _normalised(read_yaml_mapping(layout.config, what="run config"), source=layout.config)
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
     if blocking:
@@ -178,3 +190,63 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
         return CellState("conflict", step, shorter)
     detail = f"continues: {', '.join(changes)} changed" if changes else ""
     return CellState("training" if step is not None else "pending", step, detail)
+
+
+STALE_GROUPS = "scored with the OOV/ambiguous definitions before 2026-11-25"
+
+
+def _finished_state(cell: Cell, spec: EvalSpec, done: dict, step: int) -> CellState:
+    """``evaluated`` or ``trained`` (with why it is to be scored again) for a cell that finished training as the
+    grid asks."""
+    record = read_json(cell.layout.compare_eval)
+    if not record or record.get("trained_at") != done["finished_at"]:
+        return CellState("trained", step)
+    key = eval_key(cell, spec)
+    if record.get("key") == key:
+        changed = [p for p, digest in (record.get("data_sha256") or {}).items()
+                   if data_digests(cell).get(p, digest) != digest]  # records before digests are trusted
+        if changed:
+            return CellState("trained", step, f"{', '.join(changed)} changed since the cell was scored")
+        if evidence_intact(cell.run_dir, record):
+            return CellState("evaluated", step)
+        return CellState("trained", step, f"{record.get('evidence')} or the recorded scores changed (or the file is "
+                                          "missing) since it was scored")
+    if _stale_groups(record, key):
+        return CellState("trained", step, f"{STALE_GROUPS}: `sanlab compare GRID --rescore` scores it again from its "
+                                          "predictions")
+    return CellState("trained", step, f"scored with {_key_text(record.get('key'))}, the grid asks for {_key_text(key)}")
+
+
+def _key_text(key: dict | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (key or {}).items()) or "no recorded settings"
+
+
+def _goes_on(done: dict, config: Config) -> bool:
+    """Whether training the finished cell under ``config`` would add updates (``Trainer.fit``'s stopping rules): a
+    limit it stopped at was raised, or, where it stopped early, its patience was loosened. Otherwise a changed
+    budget would resume it for no update, score it again and rewrite ``done.json``: it is the same run."""
+    old = _normalised(done["config"], source=Path(DONE_FILE))["train"]
+    summary, new = done["summary"], config.train
+    step, epoch = summary["step"], summary.get("epoch") or 0
+    if step >= new.max_steps or epoch >= new.max_epochs:
+        return False
+    stopped_early = step < old["max_steps"] and epoch < old["max_epochs"]
+    return not stopped_early or new.patience == 0 or (old["patience"] > 0 and new.patience > old["patience"])
+
+
+def _changed_training_data(cell: Cell) -> str:
+    """Why a finished cell does not stand for the grid's training data any more (it changed in place since the
+    cell trained on it), or "". ``sanlab compare --allow-changed-data`` keeps such cells as they are."""
+    from sanlab.runs import ALLOW_CHANGED_DATA_ENV, training_data_changes
+
+    if os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1":
+        return ""
+    try:
+        found = training_data_changes(cell.run_dir, cell.config)
+    except ConfigError:  # meta.json unreadable: its provenance is lost, not the cell
+        return ""
+    if not found:
+        return ""
+    path, what = next(iter(found.items()))
+    return (f"the training data changed since it was trained ({path}: {what}): pass --allow-changed-data to keep "
+            "it as it was trained, or delete it to train it again")

@@ -8,6 +8,8 @@ or not at all:
 
 - only finished, scored cells of this grid (``config.yaml``, ``done.json`` and ``compare-eval.json`` in the
   archive), as plain files directly in the cell's directory, under a path that ends in the grid's runs directory;
+  one copy of each (one directory, each name once) and no hidden names (``.lock``); the archive is read through
+  before anything lands, so one cut short or damaged imports nothing;
 - a cell that exists here with a ``config.yaml`` (begun or finished on this machine) is left alone, and so is one
   whose run lock another process holds;
 - the files are extracted beside the cell and renamed into place under the cell's run lock, ``done.json`` and
@@ -21,6 +23,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -47,13 +50,19 @@ def import_cells(grid: Grid, archive: str | os.PathLike[str], *, log: Callable[[
         with tarfile.open(path, "r:*") as tar:
             members = tar.getmembers()
             by_cell = _members_by_cell(grid, members, path)
+            for member in members:  # read through once: a truncated or damaged archive stops before any cell lands
+                if member.isfile():
+                    with tar.extractfile(member) as f:
+                        while f.read(1 << 20):
+                            pass
             outcomes = []
             for cell, files in by_cell.values():
                 error = _import_one(grid, cell, files, tar)
                 outcomes.append(Imported(cell, error))
                 log(f"{cell.label}: " + ("imported" if error is None else f"NOT imported: {error}"))
-    except (tarfile.TarError, OSError) as err:
-        raise ConfigError(f"{path}: cannot read the archive: {err}") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as err:  # EOFError: cut short (gzip, bz2, xz)
+        raise ConfigError(f"{path}: cannot read the archive ({type(err).__name__}: {err}); nothing was imported "
+                          "from it") from None
     if not outcomes:
         log(f"{path}: no cell of this grid in the archive")
     return outcomes
@@ -72,7 +81,8 @@ def _members_by_cell(grid: Grid, members: list[tarfile.TarInfo],
             continue
         parts = PurePosixPath(m.name).parts
         cell = next((cells[rel] for rel in cells if _ends_with_cell(parts, rel, grid_dir)), None)
-        if cell is None or not m.isfile() or m.name.startswith("/") or ".." in parts:
+        # a hidden name (.lock: the cell's run lock here) is never a result file
+        if cell is None or not m.isfile() or m.name.startswith("/") or ".." in parts or parts[-1].startswith("."):
             strays.append(m.name)
             continue
         by_cell.setdefault(cell.run_dir, (cell, []))[1].append(m)
@@ -80,7 +90,22 @@ def _members_by_cell(grid: Grid, members: list[tarfile.TarInfo],
         shown = ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else "")
         raise ConfigError(f"{archive}: not files of cells of {grid.path} (…/{grid_dir}/<variant>/seed-<N>/<file>): "
                           f"{shown}; nothing was imported")
+    copies = [_copies(cell, files) for cell, files in by_cell.values()]
+    if any(copies):
+        raise ConfigError(f"{archive}: {'; '.join(c for c in copies if c)}: which one is meant cannot be told; "
+                          "nothing was imported")
     return by_cell
+
+
+def _copies(cell: Cell, files: list[tarfile.TarInfo]) -> str:
+    """Why the archive does not hold exactly one copy of ``cell`` (files under two directories, or a name twice),
+    or "": mixing the files of two copies would make a cell that was never trained."""
+    dirs = sorted({str(PurePosixPath(m.name).parent) for m in files})
+    if len(dirs) > 1:
+        return f"{cell.label} is there {len(dirs)} times ({', '.join(dirs)})"
+    names = [PurePosixPath(m.name).name for m in files]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    return f"{cell.label} has {', '.join(twice)} more than once" if twice else ""
 
 
 def _ends_with_cell(parts: tuple[str, ...], rel: tuple[str, ...], grid_dir: str) -> bool:

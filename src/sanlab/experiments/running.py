@@ -252,22 +252,44 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
     """Run ``cells`` in one process pool; returns the cells a broken pool left unfinished (or, when a cell
     ran ``alone`` in its pool, reports it as failed: the death was its own)."""
     broken, side_by_side = [], 1 if alone else workers
-    with ProcessPoolExecutor(max_workers=side_by_side, mp_context=get_context("spawn"),
-                             initializer=init_worker, initargs=(threads, side_by_side, os.getpid())) as pool:
+    pool = ProcessPoolExecutor(max_workers=side_by_side, mp_context=get_context("spawn"),
+                               initializer=init_worker, initargs=(threads, side_by_side, os.getpid()))
+    try:
         futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
-        for future in as_completed(futures):
-            cell = futures[future]
-            try:
-                outcome = future.result()
-            except BrokenProcessPool as err:
-                if not alone:
-                    broken.append(cell)
-                    continue
-                outcome = CellOutcome(cell, False, False, 0.0, f"its worker process died ({err}), also when it "
-                                                               "ran in a pool of its own")
-                record_failure(outcome)
-            except Exception as err:  # noqa: BLE001  (the grid goes on)
-                outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
-                record_failure(outcome)
-            report(outcome)
+        _collect(futures, broken, report=report, alone=alone)
+    except BaseException:  # Ctrl-C: stop now, not after every cell already handed to the pool has trained
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
     return broken
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the cells not started and end the workers (they ignore SIGINT, ``init_worker``): a cell stopped
+    mid-training resumes from its last checkpoint, which is renamed into place whole, and its lock goes with
+    its process."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # the executor keeps no public list
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(timeout=60)
+
+
+def _collect(futures: dict, broken: list[Cell], *, report: Callable[[CellOutcome], None], alone: bool) -> None:
+    """Report each cell's outcome as it comes; a cell a broken pool left unfinished goes to ``broken``."""
+    for future in as_completed(futures):
+        cell = futures[future]
+        try:
+            outcome = future.result()
+        except BrokenProcessPool as err:
+            if not alone:
+                broken.append(cell)
+                continue
+            outcome = CellOutcome(cell, False, False, 0.0, f"its worker process died ({err}), also when it "
+                                                           "ran in a pool of its own")
+            record_failure(outcome)
+        except Exception as err:  # noqa: BLE001  (the grid goes on)
+            outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
+            record_failure(outcome)
+        report(outcome)

@@ -53,6 +53,11 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
         # a resume could not be checked, and a fresh start would replace them
         raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
                           "move the checkpoints away (or choose another --run directory) to start again")
+    if layout.done.exists() and saved.exists() and not CheckpointManager.has_checkpoints(run_dir):
+        # committed or imported with its small files only: a "resume" would start from scratch over its results
+        raise ConfigError(f"{run_dir}: a finished grid cell whose checkpoints are not here ({layout.done.name} "
+                          "without checkpoints/): it cannot train on; train in another --run directory, or pass "
+                          "--overwrite to replace it")
     if not rundir.is_run(run_dir):
         rundir.check_new_run(run_dir)
     text = dump_config(config)
