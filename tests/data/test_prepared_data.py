@@ -187,6 +187,16 @@ def test_blank_line_is_reported_before_any_cache_entry(tmp_path, cache):
     assert _entries(cache, "subword") == [] and _entries(cache, "corpus") == []
 
 
+def test_a_missing_training_file_is_named_before_anything_is_logged(tmp_path, cache):
+    config = make_reverse_config(tmp_path)
+    os.remove(config.data.train.tgt)
+    logged = []
+    with pytest.raises(DataError, match=r"train\.tgt: file not found"):
+        prepare(config, None, log=logged.append)
+    assert not [m for m in logged if "sentencepiece" in m]  # no "training ... on N sentences" first
+    assert _entries(cache, "subword") == [] and _entries(cache, "corpus") == []
+
+
 @pytest.mark.parametrize("damage", ["not gzip at all", "truncated"])
 def test_a_training_file_that_is_not_a_readable_gzip_is_named(tmp_path, cache, damage):
     """A .gz training file that is plain text or cut short: a DataError naming it, not gzip's traceback (the

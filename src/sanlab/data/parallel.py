@@ -24,12 +24,18 @@ logger = logging.getLogger(__name__)
 PathLike = str | os.PathLike[str]
 
 
-def _open_binary(path: Path) -> BinaryIO:
+def require_file(path: PathLike) -> None:
+    """A DataError naming ``path`` unless it is a regular file (a relative path says where it was looked for)."""
+    path = Path(path)
     if not path.exists():
         where = "" if path.is_absolute() else f" (relative to the working directory: {path.absolute()})"
         raise DataError(f"file not found{where}", path=str(path))
     if not path.is_file():
         raise DataError("not a regular file", path=str(path))
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    require_file(path)
     try:
         # Decide by suffix, as the files are named; a wrong suffix fails on read, with the path.
         return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")

@@ -33,7 +33,7 @@ from sanlab.data.binarized import BinarizedCorpus, DatasetWriter, open_dataset, 
 from sanlab.data.cache import build_once, cache_root, entry_key
 from sanlab.data.encode import LengthFilter, encode_into
 from sanlab.data.fingerprint import fingerprint
-from sanlab.data.parallel import iter_parallel
+from sanlab.data.parallel import iter_parallel, require_file
 from sanlab.data.subword import SubwordModel, SubwordPair
 from sanlab.errors import DataError
 from sanlab.training.layout import RunLayout
@@ -85,6 +85,8 @@ def _texts(corpora: list[ParallelFiles], side: int, skip_empty: bool, problems: 
 def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], None]) -> None:
     d, sw, layout = config.data, config.data.subword, RunLayout(out)
     corpora = config.data.train_corpora
+    for path in (p for c in corpora for p in (c.src, c.tgt)):
+        require_file(path)  # before the log line counts its sentences ("on 0 sentences" for a missing file)
     sentences = sum(count_lines(c.src) for c in corpora) * (2 if sw.joint else 1)
     sample = sw.sample_sentences if sentences > sw.sample_sentences else None
     options = dict(vocab_size=sw.vocab_size, model_type=sw.model_type, character_coverage=sw.character_coverage,
