@@ -389,3 +389,16 @@ def test_a_cell_that_does_not_record_its_machine_counts_as_its_conditions_machin
     base, _, same = build_section(grid, dataset=None, results=results, references=None).rows
     assert base.speed_seeds == (1, 2, 3) and base.steps_per_s.mean == pytest.approx(4.0)
     assert same.speed_comparable and same.steps_delta == pytest.approx(-3.0)
+
+
+def test_a_left_out_cell_that_does_not_record_its_machine_says_so(tmp_path):
+    # (an older cell under conditions no other cell shares: its machine cannot be told, and is not "None")
+    grid = _hand_grid(tmp_path)
+    here = "Linux x86_64, 2 cores, torch 2.13.0+cpu, python 3.11.7"
+    results = {("base", s): CellResult("base", s, params=1000, speed={"steps_per_s": 2.0, "tokens_per_s": 20.0},
+                                       conditions="2 jobs x 1 thread", machine=here) for s in (1, 2)}
+    results[("base", 3)] = CellResult("base", 3, params=1000, speed={"steps_per_s": 3.0, "tokens_per_s": 30.0},
+                                      conditions="1 job x 1 thread", machine=None)
+    base = build_section(grid, dataset=None, results=results, references=None).rows[0]
+    assert base.speed_seeds == (1, 2)
+    assert base.speed_left_out == ("seed 3: 1 job x 1 thread (machine not recorded)",)

@@ -134,7 +134,10 @@ def _speed_seeds(results: dict[int, CellResult], baseline: Row | None) -> tuple[
     machines = {machine(timed[seed]) for seed in chosen}
 
     def how(r: CellResult) -> str:
-        return (r.conditions or "unknown") + (f" on {r.machine}" if machine(r) not in machines else "")
+        where = machine(r)
+        if where in machines:
+            return r.conditions or "unknown"
+        return (r.conditions or "unknown") + (f" on {where}" if where else " (machine not recorded)")
 
     return tuple(chosen), tuple(f"seed {seed}: {how(r)}" for seed, r in timed.items() if seed not in chosen) + unreadable
 
