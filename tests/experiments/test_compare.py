@@ -196,6 +196,9 @@ def test_a_cell_trained_on_outside_the_grid_is_a_conflict(finished, monkeypatch)
     assert (state.status, state.detail) == ("conflict", f"trained on after the grid finished it (checkpoints reach "
                                             f"step {done_step + 5}, done.json says {done_step}): not the grid's cell "
                                             "any more")
+    # and so is it under a budget the grid changed that would have stopped it where done.json says
+    same_run = load_grid(SMOKE, overrides=[*TINY, "train.max_epochs=2000"], runs_dir=finished.runs_dir)
+    assert cell_state(same_run.cells[0], same_run.spec.eval).detail == state.detail
     # but a budget the grid itself raised resumes past done.json (e.g. killed after a checkpoint): it goes on
     longer = load_grid(SMOKE, overrides=[*TINY, f"train.max_steps={done_step + 20}"], runs_dir=finished.runs_dir)
     assert cell_state(longer.cells[0], longer.spec.eval).status == "training"
@@ -260,7 +263,7 @@ def test_a_damaged_metrics_line_loses_the_speed_not_the_table(finished):
         metrics.write_bytes(b"not a record\n" + original)
         report = build_report(load_grid(SMOKE, overrides=TINY, runs_dir=finished.runs_dir), command="test")
         table = render_markdown(report)
-        assert "unknown (metrics.jsonl unreadable)" in table
+        assert f"unknown (metrics.jsonl unreadable: {metrics}:1: not a JSON record" in table
         assert "cells done: 4 of 4" in table  # its scores are still in
     finally:
         metrics.write_bytes(original)
@@ -330,9 +333,12 @@ def test_a_changed_budget_goes_on_only_where_it_lifts_what_stopped_the_run(finis
 
     real = json.loads((finished.cells[0].run_dir / "done.json").read_text())
 
-    def done(step: int, epoch: int, **train) -> dict:
+    def done(step: int, epoch: int, bad: int | None = None, **train) -> dict:
         config = {**real["config"], "train": {**real["config"]["train"], **train}}
-        return {**real, "config": config, "summary": {**real["summary"], "step": step, "epoch": epoch, "position": 0}}
+        summary = {**real["summary"], "step": step, "epoch": epoch, "position": 0, "bad_validations": bad}
+        if bad is None:  # recorded before done.json had it: told from the limits
+            del summary["bad_validations"]
+        return {**real, "config": config, "summary": summary}
 
     def under(*overrides: str):
         return load_grid(SMOKE, overrides=[*TINY, *overrides], runs_dir=finished.runs_dir).cells[0].config
@@ -343,10 +349,15 @@ def test_a_changed_budget_goes_on_only_where_it_lifts_what_stopped_the_run(finis
     at_epochs = done(12, 3, max_steps=1000, max_epochs=3, patience=0)
     assert _goes_on(at_epochs, under("train.max_steps=1000", "train.max_epochs=5"))
     assert not _goes_on(at_epochs, under("train.max_steps=2000", "train.max_epochs=3"))
-    early = done(10, 2, max_steps=1000, max_epochs=6, patience=2)
-    assert _goes_on(early, under("train.max_steps=1000", "train.max_epochs=6", "train.patience=3"))
-    assert _goes_on(early, under("train.max_steps=1000", "train.max_epochs=6", "train.patience=0"))
-    assert not _goes_on(early, under("train.max_steps=2000", "train.max_epochs=6", "train.patience=2"))
+    # a run whose last validation at its limit also used up its patience stops there under a larger limit too
+    both = done(4, 0, bad=1, max_steps=4, max_epochs=1000, patience=1)
+    assert not _goes_on(both, under("train.max_steps=8", "train.patience=1"))
+    assert _goes_on(both, under("train.max_steps=8", "train.patience=2"))
+    for bad in (None, 2):  # told from the limits, or recorded
+        early = done(10, 2, bad, max_steps=1000, max_epochs=6, patience=2)
+        assert _goes_on(early, under("train.max_steps=1000", "train.max_epochs=6", "train.patience=3"))
+        assert _goes_on(early, under("train.max_steps=1000", "train.max_epochs=6", "train.patience=0"))
+        assert not _goes_on(early, under("train.max_steps=2000", "train.max_epochs=6", "train.patience=2"))
 
 
 def test_a_finished_cell_without_its_checkpoints_is_never_trained_or_scored_again(finished, tmp_path):
@@ -380,6 +391,30 @@ def test_a_finished_cell_without_its_checkpoints_is_never_trained_or_scored_agai
     state = cell_state(cell, EvalSpec(**{**finished.spec.eval.model_dump(), "checkpoint": "last"}))
     assert state.status == "trained"  # with its checkpoints it is scored again
     assert state.detail.startswith("scored with checkpoint=best")
+
+
+def test_a_cell_to_rescore_without_its_checkpoints_is_left_to_rescore(finished, tmp_path):
+    """Scored with the word groups before 2026-11-25 and committed without checkpoints: a grid run says --rescore
+    (which needs no model) instead of failing with 'no checkpoint to load' and writing failed.json into it."""
+    import shutil
+
+    from sanlab.experiments.cells import run_cell
+
+    cell = finished.cells[1]
+    record_path = cell.run_dir / "compare-eval.json"
+    original = record_path.read_bytes()
+    record = json.loads(original)
+    record["key"] = {k: v for k, v in record["key"].items() if k != "word_groups"}  # the old definitions
+    record_path.write_text(json.dumps(record))
+    shutil.move(cell.run_dir / "checkpoints", tmp_path / "checkpoints")
+    try:
+        outcome = run_cell(cell, finished.spec.eval, quiet=True)
+        assert "--rescore` scores it again from its predictions (its checkpoints are not here)" in outcome.error
+        assert not (cell.run_dir / "failed.json").exists()
+    finally:
+        shutil.move(tmp_path / "checkpoints", cell.run_dir / "checkpoints")
+        record_path.write_bytes(original)
+    assert cell_state(cell, finished.spec.eval).status == "evaluated"
 
 
 def test_training_data_changed_in_place_is_a_conflict_for_finished_cells(finished, monkeypatch):

@@ -24,8 +24,8 @@ from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import synthetic_task
 from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
 from sanlab.experiments.grid_state import (
-    DONE_FILE, EVAL_FILE, FAILED_FILE, cell_state, config_dict, data_digests, eval_key, evidence_intact, file_digest,
-    scores_digest, split_files,
+    DONE_FILE, EVAL_FILE, FAILED_FILE, STALE_GROUPS, cell_state, config_dict, data_digests, eval_key, evidence_intact,
+    file_digest, latest_step, scores_digest, split_files,
 )
 from sanlab.files import read_json, write_json
 from sanlab.models.builders import count_parameters
@@ -308,8 +308,12 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
         state = cell_state(cell, spec)
         if state.status == "conflict":  # a refusal, not a failure of the cell: nothing is written into it
             return CellOutcome(cell, False, False, time.monotonic() - start,
-                               f"ConfigError: {cell.run_dir}: {state.detail}; rerun with the settings (--set) it "
-                               "was trained with, delete it, or choose another --runs-dir")
+                               f"ConfigError: {cell.run_dir}: {state.detail}" + (f"; {state.advice}" if state.advice
+                                                                                 else ""))
+        if state.status == "trained" and state.detail.startswith(STALE_GROUPS) and state.step is not None and \
+                latest_step(cell.run_dir) is None:  # committed: no model to score it with, its predictions will do
+            return CellOutcome(cell, False, False, time.monotonic() - start, f"ConfigError: {cell.run_dir}: "
+                               f"{state.detail} (its checkpoints are not here)")
         if state.status in ("pending", "training"):
             train_cell(cell, quiet=quiet, jobs=jobs)
             trained = True
@@ -425,8 +429,8 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     try:
         speed = last_speed(cell.run_dir)
         conditions = speed_conditions(cell.run_dir, done)
-    except ConfigError:  # a damaged metrics.jsonl line (it names it in --dry-run): the speed is lost, not the scores
-        speed, conditions = None, "unknown (metrics.jsonl unreadable)"
+    except ConfigError as err:  # a damaged metrics.jsonl line: the speed is lost (the table says why), not the scores
+        speed, conditions = None, f"unknown (metrics.jsonl unreadable: {err})"
     result = CellResult(cell.variant, cell.seed, params=done.get("params"), speed=speed, conditions=conditions,
                         machine=done.get("machine"), vocabulary=cell_vocabulary(cell.run_dir, done))
     if state.status != "evaluated":

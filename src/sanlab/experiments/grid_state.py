@@ -32,11 +32,15 @@ NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_ev
                      "train.find_unused_parameters")
 
 
+RERUN_ADVICE = "rerun with the settings (--set) it was trained with, delete it, or choose another --runs-dir"
+
+
 @dataclass(frozen=True)
 class CellState:
     status: Literal["pending", "training", "trained", "evaluated", "conflict"]
     step: int | None = None
     detail: str = ""
+    advice: str = RERUN_ADVICE  # what to do about a conflict, where its detail does not say it already
 
     def describe(self) -> str:
         text = {"training": f"training step {self.step}", "trained": f"trained (step {self.step})",
@@ -154,32 +158,32 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     if done:
         if not changes and step > done["summary"]["step"]:  # e.g. `sanlab train` with a larger budget; a
             # budget the grid itself raised (changes) resumes past done.json and is judged by config.yaml below
-            return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step "
-                                               f"{step}, {DONE_FILE} says {done['summary']['step']}): not the grid's "
-                                               "cell any more")
+            return _trained_on_after(step, done)
         changed_data = _changed_training_data(cell)
         if changed_data:
-            return CellState("conflict", step, changed_data)
+            return CellState("conflict", step, changed_data, advice="")
         if changes and all(k.startswith(RESUMABLE_KEYS) for k in changes):  # only its budget changed
             shorter = shorter_budget(run, cell.config, _normalised(done["config"], source=layout.done),
                                      trained=done["summary"])
             if shorter:
                 return CellState("conflict", step, shorter)
             if not _goes_on(done, cell.config):  # the new budget stops it where it stopped: the same run
+                if step > done["summary"]["step"]:  # ... unless it was trained on outside the grid since
+                    return _trained_on_after(step, done)
                 same_run = f"{', '.join(changes)} changed, but it would stop at step {step} all the same"
                 changes = []
             elif on_disk is None:
                 return CellState("conflict", step, f"{', '.join(changes)} changed, which would train it on from step "
                                                    f"{step}, but its checkpoints are not here (a committed or imported "
                                                    "cell): rerun with the budget it was trained with, or bring its "
-                                                   "checkpoints back")
+                                                   "checkpoints back", advice="")
     if done and not changes:
         state = _finished_state(cell, spec, done, step)
         if state.status == "trained" and on_disk is None and not state.detail.startswith(STALE_GROUPS):
             why = state.detail or "not scored as the grid asks"
             return CellState("conflict", step, f"{why}, and its checkpoints are not here (a committed or imported "
                                                "cell), so it cannot be scored again: rerun with the evaluation "
-                                               "settings it was scored with, or bring its checkpoints back")
+                                               "settings it was scored with, or bring its checkpoints back", advice="")
         return replace(state, detail=state.detail or same_run)
     saved = _normalised(read_yaml_mapping(layout.config, what="run config"), source=layout.config)
     blocking = [k for k in config_differences(saved, config_dict(cell.config)) if not k.startswith(RESUMABLE_KEYS)]
@@ -221,17 +225,23 @@ def _key_text(key: dict | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (key or {}).items()) or "no recorded settings"
 
 
+def _trained_on_after(step: int, done: dict) -> CellState:
+    return CellState("conflict", step, f"trained on after the grid finished it (checkpoints reach step {step}, "
+                                       f"{DONE_FILE} says {done['summary']['step']}): not the grid's cell any more")
+
+
 def _goes_on(done: dict, config: Config) -> bool:
-    """Whether training the finished cell under ``config`` would add updates (``Trainer.fit``'s stopping rules): a
-    limit it stopped at was raised, or, where it stopped early, its patience was loosened. Otherwise a changed
-    budget would resume it for no update, score it again and rewrite ``done.json``: it is the same run."""
+    """Whether training the finished cell under ``config`` would add updates (``Trainer.fit``'s stopping rules): no
+    limit it reached and a patience it has not used up. Otherwise a changed budget would resume it for no update,
+    score it again and rewrite ``done.json``: it is the same run."""
     old = _normalised(done["config"], source=Path(DONE_FILE))["train"]
     summary, new = done["summary"], config.train
-    step, epoch = summary["step"], summary.get("epoch") or 0
+    step, epoch, bad = summary["step"], summary.get("epoch") or 0, summary.get("bad_validations")
     if step >= new.max_steps or epoch >= new.max_epochs:
         return False
-    stopped_early = step < old["max_steps"] and epoch < old["max_epochs"]
-    return not stopped_early or new.patience == 0 or (old["patience"] > 0 and new.patience > old["patience"])
+    if bad is None:  # finished before done.json recorded it: stopped early if no limit stopped it
+        bad = old["patience"] if step < old["max_steps"] and epoch < old["max_epochs"] and old["patience"] else 0
+    return not (new.patience > 0 and bad >= new.patience)
 
 
 def _changed_training_data(cell: Cell) -> str:

@@ -419,9 +419,10 @@ class Trainer:
         best = self._best_saved() if self.dist.is_main else p.best
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {best} "
                       f"({elapsed:.0f}s this session)")
-        # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's
+        # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
+        # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on)
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
-                "train_seconds": p.train_seconds}
+                "train_seconds": p.train_seconds, "bad_validations": p.bad_validations}
 
     def _best_saved(self) -> float | None:
         """The best validation score of the saved checkpoints (the best ones are always kept), an
