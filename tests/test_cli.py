@@ -112,7 +112,9 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
     ("base: ./\n", r"c\.yaml: base '\./': .* is a directory, not a config file"),
     ("base: preset:nope\n", r"unknown preset .preset:nope.; known presets"),
     ("task: tagging\ntrain: {lr: 0.5}\ndata: {train: a, dev: b}\ntrain: {seed: 7}\n",
-     r"c\.yaml.*key 'train' is given twice \(first on line 2\).*line 4"),  # PyYAML would drop lr silently
+     r"c\.yaml, line 4, column 1: not valid YAML: key 'train' is given twice \(first on line 2\)\n"),  # PyYAML
+    # would drop lr silently; and PyYAML's own position lines name "<unicode string>", not the file
+    ("task: tagging\ntrain:\n\tmax_steps: 3\n", r"c\.yaml, line 3, column 1: not valid YAML: .*'\\t' that cannot start"),
 ])
 def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     import re
@@ -121,7 +123,7 @@ def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     assert main(["train", path, "--print-config"]) == 2
     err = capsys.readouterr().err
     assert re.search(expected, err, re.S), err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "<unicode string>" not in err
 
 
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
@@ -202,6 +204,31 @@ def test_set_reaches_into_lists_that_are_there(tmp_path, capsys):
                           ("data.train.x=1", "data.train is a value, not a section")]:
         assert main(["train", path, "--set", key, "--print-config"]) == 2
         assert expected in capsys.readouterr().err
+
+
+def test_numbers_read_as_yaml_1_2_in_files_and_set(tmp_path, capsys):
+    """PyYAML's YAML 1.1 reads 0123 as octal (83) and 1:30 as base 60 (90), silently; a seed means 123."""
+    import yaml
+
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\ntrain: {seed: 0123, lr: 1e-3, max_steps: 010}\n")
+    assert main(["train", path, "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["train"]
+    assert (printed["seed"], printed["lr"], printed["max_steps"]) == (123, 0.001, 10)
+    assert main(["train", path, "--set", "train.seed=0o17", "--set", "train.max_steps=1_000", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["train"]
+    assert (printed["seed"], printed["max_steps"]) == (15, 1000)
+    assert main(["train", path, "--set", "train.seed=1:30", "--print-config"]) == 2  # a string, refused by name
+    assert "train.seed" in capsys.readouterr().err
+
+
+def test_a_mapping_given_to_set_merges_into_its_section(tmp_path, capsys):
+    """As a grid's `set:` does (and Hydra): the section's other keys keep the file's values."""
+    import yaml
+
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\ntrain: {lr: 0.5, warmup_steps: 7}\n")
+    assert main(["train", path, "--set", "train={max_steps: 10}", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["train"]
+    assert (printed["lr"], printed["warmup_steps"], printed["max_steps"]) == (0.5, 7, 10)
 
 
 def test_unknown_attention_part_lists_known_ones(tmp_path, capsys):
@@ -290,3 +317,33 @@ def test_compare_seed_option_narrows_the_cells(capsys):
     with_seed_3 = [f"{c.variant} / seed 3" for c in planned.cells if c.seed == 3]
     assert "vanilla / seed 3" in with_seed_3 and len(with_seed_3) < len(planned.spec.variants)
     assert listed == with_seed_3 + [f"0 of {len(with_seed_3)} cells evaluated"]
+
+
+def test_params_refuses_a_set_without_config_and_an_unknown_preset(capsys):
+    assert main(["params", "--set", "model.dim=8"]) == 2
+    assert "--set changes a CONFIG" in capsys.readouterr().err
+    assert main(["params", "--preset", "nosuch"]) == 2
+    captured = capsys.readouterr()
+    assert "--preset 'nosuch': unknown; known presets: " in captured.err and "transformer_big" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_a_bad_device_is_named_as_the_option_given(tmp_path, capsys, command):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n")
+    argv = ["train", path, "--print-config"] if command == "train" else \
+        ["compare", str(Path(__file__).resolve().parents[1] / "configs/compare/smoke-synthetic.yaml"), "--dry-run"]
+    assert main([*argv, "--device", "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--device 'gpu': expected auto, cpu, cuda or cuda:N" in err and "--set" not in err
+
+
+def test_an_os_error_while_writing_is_one_line_naming_the_file(monkeypatch, capsys):
+    import sanlab.cli as cli
+
+    def full(args):
+        raise OSError(28, "No space left on device", "/some/out.txt")
+
+    monkeypatch.setattr(cli, "_cmd_env", full)
+    assert main(["env"]) == 1
+    assert capsys.readouterr().err == "sanlab env: error: /some/out.txt: No space left on device\n"

@@ -53,6 +53,15 @@ def test_average_replaces_only_an_averaged_checkpoint(translation_run, capsys):
     assert sorted(p.relative_to(translation_run) for p in translation_run.rglob("*")) == before
 
 
+def test_average_never_replaces_an_average_holding_the_users_files(translation_run, tmp_path, capsys):
+    output = tmp_path / "my avg"
+    assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(output)]) == 0
+    (output / "NOTES.md").write_text("keep me")
+    assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(output)]) == 2
+    assert "holds files sanlab did not write (NOTES.md); refusing to replace it" in capsys.readouterr().err
+    assert (output / "NOTES.md").read_text() == "keep me"
+
+
 def test_average_output_leaves_the_directories_beside_it_alone(translation_run, tmp_path):
     """--output may be anywhere: the staging and set-aside names beside it are new ones, never a user's
     ``.NAME.tmp`` or ``.NAME.old`` emptied or replaced."""
@@ -104,6 +113,11 @@ def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tm
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\n")))
     assert main(["translate", "--run", str(run), "--beam", "1"]) == 2  # n_best 2 from the run: say what to pass
     assert "--beam 1 cannot return the run's decode.n_best = 2 hypotheses; pass --n-best" in capsys.readouterr().err
+
+
+def test_evaluate_names_each_split_of_the_run_once(translation_run, capsys):
+    assert main(["evaluate", "--run", str(translation_run), "--split", "nosuch"]) == 2
+    assert "unknown split(s) ['nosuch']; this run has: valid\n" in capsys.readouterr().err  # not "valid, valid"
 
 
 def test_evaluate_prints_sacrebleu_signature_and_its_scores(translation_run, capsys):

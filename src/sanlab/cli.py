@@ -28,6 +28,10 @@ def _cmd_train(args) -> int:
     from sanlab.config import dump_config, load_config
     from sanlab.runs import train_run
 
+    from sanlab.training.device import DEVICE_SPEC
+
+    if args.device and not DEVICE_SPEC.match(args.device):  # named as the user gave it, not as the --set it becomes
+        raise ConfigError(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
     overrides = args.overrides + ([f"train.device={args.device}"] if args.device else [])
     config = load_config(args.config, overrides)
     if args.print_config:
@@ -157,13 +161,19 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_params(args) -> int:
+    from sanlab.config_yaml import PRESETS
     from sanlab.experiments.params import format_recipe_rows, recipe_rows
     from sanlab.experiments.params import main as print_params
 
     if args.config:
         print(format_recipe_rows(recipe_rows(args.config, args.overrides)))
-    else:
-        print_params(args.preset)
+        return 0
+    if args.overrides:  # they would be ignored: the table of every variant is built from --preset
+        raise ConfigError("--set changes a CONFIG: name one (sanlab params CONFIG --set ...), or use --preset")
+    known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+    if args.preset not in known:
+        raise ConfigError(f"--preset {args.preset!r}: unknown; known presets: {', '.join(known)}")
+    print_params(args.preset)
     return 0
 
 
@@ -292,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of standard output went away (`sanlab translate ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again
         return 141  # as a process ended by SIGPIPE
+    except OSError as err:  # the machine's, not the input's: a full disk, a file too large, permissions
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"sanlab {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

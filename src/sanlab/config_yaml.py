@@ -39,10 +39,29 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-# PyYAML follows YAML 1.1, where 1e-3 and 5E4 (no dot) are strings; YAML 1.2, and anyone writing a learning rate,
-# reads them as numbers. The config is validated strictly, so they must arrive as floats.
-_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
-                                       list("-+0123456789."))
+
+# Numbers as YAML 1.2 reads them, not PyYAML's YAML 1.1: there 0123 is octal (83), 1:30 base 60 (90), and 1e-3
+# (no dot) a string. Anyone writing a seed or a learning rate means 123, "1:30" and 0.001; the config is then
+# validated strictly, so what is not a number arrives as a string and is refused by name.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                       list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(
+    _FLOAT, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    if text.startswith(("0x", "0o")):
+        return int(text[2:], 16 if text[1] == "x" else 8)
+    return int(text, 10)  # leading zeros are decimal
+
+
+_UniqueKeyLoader.add_constructor(_INT, _construct_int)
 
 
 def parse_value(text: str) -> object:
@@ -65,10 +84,27 @@ def read_yaml_mapping(path: Path, *, what: str = "config file") -> dict:
         raise ConfigError(f"{path}, line {line}: not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "
                           f"{err.start})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}{_yaml_where(err)}: not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a {what} must be a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def _yaml_where(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    return f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's message without its own position lines (they name "<unicode string>", not the file)."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        parts = [err.context, err.problem]
+        context = err.context_mark
+        if err.context and context is not None and err.problem_mark is not None and \
+                context.line != err.problem_mark.line:
+            parts[0] = f"{err.context} (line {context.line + 1})"
+        return "; ".join(p for p in parts if p) or str(err)
+    return str(err)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -168,7 +204,7 @@ def apply_override(raw: dict, assignment: str) -> dict:
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
     try:
-        set_key(raw, key, value)
+        set_key(raw, key, value, merge=True)  # a mapping merges into its section, as a grid's `set:` does
     except ConfigError as err:
         raise ConfigError(f"--set {err}") from None
     return raw

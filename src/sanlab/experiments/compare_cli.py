@@ -47,8 +47,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 def _cmd_compare(args) -> int:
     from sanlab.experiments.compare import run_compare
     from sanlab.invocation import environment_variable
+    from sanlab.errors import ConfigError
     from sanlab.runs import ALLOW_CHANGED_DATA_ENV
+    from sanlab.training.device import DEVICE_SPEC
 
+    if args.device and not DEVICE_SPEC.match(args.device):  # named as given, not as the --set it becomes
+        raise ConfigError(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
     # through the environment, so that the grid's worker processes see it too
     with environment_variable(ALLOW_CHANGED_DATA_ENV, "1" if args.allow_changed_data else None):
         overrides = args.overrides + ([f"train.device={args.device}"] if args.device else [])

@@ -274,7 +274,7 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
     if splits:
         unknown = [s for s in splits if s not in files and s != "valid"]
         if unknown:
-            raise ConfigError(f"unknown split(s) {unknown}; this run has: {', '.join(['valid', *files])}")
+            raise ConfigError(f"unknown split(s) {unknown}; this run has: {', '.join(dict.fromkeys(['valid', *files]))}")
         files = {s: files.get(s, config.data.valid) for s in splits}
     results = {}
     for name, pair in files.items():

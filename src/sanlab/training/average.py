@@ -40,6 +40,11 @@ def write_average(checkpoints: list[Path], output: Path) -> Path:
     if output.exists() and not is_averaged_checkpoint(output):  # it would be deleted and replaced
         raise ConfigError(f"{output}: exists and is not an averaged checkpoint (no meta.json naming the averaged "
                           "checkpoints); refusing to replace it: choose a new --output")
+    foreign = sorted(p.name for p in output.iterdir() if p.name not in (WEIGHTS, META)) if output.exists() else []
+    if foreign:  # replacing the directory would delete them
+        raise ConfigError(f"{output}: an averaged checkpoint that also holds files sanlab did not write "
+                          f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); refusing to replace it: "
+                          "move them away, or choose a new --output")
     weights = average_weights(checkpoints)  # (before anything is written: unreadable checkpoints fail here)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging_directory(output)
