@@ -201,7 +201,8 @@ def test_set_reaches_into_lists_that_are_there(tmp_path, capsys):
     assert "size: 7" in capsys.readouterr().out
     for key, expected in [("model.encoder.attention.parts.1.size=7", "is a list of 1 item(s); '1' is not an index"),
                           ("model.decoder.attention.parts.0.size=7", "is not set in the file, so it has no item 0"),
-                          ("data.train.x=1", "data.train is a value, not a section")]:
+                          ("data.train.x=1", "data.train is a value, not a section"),
+                          ("=3", "'': an empty key name"), (".train.max_steps=3", "'.train.max_steps': an empty key")]:
         assert main(["train", path, "--set", key, "--print-config"]) == 2
         assert expected in capsys.readouterr().err
 

@@ -215,6 +215,8 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
     indexes an item of a list that is there (``model.encoder.attention.parts.0.size``). With ``merge``,
     a mapping value is merged into a mapping already at ``key`` instead of replacing it."""
     node, parts = raw, key.strip().split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"{key!r}: an empty key name (expected a dotted key such as train.max_steps)")
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth]) or "the config"
         if isinstance(node, list):

@@ -441,6 +441,11 @@ def test_curves_from_metrics_jsonl(corpus, tmp_path):
     assert rows == [["step", "a", "b"], ["2", "10.0", ""], ["3", "", "7.0"], ["4", "25.0", ""], ["6", "20.0", ""]]
 
 
+def test_curves_of_a_path_that_is_not_a_run_say_so(tmp_path):
+    with pytest.raises(analyze.ConfigError, match=r"nosuchrun: not a run directory \(no config.yaml\)"):
+        analyze.curves([tmp_path / "nosuchrun"], out=tmp_path / "curves")
+
+
 def test_curves_mean_over_the_seeds_of_comparison_cells(corpus, tmp_path):
     runs = [_sweep_run(corpus, tmp_path / "grid" / "csan" / f"seed-{seed}", size=3, bleus=bleus)
             for seed, bleus in ((0, [10.0, 20.0, 40.0]), (1, [14.0, 30.0]))]  # seed 1 stopped early

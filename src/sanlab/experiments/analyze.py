@@ -87,6 +87,9 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     from sanlab.evaluation import analysis_curves, plots
     from sanlab.training.loop import read_metrics
 
+    for run in run_dirs:  # a mistyped path is "not a run", not "no records"
+        if not RunLayout(run).config.is_file():
+            raise ConfigError(f"{run}: not a run directory (no {RunLayout(run).config.name})")
     metric = metric or default_metric(run_dirs[0])
     found = {}
     for label, run in zip(run_labels(run_dirs), run_dirs):
