@@ -348,3 +348,9 @@ def test_an_os_error_while_writing_is_one_line_naming_the_file(monkeypatch, caps
     monkeypatch.setattr(cli, "_cmd_env", full)
     assert main(["env"]) == 1
     assert capsys.readouterr().err == "sanlab env: error: /some/out.txt: No space left on device\n"
+
+
+def test_an_empty_section_is_named_as_such(tmp_path, capsys):
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\ntrain:\n  # max_steps: 3\n")
+    assert main(["train", path, "--print-config"]) == 2
+    assert "train: an empty section (every key under it commented out?)" in capsys.readouterr().err

@@ -352,9 +352,12 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
+            empty = e["type"] in ("model_type", "dict_type") and e["input"] is None  # `train:` with nothing under it
+            if empty:
+                msg = "an empty section (every key under it commented out?): give it keys, or remove the line"
             where = origin(loc) if origin and loc else None
-            lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
-                                                          and not isinstance(e["input"], dict) else "")
+            shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
+            lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if shown else "")
                          + (f" ({where})" if where else ""))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
 
