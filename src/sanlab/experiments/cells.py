@@ -358,6 +358,8 @@ def init_worker(threads: int, jobs: int, parent: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked while it started (``running._run_pool``): ignored from here on
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
     torch.set_num_threads(threads)
     os.environ[GRID_JOBS_ENV] = str(jobs)

@@ -7,6 +7,7 @@ runs leave behind.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -255,7 +256,15 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
     pool = ProcessPoolExecutor(max_workers=side_by_side, mp_context=get_context("spawn"),
                                initializer=init_worker, initargs=(threads, side_by_side, os.getpid()))
     try:
-        futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
+        # the workers start with SIGINT blocked (they inherit the mask) until ``init_worker`` ignores it: a Ctrl-C
+        # while one is still importing would crash it loudly; here it waits, pending, until the submits are done
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") \
+            else None
+        try:
+            futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
+        finally:
+            if masked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         _collect(futures, broken, report=report, alone=alone)
     except BaseException:  # Ctrl-C: stop now, not after every cell already handed to the pool has trained
         _stop_pool(pool)
