@@ -320,6 +320,35 @@ def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp
     assert logged(crashed) == logged(straight) and ("train", 4) in logged(straight)
 
 
+def test_a_train_record_spanning_a_resume_averages_the_same_updates_as_the_uninterrupted_runs(
+        tmp_path, tiny_translation, monkeypatch):
+    """log_every=4, a checkpoint every 3 updates, killed during update 7: the record at update 8 averages
+    updates 5-8, two of them trained before the kill, so the loss of the updates since the last record is saved
+    in the checkpoint and restored (it was lost: the record averaged updates 7-8 only)."""
+    from sanlab.training import loop
+
+    train = dict(max_steps=8, log_every=4, valid_every=3)
+    straight = tmp_path / "straight"
+    train_run(tiny_translation(**train), straight, quiet=True)
+    crashed = tmp_path / "crashed"
+    update = loop.Trainer.update
+
+    def crash_at_seven(self, group):
+        if self.progress.step == 6:
+            raise KeyboardInterrupt("killed")
+        return update(self, group)
+
+    monkeypatch.setattr(loop.Trainer, "update", crash_at_seven)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(tiny_translation(**train), crashed, quiet=True)
+    monkeypatch.setattr(loop.Trainer, "update", update)
+    train_run(tiny_translation(**train), crashed, quiet=True)
+    records = lambda run: [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, (run / "metrics.jsonl")
+                           .read_text().splitlines()) if r["split"] == "train"]  # noqa: E731
+    assert [step for step, *_ in records(straight)] == [4, 8]
+    assert records(crashed) == records(straight)  # exactly: the same float sums in the same order
+
+
 def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_translation):
     """latest.json naming a checkpoint that is gone (or a half-written temp directory) must not restart the run."""
     from sanlab.training.checkpoint import latest_checkpoint

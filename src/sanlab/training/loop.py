@@ -16,7 +16,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -126,6 +126,9 @@ class Trainer:
         if self.scaler is not None and "scaler" in state:  # fp16's loss scale and its growth counter
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
+        # the updates since the last "train" record (absent in older checkpoints): a checkpoint between two
+        # records must not make the next record average fewer updates than the uninterrupted run's
+        self._since_log = SinceLog(**state.get("since_log", {}))
         self._restore_rng(state)
         if self.dist.is_main:
             # written after `latest` by a run that then crashed, or damaged: training on replaces them
@@ -168,7 +171,7 @@ class Trainer:
 
     def _save(self, metrics: dict[str, float], rngs: list[dict]) -> None:
         state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rngs[0],
-                 "processes": self.dist.world_size}
+                 "processes": self.dist.world_size, "since_log": asdict(self._since_log)}
         if self.dist.enabled:
             state["rng_per_process"] = rngs
         if self.scaler is not None:
