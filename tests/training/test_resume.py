@@ -287,33 +287,44 @@ def test_a_second_process_leaves_the_running_runs_config_alone(tmp_path, tiny_tr
     assert (run / "config.yaml").read_text() == config
 
 
+def _straight_and_killed(tmp_path, config, monkeypatch, *, killed_during: int):
+    """Two runs of ``config``: one uninterrupted, one killed during update ``killed_during`` and then rerun (it
+    resumes from its last checkpoint). Their directories."""
+    from sanlab.training import loop
+
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    train_run(config, straight, quiet=True)
+    update = loop.Trainer.update
+
+    def killed(self, group):
+        if self.progress.step == killed_during - 1:
+            raise KeyboardInterrupt("killed")
+        return update(self, group)
+
+    monkeypatch.setattr(loop.Trainer, "update", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(config, crashed, quiet=True)
+    checkpoints = sorted(p.name for p in (crashed / "checkpoints").glob("step-*"))
+    monkeypatch.setattr(loop.Trainer, "update", update)
+    train_run(config, crashed, quiet=True)
+    return straight, crashed, checkpoints
+
+
+def _records(run, split):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
 def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp_path, tiny_translation, monkeypatch):
     """Killed mid-run (after the step-3 checkpoint, during update 5): the rerun replays updates 4-7 from the
     saved data position and RNG state and ends with the uninterrupted run's weights, validations included;
     metrics.jsonl holds each update once (update 4, logged before the crash, is not repeated)."""
-    from sanlab.training import loop
-
-    straight = tmp_path / "straight"
-    train_run(tiny_translation(max_steps=7, log_every=1), straight, quiet=True)
-    crashed = tmp_path / "crashed"
-    update = loop.Trainer.update
-
-    def crash_at_five(self, group):
-        if self.progress.step == 4:
-            raise KeyboardInterrupt("killed")
-        return update(self, group)
-
-    monkeypatch.setattr(loop.Trainer, "update", crash_at_five)
-    with pytest.raises(KeyboardInterrupt):
-        train_run(tiny_translation(max_steps=7, log_every=1), crashed, quiet=True)
-    assert sorted(p.name for p in (crashed / "checkpoints").glob("step-*")) == ["step-00000003"]
-    monkeypatch.setattr(loop.Trainer, "update", update)
-    train_run(tiny_translation(max_steps=7, log_every=1), crashed, quiet=True)
+    straight, crashed, checkpoints = _straight_and_killed(tmp_path, tiny_translation(max_steps=7, log_every=1),
+                                                          monkeypatch, killed_during=5)
+    assert checkpoints == ["step-00000003"]
     a, b = final_weights(straight), final_weights(crashed)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
-    valid = lambda run: [(r["step"], r["bleu"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                         if r["split"] == "valid"]  # noqa: E731
+    valid = lambda run: [(r["step"], r["bleu"]) for r in _records(run, "valid")]  # noqa: E731
     assert valid(crashed)[-2:] == valid(straight)[-2:]
     logged = lambda run: [(r["split"], r["step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text()
                                                                .splitlines())]  # noqa: E731
@@ -325,28 +336,12 @@ def test_a_train_record_spanning_a_resume_averages_the_same_updates_as_the_unint
     """log_every=4, a checkpoint every 3 updates, killed during update 7: the record at update 8 averages
     updates 5-8, two of them trained before the kill, so the loss of the updates since the last record is saved
     in the checkpoint and restored (it was lost: the record averaged updates 7-8 only)."""
-    from sanlab.training import loop
-
-    train = dict(max_steps=8, log_every=4, valid_every=3)
-    straight = tmp_path / "straight"
-    train_run(tiny_translation(**train), straight, quiet=True)
-    crashed = tmp_path / "crashed"
-    update = loop.Trainer.update
-
-    def crash_at_seven(self, group):
-        if self.progress.step == 6:
-            raise KeyboardInterrupt("killed")
-        return update(self, group)
-
-    monkeypatch.setattr(loop.Trainer, "update", crash_at_seven)
-    with pytest.raises(KeyboardInterrupt):
-        train_run(tiny_translation(**train), crashed, quiet=True)
-    monkeypatch.setattr(loop.Trainer, "update", update)
-    train_run(tiny_translation(**train), crashed, quiet=True)
-    records = lambda run: [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, (run / "metrics.jsonl")
-                           .read_text().splitlines()) if r["split"] == "train"]  # noqa: E731
-    assert [step for step, *_ in records(straight)] == [4, 8]
-    assert records(crashed) == records(straight)  # exactly: the same float sums in the same order
+    config = tiny_translation(max_steps=8, log_every=4, valid_every=3)
+    straight, crashed, checkpoints = _straight_and_killed(tmp_path, config, monkeypatch, killed_during=7)
+    assert checkpoints[-1] == "step-00000006"
+    train = lambda run: [(r["step"], r["loss"], r["lr"]) for r in _records(run, "train")]  # noqa: E731
+    assert [step for step, *_ in train(straight)] == [4, 8]
+    assert train(crashed) == train(straight)  # exactly: the same float sums in the same order
 
 
 def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_translation):
