@@ -39,6 +39,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from sanlab.experiments.grid import load_grid  # noqa: E402
 from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
+
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -86,7 +89,11 @@ class Cells:
         return json.loads(path.read_text(encoding="utf-8"))["scores"]
 
     @functools.lru_cache(maxsize=None)
-    def dev(self, variant: str, seed: int) -> tuple[float, float]:
+    def dev(self, variant: str, seed: int) -> tuple[float, float] | None:
+        """Whole-dev-set BLEU and brevity penalty; None for a cell whose dev hypotheses are lost (named in
+        DEV_HYPOTHESES_LOST; any other missing file is an error)."""
+        if (variant, seed) in DEV_HYPOTHESES_LOST:
+            return None
         hyps = _lines(self.run_dir[variant, seed] / "hyp-best-valid.txt")
         bleu = sacrebleu.corpus_bleu(hyps, [self.dev_refs])
         return bleu.score, bleu.bp
@@ -128,7 +135,8 @@ def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
     paper = {v: f"{c.rows[v]['paper']['BLEU'] - PAPER_BASE:+.2f}" for v in TABLE1 if v in c.rows}
     rows = []
     for v, s in c.order:
-        sc, (dev_bleu, dev_bp) = c.scores(v, s), c.dev(v, s)
+        sc, dev = c.scores(v, s), c.dev(v, s)
+        dev_cols = f"{dev[0]:.2f} | {dev[1]:.3f}" if dev else "(no dev hypotheses) | "
         if (v, s) == ("vanilla", 1):
             added, delta, sig, pcol = f"{params['vanilla']:,}", "", "", f"({PAPER_BASE})"
         else:
@@ -138,20 +146,27 @@ def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
             sig = _mark(test)
             pcol = (paper.get(v) or kept_paper.get(v, "")) if s == 1 and v != "vanilla" else ""
         rows.append(minus(f"| {c.label(v, s)} | {added} | {sc['bleu']:.2f} | {delta} | {sig} | {sc['chrf']:.2f} | "
-                          f"{dev_bleu:.2f} | {dev_bp:.3f} | {pcol} |"))
+                          f"{dev_cols} | {pcol} |"))
     van = c.rows["vanilla"]
-    van_dev = statistics.mean(c.dev("vanilla", s)[0] for s in van["seeds_done"])
+    van_dev = _mean_dev(c, "vanilla", van["seeds_done"])
     for v in [v for v in c.rows if v in c.multi and v != "vanilla"]:
         r, bleu, chrf = c.rows[v], c.rows[v]["scores"]["BLEU"], c.rows[v]["scores"]["chrF"]
         marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
-        dev = statistics.mean(c.dev(v, s)[0] for s in r["seeds_done"])
+        dev = _mean_dev(c, v, r["seeds_done"])
         rows.append(minus(
             f"| {v}, {len(r['seeds_done'])} seeds vs vanilla, {len(van['seeds_done'])} seeds | "
             f"{params[v] - params['vanilla']:+,} | {bleu['mean']:.2f} ± {bleu['sd']:.2f} vs "
             f"{van['scores']['BLEU']['mean']:.2f} ± {van['scores']['BLEU']['sd']:.2f} | {r['delta']:+.2f} | "
             f"– (seed-level bootstrap p = {r['seeds_test']['p_value']:.2f}; per seed {marks}) | {chrf['mean']:.2f} vs "
-            f"{van['scores']['chrF']['mean']:.2f} | {dev:.2f} vs {van_dev:.2f} | | {paper.get(v, '')} |"))
+            f"{van['scores']['chrF']['mean']:.2f} | {dev} vs {van_dev} | | {paper.get(v, '')} |"))
     return rows
+
+
+def _mean_dev(c: Cells, variant: str, seeds: list[int]) -> str:
+    """Mean dev BLEU over the seeds with dev hypotheses, naming them when some have none."""
+    have = [s for s in seeds if c.dev(variant, s)]
+    mean = f"{statistics.mean(c.dev(variant, s)[0] for s in have):.2f}"
+    return mean if len(have) == len(seeds) else mean + " (seeds " + ", ".join(map(str, have)) + ")"
 
 
 def pairwise_rows(c: Cells) -> list[str]:
@@ -180,7 +195,7 @@ def bucket_rows(c: Cells) -> list[str]:
 def ngram_rows(c: Cells) -> list[str]:
     rows = []
     for v, s in c.order:
-        if v not in ("vanilla", *TABLE1):
+        if v not in ("vanilla", *TABLE1) or (v, s) in DEV_HYPOTHESES_LOST:  # the gap is over dev hypotheses
             continue
         records = c.ngram[c.system(v, s)]
         first = (v, s) == ("vanilla", 1)
