@@ -25,6 +25,33 @@ def test_pad_batch_rounds_the_width_up_to_the_multiple():
     assert pad_batch([[1] * 3], PAD)[0].shape == (1, 3)
 
 
+def test_a_tagging_batch_is_never_padded_past_the_models_positions():
+    """Chunks are at most model.max_len words; rounding a 57-word chunk up to 64 would index position 63 of a
+    60-position table (the shipped tagger recipe under train.compile crashed so)."""
+    from sanlab.data.conllu_io import TaggedSentence
+    from sanlab.tasks.tagging import TaggingVocab, encode_batch
+
+    def chunk(n):
+        return TaggedSentence(tuple(f"w{i}" for i in range(n)), ("X",) * n)
+
+    vocab = TaggingVocab.build([chunk(60)], [chunk(60)], fraction=1.0, max_size=None)
+    assert encode_batch(vocab, [chunk(57)], max_chars=4, multiple=8, max_len=60).words.shape == (1, 60)
+    assert encode_batch(vocab, [chunk(50)], max_chars=4, multiple=8, max_len=60).words.shape == (1, 56)
+    assert encode_batch(vocab, [chunk(57)], max_chars=4, multiple=8).words.shape == (1, 64)  # no cap given
+
+
+def test_a_tagger_trains_with_pad_multiple_when_its_chunks_fill_max_len(tmp_path):
+    from sanlab.data.synthetic import write_tagging_corpus
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 24, "dev": 8, "test": 8})
+    config = validate({"task": "tagging", "data": {"train": str(data / "train.conllu"), "dev": str(data / "dev.conllu")},
+                       "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1, "max_len": 5,
+                                 "encoder": {"layers": 1}},
+                       "train": {"batch_size": 8, "max_steps": 2, "pad_multiple": 8, "progress": False}}, source="test")
+    assert train_run(config, tmp_path / "run", quiet=True)["step"] == 2
+
+
 def test_the_token_budget_counts_the_rounded_length():
     lengths = [5] * 40
     plain = TokenBatchSampler(lengths, max_tokens=40, shuffle=False)

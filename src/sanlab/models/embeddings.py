@@ -49,10 +49,13 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
-    """A trainable table of ``max_positions`` vectors."""
+    """A trainable table of ``max_positions`` vectors; ``size_key``: the config key that sets that size, which
+    an error past the table names."""
 
-    def __init__(self, *, max_positions: int, dim: int, init_std: float | None = None):
+    def __init__(self, *, max_positions: int, dim: int, init_std: float | None = None,
+                 size_key: str = "model.max_positions"):
         super().__init__()
+        self.size_key = size_key
         self.table = nn.Embedding(max_positions, dim)
         if init_std is None:  # Keras' uniform(-0.05, 0.05), as in Dufter et al.
             nn.init.uniform_(self.table.weight, -0.05, 0.05)
@@ -67,7 +70,7 @@ class LearnedPositions(nn.Module):
             last = int(positions.max()) if last is None else last
             if last >= self.max_positions:
                 raise ValueError(f"position {last} exceeds the {self.max_positions} learned positions; "
-                                 "raise model.max_positions or filter longer sentences")
+                                 f"raise {self.size_key} or filter longer sentences")
         return self.table(positions)  # [t, dim]
 
 

@@ -104,7 +104,8 @@ class Tagger(nn.Module):
         self.char_cnn, self.encoder = char_cnn, encoder
         self.position_mode, self.mask_padding, self.max_len = position_mode, mask_padding, max_len
         pos_dim = word_dim if position_mode == "add" else position_dim
-        self.positions = LearnedPositions(max_positions=max_len, dim=pos_dim) if position_mode != "none" else None
+        self.positions = (LearnedPositions(max_positions=max_len, dim=pos_dim, size_key="model.max_len")
+                          if position_mode != "none" else None)
         self.model_dim = word_dim + (position_dim if position_mode == "concat" else 0) + char_cnn.out_dim
         self.classifier_sees_embedding = classifier_sees_embedding
         self.classifier = nn.Linear(self.model_dim * (2 if classifier_sees_embedding else 1), num_tags)

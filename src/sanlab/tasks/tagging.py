@@ -20,6 +20,7 @@ from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import CharWords, Tagger
 from sanlab.training.device import Precision, model_device, to_device
+from sanlab.training.checkpoint import latest_checkpoint
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
@@ -81,14 +82,17 @@ PAD_WORD = "<PAD>"  # how the reference spells a padding word to its character C
 
 
 def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
-                 pad_to: int | None = None, multiple: int = 1) -> TagBatch:
-    """Word, character and tag ids of chunks, padded to the longest chunk (rounded up to ``multiple``), or to
-    ``pad_to`` (``Tagger.pad_to``: the reference's fixed length t, whose padding words are spelled "<PAD>" to
-    the character CNN)."""
+                 pad_to: int | None = None, multiple: int = 1, max_len: int | None = None) -> TagBatch:
+    """Word, character and tag ids of chunks, padded to the longest chunk (rounded up to ``multiple``, but never
+    past ``max_len``, the positions the model has: chunks are at most that long), or to ``pad_to``
+    (``Tagger.pad_to``: the reference's fixed length t, whose padding words are spelled "<PAD>" to the character
+    CNN)."""
     longest = max(len(s.words) for s in sents)
     if pad_to is not None and longest > pad_to:
         raise ValueError(f"a chunk of {longest} words is longer than the {pad_to} it must be padded to")
     t = pad_to or round_up(longest, multiple)
+    if pad_to is None and max_len is not None:
+        t = max(min(t, max_len), longest)  # rounding up never pads past the model's positions
     words = torch.zeros(len(sents), t, dtype=torch.long)
     chars = torch.zeros(len(sents), t, max_chars, dtype=torch.long)
     if pad_to is not None:
@@ -119,8 +123,11 @@ class TaggingTask:
         train = read_conllu(d.train, column=d.column)
         dev = read_conllu(d.dev, column=d.column)
         test = read_conllu(d.test, column=d.column) if d.test else []
-        vocab_path = RunLayout(run_dir).tagger_vocab
-        if vocab_path.exists():
+        layout = RunLayout(run_dir)
+        vocab_path = layout.tagger_vocab
+        # a resume keeps the vocabulary its checkpoints were trained with; a run with none yet (killed before its
+        # first) starts again from step 0, so it builds it again from the data as it is now (it may have changed)
+        if vocab_path.exists() and latest_checkpoint(layout.checkpoints) is not None:
             self.vocab = TaggingVocab.load(vocab_path)
         else:
             self.vocab = build_vocab(config, train=train, dev=dev, test=test)
@@ -141,7 +148,8 @@ class TaggingTask:
                            lambda idx: encode_batch(self.vocab, [self.train[i] for i in idx],
                                                     max_chars=self.config.model.max_word_chars,
                                                     pad_to=self.model.pad_to,
-                                                    multiple=self.config.train.length_multiple))
+                                                    multiple=self.config.train.length_multiple,
+                                                    max_len=self.config.model.max_len))
 
     def batch_tokens(self, batch: TagBatch) -> int:
         return batch.tokens

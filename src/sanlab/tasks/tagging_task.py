@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.tasks.base import CellRun, Task
 
 TAGGING_COLUMNS = (
@@ -69,7 +69,22 @@ class Tagging(Task):
         if decode_overrides:
             raise ConfigError(f"{run_dir} is a tagging run: decode settings ({', '.join(decode_overrides)}) do not "
                               "apply")
+        self.check_training_data(config, run_dir)
         return evaluate_tagging_splits(model, assets, config, splits=splits, precision=precision)
+
+    @staticmethod
+    def check_training_data(config, run_dir: Path) -> None:
+        """The word groups (OOV, ambiguous, one training tag) are counted against the training file as it is
+        now: refuse one that changed since the run trained on it (``meta.json``'s fingerprint), or they would
+        be another corpus's groups with this run's name on them."""
+        from sanlab.runs import training_data_changes
+
+        changed = training_data_changes(run_dir, config)
+        if changed:
+            path, what = next(iter(changed.items()))
+            raise DataError(f"changed since the run {run_dir} trained on it ({what}): its dev and test words would be "
+                            "grouped (OOV, ambiguous, one training tag) against other training data; restore the "
+                            "file the run trained on", path=path)
 
     def summary(self, record: dict) -> str:
         pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731

@@ -1,0 +1,58 @@
+"""A tagging run's vocabulary and word groups follow the training data the run trained on."""
+
+import json
+import os
+import time
+
+import pytest
+
+from sanlab.errors import DataError
+from sanlab.runs import evaluate_run, train_run
+from training_fixtures import make_tagging_config
+
+
+def _change(path, extra):
+    """Append to a training file so that its fingerprint changes (size and time)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(extra)
+    later = time.time() + 5
+    os.utime(path, (later, later))
+
+
+def test_evaluate_refuses_a_training_file_changed_since_the_run_trained(tmp_path):
+    """The dev and test words are grouped (OOV, ambiguous, one training tag) against the training file: read as
+    it is now after it changed, the groups would be another corpus's under this run's name."""
+    config = make_tagging_config(tmp_path, max_steps=2)
+    run = tmp_path / "run"
+    train_run(config, run, quiet=True)
+    assert evaluate_run(run, splits=["dev"])["dev"]["n_all"] > 0
+    train = config.data.train
+    _change(train, "1\tZzyzx\t_\tINTJ\t_\t_\t_\t_\t_\t_\n\n")
+    with pytest.raises(DataError, match=f"{train}: changed since the run .* trained on it"):
+        evaluate_run(run, splits=["dev"])
+
+
+def test_a_run_killed_before_its_first_checkpoint_builds_its_vocabulary_again(tmp_path, monkeypatch):
+    """Restarted from step 0 on changed data (--allow-changed-data), the run's vocabulary is the new data's: a
+    tag added since is a training target, not <unk-tag>. A resume keeps its checkpoints' vocabulary."""
+    from sanlab.training import loop
+
+    config = make_tagging_config(tmp_path, max_steps=2)
+    run = tmp_path / "run"
+
+    def killed(self, group):
+        raise KeyboardInterrupt("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(loop.Trainer, "update", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train_run(config, run, quiet=True)
+    vocab = run / "tagger-vocab.json"
+    assert vocab.is_file() and not any((run / "checkpoints").glob("step-*"))
+    _change(config.data.train, "1\tZzyzx\t_\tNEWTAG\t_\t_\t_\t_\t_\t_\n\n")
+    train_run(config, run, quiet=True, allow_changed_data=True)
+    assert "NEWTAG" in json.loads(vocab.read_text())["tags"]
+
+    _change(config.data.train, "1\tQwxyz\t_\tOTHERTAG\t_\t_\t_\t_\t_\t_\n\n")  # now a resume: the vocabulary stays
+    train_run(make_tagging_config(tmp_path, max_steps=3), run, quiet=True, allow_changed_data=True)
+    assert "OTHERTAG" not in json.loads(vocab.read_text())["tags"]
