@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import conllu
 import yaml
 from safetensors.torch import load_file
 
@@ -299,18 +300,30 @@ def test_tagger_pipeline(tmp_path, capsys):
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.txt")]) == 0
     words = [line.split("\t")[0] for line in capsys.readouterr().out.split("\n")]
     assert words == ["the", "dog", "runs", ".", "", "", "", "the", "cat\u00a0cat", "runs", "", ""]
-    # untagged CoNLL-U ("_" in UPOS), the usual input of a tagger
-    (tmp_path / "in.conllu").write_text("".join(f"{i}\t{w}\t_\t_\t_\t_\t_\t_\t_\t_\n"
-                                                for i, w in enumerate("the dog runs .".split(), 1)) + "\n")
+    # untagged CoNLL-U ("_" in UPOS), the usual input of a tagger: CoNLL-U back, UPOS filled in, every other
+    # line and column as it was (comments, a multiword token, an empty node, LEMMA and MISC)
+    conllu_text = ("# sent_id = 1\n# text = the dog runs.\n" + "".join(
+        f"{i}\t{w}\t{w.upper()}\t_\t_\t_\t_\t_\t_\t{'SpaceAfter=No' if w == 'runs' else '_'}\n"
+        for i, w in enumerate("the dog runs .".split(), 1)).replace("3\truns", "3-4\truns.\t_\t_\t_\t_\t_\t_\t_\t_\n3\truns")
+        + "4.1\tgone\t_\t_\t_\t_\t_\t_\t4:dep\t_\n\n\n# sent_id = 2\n1\tdog\t_\t_\t_\t_\t_\t_\t_\t_\n")
+    (tmp_path / "in.conllu").write_text(conllu_text)
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.conllu")]) == 0
-    tagged = capsys.readouterr().out.split("\n\n")[0].splitlines()
-    assert [line.split("\t")[0] for line in tagged] == ["the", "dog", "runs", "."]
-    assert all(line.split("\t")[1] != "_" for line in tagged)
+    out = capsys.readouterr().out
+    parsed = conllu.parse(out)
+    assert [s.metadata["sent_id"] for s in parsed] == ["1", "2"]
+    words = [t for t in parsed[0] if isinstance(t["id"], int)]
+    assert [(t["form"], t["lemma"]) for t in words] == [("the", "THE"), ("dog", "DOG"), ("runs", "RUNS"), (".", ".")]
+    assert all(t["upos"] not in (None, "_") for t in words) and words[2]["misc"] == {"SpaceAfter": "No"}
+    assert [t["form"] for t in parsed[0] if not isinstance(t["id"], int)] == ["runs.", "gone"]  # kept, untagged
+    body = lambda text: [line.split("\t") for line in text.splitlines() if line and not line.startswith("#")]  # noqa: E731
+    assert [c[:3] + c[4:] for c in body(out)] == [c[:3] + c[4:] for c in body(conllu_text)]  # only UPOS changed
+    comments = lambda text: [line for line in text.splitlines() if line.startswith("#")]  # noqa: E731
+    assert comments(out) == comments(conllu_text)
+    assert out.endswith("\n\n") and "\n\n\n" not in out  # one blank line after each sentence
     # the same CoNLL-U under another name, and on standard input: recognised by its columns, not tagged as text
-    conllu_text = "# sent_id = 1\n" + (tmp_path / "in.conllu").read_text()
     (tmp_path / "in.conll").write_text(conllu_text)
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "in.conll")]) == 0
-    assert capsys.readouterr().out.split("\n\n")[0].splitlines() == tagged
+    assert capsys.readouterr().out == out
     import io
     import sys
 
@@ -324,7 +337,7 @@ def test_tagger_pipeline(tmp_path, capsys):
             assert main(["tag", "--run", str(tmp_path / "run"), *dash]) == 0
         finally:
             sys.stdin = real
-        assert capsys.readouterr().out.split("\n\n")[0].splitlines() == tagged
+        assert capsys.readouterr().out == out
     # user mistakes are one line each, not a traceback
     assert main(["tag", "--run", str(tmp_path / "run"), "--input", str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt: input file not found" in capsys.readouterr().err

@@ -235,7 +235,8 @@ def _register_decoding(sub) -> None:
     for name, fn, text in (("translate", _cmd_translate, "translate text (stdin or --input), one sentence per line"),
                            ("tag", _cmd_tag, "tag tokenised text (one sentence per line, split at spaces and tabs; a blank line "
                             "gives an empty block) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
-                            "Vietnamese's); one word<TAB>tag block per sentence"),
+                            "Vietnamese's); text gives one word<TAB>tag block per sentence, CoNLL-U gives CoNLL-U with "
+                            "the run's tag column filled in"),
                            ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="trained run directory")

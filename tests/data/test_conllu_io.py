@@ -7,7 +7,7 @@ import gzip
 import conllu
 import pytest
 
-from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu, write_conllu
+from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu, with_tags, write_conllu
 from sanlab.errors import DataError
 
 
@@ -179,3 +179,12 @@ def test_conllu_is_recognised_by_its_first_word_line(text, expected):
     from sanlab.data.conllu_io import looks_like_conllu
 
     assert looks_like_conllu(text.splitlines()) is expected
+
+
+def test_with_tags_fills_the_tag_column_of_word_lines_only():
+    lines = ["# sent_id = a", "1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_", "1\tdo\tdo\t_\t_\t_\t_\t_\t_\t_",
+             "2\tn't\tnot\t_\t_\t_\t_\t_\t_\t_", "2.1\tx\t_\t_\t_\t_\t_\t_\t_\t_", "", "", "1\tgo\t_\tVERB\tOLD\t_\t_\t_\t_\t_"]
+    out = "".join(with_tags(lines, [["AUX", "PART"], ["VB"]], column="xpos"))
+    assert out == ("# sent_id = a\n1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_\n1\tdo\tdo\t_\tAUX\t_\t_\t_\t_\t_\n"
+                   "2\tn't\tnot\t_\tPART\t_\t_\t_\t_\t_\n2.1\tx\t_\t_\t_\t_\t_\t_\t_\t_\n\n"
+                   "1\tgo\t_\tVERB\tVB\t_\t_\t_\t_\t_\n\n")

@@ -185,6 +185,22 @@ def read_conllu(path: str | os.PathLike[str], *, column: TagColumn = "upos",
     return sentences
 
 
+def with_tags(lines: Iterable[str], tags: Iterable[Sequence[str]], *, column: TagColumn = "upos") -> Iterator[str]:
+    """The sentences of CoNLL-U ``lines`` (as ``read_conllu`` read them) with ``column`` of each word line set to
+    the next sentence's ``tags``, every other line (comments, multiword tokens, empty nodes, the other columns)
+    as it was: the input tagged, so that it lines up with its source and UD tools read it. Each sentence's lines
+    end with one blank line (CoNLL-U's separator; runs of blank lines in the input become one)."""
+    index, tags = _TAG_INDEX[column], iter(tags)
+    for block in _blocks(lines):
+        sentence = iter(next(tags))
+        for _, line in block:
+            columns = line.split("\t")
+            if not line.startswith("#") and isinstance(_parse_id(columns[0]), int):
+                columns[index] = next(sentence)
+            yield "\t".join(columns) + "\n"
+        yield "\n"
+
+
 def looks_like_conllu(lines: Iterable[str]) -> bool:
     """Whether text that is not named ``.conllu`` is CoNLL-U all the same: its first line that is neither blank
     nor a comment has the ten tab-separated columns, the first a word ID. (Tokenised plain text has no tabs.)"""

@@ -154,9 +154,11 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",
              device: str = "cpu", precision: str = "fp32") -> None:
     """Tag a CoNLL-U file (named ``.conllu``/``.conllu.gz``, or any input, standard input too, whose first
-    word line has CoNLL-U's ten tab-separated columns) or plain tokenised text; writes word<TAB>tag lines.
-    ``precision``: fp32 or bf16 (the tagger's forward under autocast)."""
-    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, read_conllu
+    word line has CoNLL-U's ten tab-separated columns) or plain tokenised text. CoNLL-U comes back as CoNLL-U,
+    the run's tag column (``data.column``) filled in and every other line and column as it was; plain text as
+    word<TAB>tag lines, one block per input line. ``precision``: fp32 or bf16 (the tagger's forward under
+    autocast)."""
+    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, read_conllu, with_tags
     from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.tasks.tagging import tag_sentences
@@ -168,21 +170,25 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     task_for(config).require("tag", run_dir)
     task_for(config).require_precision(precision, run_dir)
     check_input_file(input_path)
-    named_conllu = bool(input_path) and ".conllu" in Path(input_path).name
-    lines = None if named_conllu else input_lines(input_path)
-    if lines is None or looks_like_conllu(lines):  # tags, if any, ignored
+    lines = input_lines(input_path)
+    conllu = (bool(input_path) and ".conllu" in Path(input_path).name) or looks_like_conllu(lines)
+    if conllu:  # tags, if any, replaced
         blocks = [s.words for s in read_conllu(input_path or "<stdin>", column=config.data.column,
                                                 require_tags=False, lines=lines)]
     else:  # one block per input line, an empty one for a blank line, so that block n is line n
         blocks = [plain_words(line) for line in lines]
     sents = [TaggedSentence(words, ("_",) * len(words)) for words in blocks if words]
-    predicted = iter(tag_sentences(model, vocab, sents, max_len=config.model.max_len,
-                                   max_chars=config.model.max_word_chars,
-                                   precision=decoding_precision(precision, model_device(model))))
+    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len,
+                              max_chars=config.model.max_word_chars,
+                              precision=decoding_precision(precision, model_device(model)))
     with output_stream(output_path) as out:
+        if conllu:
+            out.writelines(with_tags(lines, predicted, column=config.data.column))
+            return
+        tags = iter(predicted)
         for words in blocks:
             if words:
-                out.writelines(f"{w}\t{t}\n" for w, t in zip(words, next(predicted)))
+                out.writelines(f"{w}\t{t}\n" for w, t in zip(words, next(tags)))
             out.write("\n")
 
 
