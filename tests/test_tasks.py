@@ -53,3 +53,14 @@ def test_a_malformed_task_entry_is_refused_with_its_name(reference, problem):
     registry = TaskRegistry("task", group="sanlab.tests-no-such-group", builtin={"mine": reference})
     with pytest.raises(ConfigError, match=f"task 'mine'.*{problem}"):
         registry.entry("mine")
+
+
+@pytest.mark.parametrize("task, key, value", [("tagging", "max_tokens", 2000), ("tagging", "valid_max_sentences", 20),
+                                              ("translation", "batch_size", 64)])
+def test_a_train_key_only_the_other_task_reads_is_refused_unless_at_its_default(task, key, value):
+    data = ({"train": "a.conllu", "dev": "b.conllu"} if task == "tagging" else
+            {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}})
+    with pytest.raises(ConfigError, match=f"train.{key} is {value}, but a {task} run does not read it"):
+        validate({"task": task, "data": data, "train": {key: value}}, source="c.yaml")
+    default = validate({"task": task, "data": data}, source="c.yaml").train
+    validate({"task": task, "data": data, "train": {key: getattr(default, key)}}, source="c.yaml")  # a dumped config

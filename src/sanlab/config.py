@@ -240,6 +240,16 @@ class TrainConfig(Strict):
         return self.pad_multiple or (8 if self.compile else 1)
 
 
+def _keys_of_another_task(train: TrainConfig, keys: tuple[str, ...], *, task: str, other: str) -> None:
+    """Refuse a ``train`` key that only the ``other`` task reads, set to anything but its default (a run's own
+    config.yaml writes every key at its default, and must load again)."""
+    for key in keys:
+        value, default = getattr(train, key), TrainConfig.model_fields[key].default
+        if value != default:
+            raise ValueError(f"train.{key} is {value}, but a {task} run does not read it ({other} does): remove "
+                             f"it, or leave it at its default ({default})")
+
+
 class TaggerTrainConfig(TrainConfig):
     """Dufter et al.'s training (spec C.10): RMSprop 1e-3 (Keras defaults), batch 32, early stopping on
     dev accuracy after every epoch with patience 3."""
@@ -297,6 +307,11 @@ class TranslationConfig(TaskConfig):
     decode: DecodeConfig = DecodeConfig()
 
     @model_validator(mode="after")
+    def _no_tagging_keys(self) -> "TranslationConfig":
+        _keys_of_another_task(self.train, ("batch_size",), task="translation", other="tagging")
+        return self
+
+    @model_validator(mode="after")
     def _training_pairs_fit_the_model(self) -> "TranslationConfig":
         if self.data.max_len + 1 > self.model.max_positions:  # + EOS (source) / BOS (target input)
             raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) exceeds "
@@ -317,6 +332,11 @@ class TaggingConfig(TaskConfig):
     data: TaggingDataConfig
     model: TaggerConfig = TaggerConfig()
     train: TaggerTrainConfig = TaggerTrainConfig()
+
+    @model_validator(mode="after")
+    def _no_translation_keys(self) -> "TaggingConfig":
+        _keys_of_another_task(self.train, ("max_tokens", "valid_max_sentences"), task="tagging", other="translation")
+        return self
 
 
 # The tasks a config may name: sanlab's, and those of installed packages (entry point group ``sanlab.tasks``).
