@@ -165,6 +165,8 @@ def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
 def _mean_dev(c: Cells, variant: str, seeds: list[int]) -> str:
     """Mean dev BLEU over the seeds with dev hypotheses, naming them when some have none."""
     have = [s for s in seeds if c.dev(variant, s)]
+    if not have:
+        return "—"
     mean = f"{statistics.mean(c.dev(variant, s)[0] for s in have):.2f}"
     return mean if len(have) == len(seeds) else mean + " (seeds " + ", ".join(map(str, have)) + ")"
 

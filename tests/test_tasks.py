@@ -64,3 +64,27 @@ def test_a_train_key_only_the_other_task_reads_is_refused_unless_at_its_default(
         validate({"task": task, "data": data, "train": {key: value}}, source="c.yaml")
     default = validate({"task": task, "data": data}, source="c.yaml").train
     validate({"task": task, "data": data, "train": {key: getattr(default, key)}}, source="c.yaml")  # a dumped config
+
+
+def test_a_run_config_written_before_the_rule_loads_without_the_key_its_run_ignored(tmp_path):
+    """A tagging run trained with train.max_tokens: 2000 (silently ignored then) still evaluates and resumes."""
+    import yaml
+
+    from sanlab.runs.resume import load_run_config
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
+        {"task": "tagging", "data": {"train": "a.conllu", "dev": "b.conllu"},
+         "train": {"max_tokens": 2000, "seed": 4}}))
+    train = load_run_config(tmp_path).train
+    assert (train.max_tokens, train.seed) == (4096, 4)
+
+
+def test_padding_to_a_multiple_may_not_reach_past_the_learned_positions():
+    """max_len 100 + EOS padded to 104 under compile would index position 103 of a 101-row table."""
+    data = {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}, "max_len": 100}
+    raw = {"task": "translation", "data": data, "model": {"positions": "learned", "max_positions": 101},
+           "train": {"compile": True}}
+    with pytest.raises(ConfigError, match="is 104, more than the 101 learned positions"):
+        validate(raw, source="c.yaml")
+    validate({**raw, "model": {"positions": "learned", "max_positions": 104}}, source="c.yaml")
+    validate({**raw, "model": {"positions": "sinusoidal", "max_positions": 101}}, source="c.yaml")  # no table

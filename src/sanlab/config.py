@@ -240,14 +240,25 @@ class TrainConfig(Strict):
         return self.pad_multiple or (8 if self.compile else 1)
 
 
-def _keys_of_another_task(train: TrainConfig, keys: tuple[str, ...], *, task: str, other: str) -> None:
-    """Refuse a ``train`` key that only the ``other`` task reads, set to anything but its default (a run's own
-    config.yaml writes every key at its default, and must load again)."""
-    for key in keys:
-        value, default = getattr(train, key), TrainConfig.model_fields[key].default
+# train keys that only the other task reads: set to anything but the default, a new config is refused; a run
+# directory's config.yaml (written before the rule) loads with them dropped, since its run ignored them
+IGNORED_TRAIN_KEYS = {"translation": ("batch_size",), "tagging": ("max_tokens", "valid_max_sentences")}
+
+
+def _keys_of_another_task(train: TrainConfig, *, task: str, other: str) -> None:
+    for key in IGNORED_TRAIN_KEYS[task]:
+        value, default = getattr(train, key), type(train).model_fields[key].default
         if value != default:
             raise ValueError(f"train.{key} is {value}, but a {task} run does not read it ({other} does): remove "
                              f"it, or leave it at its default ({default})")
+
+
+def without_ignored_train_keys(raw: dict) -> dict:
+    """``raw`` (a run's own config) without the train keys its task never read (``IGNORED_TRAIN_KEYS``)."""
+    train, ignored = raw.get("train"), IGNORED_TRAIN_KEYS.get(raw.get("task"), ())
+    if not isinstance(train, dict) or not any(k in train for k in ignored):
+        return raw
+    return {**raw, "train": {k: v for k, v in train.items() if k not in ignored}}
 
 
 class TaggerTrainConfig(TrainConfig):
@@ -308,7 +319,7 @@ class TranslationConfig(TaskConfig):
 
     @model_validator(mode="after")
     def _no_tagging_keys(self) -> "TranslationConfig":
-        _keys_of_another_task(self.train, ("batch_size",), task="translation", other="tagging")
+        _keys_of_another_task(self.train, task="translation", other="tagging")
         return self
 
     @model_validator(mode="after")
@@ -316,6 +327,13 @@ class TranslationConfig(TaskConfig):
         if self.data.max_len + 1 > self.model.max_positions:  # + EOS (source) / BOS (target input)
             raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) exceeds "
                              f"model.max_positions {self.model.max_positions}: lower one or raise the other")
+        multiple = self.train.length_multiple  # batches padded up to it index learned positions past the longest
+        padded = -(-(self.data.max_len + 1) // multiple) * multiple
+        if self.model.positions == "learned" and padded > self.model.max_positions:
+            why = "train.pad_multiple" if self.train.pad_multiple else "train.compile's default padding"
+            raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) padded up to a multiple "
+                             f"of {multiple} ({why}) is {padded}, more than the {self.model.max_positions} learned "
+                             f"positions (model.max_positions): raise it to {padded} or lower data.max_len")
         return self
 
     @model_validator(mode="after")
@@ -335,7 +353,7 @@ class TaggingConfig(TaskConfig):
 
     @model_validator(mode="after")
     def _no_translation_keys(self) -> "TaggingConfig":
-        _keys_of_another_task(self.train, ("max_tokens", "valid_max_sentences"), task="tagging", other="translation")
+        _keys_of_another_task(self.train, task="tagging", other="translation")
         return self
 
 

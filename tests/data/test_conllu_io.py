@@ -183,8 +183,17 @@ def test_conllu_is_recognised_by_its_first_word_line(text, expected):
 
 def test_with_tags_fills_the_tag_column_of_word_lines_only():
     lines = ["# sent_id = a", "1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_", "1\tdo\tdo\t_\t_\t_\t_\t_\t_\t_",
-             "2\tn't\tnot\t_\t_\t_\t_\t_\t_\t_", "2.1\tx\t_\t_\t_\t_\t_\t_\t_\t_", "", "", "1\tgo\t_\tVERB\tOLD\t_\t_\t_\t_\t_"]
+             "2\tn't\tnot\t_\t_\t_\t_\t_\t_\t_", "2.1\tx\t_\t_\t_\t_\t_\t_\t_\t_", "", "",
+             "1\tgo\t_\tVERB\tOLD\t_\t_\t_\t_\t_"]
     out = "".join(with_tags(lines, [["AUX", "PART"], ["VB"]], column="xpos"))
     assert out == ("# sent_id = a\n1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_\n1\tdo\tdo\t_\tAUX\t_\t_\t_\t_\t_\n"
                    "2\tn't\tnot\t_\tPART\t_\t_\t_\t_\t_\n2.1\tx\t_\t_\t_\t_\t_\t_\t_\t_\n\n"
                    "1\tgo\t_\tVERB\tVB\t_\t_\t_\t_\t_\n\n")
+
+
+def test_with_tags_refuses_tags_that_do_not_line_up_with_the_sentences():
+    lines = ["1\tgo\t_\t_\t_\t_\t_\t_\t_\t_", "", "1\tnow\t_\t_\t_\t_\t_\t_\t_\t_"]
+    with pytest.raises(ValueError, match="1 tagged sentences for 2 sentences"):
+        list(with_tags(lines, [["VERB"]]))
+    with pytest.raises(ValueError, match="line 3: 2 tags for a sentence of 1 words"):
+        list(with_tags(lines, [["VERB"], ["ADV", "X"]]))

@@ -177,8 +177,15 @@ def test_tag_and_evaluate_a_tagger_in_bf16(legacy, tmp_path):
     common = ["tag", "--run", str(run), "--device", "cpu", "--input", str(data)]
     assert main([*common, "--output", str(out32)]) == 0
     assert main([*common, "--precision", "bf16", "--output", str(out16)]) == 0
-    words = lambda p: [line.split("\t")[0] for line in p.read_text(encoding="utf-8").splitlines()]  # noqa: E731
-    assert words(out16) == words(out32) and len(words(out32)) > 0
+    import conllu  # CoNLL-U in, CoNLL-U out: the same words, each with a tag, in either precision
+
+    tagged = lambda p: [(t["form"], t["upos"]) for s in conllu.parse(p.read_text(encoding="utf-8"))  # noqa: E731
+                        for t in s if isinstance(t["id"], int)]
+    gold = [(t["form"], t["upos"]) for s in conllu.parse(data.read_text(encoding="utf-8"))
+            for t in s if isinstance(t["id"], int)]
+    for out in (out32, out16):
+        assert [form for form, _ in tagged(out)] == [form for form, _ in gold] and len(gold) > 0
+        assert all(tag not in (None, "_") for _, tag in tagged(out))
     assert main(["evaluate", "--run", str(run), "--device", "cpu", "--precision", "bf16"]) == 0
     assert (run / "eval-best.json").read_bytes() == committed
     bf16 = json.loads((run / "eval-best-bf16.json").read_text(encoding="utf-8"))

@@ -26,9 +26,11 @@ def test_evaluate_refuses_a_training_file_changed_since_the_run_trained(tmp_path
     run = tmp_path / "run"
     train_run(config, run, quiet=True)
     assert evaluate_run(run, splits=["dev"])["dev"]["n_all"] > 0
+    _change(config.data.dev, "1\tZzyzx\t_\tINTJ\t_\t_\t_\t_\t_\t_\n\n")  # a dev file changed: scored as it is
+    assert evaluate_run(run, splits=["dev"])["dev"]["n_all"] > 0
     train = config.data.train
     _change(train, "1\tZzyzx\t_\tINTJ\t_\t_\t_\t_\t_\t_\n\n")
-    with pytest.raises(DataError, match=f"{train}: changed since the run .* trained on it"):
+    with pytest.raises(DataError, match=f"{train}: changed since the run in {run} trained on it"):
         evaluate_run(run, splits=["dev"])
 
 
@@ -56,3 +58,24 @@ def test_a_run_killed_before_its_first_checkpoint_builds_its_vocabulary_again(tm
     _change(config.data.train, "1\tQwxyz\t_\tOTHERTAG\t_\t_\t_\t_\t_\t_\n\n")  # now a resume: the vocabulary stays
     train_run(make_tagging_config(tmp_path, max_steps=3), run, quiet=True, allow_changed_data=True)
     assert "OTHERTAG" not in json.loads(vocab.read_text())["tags"]
+
+
+def test_the_tagger_never_predicts_the_unknown_tag(tmp_path):
+    """<unk-tag> is the target of a tag the training file lacks, not a tag: even a model that favours it (here
+    by its bias) predicts a real one, which CoNLL-U output and accuracy both need."""
+    import torch
+
+    from sanlab.data.conllu_io import read_conllu
+    from sanlab.models.builders import build_tagger
+    from sanlab.tasks.tagging import UNKNOWN_TAG, build_vocab, predict_tags
+
+    config = make_tagging_config(tmp_path)
+    train, dev = read_conllu(config.data.train), read_conllu(config.data.dev)
+    vocab = build_vocab(config, train=train, dev=dev, test=[])
+    model = build_tagger(config.model, vocab_size=len(vocab.words), num_chars=len(vocab.chars),
+                         num_tags=len(vocab.tags))
+    assert vocab.tags[-1] == UNKNOWN_TAG
+    with torch.no_grad():
+        model.classifier.bias[-1] = 1e4
+    predicted = {t for sent in predict_tags(model, vocab, dev, max_chars=config.model.max_word_chars) for t in sent}
+    assert predicted and UNKNOWN_TAG not in predicted

@@ -190,14 +190,18 @@ def with_tags(lines: Iterable[str], tags: Iterable[Sequence[str]], *, column: Ta
     the next sentence's ``tags``, every other line (comments, multiword tokens, empty nodes, the other columns)
     as it was: the input tagged, so that it lines up with its source and UD tools read it. Each sentence's lines
     end with one blank line (CoNLL-U's separator; runs of blank lines in the input become one)."""
-    index, tags = _TAG_INDEX[column], iter(tags)
-    for block in _blocks(lines):
-        sentence = iter(next(tags))
-        for _, line in block:
-            columns = line.split("\t")
-            if not line.startswith("#") and isinstance(_parse_id(columns[0]), int):
-                columns[index] = next(sentence)
-            yield "\t".join(columns) + "\n"
+    index, tags = _TAG_INDEX[column], list(tags)
+    blocks = list(_blocks(lines))
+    if len(blocks) != len(tags):
+        raise ValueError(f"{len(tags)} tagged sentences for {len(blocks)} sentences")
+    for block, sentence in zip(blocks, tags):
+        rows = [line.split("\t") for _, line in block]
+        words = [r for r in rows if not r[0].startswith("#") and isinstance(_parse_id(r[0]), int)]
+        if len(words) != len(sentence):
+            raise ValueError(f"line {block[0][0]}: {len(sentence)} tags for a sentence of {len(words)} words")
+        for row, tag in zip(words, sentence):
+            row[index] = tag
+        yield from ("\t".join(r) + "\n" for r in rows)
         yield "\n"
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from sanlab.config import Config, validate
+from sanlab.config import Config, validate, without_ignored_train_keys
 from sanlab.config_yaml import read_yaml_mapping
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid_schema import Cell, EvalSpec
@@ -124,8 +124,9 @@ def _stale_groups(record: dict | None, key: dict) -> bool:
 
 
 def _normalised(raw: dict, *, source: Path) -> dict:
-    """A saved config re-validated, so keys added to the schema since then compare as their defaults."""
-    return config_dict(validate(raw, source=str(source)))
+    """A saved config re-validated, so keys added to the schema since then compare as their defaults (and keys
+    its task never read are dropped, ``without_ignored_train_keys``)."""
+    return config_dict(validate(without_ignored_train_keys(raw), source=str(source)))
 
 
 def training_changes(done: dict, cell: Cell) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from sanlab.config import Config, dump_config, validate
+from sanlab.config import Config, dump_config, validate, without_ignored_train_keys
 from sanlab.config_yaml import read_yaml_mapping
 from sanlab.data.fingerprint import changes, fingerprints, with_content
 from sanlab.errors import ConfigError, DataError
@@ -62,8 +62,8 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
         rundir.check_new_run(run_dir)
     text = dump_config(config)
     if saved.exists():
-        # Re-validate the saved config so keys added to the schema since then compare as their defaults.
-        old = yaml.safe_load(dump_config(validate(read_yaml_mapping(saved, what="run config"), source=str(saved))))
+        # Re-validated as load_run_config does, so keys added to the schema since then compare as their defaults
+        old = yaml.safe_load(dump_config(load_run_config(run_dir)))
         diff = config_differences(old, yaml.safe_load(text))
         blocking = [k for k in diff if not k.startswith(RESUMABLE_KEYS)]
         if blocking:
@@ -141,4 +141,5 @@ def load_run_config(run_dir: Path) -> Config:
     path = RunLayout(run_dir).config
     if not path.exists():
         raise ConfigError(f"{run_dir}: not a run directory (no {path.name})")
-    return validate(read_yaml_mapping(path, what="run config"), source=str(path))
+    # (a run trained before such keys were refused ignored them: they are dropped, not an error)
+    return validate(without_ignored_train_keys(read_yaml_mapping(path, what="run config")), source=str(path))

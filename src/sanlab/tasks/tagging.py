@@ -187,8 +187,11 @@ class TaggingTask:
 @torch.no_grad()
 def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
                  batch_size: int = 64, precision: Precision | None = None) -> list[list[str]]:
-    """The most likely tag of each word; the forward under ``precision``'s autocast (default fp32)."""
+    """The most likely tag of each word, never <unk-tag> (not a tag: a training target only for a training file
+    that changed under a resumed run; written into CoNLL-U it would not be UD); the forward under
+    ``precision``'s autocast (default fp32)."""
     model.eval()
+    known = len(vocab.tags) - 1 if vocab.tags[-1] == UNKNOWN_TAG else len(vocab.tags)
     precision = precision or Precision("fp32", model_device(model))
     out = []
     for k in range(0, len(sents), batch_size):
@@ -196,7 +199,7 @@ def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence]
                           model_device(model))
         with precision.autocast():
             logits = model(batch.words, batch.chars, char_words=batch.char_words)  # [b, t, tags]
-        pred = logits.float().argmax(-1).tolist()  # [b, t], one copy to the host
+        pred = logits[..., :known].float().argmax(-1).tolist()  # [b, t], one copy to the host
         out += [[vocab.tags[p] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
     return out
 

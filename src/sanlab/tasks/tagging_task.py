@@ -74,17 +74,20 @@ class Tagging(Task):
 
     @staticmethod
     def check_training_data(config, run_dir: Path) -> None:
-        """The word groups (OOV, ambiguous, one training tag) are counted against the training file as it is
-        now: refuse one that changed since the run trained on it (``meta.json``'s fingerprint), or they would
-        be another corpus's groups with this run's name on them."""
+        """The word groups (OOV, ambiguous, one training tag) are counted against ``data.train`` as it is now (the
+        vocabulary is the run's own file): refuse a training file changed since the run trained on it
+        (``meta.json``'s fingerprint), or they would be another corpus's groups with this run's name on them.
+        A run whose meta.json is unreadable has lost that record, not its weights: it is scored (as a grid does)."""
         from sanlab.runs import training_data_changes
 
-        changed = training_data_changes(run_dir, config)
-        if changed:
-            path, what = next(iter(changed.items()))
-            raise DataError(f"changed since the run {run_dir} trained on it ({what}): its dev and test words would be "
-                            "grouped (OOV, ambiguous, one training tag) against other training data; restore the "
-                            "file the run trained on", path=path)
+        try:
+            what = training_data_changes(run_dir, config).get(str(config.data.train))
+        except ConfigError:
+            return
+        if what:
+            raise DataError(f"changed since the run in {run_dir} trained on it ({what}): its dev and test words "
+                            "would be grouped (OOV, ambiguous, one training tag) against other training data; "
+                            "restore the file the run trained on", path=str(config.data.train))
 
     def summary(self, record: dict) -> str:
         pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
