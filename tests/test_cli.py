@@ -354,3 +354,13 @@ def test_an_empty_section_is_named_as_such(tmp_path, capsys):
     path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\ntrain:\n  # max_steps: 3\n")
     assert main(["train", path, "--print-config"]) == 2
     assert "train: an empty section (every key under it commented out?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edges, problem", [("10,5", "strictly increasing, got [10, 5]"), ("0,5", "edges >= 1"),
+                                            ("10,a", "got '10,a'")])
+def test_length_bucket_edges_are_checked_before_any_run_loads(edges, problem, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", "length-buckets", "no-such-run", "--buckets", edges])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --buckets" in err and problem in err and "no-such-run" not in err

@@ -11,7 +11,7 @@ import pytest
 import torch
 import conllu
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from sanlab.cli import main
 from sanlab.config import dump_config, validate
@@ -43,14 +43,34 @@ def test_average_is_the_fp32_mean_of_the_last_checkpoints(translation_run):
         torch.testing.assert_close(value, sum(w[name] for w in weights) / 3)
 
 
+def test_average_refuses_tensors_of_other_shapes_and_keeps_integer_ones_from_the_last(tmp_path):
+    from sanlab.errors import ConfigError
+    from sanlab.training.average import average_weights
+
+    def checkpoint(name, **tensors):
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"))
+        return tmp_path / name
+
+    a = checkpoint("a", w=torch.ones(2, 3), steps=torch.tensor([4]))
+    b = checkpoint("b", w=torch.zeros(2, 3), steps=torch.tensor([8]))
+    mean = average_weights([a, b])
+    assert mean["w"].eq(0.5).all() and mean["steps"].tolist() == [8] and mean["steps"].dtype == torch.int64
+    row = checkpoint("row", w=torch.zeros(1, 3), steps=torch.tensor([8]))  # [2, 3] + [1, 3] broadcasts, silently
+    with pytest.raises(ConfigError, match="w is torch.float32 of shape \\[1, 3\\], .* has torch.float32 of shape"):
+        average_weights([a, row])
+
+
 def test_average_replaces_only_an_averaged_checkpoint(translation_run, capsys):
     """--output may replace an earlier average, never a run, its checkpoints or a training checkpoint."""
     assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0  # replaces the earlier average
     step = sorted((translation_run / "checkpoints").glob("step-*"))[-1]
     before = sorted(p.relative_to(translation_run) for p in translation_run.rglob("*"))
-    for target in (translation_run, translation_run / "checkpoints", step):
+    for target, why in ((translation_run, "exists and is not an averaged checkpoint"),
+                        (translation_run / "checkpoints", "exists and is not an averaged checkpoint"),
+                        (step, f"--output may not be named {step.name!r}")):
         assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(target)]) == 2
-        assert f"{target}: exists and is not an averaged checkpoint" in capsys.readouterr().err
+        assert f"{target}: {why}" in capsys.readouterr().err
     assert sorted(p.relative_to(translation_run) for p in translation_run.rglob("*")) == before
 
 
@@ -61,6 +81,16 @@ def test_average_never_replaces_an_average_holding_the_users_files(translation_r
     assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(output)]) == 2
     assert "holds files sanlab did not write (NOTES.md); refusing to replace it" in capsys.readouterr().err
     assert (output / "NOTES.md").read_text() == "keep me"
+
+
+def test_average_output_may_not_take_the_name_of_a_runs_checkpoint(translation_run, tmp_path, capsys):
+    """`evaluate --checkpoint X/best` names its records eval-best.json: they would replace the run's own."""
+    for name in ("best", "last", "averaged", "step-00000004"):
+        assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(tmp_path / name)]) == 2
+        assert f"--output may not be named {name!r}" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    own = translation_run / "averaged"  # the run's own average, by its path: the default's place
+    assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(own)]) == 0
 
 
 def test_average_output_leaves_the_directories_beside_it_alone(translation_run, tmp_path):

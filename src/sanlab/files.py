@@ -35,9 +35,9 @@ def fsync(path: Path) -> None:
 
 
 @contextmanager
-def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
-    """A text stream (UTF-8; gzip if ``compress``) whose content replaces ``path`` when the block ends
-    without an error; on an error the destination is untouched and the temporary file removed.
+def replacing(path: Path | str, *, compress: bool = False, binary: bool = False) -> Iterator[IO]:
+    """A text stream (UTF-8; gzip if ``compress``; bytes if ``binary``) whose content replaces ``path`` when the
+    block ends without an error; on an error the destination is untouched and the temporary file removed.
 
     A symlink is followed (its target is replaced, the link stays). The temporary file has a unique name,
     so two processes writing the same file never share one. Gzip output carries no name or time in its
@@ -48,7 +48,9 @@ def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
     tmp = Path(name)
     try:
         with open(fd, "wb") as raw:
-            if compress:
+            if binary:
+                yield raw
+            elif compress:
                 with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed, \
                         io.TextIOWrapper(packed, encoding="utf-8") as stream:
                     yield stream

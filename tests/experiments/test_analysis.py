@@ -734,6 +734,18 @@ def test_ngram_gap_with_its_own_references_needs_no_test_files_of_the_config(cor
     assert [r[0] for r in rows[1:]] == ["base"] * 4 + ["csan"] * 4
 
 
+def test_an_empty_references_file_is_named_by_every_analysis(corpus, tmp_path):
+    from sanlab.errors import DataError
+
+    base, csan = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "csan")
+    refs = tmp_path / "empty.txt"
+    refs.write_text("")
+    for analysis in (lambda: analyze.ngram_gap([csan], baseline=base, out=tmp_path / "gap", references=refs),
+                     lambda: analyze.pairwise([csan], against=[base], out=tmp_path / "pw", references=refs)):
+        with pytest.raises(DataError, match=f"{refs}: no reference sentences"):
+            analysis()
+
+
 def test_runs_decoded_with_different_searches_are_refused(corpus, tmp_path):
     """A beam-2 run against a greedy one: part of the difference is the search's, which the tests would credit
     to the model. Each record says how its hypotheses were decoded; runs decoded alike are compared."""

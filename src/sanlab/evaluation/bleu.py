@@ -164,7 +164,7 @@ class LengthBucket:
         return f"{self.low + 1}-{self.high}"
 
 
-def _bucket_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
+def bucket_bounds(buckets: Sequence[int]) -> list[tuple[int, int | None]]:
     """(low, high] pairs from ascending upper edges, plus an open bucket above the last edge."""
     edges = list(buckets)
     if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 1:
@@ -183,7 +183,7 @@ def length_bucket_members(
     return [
         (low, high, [i for i, n in enumerate(src_lengths)
                      if (n > low or low == 0) and (high is None or n <= high)])
-        for low, high in _bucket_bounds(buckets)
+        for low, high in bucket_bounds(buckets)
     ]
 
 

@@ -13,13 +13,16 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from sanlab.files import replacing
+
 DPI = 120
 
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)  # attaches the Agg canvas: savefig needs no display
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    with replacing(path, binary=True) as f:  # a failed drawing leaves the last figure whole
+        fig.savefig(f, format="png", dpi=DPI, bbox_inches="tight")
     return Path(path)
 
 

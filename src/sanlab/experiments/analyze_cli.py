@@ -59,10 +59,15 @@ def _device_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _edges(text: str) -> tuple[int, ...]:
+    from sanlab.evaluation.bleu import bucket_bounds
+
     try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,20,30,40, got {text!r}")
+        edges = tuple(int(x) for x in text.split(","))
+        bucket_bounds(edges)  # the analysis's own rule, checked before any run loads
+    except ValueError as err:
+        problem = err.args[0] if "buckets must" in str(err) else f"got {text!r}"
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,20,30,40: {problem}")
+    return edges
 
 
 def _head(text: str) -> int | None:
@@ -160,7 +165,7 @@ def _add_sweep(sub) -> None:
 def _add_gates_and_curves(sub) -> None:
     p = sub.add_parser("gates", help="MUSE kernel-gate weights per layer (MUSE Fig. 4)")
     _common(p, runs=None)
-    p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
+    p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
     _device_arg(p)
     p.set_defaults(fn=lambda a: _report(analyze.gates(a.runs, out=a.out, checkpoint=a.checkpoint, device=a.device)))
 
@@ -187,7 +192,7 @@ def _add_attention(sub) -> None:
     p.add_argument("--target", help="decoder sides: target text (default: the model's own translation)")
     p.add_argument("--stage", choices=("final", "weights", "weights_final", "scores"), default="final",
                    help="final (default): the weights applied to the values")
-    p.add_argument("--checkpoint", default="best", help="best | last | averaged | a checkpoint directory")
+    p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
     _device_arg(p)
     p.set_defaults(fn=lambda a: _report(analyze.attention_map(a.runs, out=a.out, sentence=a.sentence, side=a.side,
                                                       layer=a.layer, head=a.head, target=a.target,

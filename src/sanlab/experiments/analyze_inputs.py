@@ -64,9 +64,9 @@ def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callabl
     ``csv_table``: the CSV's own table when the Markdown one is laid out for reading (default: ``table``)."""
     paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
+    plot(paths["png"])  # first: a figure that fails to draw leaves all three files as they were
     write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
     write_text(paths["csv"], (table if csv_table is None else csv_table).csv())
-    plot(paths["png"])
     return paths
 
 
@@ -138,6 +138,8 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
     from_config = not references or (need_sources and not sources)
     pairs = read_parallel(files.src, files.tgt, keep_empty=True) if from_config else []  # every line, as scored
     refs = list(open_text(references)) if references else [t for _, t in pairs]
+    if not refs:  # (sacreBLEU cannot score an empty corpus; every analysis needs sentences)
+        raise DataError("no reference sentences (the file is empty)", path=str(references or files.tgt))
     src = (list(open_text(sources)) if sources else [s for s, _ in pairs]) if need_sources else None
     if src is not None and len(src) != len(refs):
         raise DataError(f"{len(src)} sources but {len(refs)} references", path=str(sources or references))

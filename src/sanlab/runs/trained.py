@@ -148,7 +148,17 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     if len(chosen) < wanted:  # within keep_last / keep_best: the run has not saved that many yet
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints, the run has saved only {len(chosen)} so far "
                           f"(of the {kept} it keeps); average fewer, or train on to save more")
-    return write_average(chosen, Path(output) if output else RunLayout(run_dir).averaged)
+    target = Path(output) if output else RunLayout(run_dir).averaged
+    if output and _names_a_runs_checkpoint(target) and target.resolve() != RunLayout(run_dir).averaged.resolve():
+        # an evaluation names its records after the checkpoint's directory: `evaluate --checkpoint X/best` would
+        # write eval-best.json and replace the run's own best records
+        raise ConfigError(f"{output}: --output may not be named {target.name!r}, the name of a run's own "
+                          "checkpoint (its evaluations would replace that checkpoint's records): choose another name")
+    return write_average(chosen, target)
+
+
+def _names_a_runs_checkpoint(path: Path) -> bool:
+    return path.name in ("best", "last", "averaged") or re.fullmatch(r"step-\d+", path.name) is not None
 
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",

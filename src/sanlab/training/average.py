@@ -14,16 +14,25 @@ from sanlab.training.checkpoint import META, WEIGHTS, checksums, read_weights
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
+    """The mean of each floating-point tensor, summed in float64 and returned in fp32; a tensor of another kind
+    (an integer counter, a boolean mask) is not a weight to average and comes from the last checkpoint."""
     if not checkpoints:
         raise ValueError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
+    first: dict[str, tuple] = {}
     for path in checkpoints:
         weights = read_weights(path)
-        if total and weights.keys() != total.keys():
-            raise ValueError(f"{path}: its tensors differ from {checkpoints[0]}; cannot average different models")
+        if first and weights.keys() != first.keys():
+            raise ConfigError(f"{path}: its tensors differ from {checkpoints[0]}'s; cannot average different models")
         for name, tensor in weights.items():
-            total[name] = total.get(name, 0) + tensor.double()
-    return {name: (t / len(checkpoints)).float().contiguous() for name, t in total.items()}
+            kind = (tuple(tensor.shape), tensor.dtype)
+            if first.setdefault(name, kind) != kind:
+                raise ConfigError(f"{path}: {name} is {kind[1]} of shape {list(kind[0])}, {checkpoints[0]} has "
+                                  f"{first[name][1]} of shape {list(first[name][0])}; cannot average different models")
+            floating = tensor.is_floating_point()
+            total[name] = total.get(name, 0) + tensor.double() if floating else tensor
+    return {name: ((t / len(checkpoints)).float() if t.is_floating_point() else t).contiguous()
+            for name, t in total.items()}
 
 
 def is_averaged_checkpoint(path: Path) -> bool:
