@@ -5,6 +5,7 @@ import argparse
 import sys
 import csv
 import json
+import re
 import math
 
 import numpy as np
@@ -325,6 +326,8 @@ def test_pairwise_from_runs(corpus, tmp_path, monkeypatch):
     md = paths["md"].read_text()
     assert "| system | bleu | vs base/seed-1 | vs base/seed-2 | vs mean of baselines |" in md
     assert "paired bootstrap (50 resamples, seed 12345; with 50 resamples the smallest p is 0.0196, so no ⇑/⇓" in md
+    assert re.search(r"sacreBLEU signature: `BLEU\|nrefs:1\|bs:50\|seed:12345\|case:mixed\|eff:no\|tok:13a\|"
+                     r"smooth:exp\|version:[\d.]+`", md)
     wide = {line.split(" | ")[0].lstrip("| "): line.strip("|").split(" | ") for line in md.splitlines()
             if line.startswith("| ") and "/seed-" in line}
     assert wide["base/seed-1"][2].strip() == ""  # not against itself

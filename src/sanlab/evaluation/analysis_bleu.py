@@ -113,6 +113,7 @@ class PairedResult:
     delta: float          # bleu - baseline_bleu
     p_value: float
     mark: str             # ⇑ ↑ ↓ ⇓ as in the comparison tables
+    signature: str = ""   # sacreBLEU's signature of the test (BLEU's, with bs and seed)
 
 
 def pairwise_tests(systems: Mapping[str, Sequence[str]], references: References, *, baselines: Sequence[str],
@@ -133,7 +134,7 @@ def pairwise_tests(systems: Mapping[str, Sequence[str]], references: References,
                                          tokenize=tokenize)
             results.append(PairedResult(system=name, baseline=base, bleu=test.system.score,
                                         baseline_bleu=test.baseline.score, delta=test.delta, p_value=test.p_value,
-                                        mark=test.mark))
+                                        mark=test.mark, signature=test.signature))
     return results
 
 

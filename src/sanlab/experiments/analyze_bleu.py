@@ -113,7 +113,8 @@ def pairwise(run_dirs: Sequence[PathLike], *, against: Sequence[PathLike], out: 
              "(↑ is a two-sided 10% level), so among many tests some fall below 0.05 by chance. Blank: a run against "
              "itself." + (f" Baselines' mean BLEU {sum(scores[b] for b in bases) / len(bases):.2f}; its column is a "
                          "plain difference (untested), and a baseline's own row counts that run in the mean."
-                         if len(bases) > 1 else ""))
+                         if len(bases) > 1 else "")
+             + (f"\n\nsacreBLEU signature: `BLEU|{results[0].signature}`" if results else ""))
     by = {(r.system, r.baseline): r for r in results}
     deltas = np.array([[by[(s, b)].delta if (s, b) in by else np.nan for b in bases] for s in labels])
     marks = [[by[(s, b)].mark if (s, b) in by else "" for b in bases] for s in labels]
