@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sanlab.files import replacing, write_json, write_text
+from sanlab.files import replacing, replacing_path, write_json, write_text
 
 
 def test_write_text_and_json_replace_the_file(tmp_path):
@@ -105,3 +105,17 @@ def test_gzip_output_is_the_same_bytes_for_the_same_text(tmp_path):
         with replacing(tmp_path / name, compress=True) as f:
             f.write("same text\n")
     assert (tmp_path / "a.gz").read_bytes() == (tmp_path / "b.gz").read_bytes()
+
+
+def test_replacing_path_replaces_the_file_only_when_its_writer_succeeds(tmp_path):
+    """For writers that want a file name (matplotlib's savefig): a failure leaves the old file and no temporary."""
+    target = tmp_path / "fig.png"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with replacing_path(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("drawing failed")
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+    with replacing_path(target) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]

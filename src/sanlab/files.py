@@ -35,34 +35,41 @@ def fsync(path: Path) -> None:
 
 
 @contextmanager
-def replacing(path: Path | str, *, compress: bool = False, binary: bool = False) -> Iterator[IO]:
-    """A text stream (UTF-8; gzip if ``compress``; bytes if ``binary``) whose content replaces ``path`` when the
-    block ends without an error; on an error the destination is untouched and the temporary file removed.
+def replacing_path(path: Path | str) -> Iterator[Path]:
+    """A new temporary file beside ``path`` for a writer that wants a file name (``replacing`` opens it as a
+    stream); it replaces ``path`` when the block ends without an error; on an error the destination is
+    untouched and the temporary file removed.
 
     A symlink is followed (its target is replaced, the link stays). The temporary file has a unique name,
-    so two processes writing the same file never share one. Gzip output carries no name or time in its
-    header, so the same text gives the same bytes (committed evidence files).
+    so two processes writing the same file never share one.
     """
     path = Path(os.path.realpath(path))
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     tmp = Path(name)
     try:
-        with open(fd, "wb") as raw:
-            if binary:
-                yield raw
-            elif compress:
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed, \
-                        io.TextIOWrapper(packed, encoding="utf-8") as stream:
-                    yield stream
-            else:
-                with io.TextIOWrapper(raw, encoding="utf-8") as stream:
-                    yield stream
+        yield tmp
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the file it replaces was an ordinary one
         fsync(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     fsync(path.parent)
+
+
+@contextmanager
+def replacing(path: Path | str, *, compress: bool = False) -> Iterator[IO[str]]:
+    """A text stream (UTF-8; gzip if ``compress``) whose content replaces ``path`` as ``replacing_path`` says.
+    Gzip output carries no name or time in its header, so the same text gives the same bytes (committed
+    evidence files)."""
+    with replacing_path(path) as tmp, open(tmp, "wb") as raw:
+        if compress:
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed, \
+                    io.TextIOWrapper(packed, encoding="utf-8") as stream:
+                yield stream
+        else:
+            with io.TextIOWrapper(raw, encoding="utf-8") as stream:
+                yield stream
 
 
 def read_json(path: Path | str, *, remedy: str = "delete it to redo what wrote it") -> dict | None:

@@ -13,16 +13,13 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sanlab.files import replacing
-
 DPI = 120
 
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)  # attaches the Agg canvas: savefig needs no display
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path, binary=True) as f:  # a failed drawing leaves the last figure whole
-        fig.savefig(f, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(path, format="png", dpi=DPI, bbox_inches="tight")  # (the path may be a temporary name)
     return Path(path)
 
 

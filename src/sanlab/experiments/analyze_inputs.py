@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sanlab.errors import ConfigError, DataError
-from sanlab.files import read_json, write_text
+from sanlab.files import read_json, replacing_path, write_text
 from sanlab.training.layout import RunLayout
 
 PathLike = str | Path
@@ -64,7 +64,8 @@ def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callabl
     ``csv_table``: the CSV's own table when the Markdown one is laid out for reading (default: ``table``)."""
     paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
-    plot(paths["png"])  # first: a figure that fails to draw leaves all three files as they were
+    with replacing_path(paths["png"]) as png:  # first: a figure that fails to draw leaves all three as they were
+        plot(png)
     write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
     write_text(paths["csv"], (table if csv_table is None else csv_table).csv())
     return paths

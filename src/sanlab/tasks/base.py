@@ -82,6 +82,11 @@ class Task:
         """(key, path) of every data file a config reads."""
         raise NotImplementedError
 
+    def scored_against(self, config) -> list[str]:
+        """Training files an evaluation's scores depend on (beyond the run's own files and the split scored):
+        ``sanlab evaluate`` refuses one changed since the run trained on it. None by default."""
+        return []
+
     # ----------------------------------------------------------------- trained runs
     def load_model(self, config, run_dir: Path) -> tuple[Any, Any]:
         """(model with untrained weights, assets such as vocabularies) of a run, without reading a corpus."""

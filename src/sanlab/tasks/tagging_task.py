@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from sanlab.errors import ConfigError, DataError
+from sanlab.errors import ConfigError
 from sanlab.tasks.base import CellRun, Task
 
 TAGGING_COLUMNS = (
@@ -69,25 +69,12 @@ class Tagging(Task):
         if decode_overrides:
             raise ConfigError(f"{run_dir} is a tagging run: decode settings ({', '.join(decode_overrides)}) do not "
                               "apply")
-        self.check_training_data(config, run_dir)
         return evaluate_tagging_splits(model, assets, config, splits=splits, precision=precision)
 
-    @staticmethod
-    def check_training_data(config, run_dir: Path) -> None:
-        """The word groups (OOV, ambiguous, one training tag) are counted against ``data.train`` as it is now (the
-        vocabulary is the run's own file): refuse a training file changed since the run trained on it
-        (``meta.json``'s fingerprint), or they would be another corpus's groups with this run's name on them.
-        A run whose meta.json is unreadable has lost that record, not its weights: it is scored (as a grid does)."""
-        from sanlab.runs import training_data_changes
-
-        try:
-            what = training_data_changes(run_dir, config).get(str(config.data.train))
-        except ConfigError:
-            return
-        if what:
-            raise DataError(f"changed since the run in {run_dir} trained on it ({what}): its dev and test words "
-                            "would be grouped (OOV, ambiguous, one training tag) against other training data; "
-                            "restore the file the run trained on", path=str(config.data.train))
+    def scored_against(self, config) -> list[str]:
+        # the word groups (OOV, ambiguous, one training tag) are counted against the training file as it is now
+        # (the vocabulary is the run's own file)
+        return [config.data.train]
 
     def summary(self, record: dict) -> str:
         pct = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
