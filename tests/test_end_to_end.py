@@ -83,6 +83,32 @@ def test_average_never_replaces_an_average_holding_the_users_files(translation_r
     assert (output / "NOTES.md").read_text() == "keep me"
 
 
+def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_on(translation_run, capsys):
+    """meta.json names the averaged checkpoints by directory name (another spelling of the run's path changes
+    nothing) and how they were chosen; once the run's last N are others, loading the average warns."""
+    import json
+    import os
+
+    from sanlab.runs.trained import select_checkpoint
+
+    config = load_run_config(translation_run)
+    assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0
+    meta = json.loads((translation_run / "averaged" / "meta.json").read_text())
+    last = sorted(p.name for p in (translation_run / "checkpoints").glob("step-*"))[-2:]
+    assert (meta["averaged"], meta["selection"]) == (last, "last 2")
+    elsewhere = os.path.relpath(translation_run)  # the same run, spelled another way
+    assert main(["average", "--run", elsewhere, "--last", "2"]) == 0
+    assert json.loads((translation_run / "averaged" / "meta.json").read_text())["averaged"] == last
+    capsys.readouterr()
+    select_checkpoint(translation_run, "averaged", config)
+    assert "WARNING" not in capsys.readouterr().err
+    meta["averaged"] = [last[0], "step-00000001"]  # as if the run had saved other checkpoints since
+    (translation_run / "averaged" / "meta.json").write_text(json.dumps(meta))
+    select_checkpoint(translation_run, "averaged", config)
+    assert f"the run's last 2 are now {', '.join(last)}: run `sanlab average` again" in capsys.readouterr().err
+    assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0  # (the fixture's state again)
+
+
 def test_average_output_may_not_take_the_name_of_a_runs_checkpoint(translation_run, tmp_path, capsys):
     """`evaluate --checkpoint X/best` names its records eval-best.json: they would replace the run's own."""
     for name in ("best", "last", "averaged", "step-00000004"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from pathlib import Path
 
 from sanlab.config import Config
@@ -23,6 +24,9 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     run_dir, layout = Path(run_dir), RunLayout(run_dir)
     if which == "averaged":
         path = layout.averaged
+        stale = stale_average(run_dir, path, config) if path.is_dir() else ""
+        if stale:  # (loading it is still what was asked)
+            print(f"WARNING: {stale}", file=sys.stderr)
     elif which in ("best", "last"):
         manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
                                     higher_is_better=task_class(config).higher_is_better, writer=False)
@@ -155,7 +159,24 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
         # write eval-best.json and replace the run's own best records
         raise ConfigError(f"{output}: --output may not be named {target.name!r}, the name of a run's own "
                           "checkpoint (its evaluations would replace that checkpoint's records): choose another name")
-    return write_average(chosen, target)
+    return write_average(chosen, target, selection=f"last {last}" if last else f"best {best}")
+
+
+def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
+    """Why the average ``averaged`` of ``run_dir`` no longer is what its selection names (the run trained on
+    and saved other last or best checkpoints since), or "" (also for an average that recorded no selection)."""
+    meta = read_json(averaged / META) or {}
+    how = str(meta.get("selection") or "").split()
+    if len(how) != 2 or how[0] not in ("last", "best") or not how[1].isdigit():
+        return ""
+    manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
+                                higher_is_better=task_class(config).higher_is_better, writer=False)
+    n = int(how[1])
+    now = [p.name for p in (manager.last(n) if how[0] == "last" else manager.best(n))]
+    if now == meta.get("averaged"):
+        return ""
+    return (f"{averaged} averages {', '.join(meta.get('averaged', []))} (the {' '.join(how)} when it was written); "
+            f"the run's {' '.join(how)} are now {', '.join(now)}: run `sanlab average` again for those")
 
 
 def _refuse_changed(run_dir: Path, config, files: list[str]) -> None:

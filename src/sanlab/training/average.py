@@ -43,8 +43,10 @@ def is_averaged_checkpoint(path: Path) -> bool:
         return False
 
 
-def write_average(checkpoints: list[Path], output: Path) -> Path:
-    """Write the averaged weights to the checkpoint directory ``output`` (atomically)."""
+def write_average(checkpoints: list[Path], output: Path, *, selection: str | None = None) -> Path:
+    """Write the averaged weights to the checkpoint directory ``output`` (atomically). Its meta.json names the
+    checkpoints by their directory names (however the run's path was spelled) and, as ``selection``, how they
+    were chosen ("last 5", "best 3"), which ``stale_average`` checks against the run later."""
     output = Path(output)
     if output.exists() and not is_averaged_checkpoint(output):  # it would be deleted and replaced
         raise ConfigError(f"{output}: exists and is not an averaged checkpoint (no meta.json naming the averaged "
@@ -59,7 +61,8 @@ def write_average(checkpoints: list[Path], output: Path) -> Path:
     tmp = staging_directory(output)
     try:
         save_file(weights, str(tmp / WEIGHTS))
-        write_json(tmp / META, {"averaged": [str(p) for p in checkpoints], "sha256": checksums(tmp)})
+        write_json(tmp / META, {"averaged": [Path(p).name for p in checkpoints], "selection": selection,
+                                "sha256": checksums(tmp)})
         replace_directory(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # ours alone: made above under a new name
