@@ -89,9 +89,6 @@ def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_o
     import json
     import os
 
-    from sanlab.runs.trained import select_checkpoint
-
-    config = load_run_config(translation_run)
     assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0
     meta = json.loads((translation_run / "averaged" / "meta.json").read_text())
     last = sorted(p.name for p in (translation_run / "checkpoints").glob("step-*"))[-2:]
@@ -100,23 +97,43 @@ def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_o
     assert main(["average", "--run", elsewhere, "--last", "2"]) == 0
     assert json.loads((translation_run / "averaged" / "meta.json").read_text())["averaged"] == last
     capsys.readouterr()
-    select_checkpoint(translation_run, "averaged", config)
+    load_trained(translation_run, checkpoint="averaged")
     assert "WARNING" not in capsys.readouterr().err
     meta["averaged"] = [last[0], "step-00000001"]  # as if the run had saved other checkpoints since
     (translation_run / "averaged" / "meta.json").write_text(json.dumps(meta))
-    select_checkpoint(translation_run, "averaged", config)
-    assert f"the run's last 2 are now {', '.join(last)}: run `sanlab average` again" in capsys.readouterr().err
+    load_trained(translation_run, checkpoint="averaged")
+    err = capsys.readouterr().err
+    assert f"the run's last 2 are now {', '.join(last)}: run `sanlab average` again" in err and err.count("WARNING") == 1
     assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0  # (the fixture's state again)
 
 
 def test_average_output_may_not_take_the_name_of_a_runs_checkpoint(translation_run, tmp_path, capsys):
     """`evaluate --checkpoint X/best` names its records eval-best.json: they would replace the run's own."""
-    for name in ("best", "last", "averaged", "step-00000004"):
+    for name in ("best", "last", "averaged", "step-00000004", "best-bf16"):
         assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(tmp_path / name)]) == 2
         assert f"--output may not be named {name!r}" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
     own = translation_run / "averaged"  # the run's own average, by its path: the default's place
     assert main(["average", "--run", str(translation_run), "--last", "2", "--output", str(own)]) == 0
+
+
+def test_evaluating_a_directory_from_elsewhere_named_like_a_runs_checkpoint_is_refused(translation_run, tmp_path):
+    """evaluate --checkpoint X/best would write eval-best.json and replace (and delete) the run's own records."""
+    import shutil
+
+    from sanlab.errors import ConfigError
+    from sanlab.runs import evaluate_run
+
+    step = sorted((translation_run / "checkpoints").glob("step-*"))[-1]
+    before = sorted(p.name for p in translation_run.iterdir())
+    borrowed = tmp_path / "best"
+    shutil.copytree(step, borrowed)
+    with pytest.raises(ConfigError, match=f"--checkpoint {borrowed}: a directory outside .* named like one of its "):
+        evaluate_run(translation_run, checkpoint=str(borrowed), splits=["valid"])
+    assert sorted(p.name for p in translation_run.iterdir()) == before
+    shutil.move(str(borrowed), str(tmp_path / "my-copy"))  # another name: evaluated, under its own records
+    evaluate_run(translation_run, checkpoint=str(tmp_path / "my-copy"), splits=["valid"])
+    assert (translation_run / "eval-my-copy.json").is_file()
 
 
 def test_average_output_leaves_the_directories_beside_it_alone(translation_run, tmp_path):

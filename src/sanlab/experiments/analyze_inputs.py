@@ -64,10 +64,12 @@ def write_outputs(out: PathLike, *, title: str, table, notes: str, plot: Callabl
     ``csv_table``: the CSV's own table when the Markdown one is laid out for reading (default: ``table``)."""
     paths = {ext: Path(f"{out}.{ext}") for ext in ("md", "csv", "png")}
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
-    with replacing_path(paths["png"]) as png:  # first: a figure that fails to draw leaves all three as they were
+    md = f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n"
+    csv = (table if csv_table is None else csv_table).csv()
+    with replacing_path(paths["png"]) as png:  # then the figure: one that fails to draw leaves all three as they were
         plot(png)
-    write_text(paths["md"], f"# {title}\n\n{table.markdown()}\n{notes.strip()}\n")
-    write_text(paths["csv"], (table if csv_table is None else csv_table).csv())
+    write_text(paths["md"], md)
+    write_text(paths["csv"], csv)
     return paths
 
 

@@ -24,9 +24,6 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     run_dir, layout = Path(run_dir), RunLayout(run_dir)
     if which == "averaged":
         path = layout.averaged
-        stale = stale_average(run_dir, path, config) if path.is_dir() else ""
-        if stale:  # (loading it is still what was asked)
-            print(f"WARNING: {stale}", file=sys.stderr)
     elif which in ("best", "last"):
         manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
                                     higher_is_better=task_class(config).higher_is_better, writer=False)
@@ -72,6 +69,9 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"
             if attempt == 2 or checkpoint not in ("best", "last"):
                 raise ConfigError(f"{err}: the checkpoint disappeared while it was loaded (is a training process "
                                   "pruning this run's checkpoints?); try again") from None
+    stale = stale_average(run_dir, path, config) if checkpoint == "averaged" else ""
+    if stale:  # (loading it is still what was asked)
+        print(f"WARNING: {stale}", file=sys.stderr)
     return config, model.to(resolve_device(device)).eval(), assets
 
 
@@ -97,6 +97,7 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     task.require_precision(precision, run_dir)
     _refuse_changed(run_dir, config, task.scored_against(config))
     scored = scored_checkpoint(run_dir, checkpoint, config)
+    _refuse_a_borrowed_name(run_dir, checkpoint, config)
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
     extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
     results = task.evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint, splits=splits,
@@ -172,7 +173,10 @@ def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
     manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
                                 higher_is_better=task_class(config).higher_is_better, writer=False)
     n = int(how[1])
-    now = [p.name for p in (manager.last(n) if how[0] == "last" else manager.best(n))]
+    try:
+        now = [p.name for p in (manager.last(n) if how[0] == "last" else manager.best(n))]
+    except ConfigError:  # a damaged checkpoint of the run: the average does not need it, only this check does
+        return ""
     if now == meta.get("averaged"):
         return ""
     return (f"{averaged} averages {', '.join(meta.get('averaged', []))} (the {' '.join(how)} when it was written); "
@@ -196,8 +200,20 @@ def _refuse_changed(run_dir: Path, config, files: list[str]) -> None:
                             "training tag); restore the file the run trained on", path=path)
 
 
+def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, config: Config) -> None:
+    """A checkpoint directory from outside the run named like one of the run's own (``X/best``) would write its
+    records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's."""
+    path = select_checkpoint(run_dir, checkpoint, config).resolve()
+    if _names_a_runs_checkpoint(path) and Path(run_dir).resolve() not in path.parents:
+        raise ConfigError(f"--checkpoint {checkpoint}: a directory outside {run_dir} named like one of its own "
+                          f"checkpoints ({path.name}): its evaluation would replace that checkpoint's records; "
+                          "give it another name first")
+
+
 def _names_a_runs_checkpoint(path: Path) -> bool:
-    return path.name in ("best", "last", "averaged") or re.fullmatch(r"step-\d+", path.name) is not None
+    """Whether an evaluation of ``path`` would take the record names of a run's own checkpoint (RunLayout names
+    them after the directory, ``-bf16`` added in bf16)."""
+    return re.fullmatch(r"(best|last|averaged|step-\d+)(-bf16)?", Path(path).name) is not None
 
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",
