@@ -54,3 +54,21 @@ def final_weights(run):
     """The weights of the newest checkpoint of a run directory."""
     latest = sorted((run / "checkpoints").glob("step-*"))[-1]
     return load_file(str(latest / "model.safetensors"))
+
+
+def killed_at_its_first_update(config, run, monkeypatch):
+    """Start ``config``'s run in ``run`` and kill it at its first update: its vocabularies are written, no
+    checkpoint is (a rerun starts again from step 0)."""
+    import pytest
+
+    from sanlab.runs import train_run
+    from sanlab.training import loop
+
+    def killed(self, group):
+        raise KeyboardInterrupt("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(loop.Trainer, "update", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train_run(config, run, quiet=True)
+    assert not any((run / "checkpoints").glob("step-*"))

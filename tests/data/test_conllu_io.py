@@ -197,3 +197,11 @@ def test_with_tags_refuses_tags_that_do_not_line_up_with_the_sentences():
         list(with_tags(lines, [["VERB"]]))
     with pytest.raises(ValueError, match="line 3: 2 tags for a sentence of 1 words"):
         list(with_tags(lines, [["VERB"], ["ADV", "X"]]))
+
+
+def test_old_mac_line_endings_are_named(tmp_path):
+    path = tmp_path / "mac.conllu"
+    path.write_bytes(b"1\tgo\t_\tVERB\t_\t_\t_\t_\t_\t_\r2\tnow\t_\tADV\t_\t_\t_\t_\t_\t_\r\r")
+    with pytest.raises(DataError, match=r"mac.conllu:1: expected 10 tab-separated columns, found 19 \(the line holds "
+                                        r"carriage returns: .* lone \\r, old Mac style"):
+        read_conllu(path)

@@ -344,6 +344,29 @@ def test_a_train_record_spanning_a_resume_averages_the_same_updates_as_the_unint
     assert train(crashed) == train(straight)  # exactly: the same float sums in the same order
 
 
+def test_a_translation_run_killed_before_its_first_checkpoint_takes_the_subword_model_of_the_data_now(
+        tmp_path, tiny_translation, monkeypatch):
+    """Restarted from step 0 on changed data (--allow-changed-data), the run's subword model is the new data's,
+    not the one it copied before it was killed; a resume keeps the model its checkpoints were trained with."""
+    from training_fixtures import killed_at_its_first_update
+
+    config = tiny_translation(max_steps=2)
+    run = tmp_path / "run"
+    killed_at_its_first_update(config, run, monkeypatch)
+    model = run / "subword.model"
+    first = model.read_bytes()
+    src, tgt = (tmp_path / "train.src"), (tmp_path / "train.tgt")
+    for path in (src, tgt):  # other text: other subwords
+        path.write_text(path.read_text() + "".join(f"quixotic{k} zephyr{k}\n" for k in range(150)))
+    train_run(config, run, quiet=True, allow_changed_data=True)
+    second = model.read_bytes()
+    assert second != first
+    for path in (src, tgt):
+        path.write_text(path.read_text() + "".join(f"jubilant{k}\n" for k in range(150)))
+    train_run(tiny_translation(max_steps=3), run, quiet=True, allow_changed_data=True)  # a resume
+    assert model.read_bytes() == second
+
+
 def test_resume_falls_back_to_the_newest_complete_checkpoint(tmp_path, tiny_translation):
     """latest.json naming a checkpoint that is gone (or a half-written temp directory) must not restart the run."""
     from sanlab.training.checkpoint import latest_checkpoint

@@ -36,6 +36,7 @@ from sanlab.data.fingerprint import fingerprint
 from sanlab.data.parallel import iter_parallel, require_file
 from sanlab.data.subword import SubwordModel, SubwordPair
 from sanlab.errors import DataError
+from sanlab.training.checkpoint import latest_checkpoint
 from sanlab.training.layout import RunLayout
 
 PREPARE_VERSION = 1
@@ -123,10 +124,14 @@ def _copy_atomic(source: Path, target: Path) -> None:
 
 
 def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str], None]) -> SubwordPair:
-    """The run's subword model(s): its own if it has them (a resumed run), else the cache's (trained
-    there once), copied into ``run_dir`` (``.vocab`` first, ``.model`` last: the model marks them done)."""
+    """The run's subword model(s): its own if it has them and a checkpoint trained with them (a resumed run),
+    else the cache's (trained there once), copied into ``run_dir`` (``.vocab`` first, ``.model`` last: the model
+    marks them done). A run killed before its first checkpoint starts again from step 0 on the data as it is
+    now, so it takes the cache's model for that data, not the one it copied before (the data may have changed)."""
     joint = config.data.subword.joint
-    if run_dir is not None and all(p.exists() for p in RunLayout(run_dir).subword_models(joint=joint)):
+    layout = RunLayout(run_dir) if run_dir is not None else None
+    if layout is not None and all(p.exists() for p in layout.subword_models(joint=joint)) \
+            and latest_checkpoint(layout.checkpoints) is not None:
         return load_subwords(run_dir, joint=joint)
     d = config.data
     # sentencepiece's version too: another version trains another model from the same texts and seed
