@@ -328,7 +328,7 @@ class TranslationConfig(TaskConfig):
             raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) exceeds "
                              f"model.max_positions {self.model.max_positions}: lower one or raise the other")
         multiple = self.train.length_multiple  # batches padded up to it index learned positions past the longest
-        padded = -(-(self.data.max_len + 1) // multiple) * multiple
+        padded = -(-(self.data.max_len + 1) // multiple) * multiple  # data.batching.round_up (config is below data)
         if self.model.positions == "learned" and padded > self.model.max_positions:
             why = "train.pad_multiple" if self.train.pad_multiple else "train.compile's default padding"
             raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) padded up to a multiple "

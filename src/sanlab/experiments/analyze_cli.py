@@ -61,12 +61,15 @@ def _device_arg(p: argparse.ArgumentParser) -> None:
 def _edges(text: str) -> tuple[int, ...]:
     from sanlab.evaluation.bleu import bucket_bounds
 
+    expected = "expected comma-separated integers such as 10,20,30,40"
     try:
         edges = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{expected}: got {text!r}") from None
+    try:
         bucket_bounds(edges)  # the analysis's own rule, checked before any run loads
     except ValueError as err:
-        problem = err.args[0] if "buckets must" in str(err) else f"got {text!r}"
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,20,30,40: {problem}")
+        raise argparse.ArgumentTypeError(f"{expected}: {err}") from None
     return edges
 
 

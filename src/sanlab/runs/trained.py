@@ -213,7 +213,7 @@ def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, config: Config) -> N
 def _names_a_runs_checkpoint(path: Path) -> bool:
     """Whether an evaluation of ``path`` would take the record names of a run's own checkpoint (RunLayout names
     them after the directory, ``-bf16`` added in bf16)."""
-    return re.fullmatch(r"(best|last|averaged|step-\d+)(-bf16)?", Path(path).name) is not None
+    return re.fullmatch(rf"(best|last|averaged|{STEP_PREFIX}\d+)(-bf16)?", Path(path).name) is not None
 
 
 def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, checkpoint: str = "best",

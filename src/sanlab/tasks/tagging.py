@@ -20,7 +20,7 @@ from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import CharWords, Tagger
 from sanlab.training.device import Precision, model_device, to_device
-from sanlab.training.checkpoint import latest_checkpoint
+from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
@@ -127,7 +127,7 @@ class TaggingTask:
         vocab_path = layout.tagger_vocab
         # a resume keeps the vocabulary its checkpoints were trained with; a run with none yet (killed before its
         # first) starts again from step 0, so it builds it again from the data as it is now (it may have changed)
-        if vocab_path.exists() and latest_checkpoint(layout.checkpoints) is not None:
+        if vocab_path.exists() and CheckpointManager.has_checkpoints(run_dir):
             self.vocab = TaggingVocab.load(vocab_path)
         else:
             self.vocab = build_vocab(config, train=train, dev=dev, test=test)

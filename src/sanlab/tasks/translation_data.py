@@ -36,7 +36,7 @@ from sanlab.data.fingerprint import fingerprint
 from sanlab.data.parallel import iter_parallel, require_file
 from sanlab.data.subword import SubwordModel, SubwordPair
 from sanlab.errors import DataError
-from sanlab.training.checkpoint import latest_checkpoint
+from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 
 PREPARE_VERSION = 1
@@ -129,9 +129,8 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     marks them done). A run killed before its first checkpoint starts again from step 0 on the data as it is
     now, so it takes the cache's model for that data, not the one it copied before (the data may have changed)."""
     joint = config.data.subword.joint
-    layout = RunLayout(run_dir) if run_dir is not None else None
-    if layout is not None and all(p.exists() for p in layout.subword_models(joint=joint)) \
-            and latest_checkpoint(layout.checkpoints) is not None:
+    if run_dir is not None and all(p.exists() for p in RunLayout(run_dir).subword_models(joint=joint)) \
+            and CheckpointManager.has_checkpoints(run_dir):
         return load_subwords(run_dir, joint=joint)
     d = config.data
     # sentencepiece's version too: another version trains another model from the same texts and seed
