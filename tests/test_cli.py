@@ -78,6 +78,11 @@ def test_config_errors_name_the_line_of_the_key(tmp_path, capsys):
         assert "model.encoder.attention.parts.0: " in err and "(from --set)" in err and "(line 9)" not in err
     assert key_line(Path(path), "model.encoder.attention.parts.0.window.sizee") == 10  # the tag is skipped
     assert key_line(Path(path), "model.nothing") == 5 and key_line(Path(path), "train.lr") is None
+    # a key YAML reads as a number (``3:``) is named by its line too
+    (tmp_path / "numbered").mkdir()
+    numbered = _config(tmp_path / "numbered", "base: ../c.yaml\ntrain:\n  3: 4\n")
+    assert main(["train", numbered, "--print-config"]) == 2
+    assert "train.3: unknown key (line 3)" in capsys.readouterr().err
     assert key_line(tmp_path / "missing.yaml", "model") is None
 
 

@@ -43,7 +43,7 @@ def test_average_is_the_fp32_mean_of_the_last_checkpoints(translation_run):
         torch.testing.assert_close(value, sum(w[name] for w in weights) / 3)
 
 
-def test_average_refuses_tensors_of_other_shapes_and_keeps_integer_ones_from_the_last(tmp_path):
+def test_average_refuses_tensors_of_other_shapes_and_keeps_integer_ones_from_the_newest(tmp_path):
     from sanlab.errors import ConfigError
     from sanlab.training.average import average_weights
 
@@ -56,6 +56,10 @@ def test_average_refuses_tensors_of_other_shapes_and_keeps_integer_ones_from_the
     b = checkpoint("b", w=torch.zeros(2, 3), steps=torch.tensor([8]))
     mean = average_weights([a, b])
     assert mean["w"].eq(0.5).all() and mean["steps"].tolist() == [8] and mean["steps"].dtype == torch.int64
+    # --best N lists them best first: the counter is the newest checkpoint's (by the step its meta.json records)
+    (a / "meta.json").write_text('{"step": 20}')
+    (b / "meta.json").write_text('{"step": 10}')
+    assert average_weights([b, a])["steps"].tolist() == [4] and average_weights([a, b])["steps"].tolist() == [4]
     row = checkpoint("row", w=torch.zeros(1, 3), steps=torch.tensor([8]))  # [2, 3] + [1, 3] broadcasts, silently
     with pytest.raises(ConfigError, match="w is torch.float32 of shape \\[1, 3\\], .* has torch.float32 of shape"):
         average_weights([a, row])

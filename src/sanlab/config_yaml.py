@@ -156,8 +156,8 @@ def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
         for part in parts:
             if isinstance(data, list) and part.isdigit() and int(part) < len(data):  # list items: name.0
                 data = data[int(part)]
-            elif isinstance(data, dict) and part in data:
-                data = data[part]
+            elif isinstance(data, dict) and part in (names := {str(k): k for k in data}):
+                data = data[names[part]]  # (a key YAML read as a number, ``3:``, is named "3" in the dotted path)
             else:
                 return False
         return True

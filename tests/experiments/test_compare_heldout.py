@@ -18,7 +18,7 @@ import pytest
 
 from sanlab.data.conllu_io import read_conllu
 from sanlab.data.synthetic import write_tagging_corpus
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.evaluation.tagging import tagging_accuracy, word_tags
 from sanlab.experiments import running
 from sanlab.experiments.cells import CellOutcome, rescore_tagging_cell
@@ -217,8 +217,8 @@ def test_rescore_refuses_predictions_it_cannot_trust(scored):
         train_file = str(cell.config.data.train)
         meta["data_fingerprint"][train_file] = {**meta["data_fingerprint"][train_file], "sample_sha256": "0" * 64}
         meta_path.write_text(json.dumps(meta))
-        with pytest.raises(ConfigError, match=rf"the training data changed since the cell trained \({train_file}: "
-                                              r"same size, other bytes"):
+        with pytest.raises(DataError, match=rf"{train_file}: changed since the run in {cell.run_dir} trained on it "
+                                              r"\(same size, other bytes"):
             rescore_tagging_cell(cell, grid.spec.eval)
     finally:
         meta_path.write_text(meta_text)

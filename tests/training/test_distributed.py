@@ -155,29 +155,47 @@ runpy.run_module("sanlab", run_name="__main__")
 """
 
 
-def test_a_failed_validation_on_rank_0_ends_the_other_ranks_under_any_launcher(tmp_path, tiny_translation):
+def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> list[tuple[int, str]]:
+    """Each rank started as its own process with RANK, WORLD_SIZE and MASTER_* (as srun or mpirun would), on a
+    free port; returns (exit status, stderr) per rank. The port is found free and then released before rank 0's
+    store binds it, so another test (torchrun's --standalone picks ports too) can take it meanwhile: rank 0 then
+    fails with EADDRINUSE, and the others would wait on somebody else's store. That launch is ended and retried
+    on a new port."""
     import socket
     import subprocess
+
+    for _ in range(attempts):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                       "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                 for rank in range(world_size)]
+        try:
+            first = procs[0].communicate(timeout=180)[1]  # rank 0 first: a lost port ends it at once
+            if "address already in use" in first.lower():  # (EADDRINUSE, in any torch's wording)
+                continue  # (the finally below ends the others)
+            return [(procs[0].returncode, first)] + [(p.returncode, p.communicate(timeout=180)[1]) for p in procs[1:]]
+        finally:
+            for p in procs:
+                p.kill()
+    raise AssertionError(f"no free port for rank 0's store in {attempts} attempts")
+
+
+def test_a_failed_validation_on_rank_0_ends_the_other_ranks_under_any_launcher(tmp_path, tiny_translation):
     import sys
 
     config = tmp_path / "tiny.yaml"
     config.write_text(dump_config(tiny_translation(max_steps=4, valid_every=2)))
     launcher = tmp_path / "validation_fails.py"
     launcher.write_text(VALIDATION_FAILS)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, str(launcher), "train", str(config), "--run-dir", str(tmp_path / "run"),
-                               "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for rank in (0, 1)]
-    try:
-        errors = [p.communicate(timeout=180)[1] for p in procs]  # (without the fix rank 1 waits for hours)
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] != [0, 0] and all(p.returncode != 0 for p in procs), errors
+    # (without the fix rank 1 waits for hours)
+    ranks = _launch_by_hand([sys.executable, str(launcher), "train", str(config), "--run-dir", str(tmp_path / "run"),
+                             "--quiet"], world_size=2)
+    errors = [err for _, err in ranks]
+    assert all(status != 0 for status, _ in ranks), errors
     assert "No space left on device (on purpose)" in errors[0], errors[0]
     assert ("process 0 stopped while validating after update 2: OSError: [Errno 28] No space left on device "
             "(on purpose)") in errors[1], errors[1]

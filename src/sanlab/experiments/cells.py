@@ -30,7 +30,7 @@ from sanlab.experiments.grid_state import (
 from sanlab.files import read_json, write_json
 from sanlab.models.builders import count_parameters
 from sanlab.runs import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, average_run, evaluate_run, git_revision,
-                         load_run_config, load_trained, run_lock, train_run)
+                         load_run_config, load_trained, refuse_changed_scored_files, run_lock, train_run)
 from sanlab.tasks.base import CellRun, task_for
 from sanlab.tasks.tagging_task import read_tagged  # noqa: F401  (re-exported)
 from sanlab.training.layout import RunLayout
@@ -252,7 +252,7 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     if [list(s.words) for s in sents] != words or [list(s.tags) for s in sents] != gold:
         raise ConfigError(f"{run}: {record['evidence']} holds other sentences than {split_files(cell)[0]} "
                           "(words or gold tags differ): the test file changed since the cell was scored")
-    _refuse_changed_training_data(cell)
+    refuse_changed_scored_files(cell.run_dir, config)  # its vocabulary and word groups come from data.train
     vocab = run_vocab(config, run)
     old = record["scores"]
     if "word_groups" not in old_key and "n_oov" in old:  # the old OOV: words outside the vocabulary
@@ -269,19 +269,6 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     _write_record(cell, spec, done=done, scores=scores.record(), evidence=record["evidence"],
                   extra={"signature": record.get("signature"), "rescored": {"at": time.time(), "previous": old}})
     return old, scores.record()
-
-
-def _refuse_changed_training_data(cell: Cell) -> None:
-    """The training files against the fingerprint the run recorded when it last trained (meta.json; runs from
-    before fingerprints were recorded are trusted): a word group is defined by the training sentences."""
-    from sanlab.runs import training_data_changes
-
-    changed = training_data_changes(cell.run_dir, cell.config)
-    if changed:
-        path, what = next(iter(changed.items()))
-        raise ConfigError(f"{cell.run_dir}: the training data changed since the cell trained ({path}: {what}); "
-                          "its word groups (OOV = unseen in training) and vocabulary would come from other data: "
-                          "restore the file, or train the cell again")
 
 
 def _same(a: float | None, b: float | None) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.experiments.cells import check_synthetic, rescore_tagging_cell
 from sanlab.experiments.compare_report import (  # noqa: F401  (build_section, majority_mark, paired_test re-exported)
     build_report,
@@ -41,7 +41,7 @@ def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], Non
         try:
             with run_lock(cell.run_dir):  # a grid run may be scoring it
                 old, new = rescore_tagging_cell(cell, grid.spec.eval)
-        except ConfigError as err:
+        except (ConfigError, DataError) as err:  # (a damaged or changed file): the other cells go on
             errors.append(f"{cell.label}: {err}")
             log(f"{cell.label}: NOT re-scored: {err}")
             continue

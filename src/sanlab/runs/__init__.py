@@ -16,7 +16,8 @@ from sanlab.runs.build import check_buildable, make_task, task_class
 from sanlab.runs.provenance import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, LIBRARIES, git_revision, provenance,
                                     record_session)
 from sanlab.runs.resume import (RESUMABLE_KEYS, check_training_data, config_differences, load_run_config,
-                                prepare_run_dir, shorter_budget, training_data_changes)
+                                prepare_run_dir, refuse_changed_scored_files, shorter_budget,
+                                training_data_changes)
 from sanlab.runs.train import train_run
 from sanlab.runs.trained import (SCORED_KEYS, average_run, evaluate_run, load_trained, same_weights,
                                  scored_checkpoint, select_checkpoint, tag_file)
@@ -25,5 +26,5 @@ from sanlab.training.rundir import run_lock
 __all__ = ["ALLOW_CHANGED_DATA_ENV", "GRID_JOBS_ENV", "LIBRARIES", "RESUMABLE_KEYS", "SCORED_KEYS", "average_run",
            "check_buildable", "check_training_data", "config_differences", "evaluate_run", "git_revision",
            "load_run_config", "load_trained", "make_task", "prepare_run_dir", "provenance", "record_session",
-           "run_lock", "same_weights", "scored_checkpoint", "select_checkpoint", "shorter_budget", "tag_file",
-           "task_class", "train_run", "training_data_changes"]
+           "refuse_changed_scored_files", "run_lock", "same_weights", "scored_checkpoint", "select_checkpoint",
+           "shorter_budget", "tag_file", "task_class", "train_run", "training_data_changes"]

@@ -89,6 +89,25 @@ def training_data_changes(run_dir: Path, config: Config) -> dict[str, str]:
     return _data_changes(read_json(RunLayout(run_dir).meta) or {}, config)[2]
 
 
+def refuse_changed_scored_files(run_dir: Path, config: Config) -> None:
+    """A DataError naming the first file of ``Task.scored_against`` (the tagger's training file: its word groups,
+    OOV, ambiguous, one training tag, are counted against it) that changed since the run trained on it, or the
+    scores would be counted against other data under this run's name (``sanlab evaluate``, ``compare --rescore``).
+    A run whose meta.json cannot be read has lost that record, not its weights: it is scored (as a grid does)."""
+    files = task_for(config).scored_against(config)
+    if not files:
+        return
+    try:
+        changed = training_data_changes(run_dir, config)
+    except ConfigError:
+        return
+    for path in map(str, files):
+        if path in changed:
+            raise DataError(f"changed since the run in {run_dir} trained on it ({changed[path]}): the scores would be "
+                            "counted against other training data (a tagger's word groups: OOV, ambiguous, one "
+                            "training tag); restore the file the run trained on, or train the run again", path=path)
+
+
 def _data_changes(meta: dict, config: Config) -> tuple[dict, dict, dict[str, str]]:
     recorded, current = meta.get("data_fingerprint") or {}, fingerprints(task_for(config).training_files(config))
     return recorded, current, changes(recorded, current)

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from sanlab.config import Config
-from sanlab.errors import ConfigError, DataError
+from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
 from sanlab.training.checkpoint import (
     META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights, step_name,
 )
 from sanlab.training.layout import RunLayout
 from sanlab.runs.build import task_class
-from sanlab.runs.resume import load_run_config, training_data_changes
+from sanlab.runs.resume import load_run_config, refuse_changed_scored_files
 from sanlab.tasks.base import task_for
 
 
@@ -95,7 +95,7 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
     task = task_for(config)
     task.require_precision(precision, run_dir)
-    _refuse_changed(run_dir, config, task.scored_against(config))
+    refuse_changed_scored_files(run_dir, config)
     scored = scored_checkpoint(run_dir, checkpoint, config)
     _refuse_a_borrowed_name(run_dir, checkpoint, config)
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
@@ -181,23 +181,6 @@ def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
         return ""
     return (f"{averaged} averages {', '.join(meta.get('averaged', []))} (the {' '.join(how)} when it was written); "
             f"the run's {' '.join(how)} are now {', '.join(now)}: run `sanlab average` again for those")
-
-
-def _refuse_changed(run_dir: Path, config, files: list[str]) -> None:
-    """An error naming the first of ``files`` that changed since the run trained on it (meta.json's fingerprint),
-    or the scores would be counted against other data under this run's name. A run whose meta.json cannot be
-    read has lost that record, not its weights: it is scored (as a grid does)."""
-    if not files:
-        return
-    try:
-        changed = training_data_changes(run_dir, config)
-    except ConfigError:
-        return
-    for path in map(str, files):
-        if path in changed:
-            raise DataError(f"changed since the run in {run_dir} trained on it ({changed[path]}): the scores would be "
-                            "counted against other training data (a tagger's word groups: OOV, ambiguous, one "
-                            "training tag); restore the file the run trained on", path=path)
 
 
 def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, config: Config) -> None:

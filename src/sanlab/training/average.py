@@ -15,12 +15,15 @@ from sanlab.training.checkpoint import META, WEIGHTS, checksums, read_weights
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
     """The mean of each floating-point tensor, summed in float64 and returned in fp32; a tensor of another kind
-    (an integer counter, a boolean mask) is not a weight to average and comes from the last checkpoint."""
+    (an integer counter, a boolean mask) is not a weight to average and comes from the newest checkpoint (the
+    highest step its meta.json records; of those recording none, the last given): with ``--best N`` the list is
+    in score order, and its last is the worst, not the latest."""
     if not checkpoints:
         raise ValueError("no checkpoints to average")
+    newest = max(range(len(checkpoints)), key=lambda i: (_step(checkpoints[i]), i))
     total: dict[str, torch.Tensor] = {}
     first: dict[str, tuple] = {}
-    for path in checkpoints:
+    for index, path in enumerate(checkpoints):
         weights = read_weights(path)
         if first and weights.keys() != first.keys():
             raise ConfigError(f"{path}: its tensors differ from {checkpoints[0]}'s; cannot average different models")
@@ -29,10 +32,20 @@ def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
             if first.setdefault(name, kind) != kind:
                 raise ConfigError(f"{path}: {name} is {kind[1]} of shape {list(kind[0])}, {checkpoints[0]} has "
                                   f"{first[name][1]} of shape {list(first[name][0])}; cannot average different models")
-            floating = tensor.is_floating_point()
-            total[name] = total.get(name, 0) + tensor.double() if floating else tensor
+            if tensor.is_floating_point():
+                total[name] = total.get(name, 0) + tensor.double()
+            elif index == newest:
+                total[name] = tensor
     return {name: ((t / len(checkpoints)).float() if t.is_floating_point() else t).contiguous()
             for name, t in total.items()}
+
+
+def _step(checkpoint: Path) -> int:
+    try:
+        step = (read_json(Path(checkpoint) / META) or {}).get("step")
+    except ConfigError:  # a damaged meta.json: its weights are still read (and checked) above
+        return -1
+    return step if isinstance(step, int) else -1
 
 
 def is_averaged_checkpoint(path: Path) -> bool:
