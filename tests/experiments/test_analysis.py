@@ -557,6 +557,14 @@ def test_attention_map_plain_and_cross(corpus, tmp_path):
     assert np.abs(expected["cross"].mean(axis=0) - expected["cross"][0]).max() > 0.05  # one head would not match
     with pytest.raises(analyze.ConfigError, match="layer 5 does not exist: the decoder has 2 layers"):
         analyze.attention_map(run, out=tmp_path / "x", sentence=sentence, side="decoder", layer=5, target=target)
+    # without a target the model's own subwords are teacher-forced (its text, encoded again, may split otherwise)
+    from sanlab.runs import load_trained
+    from sanlab.tasks.translation import search_translations
+
+    config, model, pair = load_trained(run)
+    (own,) = search_translations(model, pair, [sentence], decode=config.decode)
+    rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "own", sentence=sentence, side="decoder"))
+    assert [r[0] for r in rows[1:]] == ["<s>", *(pair.tgt.id_to_piece(t) for t in own[0].tokens)]
     limit = load_run_config(run).model.max_positions
     for side, long_sentence, long_target in (("encoder", "dog " * limit, None), ("cross", sentence, "hund " * limit)):
         with pytest.raises(analyze.ConfigError, match=rf"subword tokens \(with BOS/EOS\), more than the model "

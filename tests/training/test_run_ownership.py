@@ -199,7 +199,7 @@ def test_evaluating_a_run_with_no_checkpoint_says_so(tmp_path, tiny_translation)
         load_trained(run)
 
 
-def test_translate_refuses_a_plain_string(tmp_path, tiny_translation):
+def test_translate_refuses_a_plain_string_and_more_hypotheses_than_the_beam(tmp_path, tiny_translation):
     from sanlab.runs import load_trained
     from sanlab.tasks.translation import translate
 
@@ -209,6 +209,8 @@ def test_translate_refuses_a_plain_string(tmp_path, tiny_translation):
     with pytest.raises(TypeError, match="takes a list of sentences, got one str"):
         translate(model, spm, "a b c", decode=config.decode)
     assert len(translate(model, spm, ["a b c"], decode=config.decode)) == 1
+    with pytest.raises(ConfigError, match=f"n_best = {config.decode.beam + 1} is more than decode.beam"):
+        translate(model, spm, ["a b c"], decode=config.decode, n_best=config.decode.beam + 1)
 
 
 def test_allow_changed_data_reaches_torchrun_workers_and_grid_cells(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
     """Encoder self-attention, or decoder self/cross-attention with ``target`` teacher-forced
     (default: the model's own translation with the run's decode settings)."""
     from sanlab.evaluation.analysis import split_decoder_traces
-    from sanlab.tasks.translation import translate
+    from sanlab.tasks.translation import search_translations
 
     device = model_device(model)
     src = spm.src.encode(sentence) + [spm.eos_id]
@@ -57,9 +57,13 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
         traces: list = []
         model.encode(torch.tensor([src], device=device), traces=traces)
         return LayerTrace(_pick(traces, layer, "encoder"), src_labels, src_labels, None)
-    if target is None:
-        target = translate(model, spm, [sentence], decode=config.decode)[0]
-    tgt = [spm.bos_id] + spm.tgt.encode(target)
+    if target is None:  # the model's own subwords (its text encoded again may split otherwise, or hold ⁇)
+        (found,) = search_translations(model, spm, [sentence], decode=config.decode)
+        pieces = found[0].tokens if found else []
+        target = spm.tgt.decode(pieces)
+    else:
+        pieces = spm.tgt.encode(target)
+    tgt = [spm.bos_id] + pieces
     _check_length(model, tgt, "the target")
     tgt_labels = [spm.tgt.id_to_piece(t) for t in tgt]
     memory, memory_valid = model.encode(torch.tensor([src], device=device))

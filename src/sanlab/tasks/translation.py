@@ -167,11 +167,22 @@ def max_output_lengths(src_len: torch.Tensor, decode: DecodeConfig, limit: int |
     return lengths if limit is None else lengths.clamp(max=limit)
 
 
-@torch.no_grad()
 def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
               n_best: int = 1, source: str | None = None,
               precision: Precision | None = None) -> list[str] | list[list[tuple[str, float]]]:
-    """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score)).
+    """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score)); an empty sentence
+    gets an empty translation (score 0). The search is ``search_translations``."""
+    found = search_translations(model, spm, sentences, decode=decode, n_best=n_best, source=source,
+                                precision=precision)
+    results = [[(spm.tgt.decode(h.tokens), h.score) for h in nbest] or [("", 0.0)] for nbest in found]
+    return [r[0][0] for r in results] if n_best == 1 else results
+
+
+@torch.no_grad()
+def search_translations(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
+                        n_best: int = 1, source: str | None = None,
+                        precision: Precision | None = None) -> list[list[Hypothesis]]:
+    """Each sentence's ``n_best`` hypotheses (subword ids), best first, in input order; none for an empty one.
 
     ``precision`` (default fp32): the model's encoder pass and decoder steps run under its autocast; the
     step's output projection and log-softmax (``Seq2Seq.decode_step``) and the beam search's scores stay in
@@ -180,12 +191,15 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
     pass and chooses among them (``rescore_in_fp32``): bf16's rounding (about 3 significant digits) otherwise
     decides between near-equal hypotheses differently from fp32, and the scores returned are fp32's.
 
-    An empty sentence has nothing to translate and gets an empty translation (score 0). A sentence longer
-    than the model accepts (``model.max_positions``) is a DataError naming its line of ``source``; the
-    length allowed to a translation is capped there too.
+    An empty sentence has nothing to translate and gets no hypothesis. A sentence longer than the model
+    accepts (``model.max_positions``) is a DataError naming its line of ``source``; the length allowed to a
+    translation is capped there too.
     """
     if isinstance(sentences, str):  # it would be translated character by character
         raise TypeError("translate() takes a list of sentences, got one str: pass [sentence]")
+    if n_best > decode.beam:  # (bf16 would return fewer without a word: its search keeps `beam` hypotheses)
+        raise ConfigError(f"n_best = {n_best} is more than decode.beam = {decode.beam}: a beam search keeps "
+                          f"{decode.beam} hypotheses; raise the beam or ask for fewer")
     model.eval()
     # empty: nothing but spaces, or only what the subword model drops (a zero-width space, a stray BOM)
     ids = [x + [spm.eos_id] if x else [] for x in (spm.src.encode(s) if s.strip() else [] for s in sentences)]
@@ -194,7 +208,7 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
         if limit is not None and len(x) > limit:
             raise DataError(f"{len(x)} subword tokens (with end of sentence), more than the model accepts "
                             f"(model.max_positions = {limit}); split the sentence", path=source or "<input>", line=k + 1)
-    results: list = [[("", 0.0)] if not x else None for x in ids]
+    results: list[list[Hypothesis]] = [[] for _ in ids]
     precision = precision or Precision("fp32", model_device(model))
 
     def step(tokens: Tensor, state):
@@ -218,8 +232,8 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
         if again:
             hyps = [h[:max(n_best, 1)] for h in rescore_in_fp32(model, src, hyps, spm=spm, decode=decode)]
         for k, nbest in zip(chunk, hyps):
-            results[k] = [(spm.tgt.decode(h.tokens), h.score) for h in nbest]
-    return [r[0][0] if r else "" for r in results] if n_best == 1 else results
+            results[k] = nbest
+    return results
 
 
 def rescore_in_fp32(model: Seq2Seq, src: Tensor, hyps: list[list[Hypothesis]], *, spm: SubwordPair,
