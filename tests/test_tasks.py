@@ -79,12 +79,39 @@ def test_a_run_config_written_before_the_rule_loads_without_the_key_its_run_igno
     assert (train.max_tokens, train.seed) == (4096, 4)
 
 
-def test_padding_to_a_multiple_may_not_reach_past_the_learned_positions():
-    """max_len 100 + EOS padded to 104 under compile would index position 103 of a 101-row table."""
+@pytest.mark.parametrize("model", [{"positions": "learned"},
+                                   {"encoder": {"attention": {"heads": 2, "parts": [{"type": "abs_position"}]}}}],
+                         ids=["learned-positions", "fixed-length-part"])
+def test_padding_to_a_multiple_stops_at_the_models_positions(model):
+    """max_len 100 + EOS rounded up to 104 under compile would index position 103 of a 101-row table (a learned
+    position table, or a part of fixed length t = max_positions): the batch is padded to 101 instead."""
+    import torch
+
+    from sanlab.data.batching import pad_batch, padded_width
+    from sanlab.models.builders import build_seq2seq
+
     data = {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}, "max_len": 100}
-    raw = {"task": "translation", "data": data, "model": {"positions": "learned", "max_positions": 101},
-           "train": {"compile": True}}
-    with pytest.raises(ConfigError, match="is 104, more than the 101 learned positions"):
-        validate(raw, source="c.yaml")
-    validate({**raw, "model": {"positions": "learned", "max_positions": 104}}, source="c.yaml")
-    validate({**raw, "model": {"positions": "sinusoidal", "max_positions": 101}}, source="c.yaml")  # no table
+    small = {"dim": 8, "max_positions": 101, "dropout": 0.0,
+             "encoder": {"layers": 1, "ffn_dim": 16, "attention": {"heads": 2}},
+             "decoder": {"layers": 1, "ffn_dim": 16, "attention": {"heads": 2}}}
+    config = validate({"task": "translation", "data": data, "model": {**small, **model}, "train": {"compile": True}},
+                      source="c.yaml")
+    assert config.train.length_multiple == 8 and padded_width(101, 8, at_most=101) == 101
+    assert padded_width(97, 8, at_most=101) == 101 and padded_width(90, 8, at_most=101) == 96
+    assert padded_width(102, 8, at_most=101) == 102  # never cut: a sequence too long is the model's to refuse
+    longest = [3] * 101  # 100 tokens + EOS
+    src, _ = pad_batch([longest, [3] * 5], 0, multiple=8, at_most=config.model.max_positions)
+    assert src.shape == (2, 101)
+    logits = build_seq2seq(config.model, vocab_size=10, pad_id=0)(src, src)
+    assert logits.shape == (2, 101, 10) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("task, data", [
+    ("translation", {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}}),
+    ("tagging", {"train": "a.conllu", "dev": "b.conllu"})])
+def test_a_negative_seed_is_refused_before_training(task, data):
+    """numpy's generators (the translation batch order) refuse a negative seed: found when the config is read, not
+    at the first epoch."""
+    with pytest.raises(ConfigError, match="train.seed: Input should be greater than or equal to 0"):
+        validate({"task": task, "data": data, "train": {"seed": -1}}, source="c.yaml")
+    assert validate({"task": task, "data": data, "train": {"seed": 2**32 - 1}}, source="c.yaml").train.seed == 2**32 - 1

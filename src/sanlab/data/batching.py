@@ -203,14 +203,22 @@ def round_up(length, multiple: int):
     return -(-length // multiple) * multiple
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, *,
-              multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_width(longest: int, multiple: int, at_most: int | None = None) -> int:
+    """``longest`` rounded up to ``multiple``, but not past ``at_most`` (the positions a model has), and never
+    below ``longest`` (a sequence is not cut: one too long is the model's to refuse)."""
+    width = round_up(longest, multiple)
+    return width if at_most is None else max(longest, min(width, at_most))
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, *, multiple: int = 1,
+              at_most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad token id lists into a LongTensor (B, T), T = the longest rounded up to ``multiple`` (fewer
-    distinct shapes for a compiled model, tensor-core sizes on a GPU); also return lengths (B,)."""
+    distinct shapes for a compiled model, tensor-core sizes on a GPU) but not past ``at_most`` (the model's
+    positions: a learned table or a fixed-length part has no row beyond them); also return lengths (B,)."""
     if len(sequences) == 0:
         raise ValueError("cannot pad an empty batch")
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)  # (B,)
-    width = round_up(int(lengths.max()), multiple)
+    width = padded_width(int(lengths.max()), multiple, at_most)
     tokens = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (B, T)
     for row, seq in enumerate(sequences):
         tokens[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)

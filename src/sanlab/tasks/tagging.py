@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sanlab.config import TaggingConfig
-from sanlab.data.batching import LazyBatches, round_up
+from sanlab.data.batching import LazyBatches, padded_width
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
@@ -90,9 +90,7 @@ def encode_batch(vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars:
     longest = max(len(s.words) for s in sents)
     if pad_to is not None and longest > pad_to:
         raise ValueError(f"a chunk of {longest} words is longer than the {pad_to} it must be padded to")
-    t = pad_to or round_up(longest, multiple)
-    if pad_to is None and max_len is not None:
-        t = max(min(t, max_len), longest)  # rounding up never pads past the model's positions
+    t = pad_to or padded_width(longest, multiple, max_len)  # rounding up never pads past the model's positions
     words = torch.zeros(len(sents), t, dtype=torch.long)
     chars = torch.zeros(len(sents), t, max_chars, dtype=torch.long)
     if pad_to is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,11 +66,14 @@ def encode_pairs(spm: SubwordPair, pairs: list[tuple[str, str]]) -> list[tuple[l
     return [(spm.src.encode(s), spm.tgt.encode(t)) for s, t in pairs]
 
 
-def collate(spm: SubwordPair, examples: list[tuple[list[int], list[int]]], *, multiple: int = 1) -> Batch:
-    """Source, decoder input and output of ``examples``, each padded to its longest (rounded up to ``multiple``)."""
-    src, _ = pad_batch([s + [spm.eos_id] for s, _ in examples], spm.pad_id, multiple=multiple)
-    tgt_in, _ = pad_batch([[spm.bos_id] + t for _, t in examples], spm.pad_id, multiple=multiple)
-    tgt_out, _ = pad_batch([t + [spm.eos_id] for _, t in examples], spm.pad_id, multiple=multiple)
+def collate(spm: SubwordPair, examples: list[tuple[list[int], list[int]]], *, multiple: int = 1,
+            at_most: int | None = None) -> Batch:
+    """Source, decoder input and output of ``examples``, each padded to its longest (rounded up to ``multiple``,
+    not past ``at_most``: the model's positions)."""
+    pad = functools.partial(pad_batch, pad_id=spm.pad_id, multiple=multiple, at_most=at_most)
+    src, _ = pad([s + [spm.eos_id] for s, _ in examples])
+    tgt_in, _ = pad([[spm.bos_id] + t for _, t in examples])
+    tgt_out, _ = pad([t + [spm.eos_id] for _, t in examples])
     return Batch(src, tgt_in, tgt_out, tokens=int(tgt_out.ne(spm.pad_id).sum()))
 
 
@@ -125,7 +129,7 @@ class TranslationTask:
     def read(self, batch: PendingBatch) -> Batch:
         """The batch's pairs, read from the encoded corpus."""
         return collate(self.spm, [tuple(side.tolist() for side in self.train.pair(int(k))) for k in batch.indices],
-                       multiple=self.config.train.length_multiple)
+                       multiple=self.config.train.length_multiple, at_most=self.config.model.max_positions)
 
     def batch_tokens(self, batch: Batch | PendingBatch) -> int:
         return batch.tokens
