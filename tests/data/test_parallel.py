@@ -132,6 +132,22 @@ def test_utf16_text_and_nul_bytes_are_named_not_read_as_garbage(tmp_path):
         list(open_text(zeroed))
 
 
+def test_lone_carriage_return_line_ends_are_named_not_read_as_one_line(tmp_path):
+    """Old Mac text has no \\n at all: it would read as one pair holding \\r characters (the filter then reports
+    "no training pair ..." or trains on it). CRLF and a \\r inside one line of a \\n file are read as before."""
+    src, tgt = tmp_path / "mac.en", tmp_path / "mac.de"
+    src.write_bytes(b"a small cat\rthe dog\r")
+    tgt.write_bytes(b"eine Katze\rder Hund\r")
+    with pytest.raises(DataError, match=r"mac\.en:1: the file has no \\n line ends but carriage returns"):
+        read_parallel(src, tgt)
+    crlf = tmp_path / "crlf.en"
+    crlf.write_bytes(b"one\r\ntwo\rmore\r\nlast\r")
+    assert list(open_text(crlf)) == ["one", "two\rmore", "last"]
+    single = tmp_path / "single.en"
+    single.write_bytes(b"only line\r")
+    assert list(open_text(single)) == ["only line"]
+
+
 def test_a_relative_path_not_found_says_where_it_was_looked_for_and_a_gzip_without_gz_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError, match=rf"nope\.en: file not found \(relative to the working directory: "

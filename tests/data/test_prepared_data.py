@@ -139,6 +139,20 @@ def test_damaged_cache_is_detected_and_rebuilt(tmp_path, cache, damage):
     assert [tuple(x.tolist() for x in again.pair(k)) for k in range(len(again))] == expected
 
 
+def test_a_subword_entry_missing_its_vocab_file_is_rebuilt(tmp_path, cache):
+    """The .model loads without its .vocab, but a run copies both: the entry is rebuilt, not a FileNotFoundError."""
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    (entry,) = _entries(cache, "subword")
+    vocab = next(entry.glob("*.vocab"))
+    text = vocab.read_text()
+    vocab.unlink()
+    messages = []
+    prepare(config, tmp_path / "other", log=messages.append)
+    assert any(f"rebuilding it: {entry}: the cached subword model lacks {vocab.name}" in m for m in messages), messages
+    assert vocab.read_text() == text and (tmp_path / "other" / vocab.name).read_text() == text
+
+
 def test_killed_prepare_leaves_nothing_trusted(tmp_path, cache):
     """A prepare killed while encoding leaves only a temporary directory; the next one builds the entry."""
     config = make_reverse_config(tmp_path)

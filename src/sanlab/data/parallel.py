@@ -62,7 +62,12 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                 if "\x00" in text:  # UTF-16 text without a BOM reads as valid UTF-8 with a NUL every other byte
                     raise DataError(f"NUL byte at character {text.index(chr(0)) + 1} of the line (UTF-16 text, or a "
                                     "zero-filled block?); sanlab reads UTF-8", path=str(path), line=lineno)
-                yield text.removesuffix("\n").removesuffix("\r")
+                line = text.removesuffix("\n").removesuffix("\r")
+                if lineno == 1 and not raw.endswith(b"\n") and "\r" in line:  # the whole file, and it holds \r
+                    raise DataError("the file has no \\n line ends but carriage returns: it ends its lines with a "
+                                    "lone \\r (old Mac style) and would read as one line; convert them to \\n",
+                                    path=str(path), line=1)
+                yield line
         except (OSError, EOFError, zlib.error) as exc:
             # gzip raises these for a corrupt or truncated stream.
             problem = f"cannot read (corrupt or truncated compressed file?): {exc}"

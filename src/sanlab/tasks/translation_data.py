@@ -139,14 +139,23 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
                      "subword": d.subword.model_dump(), "skip_empty": d.skip_empty,
                      "sentencepiece": _sentencepiece_version()})
     entry = cache_root() / f"subword-{key}"
-    build_once(entry, check=lambda e: load_subwords(e, joint=joint), build=lambda tmp: _train_subwords(config, tmp, log),
-               log=log)
+    build_once(entry, check=lambda e: _complete_subwords(e, joint=joint),
+               build=lambda tmp: _train_subwords(config, tmp, log), log=log)
     if run_dir is None:
         return load_subwords(entry, joint=joint)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     for target in RunLayout(run_dir).subword_files(joint=joint):  # .vocab first, .model last
         _copy_atomic(entry / target.name, target)
     return load_subwords(run_dir, joint=joint)
+
+
+def _complete_subwords(entry: Path, *, joint: bool) -> SubwordPair:
+    """A cache entry's subword models, if every file a run copies from it is there (a DataError, so that
+    ``build_once`` rebuilds it, when one is missing: the entry was damaged from outside)."""
+    missing = [p.name for p in RunLayout(entry).subword_files(joint=joint) if not p.exists()]
+    if missing:
+        raise DataError(f"the cached subword model lacks {', '.join(missing)}", path=str(entry))
+    return load_subwords(entry, joint=joint)
 
 
 def _sentencepiece_version() -> str:
