@@ -195,7 +195,7 @@ class TaggingDataConfig(Strict):
 
 # ----------------------------------------------------------------------------- training
 class TrainConfig(Strict):
-    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 1  # (numpy's generators refuse a negative seed)
+    seed: NonNegative = 1  # (numpy's generators, the translation batch order, refuse a negative seed)
     optimizer: Literal["adam", "rmsprop"] = "adam"
     lr: NonNegativeFloat = 7e-4
     betas: tuple[Fraction, Fraction] = (0.9, 0.98)
@@ -327,7 +327,7 @@ class TranslationConfig(TaskConfig):
         if self.data.max_len + 1 > self.model.max_positions:  # + EOS (source) / BOS (target input)
             raise ValueError(f"data.max_len {self.data.max_len} (+1 for the end/start token) exceeds "
                              f"model.max_positions {self.model.max_positions}: lower one or raise the other")
-        # (rounding a batch up to train.pad_multiple stops at model.max_positions: tasks/translation.collate)
+        # (rounding a batch up to train.pad_multiple stops at model.max_positions: TranslationTask.read)
         return self
 
     @model_validator(mode="after")

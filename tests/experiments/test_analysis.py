@@ -536,7 +536,7 @@ def _reference_maps(run, src: list[int], tgt: list[int]) -> dict[str, np.ndarray
                 "cross": _hand_weights(cross_attn, *seen["cross"])}
 
 
-def test_attention_map_plain_and_cross(corpus, tmp_path):
+def test_attention_map_plain_and_cross(corpus, tmp_path, monkeypatch):
     run = make_translation_run(corpus, tmp_path / "base", setup=_sharpen)
     from sanlab.data.subword import SubwordModel
 
@@ -557,14 +557,19 @@ def test_attention_map_plain_and_cross(corpus, tmp_path):
     assert np.abs(expected["cross"].mean(axis=0) - expected["cross"][0]).max() > 0.05  # one head would not match
     with pytest.raises(analyze.ConfigError, match="layer 5 does not exist: the decoder has 2 layers"):
         analyze.attention_map(run, out=tmp_path / "x", sentence=sentence, side="decoder", layer=5, target=target)
-    # without a target the model's own subwords are teacher-forced (its text, encoded again, may split otherwise)
-    from sanlab.runs import load_trained
-    from sanlab.tasks.translation import search_translations
+    # without a target the model's own subwords are teacher-forced, not its text encoded again: a search that
+    # spells a word of the vocabulary letter by letter (which the subword model encodes as one piece) is shown so
+    from sanlab.decoding.search import Hypothesis
+    from sanlab.tasks import translation
 
-    config, model, pair = load_trained(run)
-    (own,) = search_translations(model, pair, [sentence], decode=config.decode)
+    word = next(p for p in map(spm.id_to_piece, range(spm.vocab_size)) if p.startswith("▁") and len(p) >= 3)
+    letters = ["▁", *word[1:]]
+    spelled = [spm.piece_to_id(p) for p in letters]
+    assert spm.unk_id not in spelled and spm.encode(spm.decode(spelled)) != spelled
+    monkeypatch.setattr(translation, "search_translations",
+                        lambda *a, **k: [[Hypothesis(spelled, -1.0, -1.0, [-0.2] * (len(spelled) + 1))]])
     rows = _check_outputs(analyze.attention_map(run, out=tmp_path / "own", sentence=sentence, side="decoder"))
-    assert [r[0] for r in rows[1:]] == ["<s>", *(pair.tgt.id_to_piece(t) for t in own[0].tokens)]
+    assert [r[0] for r in rows[1:]] == ["<s>", *letters]
     limit = load_run_config(run).model.max_positions
     for side, long_sentence, long_target in (("encoder", "dog " * limit, None), ("cross", sentence, "hund " * limit)):
         with pytest.raises(analyze.ConfigError, match=rf"subword tokens \(with BOS/EOS\), more than the model "

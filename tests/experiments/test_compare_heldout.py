@@ -213,13 +213,14 @@ def test_rescore_refuses_predictions_it_cannot_trust(scored):
     meta_path = cell.run_dir / "meta.json"
     meta_text = meta_path.read_text()
     try:  # the training file is not the one the cell trained on: its word groups would come from other data
-        meta = json.loads(meta_text)
-        train_file = str(cell.config.data.train)
-        meta["data_fingerprint"][train_file] = {**meta["data_fingerprint"][train_file], "sample_sha256": "0" * 64}
-        meta_path.write_text(json.dumps(meta))
-        with pytest.raises(DataError, match=rf"{train_file}: changed since the run in {cell.run_dir} trained on it "
-                                              r"\(same size, other bytes"):
-            rescore_tagging_cell(cell, grid.spec.eval)
+        # the dev file too: the vocabulary, built again (vocab_from_all_splits), counts its words
+        for changed in map(str, (cell.config.data.train, cell.config.data.dev)):
+            meta = json.loads(meta_text)
+            meta["data_fingerprint"][changed] = {**meta["data_fingerprint"][changed], "sample_sha256": "0" * 64}
+            meta_path.write_text(json.dumps(meta))
+            with pytest.raises(DataError, match=rf"{changed}: changed since the run in {cell.run_dir} trained on it "
+                                                  r"\(same size, other bytes"):
+                rescore_tagging_cell(cell, grid.spec.eval)
     finally:
         meta_path.write_text(meta_text)
     with pytest.raises(ConfigError, match="--dry-run and --rescore: choose one"):

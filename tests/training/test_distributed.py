@@ -164,6 +164,7 @@ def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> l
     import socket
     import subprocess
 
+    first = ""
     for _ in range(attempts):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -175,13 +176,16 @@ def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> l
                  for rank in range(world_size)]
         try:
             first = procs[0].communicate(timeout=180)[1]  # rank 0 first: a lost port ends it at once
-            if "address already in use" in first.lower():  # (EADDRINUSE, in any torch's wording)
+            if procs[0].returncode != 0 and "address already in use" in first.lower():  # (EADDRINUSE, any wording)
                 continue  # (the finally below ends the others)
             return [(procs[0].returncode, first)] + [(p.returncode, p.communicate(timeout=180)[1]) for p in procs[1:]]
         finally:
             for p in procs:
                 p.kill()
-    raise AssertionError(f"no free port for rank 0's store in {attempts} attempts")
+                p.wait()  # reaped, and its pipes closed
+                p.stdout.close()
+                p.stderr.close()
+    raise AssertionError(f"no free port for rank 0's store in {attempts} attempts; its last stderr:\n{first[-2000:]}")
 
 
 def test_a_failed_validation_on_rank_0_ends_the_other_ranks_under_any_launcher(tmp_path, tiny_translation):

@@ -138,7 +138,9 @@ class TokenBatchSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self._longest = round_up(pairs.max(axis=1), pad_multiple)  # what the batch will be padded to
+        # what the batch will be padded to, or more: the cap at the model's positions (TranslationTask.read) is not
+        # counted, so the longest batches come out a little under the budget (and plans stay as they were)
+        self._longest = round_up(pairs.max(axis=1), pad_multiple)
         self.oversized: list[int] = np.flatnonzero(self._longest > max_tokens).tolist()
         # (source, target) as one small integer: 16 bits, where it fits, sort by radix in linear time
         key = pairs[:, 0].astype(np.int64) * (int(pairs[:, 1].max()) + 1) + pairs[:, 1]

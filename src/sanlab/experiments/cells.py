@@ -226,8 +226,9 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
 
     Refuses (ConfigError) a cell whose predictions are not the ones its record scored, were made with
     another checkpoint or split than the grid asks for, or on other sentences than the split's file now
-    holds; one whose training data changed since it trained (the word groups and the vocabulary come from
-    it); and one whose rebuilt vocabulary does not give the OOV count recorded under the old definition.
+    holds, and one whose rebuilt vocabulary does not give the OOV count recorded under the old definition;
+    (DataError) one whose training data changed since it trained (the word groups and the vocabulary come from
+    it).
     """
     from sanlab.data.conllu_io import read_conllu
     from sanlab.evaluation.tagging import tagging_accuracy
@@ -252,7 +253,9 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     if [list(s.words) for s in sents] != words or [list(s.tags) for s in sents] != gold:
         raise ConfigError(f"{run}: {record['evidence']} holds other sentences than {split_files(cell)[0]} "
                           "(words or gold tags differ): the test file changed since the cell was scored")
-    refuse_changed_scored_files(cell.run_dir, config)  # its vocabulary and word groups come from data.train
+    # the word groups come from data.train, and a vocabulary built again (no tagger-vocab.json) from every
+    # training file (dev, and test under vocab_from_all_splits, too)
+    refuse_changed_scored_files(cell.run_dir, config, files=task_for(config).training_files(config))
     vocab = run_vocab(config, run)
     old = record["scores"]
     if "word_groups" not in old_key and "n_oov" in old:  # the old OOV: words outside the vocabulary

@@ -89,12 +89,13 @@ def training_data_changes(run_dir: Path, config: Config) -> dict[str, str]:
     return _data_changes(read_json(RunLayout(run_dir).meta) or {}, config)[2]
 
 
-def refuse_changed_scored_files(run_dir: Path, config: Config) -> None:
-    """A DataError naming the first file of ``Task.scored_against`` (the tagger's training file: its word groups,
-    OOV, ambiguous, one training tag, are counted against it) that changed since the run trained on it, or the
-    scores would be counted against other data under this run's name (``sanlab evaluate``, ``compare --rescore``).
-    A run whose meta.json cannot be read has lost that record, not its weights: it is scored (as a grid does)."""
-    files = task_for(config).scored_against(config)
+def refuse_changed_scored_files(run_dir: Path, config: Config, files: list[str] | None = None) -> None:
+    """A DataError naming the first of ``files`` (default ``Task.scored_against``: the tagger's training file, its
+    word groups, OOV, ambiguous, one training tag, are counted against it) that changed since the run trained on
+    it, or the scores would be counted against other data under this run's name (``sanlab evaluate``, ``compare
+    --rescore``). A run whose meta.json cannot be read has lost that record, not its weights: it is scored (as a
+    grid does)."""
+    files = task_for(config).scored_against(config) if files is None else files
     if not files:
         return
     try:

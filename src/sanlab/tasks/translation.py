@@ -175,7 +175,8 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
               n_best: int = 1, source: str | None = None,
               precision: Precision | None = None) -> list[str] | list[list[tuple[str, float]]]:
     """Detokenised translations in input order (with ``n_best`` > 1: lists of (text, score)); an empty sentence
-    gets an empty translation (score 0). The search is ``search_translations``."""
+    gets an empty translation (score 0), as would one whose search found no hypothesis (which a search that forces
+    EOS at the length limit cannot do). The search is ``search_translations``."""
     found = search_translations(model, spm, sentences, decode=decode, n_best=n_best, source=source,
                                 precision=precision)
     results = [[(spm.tgt.decode(h.tokens), h.score) for h in nbest] or [("", 0.0)] for nbest in found]

@@ -43,7 +43,7 @@ def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
 def _step(checkpoint: Path) -> int:
     try:
         step = (read_json(Path(checkpoint) / META) or {}).get("step")
-    except ConfigError:  # a damaged meta.json: its weights are still read (and checked) above
+    except ConfigError:  # a damaged meta.json: its weights are still read (and checked) below
         return -1
     return step if isinstance(step, int) else -1
 
