@@ -202,6 +202,10 @@ def test_with_tags_refuses_tags_that_do_not_line_up_with_the_sentences():
 def test_old_mac_line_endings_are_named(tmp_path):
     path = tmp_path / "mac.conllu"
     path.write_bytes(b"1\tgo\t_\tVERB\t_\t_\t_\t_\t_\t_\r2\tnow\t_\tADV\t_\t_\t_\t_\t_\t_\r\r")
-    with pytest.raises(DataError, match=r"mac.conllu:1: expected 10 tab-separated columns, found 19 \(the line holds "
-                                        r"carriage returns: .* lone \\r, old Mac style"):
+    with pytest.raises(DataError, match=r"mac.conllu:1: the file has no \\n line ends but carriage returns: .* lone "
+                                        r"\\r \(old Mac style\)"):  # (found as its lines are read: parallel.open_text)
+        read_conllu(path)
+    path.write_bytes(b"# sent_id = 1\n1\tgo\t_\tVERB\t_\t_\t_\t_\t_\t_\r2\tnow\t_\tADV\t_\t_\t_\t_\t_\t_\n\n")
+    with pytest.raises(DataError, match=r"mac.conllu:2: expected 10 tab-separated columns, found 19 \(the line holds "
+                                        r"carriage returns: .* lone \\r, old Mac style"):  # some \r, some \n
         read_conllu(path)

@@ -539,6 +539,7 @@ def test_jobs_run_cells_in_spawned_processes(tmp_path):
 def test_ctrl_c_stops_a_grid_with_jobs_at_once(tmp_path):
     """Ctrl-C reaches the whole process group: the grid ends its workers and exits 130 instead of training on
     every cell already handed to the pool; the cells not started stay untouched, the others resume."""
+    import contextlib
     import os
     import signal
     import subprocess
@@ -562,19 +563,25 @@ def test_ctrl_c_stops_a_grid_with_jobs_at_once(tmp_path):
             assert time.monotonic() < deadline, "no checkpoint from both workers within 240 s"
             time.sleep(0.5)
         os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-        out, err = process.communicate(timeout=90)
+        try:  # the grid itself (communicate would also wait for every child holding its pipes)
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            alive = [_command_line(pid) for pid in _live_processes_in_group(process.pid)]
+            raise AssertionError(f"the grid did not exit within 90 s of Ctrl-C; its group: {alive}") from None
+        # no worker goes on training (the grid waited for them); multiprocessing's resource tracker, a child in the
+        # same group, ends a moment after the grid does (when its pipe closes): given a few seconds, not hours
+        deadline = time.monotonic() + 10
+        while _live_processes_in_group(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = _live_processes_in_group(process.pid)
+        assert survivors == [], [_command_line(pid) for pid in survivors]
+        out, err = process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None or _live_processes_in_group(process.pid):
+            with contextlib.suppress(ProcessLookupError):  # (ended meanwhile)
+                os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, err
     assert "interrupted; rerun the same command to resume" in err
-    # no worker goes on training (the grid waited for them); multiprocessing's resource tracker, a child in the
-    # same group, ends a moment after the grid does (when its pipe closes): given a few seconds, not hours
-    deadline = time.monotonic() + 10
-    while _live_processes_in_group(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    survivors = _live_processes_in_group(process.pid)
-    assert survivors == [], [_command_line(pid) for pid in survivors]
     assert [cell_state(c, grid.spec.eval).status for c in order] == ["training", "training", "pending", "pending"]
     assert not any(c.run_dir.exists() for c in queued)  # cancelled before they started
 
