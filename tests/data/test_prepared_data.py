@@ -55,6 +55,14 @@ def test_filters_match_the_in_memory_path(tmp_path, cache):
     assert [tuple(x.tolist() for x in data.pair(k)) for k in range(len(data))] == kept
 
 
+def test_a_corpus_filtered_to_nothing_is_refused_before_its_cache_entry(tmp_path, cache):
+    config = make_reverse_config(tmp_path).model_copy(deep=True)
+    config.data.max_len = 1   # every sentence has 2 words or more
+    with pytest.raises(DataError, match=r"train\.src: no training pair has 1 to data\.max_len = 1 subword tokens"):
+        prepare(config, tmp_path / "run", log=print)
+    assert _entries(cache, "corpus") == [] and not list(cache.glob(".corpus-*"))   # nothing cached, nothing left over
+    assert _entries(cache, "subword")    # the subword model stays: it does not depend on max_len
+
 def test_second_prepare_reuses_the_cache(tmp_path, cache):
     config = make_reverse_config(tmp_path)
     prepare(config, tmp_path / "a", log=print)
@@ -189,6 +197,17 @@ def test_streaming_reader_reports_what_read_parallel_reports(tmp_path):
     with pytest.raises(DataError, match=r"b:2: empty line"):
         list(iter_parallel(tmp_path / "a", tmp_path / "b"))
     assert list(iter_parallel(tmp_path / "a", tmp_path / "b", skip_empty=True)) == [("x", "x"), ("z", "z")]
+
+
+@pytest.mark.parametrize("empty", ["a", "b", "both"])
+def test_both_readers_name_an_empty_file_alike(tmp_path, empty):
+    for name in "ab":
+        (tmp_path / name).write_text("" if empty in (name, "both") else "x\ny\n")
+    named = "a" if empty == "both" else empty   # the source is checked first
+    for read in (read_parallel, lambda src, tgt: list(iter_parallel(src, tgt))):
+        with pytest.raises(DataError) as info:
+            read(tmp_path / "a", tmp_path / "b")
+        assert str(info.value) == f"{tmp_path / named}: file is empty"
 
 
 def test_blank_line_is_reported_before_any_cache_entry(tmp_path, cache):

@@ -171,6 +171,8 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = 
     n = skipped = 0
     for n, (s, t) in enumerate(itertools.zip_longest(src, tgt), start=1):
         if s is None or t is None:  # one file ended: count the rest of the other for the message
+            if n == 1:  # as read_parallel: an empty file is named as that, not as a count mismatch
+                raise DataError("file is empty", path=str(src_path if s is None else tgt_path))
             rest = n + sum(1 for _ in (src if t is None else tgt))
             _check_counts(rest if t is None else n - 1, n - 1 if t is None else rest, src_path, tgt_path)
         if _is_blank(s) or _is_blank(t):

@@ -23,7 +23,7 @@ from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
-from sanlab.tasks.translation_data import load_subwords
+from sanlab.tasks.translation_data import load_subwords, no_pair_kept
 from sanlab.tasks.translation_data import prepare as prepare_training_data
 from sanlab.training.device import Precision, model_device, to_device
 from sanlab.training.layout import RunLayout
@@ -96,9 +96,8 @@ class TranslationTask:
         self.spm = self.train.spm
         lengths = self.train.lengths
         for files, corpus in zip(d.train_corpora, self.train.corpora):
-            if not len(corpus):
-                raise DataError(f"no training pair has 1 to data.max_len = {d.max_len} subword tokens on both sides"
-                                + (f" within data.max_ratio = {d.max_ratio}" if d.max_ratio else ""), path=str(files.src))
+            if not len(corpus):  # a cache entry written before the encoder refused an empty corpus
+                raise no_pair_kept(config, files)
         sizes = (f"{self.spm.src.vocab_size}" if self.spm.joint
                  else f"{self.spm.src.vocab_size} source, {self.spm.tgt.vocab_size} target")
         log.info(f"training pairs: {len(lengths):,} (max_len {d.max_len}); vocabulary {sizes}")

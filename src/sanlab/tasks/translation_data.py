@@ -177,6 +177,13 @@ def corpus_key(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPai
                       "max_len": d.max_len, "max_ratio": d.max_ratio, "skip_empty": d.skip_empty})
 
 
+def no_pair_kept(config: TranslationConfig, corpus: ParallelFiles) -> DataError:
+    """The error for a training corpus that data.max_len (and max_ratio) filter to nothing."""
+    d = config.data
+    return DataError(f"no training pair has 1 to data.max_len = {d.max_len} subword tokens on both sides"
+                     + (f" within data.max_ratio = {d.max_ratio}" if d.max_ratio else ""), path=str(corpus.src))
+
+
 def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair, *, key: str, out: Path,
                    workers: int | None, log: Callable[[str], None]) -> None:
     d, start = config.data, time.monotonic()
@@ -187,6 +194,8 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
         read, kept = encode_into(writer, iter_parallel(corpus.src, corpus.tgt, skip_empty=d.skip_empty, log=log),
                                  src_model=str(spm.src.path), tgt_model=str(spm.tgt.path),
                                  keep=LengthFilter(max_len=d.max_len, max_ratio=d.max_ratio), workers=workers)
+        if not kept:  # refused before the entry is written: a cached empty corpus would only fail later
+            raise no_pair_kept(config, corpus)
         writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read})
     except BaseException:
         writer.abort()
