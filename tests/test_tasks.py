@@ -118,9 +118,15 @@ def test_padding_to_a_multiple_stops_at_the_models_positions(model):
 @pytest.mark.parametrize("task, data", [
     ("translation", {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}}),
     ("tagging", {"train": "a.conllu", "dev": "b.conllu"})])
-def test_a_negative_seed_is_refused_before_training(task, data):
-    """numpy's generators (the translation batch order) refuse a negative seed: found when the config is read, not
-    at the first epoch (one rule for both tasks, though the tagger's generators would take it)."""
+def test_a_seed_out_of_range_is_refused_before_training(task, data):
+    """numpy's generators (the translation batch order) refuse a negative seed, torch.manual_seed one past 2^64 - 1
+    (and a data-parallel rank seeds seed * 1_000_003 + rank): found when the config is read, not at the first epoch
+    or on rank 1 (one rule for both tasks)."""
     with pytest.raises(ConfigError, match="train.seed: Input should be greater than or equal to 0"):
         validate({"task": task, "data": data, "train": {"seed": -1}}, source="c.yaml")
-    assert validate({"task": task, "data": data, "train": {"seed": 2**40}}, source="c.yaml").train.seed == 2**40
+    with pytest.raises(ConfigError, match="train.seed: Input should be less than or equal to 4294967295"):
+        validate({"task": task, "data": data, "train": {"seed": 2**32}}, source="c.yaml")
+    assert validate({"task": task, "data": data, "train": {"seed": 2**32 - 1}}, source="c.yaml").train.seed == 2**32 - 1
+    import torch
+
+    torch.manual_seed((2**32 - 1) * 1_000_003 + 7)   # the largest seed a rank takes is one torch accepts

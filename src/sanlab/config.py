@@ -195,7 +195,9 @@ class TaggingDataConfig(Strict):
 
 # ----------------------------------------------------------------------------- training
 class TrainConfig(Strict):
-    seed: NonNegative = 1  # (numpy's generators, the translation batch order, refuse a negative seed)
+    # numpy's generators (the translation batch order) refuse a negative seed; torch.manual_seed one past
+    # 2^64 - 1, and a data-parallel rank seeds seed * 1_000_003 + rank: 32 bits keep all of them in range
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 1
     optimizer: Literal["adam", "rmsprop"] = "adam"
     lr: NonNegativeFloat = 7e-4
     betas: tuple[Fraction, Fraction] = (0.9, 0.98)
@@ -216,7 +218,8 @@ class TrainConfig(Strict):
     # the training forward under torch.compile (training/compile.py): recompiles are reported, and hitting
     # the recompile limit stops the run instead of falling back to eager; compile_backend: inductor (the
     # fast one), aot_eager or eager (debugging); pad_multiple: batch lengths rounded up to a multiple of
-    # it (tensor-core friendly, fewer distinct shapes), default 8 under compile and 1 (no padding) without
+    # it (tensor-core friendly, fewer distinct shapes), default 8 under compile and 1 (no padding) without,
+    # never past the model's positions (model.max_positions; the tagger's model.max_len)
     compile: bool = False
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     compile_dynamic: bool | None = None  # None: torch's automatic dynamic shapes; false: one static graph per shape

@@ -206,7 +206,7 @@ def test_translate_refuses_a_plain_string_and_more_hypotheses_than_the_beam(tmp_
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=1), run, quiet=True)
     config, model, spm = load_trained(run)
-    with pytest.raises(TypeError, match="takes a list of sentences, got one str"):
+    with pytest.raises(TypeError, match=r"translate\(\) and search_translations\(\) take a list of sentences, got one str"):
         translate(model, spm, "a b c", decode=config.decode)
     assert len(translate(model, spm, ["a b c"], decode=config.decode)) == 1
     with pytest.raises(ConfigError, match=f"n_best = {config.decode.beam + 1} is more than decode.beam"):

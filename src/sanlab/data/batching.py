@@ -98,8 +98,8 @@ class TokenBatchSampler:
     shortest first and are the same every epoch. Usable as a DataLoader `batch_sampler`
     (`set_epoch` before iterating).
 
-    `pad_multiple`: batches will be padded to a multiple of it (``pad_batch``), so the budget counts the
-    rounded length.
+    `pad_multiple`: batches will be padded to a multiple of it (``pad_batch``; never past the model's
+    positions), so the budget counts the rounded-up length, before that cap.
 
     Several corpora (`corpus_sizes`, their examples consecutive in `lengths`, with `weights`): each
     epoch first draws its examples by weight (`weighted_draw`, from the same generator), then sorts and

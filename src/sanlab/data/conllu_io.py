@@ -86,7 +86,7 @@ def _check_token_line(line: str, *, tag_index: int, expected_id: int, path: str,
 
     columns = line.split("\t")
     if len(columns) != _N_COLUMNS:
-        cr = (" (the line holds carriage returns: the file ends its lines with a lone \\r, old Mac style; "
+        cr = (" (the line holds carriage returns: some of the file's lines end with a lone \\r, old Mac style; "
               "convert them to \\n)") if "\r" in line else ""
         raise fail(f"expected {_N_COLUMNS} tab-separated columns, found {len(columns)}{cr}")
     if any("  " in column for column in columns[:5]):

@@ -79,7 +79,8 @@ def open_text(path: PathLike) -> Iterator[str]:
 
     The file is opened immediately, so a missing file raises here rather than at the first
     `next()`. A byte sequence that is not UTF-8 raises `DataError` naming the file and line.
-    A UTF-8 byte-order mark at the start of the file is dropped; nothing else is changed.
+    A UTF-8 byte-order mark at the start of the file is dropped; nothing else is changed. A file with
+    carriage returns but no "\n" at all (old Mac line ends: it would read as one line) is a `DataError`.
     """
     path = Path(path)
     return _iter_lines(_open_binary(path), path)

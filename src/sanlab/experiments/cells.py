@@ -253,8 +253,8 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     if [list(s.words) for s in sents] != words or [list(s.tags) for s in sents] != gold:
         raise ConfigError(f"{run}: {record['evidence']} holds other sentences than {split_files(cell)[0]} "
                           "(words or gold tags differ): the test file changed since the cell was scored")
-    # the word groups come from data.train, and a vocabulary built again (no tagger-vocab.json) from every
-    # training file (dev, and test under vocab_from_all_splits, too)
+    # every fingerprinted training file, as a resume checks them: the word groups come from data.train, a
+    # vocabulary built again (no tagger-vocab.json) from train (and dev and test under vocab_from_all_splits)
     refuse_changed_scored_files(cell.run_dir, config, files=task_for(config).training_files(config))
     vocab = run_vocab(config, run)
     old = record["scores"]

@@ -105,8 +105,9 @@ def refuse_changed_scored_files(run_dir: Path, config: Config, files: list[str] 
     for path in map(str, files):
         if path in changed:
             raise DataError(f"changed since the run in {run_dir} trained on it ({changed[path]}): the scores would be "
-                            "counted against other training data (a tagger's word groups: OOV, ambiguous, one "
-                            "training tag); restore the file the run trained on, or train the run again", path=path)
+                            "counted against other training data than the run's (a tagger's word groups come from its "
+                            "training file, a vocabulary built again from its training files); restore the file "
+                            "the run trained on, or train the run again", path=path)
 
 
 def _data_changes(meta: dict, config: Config) -> tuple[dict, dict, dict[str, str]]:

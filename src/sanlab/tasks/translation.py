@@ -197,10 +197,11 @@ def search_translations(model: Seq2Seq, spm: SubwordPair, sentences: list[str], 
 
     An empty sentence has nothing to translate and gets no hypothesis. A sentence longer than the model
     accepts (``model.max_positions``) is a DataError naming its line of ``source``; the length allowed to a
-    translation is capped there too.
+    translation is capped there too. ``n_best`` above ``decode.beam`` is a ConfigError.
     """
     if isinstance(sentences, str):  # it would be translated character by character
-        raise TypeError("translate() takes a list of sentences, got one str: pass [sentence]")
+        raise TypeError("translate() and search_translations() take a list of sentences, got one str: "
+                        "pass [sentence]")
     if n_best > decode.beam:  # (bf16 would return fewer without a word: its search keeps `beam` hypotheses)
         raise ConfigError(f"n_best = {n_best} is more than decode.beam = {decode.beam}: a beam search keeps "
                           f"{decode.beam} hypotheses; raise the beam or ask for fewer")

@@ -1,8 +1,8 @@
 """``train.compile``: the training forward under ``torch.compile``, its recompiles reported, never a silent
 fall-back to eager.
 
-Shapes: batches are padded to a multiple of ``train.pad_multiple`` (8 by default under compile; exact,
-since padding is masked), and torch's automatic dynamic shapes turn a dimension symbolic the first time
+Shapes: batches are padded to a multiple of ``train.pad_multiple`` (8 by default under compile; never past
+the model's positions; exact, since padding is masked), and torch's automatic dynamic shapes turn a dimension symbolic the first time
 it changes, so a run compiles a handful of graphs, not one per batch shape. Every new graph is logged with
 the shapes that caused it; if torch's recompile limit is hit, the run stops with a message instead of
 quietly running eager (torch's default), whose speed would then be reported as the compiled model's.
