@@ -15,8 +15,10 @@ together), gets its row in:
   table (vanilla and CSAN Table 1's rows), from their CSVs.
 
 Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("vanilla, seed 2",
-"Bi_Direct (seed 1)", "Bi_Direct, seed 2"). The prose around the tables is the author's to update. `--check`
-writes nothing and exits 1 if the tables would change. Needs the Multi30k files (`../shared/data/multi30k`).
+"Bi_Direct (seed 1)", "Bi_Direct, seed 2"). It also writes the counting sentences between `<!-- gen:NAME -->`
+markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README row's. The rest of the prose is
+the author's to update. `--check` writes nothing and exits 1 if anything would change. Needs the Multi30k files
+(`../shared/data/multi30k`).
 """
 
 from __future__ import annotations
@@ -41,17 +43,14 @@ from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
+from csan_multi30k_facts import TABLE1, fill, minus, totals  # noqa: E402
 
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
+README = ROOT / "README.md"
+README_ROW = "| CSAN Table 1 on Multi30k"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
-TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
 PAPER_BASE = 27.31  # CSAN Table 1's Transformer-Base
-
-
-def minus(text: str) -> str:
-    """The write-up's typographic minus before digits."""
-    return re.sub(r"-(?=\d)", "−", text)
 
 
 class Cells:
@@ -89,14 +88,14 @@ class Cells:
         return json.loads(path.read_text(encoding="utf-8"))["scores"]
 
     @functools.lru_cache(maxsize=None)
-    def dev(self, variant: str, seed: int) -> tuple[float, float] | None:
-        """Whole-dev-set BLEU and brevity penalty; None for a cell whose dev hypotheses are lost (named in
-        DEV_HYPOTHESES_LOST; any other missing file is an error)."""
+    def dev(self, variant: str, seed: int) -> tuple[float, float, int] | None:
+        """Whole-dev-set BLEU, brevity penalty and output length in tokens; None for a cell whose dev hypotheses
+        are lost (named in DEV_HYPOTHESES_LOST; any other missing file is an error)."""
         if (variant, seed) in DEV_HYPOTHESES_LOST:
             return None
         hyps = _lines(self.run_dir[variant, seed] / "hyp-best-valid.txt")
         bleu = sacrebleu.corpus_bleu(hyps, [self.dev_refs])
-        return bleu.score, bleu.bp
+        return bleu.score, bleu.bp, bleu.sys_len
 
     def test(self, variant: str, seed: int, against: int) -> dict:
         return self.pairwise[self.system(variant, seed), self.system("vanilla", against)]
@@ -221,20 +220,34 @@ def rewrite(text: str, c: Cells) -> str:
     replace("| | test BLEU | vs vanilla seed 1 |", lambda old: pairwise_rows(c))
     replace("| | 1-8 (", lambda old: bucket_rows(c))
     replace("| | 1-gram | 2-gram |", lambda old: ngram_rows(c))
-    return "\n".join(lines)
+    lines[0] = re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), lines[0])
+    return fill("\n".join(lines), c)
+
+
+def rewrite_readme(text: str, c: Cells) -> str:
+    """The README's row for this write-up with the cell count of the title."""
+    return "\n".join(re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), line)
+                     if line.startswith(README_ROW) else line for line in text.split("\n"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the tables would change")
     args = parser.parse_args(argv)
-    old = WRITEUP.read_text(encoding="utf-8")
-    new = rewrite(old, Cells())
+    cells = Cells()
+    changed = []
+    for path, make in ((WRITEUP, rewrite), (README, rewrite_readme)):
+        old = path.read_text(encoding="utf-8")
+        new = make(old, cells)
+        if new != old:
+            changed.append(path)
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    names = ", ".join(str(p.relative_to(ROOT)) for p in changed)
     if args.check:
-        print("tables up to date" if new == old else "tables differ from the committed cells")
-        return 0 if new == old else 1
-    WRITEUP.write_text(new, encoding="utf-8")
-    print(f"wrote the tables of {WRITEUP.relative_to(ROOT)}" + (" (unchanged)" if new == old else ""))
+        print(f"differ from the committed cells: {names}" if changed else "tables and counts up to date")
+        return 1 if changed else 0
+    print(f"rewrote {names}" if changed else "tables and counts up to date (nothing written)")
     return 0
 
 

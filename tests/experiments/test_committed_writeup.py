@@ -1,7 +1,8 @@
 """The CSAN Table 1 write-up quotes the committed cells (issue 26: "the committed text matches" what
 `sanlab compare configs/compare/csan-table1-multi30k.yaml --table-only` prints on a fresh clone).
 
-The write-up (`results/csan-multi30k.md`) and its README row are edited by hand as cells land: these tests
+The write-up (`results/csan-multi30k.md`) is written partly by `scripts/csan_multi30k_tables.py` (its tables,
+counting sentences and cell counts) and partly by hand as cells land: these tests
 read the grid and the committed `done.json` / `compare-eval.json` files and check that every one-run row of
 the main table quotes its cell's test BLEU, chrF, Δ, mark, p and parameters (not the dev columns, whose scores
 stay with the checkpoints, nor the three-seed summary row, which `--table-only` prints), that the pairwise, length-bucket and
@@ -25,8 +26,8 @@ from sanlab.files import read_json
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
-RERUN = ("a cell landed or went: `python scripts/csan_multi30k_analyses.py`, then its rows in "
-         "results/csan-multi30k.md, the title's and the README row's counts")
+RERUN = ("a cell landed or went: `python scripts/csan_multi30k_analyses.py`, then "
+         "`python scripts/csan_multi30k_tables.py` (the write-up's tables, counts and the README row's count)")
 TABLE1_ROWS = ["Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN"]
 
 
@@ -248,11 +249,15 @@ def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "multi30k" / "val.de.gz").exists(),
                     reason="needs the Multi30k dev references (../shared/data/multi30k, see its README) for the dev columns")
 def test_the_tables_script_reproduces_the_committed_tables(evaluated):
-    """`scripts/csan_multi30k_tables.py` writes the four tables from the committed files: run on the committed
-    write-up it changes nothing (its dev columns, which the tests above leave out, included)."""
+    """`scripts/csan_multi30k_tables.py` writes the four tables, the counting sentences and the counts from the
+    committed files: run on the committed write-up and README it changes nothing (its dev columns, which the tests
+    above leave out, included)."""
     spec = importlib.util.spec_from_file_location("csan_tables", ROOT / "scripts" / "csan_multi30k_tables.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     text = WRITEUP.read_text(encoding="utf-8")
     grid, cells = evaluated
-    assert script.rewrite(text, script.Cells(grid, list(cells.values()))) == text
+    written = script.Cells(grid, list(cells.values()))
+    assert script.rewrite(text, written) == text
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert script.rewrite_readme(readme, written) == readme

@@ -1,0 +1,301 @@
+"""The counting sentences of `results/csan-multi30k.md`, written from the committed cells by
+`scripts/csan_multi30k_tables.py`, so that a cell that lands changes them with the tables, not by hand.
+
+Each sentence sits between `<!-- gen:NAME -->` and `<!-- /gen -->` in the write-up (invisible once rendered); the
+text around it is the author's. The blocks:
+
+- `coverage`: how many seeds each row has, the cells still to train, "partial (N of M cells)";
+- `devices`: how many cells trained on the CPU and on a GPU (from each cell's `meta.json`);
+- `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
+  with cells of both kinds, and which rows' standing rests on § cells;
+- `done`, `setting-seeds`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
+- `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
+  the means are and how many rows are one run.
+
+A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
+the block's text; `fill` puts every block in place.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
+_WORDS = ("no one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+          "seventeen eighteen nineteen").split()
+_TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty"}
+_BLOCK = re.compile(r"<!-- gen:([a-z-]+) -->(.*?)<!-- /gen -->", re.S)
+
+
+def number(n: int, *, capital: bool = False) -> str:
+    """0-59 in words ("twenty-two"), as the write-up spells counts."""
+    if n < 20:
+        word = _WORDS[n]
+    elif n < 60:
+        word = _TENS[n // 10 * 10] + (f"-{_WORDS[n % 10]}" if n % 10 else "")
+    else:
+        raise ValueError(f"no word for {n}")
+    return word[0].upper() + word[1:] if capital else word
+
+
+def listing(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def seeds_phrase(seeds: tuple[int, ...]) -> str:
+    """"seed 3", "seeds 2 and 3"."""
+    return ("seed " if len(seeds) == 1 else "seeds ") + listing([str(s) for s in seeds])
+
+
+def minus(text: str) -> str:
+    """The write-up's typographic minus before digits."""
+    return re.sub(r"-(?=\d)", "−", text)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (tied values share their mean rank)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in order[i:j + 1]:
+                out[k] = (i + j) / 2 + 1
+            i = j + 1
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+
+
+def _by_count(c, variants: list[str]) -> dict[int, list[str]]:
+    """Seeds done -> the rows with that many, in the grid's order."""
+    groups: dict[int, list[str]] = {}
+    for v in variants:
+        groups.setdefault(len(c.rows[v]["seeds_done"]), []).append(v)
+    return groups
+
+
+def _counts(c, *, of: str, rest: str | None) -> str:
+    """"three seeds of a, b; two of c; one of d" (``of``: "of" or "each of"); ``rest`` names the last group
+    instead of listing it ("every other row")."""
+    groups = sorted(_by_count(c, list(c.rows)).items(), reverse=True)
+    parts = []
+    for i, (n, variants) in enumerate(groups):
+        last = i == len(groups) - 1 and i > 0
+        names = rest if last and rest else listing(variants)
+        head = f"{number(n)} seeds {of}" if i == 0 else f"{number(n)} of"
+        parts.append(f"{head} {names}")
+    return "; ".join(parts)
+
+
+def missing(c) -> dict[str, tuple[int, ...]]:
+    """Row -> the seeds the grid plans for it that are not done."""
+    return {v: tuple(s for s in r["seeds_planned"] if s not in r["seeds_done"]) for v, r in c.rows.items()
+            if set(r["seeds_planned"]) - set(r["seeds_done"])}
+
+
+def _missing_phrase(c) -> str:
+    """"seeds 2 and 3 of CNNs, LightConv and capsule, and seed 3 of MUSE and Block" (most missing first)."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for v, seeds in missing(c).items():
+        groups.setdefault(seeds, []).append(v)
+    parts = [f"{seeds_phrase(seeds)} of {listing(vs)}"
+             for seeds, vs in sorted(groups.items(), key=lambda kv: (-len(kv[0]), kv[0]))]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+
+
+def totals(c) -> tuple[int, int]:
+    """(cells done, cells planned) over the grid."""
+    return (sum(len(r["seeds_done"]) for r in c.rows.values()),
+            sum(len(r["seeds_planned"]) for r in c.rows.values()))
+
+
+def coverage(c) -> str:
+    done, planned = totals(c)
+    text = _counts(c, of="each of", rest="every other row")
+    text = text[0].upper() + text[1:] + "."
+    gaps = missing(c)
+    if not gaps:
+        return text + f" Every cell the grid plans is trained ({done} of {planned} cells)."
+    rows = len(gaps)
+    return (text + f" {number(rows, capital=True)} row{'s' if rows > 1 else ''} qualify for more seeds by the "
+            f"grid's rule and do not have them all yet ({_missing_phrase(c)}: {planned - done} cells), so the "
+            f"table is partial ({done} of {planned} cells), and a one-seed row says what one training run says.")
+
+
+def done(c) -> str:
+    groups = _by_count(c, list(c.rows))
+    one = len(groups.get(1, []))
+    text = _counts(c, of="of", rest=None) + "."
+    if one:
+        text += (f" {number(one, capital=True)} of the {number(len(c.rows))} rows "
+                 f"{'are' if one > 1 else 'is'} **one training run**;")
+    return text
+
+
+def setting_seeds(c) -> str:
+    """"train seed 1 (and 2, 3 for a, b; 2 for c)"."""
+    more: dict[tuple[int, ...], list[str]] = {}
+    for v, r in c.rows.items():
+        if len(r["seeds_done"]) > 1:
+            more.setdefault(tuple(s for s in r["seeds_done"] if s != 1), []).append(v)
+    parts = [f"{', '.join(map(str, seeds))} for {listing(vs)}"
+             for seeds, vs in sorted(more.items(), key=lambda kv: (-len(kv[0]), kv[0]))]
+    return "train seed 1" + (f" (and {'; '.join(parts)})" if parts else "")
+
+
+def _device(c, variant: str, seed: int) -> str:
+    """"cpu" or the GPU's name, from the cell's meta.json (cells from before the device field: the CPU)."""
+    meta = json.loads((c.run_dir[variant, seed] / "meta.json").read_text(encoding="utf-8"))
+    return meta.get("device", "cpu")
+
+
+def cpu_cells(c) -> int:
+    return sum(_device(c, v, s) == "cpu" for v, s in c.order)
+
+
+def devices(c) -> str:
+    cpu = cpu_cells(c)
+    gpus = sorted({_device(c, v, s) for v, s in c.order} - {"cpu"})
+    gpu = len(c.order) - cpu
+    text = f"{number(cpu, capital=True)} cell{'s' if cpu != 1 else ''} trained on this project's 2-core CPU"
+    if gpu:
+        names = listing([re.sub(r"^cuda \((.*)\)$", r"\1", g) for g in gpus])
+        text += f", {number(gpu)} on {'an ' if names[0] in 'AEIOUN' else 'a '}{names}"
+    return text
+
+
+def special(c) -> dict[str, tuple[int, ...]]:
+    """Row -> its § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's
+    own list, `vocabulary_differs`)."""
+    out = {}
+    for v, r in c.rows.items():
+        seeds = tuple(int(m) for m in re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs", [])), re.M))
+        if seeds:
+            out[v] = seeds
+    return out
+
+
+def vocabularies(c) -> str:
+    marked = special(c)
+    if not marked:
+        return "No cell trained with another subword vocabulary than vanilla's."
+    groups = {"§": [], "other": []}
+    for v, s in c.order:
+        groups["§" if s in marked.get(v, ()) else "other"].append((v, s))
+
+    def averages(cells):
+        dev = [c.dev(v, s) for v, s in cells if c.dev(v, s)]
+        return (statistics.mean(c.scores(v, s)["bleu"] for v, s in cells),
+                statistics.mean(d[0] for d in dev), statistics.mean(d[2] for d in dev))
+    (test_s, dev_s, len_s), (test_o, dev_o, len_o) = averages(groups["§"]), averages(groups["other"])
+    no_dev = [(v, s) for v, s in c.order if not c.dev(v, s)]
+
+    def more(a, b):
+        return "higher" if a > b else "lower"
+    same = (dev_s > dev_o) == (test_s > test_o)
+    text = (f"The {number(len(groups['§']))} § cells wrote {100 * abs(len_s / len_o - 1):.1f}% "
+            f"{'longer' if len_s > len_o else 'shorter'} dev output than the other {number(len(groups['other']))} "
+            f"({len_s:,.0f} against {len_o:,.0f} tokens on average). Their dev BLEU is {more(dev_s, dev_o)} "
+            f"({dev_s:.2f} against {dev_o:.2f}), {'and so is' if same else 'their'} their test BLEU"
+            f"{'' if same else ' ' + more(test_s, test_o)} ({test_s:.2f} against {test_o:.2f}")
+    if no_dev:
+        lost = listing([f"{v} seed {s}" for v, s in no_dev])
+        text += f"; the dev figures leave out {lost}, which {'has' if len(no_dev) == 1 else 'have'} no dev hypotheses"
+    text += ")."
+    both = [v for v, seeds in marked.items() if len(seeds) < len(c.rows[v]["seeds_done"])]
+    if both:
+        sides = {"above": [], "below": [], "on both sides of": []}
+        for v in both:
+            score = dict(zip(c.rows[v]["seeds_done"], c.rows[v]["scores"]["BLEU"]["values"]))
+            ours = [score[s] for s in score if s in marked[v]]
+            theirs = [score[s] for s in score if s not in marked[v]]
+            side = ("above" if min(ours) > max(theirs) else "below" if max(ours) < min(theirs)
+                    else "on both sides of")
+            sides[side].append(f"{v} ({', '.join(f'{x:.2f}' for x in ours)} against "
+                               f"{', '.join(f'{x:.2f}' for x in theirs)})")
+        said = [f"{side} the others for {listing(rows)}" for side, rows in sides.items() if rows]
+        text += (f" Within the {number(len(both))} row{'s' if len(both) > 1 else ''} that have cells of both kinds, "
+                 f"the § seeds are {listing(said)}.")
+    text += f" So the rows whose standing rests on § cells are provisional: {_provisional(c, marked)}."
+    return minus(text)
+
+
+def _provisional(c, marked: dict[str, tuple[int, ...]]) -> str:
+    """"CNNs and LightConv (their only cell), the two-seed mean of Block (its seed 1) and ..."."""
+    groups: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for v, seeds in marked.items():
+        groups.setdefault((len(c.rows[v]["seeds_done"]), seeds), []).append(v)
+    parts = []
+    for (n, seeds), vs in sorted(groups.items()):
+        its = "its" if len(vs) == 1 else "their"
+        if n == 1:
+            parts.append(f"{listing(vs)} ({its} only cell)")
+        else:
+            mean = f"the {number(n)}-seed mean{'s' if len(vs) > 1 else ''} of"
+            parts.append(f"{mean} {listing(vs)} ({its} {seeds_phrase(seeds)})")
+    return listing(parts)
+
+
+def summary_rows(c) -> str:
+    """How many summary rows the main table has, and the rows with fewer seeds than vanilla."""
+    rows = [v for v in c.multi if v != "vanilla"]
+    vanilla = len(c.rows["vanilla"]["seeds_done"])
+    fewer = [v for v in c.rows if v in rows and len(c.rows[v]["seeds_done"]) < vanilla]
+    text = f"the last {number(len(rows))} rows, {number(vanilla)} seeds a side"
+    if fewer:
+        text += " but " + listing([f"{v}'s" for v in fewer]) + " " + listing(
+            sorted({number(len(c.rows[v]["seeds_done"])) for v in fewer}))
+    return text
+
+
+def _table1_means(c) -> dict[str, float]:
+    return {v: c.rows[v]["scores"]["BLEU"]["mean"] for v in TABLE1 if v in c.rows}
+
+
+def order(c) -> str:
+    """CSAN Table 1's rows by mean test BLEU, vanilla's place among them, Spearman's ρ with the paper's Δs."""
+    mean = _table1_means(c)
+    vanilla = c.rows["vanilla"]["scores"]["BLEU"]["mean"]
+    ranked = sorted(mean, key=mean.__getitem__, reverse=True)
+    names = [v for v in ranked if mean[v] > vanilla] + ["(vanilla)"] + [v for v in ranked if mean[v] <= vanilla]
+    rho = spearman(list(mean.values()), [c.rows[v]["paper_delta"] for v in mean])
+    return minus(f"By mean test BLEU the {number(len(mean))} rows run {', '.join(names)} (Spearman ρ = {rho:.2f} "
+                 f"with the paper's Δs).")
+
+
+def spread(c) -> str:
+    """How far apart CSAN Table 1's means are, in vanilla's sds, and how many of them are one or two runs."""
+    mean = _table1_means(c)
+    span = max(mean.values()) - min(mean.values())
+    one_run = [v for v in mean if len(c.rows[v]["seeds_done"]) == 1]
+    two = [v for v in mean if len(c.rows[v]["seeds_done"]) == 2]
+    runs = f"{number(len(one_run))} row{'s' if len(one_run) != 1 else ''} {'are' if len(one_run) != 1 else 'is'} one run"
+    if two:
+        runs += f" ({listing(two)} two)"
+    return (f"The {number(len(mean))} means span {span:.1f} BLEU, about "
+            f"{span / c.rows['vanilla']['scores']['BLEU']['sd']:.1f} of vanilla's sds, and {runs}.")
+
+
+BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
+          "setting-seeds": setting_seeds, "cpu-cells": lambda c: number(cpu_cells(c)),
+          "summary-rows": summary_rows, "order": order, "spread": spread}
+
+
+def fill(text: str, c) -> str:
+    """``text`` with every generated block rewritten (an unknown block name is an error: a typo would otherwise
+    leave a stale sentence)."""
+    def one(match: re.Match) -> str:
+        name = match[1]
+        if name not in BLOCKS:
+            raise KeyError(f"results/csan-multi30k.md: unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
+        return f"<!-- gen:{name} -->{BLOCKS[name](c)}<!-- /gen -->"
+    return _BLOCK.sub(one, text)

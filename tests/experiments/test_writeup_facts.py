@@ -1,0 +1,83 @@
+"""The counting sentences `scripts/csan_multi30k_facts.py` writes into the CSAN Table 1 write-up, on made-up rows
+(the committed write-up itself is checked against the committed cells in test_committed_writeup.py)."""
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("csan_facts", ROOT / "scripts" / "csan_multi30k_facts.py")
+facts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(facts)
+
+
+def row(done, planned=(1, 2, 3), bleu=(38.0,), paper_delta=0.3, special=()):
+    values = list(bleu) * len(done) if len(bleu) == 1 else list(bleu)
+    mean = sum(values) / len(values)
+    sd = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
+    return {"seeds_planned": list(planned), "seeds_done": list(done), "paper_delta": paper_delta,
+            "scores": {"BLEU": {"mean": mean, "sd": sd, "values": values}},
+            "vocabulary_differs": [f"seed {s}: sentencepiece 0.2.2 (baseline: sentencepiece 0.2.3)" for s in special]}
+
+
+def cells(**rows):
+    return SimpleNamespace(rows=rows, multi={v for v, r in rows.items() if len(r["seeds_done"]) > 1})
+
+
+@pytest.mark.parametrize("n, word", [(0, "no"), (1, "one"), (9, "nine"), (20, "twenty"), (22, "twenty-two"),
+                                     (39, "thirty-nine")])
+def test_counts_are_spelled_as_the_writeup_spells_them(n, word):
+    assert facts.number(n) == word
+    assert facts.number(n, capital=True) == word[0].upper() + word[1:]
+
+
+def test_spearman_against_hand_ranks():
+    assert facts.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert facts.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks 1, 2.5, 2.5, 4 against 1, 2, 3, 4: Pearson of the ranks by hand is 4.5 / sqrt(4.5 * 5)
+    assert facts.spearman([1, 5, 5, 9], [1, 2, 3, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+
+
+def test_coverage_names_the_missing_cells_most_missing_first():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1, 2, 3]), B=row([1, 2]), C=row([1]), D=row([1]), E=row([1], planned=(1,)))
+    assert facts.coverage(c) == (
+        "Three seeds each of vanilla and A; two of B; one of every other row. Three rows qualify for more seeds by "
+        "the grid's rule and do not have them all yet (seeds 2 and 3 of C and D, and seed 3 of B: 5 cells), so the "
+        "table is partial (11 of 16 cells), and a one-seed row says what one training run says.")
+    assert facts.done(c) == ("three seeds of vanilla and A; two of B; one of C, D and E. Three of the six rows are "
+                             "**one training run**;")
+    assert facts.setting_seeds(c) == "train seed 1 (and 2, 3 for vanilla and A; 2 for B)"
+    assert facts.summary_rows(c) == "the last two rows, three seeds a side but B's two"
+
+
+def test_coverage_of_a_complete_grid():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1, 2, 3]), E=row([1], planned=(1,)))
+    assert facts.coverage(c) == ("Three seeds each of vanilla and A; one of every other row. Every cell the grid "
+                                 "plans is trained (7 of 7 cells).")
+
+
+def test_order_places_vanilla_and_correlates_with_the_papers_deltas():
+    c = cells(vanilla=row([1, 2], bleu=(37.0, 38.0)), Block=row([1], bleu=(39.0,), paper_delta=0.28),
+              CNNs=row([1, 2], bleu=(36.0, 37.0), paper_delta=0.39), Rel_Pos=row([1], bleu=(38.0,), paper_delta=0.32))
+    assert facts.order(c) == "By mean test BLEU the three rows run Block, Rel_Pos, (vanilla), CNNs (Spearman ρ = −1.00 " \
+                             "with the paper's Δs)."
+    assert facts.spread(c) == "The three means span 2.5 BLEU, about 3.5 of vanilla's sds, and two rows are one run " \
+                              "(CNNs two)."
+
+
+def test_provisional_rows_group_by_seeds_and_special_cells():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1], special=(1,)), B=row([1], special=(1,)), C=row([1, 2], special=(1,)),
+              D=row([1, 2, 3], special=(2, 3)))
+    assert facts._provisional(c, facts.special(c)) == (
+        "A and B (their only cell), the two-seed mean of C (its seed 1) and the three-seed mean of D (its seeds 2 "
+        "and 3)")
+
+
+def test_an_unknown_block_is_refused_and_known_ones_are_rewritten():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1, 2], bleu=(38.0, 39.0)))
+    text = "x <!-- gen:setting-seeds -->old\ntext<!-- /gen --> y"
+    assert facts.fill(text, c) == "x <!-- gen:setting-seeds -->train seed 1 (and 2, 3 for vanilla; 2 for A)<!-- /gen --> y"
+    with pytest.raises(KeyError, match="unknown generated block 'seeds'"):
+        facts.fill("<!-- gen:seeds --><!-- /gen -->", c)
