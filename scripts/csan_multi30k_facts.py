@@ -8,7 +8,7 @@ text around it is the author's. The blocks:
 - `devices`: how many cells trained on the CPU and on a GPU (from each cell's `meta.json`);
 - `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
   with cells of both kinds, and which rows' standing rests on § cells;
-- `done`, `setting-seeds`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
+- `done`, `setting-seeds`, `one-seed-rows`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
 - `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
   the means are and how many rows are one run.
 
@@ -138,6 +138,15 @@ def done(c) -> str:
     if one:
         text += (f" {number(one, capital=True)} of the {number(len(c.rows))} rows "
                  f"{'are' if one > 1 else 'is'} **one training run**;")
+    return text
+
+
+def one_seed_rows(c) -> str:
+    """"One seed for six of the fifteen rows (two for Block and MUSE)"."""
+    groups = _by_count(c, list(c.rows))
+    text = f"One seed for {number(len(groups.get(1, [])))} of the {number(len(c.rows))} rows"
+    if groups.get(2):
+        text += f" (two for {listing(groups[2])})"
     return text
 
 
@@ -286,7 +295,7 @@ def spread(c) -> str:
 
 
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
-          "setting-seeds": setting_seeds, "cpu-cells": lambda c: number(cpu_cells(c)),
+          "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
           "summary-rows": summary_rows, "order": order, "spread": spread}
 
 

@@ -49,6 +49,7 @@ def test_coverage_names_the_missing_cells_most_missing_first():
     assert facts.done(c) == ("three seeds of vanilla and A; two of B; one of C, D and E. Three of the six rows are "
                              "**one training run**;")
     assert facts.setting_seeds(c) == "train seed 1 (and 2, 3 for vanilla and A; 2 for B)"
+    assert facts.one_seed_rows(c) == "One seed for three of the six rows (two for B)"
     assert facts.summary_rows(c) == "the last two rows, three seeds a side but B's two"
 
 
