@@ -62,8 +62,8 @@ def test_coverage_of_a_complete_grid():
 def test_order_places_vanilla_and_correlates_with_the_papers_deltas():
     c = cells(vanilla=row([1, 2], bleu=(37.0, 38.0)), Block=row([1], bleu=(39.0,), paper_delta=0.28),
               CNNs=row([1, 2], bleu=(36.0, 37.0), paper_delta=0.39), Rel_Pos=row([1], bleu=(38.0,), paper_delta=0.32))
-    assert facts.order(c) == "By mean test BLEU the three rows run Block, Rel_Pos, (vanilla), CNNs (Spearman ρ = −1.00 " \
-                             "with the paper's Δs)."
+    assert facts.order(c) == ("By mean test BLEU the three rows run Block, Rel_Pos, (vanilla), CNNs "
+                              "(Spearman ρ = −1.00 with the paper's Δs).")
     assert facts.spread(c) == "The three means span 2.5 BLEU, about 3.5 of vanilla's sds, and two rows are one run " \
                               "(CNNs two)."
 

@@ -256,7 +256,7 @@ class Trainer:
             self.log.info(f"WARNING: torch {torch.__version__} cannot stop at the recompile limit: past it, torch "
                           "runs the model eager (watch the 'recompiled' lines)")
         self.log.info(f"torch.compile: backend {config.compile_backend}, batch lengths padded to a multiple of "
-                      f"{config.length_multiple}")
+                      f"{config.length_multiple} (never past the model's positions)")
         return (compile_model(self.train_model, backend=config.compile_backend, dynamic=config.compile_dynamic),
                 GraphWatch(self.log.info))
 
