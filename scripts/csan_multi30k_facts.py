@@ -45,6 +45,11 @@ def listing(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def possessive(name: str) -> str:
+    """"Block's", "CNNs'"."""
+    return name + ("'" if name.endswith("s") else "'s")
+
+
 def seeds_phrase(seeds: tuple[int, ...]) -> str:
     """"seed 3", "seeds 2 and 3"."""
     return ("seed " if len(seeds) == 1 else "seeds ") + listing([str(s) for s in seeds])
@@ -261,7 +266,7 @@ def summary_rows(c) -> str:
     fewer = [v for v in c.rows if v in rows and len(c.rows[v]["seeds_done"]) < vanilla]
     text = f"the last {number(len(rows))} rows, {number(vanilla)} seeds a side"
     if fewer:
-        text += " but " + listing([f"{v}'s" for v in fewer]) + " " + listing(
+        text += " but " + listing([possessive(v) for v in fewer]) + " " + listing(
             sorted({number(len(c.rows[v]["seeds_done"])) for v in fewer}))
     return text
 

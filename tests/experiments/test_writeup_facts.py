@@ -51,6 +51,8 @@ def test_coverage_names_the_missing_cells_most_missing_first():
     assert facts.setting_seeds(c) == "train seed 1 (and 2, 3 for vanilla and A; 2 for B)"
     assert facts.one_seed_rows(c) == "One seed for three of the six rows (two for B)"
     assert facts.summary_rows(c) == "the last two rows, three seeds a side but B's two"
+    c = cells(vanilla=row([1, 2, 3]), CNNs=row([1, 2]), Block=row([1, 2]))
+    assert facts.summary_rows(c) == "the last two rows, three seeds a side but CNNs' and Block's two"
 
 
 def test_coverage_of_a_complete_grid():
