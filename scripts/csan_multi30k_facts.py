@@ -10,7 +10,9 @@ text around it is the author's. The blocks:
   with cells of both kinds, and which rows' standing rests on § cells;
 - `done`, `setting-seeds`, `one-seed-rows`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
 - `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
-  the means are and how many rows are one run.
+  the means are and how many rows are one run;
+- `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
+  vanilla seed or none; the length-bucket tests and their marks against what chance gives.
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
 the block's text; `fill` puts every block in place.
@@ -299,9 +301,56 @@ def spread(c) -> str:
             f"{span / c.rows['vanilla']['scores']['BLEU']['sd']:.1f} of vanilla's sds, and {runs}.")
 
 
+def _how_many(n: int) -> str:
+    """"none" (of the ...) or the number in words."""
+    return number(n) if n else "none"
+
+
+def marks(c) -> str:
+    """How often the vanilla seed a run is set against changes its pairwise mark, and the multi-seed variants' runs
+    marked against every vanilla seed or none (the pairwise table's marks)."""
+    vanilla = c.rows["vanilla"]["seeds_done"]
+    against = {(v, s): [c.test(v, s, k)["sig"] for k in vanilla] for v, s in c.order if v != "vanilla"}
+    one_seed = [(v, s) for v, s in against if v not in c.multi]
+    runs = [(v, s) for v, s in against if v in c.multi]
+    every = number(len(vanilla))
+
+    def sides(run) -> set[str]:
+        """Above, below or level against each vanilla seed (a mark's strength is not a change of verdict)."""
+        return {"above" if m in ("↑", "⇑") else "below" if m else "level" for m in against[run]}
+
+    def verdict(run) -> str:
+        side = next(iter(sides(run)))
+        return f"{'level with' if side == 'level' else side} all {every}"
+    steady = [r for r in one_seed if len(sides(r)) == 1]
+    text = (f"Which vanilla seed a run is set against changes its mark for {_how_many(len(one_seed) - len(steady))} "
+            f"of the {number(len(one_seed))} one-seed variants")
+    if steady:
+        text += " (all but " + listing([f"{v}, {verdict((v, s))}" for v, s in steady]) + ")"
+    changed = [r for r in runs if len(sides(r)) > 1]
+    marked = [r for r in runs if all(against[r])]
+    none = [r for r in runs if not any(against[r])]
+    text += (f". It changes it for {_how_many(len(changed))} of the {number(len(runs))} runs of the multi-seed "
+             f"variants too. {number(len(marked), capital=True)} of those runs {'are' if len(marked) != 1 else 'is'} marked "
+             f"against all {every} vanilla seeds")
+    if marked:
+        text += ": " + listing([f"{v} seed {s} ({', '.join(against[v, s])})" for v, s in marked])
+    return text + f". {number(len(none), capital=True)} {'are' if len(none) != 1 else 'is'} marked against none"
+
+
+def bucket_tests(c) -> str:
+    """The length-bucket tests against vanilla seed 1 and how many are marked, against what chance gives."""
+    tests = [r for rows in c.buckets.values() for r in rows if r["delta"]]
+    marked = sum(1 for r in tests if r["sig"])
+    return (f"These are {len(tests)} tests of one run each, and sacreBLEU's p is in effect one-sided (p < 0.05 is a "
+            f"two-sided 10% level), so about {len(tests) / 10:g} of them are expected below 0.05 by chance; {marked} "
+            f"{'are' if marked != 1 else 'is'}.")
+
+
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
-          "summary-rows": summary_rows, "order": order, "spread": spread}
+          "summary-rows": summary_rows, "order": order, "spread": spread, "marks": marks,
+          "bucket-tests": bucket_tests}
 
 
 def fill(text: str, c) -> str:

@@ -84,3 +84,23 @@ def test_an_unknown_block_is_refused_and_known_ones_are_rewritten():
     assert facts.fill(text, c) == "x <!-- gen:setting-seeds -->train seed 1 (and 2, 3 for vanilla; 2 for A)<!-- /gen --> y"
     with pytest.raises(KeyError, match="unknown generated block 'seeds'"):
         facts.fill("<!-- gen:seeds --><!-- /gen -->", c)
+
+
+def test_marks_count_changes_of_verdict_not_of_strength():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1]), B=row([1]), M=row([1, 2]))
+    c.order = [("vanilla", 1), ("vanilla", 2), ("vanilla", 3), ("A", 1), ("B", 1), ("M", 1), ("M", 2)]
+    sig = {("A", 1): ["⇓", "↓", "⇓"], ("B", 1): ["", "↑", ""], ("M", 1): ["↑", "⇑", "⇑"], ("M", 2): ["", "", ""]}
+    c.test = lambda v, s, k: {"sig": sig[v, s][k - 1]}
+    assert facts.marks(c) == (
+        "Which vanilla seed a run is set against changes its mark for one of the two one-seed variants (all but A, "
+        "below all three). It changes it for none of the two runs of the multi-seed variants too. One of those runs is "
+        "marked against all three vanilla seeds: M seed 1 (↑, ⇑, ⇑). One is marked against none")
+
+
+def test_bucket_tests_against_chance():
+    c = SimpleNamespace(buckets={"vanilla/seed-1": [{"delta": "", "sig": ""}] * 5,
+                                 "a/seed-1": [{"delta": "1.0", "sig": "↑"}] + [{"delta": "-0.5", "sig": ""}] * 4,
+                                 "b/seed-1": [{"delta": "0.2", "sig": ""}] * 5})
+    assert facts.bucket_tests(c) == (
+        "These are 10 tests of one run each, and sacreBLEU's p is in effect one-sided (p < 0.05 is a two-sided 10% "
+        "level), so about 1 of them are expected below 0.05 by chance; 1 is.")
