@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from sanlab.experiments.grid import load_grid  # noqa: E402
+from sanlab.evaluation.significance import p_text  # noqa: E402
 from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -121,7 +122,7 @@ def _lines(path: Path) -> list[str]:
 
 def _mark(test: dict, *, na: str = "– (n.s., p = {p:.2f})") -> str:
     p = float(test["p"])
-    return f"{test['sig']} (p = {p:.3f})" if test["sig"] else na.format(p=p)
+    return f"{test['sig']} (p = {p_text(p)})" if test["sig"] else na.format(p=p)  # never "⇑ (p = 0.010)"
 
 
 def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
