@@ -15,7 +15,8 @@ text around it is the author's. The blocks:
   vanilla seed or none; the length-bucket tests and their marks against what chance gives.
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
-the block's text; `fill` puts every block in place.
+the block's text; `fill` puts every block in place. `cell_note` drafts a cell's landing note
+(`csan_multi30k_tables.py --note VARIANT:SEED` prints it).
 """
 
 from __future__ import annotations
@@ -345,6 +346,63 @@ def bucket_tests(c) -> str:
     return (f"These are {len(tests)} tests of one run each, and sacreBLEU's p is in effect one-sided (p < 0.05 is a "
             f"two-sided 10% level), so about {len(tests) / 10:g} of them are expected below 0.05 by chance; {marked} "
             f"{'are' if marked != 1 else 'is'}.")
+
+
+def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
+    """A draft of the write-up's landing note for one cell, from its files: scores, the pairwise tests, the row
+    over its seeds, test and dev output, greedy validation, speed and where it trained. Landing notes are history
+    (they say what the grid looked like that day), so this is printed for the author, never rewritten."""
+    import sacrebleu
+
+    run = c.run_dir[variant, seed]
+    meta = json.loads((run / "meta.json").read_text(encoding="utf-8"))
+    done_ = json.loads((run / "done.json").read_text(encoding="utf-8"))
+    sc, r = c.scores(variant, seed), c.rows[variant]
+    vanilla = c.rows["vanilla"]["seeds_done"]
+    tests = []
+    for k in vanilla:
+        test = c.test(variant, seed, k)
+        shares = ", the run that shares its seed" if k == seed else ""
+        tests.append(f"{float(test['delta']):+.2f}{' ' + test['sig'] if test['sig'] else ''} against vanilla seed {k}"
+                     f"{shares} (p = {_p(float(test['p']))})")
+    hyps = (run / "hyp-best-test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:len(test_refs)]
+    bleu = sacrebleu.corpus_bleu(hyps, [test_refs])
+    precisions = "/".join(f"{x:.1f}" for x in bleu.precisions)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    valid = [m for m in records if m["split"] == "valid"]
+    peak, last = max(valid, key=lambda v: v["bleu"]), valid[-1]
+    speed = [m for m in records if m["split"] == "speed"][-1]  # the whole run's, written at each validation
+    device = meta.get("device", "cpu")
+    where = "the CPU" if device == "cpu" else device
+    sessions = meta.get("sessions", [])
+    spm = meta["versions"]["sentencepiece"]
+    seeds = len(r["seeds_done"])
+    text = (f"{variant} seed {seed} on {where} ({meta.get('jobs', 1)} job x {meta['threads']} threads, "
+            f"sentencepiece {spm}), {sc['bleu']:.2f} (chrF {sc['chrf']:.2f}): {listing(tests)}. ")
+    if seeds > 1:
+        bleu_row = r["scores"]["BLEU"]
+        text += (f"{variant} over {number(seeds)} seeds is {bleu_row['mean']:.2f} ± {bleu_row['sd']:.2f}, "
+                 f"{r['delta']:+.2f} over vanilla's mean (seed-level bootstrap p = {r['seeds_test']['p_value']:.2f}"
+                 f"{'' if r['seeds_test']['mark'] else ', n.s.'}). ")
+    dev = c.dev(variant, seed)
+    text += (f"Its test output: precisions {precisions} at BP {bleu.bp:.3f} ({bleu.sys_len:,} tokens). Its dev BLEU "
+             f"with beam 5 is {dev[0]:.2f} (BP {dev[1]:.3f}, {dev[2]:,} tokens); its greedy dev BLEU peaked at "
+             f"{peak['bleu']:.2f} (update {peak['step']:,})"
+             + ("." if peak is last else f" and ended at {last['bleu']:.2f} (update {last['step']:,}).")
+             + f" Its speed in the grid: {speed['steps_per_s']:.2f} updates/s (update time only; "
+             f"{done_['summary']['train_seconds']:,.0f} s of updates).")
+    text = minus(text)  # the numbers' minus; not the date's hyphens below
+    if sessions:
+        started = sessions[0]["started_at"].replace("T", " ")[:16]
+        text += (f" Trained from {started} UTC at {sessions[0]['git_revision'][:7]}"
+                 f"{f' over {len(sessions)} sessions' if len(sessions) > 1 else ''}.")
+    return text
+
+
+def _p(p: float) -> str:
+    """p as the write-up's prose gives it: 2 digits, 3 below 0.1, never rounded onto a threshold."""
+    text = f"{p:.2f}" if p >= 0.1 else f"{p:.3f}"
+    return text if not any(p < th <= float(text) for th in (0.01, 0.05)) else f"{p:.5f}".rstrip("0")
 
 
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,

@@ -1,7 +1,7 @@
 """Write the four tables of `results/csan-multi30k.md` from the committed cells and analyses, so that cells that
 land join the write-up's tables with one command (after `scripts/csan_multi30k_analyses.py`).
 
-    python scripts/csan_multi30k_tables.py [--check]
+    python scripts/csan_multi30k_tables.py [--check | --note VARIANT:SEED]
 
 Every evaluated cell of `configs/compare/csan-table1-multi30k.yaml`, in the grid's row order (seeds of a row
 together), gets its row in:
@@ -44,7 +44,7 @@ from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
-from csan_multi30k_facts import TABLE1, fill, minus, totals  # noqa: E402
+from csan_multi30k_facts import TABLE1, cell_note, fill, minus, totals  # noqa: E402
 
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
@@ -234,8 +234,16 @@ def rewrite_readme(text: str, c: Cells) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the tables would change")
+    parser.add_argument("--note", metavar="VARIANT:SEED",
+                        help="print a draft landing note for that cell (its scores, tests, output, speed); write nothing")
     args = parser.parse_args(argv)
     cells = Cells()
+    if args.note:
+        variant, _, seed = args.note.rpartition(":")
+        if (variant, int(seed or 0)) not in cells.order:
+            parser.error(f"--note {args.note}: not an evaluated cell (VARIANT:SEED, e.g. CNNs:2)")
+        print(cell_note(cells, variant, int(seed), _lines(DATA / "test_2016_flickr.de.gz")))
+        return 0
     changed = []
     for path, make in ((WRITEUP, rewrite), (README, rewrite_readme)):
         old = path.read_text(encoding="utf-8")
