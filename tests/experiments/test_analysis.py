@@ -372,6 +372,27 @@ def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpu
     assert not (run / "hyp-best-valid.txt").exists()  # with their hypotheses
 
 
+def test_an_eval_record_names_the_checkpoint_it_loaded_when_best_moves_meanwhile(corpus, tmp_path, monkeypatch):
+    """A training process may save a new best while `evaluate` decodes: the record names the weights scored."""
+    import sanlab.runs.trained as trained
+    from sanlab.tasks.translation import load_translation_model
+
+    run = make_translation_run(corpus, tmp_path / "r")
+    net, _ = load_translation_model(load_run_config(run), run)
+    load_weights = trained.load_weights
+
+    def load_then_train_on(model, path):
+        load_weights(model, path)
+        CheckpointManager(run, keep_best=2, keep_last=2, higher_is_better=True).save(
+            model=net, state={}, meta={"step": 2, "score": 1.0})
+
+    monkeypatch.setattr(trained, "load_weights", load_then_train_on)
+    evaluate_run(run, checkpoint="best", splits=["test"])
+    record = json.loads((run / "eval-best.json").read_text())["test"]
+    assert (record["checkpoint"], record["step"]) == ("checkpoints/step-00000001", 1)
+    assert trained.scored_checkpoint(run, "best", load_run_config(run))["step"] == 2  # "best" did move
+
+
 def test_eval_records_from_before_checkpoints_were_named_are_kept_with_their_files(corpus, tmp_path):
     run = make_translation_run(corpus, tmp_path / "r")
     evaluate_run(run, checkpoint="best", splits=["test"])

@@ -54,6 +54,13 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
 def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
     """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
     cuda, cuda:N): assets is the subword model (translation) or the tagging vocabulary. Reads no corpus."""
+    config, model, assets, _ = _load_checkpoint(run_dir, checkpoint, device)
+    return config, model, assets
+
+
+def _load_checkpoint(run_dir: Path, checkpoint: str, device: str):
+    """``load_trained``'s (config, model, assets) and the checkpoint directory the weights came from: ``best``
+    and ``last`` move while a run trains, so what a record names is this directory, not a second look."""
     from sanlab.training.device import resolve_device
 
     config = load_run_config(run_dir)
@@ -72,7 +79,7 @@ def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"
     stale = stale_average(run_dir, path, config) if checkpoint == "averaged" else ""
     if stale:  # (loading it is still what was asked)
         print(f"WARNING: {stale}", file=sys.stderr)
-    return config, model.to(resolve_device(device)).eval(), assets
+    return config, model.to(resolve_device(device)).eval(), assets, path
 
 
 def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
@@ -92,12 +99,12 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
 
     check_decoding_precision(precision)  # before the model is loaded
-    config, model, assets = load_trained(run_dir, checkpoint=checkpoint, device=device)
+    config, model, assets, path = _load_checkpoint(run_dir, checkpoint, device)
     task = task_for(config)
     task.require_precision(precision, run_dir)
     refuse_changed_scored_files(run_dir, config)
-    scored = scored_checkpoint(run_dir, checkpoint, config)
-    _refuse_a_borrowed_name(run_dir, checkpoint, config)
+    scored = _describe_checkpoint(run_dir, path)  # the weights loaded, though "best" may have moved since
+    _refuse_a_borrowed_name(run_dir, checkpoint, path)
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
     extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
     results = task.evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint, splits=splits,
@@ -121,7 +128,10 @@ def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
     """What ``checkpoint`` (best / last / averaged / a path) names now: ``{"checkpoint": <directory, relative
     to the run when inside it>, "step": <update or None>}``, plus ``"averaged"`` (the checkpoints
     averaged) for an average, which has no step of its own."""
-    path = select_checkpoint(run_dir, checkpoint, config)
+    return _describe_checkpoint(run_dir, select_checkpoint(run_dir, checkpoint, config))
+
+
+def _describe_checkpoint(run_dir: Path, path: Path) -> dict:
     meta = read_json(path / META) or {}
     try:
         name = str(path.resolve().relative_to(Path(run_dir).resolve()))
@@ -183,10 +193,11 @@ def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
             f"the run's {' '.join(how)} are now {', '.join(now)}: run `sanlab average` again for those")
 
 
-def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, config: Config) -> None:
+def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, path: Path) -> None:
     """A checkpoint directory from outside the run named like one of the run's own (``X/best``) would write its
-    records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's."""
-    path = select_checkpoint(run_dir, checkpoint, config).resolve()
+    records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's.
+    ``path``: the directory ``checkpoint`` named when it was loaded."""
+    path = path.resolve()
     if _names_a_runs_checkpoint(path) and Path(run_dir).resolve() not in path.parents:
         raise ConfigError(f"--checkpoint {checkpoint}: a directory outside {run_dir} named like one of its own "
                           f"checkpoints ({path.name}): its evaluation would replace that checkpoint's records; "
