@@ -155,6 +155,11 @@ runpy.run_module("sanlab", run_name="__main__")
 """
 
 
+# a rank takes ~15 s alone; on a 2-core machine shared with a training run, CI's niced workers took past 180 s. The
+# failures these launches test are ranks that wait for hours, so a generous bound still tells them apart.
+RANK_TIMEOUT_S = 900
+
+
 def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> list[tuple[int, str]]:
     """Each rank started as its own process with RANK, WORLD_SIZE and MASTER_* (as srun or mpirun would), on a
     free port; returns (exit status, stderr) per rank. The port is found free and then released before rank 0's
@@ -175,10 +180,11 @@ def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> l
                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
                  for rank in range(world_size)]
         try:
-            first = procs[0].communicate(timeout=180)[1]  # rank 0 first: a lost port ends it at once
+            first = procs[0].communicate(timeout=RANK_TIMEOUT_S)[1]  # rank 0 first: a lost port ends it at once
             if procs[0].returncode != 0 and "address already in use" in first.lower():  # (EADDRINUSE, any wording)
                 continue  # (the finally below ends the others)
-            return [(procs[0].returncode, first)] + [(p.returncode, p.communicate(timeout=180)[1]) for p in procs[1:]]
+            return [(procs[0].returncode, first)] + [(p.returncode, p.communicate(timeout=RANK_TIMEOUT_S)[1])
+                                                     for p in procs[1:]]
         finally:
             for p in procs:
                 p.kill()
