@@ -134,8 +134,10 @@ def coverage(c) -> str:
     if not gaps:
         return text + f" Every cell the grid plans is trained ({done} of {planned} cells)."
     rows = len(gaps)
-    return (text + f" {number(rows, capital=True)} row{'s' if rows > 1 else ''} qualify for more seeds by the "
-            f"grid's rule and do not have them all yet ({_missing_phrase(c)}: {planned - done} cells), so the "
+    many = rows > 1
+    return (text + f" {number(rows, capital=True)} row{'s' if many else ''} qualif{'y' if many else 'ies'} for more "
+            f"seeds by the grid's rule and do{'' if many else 'es'} not have them all yet ({_missing_phrase(c)}: "
+            f"{planned - done} cell{'s' if planned - done > 1 else ''}), so the "
             f"table is partial ({done} of {planned} cells), and a one-seed row says what one training run says.")
 
 

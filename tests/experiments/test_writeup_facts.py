@@ -55,6 +55,14 @@ def test_coverage_names_the_missing_cells_most_missing_first():
     assert facts.summary_rows(c) == "the last two rows, three seeds a side but CNNs' and Block's two"
 
 
+def test_coverage_of_one_missing_cell_is_singular():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1, 2]))
+    assert facts.coverage(c) == (
+        "Three seeds each of vanilla; two of every other row. One row qualifies for more seeds by the grid's rule and "
+        "does not have them all yet (seed 3 of A: 1 cell), so the table is partial (5 of 6 cells), and a one-seed row "
+        "says what one training run says.")
+
+
 def test_coverage_of_a_complete_grid():
     c = cells(vanilla=row([1, 2, 3]), A=row([1, 2, 3]), E=row([1], planned=(1,)))
     assert facts.coverage(c) == ("Three seeds each of vanilla and A; one of every other row. Every cell the grid "
