@@ -12,7 +12,9 @@ text around it is the author's. The blocks:
 - `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
   the means are and how many rows are one run;
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
-  vanilla seed or none; the length-bucket tests and their marks against what chance gives.
+  vanilla seed or none; the length-bucket tests and their marks against what chance gives;
+- in the README's row: `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
+  `rho`, `missing` (the cells still to train).
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
 the block's text; `fill` puts every block in place. `cell_note` drafts a cell's landing note
@@ -29,7 +31,7 @@ TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block
 _WORDS = ("no one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
           "seventeen eighteen nineteen").split()
 _TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty"}
-_BLOCK = re.compile(r"<!-- gen:([a-z-]+) -->(.*?)<!-- /gen -->", re.S)
+_BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+) -->(.*?)<!-- /gen -->", re.S)
 
 
 def number(n: int, *, capital: bool = False) -> str:
@@ -286,9 +288,8 @@ def order(c) -> str:
     vanilla = c.rows["vanilla"]["scores"]["BLEU"]["mean"]
     ranked = sorted(mean, key=mean.__getitem__, reverse=True)
     names = [v for v in ranked if mean[v] > vanilla] + ["(vanilla)"] + [v for v in ranked if mean[v] <= vanilla]
-    rho = spearman(list(mean.values()), [c.rows[v]["paper_delta"] for v in mean])
-    return minus(f"By mean test BLEU the {number(len(mean))} rows run {', '.join(names)} (Spearman ρ = {rho:.2f} "
-                 f"with the paper's Δs).")
+    return (f"By mean test BLEU the {number(len(mean))} rows run {', '.join(names)} (Spearman ρ = {rho(c)} "
+            f"with the paper's Δs).")
 
 
 def spread(c) -> str:
@@ -407,10 +408,54 @@ def _p(p: float) -> str:
     return text if not any(p < th <= float(text) for th in (0.01, 0.05)) else f"{p:.5f}".rstrip("0")
 
 
+def row_brief(c, variant: str) -> str:
+    """One row for the README: its mean test BLEU (± sd over its seeds), Δ against vanilla's mean and the test
+    that decides (the seed-level bootstrap with 2+ seeds, else its marks against each vanilla seed); § where a
+    seed trained with another vocabulary."""
+    r = c.rows[variant]
+    bleu = r["scores"]["BLEU"]
+    marked = " §" if variant in special(c) else ""
+    if len(r["seeds_done"]) > 1:
+        test = r["seeds_test"]
+        verdict = f"seed-level p = {test['p_value']:.2f}" + (f" {test['mark']}" if test["mark"] else "")
+        return minus(f"{variant} {bleu['mean']:.2f} ± {bleu['sd']:.2f}{marked} ({number(len(r['seeds_done']))} seeds, "
+                     f"Δ {r['delta']:+.2f}, {verdict})")
+    seed = r["seeds_done"][0]
+    marks = [c.test(variant, seed, k)["sig"] or "n.s." for k in c.rows["vanilla"]["seeds_done"]]
+    return minus(f"{variant} {bleu['mean']:.2f}{marked} (one seed, Δ {r['delta']:+.2f}, against vanilla's seeds "
+                 f"{', '.join(marks)})")
+
+
+def readme_table1(c) -> str:
+    """Table 1's rows in the README, and whether any is significant over seeds."""
+    rows = [v for v in TABLE1 if v in c.rows]
+    significant = [v for v in rows if c.rows[v].get("seeds_test", {}) and c.rows[v]["seeds_test"].get("mark")]
+    return "; ".join(row_brief(c, v) for v in rows) + (
+        f"; {listing(significant) if significant else 'none'} significant in the seed-level bootstrap")
+
+
+def readme_others(c) -> str:
+    """The other papers' rows in the README."""
+    return "; ".join(row_brief(c, v) for v in c.rows if v != "vanilla" and v not in TABLE1)
+
+
+def vanilla_mean(c) -> str:
+    bleu = c.rows["vanilla"]["scores"]["BLEU"]
+    return f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} over {number(len(c.rows['vanilla']['seeds_done']))} seeds"
+
+
+def rho(c) -> str:
+    mean = _table1_means(c)
+    return minus(f"{spearman(list(mean.values()), [c.rows[v]['paper_delta'] for v in mean]):.2f}")
+
+
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
           "summary-rows": summary_rows, "order": order, "spread": spread, "marks": marks,
-          "bucket-tests": bucket_tests}
+          "bucket-tests": bucket_tests,
+          # the README row
+          "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,
+          "missing": _missing_phrase}
 
 
 def fill(text: str, c) -> str:
@@ -421,4 +466,7 @@ def fill(text: str, c) -> str:
         if name not in BLOCKS:
             raise KeyError(f"results/csan-multi30k.md: unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
         return f"<!-- gen:{name} -->{BLOCKS[name](c)}<!-- /gen -->"
+    if len(_BLOCK.findall(text)) != text.count("<!-- gen:"):  # a malformed marker would keep a stale sentence
+        bad = next(line for line in text.split("\n") if line.count("<!-- gen:") != len(_BLOCK.findall(line)))
+        raise ValueError(f"a generated block's markers are malformed (<!-- gen:NAME -->...<!-- /gen -->): {bad[:120]}")
     return _BLOCK.sub(one, text)

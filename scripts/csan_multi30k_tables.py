@@ -226,8 +226,8 @@ def rewrite(text: str, c: Cells) -> str:
 
 
 def rewrite_readme(text: str, c: Cells) -> str:
-    """The README's row for this write-up with the cell count of the title."""
-    return "\n".join(re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), line)
+    """The README's row for this write-up: the cell count of the title and its generated blocks."""
+    return "\n".join(fill(re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), line), c)
                      if line.startswith(README_ROW) else line for line in text.split("\n"))
 
 

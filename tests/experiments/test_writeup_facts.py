@@ -92,6 +92,8 @@ def test_an_unknown_block_is_refused_and_known_ones_are_rewritten():
     assert facts.fill(text, c) == "x <!-- gen:setting-seeds -->train seed 1 (and 2, 3 for vanilla; 2 for A)<!-- /gen --> y"
     with pytest.raises(KeyError, match="unknown generated block 'seeds'"):
         facts.fill("<!-- gen:seeds --><!-- /gen -->", c)
+    with pytest.raises(ValueError, match="markers are malformed"):
+        facts.fill("x <!-- gen:Seeds --><!-- /gen -->", c)
 
 
 def test_marks_count_changes_of_verdict_not_of_strength():
@@ -112,3 +114,15 @@ def test_bucket_tests_against_chance():
     assert facts.bucket_tests(c) == (
         "These are 10 tests of one run each, and sacreBLEU's p is in effect one-sided (p < 0.05 is a two-sided 10% "
         "level), so about 1 of them are expected below 0.05 by chance; 1 is.")
+
+
+def test_readme_rows_quote_the_test_that_decides():
+    c = cells(vanilla=row([1, 2, 3], bleu=(37.0, 38.0, 39.0)), Block=row([1, 2], bleu=(39.0, 38.0), special=(1,)),
+              CNNs=row([1], bleu=(36.5,)))
+    c.rows["Block"].update(delta=0.5, seeds_test={"p_value": 0.073, "mark": ""})
+    c.rows["CNNs"].update(delta=-1.5)
+    c.test = lambda v, s, k: {"sig": {1: "⇓", 2: "", 3: "↓"}[k]}
+    assert facts.readme_table1(c) == (
+        "Block 38.50 ± 0.71 § (two seeds, Δ +0.50, seed-level p = 0.07); CNNs 36.50 (one seed, Δ −1.50, against "
+        "vanilla's seeds ⇓, n.s., ↓); none significant in the seed-level bootstrap")
+    assert facts.vanilla_mean(c) == "38.00 ± 1.00 over three seeds"
