@@ -61,13 +61,12 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
     from sanlab.data.parallel import read_parallel
     from sanlab.errors import ConfigError
     from sanlab.evaluation.bleu import corpus_scores
-    from sanlab.runs import load_trained
-    from sanlab.runs.trained import scored_checkpoint
+    from sanlab.runs.trained import load_checkpoint
     from sanlab.tasks.base import task_for
     from sanlab.tasks.translation import translate
     from sanlab.training.device import DECODE_PRECISIONS, decoding_precision, environment, model_device
 
-    config, model, spm = load_trained(run, checkpoint=checkpoint, device=device)
+    config, model, spm, _, scored = load_checkpoint(run, checkpoint=checkpoint, device=device)
     task = task_for(config)
     task.require("translate", run)
     split = split or task.default_split(config)
@@ -88,7 +87,7 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
                                                              source=str(src_path), precision=p), where)
         passes[name] = {"hypotheses": hyps, "seconds": seconds, "scores": corpus_scores(hyps, refs)}
     env = environment(where)
-    return {"run": str(run), "which": checkpoint, **scored_checkpoint(run, checkpoint, config), "split": split,
+    return {"run": str(run), "which": checkpoint, **scored, "split": split,
             "src": str(src_path), "ref": str(ref_path), "sources": sources, "decode": decode.model_dump(),
             "passes": passes, "device": str(where), "device_name": env.get("device_name") or _cpu_name(),
             "torch": env["torch"], "cuda": env["cuda"], "threads": torch.get_num_threads(),

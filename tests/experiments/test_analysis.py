@@ -393,6 +393,31 @@ def test_an_eval_record_names_the_checkpoint_it_loaded_when_best_moves_meanwhile
     assert trained.scored_checkpoint(run, "best", load_run_config(run))["step"] == 2  # "best" did move
 
 
+def test_an_eval_record_keeps_the_step_of_a_checkpoint_pruned_after_loading(corpus, tmp_path, monkeypatch):
+    """A run keeping one best checkpoint prunes the loaded one when it saves a new best: the record still says
+    which update was scored (read as it was loaded), so the same weights' earlier records are not dropped."""
+    import sanlab.runs.trained as trained
+    from sanlab.tasks.translation import load_translation_model
+
+    run = make_translation_run(corpus, tmp_path / "r")
+    evaluate_run(run, checkpoint="best", splits=["valid"])
+    net, _ = load_translation_model(load_run_config(run), run)
+    refuse = trained.refuse_changed_scored_files
+
+    def train_on_then_check(run_dir, config):
+        CheckpointManager(run, keep_best=1, keep_last=1, higher_is_better=True).save(
+            model=net, state={}, meta={"step": 2, "score": 1.0})
+        refuse(run_dir, config)
+
+    monkeypatch.setattr(trained, "refuse_changed_scored_files", train_on_then_check)
+    evaluate_run(run, checkpoint="best", splits=["test"])
+    assert not (run / "checkpoints" / "step-00000001").exists()  # pruned while it was being scored
+    records = json.loads((run / "eval-best.json").read_text())
+    assert {name: (r["checkpoint"], r["step"]) for name, r in records.items()} == {
+        "valid": ("checkpoints/step-00000001", 1), "test": ("checkpoints/step-00000001", 1)}
+    assert (run / "hyp-best-valid.txt").exists()
+
+
 def test_eval_records_from_before_checkpoints_were_named_are_kept_with_their_files(corpus, tmp_path):
     run = make_translation_run(corpus, tmp_path / "r")
     evaluate_run(run, checkpoint="best", splits=["test"])

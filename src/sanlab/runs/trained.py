@@ -54,13 +54,14 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
 def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
     """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
     cuda, cuda:N): assets is the subword model (translation) or the tagging vocabulary. Reads no corpus."""
-    config, model, assets, _ = _load_checkpoint(run_dir, checkpoint, device)
+    config, model, assets, _, _ = load_checkpoint(run_dir, checkpoint=checkpoint, device=device)
     return config, model, assets
 
 
-def _load_checkpoint(run_dir: Path, checkpoint: str, device: str):
-    """``load_trained``'s (config, model, assets) and the checkpoint directory the weights came from: ``best``
-    and ``last`` move while a run trains, so what a record names is this directory, not a second look."""
+def load_checkpoint(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
+    """``load_trained``'s (config, model, assets), the checkpoint directory the weights came from and what a
+    record says of them (``scored_checkpoint``'s dict), read as they were loaded: ``best`` and ``last`` move while
+    a run trains (and a pruned directory takes its meta.json with it), so a record must not look again later."""
     from sanlab.training.device import resolve_device
 
     config = load_run_config(run_dir)
@@ -71,6 +72,9 @@ def _load_checkpoint(run_dir: Path, checkpoint: str, device: str):
         try:
             path = select_checkpoint(run_dir, checkpoint, config)
             load_weights(model, path)
+            described = _describe_checkpoint(run_dir, path)
+            if checkpoint in ("best", "last") and not (path / META).is_file():
+                raise FileNotFoundError(f"{path} was removed")  # pruned just after loading: its step is gone
             break
         except FileNotFoundError as err:  # a training process pruned it between choosing and reading: choose again
             if attempt == 2 or checkpoint not in ("best", "last"):
@@ -79,7 +83,7 @@ def _load_checkpoint(run_dir: Path, checkpoint: str, device: str):
     stale = stale_average(run_dir, path, config) if checkpoint == "averaged" else ""
     if stale:  # (loading it is still what was asked)
         print(f"WARNING: {stale}", file=sys.stderr)
-    return config, model.to(resolve_device(device)).eval(), assets, path
+    return config, model.to(resolve_device(device)).eval(), assets, path, described
 
 
 def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] | None = None,
@@ -99,11 +103,10 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
 
     check_decoding_precision(precision)  # before the model is loaded
-    config, model, assets, path = _load_checkpoint(run_dir, checkpoint, device)
+    config, model, assets, path, scored = load_checkpoint(run_dir, checkpoint=checkpoint, device=device)
     task = task_for(config)
     task.require_precision(precision, run_dir)
     refuse_changed_scored_files(run_dir, config)
-    scored = _describe_checkpoint(run_dir, path)  # the weights loaded, though "best" may have moved since
     _refuse_a_borrowed_name(run_dir, checkpoint, path)
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
     extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
