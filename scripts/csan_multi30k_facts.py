@@ -31,7 +31,9 @@ TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block
 _WORDS = ("no one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
           "seventeen eighteen nineteen").split()
 _TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty"}
+_CLOSE = "<!-- /gen -->"
 _BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+) -->(.*?)<!-- /gen -->", re.S)
+_LOOSE = re.compile(r"<!--\s*/?\s*gen\b", re.I)  # anything that looks like a marker
 
 
 def number(n: int, *, capital: bool = False) -> str:
@@ -122,6 +124,11 @@ def _missing_phrase(c) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
 
 
+def still_to_train(c) -> str:
+    """The README's "seeds 2 and 3 of ... still to train", or that every planned cell is trained."""
+    return f"{_missing_phrase(c)} still to train" if missing(c) else "every cell the grid plans trained"
+
+
 def totals(c) -> tuple[int, int]:
     """(cells done, cells planned) over the grid."""
     return (sum(len(r["seeds_done"]) for r in c.rows.values()),
@@ -156,7 +163,7 @@ def done(c) -> str:
 def one_seed_rows(c) -> str:
     """"One seed for six of the fifteen rows (two for Block and MUSE)"."""
     groups = _by_count(c, list(c.rows))
-    text = f"One seed for {number(len(groups.get(1, [])))} of the {number(len(c.rows))} rows"
+    text = f"One seed for {_how_many(len(groups.get(1, [])))} of the {number(len(c.rows))} rows"
     if groups.get(2):
         text += f" (two for {listing(groups[2])})"
     return text
@@ -199,7 +206,8 @@ def special(c) -> dict[str, tuple[int, ...]]:
     own list, `vocabulary_differs`)."""
     out = {}
     for v, r in c.rows.items():
-        seeds = tuple(int(m) for m in re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs", [])), re.M))
+        seeds = tuple(int(m) for m in re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs") or []), re.M)
+                      if int(m) in r["seeds_done"])  # (a trained seed not yet evaluated is not in the table)
         if seeds:
             out[v] = seeds
     return out
@@ -223,15 +231,16 @@ def vocabularies(c) -> str:
     def more(a, b):
         return "higher" if a > b else "lower"
     same = (dev_s > dev_o) == (test_s > test_o)
-    text = (f"The {number(len(groups['§']))} § cells wrote {100 * abs(len_s / len_o - 1):.1f}% "
+    n_special = len(groups["§"])
+    text = (f"The {number(n_special)} § cell{'s' if n_special != 1 else ''} wrote {100 * abs(len_s / len_o - 1):.1f}% "
             f"{'longer' if len_s > len_o else 'shorter'} dev output than the other {number(len(groups['other']))} "
-            f"({len_s:,.0f} against {len_o:,.0f} tokens on average). Their dev BLEU is {more(dev_s, dev_o)} "
-            f"({dev_s:.2f} against {dev_o:.2f}), {'and so is' if same else 'their'} their test BLEU"
-            f"{'' if same else ' ' + more(test_s, test_o)} ({test_s:.2f} against {test_o:.2f}")
+            f"({len_s:,.0f} against {len_o:,.0f} tokens on average")
     if no_dev:
         lost = listing([f"{v} seed {s}" for v, s in no_dev])
         text += f"; the dev figures leave out {lost}, which {'has' if len(no_dev) == 1 else 'have'} no dev hypotheses"
-    text += ")."
+    text += (f"). Their dev BLEU is {more(dev_s, dev_o)} ({dev_s:.2f} against {dev_o:.2f}), "
+             + ("and so is their test BLEU" if same else f"but their test BLEU is {more(test_s, test_o)}")
+             + f" ({test_s:.2f} against {test_o:.2f}).")
     both = [v for v, seeds in marked.items() if len(seeds) < len(c.rows[v]["seeds_done"])]
     if both:
         sides = {"above": [], "below": [], "on both sides of": []}
@@ -244,7 +253,8 @@ def vocabularies(c) -> str:
             sides[side].append(f"{v} ({', '.join(f'{x:.2f}' for x in ours)} against "
                                f"{', '.join(f'{x:.2f}' for x in theirs)})")
         said = [f"{side} the others for {listing(rows)}" for side, rows in sides.items() if rows]
-        text += (f" Within the {number(len(both))} row{'s' if len(both) > 1 else ''} that have cells of both kinds, "
+        text += (f" Within the {number(len(both))} row{'s that have' if len(both) > 1 else ' that has'} cells of "
+                 "both kinds, "
                  f"the § seeds are {listing(said)}.")
     text += f" So the rows whose standing rests on § cells are provisional: {_provisional(c, marked)}."
     return minus(text)
@@ -305,9 +315,9 @@ def spread(c) -> str:
             f"{span / c.rows['vanilla']['scores']['BLEU']['sd']:.1f} of vanilla's sds, and {runs}.")
 
 
-def _how_many(n: int) -> str:
+def _how_many(n: int, *, capital: bool = False) -> str:
     """"none" (of the ...) or the number in words."""
-    return number(n) if n else "none"
+    return number(n, capital=capital) if n else ("None" if capital else "none")
 
 
 def marks(c) -> str:
@@ -335,11 +345,11 @@ def marks(c) -> str:
     marked = [r for r in runs if all(against[r])]
     none = [r for r in runs if not any(against[r])]
     text += (f". It changes it for {_how_many(len(changed))} of the {number(len(runs))} runs of the multi-seed "
-             f"variants too. {number(len(marked), capital=True)} of those runs {'are' if len(marked) != 1 else 'is'} marked "
-             f"against all {every} vanilla seeds")
+             f"variants too. {_how_many(len(marked), capital=True)} of those runs "
+             f"{'are' if len(marked) > 1 else 'is'} marked against all {every} vanilla seeds")
     if marked:
         text += ": " + listing([f"{v} seed {s} ({', '.join(against[v, s])})" for v, s in marked])
-    return text + f". {number(len(none), capital=True)} {'are' if len(none) != 1 else 'is'} marked against none"
+    return text + f". {_how_many(len(none), capital=True)} {'are' if len(none) > 1 else 'is'} marked against none"
 
 
 def bucket_tests(c) -> str:
@@ -352,60 +362,68 @@ def bucket_tests(c) -> str:
 
 
 def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
-    """A draft of the write-up's landing note for one cell, from its files: scores, the pairwise tests, the row
-    over its seeds, test and dev output, greedy validation, speed and where it trained. Landing notes are history
-    (they say what the grid looked like that day), so this is printed for the author, never rewritten."""
+    """A draft of the write-up's landing note for one cell (not vanilla's: it is what the others are tested
+    against), from its files: scores, the pairwise tests, the row over its seeds, test and dev output, greedy
+    validation, speed and where it trained. Landing notes are history (they say what the grid looked like that
+    day), so this is printed for the author, never rewritten."""
+    from datetime import datetime, timezone
+
     import sacrebleu
 
+    from sanlab.experiments.cells import speed_conditions
+
+    if variant == "vanilla":
+        raise ValueError("vanilla is the baseline the notes test against: draft a note for another row's cell")
     run = c.run_dir[variant, seed]
     meta = json.loads((run / "meta.json").read_text(encoding="utf-8"))
     done_ = json.loads((run / "done.json").read_text(encoding="utf-8"))
     sc, r = c.scores(variant, seed), c.rows[variant]
-    vanilla = c.rows["vanilla"]["seeds_done"]
     tests = []
-    for k in vanilla:
+    for k in c.rows["vanilla"]["seeds_done"]:
         test = c.test(variant, seed, k)
         shares = ", the run that shares its seed" if k == seed else ""
-        tests.append(f"{float(test['delta']):+.2f}{' ' + test['sig'] if test['sig'] else ''} against vanilla seed {k}"
-                     f"{shares} (p = {_p(float(test['p']))})")
+        tests.append(minus(f"{float(test['delta']):+.2f}") + (f" {test['sig']}" if test["sig"] else "")
+                     + f" against vanilla seed {k}{shares} (p = {p_prose(float(test['p']))})")
     hyps = (run / "hyp-best-test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:len(test_refs)]
     bleu = sacrebleu.corpus_bleu(hyps, [test_refs])
-    precisions = "/".join(f"{x:.1f}" for x in bleu.precisions)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    valid = [m for m in records if m["split"] == "valid"]
+    valid = [m for m in records if m.get("split") == "valid"]
     peak, last = max(valid, key=lambda v: v["bleu"]), valid[-1]
-    speed = [m for m in records if m["split"] == "speed"][-1]  # the whole run's, written at each validation
-    device = meta.get("device", "cpu")
-    where = "the CPU" if device == "cpu" else device
-    sessions = meta.get("sessions", [])
-    spm = meta["versions"]["sentencepiece"]
-    seeds = len(r["seeds_done"])
-    text = (f"{variant} seed {seed} on {where} ({meta.get('jobs', 1)} job x {meta['threads']} threads, "
-            f"sentencepiece {spm}), {sc['bleu']:.2f} (chrF {sc['chrf']:.2f}): {listing(tests)}. ")
-    if seeds > 1:
-        bleu_row = r["scores"]["BLEU"]
-        text += (f"{variant} over {number(seeds)} seeds is {bleu_row['mean']:.2f} ± {bleu_row['sd']:.2f}, "
-                 f"{r['delta']:+.2f} over vanilla's mean (seed-level bootstrap p = {r['seeds_test']['p_value']:.2f}"
-                 f"{'' if r['seeds_test']['mark'] else ', n.s.'}). ")
+    speed = [m for m in records if m.get("split") == "speed"][-1]  # the whole run's, written at each validation
+    text = (f"{variant} seed {seed} ({speed_conditions(run, done_)}, sentencepiece "
+            f"{meta['versions']['sentencepiece']}), {sc['bleu']:.2f} (chrF {sc['chrf']:.2f}): {listing(tests)}. ")
+    if len(r["seeds_done"]) > 1:
+        row, test = r["scores"]["BLEU"], r["seeds_test"]
+        verdict = test["mark"] or ("n.s." if test["p_value"] >= 0.05 else "no mark with fewer than three seeds")
+        text += minus(f"{variant} over {number(len(r['seeds_done']))} seeds is {row['mean']:.2f} ± {row['sd']:.2f}, "
+                      f"{r['delta']:+.2f} over vanilla's mean (seed-level bootstrap p = "
+                      f"{p_prose(test['p_value'], digits=2)}, {verdict}). ")
+    text += (f"Its test output: precisions {'/'.join(f'{x:.1f}' for x in bleu.precisions)} at BP {bleu.bp:.3f} "
+             f"({bleu.sys_len:,} tokens). ")
     dev = c.dev(variant, seed)
-    text += (f"Its test output: precisions {precisions} at BP {bleu.bp:.3f} ({bleu.sys_len:,} tokens). Its dev BLEU "
-             f"with beam 5 is {dev[0]:.2f} (BP {dev[1]:.3f}, {dev[2]:,} tokens); its greedy dev BLEU peaked at "
-             f"{peak['bleu']:.2f} (update {peak['step']:,})"
+    text += (f"Its dev BLEU with beam 5 is {dev[0]:.2f} (BP {dev[1]:.3f}, {dev[2]:,} tokens); " if dev
+             else "It has no dev hypotheses (DEV_HYPOTHESES_LOST); ")
+    text += (f"its greedy dev BLEU peaked at {peak['bleu']:.2f} (update {peak['step']:,})"
              + ("." if peak is last else f" and ended at {last['bleu']:.2f} (update {last['step']:,}).")
              + f" Its speed in the grid: {speed['steps_per_s']:.2f} updates/s (update time only; "
              f"{done_['summary']['train_seconds']:,.0f} s of updates).")
-    text = minus(text)  # the numbers' minus; not the date's hyphens below
+    sessions = meta.get("sessions") or []
     if sessions:
-        started = sessions[0]["started_at"].replace("T", " ")[:16]
-        text += (f" Trained from {started} UTC at {sessions[0]['git_revision'][:7]}"
-                 f"{f' over {len(sessions)} sessions' if len(sessions) > 1 else ''}.")
+        started = datetime.fromisoformat(sessions[0]["started_at"]).astimezone(timezone.utc)
+        resumed = " (a resume: it began before sessions were recorded)" if sessions[0].get("from_step") else ""
+        text += (f" Session 1 from {started:%Y-%m-%d %H:%M} UTC{resumed} at "
+                 f"{(sessions[0].get('git_revision') or 'an unknown revision')[:7]}"
+                 f"{f'; {len(sessions)} sessions' if len(sessions) > 1 else ''}.")
     return text
 
 
-def _p(p: float) -> str:
-    """p as the write-up's prose gives it: 2 digits, 3 below 0.1, never rounded onto a threshold."""
-    text = f"{p:.2f}" if p >= 0.1 else f"{p:.3f}"
-    return text if not any(p < th <= float(text) for th in (0.01, 0.05)) else f"{p:.5f}".rstrip("0")
+def p_prose(p: float, *, digits: int | None = None) -> str:
+    """p as the write-up's prose gives it: 2 digits, 3 below 0.1 (or ``digits``), and sanlab's ``p_text`` where
+    rounding would put it on a mark's threshold (0.04995 is not "0.05") or at zero."""
+    from sanlab.evaluation.significance import p_text
+
+    text = f"{p:.{digits or (2 if p >= 0.0995 else 3)}f}"
+    return p_text(p) if float(text) == 0 or any(p < th <= float(text) for th in (0.01, 0.05)) else text
 
 
 def row_brief(c, variant: str) -> str:
@@ -417,7 +435,7 @@ def row_brief(c, variant: str) -> str:
     marked = " §" if variant in special(c) else ""
     if len(r["seeds_done"]) > 1:
         test = r["seeds_test"]
-        verdict = f"seed-level p = {test['p_value']:.2f}" + (f" {test['mark']}" if test["mark"] else "")
+        verdict = f"seed-level p = {p_prose(test['p_value'], digits=2)}" + (f" {test['mark']}" if test["mark"] else "")
         return minus(f"{variant} {bleu['mean']:.2f} ± {bleu['sd']:.2f}{marked} ({number(len(r['seeds_done']))} seeds, "
                      f"Δ {r['delta']:+.2f}, {verdict})")
     seed = r["seeds_done"][0]
@@ -444,6 +462,14 @@ def vanilla_mean(c) -> str:
     return f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} over {number(len(c.rows['vanilla']['seeds_done']))} seeds"
 
 
+def readme_status(c) -> str:
+    """"partial: all of the table's 9 rows scored" (the README row's headline)."""
+    scored = sum(v in c.rows for v in TABLE1)
+    rows = "all of the table's 9 rows scored" if scored == len(TABLE1) else f"{scored} of the table's 9 rows scored"
+    done_, planned = totals(c)
+    return f"partial: {rows}" if done_ < planned else rows
+
+
 def rho(c) -> str:
     mean = _table1_means(c)
     return minus(f"{spearman(list(mean.values()), [c.rows[v]['paper_delta'] for v in mean]):.2f}")
@@ -455,7 +481,7 @@ BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies
           "bucket-tests": bucket_tests,
           # the README row
           "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,
-          "missing": _missing_phrase}
+          "still-to-train": still_to_train, "readme-status": lambda c: readme_status(c)}
 
 
 def fill(text: str, c) -> str:
@@ -464,9 +490,13 @@ def fill(text: str, c) -> str:
     def one(match: re.Match) -> str:
         name = match[1]
         if name not in BLOCKS:
-            raise KeyError(f"results/csan-multi30k.md: unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
+            raise KeyError(f"unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
         return f"<!-- gen:{name} -->{BLOCKS[name](c)}<!-- /gen -->"
-    if len(_BLOCK.findall(text)) != text.count("<!-- gen:"):  # a malformed marker would keep a stale sentence
-        bad = next(line for line in text.split("\n") if line.count("<!-- gen:") != len(_BLOCK.findall(line)))
-        raise ValueError(f"a generated block's markers are malformed (<!-- gen:NAME -->...<!-- /gen -->): {bad[:120]}")
+    # every marker-like comment must open or close a well-formed block: a malformed one would keep a stale sentence
+    allowed = {pos for m in _BLOCK.finditer(text) for pos in (m.start(), m.end() - len(_CLOSE))}
+    for m in _LOOSE.finditer(text):
+        if m.start() not in allowed:
+            line = text.count("\n", 0, m.start()) + 1
+            raise ValueError(f"line {line}: a generated block's marker is malformed or unpaired "
+                             f"(<!-- gen:NAME -->...<!-- /gen -->): {text[m.start():m.start() + 80]!r}")
     return _BLOCK.sub(one, text)

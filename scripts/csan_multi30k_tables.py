@@ -44,7 +44,7 @@ from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
-from csan_multi30k_facts import TABLE1, cell_note, fill, minus, totals  # noqa: E402
+from csan_multi30k_facts import TABLE1, cell_note, fill, minus, p_prose, totals  # noqa: E402
 
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
@@ -157,7 +157,7 @@ def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
             f"| {v}, {len(r['seeds_done'])} seeds vs vanilla, {len(van['seeds_done'])} seeds | "
             f"{params[v] - params['vanilla']:+,} | {bleu['mean']:.2f} ± {bleu['sd']:.2f} vs "
             f"{van['scores']['BLEU']['mean']:.2f} ± {van['scores']['BLEU']['sd']:.2f} | {r['delta']:+.2f} | "
-            f"– (seed-level bootstrap p = {r['seeds_test']['p_value']:.2f}; per seed {marks}) | {chrf['mean']:.2f} vs "
+            f"– (seed-level bootstrap p = {p_prose(r['seeds_test']['p_value'], digits=2)}; per seed {marks}) | {chrf['mean']:.2f} vs "
             f"{van['scores']['chrF']['mean']:.2f} | {dev} vs {van_dev} | | {paper.get(v, '')} |"))
     return rows
 
@@ -227,31 +227,37 @@ def rewrite(text: str, c: Cells) -> str:
 
 def rewrite_readme(text: str, c: Cells) -> str:
     """The README's row for this write-up: the cell count of the title and its generated blocks."""
-    return "\n".join(fill(re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), line), c)
-                     if line.startswith(README_ROW) else line for line in text.split("\n"))
+    lines = text.split("\n")
+    rows = [i for i, line in enumerate(lines) if line.startswith(README_ROW)]
+    if len(rows) != 1:  # renamed or doubled: its scores would go stale unnoticed
+        raise ValueError(f"README.md: {len(rows)} lines start with {README_ROW!r}, expected one")
+    lines[rows[0]] = fill(re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), lines[rows[0]]), c)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the tables would change")
-    parser.add_argument("--note", metavar="VARIANT:SEED",
-                        help="print a draft landing note for that cell (its scores, tests, output, speed); write nothing")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change")
+    what.add_argument("--note", metavar="VARIANT:SEED",
+                      help="print a draft landing note for that cell (its scores, tests, output, speed); write nothing")
     args = parser.parse_args(argv)
-    cells = Cells()
     if args.note:
         variant, _, seed = args.note.rpartition(":")
-        if (variant, int(seed or 0)) not in cells.order:
-            parser.error(f"--note {args.note}: not an evaluated cell (VARIANT:SEED, e.g. CNNs:2)")
+        if not seed.isdigit() or variant in ("", "vanilla"):
+            parser.error(f"--note {args.note}: give VARIANT:SEED of a row other than vanilla (e.g. CNNs:2)")
+    cells = Cells()
+    if args.note:
+        if (variant, int(seed)) not in cells.order:
+            parser.error(f"--note {args.note}: not an evaluated cell of the grid")
         print(cell_note(cells, variant, int(seed), _lines(DATA / "test_2016_flickr.de.gz")))
         return 0
-    changed = []
-    for path, make in ((WRITEUP, rewrite), (README, rewrite_readme)):
-        old = path.read_text(encoding="utf-8")
-        new = make(old, cells)
-        if new != old:
-            changed.append(path)
-            if not args.check:
-                path.write_text(new, encoding="utf-8")
+    texts = {path: path.read_text(encoding="utf-8") for path in (WRITEUP, README)}
+    new = {WRITEUP: rewrite(texts[WRITEUP], cells), README: rewrite_readme(texts[README], cells)}  # both, then write
+    changed = [path for path in new if new[path] != texts[path]]
+    if not args.check:
+        for path in changed:
+            path.write_text(new[path], encoding="utf-8")
     names = ", ".join(str(p.relative_to(ROOT)) for p in changed)
     if args.check:
         print(f"differ from the committed cells: {names}" if changed else "tables and counts up to date")

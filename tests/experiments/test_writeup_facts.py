@@ -92,8 +92,12 @@ def test_an_unknown_block_is_refused_and_known_ones_are_rewritten():
     assert facts.fill(text, c) == "x <!-- gen:setting-seeds -->train seed 1 (and 2, 3 for vanilla; 2 for A)<!-- /gen --> y"
     with pytest.raises(KeyError, match="unknown generated block 'seeds'"):
         facts.fill("<!-- gen:seeds --><!-- /gen -->", c)
-    with pytest.raises(ValueError, match="markers are malformed"):
-        facts.fill("x <!-- gen:Seeds --><!-- /gen -->", c)
+    for malformed in ("x <!-- gen:Seeds --><!-- /gen -->", "x <!--gen:done-->old<!-- /gen -->",
+                      "a stale sentence <!-- /gen --> y", "<!-- gen:done -->unclosed <!-- gen:done -->x<!-- /gen -->"):
+        with pytest.raises(ValueError, match="malformed or unpaired"):
+            facts.fill("first line\n" + malformed, c)
+    with pytest.raises(ValueError, match="line 2:"):
+        facts.fill("first line\n" + malformed, c)
 
 
 def test_marks_count_changes_of_verdict_not_of_strength():
@@ -126,3 +130,48 @@ def test_readme_rows_quote_the_test_that_decides():
         "Block 38.50 ± 0.71 § (two seeds, Δ +0.50, seed-level p = 0.07); CNNs 36.50 (one seed, Δ −1.50, against "
         "vanilla's seeds ⇓, n.s., ↓); none significant in the seed-level bootstrap")
     assert facts.vanilla_mean(c) == "38.00 ± 1.00 over three seeds"
+
+
+def test_zero_counts_read_none():
+    c = cells(vanilla=row([1, 2, 3]), A=row([1, 2]), B=row([1, 2]))
+    assert facts.one_seed_rows(c) == "One seed for none of the three rows (two for A and B)"
+    c.order = [("vanilla", 1), ("A", 1), ("A", 2)]
+    c.test = lambda v, s, k: {"sig": "↑" if s == 1 else ""}
+    c.multi = {"vanilla", "A"}
+    assert facts.marks(c).endswith("It changes it for none of the two runs of the multi-seed variants too. One of "
+                                   "those runs is marked against all three vanilla seeds: A seed 1 (↑, ↑, ↑). One is "
+                                   "marked against none")
+    c.test = lambda v, s, k: {"sig": "↑" if k == 1 else ""}
+    assert "None of those runs is marked against all three vanilla seeds. None is marked against none" in facts.marks(c)
+
+
+def test_a_complete_grid_says_so_in_the_readme():
+    c = cells(vanilla=row([1, 2, 3]), **{v: row([1], planned=(1,)) for v in facts.TABLE1})
+    assert facts.still_to_train(c) == "every cell the grid plans trained"
+    assert facts.readme_status(c) == "all of the table's 9 rows scored"
+    c.rows["Block"] = row([1], planned=(1, 2))
+    assert facts.still_to_train(c) == "seed 2 of Block still to train"
+    assert facts.readme_status(c) == "partial: all of the table's 9 rows scored"
+
+
+@pytest.mark.parametrize("p, digits, text", [(0.3646, None, "0.36"), (0.0729, None, "0.073"), (0.0729, 2, "0.07"),
+                                             (0.04995, 2, "0.04995"), (0.00999, None, "0.00999"), (0.0995, None, "0.10"),
+                                             (0.0004, None, "0.0004")])
+def test_p_values_in_prose_never_sit_on_a_threshold(p, digits, text):
+    assert facts.p_prose(p, digits=digits) == text
+
+
+def test_vocabularies_compares_the_special_cells_with_the_others():
+    c = cells(vanilla=row([1], planned=(1,), bleu=(37.0,)), A=row([1, 2], bleu=(39.0, 38.0), special=(1,)),
+              B=row([1], planned=(1,), bleu=(35.0,), special=(1,)))
+    c.order = [("vanilla", 1), ("A", 1), ("A", 2), ("B", 1)]
+    bleu = {("vanilla", 1): 37.0, ("A", 1): 39.0, ("A", 2): 38.0, ("B", 1): 35.0}
+    dev = {("vanilla", 1): (38.0, 0.9, 1000), ("A", 1): (40.0, 0.9, 1100), ("A", 2): None, ("B", 1): (40.0, 0.9, 1100)}
+    c.scores = lambda v, s: {"bleu": bleu[v, s]}
+    c.dev = lambda v, s: dev[v, s]
+    assert facts.vocabularies(c) == (
+        "The two § cells wrote 10.0% longer dev output than the other two (1,100 against 1,000 tokens on average; the "
+        "dev figures leave out A seed 2, which has no dev hypotheses). Their dev BLEU is higher (40.00 against 38.00), "
+        "but their test BLEU is lower (37.00 against 37.50). Within the one row that has cells of both kinds, the § "
+        "seeds are above the others for A (39.00 against 38.00). So the rows whose standing rests on § cells are "
+        "provisional: B (its only cell) and the two-seed mean of A (its seed 1).")

@@ -12,6 +12,10 @@ from sanlab.config import dump_config
 
 from training_fixtures import final_weights
 
+# a rank takes ~15 s alone; on a 2-core machine shared with a training run, CI's niced workers took past 180 s. The
+# failures these launches test are ranks that wait for hours, so a generous bound still tells them apart.
+RANK_TIMEOUT_S = 900
+
 pytestmark = pytest.mark.slow  # each launch starts two Python processes (~10 s)
 
 
@@ -97,7 +101,7 @@ def test_a_crash_on_one_rank_ends_the_others_with_its_message_and_the_run_resume
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=RANK_TIMEOUT_S)
     assert done.returncode != 0
     # torchrun's summary lists every failed rank ("Failures:", then "Root Cause": the earliest error file). Which
     # rank is the root cause is a race: rank 0 may record gloo's "peer closed" a moment before rank 1's error
@@ -153,11 +157,6 @@ if os.environ.get("RANK") == "0":
 sys.argv[0] = "sanlab"
 runpy.run_module("sanlab", run_name="__main__")
 """
-
-
-# a rank takes ~15 s alone; on a 2-core machine shared with a training run, CI's niced workers took past 180 s. The
-# failures these launches test are ranks that wait for hours, so a generous bound still tells them apart.
-RANK_TIMEOUT_S = 900
 
 
 def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> list[tuple[int, str]]:
