@@ -197,7 +197,7 @@ def devices(c) -> str:
     text = f"{number(cpu, capital=True)} cell{'s' if cpu != 1 else ''} trained on this project's 2-core CPU"
     if gpu:
         names = listing([re.sub(r"^cuda \((.*)\)$", r"\1", g) for g in gpus])
-        text += f", {number(gpu)} on {'an ' if names[0] in 'AEIOUN' else 'a '}{names}"
+        text += f", {number(gpu)} on the {names}"
     return text
 
 

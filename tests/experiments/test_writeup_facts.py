@@ -2,6 +2,7 @@
 (the committed write-up itself is checked against the committed cells in test_committed_writeup.py)."""
 
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -175,3 +176,15 @@ def test_vocabularies_compares_the_special_cells_with_the_others():
         "but their test BLEU is lower (37.00 against 37.50). Within the one row that has cells of both kinds, the § "
         "seeds are above the others for A (39.00 against 38.00). So the rows whose standing rests on § cells are "
         "provisional: B (its only cell) and the two-seed mean of A (its seed 1).")
+
+
+def test_devices_count_cpu_and_gpu_cells(tmp_path):
+    metas = {("vanilla", 1): {}, ("A", 1): {"device": "cpu"}, ("A", 2): {"device": "cuda (NVIDIA H200)"}}
+    run_dir = {}
+    for (v, s), meta in metas.items():
+        run_dir[v, s] = tmp_path / f"{v}-{s}"
+        run_dir[v, s].mkdir()
+        (run_dir[v, s] / "meta.json").write_text(json.dumps(meta))
+    c = SimpleNamespace(order=list(metas), run_dir=run_dir)
+    assert facts.devices(c) == "Two cells trained on this project's 2-core CPU, one on the NVIDIA H200"
+    assert facts.cpu_cells(c) == 2
