@@ -781,6 +781,12 @@ def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished
         own = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
         assert line.startswith(cell.label) and line.endswith(f"  ~{own} of updates"), line
     assert not any("of updates" in line for line in describe_cells(finished, finished.cells).splitlines())
+    # a process training a cell logs past its last checkpoint: the listing says how far (a resume starts earlier)
+    cell = longer.cells[0]
+    with open(cell.layout.metrics, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"split": "train", "step": 1_234, "time": 1_795_914_061.9, "loss": 1.0}) + "\n")
+    line = describe_cells(longer, longer.cells).splitlines()[0]
+    assert f"{cell.label}  training step 4 (its log has reached update 1,234, 2026-11-29 01:01 UTC)" in line, line
 
 
 def test_dry_run_estimate_stops_at_max_epochs_prefers_cells_trained_alone_and_skips_damaged_ones(finished, tmp_path):

@@ -42,10 +42,11 @@ class CellState:
     detail: str = ""
     advice: str = RERUN_ADVICE  # what to do about a conflict, where its detail does not say it already
 
-    def describe(self) -> str:
+    def describe(self, progress: str = "") -> str:
+        """The state in words; ``progress`` follows the status (a live run's log, ``--dry-run``)."""
         text = {"training": f"training step {self.step}", "trained": f"trained (step {self.step})",
                 "evaluated": f"evaluated (step {self.step})"}.get(self.status, self.status)
-        return text + (f" — {self.detail}" if self.detail else "")
+        return text + progress + (f" — {self.detail}" if self.detail else "")
 
 
 def latest_step(run_dir: Path) -> int | None:

@@ -68,7 +68,8 @@ def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
     def state(cell: Cell) -> str:
         described, error = cell_state(cell, grid.spec.eval), read_failure(cell)
         failed = error and described.status != "evaluated"
-        return described.describe() + (f" (last attempt failed: {error})" if failed else "")
+        progress = _logged_past(cell, described.step) if described.status == "training" else ""
+        return described.describe(progress) + (f" (last attempt failed: {error})" if failed else "")
 
     left = _updates_left(grid, cells)
     rows = [(c.label, state(c), str(c.run_dir), _cell_estimate(left, c)) for c in cells]
@@ -77,6 +78,23 @@ def describe_cells(grid: Grid, cells: Sequence[Cell]) -> str:
     done = sum(cell_state(c, grid.spec.eval).status == "evaluated" for c in cells)
     estimate = _time_left_line(left)
     return "\n".join(lines + [f"{done} of {len(cells)} cells evaluated"] + ([estimate] if estimate else []))
+
+
+def _logged_past(cell: Cell, step: int | None) -> str:
+    """How far a cell's log has gone past the checkpoint it would resume from (the state's step): a process
+    training it now logs every ``log_every`` updates and saves only at validations."""
+    from datetime import datetime, timezone
+
+    from sanlab.training.loop import read_metrics
+
+    try:
+        logged = [r for r in read_metrics(cell.run_dir) if r.get("split") == "train" and "step" in r]
+    except ConfigError:  # a damaged log: the listing still shows the saved state
+        return ""
+    if not logged or logged[-1]["step"] <= (step or 0):
+        return ""
+    when = datetime.fromtimestamp(logged[-1]["time"], timezone.utc) if "time" in logged[-1] else None
+    return f" (its log has reached update {logged[-1]['step']:,}{f', {when:%Y-%m-%d %H:%M} UTC' if when else ''})"
 
 
 def time_left(grid: Grid, cells: Sequence[Cell]) -> str | None:
