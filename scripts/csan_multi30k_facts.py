@@ -11,6 +11,8 @@ text around it is the author's. The blocks:
 - `done`, `setting-seeds`, `one-seed-rows`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
 - `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
   the means are and how many rows are one run;
+- `dev-range`, `later-peaks`: where the cells' whole-dev-set BLEU lies, § cells against the others; how the greedy
+  dev BLEU peaks of the CPU runs scored after Rel_Pos seed 1 and of the § cells compare with its peak;
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
 - in the README's row: `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
@@ -361,6 +363,81 @@ def bucket_tests(c) -> str:
             f"{'are' if marked != 1 else 'is'}.")
 
 
+def _cell_name(c, variant: str, seed: int) -> str:
+    """"DynamicConv seed 3" for a row with several seeds done, "MUSE_FF" for a one-seed row."""
+    return f"{variant} seed {seed}" if variant in c.multi else variant
+
+
+def dev_range(c) -> str:
+    """Where the runs' whole-dev-set BLEU (beam 5) lies: the cells with vanilla's vocabulary (vanilla's own seeds
+    aside, which the write-up gives one by one) and the § cells, and whether the § cells score higher."""
+    marked = special(c)
+    kinds: dict[str, list[tuple[str, int]]] = {"other": [], "§": []}
+    for v, s in c.order:
+        if v != "vanilla":
+            kinds["§" if s in marked.get(v, ()) else "other"].append((v, s))
+    decoded = [vs for vs in c.order if c.dev(*vs)]
+    bleu = {vs: c.dev(*vs)[0] for vs in decoded}
+    top = max(bleu, key=bleu.get)
+
+    def where(cells) -> str:
+        """"lie from 37.55 (MUSE_FF) to 39.68 (DynamicConv seed 3)", "is at 38.50 (B)" (a decoded cell or more)."""
+        lo, hi = min(cells, key=bleu.get), max(cells, key=bleu.get)
+
+        def name(vs):
+            return f"{bleu[vs]:.2f} ({_cell_name(c, *vs)}{', the highest of the grid' if vs == top else ''})"
+        return f"is at {name(lo)}" if len(cells) == 1 else f"lie from {name(lo)} to {name(hi)}"
+
+    def kind(start: str, cells, noun: str, qualifier: str = "") -> str:
+        text = f"{start} {number(len(cells))} {noun}{'s' if len(cells) != 1 else ''}{qualifier}"
+        lost = [vs for vs in cells if vs not in bleu]
+        if lost:
+            text += f" ({listing([_cell_name(c, *vs) for vs in lost])} not decoded: no dev hypotheses)"
+        scored = [vs for vs in cells if vs in bleu]
+        return text + (" " + where(scored) if scored else " are not decoded")
+    parts = [kind("The other", kinds["other"], "cell", " with vanilla's vocabulary")] if kinds["other"] else []
+    if kinds["§"]:
+        special_bleu = [bleu[vs] for vs in kinds["§"] if vs in bleu]
+        rest = [bleu[vs] for vs in decoded if vs not in kinds["§"]]  # vanilla's included, as `vocabularies` does
+        text = kind("the" if parts else "The", kinds["§"], "§ cell")
+        if special_bleu and rest:
+            text += f", {'higher' if statistics.mean(special_bleu) > statistics.mean(rest) else 'lower'} on average"
+        parts.append(text)
+    return minus("; ".join(parts) + ".") if parts else "No cell but vanilla's is scored."
+
+
+REFERENCE_PEAK = ("Rel_Pos", 1)  # the run whose greedy-peak bullet counts the CPU runs scored after it
+
+
+def later_peaks(c) -> str:
+    """How the greedy dev BLEU peaks (the checkpoint-selection score) of the CPU runs finished after Rel_Pos seed 1
+    and of the § cells compare with Rel_Pos seed 1's."""
+    def done(v, s) -> dict:
+        return json.loads((c.run_dir[v, s] / "done.json").read_text(encoding="utf-8"))
+    ref = done(*REFERENCE_PEAK)
+    bar, after = ref["summary"]["best"], ref["finished_at"]
+    marked = special(c)
+    peak = {vs: done(*vs)["summary"]["best"] for vs in c.order}
+    cpu = [vs for vs in c.order if done(*vs)["finished_at"] > after and _device(c, *vs) == "cpu"]
+    above = sorted((vs for vs in cpu if peak[vs] > bar), key=peak.get)
+    below = [vs for vs in cpu if peak[vs] <= bar]
+    text = f"of the {number(len(cpu))} CPU runs scored after it, {number(len(above))} peaked above {bar:.2f}"
+    if len(above) > 1:
+        text += (f" (from {possessive(_cell_name(c, *above[0]))} {peak[above[0]]:.2f} to "
+                 f"{possessive(_cell_name(c, *above[-1]))} {peak[above[-1]]:.2f})")
+    text += f", {number(len(below))} below"
+    special_cells = [(v, s) for v, s in c.order if s in marked.get(v, ())]
+    low = [vs for vs in special_cells if peak[vs] <= bar]
+    if special_cells:
+        if not low:
+            text += ", and every § cell above"
+        else:
+            text += (f", and {number(len(special_cells) - len(low))} of the {number(len(special_cells))} § cells above "
+                     f"({listing([_cell_name(c, *vs) for vs in low])} peaked at "
+                     f"{listing([f'{peak[vs]:.2f}' for vs in low])})")
+    return minus(text)
+
+
 def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
     """A draft of the write-up's landing note for one cell (not vanilla's: it is what the others are tested
     against), from its files: scores, the pairwise tests, the row over its seeds, test and dev output, greedy
@@ -478,7 +555,7 @@ def rho(c) -> str:
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
           "summary-rows": summary_rows, "order": order, "spread": spread, "marks": marks,
-          "bucket-tests": bucket_tests,
+          "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
           # the README row
           "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,
           "still-to-train": still_to_train, "readme-status": lambda c: readme_status(c)}

@@ -188,3 +188,39 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
     c = SimpleNamespace(order=list(metas), run_dir=run_dir)
     assert facts.devices(c) == "Two cells trained on this project's 2-core CPU, one on the NVIDIA H200"
     assert facts.cpu_cells(c) == 2
+
+
+def test_dev_range_spans_each_kind_of_cell_and_names_the_grids_highest():
+    c = cells(vanilla=row([1, 2]), A=row([1, 2], special=(1,)), B=row([1]), C=row([1]))
+    c.order = [("vanilla", 1), ("vanilla", 2), ("A", 1), ("A", 2), ("B", 1), ("C", 1)]
+    dev = {("vanilla", 1): 38.0, ("vanilla", 2): 41.0, ("A", 1): 40.5, ("A", 2): 37.0, ("B", 1): 38.5, ("C", 1): None}
+    c.dev = lambda v, s: dev[v, s] and (dev[v, s], 0.95, 1000)
+    # vanilla seed 2 is the grid's highest, so no span names it; the one § cell is above the others' mean (38.625)
+    assert facts.dev_range(c) == ("The other three cells with vanilla's vocabulary (C not decoded: no dev hypotheses) "
+                                  "lie from 37.00 (A seed 2) to 38.50 (B); the one § cell is at 40.50 (A seed 1), "
+                                  "higher on average.")
+    dev["A", 1] = 42.0
+    assert facts.dev_range(c).endswith("the one § cell is at 42.00 (A seed 1, the highest of the grid), higher on "
+                                       "average.")
+    dev["A", 1] = 37.5
+    assert facts.dev_range(c).endswith("is at 37.50 (A seed 1), lower on average.")
+
+
+def test_later_peaks_counts_the_cpu_runs_after_the_reference_and_the_special_cells(tmp_path):
+    runs = {("vanilla", 1): (50, 38.7, "cpu"), ("Rel_Pos", 1): (100, 38.86, "cpu"), ("vanilla", 2): (150, 38.0, "cpu"),
+            ("D", 1): (200, 39.0, "cpu"), ("M", 1): (300, 40.07, "cpu"), ("G", 1): (250, 38.3, "cuda (NVIDIA H200)"),
+            ("H", 1): (260, 40.0, "cuda (NVIDIA H200)"), ("E", 1): (400, 38.86, "cpu")}
+    run_dir = {}
+    for (v, s), (finished, best, device) in runs.items():
+        run_dir[v, s] = tmp_path / f"{v}-{s}"
+        run_dir[v, s].mkdir()
+        (run_dir[v, s] / "done.json").write_text(json.dumps({"finished_at": finished, "summary": {"best": best}}))
+        (run_dir[v, s] / "meta.json").write_text(json.dumps({"device": device}))
+    c = cells(vanilla=row([1, 2]), Rel_Pos=row([1]), D=row([1]), M=row([1]), G=row([1], special=(1,)),
+              H=row([1], special=(1,)), E=row([1]))
+    c.order, c.run_dir = list(runs), run_dir
+    # vanilla seed 1 finished before Rel_Pos seed 1; E ties its peak, which is not above it
+    assert facts.later_peaks(c) == ("of the four CPU runs scored after it, two peaked above 38.86 (from D's 39.00 to "
+                                    "M's 40.07), two below, and one of the two § cells above (G peaked at 38.30)")
+    (run_dir["G", 1] / "done.json").write_text(json.dumps({"finished_at": 250, "summary": {"best": 39.5}}))
+    assert facts.later_peaks(c).endswith(", two below, and every § cell above")
