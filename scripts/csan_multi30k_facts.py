@@ -13,6 +13,7 @@ text around it is the author's. The blocks:
   the means are and how many rows are one run;
 - `dev-range`, `later-peaks`: where the cells' whole-dev-set BLEU lies, § cells against the others; how the greedy
   dev BLEU peaks of the CPU runs scored after Rel_Pos seed 1 and of the § cells compare with its peak;
+- `seed-spreads`: how far apart the seeds of each multi-seed row lie;
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
 - in the README's row: `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
@@ -55,8 +56,8 @@ def listing(items: list[str]) -> str:
 
 
 def possessive(name: str) -> str:
-    """"Block's", "CNNs'"."""
-    return name + ("'" if name.endswith("s") else "'s")
+    """"Block's", "Rel_Pos's", "CNNs'" (a plural: an acronym's -s)."""
+    return name + ("'" if name.endswith("s") and name[:-1].isupper() else "'s")
 
 
 def seeds_phrase(seeds: tuple[int, ...]) -> str:
@@ -317,6 +318,50 @@ def spread(c) -> str:
             f"{span / c.rows['vanilla']['scores']['BLEU']['sd']:.1f} of vanilla's sds, and {runs}.")
 
 
+def seed_spreads(c) -> str:
+    """How far each multi-seed row's seeds lie apart: vanilla's and the widest row's on test and on the dev set,
+    the other rows with vanilla's number of seeds on test, the rows with fewer seeds with their values (§ marked)."""
+    marked = special(c)
+
+    def values(v) -> dict[int, float]:
+        return dict(zip(c.rows[v]["seeds_done"], c.rows[v]["scores"]["BLEU"]["values"]))
+
+    def width(xs) -> float:
+        return max(xs) - min(xs)
+
+    def listed(v, xs: dict[int, float]) -> str:
+        return ", ".join(f"{x:.2f}{' §' if s in marked.get(v, ()) else ''}" for s, x in xs.items())
+
+    def detail(v, *, first: bool) -> str:
+        """"1.05 test BLEU (38.50, 37.45, 37.86) and 0.70 on the whole dev set with beam 5 (...)" (the units only
+        ``first``)."""
+        test, dev = values(v), {s: c.dev(v, s) for s in c.rows[v]["seeds_done"]}
+        test_unit, dev_unit = (" test BLEU", " on the whole dev set with beam 5") if first else ("", "")
+        text = f"{width(test.values()):.2f}{test_unit} ({listed(v, test)})"
+        if all(dev.values()):
+            text += (f" and {width([d[0] for d in dev.values()]):.2f}{dev_unit} "
+                     f"({', '.join(f'{d[0]:.2f}' for d in dev.values())})")
+        return text
+    full = len(c.rows["vanilla"]["seeds_done"])
+    same = [v for v in c.rows if v != "vanilla" and len(c.rows[v]["seeds_done"]) == full]
+    fewer = [v for v in c.rows if v != "vanilla" and 1 < len(c.rows[v]["seeds_done"]) < full]
+    text = f"vanilla's {number(full)} seeds span {detail('vanilla', first=True)}"
+    parts = []
+    if same:
+        widest = max(same, key=lambda v: width(values(v).values()))
+        parts.append(f"{possessive(widest)} span {detail(widest, first=False)}")
+        rest = [f"{possessive(v)} {width(values(v).values()):.2f}" for v in same if v != widest]
+        if rest:
+            parts.append(listing(rest) + " on test")
+    for i, v in enumerate(fewer):
+        n = len(c.rows[v]["seeds_done"])
+        seeds = f" {number(n)} seeds" if i == 0 else ""
+        parts.append(f"{possessive(v)}{seeds} {width(values(v).values()):.2f} ({listed(v, values(v))})")
+    if parts:
+        text += "; " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
+    return minus(text)
+
+
 def _how_many(n: int, *, capital: bool = False) -> str:
     """"none" (of the ...) or the number in words."""
     return number(n, capital=capital) if n else ("None" if capital else "none")
@@ -556,6 +601,7 @@ BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
           "summary-rows": summary_rows, "order": order, "spread": spread, "marks": marks,
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
+          "seed-spreads": seed_spreads,
           # the README row
           "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,
           "still-to-train": still_to_train, "readme-status": lambda c: readme_status(c)}

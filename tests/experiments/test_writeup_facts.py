@@ -224,3 +224,18 @@ def test_later_peaks_counts_the_cpu_runs_after_the_reference_and_the_special_cel
                                     "M's 40.07), two below, and one of the two § cells above (G peaked at 38.30)")
     (run_dir["G", 1] / "done.json").write_text(json.dumps({"finished_at": 250, "summary": {"best": 39.5}}))
     assert facts.later_peaks(c).endswith(", two below, and every § cell above")
+
+
+def test_seed_spreads_detail_vanilla_and_the_widest_row_and_list_the_rest():
+    c = cells(vanilla=row([1, 2, 3], bleu=(38.0, 37.0, 37.5)), A=row([1, 2, 3], bleu=(36.0, 38.0, 37.0)),
+              Rel_Pos=row([1, 2, 3], bleu=(38.0, 38.5, 38.25)), CNNs=row([1, 2], bleu=(39.0, 38.5), special=(1,)),
+              B=row([1]))
+    dev = {("vanilla", 1): 38.0, ("vanilla", 2): 38.5, ("vanilla", 3): 38.25, ("A", 1): 37.0, ("A", 2): None}
+    c.dev = lambda v, s: dev.get((v, s), 38.0) and (dev.get((v, s), 38.0), 0.95, 1000)
+    # A's seed 2 has no dev hypotheses, so its dev spread is left out; B (one seed) has no spread
+    assert facts.seed_spreads(c) == (
+        "vanilla's three seeds span 1.00 test BLEU (38.00, 37.00, 37.50) and 0.50 on the whole dev set with beam 5 "
+        "(38.00, 38.50, 38.25); A's span 2.00 (36.00, 38.00, 37.00), Rel_Pos's 0.50 on test and CNNs' two seeds 0.50 "
+        "(39.00 §, 38.50)")
+    dev["A", 2] = 38.5
+    assert "A's span 2.00 (36.00, 38.00, 37.00) and 1.50 (37.00, 38.50, 38.00), Rel_Pos's" in facts.seed_spreads(c)
