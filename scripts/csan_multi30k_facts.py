@@ -323,43 +323,41 @@ def seed_spreads(c) -> str:
     the other rows with vanilla's number of seeds on test, the rows with fewer seeds with their values (§ marked)."""
     marked = special(c)
 
-    def values(v) -> dict[int, float]:
-        return dict(zip(c.rows[v]["seeds_done"], c.rows[v]["scores"]["BLEU"]["values"]))
-
-    def width(xs) -> float:
-        return max(xs) - min(xs)
-
     def listed(v, xs: dict[int, float]) -> str:
         return ", ".join(f"{x:.2f}{' §' if s in marked.get(v, ()) else ''}" for s, x in xs.items())
 
-    def detail(v, *, first: bool) -> str:
-        """"1.05 test BLEU (38.50, 37.45, 37.86) and 0.70 on the whole dev set with beam 5 (...)" (the units only
-        ``first``)."""
-        test, dev = values(v), {s: c.dev(v, s) for s in c.rows[v]["seeds_done"]}
-        test_unit, dev_unit = (" test BLEU", " on the whole dev set with beam 5") if first else ("", "")
-        text = f"{width(test.values()):.2f}{test_unit} ({listed(v, test)})"
-        if all(dev.values()):
-            text += (f" and {width([d[0] for d in dev.values()]):.2f}{dev_unit} "
-                     f"({', '.join(f'{d[0]:.2f}' for d in dev.values())})")
+    def test(v) -> dict[int, float]:
+        return dict(zip(c.rows[v]["seeds_done"], c.rows[v]["scores"]["BLEU"]["values"]))
+
+    def dev(v) -> dict[int, float] | None:
+        scores = {s: c.dev(v, s) for s in c.rows[v]["seeds_done"]}
+        return {s: d[0] for s, d in scores.items()} if all(scores.values()) else None
+
+    def width(xs: dict[int, float]) -> float:
+        return max(xs.values()) - min(xs.values())
+    units = {"test": " test BLEU", "dev": " on the whole dev set with beam 5"}  # said once, the first time
+
+    def detail(v) -> str:
+        """"1.05 test BLEU (38.50, 37.45, 37.86) and 0.70 on the whole dev set with beam 5 (37.97, ...)"."""
+        text = f"{width(test(v)):.2f}{units.pop('test', '')} ({listed(v, test(v))})"
+        if dev(v):
+            text += f" and {width(dev(v)):.2f}{units.pop('dev', '')} ({listed(v, dev(v))})"
         return text
     full = len(c.rows["vanilla"]["seeds_done"])
     same = [v for v in c.rows if v != "vanilla" and len(c.rows[v]["seeds_done"]) == full]
     fewer = [v for v in c.rows if v != "vanilla" and 1 < len(c.rows[v]["seeds_done"]) < full]
-    text = f"vanilla's {number(full)} seeds span {detail('vanilla', first=True)}"
+    text = f"vanilla's {number(full)} seeds span {detail('vanilla')}"
     parts = []
     if same:
-        widest = max(same, key=lambda v: width(values(v).values()))
-        parts.append(f"{possessive(widest)} span {detail(widest, first=False)}")
-        rest = [f"{possessive(v)} {width(values(v).values()):.2f}" for v in same if v != widest]
+        widest = max(same, key=lambda v: width(test(v)))
+        parts.append(f"{possessive(widest)} span {detail(widest)}")
+        rest = [f"{possessive(v)} {width(test(v)):.2f}" for v in same if v != widest]
         if rest:
             parts.append(listing(rest) + " on test")
     for i, v in enumerate(fewer):
-        n = len(c.rows[v]["seeds_done"])
-        seeds = f" {number(n)} seeds" if i == 0 else ""
-        parts.append(f"{possessive(v)}{seeds} {width(values(v).values()):.2f} ({listed(v, values(v))})")
-    if parts:
-        text += "; " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
-    return minus(text)
+        seeds = f" {number(len(c.rows[v]['seeds_done']))} seeds" if i == 0 else ""
+        parts.append(f"{possessive(v)}{seeds} {width(test(v)):.2f} ({listed(v, test(v))})")
+    return minus(text + ("; " + listing(parts) if parts else ""))
 
 
 def _how_many(n: int, *, capital: bool = False) -> str:
@@ -415,70 +413,92 @@ def _cell_name(c, variant: str, seed: int) -> str:
 
 def dev_range(c) -> str:
     """Where the runs' whole-dev-set BLEU (beam 5) lies: the cells with vanilla's vocabulary (vanilla's own seeds
-    aside, which the write-up gives one by one) and the § cells, and whether the § cells score higher."""
+    aside, which the write-up gives one by one) and the § cells, and whether the § cells score higher than every
+    other cell, vanilla's included (as `vocabularies` compares them)."""
     marked = special(c)
     kinds: dict[str, list[tuple[str, int]]] = {"other": [], "§": []}
     for v, s in c.order:
         if v != "vanilla":
             kinds["§" if s in marked.get(v, ()) else "other"].append((v, s))
-    decoded = [vs for vs in c.order if c.dev(*vs)]
-    bleu = {vs: c.dev(*vs)[0] for vs in decoded}
-    top = max(bleu, key=bleu.get)
+    bleu = {vs: round(c.dev(*vs)[0], 2) for vs in c.order if c.dev(*vs)}  # compared as printed
+    if not bleu:
+        return "No cell has dev hypotheses."
+    top = max(bleu.values())
 
-    def where(cells) -> str:
-        """"lie from 37.55 (MUSE_FF) to 39.68 (DynamicConv seed 3)", "is at 38.50 (B)" (a decoded cell or more)."""
-        lo, hi = min(cells, key=bleu.get), max(cells, key=bleu.get)
+    def at(score: float, cells) -> str:
+        """"39.99 (CNNs seed 1, the highest of the grid)": every cell of ``cells`` at that score."""
+        names = listing([_cell_name(c, *vs) for vs in cells if bleu[vs] == score])
+        return f"{score:.2f} ({names}{', the highest of the grid' if score == top else ''})"
 
-        def name(vs):
-            return f"{bleu[vs]:.2f} ({_cell_name(c, *vs)}{', the highest of the grid' if vs == top else ''})"
-        return f"is at {name(lo)}" if len(cells) == 1 else f"lie from {name(lo)} to {name(hi)}"
+    def where(scored) -> str:
+        lo, hi = min(bleu[vs] for vs in scored), max(bleu[vs] for vs in scored)
+        if lo == hi:
+            return f"{'is' if len(scored) == 1 else 'are all'} at {at(lo, scored)}"
+        return f"lie from {at(lo, scored)} to {at(hi, scored)}"
 
     def kind(start: str, cells, noun: str, qualifier: str = "") -> str:
-        text = f"{start} {number(len(cells))} {noun}{'s' if len(cells) != 1 else ''}{qualifier}"
+        """"The other twenty cells with vanilla's vocabulary lie from ... to ...", "Of the other twenty cells ...,
+        nineteen are decoded (X has no dev hypotheses) and lie from ... to ..."."""
+        group = f"{number(len(cells))} {noun}{'s' if len(cells) != 1 else ''}{qualifier}"
         lost = [vs for vs in cells if vs not in bleu]
-        if lost:
-            text += f" ({listing([_cell_name(c, *vs) for vs in lost])} not decoded: no dev hypotheses)"
         scored = [vs for vs in cells if vs in bleu]
-        return text + (" " + where(scored) if scored else " are not decoded")
-    parts = [kind("The other", kinds["other"], "cell", " with vanilla's vocabulary")] if kinds["other"] else []
+        has = "has" if len(lost) == 1 else "have"
+        if not scored:
+            return f"{start} {group} ({listing([_cell_name(c, *vs) for vs in lost])}) {has} no dev hypotheses"
+        if lost:
+            return (f"{'Of' if start[0].isupper() else 'of'} {start.lower()} {group}, {number(len(scored))} "
+                    f"{'is' if len(scored) == 1 else 'are'} decoded ({listing([_cell_name(c, *vs) for vs in lost])} "
+                    f"{has} no dev hypotheses) and {where(scored)}")
+        return f"{start} {group} {where(scored)}"
+    parts = []
+    if kinds["other"]:
+        parts.append(kind("The other", kinds["other"], "cell", " with vanilla's vocabulary"))
     if kinds["§"]:
-        special_bleu = [bleu[vs] for vs in kinds["§"] if vs in bleu]
-        rest = [bleu[vs] for vs in decoded if vs not in kinds["§"]]  # vanilla's included, as `vocabularies` does
         text = kind("the" if parts else "The", kinds["§"], "§ cell")
-        if special_bleu and rest:
-            text += f", {'higher' if statistics.mean(special_bleu) > statistics.mean(rest) else 'lower'} on average"
+        ours = [bleu[vs] for vs in kinds["§"] if vs in bleu]
+        rest = [x for vs, x in bleu.items() if vs not in kinds["§"]]
+        if ours and rest:
+            a, b = round(statistics.mean(ours), 2), round(statistics.mean(rest), 2)
+            text += (f", {'higher' if a > b else 'lower' if a < b else 'level'} on average than the cells with "
+                     "vanilla's vocabulary, vanilla's own included")
         parts.append(text)
-    return minus("; ".join(parts) + ".") if parts else "No cell but vanilla's is scored."
+    return minus("; ".join(parts) + ".") if parts else "No cell but vanilla's is trained."
 
 
-REFERENCE_PEAK = ("Rel_Pos", 1)  # the run whose greedy-peak bullet counts the CPU runs scored after it
+REFERENCE_PEAK = ("Rel_Pos", 1)  # the run whose greedy-peak bullet counts the CPU runs finished after it
 
 
 def later_peaks(c) -> str:
     """How the greedy dev BLEU peaks (the checkpoint-selection score) of the CPU runs finished after Rel_Pos seed 1
-    and of the § cells compare with Rel_Pos seed 1's."""
-    def done(v, s) -> dict:
+    and of the § cells compare with Rel_Pos seed 1's, as printed (2 decimals): above, or at or below."""
+    def finished(v, s) -> dict:
         return json.loads((c.run_dir[v, s] / "done.json").read_text(encoding="utf-8"))
-    ref = done(*REFERENCE_PEAK)
-    bar, after = ref["summary"]["best"], ref["finished_at"]
+    if REFERENCE_PEAK not in c.order:
+        return "Rel_Pos seed 1 is not scored"
+    ref = finished(*REFERENCE_PEAK)
+    bar, after = round(ref["summary"]["best"], 2), ref["finished_at"]
     marked = special(c)
-    peak = {vs: done(*vs)["summary"]["best"] for vs in c.order}
-    cpu = [vs for vs in c.order if done(*vs)["finished_at"] > after and _device(c, *vs) == "cpu"]
+    peak = {vs: round(finished(*vs)["summary"]["best"], 2) for vs in c.order}
+    special_cells = [vs for vs in c.order if vs[1] in marked.get(vs[0], ())]
+    cpu = [vs for vs in c.order if vs not in special_cells and vs != REFERENCE_PEAK
+           and finished(*vs)["finished_at"] > after and _device(c, *vs) == "cpu"]
     above = sorted((vs for vs in cpu if peak[vs] > bar), key=peak.get)
     below = [vs for vs in cpu if peak[vs] <= bar]
-    text = f"of the {number(len(cpu))} CPU runs scored after it, {number(len(above))} peaked above {bar:.2f}"
-    if len(above) > 1:
-        text += (f" (from {possessive(_cell_name(c, *above[0]))} {peak[above[0]]:.2f} to "
-                 f"{possessive(_cell_name(c, *above[-1]))} {peak[above[-1]]:.2f})")
-    text += f", {number(len(below))} below"
-    special_cells = [(v, s) for v, s in c.order if s in marked.get(v, ())]
-    low = [vs for vs in special_cells if peak[vs] <= bar]
+    text = (f"of the {number(len(cpu))} CPU run{'s' if len(cpu) != 1 else ''} finished after it, "
+            f"{_how_many(len(above))} peaked above {bar:.2f}")
+    if above:
+        ends = [above[0]] if len(above) == 1 else [above[0], above[-1]]
+        text += " (" + ("from " if len(ends) > 1 else "") + " to ".join(
+            f"{possessive(_cell_name(c, *vs))} {peak[vs]:.2f}" for vs in ends) + ")"
+    text += f", {_how_many(len(below))} at or below"
     if special_cells:
+        low = [vs for vs in special_cells if peak[vs] <= bar]
         if not low:
-            text += ", and every § cell above"
+            text += f", and {'every' if len(special_cells) > 1 else 'the'} § cell above"
         else:
-            text += (f", and {number(len(special_cells) - len(low))} of the {number(len(special_cells))} § cells above "
-                     f"({listing([_cell_name(c, *vs) for vs in low])} peaked at "
+            text += (f", and {_how_many(len(special_cells) - len(low))} of the {number(len(special_cells))} § "
+                     f"cell{'s' if len(special_cells) != 1 else ''} above ("
+                     f"{listing([_cell_name(c, *vs) for vs in low])} peaked at "
                      f"{listing([f'{peak[vs]:.2f}' for vs in low])})")
     return minus(text)
 

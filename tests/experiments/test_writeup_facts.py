@@ -190,52 +190,95 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
     assert facts.cpu_cells(c) == 2
 
 
-def test_dev_range_spans_each_kind_of_cell_and_names_the_grids_highest():
-    c = cells(vanilla=row([1, 2]), A=row([1, 2], special=(1,)), B=row([1]), C=row([1]))
-    c.order = [("vanilla", 1), ("vanilla", 2), ("A", 1), ("A", 2), ("B", 1), ("C", 1)]
-    dev = {("vanilla", 1): 38.0, ("vanilla", 2): 41.0, ("A", 1): 40.5, ("A", 2): 37.0, ("B", 1): 38.5, ("C", 1): None}
+def _dev_cells(dev: dict, **rows):
+    c = cells(**rows)
+    c.order = list(dev)
     c.dev = lambda v, s: dev[v, s] and (dev[v, s], 0.95, 1000)
-    # vanilla seed 2 is the grid's highest, so no span names it; the one § cell is above the others' mean (38.625)
-    assert facts.dev_range(c) == ("The other three cells with vanilla's vocabulary (C not decoded: no dev hypotheses) "
-                                  "lie from 37.00 (A seed 2) to 38.50 (B); the one § cell is at 40.50 (A seed 1), "
-                                  "higher on average.")
+    return c
+
+
+def test_dev_range_spans_each_kind_of_cell_and_names_the_grids_highest():
+    dev = {("vanilla", 1): 38.0, ("vanilla", 2): 41.0, ("A", 1): 40.5, ("A", 2): 37.0, ("B", 1): 38.5, ("C", 1): None}
+    c = _dev_cells(dev, vanilla=row([1, 2]), A=row([1, 2], special=(1,)), B=row([1]), C=row([1]))
+    # vanilla seed 2 is the grid's highest, so no span names it; the § cell is above the others' mean (38.625)
+    assert facts.dev_range(c) == (
+        "Of the other three cells with vanilla's vocabulary, two are decoded (C has no dev hypotheses) and lie from "
+        "37.00 (A seed 2) to 38.50 (B); the one § cell is at 40.50 (A seed 1), higher on average than the cells with "
+        "vanilla's vocabulary, vanilla's own included.")
     dev["A", 1] = 42.0
-    assert facts.dev_range(c).endswith("the one § cell is at 42.00 (A seed 1, the highest of the grid), higher on "
-                                       "average.")
-    dev["A", 1] = 37.5
-    assert facts.dev_range(c).endswith("is at 37.50 (A seed 1), lower on average.")
+    assert facts.dev_range(c).endswith("is at 42.00 (A seed 1, the highest of the grid), higher on average than the "
+                                       "cells with vanilla's vocabulary, vanilla's own included.")
+    # 38.2 is above the other cells' mean without vanilla's seeds (37.75) but below it with them (38.625)
+    dev["A", 1] = 38.2
+    assert "is at 38.20 (A seed 1), lower on average" in facts.dev_range(c)
+    dev["A", 1] = 38.625
+    assert "level on average" in facts.dev_range(c)
 
 
-def test_later_peaks_counts_the_cpu_runs_after_the_reference_and_the_special_cells(tmp_path):
-    runs = {("vanilla", 1): (50, 38.7, "cpu"), ("Rel_Pos", 1): (100, 38.86, "cpu"), ("vanilla", 2): (150, 38.0, "cpu"),
-            ("D", 1): (200, 39.0, "cpu"), ("M", 1): (300, 40.07, "cpu"), ("G", 1): (250, 38.3, "cuda (NVIDIA H200)"),
-            ("H", 1): (260, 40.0, "cuda (NVIDIA H200)"), ("E", 1): (400, 38.86, "cpu")}
+def test_dev_range_with_cells_not_decoded_and_without_special_cells():
+    dev = {("vanilla", 1): 38.0, ("B", 1): 38.5, ("C", 1): None, ("D", 1): 38.5}
+    c = _dev_cells(dev, vanilla=row([1]), B=row([1]), C=row([1]), D=row([1]))
+    # a tie for the grid's highest names both cells
+    assert facts.dev_range(c) == ("Of the other three cells with vanilla's vocabulary, two are decoded (C has no dev "
+                                  "hypotheses) and are all at 38.50 (B and D, the highest of the grid).")
+    dev["D", 1] = 38.0  # level with vanilla seed 1, below B
+    assert facts.dev_range(c).endswith("and lie from 38.00 (D) to 38.50 (B, the highest of the grid).")
+    dev["B", 1] = dev["D", 1] = None
+    assert facts.dev_range(c) == ("The other three cells with vanilla's vocabulary (B, C and D) have no dev "
+                                  "hypotheses.")
+    dev["vanilla", 1] = None
+    assert facts.dev_range(c) == "No cell has dev hypotheses."
+
+
+def _peak_cells(tmp_path, runs: dict, **rows):
     run_dir = {}
     for (v, s), (finished, best, device) in runs.items():
         run_dir[v, s] = tmp_path / f"{v}-{s}"
-        run_dir[v, s].mkdir()
+        run_dir[v, s].mkdir(exist_ok=True)
         (run_dir[v, s] / "done.json").write_text(json.dumps({"finished_at": finished, "summary": {"best": best}}))
         (run_dir[v, s] / "meta.json").write_text(json.dumps({"device": device}))
-    c = cells(vanilla=row([1, 2]), Rel_Pos=row([1]), D=row([1]), M=row([1]), G=row([1], special=(1,)),
-              H=row([1], special=(1,)), E=row([1]))
+    c = cells(**rows)
     c.order, c.run_dir = list(runs), run_dir
-    # vanilla seed 1 finished before Rel_Pos seed 1; E ties its peak, which is not above it
-    assert facts.later_peaks(c) == ("of the four CPU runs scored after it, two peaked above 38.86 (from D's 39.00 to "
-                                    "M's 40.07), two below, and one of the two § cells above (G peaked at 38.30)")
-    (run_dir["G", 1] / "done.json").write_text(json.dumps({"finished_at": 250, "summary": {"best": 39.5}}))
-    assert facts.later_peaks(c).endswith(", two below, and every § cell above")
+    return c
+
+
+def test_later_peaks_counts_the_cpu_runs_after_the_reference_and_the_special_cells(tmp_path):
+    gpu = "cuda (NVIDIA H200)"
+    runs = {("vanilla", 1): (50, 38.7, "cpu"), ("Rel_Pos", 1): (100, 38.86, "cpu"), ("M", 1): (300, 40.07, "cpu"),
+            ("vanilla", 2): (150, 38.0, "cpu"), ("D", 1): (200, 39.0, "cpu"), ("G", 1): (250, 38.3, gpu),
+            ("H", 1): (260, 40.0, gpu), ("E", 1): (400, 38.859, "cpu"), ("K", 1): (410, 38.3, gpu)}
+    rows = dict(vanilla=row([1, 2]), Rel_Pos=row([1]), D=row([1]), M=row([1]), G=row([1], special=(1,)),
+                H=row([1], special=(1,)), E=row([1]), K=row([1], special=(1,)))
+    c = _peak_cells(tmp_path, runs, **rows)
+    # vanilla seed 1 finished before Rel_Pos seed 1; E's 38.859 reads 38.86, level with it; M (listed first) is the top
+    assert facts.later_peaks(c) == (
+        "of the four CPU runs finished after it, two peaked above 38.86 (from D's 39.00 to M's 40.07), two at or "
+        "below, and one of the three § cells above (G and K peaked at 38.30 and 38.30)")
+    runs = {("Rel_Pos", 1): (100, 38.86, "cpu"), ("D", 1): (200, 39.0, "cpu"), ("H", 1): (260, 40.0, gpu)}
+    c = _peak_cells(tmp_path, runs, Rel_Pos=row([1]), D=row([1]), H=row([1], special=(1,)))
+    assert facts.later_peaks(c) == ("of the one CPU run finished after it, one peaked above 38.86 (D's 39.00), none "
+                                    "at or below, and the § cell above")
+    c.order = [("D", 1)]
+    assert facts.later_peaks(c) == "Rel_Pos seed 1 is not scored"
+
 
 
 def test_seed_spreads_detail_vanilla_and_the_widest_row_and_list_the_rest():
-    c = cells(vanilla=row([1, 2, 3], bleu=(38.0, 37.0, 37.5)), A=row([1, 2, 3], bleu=(36.0, 38.0, 37.0)),
-              Rel_Pos=row([1, 2, 3], bleu=(38.0, 38.5, 38.25)), CNNs=row([1, 2], bleu=(39.0, 38.5), special=(1,)),
-              B=row([1]))
+    c = cells(vanilla=row([1, 2, 3], bleu=(38.0, 37.0, 37.5)), Rel_Pos=row([1, 2, 3], bleu=(38.0, 38.5, 38.25)),
+              A=row([1, 2, 3], bleu=(36.0, 38.0, 37.0), special=(2,)),
+              CNNs=row([1, 2], bleu=(39.0, 38.5), special=(1,)),
+              MUSE=row([1, 2], bleu=(39.0, 38.0)), B=row([1]))
     dev = {("vanilla", 1): 38.0, ("vanilla", 2): 38.5, ("vanilla", 3): 38.25, ("A", 1): 37.0, ("A", 2): None}
     c.dev = lambda v, s: dev.get((v, s), 38.0) and (dev.get((v, s), 38.0), 0.95, 1000)
-    # A's seed 2 has no dev hypotheses, so its dev spread is left out; B (one seed) has no spread
+    # A (listed after Rel_Pos) is the widest and comes first; its seed 2 has no dev hypotheses, so its dev spread is
+    # left out; B (one seed) has no spread
     assert facts.seed_spreads(c) == (
         "vanilla's three seeds span 1.00 test BLEU (38.00, 37.00, 37.50) and 0.50 on the whole dev set with beam 5 "
-        "(38.00, 38.50, 38.25); A's span 2.00 (36.00, 38.00, 37.00), Rel_Pos's 0.50 on test and CNNs' two seeds 0.50 "
-        "(39.00 §, 38.50)")
+        "(38.00, 38.50, 38.25); A's span 2.00 (36.00, 38.00 §, 37.00), Rel_Pos's 0.50 on test, CNNs' two seeds 0.50 "
+        "(39.00 §, 38.50) and MUSE's 1.00 (39.00, 38.00)")
     dev["A", 2] = 38.5
-    assert "A's span 2.00 (36.00, 38.00, 37.00) and 1.50 (37.00, 38.50, 38.00), Rel_Pos's" in facts.seed_spreads(c)
+    assert "A's span 2.00 (36.00, 38.00 §, 37.00) and 1.50 (37.00, 38.50 §, 38.00)" in facts.seed_spreads(c)
+    dev["vanilla", 1] = None  # the dev unit moves to the first dev span given
+    assert facts.seed_spreads(c).startswith(
+        "vanilla's three seeds span 1.00 test BLEU (38.00, 37.00, 37.50); A's span 2.00 (36.00, 38.00 §, 37.00) and "
+        "1.50 on the whole dev set with beam 5 (37.00, 38.50 §, 38.00), Rel_Pos's 0.50 on test")
