@@ -7,9 +7,10 @@ rerun with the new rows").
 From the repository root's grid (`configs/compare/csan-table1-multi30k.yaml`) and the cells in its runs
 directory that are evaluated as the grid asks, in the grid's row order (seeds of a row together):
 
-1. `sanlab evaluate --run CELL --split valid` (beam 5) for each cell without dev hypotheses
-   (`hyp-best-valid.txt`) whose checkpoints are on this machine; a committed cell has its dev hypotheses
-   already, and one without them or its checkpoints is left out of step 2 with a line saying so.
+1. `sanlab evaluate --run CELL --split valid` (beam 5) for each cell, of any row, without dev hypotheses
+   (`hyp-best-valid.txt`) whose checkpoints are on this machine (`scripts/csan_multi30k_tables.py` needs every
+   cell's, for the write-up's dev columns); a committed cell has its dev hypotheses already, and one without them
+   or its checkpoints is left out of the dev-set analyses with a line saying so.
 2. `sanlab analyze ngram-gap` (CSAN Fig. 3, dev set): vanilla's other seeds and every CSAN Table 1 row
    against vanilla seed 1 (the other papers' rows are not locality models: not in CSAN's figure);
 3. `sanlab analyze length-buckets` (MUSE Fig. 3, test): every run against vanilla seed 1;
@@ -67,20 +68,23 @@ def plan(cells: list) -> tuple[list[list[str]], list[str]]:
         raise SystemExit(f"{GRID}: vanilla seed 1 is not evaluated yet: it is every analysis' baseline")
     base, others = baselines[0], [c for c in cells if c is not baselines[0]]
     commands, notes = [], []
-    dev = []
-    for cell in [c for c in cells if c.variant in (BASELINE, *TABLE1_ROWS)]:
+    dev = []  # every cell with dev hypotheses, once step 1 has run
+    for cell in cells:
+        left_out = "the n-gram gap and the write-up's dev columns" if cell.variant in (BASELINE, *TABLE1_ROWS) \
+            else "the write-up's dev columns"
         if has_dev_hypotheses(cell):
             dev.append(cell)
         elif has_checkpoints(cell):
             commands.append(["evaluate", "--run", str(cell.run_dir), "--split", "valid"])
             dev.append(cell)
         elif (cell.variant, cell.seed) in DEV_HYPOTHESES_LOST:
-            notes.append(f"{cell.run_dir}: no hyp-best-valid.txt, left out of the n-gram gap: "
+            notes.append(f"{cell.run_dir}: no hyp-best-valid.txt, left out of {left_out}: "
                          f"{DEV_HYPOTHESES_LOST[cell.variant, cell.seed]}")
         else:
-            notes.append(f"{cell.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the n-gram gap "
+            notes.append(f"{cell.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of {left_out} "
                          f"(its dev hypotheses come from the machine that trained it: `sanlab evaluate --run "
                          f"{cell.run_dir} --split valid` there)")
+    dev = [c for c in dev if c.variant in (BASELINE, *TABLE1_ROWS)]  # CSAN Fig. 3 is about its Table 1's rows
     if base in dev:
         commands.append(["analyze", "ngram-gap", *(str(c.run_dir) for c in dev if c is not base),
                          "--baseline", str(base.run_dir), "--split", "valid", "--out", str(OUT / "csan-multi30k-ngram-gap")])

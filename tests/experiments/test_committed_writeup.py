@@ -193,8 +193,8 @@ def analyses_script():
 
 def test_the_analyses_script_takes_every_evaluated_cell(evaluated):
     """scripts/csan_multi30k_analyses.py: pairwise and length buckets over every evaluated run, the n-gram
-    gap over vanilla's other seeds and CSAN's Table 1 rows only; a cell with neither dev hypotheses nor
-    checkpoints is left out of the n-gram gap with a note, not decoded."""
+    gap over vanilla's other seeds and CSAN's Table 1 rows only; a cell of any row with checkpoints here and no
+    dev hypotheses is decoded first; one with neither is left out with a note, not decoded."""
     grid, cells = evaluated
     script = analyses_script()
     ordered = script.evaluated_cells(grid)
@@ -218,18 +218,24 @@ def test_the_analyses_script_takes_every_evaluated_cell(evaluated):
     assert all(not script.has_dev_hypotheses(c) for c in lost_for_good), "a cell listed as lost has its dev hypotheses: unlist it"
 
     lost = next(c for c in ordered if c.variant == "Bi_Direct")
-    script.has_dev_hypotheses = lambda cell: cell is not lost and (cell.variant, cell.seed) not in script.DEV_HYPOTHESES_LOST
+    other = next(c for c in ordered if c.variant not in ("vanilla", *TABLE1_ROWS))  # not a Table 1 row
+    script.has_dev_hypotheses = lambda cell: cell not in (lost, other) and \
+        (cell.variant, cell.seed) not in script.DEV_HYPOTHESES_LOST
     script.has_checkpoints = lambda cell: False
     commands, notes = script.plan(ordered)
-    assert len(notes) == 1 + len(lost_for_good) and \
-        notes[0].startswith(f"{lost.run_dir}: no hyp-best-valid.txt and no checkpoints here")
+    assert len(notes) == 2 + len(lost_for_good) and \
+        notes[0].startswith(f"{lost.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the n-gram "
+                            "gap and the write-up's dev columns")
+    assert any(n.startswith(f"{other.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of the "
+                            "write-up's dev columns (") for n in notes)
     assert str(lost.run_dir) not in runs(commands[0], "--baseline")
     script.has_checkpoints = lambda cell: True  # trained here: decoded on the dev set first, then in the gap
     commands, _ = script.plan(ordered)
     decoded = [["evaluate", "--run", str(c.run_dir), "--split", "valid"] for c in ordered
-               if c is lost or c in lost_for_good]  # checkpoints here make the dev hypotheses, lost or not
+               if c in (lost, other) or c in lost_for_good]  # checkpoints here make the dev hypotheses, lost or not
     assert commands[:len(decoded)] == decoded
     assert str(lost.run_dir) in runs(commands[len(decoded)], "--baseline")
+    assert str(other.run_dir) not in runs(commands[len(decoded)], "--baseline")  # decoded, not in CSAN's figure
 
 
 def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
