@@ -535,6 +535,39 @@ def test_jobs_run_cells_in_spawned_processes(tmp_path):
     assert set(_statuses(grid, cells).values()) == {"evaluated"}
 
 
+def test_the_grid_answers_a_ctrl_c_that_another_of_its_threads_received():
+    """The kernel may hand a process's SIGINT to any thread not blocking it; the grid process waiting for its
+    workers must still stop at once, not when a cell ends (a CI run under load saw it wait past 90 s)."""
+    import signal
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    from sanlab.experiments import running
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Python runs signal handlers in the main thread only; this test runs in another")
+    training = Future()  # a cell still training
+    bystander = threading.Event()
+    thread = threading.Thread(target=bystander.wait, daemon=True)  # another thread, SIGINT not blocked
+    thread.start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timers = [threading.Timer(0.2, signal.pthread_kill, (thread.ident, signal.SIGINT)),
+              threading.Timer(10, training.set_result, (None,))]  # the cell ends: a waiting grid would stop here
+    start = time.monotonic()
+    try:
+        for timer in timers:
+            timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            running._collect({training: None}, [], report=lambda outcome: None, alone=False)
+        assert time.monotonic() - start < 5, "the Ctrl-C waited for the cell to end"
+    finally:
+        for timer in timers:
+            timer.cancel()
+        bystander.set()
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.slow  # a `sanlab compare --jobs 2` process with spawned workers: ~20 s
 def test_ctrl_c_stops_a_grid_with_jobs_at_once(tmp_path):
     """Ctrl-C reaches the whole process group: the grid ends its workers and exits 130 instead of training on

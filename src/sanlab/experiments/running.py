@@ -11,7 +11,7 @@ import signal
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
@@ -303,20 +303,35 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
         process.join(timeout=60)
 
 
+# How often the grid process stops waiting for its workers to answer a Ctrl-C that another of its threads
+# received: the kernel may deliver SIGINT to any thread not blocking it, and then a main thread blocked in a lock
+# wait with no timeout sees the exception only when a cell ends (hours later).
+SIGNAL_POLL_S = 0.5
+
+
 def _collect(futures: dict, broken: list[Cell], *, report: Callable[[CellOutcome], None], alone: bool) -> None:
     """Report each cell's outcome as it comes; a cell a broken pool left unfinished goes to ``broken``."""
-    for future in as_completed(futures):
-        cell = futures[future]
-        try:
-            outcome = future.result()
-        except BrokenProcessPool as err:
-            if not alone:
-                broken.append(cell)
-                continue
-            outcome = CellOutcome(cell, False, False, 0.0, f"its worker process died ({err}), also when it "
-                                                           "ran in a pool of its own")
-            record_failure(outcome)
-        except Exception as err:  # noqa: BLE001  (the grid goes on)
-            outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
-            record_failure(outcome)
-        report(outcome)
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_COMPLETED)
+        for future in sorted(done, key=list(futures).index):  # cells ending together: in the order submitted
+            _report_one(future, futures[future], broken, report=report, alone=alone)
+
+
+def _report_one(future, cell: Cell, broken: list[Cell], *, report: Callable[[CellOutcome], None],
+                alone: bool) -> None:
+    """One finished future's outcome (``_collect``): reported, or, for a cell a broken pool left unfinished,
+    put in ``broken``."""
+    try:
+        outcome = future.result()
+    except BrokenProcessPool as err:
+        if not alone:
+            broken.append(cell)
+            return
+        outcome = CellOutcome(cell, False, False, 0.0, f"its worker process died ({err}), also when it "
+                                                       "ran in a pool of its own")
+        record_failure(outcome)
+    except Exception as err:  # noqa: BLE001  (the grid goes on)
+        outcome = CellOutcome(cell, False, False, 0.0, f"{type(err).__name__}: {err}")
+        record_failure(outcome)
+    report(outcome)
