@@ -584,7 +584,11 @@ def test_ctrl_c_stops_a_grid_with_jobs_at_once(tmp_path):
     long = [*TINY, "train.max_steps=100000", "train.valid_every=5"]
     argv = [sys.executable, "-m", "sanlab", "compare", str(SMOKE), "--runs-dir", str(tmp_path), "--jobs", "2",
             "--quiet", *(a for o in long for a in ("--set", o))]
-    process = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # as a terminal's foreground job has it: SIGINT's default action, though this test may run where it is ignored
+    # (a background job of a non-interactive shell, `nohup make test &`), which the grid would inherit and keep
+    foreground = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.argv[1], sys.argv[1:])", *argv]
+    process = subprocess.Popen(foreground, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     try:
         grid = load_grid(SMOKE, overrides=long, runs_dir=tmp_path)
