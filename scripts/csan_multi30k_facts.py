@@ -471,17 +471,15 @@ REFERENCE_PEAK = ("Rel_Pos", 1)  # the run whose greedy-peak bullet counts the C
 def later_peaks(c) -> str:
     """How the greedy dev BLEU peaks (the checkpoint-selection score) of the CPU runs finished after Rel_Pos seed 1
     and of the § cells compare with Rel_Pos seed 1's, as printed (2 decimals): above, or at or below."""
-    def finished(v, s) -> dict:
-        return json.loads((c.run_dir[v, s] / "done.json").read_text(encoding="utf-8"))
     if REFERENCE_PEAK not in c.order:
         return "Rel_Pos seed 1 is not scored"
-    ref = finished(*REFERENCE_PEAK)
-    bar, after = round(ref["summary"]["best"], 2), ref["finished_at"]
+    finished = {vs: json.loads((c.run_dir[vs] / "done.json").read_text(encoding="utf-8")) for vs in c.order}
+    bar, after = round(finished[REFERENCE_PEAK]["summary"]["best"], 2), finished[REFERENCE_PEAK]["finished_at"]
     marked = special(c)
-    peak = {vs: round(finished(*vs)["summary"]["best"], 2) for vs in c.order}
+    peak = {vs: round(finished[vs]["summary"]["best"], 2) for vs in c.order}
     special_cells = [vs for vs in c.order if vs[1] in marked.get(vs[0], ())]
     cpu = [vs for vs in c.order if vs not in special_cells and vs != REFERENCE_PEAK
-           and finished(*vs)["finished_at"] > after and _device(c, *vs) == "cpu"]
+           and finished[vs]["finished_at"] > after and _device(c, *vs) == "cpu"]
     above = sorted((vs for vs in cpu if peak[vs] > bar), key=peak.get)
     below = [vs for vs in cpu if peak[vs] <= bar]
     text = (f"of the {number(len(cpu))} CPU run{'s' if len(cpu) != 1 else ''} finished after it, "
