@@ -208,3 +208,62 @@ def test_a_failed_validation_on_rank_0_ends_the_other_ranks_under_any_launcher(t
     assert "No space left on device (on purpose)" in errors[0], errors[0]
     assert ("process 0 stopped while validating after update 2: OSError: [Errno 28] No space left on device "
             "(on purpose)") in errors[1], errors[1]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hand_launched_rank(monkeypatch, rank: int, port: int) -> None:
+    """This process as rank ``rank`` of 2 started by hand (no torchrun agent), rank 0 expected at ``port``."""
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    for name, value in {"RANK": rank, "WORLD_SIZE": 2, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(name, str(value))
+
+
+# Before, the meeting of hand-launched ranks was bounded by the collectives' 4-hour timeout: a rank whose rank 0
+# never came up waited that long in silence. Each case below would hang for hours without the fix.
+def test_a_rank_started_by_hand_whose_rank_0_never_comes_up_stops_with_a_clear_error(monkeypatch):
+    from datetime import timedelta
+
+    from sanlab.training.distributed import from_environment
+
+    port = _free_port()  # nobody listens there
+    _hand_launched_rank(monkeypatch, 1, port)
+    with pytest.raises(RuntimeError, match=rf"rank 1 of 2 could not meet rank 0 at 127\.0\.0\.1:{port} within 2 s: "
+                                           r"are all ranks started with the same MASTER_ADDR and MASTER_PORT"):
+        with from_environment(rendezvous_timeout=timedelta(seconds=2)):
+            pass
+
+
+def test_rank_0_started_by_hand_names_a_taken_port_and_ranks_that_never_come(monkeypatch):
+    import socket
+    from datetime import timedelta
+
+    from sanlab.training.distributed import from_environment
+
+    with socket.socket() as taken:  # another program holds rank 0's port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        _hand_launched_rank(monkeypatch, 0, taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match=r"rank 0 of 2 could not serve the rendezvous on 127\.0\.0\.1:\d+, or "
+                                               r"not all 2 ranks reached it within 2 s: .*is that port free"):
+            with from_environment(rendezvous_timeout=timedelta(seconds=2)):
+                pass
+    _hand_launched_rank(monkeypatch, 0, _free_port())  # the port is free, but rank 1 never starts
+    with pytest.raises(RuntimeError, match=r"rank 0 of 2 could not serve .* within 2 s"):
+        with from_environment(rendezvous_timeout=timedelta(seconds=2)):
+            pass
+
+
+def test_bad_master_variables_are_named(monkeypatch):
+    from sanlab.training.distributed import from_environment
+
+    _hand_launched_rank(monkeypatch, 1, "29500x")
+    with pytest.raises(RuntimeError, match=r"MASTER_ADDR and MASTER_PORT must name .* MASTER_PORT='29500x'"):
+        with from_environment():
+            pass

@@ -29,6 +29,10 @@ T = TypeVar("T")
 # The main process validates (BLEU decoding of the whole dev set) while the others wait in a
 # collective: allow far longer than gloo's 30-minute default.
 COLLECTIVE_TIMEOUT = timedelta(hours=4)
+# How long the processes of a launch by hand (srun, mpirun, a shell per rank) wait for each other to meet at
+# MASTER_ADDR:MASTER_PORT. Apart from COLLECTIVE_TIMEOUT, which would otherwise bound the meeting too: a rank whose
+# rank 0 never came up (its port taken, a typo in MASTER_ADDR) waited 4 hours before saying anything.
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 
 
 def _no_buffer_sync() -> dict[str, bool]:
@@ -109,10 +113,12 @@ class Distributed:
 
 
 @contextlib.contextmanager
-def from_environment(device: torch.device = torch.device("cpu")) -> Iterator[Distributed]:
+def from_environment(device: torch.device = torch.device("cpu"),
+                     rendezvous_timeout: timedelta = RENDEZVOUS_TIMEOUT) -> Iterator[Distributed]:
     """The process group torchrun describes in the environment (``RANK``, ``WORLD_SIZE``, ``MASTER_*``),
     set up for the block and torn down after it; a single process without those variables. ``device`` is this
-    process's (``training.device.resolve_device``): NCCL for CUDA, gloo for the CPU."""
+    process's (``training.device.resolve_device``): NCCL for CUDA, gloo for the CPU. Processes started by hand
+    with those variables must all meet within ``rendezvous_timeout``."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         yield Distributed(device=device)
@@ -122,9 +128,42 @@ def from_environment(device: torch.device = torch.device("cpu")) -> Iterator[Dis
     if owns_group:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # the object collectives (broadcast, gather) use the current device
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if _launched_by_torchrun():  # its agent holds the store and ends every rank when one fails
+            dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+        else:
+            dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT, rank=rank, world_size=world_size,
+                                    store=_meet(rank, world_size, rendezvous_timeout))
     try:
         yield Distributed(rank=rank, world_size=world_size, device=device)
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _meet(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The store at MASTER_ADDR:MASTER_PORT (rank 0 serves it) once every rank has connected, waiting at most
+    ``timeout``; a clear error otherwise. Its timeout is then the collectives' (NCCL creates its communicators
+    through the store at the first collective, which may come long after this meeting)."""
+    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        raise RuntimeError(f"rank {rank} of {world_size}: MASTER_ADDR and MASTER_PORT must name rank 0's host and a "
+                           f"free port (got MASTER_ADDR={host!r}, MASTER_PORT={port!r})")
+    try:
+        # multi_tenant, as torch's env:// rendezvous: another process group of this process may share the port.
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
+                              wait_for_workers=True, multi_tenant=True)
+    except RuntimeError as error:
+        if rank == 0:
+            problem = f"could not serve the rendezvous on {host}:{port}, or not all {world_size} ranks reached it"
+        else:
+            problem = f"could not meet rank 0 at {host}:{port}"
+        raise RuntimeError(
+            f"rank {rank} of {world_size} {problem} within {timeout.total_seconds():g} s: are all ranks started "
+            f"with the same MASTER_ADDR and MASTER_PORT, and is that port free on rank 0's host? ({error})") from error
+    store.set_timeout(COLLECTIVE_TIMEOUT)
+    return store
