@@ -305,6 +305,19 @@ def order(c) -> str:
             f"with the paper's Δs).")
 
 
+def grid_order(c) -> str:
+    """Every row of the grid by mean test BLEU, vanilla in its place, with its number of seeds and of § cells
+    among them: the ranks the prose would otherwise restate by hand at every landing."""
+    marked = special(c)
+    ranked = sorted(c.rows, key=lambda v: c.rows[v]["scores"]["BLEU"]["mean"], reverse=True)
+
+    def entry(v) -> str:
+        n = len(c.rows[v]["seeds_done"])
+        notes = f"{n} seed{'s' if n != 1 else ''}" + (f", {len(marked[v])} §" if v in marked else "")
+        return f"{v} {c.rows[v]['scores']['BLEU']['mean']:.2f} ({notes})"
+    return f"By mean test BLEU the grid's {number(len(ranked))} rows run {', '.join(map(entry, ranked))}."
+
+
 def spread(c) -> str:
     """How far apart CSAN Table 1's means are, in vanilla's sds, and how many of them are one or two runs."""
     mean = _table1_means(c)
@@ -617,7 +630,7 @@ def rho(c) -> str:
 
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
-          "summary-rows": summary_rows, "order": order, "spread": spread, "marks": marks,
+          "summary-rows": summary_rows, "order": order, "grid-order": grid_order, "spread": spread, "marks": marks,
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
           "seed-spreads": seed_spreads,
           # the README row

@@ -79,6 +79,13 @@ def test_order_places_vanilla_and_correlates_with_the_papers_deltas():
                               "(CNNs two)."
 
 
+def test_grid_order_ranks_every_row_with_its_seeds_and_marks_rows_resting_on_special_cells():
+    c = cells(vanilla=row([1, 2, 3], bleu=(37.0, 38.0, 39.0)), A=row([1], bleu=(36.5,)),
+              B=row([1, 2], bleu=(39.0, 38.0), special=(1,)), C=row([1, 2, 3], bleu=(38.2, 38.0, 38.1)))
+    assert facts.grid_order(c) == ("By mean test BLEU the grid's four rows run B 38.50 (2 seeds, 1 §), C 38.10 "
+                                   "(3 seeds), vanilla 38.00 (3 seeds), A 36.50 (1 seed).")
+
+
 def test_provisional_rows_group_by_seeds_and_special_cells():
     c = cells(vanilla=row([1, 2, 3]), A=row([1], special=(1,)), B=row([1], special=(1,)), C=row([1, 2], special=(1,)),
               D=row([1, 2, 3], special=(2, 3)))
