@@ -514,6 +514,83 @@ def later_peaks(c) -> str:
     return minus(text)
 
 
+def _validations(c, vs) -> dict[int, float]:
+    """A cell's greedy dev BLEU by update, in update order (metrics.jsonl; a validation recorded twice, as a resume
+    may, counts once with its last record)."""
+    out = {}
+    for line in (c.run_dir[vs] / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("split") == "valid" and record.get("bleu") is not None:
+            out[int(record["step"])] = record["bleu"]
+    return dict(sorted(out.items()))
+
+
+def _marked_name(c, vs) -> str:
+    return _cell_name(c, *vs) + (" §" if vs[1] in special(c).get(vs[0], ()) else "")
+
+
+# Where the checkpoints are chosen: every run of the grid peaks after this update (gen:peak-steps), and the falls
+# of early training, while the model still changes fast, say nothing about the choice.
+NOISE_FROM = 2000
+
+
+def validation_noise(c) -> str:
+    """How far greedy dev BLEU (the checkpoint-selection score) falls from one validation to the next from
+    NOISE_FROM on: the largest fall in the grid, and how many runs fall by more than one BLEU somewhere there."""
+    falls = {}
+    for vs in c.order:
+        scores = [(step, bleu) for step, bleu in _validations(c, vs).items() if step >= NOISE_FROM]
+        pairs = [(a[1] - b[1], a, b) for a, b in zip(scores, scores[1:])]
+        if pairs:
+            falls[vs] = max(pairs)
+    if not falls:
+        return f"no run has two validations from update {NOISE_FROM:,} on"
+    vs = max(falls, key=lambda k: falls[k][0])
+    drop, (s1, b1), (s2, b2) = falls[vs]
+    if drop <= 0:
+        return f"from update {NOISE_FROM:,} on, no run's greedy dev BLEU falls from one validation to the next"
+    big = sum(1 for f in falls.values() if f[0] > 1.0)
+    return minus(f"from update {NOISE_FROM:,} on, a run's greedy dev BLEU falls by up to {drop:.2f} from one "
+                 f"validation to the next ({_marked_name(c, vs)}, {b1:.2f} → {b2:.2f} at updates {s1:,} → {s2:,}), "
+                 f"and by more than 1 somewhere in {_how_many(big)} of the {number(len(falls))} runs")
+
+
+def peak_steps(c) -> str:
+    """At which validation each run peaked (the checkpoint it is scored with): its last, the one before, or
+    earlier (named, with the update)."""
+    last, before, earlier = [], [], []
+    ends = set()
+    for vs in c.order:
+        scores = _validations(c, vs)
+        if not scores:
+            continue
+        steps = list(scores)
+        best = max(scores.values())
+        peak = next(s for s in steps if scores[s] == best)  # the first of equal scores: the checkpoint kept
+        ends.add(steps[-1])
+        (last if peak == steps[-1] else before if len(steps) > 1 and peak == steps[-2] else earlier).append((vs, peak))
+    at_end = f" (update {next(iter(ends)):,})" if len(ends) == 1 else ""
+    total = len(last) + len(before) + len(earlier)
+    if total == 1:
+        (vs, step), = last + before + earlier
+        where = (f"at its last validation{at_end}" if last else "at the validation before its last" if before
+                 else f"at update {step:,}, before its last two validations")
+        return f"The one run peaked {where}"
+    text = (f"Of the {number(total)} runs, {_how_many(len(last))} peaked at "
+            f"{'its' if len(last) == 1 else 'their'} last validation{at_end}, {_how_many(len(before))} at the one "
+            f"before")
+    if earlier:
+        by_step = {}
+        for vs, step in earlier:
+            by_step.setdefault(step, []).append(_marked_name(c, vs))
+        text += (f" and {_how_many(len(earlier))} earlier ("
+                 + "; ".join(f"{listing(names)} at {step:,}" for step, names in sorted(by_step.items(), reverse=True))
+                 + ")")
+    else:
+        text += " and none earlier"
+    return text
+
+
 def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
     """A draft of the write-up's landing note for one cell (not vanilla's: it is what the others are tested
     against), from its files: scores, the pairwise tests, the row over its seeds, test and dev output, greedy
@@ -632,6 +709,7 @@ BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
           "summary-rows": summary_rows, "order": order, "grid-order": grid_order, "spread": spread, "marks": marks,
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
+          "validation-noise": validation_noise, "peak-steps": peak_steps,
           "seed-spreads": seed_spreads,
           # the README row
           "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,

@@ -270,6 +270,57 @@ def test_later_peaks_counts_the_cpu_runs_after_the_reference_and_the_special_cel
 
 
 
+def _curve_cells(tmp_path, curves: dict, **rows):
+    """Made-up cells whose metrics.jsonl hold the given greedy dev BLEU by update (train records between)."""
+    run_dir = {}
+    for (v, s), curve in curves.items():
+        run_dir[v, s] = tmp_path / f"{v}-{s}"
+        run_dir[v, s].mkdir(exist_ok=True)
+        records = []
+        for step, bleu in curve:
+            records += [{"split": "train", "step": step, "loss": 3.0},
+                        {"split": "valid", "step": step, "loss": 2.0, "ppl": 7.4, "bleu": bleu}]
+        (run_dir[v, s] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    c = cells(**rows)
+    c.order, c.run_dir = list(curves), run_dir
+    return c
+
+
+def test_validation_noise_takes_the_largest_fall_from_update_2000_and_counts_runs_falling_more_than_one(tmp_path):
+    curves = {("vanilla", 1): [(1750, 30.0), (2000, 36.0), (2250, 38.0), (2500, 37.5)],
+              ("vanilla", 2): [(1750, 39.0), (2000, 33.0), (2250, 38.0)],  # the 6.0 fall ends at 2,000: before it
+              ("A", 1): [(2000, 38.0), (2250, 39.9), (2500, 38.2), (2750, 38.6), (3000, 37.4)],
+              ("B", 1): [(2000, 37.0), (2250, 38.0), (2500, 36.9)]}
+    c = _curve_cells(tmp_path, curves, vanilla=row([1, 2]), A=row([1], special=(1,)), B=row([1]))
+    # A falls 1.7 and 1.2, B 1.1, vanilla seed 1 0.5: the largest is A's (a § cell), two runs fall by more than 1
+    assert facts.validation_noise(c) == (
+        "from update 2,000 on, a run's greedy dev BLEU falls by up to 1.70 from one validation to the next (A §, "
+        "39.90 → 38.20 at updates 2,250 → 2,500), and by more than 1 somewhere in two of the four runs")
+    # a validation recorded twice (a resume) counts once, with its last record
+    with (c.run_dir["B", 1] / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"split": "valid", "step": 2500, "bleu": 37.95}) + "\n")
+    assert facts.validation_noise(c).endswith("in one of the four runs")
+
+
+def test_peak_steps_sorts_runs_by_the_validation_they_peaked_at(tmp_path):
+    curves = {("vanilla", 1): [(2500, 37.0), (2750, 38.0), (3000, 38.5)],
+              ("vanilla", 2): [(2500, 37.0), (2750, 38.6), (3000, 38.5)],
+              ("A", 1): [(2000, 37.0), (2250, 39.0), (2500, 38.0), (2750, 39.0), (3000, 38.0)],  # tie: the first
+              ("B", 1): [(2250, 37.0), (2500, 38.0), (2750, 37.0), (3000, 37.5)],
+              ("C", 1): [(2250, 38.0), (2500, 38.0), (2750, 37.0), (3000, 37.5)]}
+    c = _curve_cells(tmp_path, curves, vanilla=row([1, 2]), A=row([1]), B=row([1], special=(1,)), C=row([1]))
+    assert facts.peak_steps(c) == (
+        "Of the five runs, one peaked at its last validation (update 3,000), one at the one before and three "
+        "earlier (B § at 2,500; A and C at 2,250)")
+    c.order = [("vanilla", 1), ("A", 1)]
+    assert facts.peak_steps(c) == ("Of the two runs, one peaked at its last validation (update 3,000), none at the "
+                                   "one before and one earlier (A at 2,250)")
+    c.order = [("A", 1)]
+    assert facts.peak_steps(c) == "The one run peaked at update 2,250, before its last two validations"
+    c.order = [("vanilla", 2)]
+    assert facts.peak_steps(c) == "The one run peaked at the validation before its last"
+
+
 def test_seed_spreads_detail_vanilla_and_the_widest_row_and_list_the_rest():
     c = cells(vanilla=row([1, 2, 3], bleu=(38.0, 37.0, 37.5)), Rel_Pos=row([1, 2, 3], bleu=(38.0, 38.5, 38.25)),
               A=row([1, 2, 3], bleu=(36.0, 38.0, 37.0), special=(2,)),
