@@ -14,6 +14,9 @@ text around it is the author's. The blocks:
 - `dev-range`, `later-peaks`: where the cells' whole-dev-set BLEU lies, § cells against the others; how the greedy
   dev BLEU peaks of the CPU runs scored after Rel_Pos seed 1 and of the § cells compare with its peak;
 - `seed-spreads`: how far apart the seeds of each multi-seed row lie;
+- `grid-order`: every row of the grid by mean test BLEU, with its seeds and § cells;
+- `validation-noise`, `peak-steps` (from each cell's `metrics.jsonl`): how far greedy dev BLEU falls between
+  neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
 - in the README's row: `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
@@ -313,7 +316,7 @@ def grid_order(c) -> str:
 
     def entry(v) -> str:
         n = len(c.rows[v]["seeds_done"])
-        notes = f"{n} seed{'s' if n != 1 else ''}" + (f", {len(marked[v])} §" if v in marked else "")
+        notes = f"{number(n)} seed{'s' if n != 1 else ''}" + (f", {seeds_phrase(marked[v])} §" if v in marked else "")
         return f"{v} {c.rows[v]['scores']['BLEU']['mean']:.2f} ({notes})"
     return f"By mean test BLEU the grid's {number(len(ranked))} rows run {', '.join(map(entry, ranked))}."
 
@@ -516,76 +519,93 @@ def later_peaks(c) -> str:
 
 def _validations(c, vs) -> dict[int, float]:
     """A cell's greedy dev BLEU by update, in update order (metrics.jsonl; a validation recorded twice, as a resume
-    may, counts once with its last record)."""
-    out = {}
-    for line in (c.run_dir[vs] / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        if record.get("split") == "valid" and record.get("bleu") is not None:
-            out[int(record["step"])] = record["bleu"]
+    may, counts once with its last record). An unscheduled validation, which a session that ends between
+    scheduled ones adds, counts like the others: its checkpoint could be the one kept. An evaluated cell without
+    validations is an error: it would silently drop out of the counts."""
+    from sanlab.training.loop import read_metrics  # (a torn last line skipped, other damage named by line)
+
+    out = {int(r["step"]): r["bleu"] for r in read_metrics(c.run_dir[vs])
+           if r.get("split") == "valid" and r.get("bleu") is not None}
+    if not out:
+        raise ValueError(f"{c.run_dir[vs] / 'metrics.jsonl'}: no validation with a BLEU score in an evaluated cell")
     return dict(sorted(out.items()))
 
 
-def _marked_name(c, vs) -> str:
-    return _cell_name(c, *vs) + (" §" if vs[1] in special(c).get(vs[0], ()) else "")
+def _marked_names(c) -> dict[tuple[str, int], str]:
+    """Each cell's name as the prose gives it ("Rel_Pos seed 2", "MUSE_FF"), with " §" after a § cell."""
+    marked = special(c)
+    return {vs: _cell_name(c, *vs) + (" §" if vs[1] in marked.get(vs[0], ()) else "") for vs in c.order}
 
 
-# Where the checkpoints are chosen: every run of the grid peaks after this update (gen:peak-steps), and the falls
-# of early training, while the model still changes fast, say nothing about the choice.
+# Where the checkpoints are chosen: every run of the grid peaks after this update (validation_noise refuses a run
+# that does not), and the falls of early training, while the model still changes fast, say nothing about the choice.
 NOISE_FROM = 2000
+
+
+def _peak(scores: dict[int, float]) -> int:
+    """The update of the checkpoint training kept: the first validation with the highest score (the loop takes
+    only a strict improvement as a new best)."""
+    best = max(scores.values())
+    return next(step for step, bleu in scores.items() if bleu == best)
 
 
 def validation_noise(c) -> str:
     """How far greedy dev BLEU (the checkpoint-selection score) falls from one validation to the next from
-    NOISE_FROM on: the largest fall in the grid, and how many runs fall by more than one BLEU somewhere there."""
-    falls = {}
+    NOISE_FROM on, as printed (2 decimals): the largest fall in the grid, naming every run tied for it, and how many
+    runs fall by more than one BLEU somewhere there."""
+    names, falls = _marked_names(c), {}
     for vs in c.order:
-        scores = [(step, bleu) for step, bleu in _validations(c, vs).items() if step >= NOISE_FROM]
-        pairs = [(a[1] - b[1], a, b) for a, b in zip(scores, scores[1:])]
+        scores = _validations(c, vs)
+        if _peak(scores) <= NOISE_FROM:
+            raise ValueError(f"{names[vs]} peaked at update {_peak(scores):,}, not after NOISE_FROM = {NOISE_FROM:,}: "
+                             "lower NOISE_FROM in scripts/csan_multi30k_facts.py so that the falls counted include "
+                             "the ones around every kept checkpoint")
+        late = [(step, round(bleu, 2)) for step, bleu in scores.items() if step >= NOISE_FROM]
+        pairs = [(round(a[1] - b[1], 2), a, b) for a, b in zip(late, late[1:])]
         if pairs:
-            falls[vs] = max(pairs)
+            falls[vs] = max(pairs, key=lambda pair: pair[0])  # (the first of equal falls)
     if not falls:
         return f"no run has two validations from update {NOISE_FROM:,} on"
-    vs = max(falls, key=lambda k: falls[k][0])
-    drop, (s1, b1), (s2, b2) = falls[vs]
-    if drop <= 0:
+    top = max(fall[0] for fall in falls.values())
+    if top <= 0:
         return f"from update {NOISE_FROM:,} on, no run's greedy dev BLEU falls from one validation to the next"
-    big = sum(1 for f in falls.values() if f[0] > 1.0)
-    return minus(f"from update {NOISE_FROM:,} on, a run's greedy dev BLEU falls by up to {drop:.2f} from one "
-                 f"validation to the next ({_marked_name(c, vs)}, {b1:.2f} → {b2:.2f} at updates {s1:,} → {s2:,}), "
-                 f"and by more than 1 somewhere in {_how_many(big)} of the {number(len(falls))} runs")
+    where = listing([f"{names[vs]}, {a[1]:.2f} → {b[1]:.2f} at updates {a[0]:,} → {b[0]:,}"
+                     for vs, (fall, a, b) in falls.items() if fall == top])
+    big = sum(1 for fall in falls.values() if fall[0] > 1.0)
+    runs = f"{number(len(falls))} run{'s' if len(falls) != 1 else ''}"
+    more = (f"and by more than 1 somewhere in {number(big)} of the {runs}" if big
+            else f"and by no more than 1 in any of the {runs}")
+    return minus(f"from update {NOISE_FROM:,} on, a run's greedy dev BLEU falls by up to {top:.2f} from one "
+                 f"validation to the next ({where}), {more}")
 
 
 def peak_steps(c) -> str:
     """At which validation each run peaked (the checkpoint it is scored with): its last, the one before, or
     earlier (named, with the update)."""
-    last, before, earlier = [], [], []
-    ends = set()
+    names = _marked_names(c)
+    if not c.order:
+        return "No run is scored"
+    last, before, earlier, ends = [], [], [], set()
     for vs in c.order:
         scores = _validations(c, vs)
-        if not scores:
-            continue
-        steps = list(scores)
-        best = max(scores.values())
-        peak = next(s for s in steps if scores[s] == best)  # the first of equal scores: the checkpoint kept
+        steps, peak = list(scores), _peak(scores)
         ends.add(steps[-1])
         (last if peak == steps[-1] else before if len(steps) > 1 and peak == steps[-2] else earlier).append((vs, peak))
     at_end = f" (update {next(iter(ends)):,})" if len(ends) == 1 else ""
-    total = len(last) + len(before) + len(earlier)
-    if total == 1:
+    if len(c.order) == 1:
         (vs, step), = last + before + earlier
         where = (f"at its last validation{at_end}" if last else "at the validation before its last" if before
                  else f"at update {step:,}, before its last two validations")
         return f"The one run peaked {where}"
-    text = (f"Of the {number(total)} runs, {_how_many(len(last))} peaked at "
+    text = (f"Of the {number(len(c.order))} runs, {_how_many(len(last))} peaked at "
             f"{'its' if len(last) == 1 else 'their'} last validation{at_end}, {_how_many(len(before))} at the one "
             f"before")
     if earlier:
         by_step = {}
         for vs, step in earlier:
-            by_step.setdefault(step, []).append(_marked_name(c, vs))
+            by_step.setdefault(step, []).append(names[vs])
         text += (f" and {_how_many(len(earlier))} earlier ("
-                 + "; ".join(f"{listing(names)} at {step:,}" for step, names in sorted(by_step.items(), reverse=True))
-                 + ")")
+                 + "; ".join(f"{listing(n)} at {step:,}" for step, n in sorted(by_step.items(), reverse=True)) + ")")
     else:
         text += " and none earlier"
     return text
@@ -601,6 +621,7 @@ def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
     import sacrebleu
 
     from sanlab.experiments.cells import speed_conditions
+    from sanlab.training.loop import read_metrics
 
     if variant == "vanilla":
         raise ValueError("vanilla is the baseline the notes test against: draft a note for another row's cell")
@@ -616,7 +637,7 @@ def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
                      + f" against vanilla seed {k}{shares} (p = {p_prose(float(test['p']))})")
     hyps = (run / "hyp-best-test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:len(test_refs)]
     bleu = sacrebleu.corpus_bleu(hyps, [test_refs])
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    records = read_metrics(run)
     valid = [m for m in records if m.get("split") == "valid"]
     peak, last = max(valid, key=lambda v: v["bleu"]), valid[-1]
     speed = [m for m in records if m.get("split") == "speed"][-1]  # the whole run's, written at each validation

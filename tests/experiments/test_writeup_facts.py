@@ -82,8 +82,8 @@ def test_order_places_vanilla_and_correlates_with_the_papers_deltas():
 def test_grid_order_ranks_every_row_with_its_seeds_and_marks_rows_resting_on_special_cells():
     c = cells(vanilla=row([1, 2, 3], bleu=(37.0, 38.0, 39.0)), A=row([1], bleu=(36.5,)),
               B=row([1, 2], bleu=(39.0, 38.0), special=(1,)), C=row([1, 2, 3], bleu=(38.2, 38.0, 38.1)))
-    assert facts.grid_order(c) == ("By mean test BLEU the grid's four rows run B 38.50 (2 seeds, 1 §), C 38.10 "
-                                   "(3 seeds), vanilla 38.00 (3 seeds), A 36.50 (1 seed).")
+    assert facts.grid_order(c) == ("By mean test BLEU the grid's four rows run B 38.50 (two seeds, seed 1 §), C "
+                                   "38.10 (three seeds), vanilla 38.00 (three seeds), A 36.50 (one seed).")
 
 
 def test_provisional_rows_group_by_seeds_and_special_cells():
@@ -288,9 +288,9 @@ def _curve_cells(tmp_path, curves: dict, **rows):
 
 def test_validation_noise_takes_the_largest_fall_from_update_2000_and_counts_runs_falling_more_than_one(tmp_path):
     curves = {("vanilla", 1): [(1750, 30.0), (2000, 36.0), (2250, 38.0), (2500, 37.5)],
-              ("vanilla", 2): [(1750, 39.0), (2000, 33.0), (2250, 38.0)],  # the 6.0 fall ends at 2,000: before it
+              ("vanilla", 2): [(1750, 35.0), (2000, 33.0), (2250, 38.0)],  # the 2.0 fall ends at 2,000: before it
               ("A", 1): [(2000, 38.0), (2250, 39.9), (2500, 38.2), (2750, 38.6), (3000, 37.4)],
-              ("B", 1): [(2000, 37.0), (2250, 38.0), (2500, 36.9)]}
+              ("B", 1): [(2000, 37.0), (2500, 36.9), (2250, 38.0)]}  # (records out of order: sorted by update)
     c = _curve_cells(tmp_path, curves, vanilla=row([1, 2]), A=row([1], special=(1,)), B=row([1]))
     # A falls 1.7 and 1.2, B 1.1, vanilla seed 1 0.5: the largest is A's (a § cell), two runs fall by more than 1
     assert facts.validation_noise(c) == (
@@ -300,6 +300,28 @@ def test_validation_noise_takes_the_largest_fall_from_update_2000_and_counts_run
     with (c.run_dir["B", 1] / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"split": "valid", "step": 2500, "bleu": 37.95}) + "\n")
     assert facts.validation_noise(c).endswith("in one of the four runs")
+
+
+def test_validation_noise_compares_as_printed_and_names_runs_tied_for_the_largest_fall(tmp_path):
+    # 38.004 → 36.996 prints 38.00 → 37.00: a fall of 1.00, not more than 1; C's 1.004 prints 1.00 too: a tie
+    curves = {("A", 1): [(2000, 37.0), (2250, 38.004), (2500, 36.996)],
+              ("C", 1): [(2000, 36.0), (2250, 38.0), (2500, 36.996)]}
+    c = _curve_cells(tmp_path, curves, A=row([1]), C=row([1]))
+    assert facts.validation_noise(c) == (
+        "from update 2,000 on, a run's greedy dev BLEU falls by up to 1.00 from one validation to the next (A, "
+        "38.00 → 37.00 at updates 2,250 → 2,500 and C, 38.00 → 37.00 at updates 2,250 → 2,500), and by no more "
+        "than 1 in any of the two runs")
+    c.order = [("A", 1)]
+    assert facts.validation_noise(c).endswith("and by no more than 1 in any of the one run")
+
+
+def test_validation_noise_refuses_a_run_peaking_before_the_cut_and_a_cell_without_validations(tmp_path):
+    c = _curve_cells(tmp_path, {("A", 1): [(1750, 39.0), (2000, 38.0), (2250, 37.0)]}, A=row([1]))
+    with pytest.raises(ValueError, match="A peaked at update 1,750, not after NOISE_FROM = 2,000: lower NOISE_FROM"):
+        facts.validation_noise(c)
+    c = _curve_cells(tmp_path, {("B", 1): []}, B=row([1]))
+    with pytest.raises(ValueError, match="B-1/metrics.jsonl: no validation with a BLEU score in an evaluated cell"):
+        facts.peak_steps(c)
 
 
 def test_peak_steps_sorts_runs_by_the_validation_they_peaked_at(tmp_path):
