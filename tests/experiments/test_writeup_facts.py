@@ -362,3 +362,27 @@ def test_seed_spreads_detail_vanilla_and_the_widest_row_and_list_the_rest():
     assert facts.seed_spreads(c).startswith(
         "vanilla's three seeds span 1.00 test BLEU (38.00, 37.00, 37.50); A's span 2.00 (36.00, 38.00 §, 37.00) and "
         "1.50 on the whole dev set with beam 5 (37.00, 38.50 §, 38.00), Rel_Pos's 0.50 on test")
+
+
+def test_speed_profile_names_slow_update_ranges_and_leaves_out_validations_and_resumes():
+    # 50 updates per record at 0.5 updates/s (100 s); 0.25 for (100, 150] and (150, 200], 0.2 for (350, 400] and
+    # (600, 650]; a validation after updates 250 and 500 (a minute each) and a resume from update 300 (a long pause):
+    # their intervals are left out, and a slow range does not run across the resume
+    seconds = {150: 200, 200: 200, 400: 250, 650: 250, 350: 5000}
+    records, t = [], 0.0
+    for step in range(50, 701, 50):
+        t += seconds.get(step, 100) + (60 if step in (300, 550) else 0)
+        records.append({"split": "train", "step": step, "time": t})
+        if step % 250 == 0:
+            records.append({"split": "valid", "step": step, "bleu": 30.0})
+    # the resume from 300 is its (300, 350] interval; between the slow (350, 400] and (600, 650] lie three intervals
+    # at pace and a validation's, which counts neither way: one range with a bridge of three, two with two
+    assert facts.speed_profile(records, {300}) == (
+        "0.50-0.50 updates/s at its usual pace (median 0.50); slower at updates 100-200 (0.25), 350-400 (0.20) "
+        "and 600-650 (0.20); the resume at update 300 left out")
+    assert facts.speed_profile(records, {300}, bridge=3) == (
+        "0.50-0.50 updates/s at its usual pace (median 0.50); slower at updates 100-200 (0.25) and 350-650 "
+        "(0.20); the resume at update 300 left out")
+    # without the resume recorded, (300, 350] is a slow interval that joins 350-400 (after two at pace, 200-300)
+    assert facts.speed_profile(records).startswith("0.50-0.50 updates/s at its usual pace (median 0.50); slower at "
+                                                   "updates 100-400 (0.01-0.25)")
