@@ -615,8 +615,8 @@ def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
     """A draft of the write-up's landing note for one cell (not vanilla's: it is what the others are tested
     against), from its files: scores, the pairwise tests, the row over its seeds, test and dev output, greedy
     validation, speed (with the update ranges that ran slower, where something ran beside it) and where it trained.
-    Landing notes are history (they say what the grid looked like that
-    day), so this is printed for the author, never rewritten."""
+    Landing notes are history (they say what the grid looked like that day), so this is printed for the author,
+    never rewritten."""
     from datetime import datetime, timezone
 
     import sacrebleu
