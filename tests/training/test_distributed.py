@@ -159,20 +159,25 @@ runpy.run_module("sanlab", run_name="__main__")
 """
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> list[tuple[int, str]]:
     """Each rank started as its own process with RANK, WORLD_SIZE and MASTER_* (as srun or mpirun would), on a
     free port; returns (exit status, stderr) per rank. The port is found free and then released before rank 0's
     store binds it, so another test (torchrun's --standalone picks ports too) can take it meanwhile: rank 0 then
     fails with EADDRINUSE, and the others would wait on somebody else's store. That launch is ended and retried
     on a new port."""
-    import socket
     import subprocess
 
     first = ""
     for _ in range(attempts):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _free_port()
         procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
                                        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
@@ -208,14 +213,6 @@ def test_a_failed_validation_on_rank_0_ends_the_other_ranks_under_any_launcher(t
     assert "No space left on device (on purpose)" in errors[0], errors[0]
     assert ("process 0 stopped while validating after update 2: OSError: [Errno 28] No space left on device "
             "(on purpose)") in errors[1], errors[1]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _hand_launched_rank(monkeypatch, rank: int, port: int) -> None:
