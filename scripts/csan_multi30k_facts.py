@@ -8,6 +8,7 @@ text around it is the author's. The blocks:
 - `devices`: how many cells trained on the CPU and on a GPU (from each cell's `meta.json`);
 - `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
   with cells of both kinds, and which rows' standing rests on § cells;
+- `vocab-pairs`: the § cells trained again with the grid's vocabulary, each against the retired § cell it replaced;
 - `done`, `setting-seeds`, `one-seed-rows`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
 - `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
   the means are and how many rows are one run;
@@ -187,9 +188,17 @@ def setting_seeds(c) -> str:
 
 
 def _device(c, variant: str, seed: int) -> str:
+    return _device_at(c.run_dir[variant, seed])
+
+
+def _device_at(run_dir) -> str:
     """"cpu" or the GPU's name, from the cell's meta.json (cells from before the device field: the CPU)."""
-    meta = json.loads((c.run_dir[variant, seed] / "meta.json").read_text(encoding="utf-8"))
-    return meta.get("device", "cpu")
+    return json.loads((run_dir / "meta.json").read_text(encoding="utf-8")).get("device", "cpu")
+
+
+def _machine(device: str) -> str:
+    """"the CPU", "the NVIDIA H200" (from "cuda (NVIDIA H200)")."""
+    return "the CPU" if device == "cpu" else "the " + re.sub(r"^cuda \((.*)\)$", r"\1", device)
 
 
 def cpu_cells(c) -> int:
@@ -202,8 +211,7 @@ def devices(c) -> str:
     gpu = len(c.order) - cpu
     text = f"{number(cpu, capital=True)} cell{'s' if cpu != 1 else ''} trained on this project's 2-core CPU"
     if gpu:
-        names = listing([re.sub(r"^cuda \((.*)\)$", r"\1", g) for g in gpus])
-        text += f", {number(gpu)} on the {names}"
+        text += f", {number(gpu)} on {listing([_machine(g) for g in gpus])}"
     return text
 
 
@@ -264,6 +272,42 @@ def vocabularies(c) -> str:
                  f"the § seeds are {listing(said)}.")
     text += f" So the rows whose standing rests on § cells are provisional: {_provisional(c, marked)}."
     return minus(text)
+
+
+def vocab_pairs(c) -> str:
+    """The § cells trained again with the grid's vocabulary: each retired § cell (moved out of the grid, kept
+    whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU
+    and dev output length. Follows "The § cells are to be trained again ...;"."""
+    pairs = [vs for vs in c.retired if vs in c.order]
+    waiting = [vs for vs in c.retired if vs not in c.order]
+    if not c.retired:
+        return "none has been yet"
+    parts, devices_differ = [], False
+    for v, s in pairs:
+        old_dir, new_dir = c.retired[v, s], c.run_dir[v, s]
+        old, new = c.scores(v, s, retired=True)["bleu"], c.scores(v, s)["bleu"]
+        devices_differ |= _device_at(old_dir) != _device_at(new_dir)
+        text = (f"{v} seed {s} scores {new:.2f} on {_machine(_device_at(new_dir))} against {old:.2f} § on "
+                f"{_machine(_device_at(old_dir))} ({new - old:+.2f})")
+        old_dev, new_dev = c.dev(v, s, retired=True), c.dev(v, s)
+        if old_dev and new_dev:
+            text += (f", dev {new_dev[0]:.2f} against {old_dev[0]:.2f} with {new_dev[2]:,} against "
+                     f"{old_dev[2]:,} tokens of output")
+        parts.append(text)
+    said = []
+    if pairs:
+        said.append(f"{number(len(pairs))} {'has' if len(pairs) == 1 else 'have'} been: " + "; ".join(parts))
+        if len(pairs) > 1:
+            mean = statistics.mean(c.scores(*vs)["bleu"] - c.scores(*vs, retired=True)["bleu"] for vs in pairs)
+            said.append(f"on average {mean:+.2f} on test")
+        if devices_differ:
+            said.append(f"{'the pair differs' if len(pairs) == 1 else 'a pair trained on two machines differs'} in "
+                        "device as well as vocabulary, so its difference measures both")
+    if waiting:
+        names = listing([f"{v} seed {s}" for v, s in waiting])
+        said.append(f"{names} {'is' if len(waiting) == 1 else 'are'} moved out of the grid, "
+                    f"{'its successor' if len(waiting) == 1 else 'their successors'} not yet evaluated")
+    return minus("; ".join(said))
 
 
 def _provisional(c, marked: dict[str, tuple[int, ...]]) -> str:
@@ -774,7 +818,8 @@ def rho(c) -> str:
     return minus(f"{spearman(list(mean.values()), [c.rows[v]['paper_delta'] for v in mean]):.2f}")
 
 
-BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies, "done": done,
+BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies,
+          "vocab-pairs": vocab_pairs, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
           "summary-rows": summary_rows, "order": order, "grid-order": grid_order, "spread": spread, "marks": marks,
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,

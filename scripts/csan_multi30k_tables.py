@@ -52,6 +52,9 @@ README = ROOT / "README.md"
 README_ROW = "| CSAN Table 1 on Multi30k"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 PAPER_BASE = 27.31  # CSAN Table 1's Transformer-Base
+# § cells moved out of the grid once trained again with the grid's vocabulary (docs/compare.md), laid out as the
+# grid's runs_dir: the write-up sets each against its successor
+RETIRED = ROOT / "results" / "compare" / "csan-table1-multi30k-sp022"
 
 
 class Cells:
@@ -67,6 +70,7 @@ class Cells:
         by_variant = {v.name: i for i, v in enumerate(grid.spec.variants)}
         self.order.sort(key=lambda vs: (by_variant[vs[0]], vs[1]))
         self.run_dir = {(c.variant, c.seed): c.run_dir for c in grid.cells}
+        self.retired = _retired(grid.runs_dir, self.run_dir)
         report = json.loads((self.runs / "table.json").read_text(encoding="utf-8"))
         self.rows = {r["variant"]: r for r in report["sections"][0]["rows"]}
         self.multi = {v for v, _ in self.order if len(self.rows[v]["seeds_done"]) > 1}
@@ -84,22 +88,42 @@ class Cells:
             return f"{variant} (seed 1)" if seed == 1 else f"{variant}, seed {seed}"
         return variant
 
-    def scores(self, variant: str, seed: int) -> dict:
-        path = self.run_dir[variant, seed] / "compare-eval.json"
+    def _dir(self, variant: str, seed: int, retired: bool) -> Path:
+        return self.retired[variant, seed] if retired else self.run_dir[variant, seed]
+
+    def scores(self, variant: str, seed: int, *, retired: bool = False) -> dict:
+        """The cell's test scores (``retired``: the § cell it replaced, kept in RETIRED)."""
+        path = self._dir(variant, seed, retired) / "compare-eval.json"
         return json.loads(path.read_text(encoding="utf-8"))["scores"]
 
     @functools.lru_cache(maxsize=None)
-    def dev(self, variant: str, seed: int) -> tuple[float, float, int] | None:
+    def dev(self, variant: str, seed: int, *, retired: bool = False) -> tuple[float, float, int] | None:
         """Whole-dev-set BLEU, brevity penalty and output length in tokens; None for a cell whose dev hypotheses
         are lost (named in DEV_HYPOTHESES_LOST; any other missing file is an error)."""
-        if (variant, seed) in DEV_HYPOTHESES_LOST:
+        if (variant, seed) in DEV_HYPOTHESES_LOST and not retired:
             return None
-        hyps = _lines(self.run_dir[variant, seed] / "hyp-best-valid.txt")
+        hyps = _lines(self._dir(variant, seed, retired) / "hyp-best-valid.txt")
         bleu = sacrebleu.corpus_bleu(hyps, [self.dev_refs])
         return bleu.score, bleu.bp, bleu.sys_len
 
     def test(self, variant: str, seed: int, against: int) -> dict:
         return self.pairwise[self.system(variant, seed), self.system("vanilla", against)]
+
+
+def _retired(runs: Path, run_dir: dict) -> dict[tuple[str, int], Path]:
+    """(variant, seed) -> the retired § cell at the grid cell's place in RETIRED, in the grid's order; a folder
+    there that is no grid cell's is an error (a misnamed move would drop out of the write-up)."""
+    if not RETIRED.is_dir():
+        return {}
+    places = {RETIRED / path.relative_to(runs): vs for vs, path in run_dir.items()}
+    found = {path for path in RETIRED.glob("*/seed-*") if path.is_dir()}
+    for path in sorted(found):
+        if path not in places:
+            raise ValueError(f"{path}: not the place of any cell of {GRID.name} (expected <variant>/seed-<n> as in "
+                             "the grid's runs_dir)")
+        if not (path / "compare-eval.json").is_file():
+            raise ValueError(f"{path}: no compare-eval.json; a retired cell is an evaluated one, moved whole")
+    return {vs: place for place, vs in places.items() if place in found}
 
 
 def _csv(name: str) -> list[dict]:

@@ -197,6 +197,50 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
     assert facts.cpu_cells(c) == 2
 
 
+def _pair_cells(tmp_path, scores: dict, devices: dict, **rows):
+    """Cells with retired § cells: ``scores`` maps (variant, seed, retired) to (test BLEU, dev BLEU, dev tokens),
+    ``devices`` the same keys to meta.json's device."""
+    c = cells(**rows)
+    c.run_dir, c.retired = {}, {}
+    for (v, s, retired), device in devices.items():
+        path = tmp_path / ("retired" if retired else "grid") / f"{v}-{s}"
+        path.mkdir(parents=True)
+        (path / "meta.json").write_text(json.dumps({"device": device}))
+        (c.retired if retired else c.run_dir)[v, s] = path
+    c.order = [vs for vs in c.run_dir if (*vs, False) in scores]
+    c.scores = lambda v, s, retired=False: {"bleu": scores[v, s, retired][0]}
+    c.dev = lambda v, s, retired=False: scores[v, s, retired][1] and (scores[v, s, retired][1], 1.0,
+                                                                      scores[v, s, retired][2])
+    return c
+
+
+def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_path):
+    gpu = "cuda (NVIDIA H200)"
+    scores = {("B", 1, True): (39.07, 39.50, 12400), ("B", 1, False): (38.40, 38.60, 12050)}
+    devices = {("B", 1, True): gpu, ("B", 1, False): "cpu"}
+    c = _pair_cells(tmp_path, scores, devices, B=row([1]))
+    assert facts.vocab_pairs(c) == (
+        "one has been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
+        "against 39.50 with 12,050 against 12,400 tokens of output; the pair differs in device as well as "
+        "vocabulary, so its difference measures both")
+    # a second pair, on one machine, and a § cell moved out whose successor is not evaluated yet
+    scores.update({("C", 2, True): (38.00, None, 0), ("C", 2, False): (38.50, 38.90, 12000)})
+    devices.update({("C", 2, True): "cpu", ("C", 2, False): "cpu", ("D", 3, True): gpu})
+    c = _pair_cells(tmp_path / "two", scores, devices, B=row([1]), C=row([2]), D=row([1]))
+    assert facts.vocab_pairs(c) == (
+        "two have been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
+        "against 39.50 with 12,050 against 12,400 tokens of output; C seed 2 scores 38.50 on the CPU against "
+        "38.00 § on the CPU (+0.50); on average −0.09 on test; a pair trained on two machines differs in device as "
+        "well as vocabulary, so its difference measures both; D seed 3 is moved out of the grid, its successor not "
+        "yet evaluated")
+
+
+def test_vocab_pairs_before_any_retraining():
+    c = cells(B=row([1], special=(1,)))
+    c.retired, c.order = {}, [("B", 1)]
+    assert facts.vocab_pairs(c) == "none has been yet"
+
+
 def _dev_cells(dev: dict, **rows):
     c = cells(**rows)
     c.order = list(dev)
@@ -386,3 +430,26 @@ def test_speed_profile_names_slow_update_ranges_and_leaves_out_validations_and_r
     # without the resume recorded, (300, 350] is a slow interval that joins 350-400 (after two at pace, 200-300)
     assert facts.speed_profile(records).startswith("0.50-0.50 updates/s at its usual pace (median 0.50); slower at "
                                                    "updates 100-400 (0.01-0.25)")
+
+
+def test_retired_cells_are_found_at_their_grid_place_and_a_misplaced_one_is_refused(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("csan_tables", ROOT / "scripts" / "csan_multi30k_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    runs, retired = tmp_path / "grid", tmp_path / "grid-sp022"
+    run_dir = {("Block", 1): runs / "block" / "seed-1", ("Block", 2): runs / "block" / "seed-2",
+               ("CNNs", 1): runs / "cnns" / "seed-1"}
+    monkeypatch.setattr(tables, "RETIRED", retired)
+    assert tables._retired(runs, run_dir) == {}  # no archive yet
+    for place in ("cnns/seed-1", "block/seed-1"):
+        (retired / place).mkdir(parents=True)
+        (retired / place / "compare-eval.json").write_text("{}")
+    assert list(tables._retired(runs, run_dir).items()) == [(("Block", 1), retired / "block" / "seed-1"),
+                                                            (("CNNs", 1), retired / "cnns" / "seed-1")]
+    (retired / "block" / "seed-2").mkdir()  # moved without its results
+    with pytest.raises(ValueError, match=r"block/seed-2: no compare-eval.json"):
+        tables._retired(runs, run_dir)
+    (retired / "block" / "seed-2").rmdir()
+    (retired / "blocks" / "seed-1").mkdir(parents=True)  # not a grid cell's place
+    with pytest.raises(ValueError, match=r"blocks/seed-1: not the place of any cell"):
+        tables._retired(runs, run_dir)
