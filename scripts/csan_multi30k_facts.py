@@ -24,8 +24,8 @@ text around it is the author's. The blocks:
   `rho`, `missing` (the cells still to train).
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
-the block's text; `fill` puts every block in place. `cell_note` drafts a cell's landing note
-(`csan_multi30k_tables.py --note VARIANT:SEED` prints it).
+the block's text; `fill` puts every block in place. The words they are spelled with come from `writeup_words.py`;
+a cell's landing note is drafted by `csan_multi30k_note.py`.
 """
 
 from __future__ import annotations
@@ -34,44 +34,12 @@ import json
 import re
 import statistics
 
+from writeup_words import how_many, listing, minus, number, p_prose, possessive, seeds_phrase
+
 TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
-_WORDS = ("no one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-          "seventeen eighteen nineteen").split()
-_TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty"}
 _CLOSE = "<!-- /gen -->"
 _BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+) -->(.*?)<!-- /gen -->", re.S)
 _LOOSE = re.compile(r"<!--\s*/?\s*gen\b", re.I)  # anything that looks like a marker
-
-
-def number(n: int, *, capital: bool = False) -> str:
-    """0-59 in words ("twenty-two"), as the write-up spells counts."""
-    if n < 20:
-        word = _WORDS[n]
-    elif n < 60:
-        word = _TENS[n // 10 * 10] + (f"-{_WORDS[n % 10]}" if n % 10 else "")
-    else:
-        raise ValueError(f"no word for {n}")
-    return word[0].upper() + word[1:] if capital else word
-
-
-def listing(items: list[str]) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def possessive(name: str) -> str:
-    """"Block's", "Rel_Pos's", "CNNs'" (a plural: an acronym's -s)."""
-    return name + ("'" if name.endswith("s") and name[:-1].isupper() else "'s")
-
-
-def seeds_phrase(seeds: tuple[int, ...]) -> str:
-    """"seed 3", "seeds 2 and 3"."""
-    return ("seed " if len(seeds) == 1 else "seeds ") + listing([str(s) for s in seeds])
-
-
-def minus(text: str) -> str:
-    """The write-up's typographic minus before digits."""
-    return re.sub(r"-(?=\d)", "−", text)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -170,7 +138,7 @@ def done(c) -> str:
 def one_seed_rows(c) -> str:
     """"One seed for six of the fifteen rows (two for Block and MUSE)"."""
     groups = _by_count(c, list(c.rows))
-    text = f"One seed for {_how_many(len(groups.get(1, [])))} of the {number(len(c.rows))} rows"
+    text = f"One seed for {how_many(len(groups.get(1, [])))} of the {number(len(c.rows))} rows"
     if groups.get(2):
         text += f" (two for {listing(groups[2])})"
     return text
@@ -420,11 +388,6 @@ def seed_spreads(c) -> str:
     return minus(text + ("; " + listing(parts) if parts else ""))
 
 
-def _how_many(n: int, *, capital: bool = False) -> str:
-    """"none" (of the ...) or the number in words."""
-    return number(n, capital=capital) if n else ("None" if capital else "none")
-
-
 def marks(c) -> str:
     """How often the vanilla seed a run is set against changes its pairwise mark, and the multi-seed variants' runs
     marked against every vanilla seed or none (the pairwise table's marks)."""
@@ -442,19 +405,19 @@ def marks(c) -> str:
         side = next(iter(sides(run)))
         return f"{'level with' if side == 'level' else side} all {every}"
     steady = [r for r in one_seed if len(sides(r)) == 1]
-    text = (f"Which vanilla seed a run is set against changes its mark for {_how_many(len(one_seed) - len(steady))} "
+    text = (f"Which vanilla seed a run is set against changes its mark for {how_many(len(one_seed) - len(steady))} "
             f"of the {number(len(one_seed))} one-seed variants")
     if steady:
         text += " (all but " + listing([f"{v}, {verdict((v, s))}" for v, s in steady]) + ")"
     changed = [r for r in runs if len(sides(r)) > 1]
     marked = [r for r in runs if all(against[r])]
     none = [r for r in runs if not any(against[r])]
-    text += (f". It changes it for {_how_many(len(changed))} of the {number(len(runs))} runs of the multi-seed "
-             f"variants too. {_how_many(len(marked), capital=True)} of those runs "
+    text += (f". It changes it for {how_many(len(changed))} of the {number(len(runs))} runs of the multi-seed "
+             f"variants too. {how_many(len(marked), capital=True)} of those runs "
              f"{'are' if len(marked) > 1 else 'is'} marked against all {every} vanilla seeds")
     if marked:
         text += ": " + listing([f"{v} seed {s} ({', '.join(against[v, s])})" for v, s in marked])
-    return text + f". {_how_many(len(none), capital=True)} {'are' if len(none) > 1 else 'is'} marked against none"
+    return text + f". {how_many(len(none), capital=True)} {'are' if len(none) > 1 else 'is'} marked against none"
 
 
 def bucket_tests(c) -> str:
@@ -543,18 +506,18 @@ def later_peaks(c) -> str:
     above = sorted((vs for vs in cpu if peak[vs] > bar), key=peak.get)
     below = [vs for vs in cpu if peak[vs] <= bar]
     text = (f"of the {number(len(cpu))} CPU run{'s' if len(cpu) != 1 else ''} finished after it, "
-            f"{_how_many(len(above))} peaked above {bar:.2f}")
+            f"{how_many(len(above))} peaked above {bar:.2f}")
     if above:
         ends = [above[0]] if len(above) == 1 else [above[0], above[-1]]
         text += " (" + ("from " if len(ends) > 1 else "") + " to ".join(
             f"{possessive(_cell_name(c, *vs))} {peak[vs]:.2f}" for vs in ends) + ")"
-    text += f", {_how_many(len(below))} at or below"
+    text += f", {how_many(len(below))} at or below"
     if special_cells:
         low = [vs for vs in special_cells if peak[vs] <= bar]
         if not low:
             text += f", and {'every' if len(special_cells) > 1 else 'the'} § cell above"
         else:
-            text += (f", and {_how_many(len(special_cells) - len(low))} of the {number(len(special_cells))} § "
+            text += (f", and {how_many(len(special_cells) - len(low))} of the {number(len(special_cells))} § "
                      f"cell{'s' if len(special_cells) != 1 else ''} above ("
                      f"{listing([_cell_name(c, *vs) for vs in low])} peaked at "
                      f"{listing([f'{peak[vs]:.2f}' for vs in low])})")
@@ -641,132 +604,18 @@ def peak_steps(c) -> str:
         where = (f"at its last validation{at_end}" if last else "at the validation before its last" if before
                  else f"at update {step:,}, before its last two validations")
         return f"The one run peaked {where}"
-    text = (f"Of the {number(len(c.order))} runs, {_how_many(len(last))} peaked at "
-            f"{'its' if len(last) == 1 else 'their'} last validation{at_end}, {_how_many(len(before))} at the one "
+    text = (f"Of the {number(len(c.order))} runs, {how_many(len(last))} peaked at "
+            f"{'its' if len(last) == 1 else 'their'} last validation{at_end}, {how_many(len(before))} at the one "
             f"before")
     if earlier:
         by_step = {}
         for vs, step in earlier:
             by_step.setdefault(step, []).append(names[vs])
-        text += (f" and {_how_many(len(earlier))} earlier ("
+        text += (f" and {how_many(len(earlier))} earlier ("
                  + "; ".join(f"{listing(n)} at {step:,}" for step, n in sorted(by_step.items(), reverse=True)) + ")")
     else:
         text += " and none earlier"
     return text
-
-
-def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
-    """A draft of the write-up's landing note for one cell (not vanilla's: it is what the others are tested
-    against), from its files: scores, the pairwise tests, the row over its seeds, test and dev output, greedy
-    validation, speed (with the update ranges that ran slower, where something ran beside it) and where it trained.
-    Landing notes are history (they say what the grid looked like that day), so this is printed for the author,
-    never rewritten."""
-    from datetime import datetime, timezone
-
-    import sacrebleu
-
-    from sanlab.experiments.cells import speed_conditions
-    from sanlab.training.loop import read_metrics
-
-    if variant == "vanilla":
-        raise ValueError("vanilla is the baseline the notes test against: draft a note for another row's cell")
-    run = c.run_dir[variant, seed]
-    meta = json.loads((run / "meta.json").read_text(encoding="utf-8"))
-    done_ = json.loads((run / "done.json").read_text(encoding="utf-8"))
-    sc, r = c.scores(variant, seed), c.rows[variant]
-    tests = []
-    for k in c.rows["vanilla"]["seeds_done"]:
-        test = c.test(variant, seed, k)
-        shares = ", the run that shares its seed" if k == seed else ""
-        tests.append(minus(f"{float(test['delta']):+.2f}") + (f" {test['sig']}" if test["sig"] else "")
-                     + f" against vanilla seed {k}{shares} (p = {p_prose(float(test['p']))})")
-    hyps = (run / "hyp-best-test_2016_flickr.txt").read_text(encoding="utf-8").split("\n")[:len(test_refs)]
-    bleu = sacrebleu.corpus_bleu(hyps, [test_refs])
-    records = read_metrics(run)
-    valid = [m for m in records if m.get("split") == "valid"]
-    peak, last = max(valid, key=lambda v: v["bleu"]), valid[-1]
-    speed = [m for m in records if m.get("split") == "speed"][-1]  # the whole run's, written at each validation
-    text = (f"{variant} seed {seed} ({speed_conditions(run, done_)}, sentencepiece "
-            f"{meta['versions']['sentencepiece']}), {sc['bleu']:.2f} (chrF {sc['chrf']:.2f}): {listing(tests)}. ")
-    if len(r["seeds_done"]) > 1:
-        row, test = r["scores"]["BLEU"], r["seeds_test"]
-        verdict = test["mark"] or ("n.s." if test["p_value"] >= 0.05 else "no mark with fewer than three seeds")
-        text += minus(f"{variant} over {number(len(r['seeds_done']))} seeds is {row['mean']:.2f} ± {row['sd']:.2f}, "
-                      f"{r['delta']:+.2f} over vanilla's mean (seed-level bootstrap p = "
-                      f"{p_prose(test['p_value'], digits=2)}, {verdict}). ")
-    text += (f"Its test output: precisions {'/'.join(f'{x:.1f}' for x in bleu.precisions)} at BP {bleu.bp:.3f} "
-             f"({bleu.sys_len:,} tokens). ")
-    dev = c.dev(variant, seed)
-    text += (f"Its dev BLEU with beam 5 is {dev[0]:.2f} (BP {dev[1]:.3f}, {dev[2]:,} tokens); " if dev
-             else "It has no dev hypotheses (DEV_HYPOTHESES_LOST); ")
-    text += (f"its greedy dev BLEU peaked at {peak['bleu']:.2f} (update {peak['step']:,})"
-             + ("." if peak is last else f" and ended at {last['bleu']:.2f} (update {last['step']:,}).")
-             + f" Its speed in the grid: {speed['steps_per_s']:.2f} updates/s (update time only; "
-             f"{done_['summary']['train_seconds']:,.0f} s of updates).")
-    sessions = meta.get("sessions") or []
-    text += (" Per logging interval: " + speed_profile(records, {int(s["from_step"]) for s in sessions if s.get("from_step")})
-             + ".")
-    if sessions:
-        started = datetime.fromisoformat(sessions[0]["started_at"]).astimezone(timezone.utc)
-        resumed = " (a resume: it began before sessions were recorded)" if sessions[0].get("from_step") else ""
-        text += (f" Session 1 from {started:%Y-%m-%d %H:%M} UTC{resumed} at "
-                 f"{(sessions[0].get('git_revision') or 'an unknown revision')[:7]}"
-                 f"{f'; {len(sessions)} sessions' if len(sessions) > 1 else ''}.")
-    return text
-
-
-def speed_profile(records: list[dict], resumed_at: set[int] = frozenset(), *, slow: float = 0.8,
-                  bridge: int = 2) -> str:
-    """Updates/s per logging interval from the train records' times, for the landing note to say what ran beside
-    the cell: the pace of most intervals and the update ranges below ``slow`` x the median (slow intervals at most
-    ``bridge`` intervals at pace apart are one range; a resume ends a range). Intervals that hold a validation or a
-    resume (``resumed_at``: the sessions' starting updates) are left out: their time is not updates."""
-    times = {}
-    for r in records:
-        if r.get("split") == "train":
-            times[int(r["step"])] = r["time"]  # (a resumed step's last record)
-    valid = {int(r["step"]) for r in records if r.get("split") == "valid"}
-    steps = sorted(times)
-    intervals = [(a, b, None if a in valid or a in resumed_at or times[b] <= times[a]
-                  else (b - a) / (times[b] - times[a])) for a, b in zip(steps, steps[1:])]
-    timed = [rate for _, _, rate in intervals if rate is not None]
-    if not timed:
-        return "no interval to time"
-    median = statistics.median(timed)
-    pace, ranges, current, gap = [], [], None, 0
-    for a, b, rate in intervals:
-        if a in resumed_at:
-            current = None  # (another session: a slow range does not run across it)
-        if rate is None:
-            continue
-        if rate >= slow * median:
-            pace.append(rate)
-            gap += 1
-            if gap > bridge:
-                current = None
-            continue
-        if current is None:
-            current = [a, b, rate, rate]
-            ranges.append(current)
-        current[1:] = [b, min(current[2], rate), max(current[3], rate)]
-        gap = 0
-    text = f"{min(pace):.2f}-{max(pace):.2f} updates/s at its usual pace (median {median:.2f})"
-    if ranges:
-        text += "; slower at updates " + listing([f"{a:,}-{b:,} ({lo:.2f}" + (f"-{hi:.2f})" if hi > lo else ")")
-                                                  for a, b, lo, hi in ranges])
-    left_out = sorted(a for a in steps[:-1] if a in resumed_at)
-    if left_out:
-        text += f"; the resume{'s' if len(left_out) > 1 else ''} at update {listing([f'{a:,}' for a in left_out])} left out"
-    return text
-
-
-def p_prose(p: float, *, digits: int | None = None) -> str:
-    """p as the write-up's prose gives it: 2 digits, 3 below 0.1 (or ``digits``), and sanlab's ``p_text`` where
-    rounding would put it on a mark's threshold (0.04995 is not "0.05") or at zero."""
-    from sanlab.evaluation.significance import p_text
-
-    text = f"{p:.{digits or (2 if p >= 0.0995 else 3)}f}"
-    return p_text(p) if float(text) == 0 or any(p < th <= float(text) for th in (0.01, 0.05)) else text
 
 
 def row_brief(c, variant: str) -> str:

@@ -16,7 +16,8 @@ together), gets its row in:
 
 Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("vanilla, seed 2",
 "Bi_Direct (seed 1)", "Bi_Direct, seed 2"). It also writes the counting sentences between `<!-- gen:NAME -->`
-markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README row's. The rest of the prose is
+markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README row's; `--note VARIANT:SEED`
+prints a draft of a cell's landing note (`scripts/csan_multi30k_note.py`). The rest of the prose is
 the author's to update. `--check` writes nothing and exits 1 if anything would change. Needs the Multi30k files
 (`../shared/data/multi30k`).
 """
@@ -44,7 +45,9 @@ from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
-from csan_multi30k_facts import TABLE1, cell_note, fill, minus, p_prose, totals  # noqa: E402
+from csan_multi30k_facts import TABLE1, fill, totals  # noqa: E402
+from csan_multi30k_note import cell_note  # noqa: E402
+from writeup_words import minus, p_prose  # noqa: E402
 
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"

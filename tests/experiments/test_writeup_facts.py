@@ -3,15 +3,26 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("csan_facts", ROOT / "scripts" / "csan_multi30k_facts.py")
-facts = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(facts)
+
+
+def _script(name: str):
+    """A module of scripts/ (which import each other by name, as when run from there)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+facts, words, note = _script("csan_multi30k_facts"), _script("writeup_words"), _script("csan_multi30k_note")
 
 
 def row(done, planned=(1, 2, 3), bleu=(38.0,), paper_delta=0.3, special=()):
@@ -30,8 +41,8 @@ def cells(**rows):
 @pytest.mark.parametrize("n, word", [(0, "no"), (1, "one"), (9, "nine"), (20, "twenty"), (22, "twenty-two"),
                                      (39, "thirty-nine")])
 def test_counts_are_spelled_as_the_writeup_spells_them(n, word):
-    assert facts.number(n) == word
-    assert facts.number(n, capital=True) == word[0].upper() + word[1:]
+    assert words.number(n) == word
+    assert words.number(n, capital=True) == word[0].upper() + word[1:]
 
 
 def test_spearman_against_hand_ranks():
@@ -166,7 +177,7 @@ def test_a_complete_grid_says_so_in_the_readme():
                                              (0.04995, 2, "0.04995"), (0.00999, None, "0.00999"), (0.0995, None, "0.10"),
                                              (0.0004, None, "0.0004")])
 def test_p_values_in_prose_never_sit_on_a_threshold(p, digits, text):
-    assert facts.p_prose(p, digits=digits) == text
+    assert words.p_prose(p, digits=digits) == text
 
 
 def test_vocabularies_compares_the_special_cells_with_the_others():
@@ -421,21 +432,19 @@ def test_speed_profile_names_slow_update_ranges_and_leaves_out_validations_and_r
             records.append({"split": "valid", "step": step, "bleu": 30.0})
     # the resume from 300 is its (300, 350] interval; between the slow (350, 400] and (600, 650] lie three intervals
     # at pace and a validation's, which counts neither way: one range with a bridge of three, two with two
-    assert facts.speed_profile(records, {300}) == (
+    assert note.speed_profile(records, {300}) == (
         "0.50-0.50 updates/s at its usual pace (median 0.50); slower at updates 100-200 (0.25), 350-400 (0.20) "
         "and 600-650 (0.20); the resume at update 300 left out")
-    assert facts.speed_profile(records, {300}, bridge=3) == (
+    assert note.speed_profile(records, {300}, bridge=3) == (
         "0.50-0.50 updates/s at its usual pace (median 0.50); slower at updates 100-200 (0.25) and 350-650 "
         "(0.20); the resume at update 300 left out")
     # without the resume recorded, (300, 350] is a slow interval that joins 350-400 (after two at pace, 200-300)
-    assert facts.speed_profile(records).startswith("0.50-0.50 updates/s at its usual pace (median 0.50); slower at "
+    assert note.speed_profile(records).startswith("0.50-0.50 updates/s at its usual pace (median 0.50); slower at "
                                                    "updates 100-400 (0.01-0.25)")
 
 
 def test_retired_cells_are_found_at_their_grid_place_and_a_misplaced_one_is_refused(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("csan_tables", ROOT / "scripts" / "csan_multi30k_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = _script("csan_multi30k_tables")
     runs, retired = tmp_path / "grid", tmp_path / "grid-sp022"
     run_dir = {("Block", 1): runs / "block" / "seed-1", ("Block", 2): runs / "block" / "seed-2",
                ("CNNs", 1): runs / "cnns" / "seed-1"}

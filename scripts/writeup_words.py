@@ -1,0 +1,55 @@
+"""How the write-ups spell numbers, lists and p values in prose ("twenty-two", "a, b and c", "−0.37",
+"p = 0.053"), shared by the scripts that generate their sentences."""
+
+from __future__ import annotations
+
+import re
+
+_WORDS = ("no one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+          "seventeen eighteen nineteen").split()
+_TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty"}
+
+
+def number(n: int, *, capital: bool = False) -> str:
+    """0-59 in words ("twenty-two"), as the write-up spells counts."""
+    if n < 20:
+        word = _WORDS[n]
+    elif n < 60:
+        word = _TENS[n // 10 * 10] + (f"-{_WORDS[n % 10]}" if n % 10 else "")
+    else:
+        raise ValueError(f"no word for {n}")
+    return word[0].upper() + word[1:] if capital else word
+
+
+def listing(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def possessive(name: str) -> str:
+    """"Block's", "Rel_Pos's", "CNNs'" (a plural: an acronym's -s)."""
+    return name + ("'" if name.endswith("s") and name[:-1].isupper() else "'s")
+
+
+def seeds_phrase(seeds: tuple[int, ...]) -> str:
+    """"seed 3", "seeds 2 and 3"."""
+    return ("seed " if len(seeds) == 1 else "seeds ") + listing([str(s) for s in seeds])
+
+
+def minus(text: str) -> str:
+    """The write-up's typographic minus before digits."""
+    return re.sub(r"-(?=\d)", "−", text)
+
+
+def how_many(n: int, *, capital: bool = False) -> str:
+    """"none" (of the ...) or the number in words."""
+    return number(n, capital=capital) if n else ("None" if capital else "none")
+
+
+def p_prose(p: float, *, digits: int | None = None) -> str:
+    """p as the write-up's prose gives it: 2 digits, 3 below 0.1 (or ``digits``), and sanlab's ``p_text`` where
+    rounding would put it on a mark's threshold (0.04995 is not "0.05") or at zero."""
+    from sanlab.evaluation.significance import p_text
+
+    text = f"{p:.{digits or (2 if p >= 0.0995 else 3)}f}"
+    return p_text(p) if float(text) == 0 or any(p < th <= float(text) for th in (0.01, 0.05)) else text
