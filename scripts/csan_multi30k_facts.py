@@ -16,6 +16,7 @@ text around it is the author's. The blocks:
   dev BLEU peaks of the CPU runs scored after Rel_Pos seed 1 and of the § cells compare with its peak;
 - `seed-spreads`: how far apart the seeds of each multi-seed row lie;
 - `grid-order`: every row of the grid by mean test BLEU, with its seeds and § cells;
+- `dates`: the days the cells finished, with the cells of each (by machine where a day had cells from several);
 - `validation-noise`, `peak-steps` (from each cell's `metrics.jsonl`): how far greedy dev BLEU falls between
   neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from datetime import datetime, timezone
 
 from writeup_words import how_many, listing, minus, number, p_prose, possessive, seeds_phrase
 
@@ -318,6 +320,30 @@ def order(c) -> str:
     names = [v for v in ranked if mean[v] > vanilla] + ["(vanilla)"] + [v for v in ranked if mean[v] <= vanilla]
     return (f"By mean test BLEU the {number(len(mean))} rows run {', '.join(names)} (Spearman ρ = {rho(c)} "
             f"with the paper's Δs).")
+
+
+def dates(c) -> str:
+    """The days the cells finished (each `done.json`'s finished_at, UTC), each with its cells in the grid's order,
+    by machine on a day with cells from more than one (the CPU first)."""
+    days: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    for v, s in c.order:
+        finished = json.loads((c.run_dir[v, s] / "done.json").read_text(encoding="utf-8"))["finished_at"]
+        day = datetime.fromtimestamp(finished, timezone.utc).date().isoformat()
+        days.setdefault(day, {}).setdefault(_device(c, v, s), []).append((v, s))
+
+    def named(cells: list[tuple[str, int]]) -> str:
+        seeds: dict[str, list[int]] = {}
+        for v, s in cells:
+            seeds.setdefault(v, []).append(s)
+        return listing([f"{v} {seeds_phrase(tuple(ss))}" if v in c.multi else v for v, ss in seeds.items()])
+    parts = []
+    for day, machines in sorted(days.items()):
+        if len(machines) == 1:
+            parts.append(f"{day} ({named(next(iter(machines.values())))})")
+        else:
+            on = sorted(machines, key=lambda d: (d != "cpu", d))
+            parts.append(f"{day} (" + "; ".join(f"on {_machine(d)}: {named(machines[d])}" for d in on) + ")")
+    return ", ".join(parts) if parts else "no cell has finished"
 
 
 def grid_order(c) -> str:
@@ -673,7 +699,7 @@ BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies
           "summary-rows": summary_rows, "order": order, "grid-order": grid_order, "spread": spread, "marks": marks,
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
           "validation-noise": validation_noise, "peak-steps": peak_steps,
-          "seed-spreads": seed_spreads,
+          "seed-spreads": seed_spreads, "dates": dates,
           # the README row
           "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,
           "still-to-train": still_to_train, "readme-status": lambda c: readme_status(c)}

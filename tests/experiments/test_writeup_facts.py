@@ -462,3 +462,19 @@ def test_retired_cells_are_found_at_their_grid_place_and_a_misplaced_one_is_refu
     (retired / "blocks" / "seed-1").mkdir(parents=True)  # not a grid cell's place
     with pytest.raises(ValueError, match=r"blocks/seed-1: not the place of any cell"):
         tables._retired(runs, run_dir)
+
+
+def test_dates_list_each_day_with_its_cells_by_machine_where_a_day_had_several(tmp_path):
+    day = 86400
+    runs = {("vanilla", 1): (0, "cpu"), ("vanilla", 2): (2 * day, "cpu"), ("A", 1): (2 * day + 5, "cpu"),
+            ("B", 1): (3 * day, "cuda (NVIDIA H200)"), ("B", 2): (3 * day + 60, "cpu"), ("B", 3): (3 * day + 9, "cpu")}
+    c = cells(vanilla=row([1, 2]), A=row([1]), B=row([1, 2, 3]))
+    c.order, c.run_dir = list(runs), {}
+    for (v, s), (finished, device) in runs.items():
+        c.run_dir[v, s] = tmp_path / f"{v}-{s}"
+        c.run_dir[v, s].mkdir()
+        (c.run_dir[v, s] / "done.json").write_text(json.dumps({"finished_at": finished}))
+        (c.run_dir[v, s] / "meta.json").write_text(json.dumps({"device": device}))
+    # a one-seed row by its name, a multi-seed row's seeds together, the CPU first on a mixed day
+    assert facts.dates(c) == ("1970-01-01 (vanilla seed 1), 1970-01-03 (vanilla seed 2 and A), 1970-01-04 (on the "
+                              "CPU: B seeds 2 and 3; on the NVIDIA H200: B seed 1)")
