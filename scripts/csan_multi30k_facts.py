@@ -21,7 +21,7 @@ text around it is the author's. The blocks:
   neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
-- in the README's row: `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
+- in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
   `rho`, `missing` (the cells still to train).
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
@@ -681,7 +681,7 @@ def vanilla_mean(c) -> str:
 
 
 def readme_status(c) -> str:
-    """"partial: all of the table's 9 rows scored" (the README row's headline)."""
+    """"partial: all of the table's 9 rows scored" (the headline of the README's section on the grid)."""
     scored = sum(v in c.rows for v in TABLE1)
     rows = "all of the table's 9 rows scored" if scored == len(TABLE1) else f"{scored} of the table's 9 rows scored"
     done_, planned = totals(c)
@@ -700,7 +700,7 @@ BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
           "validation-noise": validation_noise, "peak-steps": peak_steps,
           "seed-spreads": seed_spreads, "dates": dates,
-          # the README row
+          # the README's section on the grid
           "readme-table1": readme_table1, "readme-others": readme_others, "vanilla-mean": vanilla_mean, "rho": rho,
           "still-to-train": still_to_train, "readme-status": lambda c: readme_status(c)}
 

@@ -16,7 +16,7 @@ together), gets its row in:
 
 Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("vanilla, seed 2",
 "Bi_Direct (seed 1)", "Bi_Direct, seed 2"). It also writes the counting sentences between `<!-- gen:NAME -->`
-markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README row's; `--note VARIANT:SEED`
+markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README's (its row and its section on the grid); `--note VARIANT:SEED`
 prints a draft of a cell's landing note (`scripts/csan_multi30k_note.py`). The rest of the prose is
 the author's to update. `--check` writes nothing and exits 1 if anything would change. Needs the Multi30k files
 (`../shared/data/multi30k`).
@@ -53,6 +53,7 @@ GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
 README = ROOT / "README.md"
 README_ROW = "| CSAN Table 1 on Multi30k"
+README_SECTION = "### CSAN Table 1 on Multi30k"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 PAPER_BASE = 27.31  # CSAN Table 1's Transformer-Base
 # § cells moved out of the grid once trained again with the grid's vocabulary (docs/compare.md), laid out as the
@@ -253,13 +254,22 @@ def rewrite(text: str, c: Cells) -> str:
 
 
 def rewrite_readme(text: str, c: Cells) -> str:
-    """The README's row for this write-up: the cell count of the title and its generated blocks."""
+    """The README's row for this write-up in its results table and its section "where it stands" (from its
+    heading to the next heading): their cell counts and generated blocks."""
     lines = text.split("\n")
-    rows = [i for i, line in enumerate(lines) if line.startswith(README_ROW)]
-    if len(rows) != 1:  # renamed or doubled: its scores would go stale unnoticed
-        raise ValueError(f"README.md: {len(rows)} lines start with {README_ROW!r}, expected one")
-    lines[rows[0]] = fill(re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), lines[rows[0]]), c)
-    return "\n".join(lines)
+    at = {}
+    for prefix in (README_ROW, README_SECTION):
+        found = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+        if len(found) != 1:  # renamed or doubled: its scores would go stale unnoticed
+            raise ValueError(f"README.md: {len(found)} lines start with {prefix!r}, expected one")
+        at[prefix] = found[0]
+    start = at[README_SECTION]
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+    count = "{} of {} cells".format(*totals(c))
+    row = at[README_ROW]
+    lines[row] = fill(re.sub(r"\d+ of \d+ cells", count, lines[row]), c)
+    section = fill(re.sub(r"\d+ of \d+ cells", count, "\n".join(lines[start:end])), c)
+    return "\n".join(lines[:start] + section.split("\n") + lines[end:])
 
 
 def main(argv: list[str] | None = None) -> int:

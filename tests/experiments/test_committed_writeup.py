@@ -246,10 +246,12 @@ def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
     rows = "all 9 rows" if len(scored) == 9 else f"{len(scored)} of the 9 rows"
     assert rows in title and f"({', '.join(scored)})" in title, title
     assert counts in title and ("partial" in title) == (len(cells) < len(grid.cells)), title
-    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-               if line.startswith("| CSAN Table 1 on Multi30k"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| CSAN Table 1 on Multi30k"))
+    assert counts in row, row
+    section = readme.split("### CSAN Table 1 on Multi30k", 1)[1].split("\n#", 1)[0]
     assert ("all of the table's 9 rows scored" if len(scored) == 9 else f"{len(scored)} of the table's 9 rows scored") \
-        in row and counts in row, row
+        in section and counts in section, section
 
 
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "multi30k" / "val.de.gz").exists(),

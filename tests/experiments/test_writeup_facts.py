@@ -478,3 +478,16 @@ def test_dates_list_each_day_with_its_cells_by_machine_where_a_day_had_several(t
     # a one-seed row by its name, a multi-seed row's seeds together, the CPU first on a mixed day
     assert facts.dates(c) == ("1970-01-01 (vanilla seed 1), 1970-01-03 (vanilla seed 2 and A), 1970-01-04 (on the "
                               "CPU: B seeds 2 and 3; on the NVIDIA H200: B seed 1)")
+
+
+def test_readme_row_and_section_are_rewritten_up_to_the_next_heading(monkeypatch):
+    tables = _script("csan_multi30k_tables")
+    monkeypatch.setattr(tables, "totals", lambda c: (35, 39))
+    monkeypatch.setattr(tables, "fill", lambda text, c: text.replace("gen:x -->old", "gen:x -->new"))
+    readme = ("| CSAN Table 1 on Multi30k: 34 of 39 cells | x |\n\n### CSAN Table 1 on Multi30k: where it stands\n\n"
+              "**34 of 39 cells**, <!-- gen:x -->old<!-- /gen -->\n## Next\n12 of 39 cells <!-- gen:x -->old<!-- /gen -->")
+    assert tables.rewrite_readme(readme, None) == (
+        "| CSAN Table 1 on Multi30k: 35 of 39 cells | x |\n\n### CSAN Table 1 on Multi30k: where it stands\n\n"
+        "**35 of 39 cells**, <!-- gen:x -->new<!-- /gen -->\n## Next\n12 of 39 cells <!-- gen:x -->old<!-- /gen -->")
+    with pytest.raises(ValueError, match="0 lines start with '### CSAN Table 1 on Multi30k'"):
+        tables.rewrite_readme(readme.replace("### CSAN", "### The CSAN"), None)
