@@ -21,8 +21,8 @@ text around it is the author's. The blocks:
   neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
-- in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ and deciding test), `vanilla-mean`,
-  `rho`, `missing` (the cells still to train).
+- in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ
+  and deciding test), `vanilla-mean`, `rho`, `still-to-train` (the cells still to train), `readme-status`.
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
 the block's text; `fill` puts every block in place. The words they are spelled with come from `writeup_words.py`;

@@ -16,10 +16,10 @@ together), gets its row in:
 
 Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("vanilla, seed 2",
 "Bi_Direct (seed 1)", "Bi_Direct, seed 2"). It also writes the counting sentences between `<!-- gen:NAME -->`
-markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README's (its row and its section on the grid); `--note VARIANT:SEED`
-prints a draft of a cell's landing note (`scripts/csan_multi30k_note.py`). The rest of the prose is
-the author's to update. `--check` writes nothing and exits 1 if anything would change. Needs the Multi30k files
-(`../shared/data/multi30k`).
+markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README's (its row and its section on
+the grid); `--note VARIANT:SEED` prints a draft of a cell's landing note (`scripts/csan_multi30k_note.py`). The
+rest of the prose is the author's to update. `--check` writes nothing and exits 1 if anything would change.
+Needs the Multi30k files (`../shared/data/multi30k`).
 """
 
 from __future__ import annotations
