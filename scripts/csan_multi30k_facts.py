@@ -252,11 +252,12 @@ def vocab_pairs(c) -> str:
     waiting = [vs for vs in c.retired if vs not in c.order]
     if not c.retired:
         return "none has been yet"
-    parts, devices_differ = [], False
+    parts, deltas, devices_differ = [], [], False
     for v, s in pairs:
         old_dir, new_dir = c.retired[v, s], c.run_dir[v, s]
         old, new = c.scores(v, s, retired=True)["bleu"], c.scores(v, s)["bleu"]
         devices_differ |= _device_at(old_dir) != _device_at(new_dir)
+        deltas.append(new - old)
         text = (f"{v} seed {s} scores {new:.2f} on {_machine(_device_at(new_dir))} against {old:.2f} § on "
                 f"{_machine(_device_at(old_dir))} ({new - old:+.2f})")
         old_dev, new_dev = c.dev(v, s, retired=True), c.dev(v, s)
@@ -268,8 +269,7 @@ def vocab_pairs(c) -> str:
     if pairs:
         said.append(f"{number(len(pairs))} {'has' if len(pairs) == 1 else 'have'} been: " + "; ".join(parts))
         if len(pairs) > 1:
-            mean = statistics.mean(c.scores(*vs)["bleu"] - c.scores(*vs, retired=True)["bleu"] for vs in pairs)
-            said.append(f"on average {mean:+.2f} on test")
+            said.append(f"on average {statistics.mean(deltas):+.2f} on test")
         if devices_differ:
             said.append(f"{'the pair differs' if len(pairs) == 1 else 'a pair trained on two machines differs'} in "
                         "device as well as vocabulary, so its difference measures both")
