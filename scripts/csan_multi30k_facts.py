@@ -246,8 +246,8 @@ def vocabularies(c) -> str:
 
 def vocab_pairs(c) -> str:
     """The § cells trained again with the grid's vocabulary: each retired § cell (moved out of the grid, kept
-    whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU
-    and dev output length. Follows "The § cells are to be trained again ...;"."""
+    whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU,
+    dev output length and the greedy dev BLEU of the checkpoint each kept. Follows "The § cells are to be trained again ...;"."""
     pairs = [vs for vs in c.retired if vs in c.order]
     waiting = [vs for vs in c.retired if vs not in c.order]
     if not c.retired:
@@ -264,6 +264,9 @@ def vocab_pairs(c) -> str:
         if old_dev and new_dev:
             text += (f", dev {new_dev[0]:.2f} against {old_dev[0]:.2f} with {new_dev[2]:,} against "
                      f"{old_dev[2]:,} tokens of output")
+        (old_step, old_peak), (new_step, new_peak) = (_greedy_peak(old_dir), _greedy_peak(new_dir))
+        text += (f", greedy dev BLEU peaking at {new_peak:.2f} (update {new_step:,}) against {old_peak:.2f} "
+                 f"(update {old_step:,})")
         parts.append(text)
     said = []
     if pairs:
@@ -278,6 +281,12 @@ def vocab_pairs(c) -> str:
         said.append(f"{names} {'is' if len(waiting) == 1 else 'are'} moved out of the grid, "
                     f"{'its successor' if len(waiting) == 1 else 'their successors'} not yet evaluated")
     return minus("; ".join(said))
+
+
+def _greedy_peak(run_dir) -> tuple[int, float]:
+    """The update and greedy dev BLEU of the checkpoint a run kept."""
+    scores = _validations_at(run_dir)
+    return _peak(scores), scores[_peak(scores)]
 
 
 def _provisional(c, marked: dict[str, tuple[int, ...]]) -> str:
@@ -551,16 +560,21 @@ def later_peaks(c) -> str:
 
 
 def _validations(c, vs) -> dict[int, float]:
-    """A cell's greedy dev BLEU by update, in update order (metrics.jsonl; a validation recorded twice, as a resume
+    """A cell's greedy dev BLEU by update (_validations_at its run directory)."""
+    return _validations_at(c.run_dir[vs])
+
+
+def _validations_at(run_dir) -> dict[int, float]:
+    """A run's greedy dev BLEU by update, in update order (metrics.jsonl; a validation recorded twice, as a resume
     may, counts once with its last record). An unscheduled validation, which a session that ends between
     scheduled ones adds, counts like the others: its checkpoint could be the one kept. An evaluated cell without
     validations is an error: it would silently drop out of the counts."""
     from sanlab.training.loop import read_metrics  # (a torn last line skipped, other damage named by line)
 
-    out = {int(r["step"]): r["bleu"] for r in read_metrics(c.run_dir[vs])
+    out = {int(r["step"]): r["bleu"] for r in read_metrics(run_dir)
            if r.get("split") == "valid" and r.get("bleu") is not None}
     if not out:
-        raise ValueError(f"{c.run_dir[vs] / 'metrics.jsonl'}: no validation with a BLEU score in an evaluated cell")
+        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no validation with a BLEU score in an evaluated cell")
     return dict(sorted(out.items()))
 
 

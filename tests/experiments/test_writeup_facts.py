@@ -209,14 +209,17 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
 
 
 def _pair_cells(tmp_path, scores: dict, devices: dict, **rows):
-    """Cells with retired § cells: ``scores`` maps (variant, seed, retired) to (test BLEU, dev BLEU, dev tokens),
-    ``devices`` the same keys to meta.json's device."""
+    """Cells with retired § cells: ``scores`` maps (variant, seed, retired) to (test BLEU, dev BLEU, dev tokens,
+    greedy dev BLEU at updates 2,500 and 3,000), ``devices`` the same keys to meta.json's device."""
     c = cells(**rows)
     c.run_dir, c.retired = {}, {}
     for (v, s, retired), device in devices.items():
         path = tmp_path / ("retired" if retired else "grid") / f"{v}-{s}"
         path.mkdir(parents=True)
         (path / "meta.json").write_text(json.dumps({"device": device}))
+        (path / "metrics.jsonl").write_text("".join(
+            json.dumps({"split": "valid", "step": step, "bleu": bleu}) + "\n"
+            for step, bleu in zip((2500, 3000), scores.get((v, s, retired), (0, 0, 0, (1.0, 1.0)))[3])))
         (c.retired if retired else c.run_dir)[v, s] = path
     c.order = [vs for vs in c.run_dir if (*vs, False) in scores]
     c.scores = lambda v, s, retired=False: {"bleu": scores[v, s, retired][0]}
@@ -227,21 +230,24 @@ def _pair_cells(tmp_path, scores: dict, devices: dict, **rows):
 
 def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_path):
     gpu = "cuda (NVIDIA H200)"
-    scores = {("B", 1, True): (39.07, 39.50, 12400), ("B", 1, False): (38.40, 38.60, 12050)}
+    scores = {("B", 1, True): (39.07, 39.50, 12400, (39.10, 39.80)),
+              ("B", 1, False): (38.40, 38.60, 12050, (38.90, 38.70))}
     devices = {("B", 1, True): gpu, ("B", 1, False): "cpu"}
     c = _pair_cells(tmp_path, scores, devices, B=row([1]))
     assert facts.vocab_pairs(c) == (
         "one has been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
-        "against 39.50 with 12,050 against 12,400 tokens of output; the pair differs in device as well as "
+        "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
+        "against 39.80 (update 3,000); the pair differs in device as well as "
         "vocabulary, so its difference measures both")
     # a second pair, on one machine, and a § cell moved out whose successor is not evaluated yet
-    scores.update({("C", 2, True): (38.00, None, 0), ("C", 2, False): (38.50, 38.90, 12000)})
+    scores.update({("C", 2, True): (38.00, None, 0, (37.50, 37.50)), ("C", 2, False): (38.50, 38.90, 12000, (38.0, 38.1))})
     devices.update({("C", 2, True): "cpu", ("C", 2, False): "cpu", ("D", 3, True): gpu})
     c = _pair_cells(tmp_path / "two", scores, devices, B=row([1]), C=row([2]), D=row([1]))
     assert facts.vocab_pairs(c) == (
         "two have been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
-        "against 39.50 with 12,050 against 12,400 tokens of output; C seed 2 scores 38.50 on the CPU against "
-        "38.00 § on the CPU (+0.50); on average −0.09 on test; a pair trained on two machines differs in device as "
+        "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
+        "against 39.80 (update 3,000); C seed 2 scores 38.50 on the CPU against 38.00 § on the CPU (+0.50), greedy "
+        "dev BLEU peaking at 38.10 (update 3,000) against 37.50 (update 2,500); on average −0.09 on test; a pair trained on two machines differs in device as "
         "well as vocabulary, so its difference measures both; D seed 3 is moved out of the grid, its successor not "
         "yet evaluated")
 
