@@ -264,7 +264,7 @@ def vocab_pairs(c) -> str:
         if old_dev and new_dev:
             text += (f", dev {new_dev[0]:.2f} against {old_dev[0]:.2f} with {new_dev[2]:,} against "
                      f"{old_dev[2]:,} tokens of output")
-        (old_step, old_peak), (new_step, new_peak) = (_greedy_peak(old_dir), _greedy_peak(new_dir))
+        (old_step, old_peak), (new_step, new_peak) = _greedy_peak(old_dir), _greedy_peak(new_dir)
         text += (f", greedy dev BLEU peaking at {new_peak:.2f} (update {new_step:,}) against {old_peak:.2f} "
                  f"(update {old_step:,})")
         parts.append(text)
@@ -286,7 +286,8 @@ def vocab_pairs(c) -> str:
 def _greedy_peak(run_dir) -> tuple[int, float]:
     """The update and greedy dev BLEU of the checkpoint a run kept."""
     scores = _validations_at(run_dir)
-    return _peak(scores), scores[_peak(scores)]
+    step = _peak(scores)
+    return step, scores[step]
 
 
 def _provisional(c, marked: dict[str, tuple[int, ...]]) -> str:
