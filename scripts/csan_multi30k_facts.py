@@ -21,6 +21,10 @@ text around it is the author's. The blocks:
   neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
+- one row's standing, where its bullet in "Where we agree" gives it (the block names the row: `gen:rank:Block`):
+  `verdict` (Δ over vanilla's mean, the seed-level p and whether it is significant), `rank` (its place by mean
+  among CSAN Table 1's rows and the grid's), `row-stats` (mean ± sd against vanilla's, p, per-seed marks, the
+  paper's Δ, chrF);
 - in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ
   and deciding test), `vanilla-mean`, `rho`, `still-to-train` (the cells still to train), `readme-status`.
 
@@ -36,11 +40,11 @@ import re
 import statistics
 from datetime import datetime, timezone
 
-from writeup_words import how_many, listing, minus, number, p_prose, possessive, seeds_phrase
+from writeup_words import how_many, listing, minus, number, ordinal, p_prose, possessive, seeds_phrase
 
 TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
 _CLOSE = "<!-- /gen -->"
-_BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+) -->(.*?)<!-- /gen -->", re.S)
+_BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+(?::[A-Za-z0-9_-]+)?) -->(.*?)<!-- /gen -->", re.S)  # name[:row]
 _LOOSE = re.compile(r"<!--\s*/?\s*gen\b", re.I)  # anything that looks like a marker
 
 
@@ -708,6 +712,66 @@ def rho(c) -> str:
     return minus(f"{spearman(list(mean.values()), [c.rows[v]['paper_delta'] for v in mean]):.2f}")
 
 
+def _multi_seed_row(c, variant: str) -> dict:
+    """``variant``'s row of the compare table, which must have two or more seeds (a one-seed row's standing is its
+    tests against each vanilla seed, which its bullet gives in words)."""
+    if variant not in c.rows or variant == "vanilla":
+        raise KeyError(f"{variant!r} is not a row of the grid compared with vanilla")
+    r = c.rows[variant]
+    if len(r["seeds_done"]) < 2:
+        raise ValueError(f"{variant} has one seed: no mean over seeds to state")
+    return r
+
+
+def verdict(c, variant: str) -> str:
+    """"+0.56 over vanilla's mean over two seeds (p = 0.10), not significant": the seed-level bootstrap. Two
+    seeds get no mark in the compare table however small p is (it asks for three), and the words say so."""
+    r = _multi_seed_row(c, variant)
+    test = r["seeds_test"]
+    p = test["p_value"]
+    said = (f"significant ({test['mark']})" if test["mark"] else "not significant" if p >= 0.05
+            else f"below 0.05 but unmarked with {number(len(r['seeds_done']))} seeds")
+    return minus(f"{r['delta']:+.2f} {'over' if r['delta'] >= 0 else 'against'} vanilla's mean over "
+                 f"{number(len(r['seeds_done']))} seeds "
+                 f"(p = {p_prose(p, digits=2)}), {said}")
+
+
+def rank(c, variant: str) -> str:
+    """The row's place by mean test BLEU: among CSAN Table 1's rows and the grid's for a Table 1 row, the grid's
+    for the others; rows whose means print alike (2 decimals) are named as level with it."""
+    _multi_seed_row(c, variant)
+    mean = {v: r["scores"]["BLEU"]["mean"] for v, r in c.rows.items()}
+    in_grid = sorted(mean, key=mean.__getitem__, reverse=True).index(variant) + 1
+    level = [v for v in mean if v != variant and f"{mean[v]:.2f}" == f"{mean[variant]:.2f}"]
+    tie = f"level with {listing(level)} at {mean[variant]:.2f}" if level else ""
+    if variant not in TABLE1:
+        place = "the highest of the grid by mean" if in_grid == 1 else f"{ordinal(in_grid)} of the grid by mean"
+        return place + (f" ({tie})" if tie else "")
+    table1 = _table1_means(c)
+    in_table1 = sorted(table1, key=table1.__getitem__, reverse=True).index(variant) + 1
+    rows = f"of the {number(len(table1))} rows"
+    if in_table1 == 1 and in_grid == 1:
+        return f"the highest {rows} by mean and of the grid" + (f" ({tie})" if tie else "")
+    first = "the highest" if in_table1 == 1 else ordinal(in_table1)
+    return f"{first} {rows} by mean ({ordinal(in_grid)} of the grid" + (f", {tie})" if tie else ")")
+
+
+def row_stats(c, variant: str) -> str:
+    """"38.50 ± 0.10 against vanilla's 37.94 ± 0.53 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper:
+    +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
+    r, vanilla = _multi_seed_row(c, variant), c.rows["vanilla"]["scores"]
+    bleu, chrf = r["scores"]["BLEU"], r["scores"]["chrF"]
+    test = r["seeds_test"]
+    marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
+    paper = f"; the paper: {r['paper_delta']:+.2f}" if r.get("paper_delta") is not None else ""
+    return minus(f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} against vanilla's {vanilla['BLEU']['mean']:.2f} ± "
+                 f"{vanilla['BLEU']['sd']:.2f} (seed-level bootstrap p = {p_prose(test['p_value'], digits=2)}"
+                 f"{' ' + test['mark'] if test['mark'] else ''}; per seed {marks}{paper}), chrF {chrf['mean']:.2f} "
+                 f"against {vanilla['chrF']['mean']:.2f}")
+
+
+ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats}  # gen:NAME:VARIANT
+
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies,
           "vocab-pairs": vocab_pairs, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
@@ -724,10 +788,13 @@ def fill(text: str, c) -> str:
     """``text`` with every generated block rewritten (an unknown block name is an error: a typo would otherwise
     leave a stale sentence)."""
     def one(match: re.Match) -> str:
-        name = match[1]
-        if name not in BLOCKS:
-            raise KeyError(f"unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
-        return f"<!-- gen:{name} -->{BLOCKS[name](c)}<!-- /gen -->"
+        name, _, variant = match[1].partition(":")
+        blocks = ROW_BLOCKS if variant else BLOCKS
+        if name not in blocks:
+            raise KeyError(f"unknown generated block {match[1]!r} (known: {', '.join(BLOCKS)}; for one row: "
+                           f"{', '.join(f'{n}:VARIANT' for n in ROW_BLOCKS)})")
+        text = blocks[name](c, variant) if variant else blocks[name](c)
+        return f"<!-- gen:{match[1]} -->{text}<!-- /gen -->"
     # every marker-like comment must open or close a well-formed block: a malformed one would keep a stale sentence
     allowed = {pos for m in _BLOCK.finditer(text) for pos in (m.start(), m.end() - len(_CLOSE))}
     for m in _LOOSE.finditer(text):

@@ -21,6 +21,17 @@ def number(n: int, *, capital: bool = False) -> str:
     return word[0].upper() + word[1:] if capital else word
 
 
+_ORDINALS = ("first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth thirteenth "
+             "fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth twentieth").split()
+
+
+def ordinal(n: int) -> str:
+    """1-20 as the write-up spells a rank ("sixth")."""
+    if not 1 <= n <= len(_ORDINALS):
+        raise ValueError(f"no ordinal word for {n}")
+    return _ORDINALS[n - 1]
+
+
 def listing(items: list[str]) -> str:
     """"a", "a and b", "a, b and c"."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

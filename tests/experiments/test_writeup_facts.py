@@ -45,6 +45,12 @@ def test_counts_are_spelled_as_the_writeup_spells_them(n, word):
     assert words.number(n, capital=True) == word[0].upper() + word[1:]
 
 
+def test_ranks_are_spelled_as_the_writeup_spells_them():
+    assert [words.ordinal(n) for n in (1, 2, 9, 15)] == ["first", "second", "ninth", "fifteenth"]
+    with pytest.raises(ValueError, match="no ordinal word for 0"):
+        words.ordinal(0)
+
+
 def test_spearman_against_hand_ranks():
     assert facts.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert facts.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
@@ -497,3 +503,67 @@ def test_readme_row_and_section_are_rewritten_up_to_the_next_heading(monkeypatch
         "**35 of 39 cells**, <!-- gen:x -->new<!-- /gen -->\n## Next\n12 of 39 cells <!-- gen:x -->old<!-- /gen -->")
     with pytest.raises(ValueError, match="0 lines start with '### CSAN Table 1 on Multi30k'"):
         tables.rewrite_readme(readme.replace("### CSAN", "### The CSAN"), None)
+
+
+def _standing(bleu, *, delta=0.0, p=0.5, mark="", seed_marks=None, chrf=62.0, paper_delta=0.3, planned=(1, 2, 3)):
+    """A compare-table row with what the one-row blocks read: its seeds' BLEU, Δ, the seed-level test, the seed-matched
+    marks and chrF."""
+    r = row(list(range(1, len(bleu) + 1)), planned=planned, bleu=bleu, paper_delta=paper_delta)
+    r.update(delta=delta, seeds_test={"p_value": p, "mark": mark},
+             tests=[{"seed": s, "mark": m} for s, m in enumerate(seed_marks or [""] * len(bleu), 1)])
+    r["scores"]["chrF"] = {"mean": chrf}
+    return r
+
+
+def _grid(**rows):
+    return cells(vanilla=_standing((38.0, 37.0, 37.5), paper_delta=None, chrf=62.17), **rows)
+
+
+def test_verdict_says_when_two_seeds_fall_below_p_005_without_a_mark():
+    c = _grid(Block=_standing((38.4, 38.6), delta=0.5, p=0.104), CNNs=_standing((39.4, 39.6), delta=1.5, p=0.03),
+              Rel_Pos=_standing((36.0, 36.5, 37.0), delta=-1.0, p=0.004, mark="⇓"))
+    assert facts.verdict(c, "Block") == "+0.50 over vanilla's mean over two seeds (p = 0.10), not significant"
+    assert facts.verdict(c, "CNNs") == ("+1.50 over vanilla's mean over two seeds (p = 0.03), below 0.05 but unmarked "
+                                        "with two seeds")
+    assert facts.verdict(c, "Rel_Pos") == ("−1.00 against vanilla's mean over three seeds (p = 0.004), significant "
+                                           "(⇓)")
+
+
+def test_rank_places_a_row_among_table1_and_the_grid_and_names_ties():
+    c = _grid(Block=_standing((38.40, 38.60)), Rel_Pos=_standing((38.503, 38.503)), MUSE=_standing((39.0, 39.2)),
+              CNNs=_standing((37.0, 37.2)), Neighbor=row([1], bleu=(38.2,)))
+    # Table 1's rows here: Rel_Pos 38.503, Block 38.50, Neighbor 38.2 (one seed: ranked, but given no rank itself),
+    # CNNs 37.1; the grid has MUSE 39.1 above them and vanilla 37.5 between Neighbor and CNNs
+    assert facts.rank(c, "Rel_Pos") == "the highest of the four rows by mean (second of the grid, level with Block at 38.50)"
+    assert facts.rank(c, "Block") == "second of the four rows by mean (third of the grid, level with Rel_Pos at 38.50)"
+    assert facts.rank(c, "MUSE") == "the highest of the grid by mean"
+    assert facts.rank(c, "CNNs") == "fourth of the four rows by mean (sixth of the grid)"
+    with pytest.raises(ValueError, match="one seed"):
+        facts.rank(c, "Neighbor")
+    with pytest.raises(KeyError, match="not a row"):
+        facts.rank(c, "Local_Soft")
+    top = _grid(Block=_standing((39.0, 39.2)), CNNs=_standing((38.0, 38.2)))
+    assert facts.rank(top, "Block") == "the highest of the two rows by mean and of the grid"
+    assert facts.rank(top, "CNNs") == "second of the two rows by mean (second of the grid)"
+
+
+def test_row_stats_give_the_paper_where_the_row_has_it():
+    c = _grid(Block=_standing((38.4, 38.6), p=0.104, seed_marks=["", "⇑"], chrf=62.756, paper_delta=0.28),
+              MUSE=_standing((39.1, 38.1), p=0.13, chrf=62.74, paper_delta=None))
+    assert facts.row_stats(c, "Block") == (
+        "38.50 ± 0.14 against vanilla's 37.50 ± 0.50 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper: "
+        "+0.28), chrF 62.76 against 62.17")
+    assert facts.row_stats(c, "MUSE") == (
+        "38.60 ± 0.71 against vanilla's 37.50 ± 0.50 (seed-level bootstrap p = 0.13; per seed n.s., n.s.), chrF 62.74 "
+        "against 62.17")
+
+
+def test_one_row_blocks_are_filled_by_name_and_row():
+    c = _grid(Block=_standing((38.4, 38.6), delta=0.5, p=0.104))
+    assert facts.fill("**Block: <!-- gen:verdict:Block -->old<!-- /gen -->.**", c) == (
+        "**Block: <!-- gen:verdict:Block -->+0.50 over vanilla's mean over two seeds (p = 0.10), not significant"
+        "<!-- /gen -->.**")
+    with pytest.raises(KeyError, match="unknown generated block 'verdicts:Block'"):
+        facts.fill("<!-- gen:verdicts:Block --><!-- /gen -->", c)
+    with pytest.raises(KeyError, match="unknown generated block 'coverage:Block'"):
+        facts.fill("<!-- gen:coverage:Block --><!-- /gen -->", c)
