@@ -29,11 +29,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from csan_multi30k_rows import TABLE1  # CSAN's Table 1 rows (the n-gram gap's runs); the others are other papers'
+
 ROOT = Path(__file__).resolve().parents[1]
 GRID = Path("configs/compare/csan-table1-multi30k.yaml")
 OUT = Path("results")
-# CSAN's Table 1 rows (the n-gram gap's runs); the grid's other rows come from the other seed papers
-TABLE1_ROWS = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
 BASELINE = "vanilla"
 LENGTH_BUCKETS = "8,10,12,15"  # Multi30k-sized: source sentences run from 4 to 32 words
 # Committed cells whose dev hypotheses can no longer be made, and why: they are left out of the n-gram gap and
@@ -70,7 +70,7 @@ def plan(cells: list) -> tuple[list[list[str]], list[str]]:
     commands, notes = [], []
     dev = []  # every cell with dev hypotheses, once step 1 has run
     for cell in cells:
-        left_out = "the n-gram gap and the write-up's dev columns" if cell.variant in (BASELINE, *TABLE1_ROWS) \
+        left_out = "the n-gram gap and the write-up's dev columns" if cell.variant in (BASELINE, *TABLE1) \
             else "the write-up's dev columns"
         if has_dev_hypotheses(cell):
             dev.append(cell)
@@ -84,7 +84,7 @@ def plan(cells: list) -> tuple[list[list[str]], list[str]]:
             notes.append(f"{cell.run_dir}: no hyp-best-valid.txt and no checkpoints here: left out of {left_out} "
                          f"(its dev hypotheses come from the machine that trained it: `sanlab evaluate --run "
                          f"{cell.run_dir} --split valid` there)")
-    dev = [c for c in dev if c.variant in (BASELINE, *TABLE1_ROWS)]  # CSAN Fig. 3 is about its Table 1's rows
+    dev = [c for c in dev if c.variant in (BASELINE, *TABLE1)]  # CSAN Fig. 3 is about its Table 1's rows
     if base in dev:
         commands.append(["analyze", "ngram-gap", *(str(c.run_dir) for c in dev if c is not base),
                          "--baseline", str(base.run_dir), "--split", "valid", "--out", str(OUT / "csan-multi30k-ngram-gap")])

@@ -22,9 +22,7 @@ text around it is the author's. The blocks:
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
 - one row's standing, where its bullet in "Where we agree" gives it (the block names the row: `gen:rank:Block`):
-  `verdict` (Δ over vanilla's mean, the seed-level p and whether it is significant), `rank` (its place by mean
-  among CSAN Table 1's rows and the grid's), `row-stats` (mean ± sd against vanilla's, p, per-seed marks, the
-  paper's Δ, chrF);
+  `verdict`, `rank`, `row-stats` (`csan_multi30k_rows.py`);
 - in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ
   and deciding test), `vanilla-mean`, `rho`, `still-to-train` (the cells still to train), `readme-status`.
 
@@ -40,9 +38,9 @@ import re
 import statistics
 from datetime import datetime, timezone
 
-from writeup_words import how_many, listing, minus, number, ordinal, p_prose, possessive, seeds_phrase
+from csan_multi30k_rows import ROW_BLOCKS, TABLE1, table1_means
+from writeup_words import how_many, listing, minus, number, p_prose, possessive, seeds_phrase
 
-TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
 _CLOSE = "<!-- /gen -->"
 _BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+(?::[A-Za-z0-9_-]+)?) -->(.*?)<!-- /gen -->", re.S)  # name[:row]
 _LOOSE = re.compile(r"<!--\s*/?\s*gen\b", re.I)  # anything that looks like a marker
@@ -322,13 +320,9 @@ def summary_rows(c) -> str:
     return text
 
 
-def _table1_means(c) -> dict[str, float]:
-    return {v: c.rows[v]["scores"]["BLEU"]["mean"] for v in TABLE1 if v in c.rows}
-
-
 def order(c) -> str:
     """CSAN Table 1's rows by mean test BLEU, vanilla's place among them, Spearman's ρ with the paper's Δs."""
-    mean = _table1_means(c)
+    mean = table1_means(c)
     vanilla = c.rows["vanilla"]["scores"]["BLEU"]["mean"]
     ranked = sorted(mean, key=mean.__getitem__, reverse=True)
     names = [v for v in ranked if mean[v] > vanilla] + ["(vanilla)"] + [v for v in ranked if mean[v] <= vanilla]
@@ -375,7 +369,7 @@ def grid_order(c) -> str:
 
 def spread(c) -> str:
     """How far apart CSAN Table 1's means are, in vanilla's sds, and how many of them are one or two runs."""
-    mean = _table1_means(c)
+    mean = table1_means(c)
     span = max(mean.values()) - min(mean.values())
     one_run = [v for v in mean if len(c.rows[v]["seeds_done"]) == 1]
     two = [v for v in mean if len(c.rows[v]["seeds_done"]) == 2]
@@ -708,69 +702,9 @@ def readme_status(c) -> str:
 
 
 def rho(c) -> str:
-    mean = _table1_means(c)
+    mean = table1_means(c)
     return minus(f"{spearman(list(mean.values()), [c.rows[v]['paper_delta'] for v in mean]):.2f}")
 
-
-def _multi_seed_row(c, variant: str) -> dict:
-    """``variant``'s row of the compare table, which must have two or more seeds (a one-seed row's standing is its
-    tests against each vanilla seed, which its bullet gives in words)."""
-    if variant not in c.rows or variant == "vanilla":
-        raise KeyError(f"{variant!r} is not a row of the grid compared with vanilla")
-    r = c.rows[variant]
-    if len(r["seeds_done"]) < 2:
-        raise ValueError(f"{variant} has one seed: no mean over seeds to state")
-    return r
-
-
-def verdict(c, variant: str) -> str:
-    """"+0.56 over vanilla's mean over two seeds (p = 0.10), not significant": the seed-level bootstrap. Two
-    seeds get no mark in the compare table however small p is (it asks for three), and the words say so."""
-    r = _multi_seed_row(c, variant)
-    test = r["seeds_test"]
-    p = test["p_value"]
-    said = (f"significant ({test['mark']})" if test["mark"] else "not significant" if p >= 0.05
-            else f"below 0.05 but unmarked with {number(len(r['seeds_done']))} seeds")
-    return minus(f"{r['delta']:+.2f} {'over' if r['delta'] >= 0 else 'against'} vanilla's mean over "
-                 f"{number(len(r['seeds_done']))} seeds "
-                 f"(p = {p_prose(p, digits=2)}), {said}")
-
-
-def rank(c, variant: str) -> str:
-    """The row's place by mean test BLEU: among CSAN Table 1's rows and the grid's for a Table 1 row, the grid's
-    for the others; rows whose means print alike (2 decimals) are named as level with it."""
-    _multi_seed_row(c, variant)
-    mean = {v: r["scores"]["BLEU"]["mean"] for v, r in c.rows.items()}
-    in_grid = sorted(mean, key=mean.__getitem__, reverse=True).index(variant) + 1
-    level = [v for v in mean if v != variant and f"{mean[v]:.2f}" == f"{mean[variant]:.2f}"]
-    tie = f"level with {listing(level)} at {mean[variant]:.2f}" if level else ""
-    if variant not in TABLE1:
-        place = "the highest of the grid by mean" if in_grid == 1 else f"{ordinal(in_grid)} of the grid by mean"
-        return place + (f" ({tie})" if tie else "")
-    table1 = _table1_means(c)
-    in_table1 = sorted(table1, key=table1.__getitem__, reverse=True).index(variant) + 1
-    rows = f"of the {number(len(table1))} rows"
-    if in_table1 == 1 and in_grid == 1:
-        return f"the highest {rows} by mean and of the grid" + (f" ({tie})" if tie else "")
-    first = "the highest" if in_table1 == 1 else ordinal(in_table1)
-    return f"{first} {rows} by mean ({ordinal(in_grid)} of the grid" + (f", {tie})" if tie else ")")
-
-
-def row_stats(c, variant: str) -> str:
-    """"38.50 ± 0.10 against vanilla's 37.94 ± 0.53 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper:
-    +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
-    r, vanilla = _multi_seed_row(c, variant), c.rows["vanilla"]["scores"]
-    bleu, chrf = r["scores"]["BLEU"], r["scores"]["chrF"]
-    test = r["seeds_test"]
-    marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
-    paper = f"; the paper: {r['paper_delta']:+.2f}" if r.get("paper_delta") is not None else ""
-    return minus(f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} against vanilla's {vanilla['BLEU']['mean']:.2f} ± "
-                 f"{vanilla['BLEU']['sd']:.2f} (seed-level bootstrap p = {p_prose(test['p_value'], digits=2)}"
-                 f"{' ' + test['mark'] if test['mark'] else ''}; per seed {marks}{paper}), chrF {chrf['mean']:.2f} "
-                 f"against {vanilla['chrF']['mean']:.2f}")
-
-
-ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats}  # gen:NAME:VARIANT
 
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies,
           "vocab-pairs": vocab_pairs, "done": done,

@@ -45,7 +45,8 @@ from sanlab.experiments.grid_state import cell_state  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
-from csan_multi30k_facts import TABLE1, fill, totals  # noqa: E402
+from csan_multi30k_facts import fill, totals  # noqa: E402
+from csan_multi30k_rows import TABLE1  # noqa: E402
 from csan_multi30k_note import cell_note  # noqa: E402
 from writeup_words import minus, p_prose  # noqa: E402
 

@@ -23,6 +23,7 @@ def _script(name: str):
 
 
 facts, words, note = _script("csan_multi30k_facts"), _script("writeup_words"), _script("csan_multi30k_note")
+rows = _script("csan_multi30k_rows")
 
 
 def row(done, planned=(1, 2, 3), bleu=(38.0,), paper_delta=0.3, special=()):
@@ -522,10 +523,10 @@ def _grid(**rows):
 def test_verdict_says_when_two_seeds_fall_below_p_005_without_a_mark():
     c = _grid(Block=_standing((38.4, 38.6), delta=0.5, p=0.104), CNNs=_standing((39.4, 39.6), delta=1.5, p=0.03),
               Rel_Pos=_standing((36.0, 36.5, 37.0), delta=-1.0, p=0.004, mark="⇓"))
-    assert facts.verdict(c, "Block") == "+0.50 over vanilla's mean over two seeds (p = 0.10), not significant"
-    assert facts.verdict(c, "CNNs") == ("+1.50 over vanilla's mean over two seeds (p = 0.03), below 0.05 but unmarked "
+    assert rows.verdict(c, "Block") == "+0.50 over vanilla's mean over two seeds (p = 0.10), not significant"
+    assert rows.verdict(c, "CNNs") == ("+1.50 over vanilla's mean over two seeds (p = 0.03), below 0.05 but unmarked "
                                         "with two seeds")
-    assert facts.verdict(c, "Rel_Pos") == ("−1.00 against vanilla's mean over three seeds (p = 0.004), significant "
+    assert rows.verdict(c, "Rel_Pos") == ("−1.00 against vanilla's mean over three seeds (p = 0.004), significant "
                                            "(⇓)")
 
 
@@ -534,26 +535,26 @@ def test_rank_places_a_row_among_table1_and_the_grid_and_names_ties():
               CNNs=_standing((37.0, 37.2)), Neighbor=row([1], bleu=(38.2,)))
     # Table 1's rows here: Rel_Pos 38.503, Block 38.50, Neighbor 38.2 (one seed: ranked, but given no rank itself),
     # CNNs 37.1; the grid has MUSE 39.1 above them and vanilla 37.5 between Neighbor and CNNs
-    assert facts.rank(c, "Rel_Pos") == "the highest of the four rows by mean (second of the grid, level with Block at 38.50)"
-    assert facts.rank(c, "Block") == "second of the four rows by mean (third of the grid, level with Rel_Pos at 38.50)"
-    assert facts.rank(c, "MUSE") == "the highest of the grid by mean"
-    assert facts.rank(c, "CNNs") == "fourth of the four rows by mean (sixth of the grid)"
+    assert rows.rank(c, "Rel_Pos") == "the highest of the four rows by mean (second of the grid, level with Block at 38.50)"
+    assert rows.rank(c, "Block") == "second of the four rows by mean (third of the grid, level with Rel_Pos at 38.50)"
+    assert rows.rank(c, "MUSE") == "the highest of the grid by mean"
+    assert rows.rank(c, "CNNs") == "fourth of the four rows by mean (sixth of the grid)"
     with pytest.raises(ValueError, match="one seed"):
-        facts.rank(c, "Neighbor")
+        rows.rank(c, "Neighbor")
     with pytest.raises(KeyError, match="not a row"):
-        facts.rank(c, "Local_Soft")
+        rows.rank(c, "Local_Soft")
     top = _grid(Block=_standing((39.0, 39.2)), CNNs=_standing((38.0, 38.2)))
-    assert facts.rank(top, "Block") == "the highest of the two rows by mean and of the grid"
-    assert facts.rank(top, "CNNs") == "second of the two rows by mean (second of the grid)"
+    assert rows.rank(top, "Block") == "the highest of the two rows by mean and of the grid"
+    assert rows.rank(top, "CNNs") == "second of the two rows by mean (second of the grid)"
 
 
 def test_row_stats_give_the_paper_where_the_row_has_it():
     c = _grid(Block=_standing((38.4, 38.6), p=0.104, seed_marks=["", "⇑"], chrf=62.756, paper_delta=0.28),
               MUSE=_standing((39.1, 38.1), p=0.13, chrf=62.74, paper_delta=None))
-    assert facts.row_stats(c, "Block") == (
+    assert rows.row_stats(c, "Block") == (
         "38.50 ± 0.14 against vanilla's 37.50 ± 0.50 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper: "
         "+0.28), chrF 62.76 against 62.17")
-    assert facts.row_stats(c, "MUSE") == (
+    assert rows.row_stats(c, "MUSE") == (
         "38.60 ± 0.71 against vanilla's 37.50 ± 0.50 (seed-level bootstrap p = 0.13; per seed n.s., n.s.), chrF 62.74 "
         "against 62.17")
 

@@ -1,0 +1,81 @@
+"""One row's standing in the CSAN Table 1 write-up (`results/csan-multi30k.md`), for the blocks that name their
+row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi-seed row's own bullet:
+
+- `verdict`: Δ over vanilla's mean over the row's seeds, the seed-level p and whether it is significant;
+- `rank`: its place by mean test BLEU among CSAN Table 1's rows and the grid's, rows level with it named;
+- `row-stats`: its mean ± sd against vanilla's, the seed-level p, the seed-matched marks, the paper's Δ, chrF.
+
+Each takes the tables script's `Cells` (`table.json`'s rows) and the row's name.
+"""
+
+from __future__ import annotations
+
+from writeup_words import listing, minus, number, ordinal, p_prose
+
+TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
+
+
+def table1_means(c) -> dict[str, float]:
+    """Mean test BLEU of each scored CSAN Table 1 row, in the paper's order."""
+    return {v: c.rows[v]["scores"]["BLEU"]["mean"] for v in TABLE1 if v in c.rows}
+
+
+def _multi_seed_row(c, variant: str) -> dict:
+    """``variant``'s row of the compare table, which must have two or more seeds (a one-seed row's standing is its
+    tests against each vanilla seed, which its bullet gives in words)."""
+    if variant not in c.rows or variant == "vanilla":
+        raise KeyError(f"{variant!r} is not a row of the grid compared with vanilla")
+    r = c.rows[variant]
+    if len(r["seeds_done"]) < 2:
+        raise ValueError(f"{variant} has one seed: no mean over seeds to state")
+    return r
+
+
+def verdict(c, variant: str) -> str:
+    """"+0.56 over vanilla's mean over two seeds (p = 0.10), not significant": the seed-level bootstrap. Two
+    seeds get no mark in the compare table however small p is (it asks for three), and the words say so."""
+    r = _multi_seed_row(c, variant)
+    test = r["seeds_test"]
+    p = test["p_value"]
+    said = (f"significant ({test['mark']})" if test["mark"] else "not significant" if p >= 0.05
+            else f"below 0.05 but unmarked with {number(len(r['seeds_done']))} seeds")
+    return minus(f"{r['delta']:+.2f} {'over' if r['delta'] >= 0 else 'against'} vanilla's mean over "
+                 f"{number(len(r['seeds_done']))} seeds "
+                 f"(p = {p_prose(p, digits=2)}), {said}")
+
+
+def rank(c, variant: str) -> str:
+    """The row's place by mean test BLEU: among CSAN Table 1's rows and the grid's for a Table 1 row, the grid's
+    for the others; rows whose means print alike (2 decimals) are named as level with it."""
+    _multi_seed_row(c, variant)
+    mean = {v: r["scores"]["BLEU"]["mean"] for v, r in c.rows.items()}
+    in_grid = sorted(mean, key=mean.__getitem__, reverse=True).index(variant) + 1
+    level = [v for v in mean if v != variant and f"{mean[v]:.2f}" == f"{mean[variant]:.2f}"]
+    tie = f"level with {listing(level)} at {mean[variant]:.2f}" if level else ""
+    if variant not in TABLE1:
+        place = "the highest of the grid by mean" if in_grid == 1 else f"{ordinal(in_grid)} of the grid by mean"
+        return place + (f" ({tie})" if tie else "")
+    table1 = table1_means(c)
+    in_table1 = sorted(table1, key=table1.__getitem__, reverse=True).index(variant) + 1
+    rows = f"of the {number(len(table1))} rows"
+    if in_table1 == 1 and in_grid == 1:
+        return f"the highest {rows} by mean and of the grid" + (f" ({tie})" if tie else "")
+    first = "the highest" if in_table1 == 1 else ordinal(in_table1)
+    return f"{first} {rows} by mean ({ordinal(in_grid)} of the grid" + (f", {tie})" if tie else ")")
+
+
+def row_stats(c, variant: str) -> str:
+    """"38.50 ± 0.10 against vanilla's 37.94 ± 0.53 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper:
+    +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
+    r, vanilla = _multi_seed_row(c, variant), c.rows["vanilla"]["scores"]
+    bleu, chrf = r["scores"]["BLEU"], r["scores"]["chrF"]
+    test = r["seeds_test"]
+    marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
+    paper = f"; the paper: {r['paper_delta']:+.2f}" if r.get("paper_delta") is not None else ""
+    return minus(f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} against vanilla's {vanilla['BLEU']['mean']:.2f} ± "
+                 f"{vanilla['BLEU']['sd']:.2f} (seed-level bootstrap p = {p_prose(test['p_value'], digits=2)}"
+                 f"{' ' + test['mark'] if test['mark'] else ''}; per seed {marks}{paper}), chrF {chrf['mean']:.2f} "
+                 f"against {vanilla['chrF']['mean']:.2f}")
+
+
+ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats}  # gen:NAME:VARIANT
