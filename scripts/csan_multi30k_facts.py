@@ -38,8 +38,8 @@ import re
 import statistics
 from datetime import datetime, timezone
 
-from csan_multi30k_rows import ROW_BLOCKS, TABLE1, table1_means
-from writeup_words import how_many, listing, minus, number, p_prose, possessive, seeds_phrase
+from csan_multi30k_rows import ROW_BLOCKS, TABLE1, seed_level_p, table1_means
+from writeup_words import how_many, listing, minus, number, possessive, seeds_phrase
 
 _CLOSE = "<!-- /gen -->"
 _BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+(?::[A-Za-z0-9_-]+)?) -->(.*?)<!-- /gen -->", re.S)  # name[:row]
@@ -665,10 +665,8 @@ def row_brief(c, variant: str) -> str:
     bleu = r["scores"]["BLEU"]
     marked = " §" if variant in special(c) else ""
     if len(r["seeds_done"]) > 1:
-        test = r["seeds_test"]
-        verdict = f"seed-level p = {p_prose(test['p_value'], digits=2)}" + (f" {test['mark']}" if test["mark"] else "")
         return minus(f"{variant} {bleu['mean']:.2f} ± {bleu['sd']:.2f}{marked} ({number(len(r['seeds_done']))} seeds, "
-                     f"Δ {r['delta']:+.2f}, {verdict})")
+                     f"Δ {r['delta']:+.2f}, seed-level {seed_level_p(r)})")
     seed = r["seeds_done"][0]
     marks = [c.test(variant, seed, k)["sig"] or "n.s." for k in c.rows["vanilla"]["seeds_done"]]
     return minus(f"{variant} {bleu['mean']:.2f}{marked} (one seed, Δ {r['delta']:+.2f}, against vanilla's seeds "
@@ -735,5 +733,6 @@ def fill(text: str, c) -> str:
         if m.start() not in allowed:
             line = text.count("\n", 0, m.start()) + 1
             raise ValueError(f"line {line}: a generated block's marker is malformed or unpaired "
-                             f"(<!-- gen:NAME -->...<!-- /gen -->): {text[m.start():m.start() + 80]!r}")
+                             f"(<!-- gen:NAME -->...<!-- /gen -->, or gen:NAME:ROW for one row's block): "
+                             f"{text[m.start():m.start() + 80]!r}")
     return _BLOCK.sub(one, text)

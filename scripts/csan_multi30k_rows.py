@@ -20,6 +20,13 @@ def table1_means(c) -> dict[str, float]:
     return {v: c.rows[v]["scores"]["BLEU"]["mean"] for v in TABLE1 if v in c.rows}
 
 
+def seed_level_p(r: dict) -> str:
+    """"p = 0.10", with the mark where the seed-level bootstrap gives one ("p = 0.004 ⇓"): the test that decides a
+    multi-seed row, as the README's rows and the bullets give it."""
+    test = r["seeds_test"]
+    return f"p = {p_prose(test['p_value'], digits=2)}" + (f" {test['mark']}" if test["mark"] else "")
+
+
 def _multi_seed_row(c, variant: str) -> dict:
     """``variant``'s row of the compare table, which must have two or more seeds (a one-seed row's standing is its
     tests against each vanilla seed, which its bullet gives in words)."""
@@ -28,20 +35,23 @@ def _multi_seed_row(c, variant: str) -> dict:
     r = c.rows[variant]
     if len(r["seeds_done"]) < 2:
         raise ValueError(f"{variant} has one seed: no mean over seeds to state")
+    if r.get("delta") is None or not r.get("seeds_test"):
+        raise ValueError(f"{variant}: the compare table has no Δ or seed-level test for it ({r.get('problem')})")
     return r
 
 
 def verdict(c, variant: str) -> str:
-    """"+0.56 over vanilla's mean over two seeds (p = 0.10), not significant": the seed-level bootstrap. Two
-    seeds get no mark in the compare table however small p is (it asks for three), and the words say so."""
+    """"+0.56 over vanilla's mean with its two seeds (p = 0.10), not significant": the row's mean over its seeds
+    against vanilla's, by the seed-level bootstrap. The compare table marks it only with SEEDS_FOR_A_MARK seeds a
+    side, however small p is, and the words say so."""
+    from sanlab.experiments.tables import SEEDS_FOR_A_MARK
+
     r = _multi_seed_row(c, variant)
-    test = r["seeds_test"]
-    p = test["p_value"]
-    said = (f"significant ({test['mark']})" if test["mark"] else "not significant" if p >= 0.05
-            else f"below 0.05 but unmarked with {number(len(r['seeds_done']))} seeds")
-    return minus(f"{r['delta']:+.2f} {'over' if r['delta'] >= 0 else 'against'} vanilla's mean over "
-                 f"{number(len(r['seeds_done']))} seeds "
-                 f"(p = {p_prose(p, digits=2)}), {said}")
+    test, n = r["seeds_test"], len(r["seeds_done"])
+    said = (f"significant ({test['mark']})" if test["mark"] else "not significant" if test["p_value"] >= 0.05
+            else f"below 0.05 but unmarked with fewer than {number(SEEDS_FOR_A_MARK)} seeds a side")
+    return minus(f"{r['delta']:+.2f} {'over' if r['delta'] >= 0 else 'against'} vanilla's mean with its "
+                 f"{number(n)} seeds (p = {p_prose(test['p_value'], digits=2)}), {said}")
 
 
 def rank(c, variant: str) -> str:
@@ -57,7 +67,7 @@ def rank(c, variant: str) -> str:
         return place + (f" ({tie})" if tie else "")
     table1 = table1_means(c)
     in_table1 = sorted(table1, key=table1.__getitem__, reverse=True).index(variant) + 1
-    rows = f"of the {number(len(table1))} rows"
+    rows = f"of the {number(len(table1))} Table 1 rows"
     if in_table1 == 1 and in_grid == 1:
         return f"the highest {rows} by mean and of the grid" + (f" ({tie})" if tie else "")
     first = "the highest" if in_table1 == 1 else ordinal(in_table1)
@@ -69,13 +79,14 @@ def row_stats(c, variant: str) -> str:
     +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
     r, vanilla = _multi_seed_row(c, variant), c.rows["vanilla"]["scores"]
     bleu, chrf = r["scores"]["BLEU"], r["scores"]["chrF"]
-    test = r["seeds_test"]
+    if [t["seed"] for t in r["tests"]] != r["seeds_done"]:
+        raise ValueError(f"{variant}: seed-matched tests for seeds {[t['seed'] for t in r['tests']]}, not for each of "
+                         f"its seeds {r['seeds_done']}")
     marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
     paper = f"; the paper: {r['paper_delta']:+.2f}" if r.get("paper_delta") is not None else ""
     return minus(f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} against vanilla's {vanilla['BLEU']['mean']:.2f} ± "
-                 f"{vanilla['BLEU']['sd']:.2f} (seed-level bootstrap p = {p_prose(test['p_value'], digits=2)}"
-                 f"{' ' + test['mark'] if test['mark'] else ''}; per seed {marks}{paper}), chrF {chrf['mean']:.2f} "
-                 f"against {vanilla['chrF']['mean']:.2f}")
+                 f"{vanilla['BLEU']['sd']:.2f} (seed-level bootstrap {seed_level_p(r)}; per seed {marks}{paper}), "
+                 f"chrF {chrf['mean']:.2f} against {vanilla['chrF']['mean']:.2f}")
 
 
 ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats}  # gen:NAME:VARIANT

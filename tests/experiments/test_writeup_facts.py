@@ -523,10 +523,10 @@ def _grid(**rows):
 def test_verdict_says_when_two_seeds_fall_below_p_005_without_a_mark():
     c = _grid(Block=_standing((38.4, 38.6), delta=0.5, p=0.104), CNNs=_standing((39.4, 39.6), delta=1.5, p=0.03),
               Rel_Pos=_standing((36.0, 36.5, 37.0), delta=-1.0, p=0.004, mark="⇓"))
-    assert rows.verdict(c, "Block") == "+0.50 over vanilla's mean over two seeds (p = 0.10), not significant"
-    assert rows.verdict(c, "CNNs") == ("+1.50 over vanilla's mean over two seeds (p = 0.03), below 0.05 but unmarked "
-                                        "with two seeds")
-    assert rows.verdict(c, "Rel_Pos") == ("−1.00 against vanilla's mean over three seeds (p = 0.004), significant "
+    assert rows.verdict(c, "Block") == "+0.50 over vanilla's mean with its two seeds (p = 0.10), not significant"
+    assert rows.verdict(c, "CNNs") == ("+1.50 over vanilla's mean with its two seeds (p = 0.03), below 0.05 but unmarked "
+                                        "with fewer than three seeds a side")
+    assert rows.verdict(c, "Rel_Pos") == ("−1.00 against vanilla's mean with its three seeds (p = 0.004), significant "
                                            "(⇓)")
 
 
@@ -535,17 +535,17 @@ def test_rank_places_a_row_among_table1_and_the_grid_and_names_ties():
               CNNs=_standing((37.0, 37.2)), Neighbor=row([1], bleu=(38.2,)))
     # Table 1's rows here: Rel_Pos 38.503, Block 38.50, Neighbor 38.2 (one seed: ranked, but given no rank itself),
     # CNNs 37.1; the grid has MUSE 39.1 above them and vanilla 37.5 between Neighbor and CNNs
-    assert rows.rank(c, "Rel_Pos") == "the highest of the four rows by mean (second of the grid, level with Block at 38.50)"
-    assert rows.rank(c, "Block") == "second of the four rows by mean (third of the grid, level with Rel_Pos at 38.50)"
+    assert rows.rank(c, "Rel_Pos") == "the highest of the four Table 1 rows by mean (second of the grid, level with Block at 38.50)"
+    assert rows.rank(c, "Block") == "second of the four Table 1 rows by mean (third of the grid, level with Rel_Pos at 38.50)"
     assert rows.rank(c, "MUSE") == "the highest of the grid by mean"
-    assert rows.rank(c, "CNNs") == "fourth of the four rows by mean (sixth of the grid)"
+    assert rows.rank(c, "CNNs") == "fourth of the four Table 1 rows by mean (sixth of the grid)"
     with pytest.raises(ValueError, match="one seed"):
         rows.rank(c, "Neighbor")
     with pytest.raises(KeyError, match="not a row"):
         rows.rank(c, "Local_Soft")
     top = _grid(Block=_standing((39.0, 39.2)), CNNs=_standing((38.0, 38.2)))
-    assert rows.rank(top, "Block") == "the highest of the two rows by mean and of the grid"
-    assert rows.rank(top, "CNNs") == "second of the two rows by mean (second of the grid)"
+    assert rows.rank(top, "Block") == "the highest of the two Table 1 rows by mean and of the grid"
+    assert rows.rank(top, "CNNs") == "second of the two Table 1 rows by mean (second of the grid)"
 
 
 def test_row_stats_give_the_paper_where_the_row_has_it():
@@ -562,9 +562,25 @@ def test_row_stats_give_the_paper_where_the_row_has_it():
 def test_one_row_blocks_are_filled_by_name_and_row():
     c = _grid(Block=_standing((38.4, 38.6), delta=0.5, p=0.104))
     assert facts.fill("**Block: <!-- gen:verdict:Block -->old<!-- /gen -->.**", c) == (
-        "**Block: <!-- gen:verdict:Block -->+0.50 over vanilla's mean over two seeds (p = 0.10), not significant"
+        "**Block: <!-- gen:verdict:Block -->+0.50 over vanilla's mean with its two seeds (p = 0.10), not significant"
         "<!-- /gen -->.**")
     with pytest.raises(KeyError, match="unknown generated block 'verdicts:Block'"):
         facts.fill("<!-- gen:verdicts:Block --><!-- /gen -->", c)
     with pytest.raises(KeyError, match="unknown generated block 'coverage:Block'"):
         facts.fill("<!-- gen:coverage:Block --><!-- /gen -->", c)
+    with pytest.raises(KeyError, match="not a row"):
+        facts.fill("<!-- gen:rank:Bloc --><!-- /gen -->", c)
+    for malformed in ("<!-- gen:rank: --><!-- /gen -->", "<!-- gen:rank:Block:x --><!-- /gen -->",
+                      "<!-- gen:Rank:Block --><!-- /gen -->"):
+        with pytest.raises(ValueError, match="malformed or unpaired .*gen:NAME:ROW"):
+            facts.fill(malformed, c)
+
+
+def test_one_row_blocks_refuse_a_row_the_compare_table_could_not_test():
+    c = _grid(Block=_standing((38.4, 38.6)), CNNs=_standing((38.4, 38.6)))
+    c.rows["Block"].update(delta=None, seeds_test=None, problem="seed 2: no test hypotheses")
+    with pytest.raises(ValueError, match="no Δ or seed-level test .*seed 2: no test hypotheses"):
+        rows.verdict(c, "Block")
+    c.rows["CNNs"]["tests"] = c.rows["CNNs"]["tests"][:1]  # a seed without its seed-matched test
+    with pytest.raises(ValueError, match=r"seed-matched tests for seeds \[1\], not for each of its seeds \[1, 2\]"):
+        rows.row_stats(c, "CNNs")
