@@ -38,7 +38,7 @@ import re
 import statistics
 from datetime import datetime, timezone
 
-from csan_multi30k_rows import ROW_BLOCKS, TABLE1, seed_level_p, table1_means
+from csan_multi30k_rows import ROW_BLOCKS, TABLE1, by_mean, seed_level_p, table1_means
 from writeup_words import how_many, listing, minus, number, possessive, seeds_phrase
 
 _CLOSE = "<!-- /gen -->"
@@ -249,7 +249,8 @@ def vocabularies(c) -> str:
 def vocab_pairs(c) -> str:
     """The § cells trained again with the grid's vocabulary: each retired § cell (moved out of the grid, kept
     whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU,
-    dev output length and the greedy dev BLEU of the checkpoint each kept. Follows "The § cells are to be trained again ...;"."""
+    dev output length and the greedy dev BLEU of the checkpoint each kept. Follows "The § cells are to be trained
+    again ...;"."""
     pairs = [vs for vs in c.retired if vs in c.order]
     waiting = [vs for vs in c.retired if vs not in c.order]
     if not c.retired:
@@ -324,7 +325,7 @@ def order(c) -> str:
     """CSAN Table 1's rows by mean test BLEU, vanilla's place among them, Spearman's ρ with the paper's Δs."""
     mean = table1_means(c)
     vanilla = c.rows["vanilla"]["scores"]["BLEU"]["mean"]
-    ranked = sorted(mean, key=mean.__getitem__, reverse=True)
+    ranked = by_mean(c, mean)
     names = [v for v in ranked if mean[v] > vanilla] + ["(vanilla)"] + [v for v in ranked if mean[v] <= vanilla]
     return (f"By mean test BLEU the {number(len(mean))} rows run {', '.join(names)} (Spearman ρ = {rho(c)} "
             f"with the paper's Δs).")
@@ -358,7 +359,7 @@ def grid_order(c) -> str:
     """Every row of the grid by mean test BLEU, vanilla in its place, with its number of seeds and of § cells
     among them: the ranks the prose would otherwise restate by hand at every landing."""
     marked = special(c)
-    ranked = sorted(c.rows, key=lambda v: c.rows[v]["scores"]["BLEU"]["mean"], reverse=True)
+    ranked = by_mean(c, c.rows)
 
     def entry(v) -> str:
         n = len(c.rows[v]["seeds_done"])

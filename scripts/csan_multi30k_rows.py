@@ -20,6 +20,11 @@ def table1_means(c) -> dict[str, float]:
     return {v: c.rows[v]["scores"]["BLEU"]["mean"] for v in TABLE1 if v in c.rows}
 
 
+def by_mean(c, variants) -> list[str]:
+    """``variants`` by mean test BLEU, highest first (equal means keep their given order)."""
+    return sorted(variants, key=lambda v: c.rows[v]["scores"]["BLEU"]["mean"], reverse=True)
+
+
 def seed_level_p(r: dict) -> str:
     """"p = 0.10", with the mark where the seed-level bootstrap gives one ("p = 0.004 ⇓"): the test that decides a
     multi-seed row, as the README's rows and the bullets give it."""
@@ -59,14 +64,14 @@ def rank(c, variant: str) -> str:
     for the others; rows whose means print alike (2 decimals) are named as level with it."""
     _multi_seed_row(c, variant)
     mean = {v: r["scores"]["BLEU"]["mean"] for v, r in c.rows.items()}
-    in_grid = sorted(mean, key=mean.__getitem__, reverse=True).index(variant) + 1
+    in_grid = by_mean(c, c.rows).index(variant) + 1
     level = [v for v in mean if v != variant and f"{mean[v]:.2f}" == f"{mean[variant]:.2f}"]
     tie = f"level with {listing(level)} at {mean[variant]:.2f}" if level else ""
     if variant not in TABLE1:
         place = "the highest of the grid by mean" if in_grid == 1 else f"{ordinal(in_grid)} of the grid by mean"
         return place + (f" ({tie})" if tie else "")
     table1 = table1_means(c)
-    in_table1 = sorted(table1, key=table1.__getitem__, reverse=True).index(variant) + 1
+    in_table1 = by_mean(c, table1).index(variant) + 1
     rows = f"of the {number(len(table1))} Table 1 rows"
     if in_table1 == 1 and in_grid == 1:
         return f"the highest {rows} by mean and of the grid" + (f" ({tie})" if tie else "")

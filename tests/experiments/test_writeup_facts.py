@@ -247,7 +247,8 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
         "against 39.80 (update 3,000); the pair differs in device as well as "
         "vocabulary, so its difference measures both")
     # a second pair, on one machine, and a § cell moved out whose successor is not evaluated yet
-    scores.update({("C", 2, True): (38.00, None, 0, (37.50, 37.50)), ("C", 2, False): (38.50, 38.90, 12000, (38.0, 38.1))})
+    scores.update({("C", 2, True): (38.00, None, 0, (37.50, 37.50)),
+                   ("C", 2, False): (38.50, 38.90, 12000, (38.0, 38.1))})
     devices.update({("C", 2, True): "cpu", ("C", 2, False): "cpu", ("D", 3, True): gpu})
     c = _pair_cells(tmp_path / "two", scores, devices, B=row([1]), C=row([2]), D=row([1]))
     assert facts.vocab_pairs(c) == (
@@ -535,8 +536,10 @@ def test_rank_places_a_row_among_table1_and_the_grid_and_names_ties():
               CNNs=_standing((37.0, 37.2)), Neighbor=row([1], bleu=(38.2,)))
     # Table 1's rows here: Rel_Pos 38.503, Block 38.50, Neighbor 38.2 (one seed: ranked, but given no rank itself),
     # CNNs 37.1; the grid has MUSE 39.1 above them and vanilla 37.5 between Neighbor and CNNs
-    assert rows.rank(c, "Rel_Pos") == "the highest of the four Table 1 rows by mean (second of the grid, level with Block at 38.50)"
-    assert rows.rank(c, "Block") == "second of the four Table 1 rows by mean (third of the grid, level with Rel_Pos at 38.50)"
+    assert rows.rank(c, "Rel_Pos") == ("the highest of the four Table 1 rows by mean (second of the grid, level with "
+                                       "Block at 38.50)")
+    assert rows.rank(c, "Block") == ("second of the four Table 1 rows by mean (third of the grid, level with Rel_Pos "
+                                     "at 38.50)")
     assert rows.rank(c, "MUSE") == "the highest of the grid by mean"
     assert rows.rank(c, "CNNs") == "fourth of the four Table 1 rows by mean (sixth of the grid)"
     with pytest.raises(ValueError, match="one seed"):
