@@ -178,13 +178,39 @@ def cpu_cells(c) -> int:
 
 
 def devices(c) -> str:
-    cpu = cpu_cells(c)
+    cpu, gpu = cpu_cells(c), gpu_cells(c)
     gpus = sorted({_device(c, v, s) for v, s in c.order} - {"cpu"})
-    gpu = len(c.order) - cpu
     text = f"{number(cpu, capital=True)} cell{'s' if cpu != 1 else ''} trained on this project's 2-core CPU"
     if gpu:
         text += f", {number(gpu)} on {listing([_machine(g) for g in gpus])}"
     return text
+
+
+def gpu_cells(c) -> int:
+    return len(c.order) - cpu_cells(c)
+
+
+def cells_phrase(cells: list[tuple[str, int]]) -> str:
+    """"LightConv seed 1, and seeds 2 and 3 of Bi_Direct, Rel_Pos and 1D-CSAN": the cells grouped by their seeds,
+    lowest seeds first, rows in the order given; groups joined by ", and" (two) or ";" (more), since a group may
+    hold "and" itself; "none" for no cells."""
+    seeds: dict[str, list[int]] = {}
+    for v, s in cells:
+        seeds.setdefault(v, []).append(s)
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for v, ss in seeds.items():
+        groups.setdefault(tuple(sorted(ss)), []).append(v)
+    said = [f"{vs[0]} {seeds_phrase(ss)}" if len(vs) == 1 else f"{seeds_phrase(ss)} of {listing(vs)}"
+            for ss, vs in sorted(groups.items(), key=lambda group: group[0])]
+    if len(said) < 2:
+        return said[0] if said else "none"
+    return ", and ".join(said) if len(said) == 2 else "; ".join(said)
+
+
+def special_cells(c) -> list[tuple[str, int]]:
+    """The § cells in the grid's order."""
+    marked = special(c)
+    return [(v, s) for v, s in c.order if s in marked.get(v, ())]
 
 
 def special(c) -> dict[str, tuple[int, ...]]:
@@ -708,6 +734,11 @@ def rho(c) -> str:
 BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies,
           "vocab-pairs": vocab_pairs, "done": done,
           "setting-seeds": setting_seeds, "one-seed-rows": one_seed_rows, "cpu-cells": lambda c: number(cpu_cells(c)),
+          "gpu-cells": lambda c: number(gpu_cells(c)),
+          # the § cells still in the grid, and those moved out (retired) once trained again with the grid's vocabulary
+          "special-count": lambda c: number(len(special_cells(c))),
+          "special-cells": lambda c: cells_phrase(special_cells(c)),
+          "retired-cells": lambda c: cells_phrase(list(c.retired)),
           "summary-rows": summary_rows, "order": order, "grid-order": grid_order, "spread": spread, "marks": marks,
           "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
           "validation-noise": validation_noise, "peak-steps": peak_steps,

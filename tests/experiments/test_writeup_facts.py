@@ -215,6 +215,28 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
     assert facts.cpu_cells(c) == 2
 
 
+def test_cells_phrase_groups_rows_by_their_seeds_lowest_first():
+    assert facts.cells_phrase([]) == "none"
+    assert facts.cells_phrase([("Block", 1)]) == "Block seed 1"
+    assert facts.cells_phrase([("Block", 1), ("CNNs", 1)]) == "seed 1 of Block and CNNs"
+    cells_ = [("Bi_Direct", 2), ("Rel_Pos", 2), ("CNNs", 1), ("Bi_Direct", 3), ("Rel_Pos", 3), ("LightConv", 1)]
+    assert facts.cells_phrase(cells_) == "seed 1 of CNNs and LightConv, and seeds 2 and 3 of Bi_Direct and Rel_Pos"
+    assert facts.cells_phrase(cells_ + [("MUSE", 3)]) == (
+        "seed 1 of CNNs and LightConv; seeds 2 and 3 of Bi_Direct and Rel_Pos; MUSE seed 3")
+
+
+def test_special_and_retired_cell_blocks_follow_the_compare_table_and_the_archive():
+    c = cells(vanilla=row([1, 2]), A=row([1, 2], special=(1,)), B=row([1, 2, 3], special=(2, 3)), C=row([1]))
+    c.order = [("vanilla", 1), ("vanilla", 2), ("A", 1), ("A", 2), ("B", 1), ("B", 2), ("B", 3), ("C", 1)]
+    c.retired = {("C", 1): None}
+    filled = facts.fill("<!-- gen:special-count -->?<!-- /gen --> § cells (<!-- gen:special-cells -->?<!-- /gen -->; "
+                        "retired: <!-- gen:retired-cells -->?<!-- /gen -->)", c)
+    assert filled.replace("<!-- /gen -->", "").replace("<!-- gen:", "[").replace(" -->", "]") == (
+        "[special-count]three § cells ([special-cells]A seed 1, and B seeds 2 and 3; retired: [retired-cells]C seed 1)")
+    c.retired = {}
+    assert facts.BLOCKS["retired-cells"](c) == "none"
+
+
 def _pair_cells(tmp_path, scores: dict, devices: dict, **rows):
     """Cells with retired § cells: ``scores`` maps (variant, seed, retired) to (test BLEU, dev BLEU, dev tokens,
     greedy dev BLEU at updates 2,500 and 3,000), ``devices`` the same keys to meta.json's device."""
