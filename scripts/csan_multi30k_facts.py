@@ -38,11 +38,12 @@ import re
 import statistics
 from datetime import datetime, timezone
 
-from csan_multi30k_rows import ROW_BLOCKS, TABLE1, by_mean, seed_level_p, table1_means
+from csan_multi30k_rows import CELL_BLOCKS, ROW_BLOCKS, TABLE1, by_mean, seed_level_p, special_seeds, table1_means
 from writeup_words import how_many, listing, minus, number, possessive, seeds_phrase
 
 _CLOSE = "<!-- /gen -->"
-_BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+(?::[A-Za-z0-9_-]+)?) -->(.*?)<!-- /gen -->", re.S)  # name[:row]
+# name, name:row or name:row@seed
+_BLOCK = re.compile(r"<!-- gen:([a-z0-9-]+(?::[A-Za-z0-9_-]+(?:@\d+)?)?) -->(.*?)<!-- /gen -->", re.S)
 _LOOSE = re.compile(r"<!--\s*/?\s*gen\b", re.I)  # anything that looks like a marker
 
 
@@ -216,13 +217,7 @@ def special_cells(c) -> list[tuple[str, int]]:
 def special(c) -> dict[str, tuple[int, ...]]:
     """Row -> its § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's
     own list, `vocabulary_differs`)."""
-    out = {}
-    for v, r in c.rows.items():
-        seeds = tuple(int(m) for m in re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs") or []), re.M)
-                      if int(m) in r["seeds_done"])  # (a trained seed not yet evaluated is not in the table)
-        if seeds:
-            out[v] = seeds
-    return out
+    return {v: special_seeds(r) for v, r in c.rows.items() if special_seeds(r)}
 
 
 def vocabularies(c) -> str:
@@ -753,11 +748,14 @@ def fill(text: str, c) -> str:
     leave a stale sentence)."""
     def one(match: re.Match) -> str:
         name, _, variant = match[1].partition(":")
-        blocks = ROW_BLOCKS if variant else BLOCKS
+        variant, _, seed = variant.partition("@")
+        blocks = CELL_BLOCKS if seed else ROW_BLOCKS if variant else BLOCKS
         if name not in blocks:
             raise KeyError(f"unknown generated block {match[1]!r} (known: {', '.join(BLOCKS)}; for one row: "
-                           f"{', '.join(f'{n}:VARIANT' for n in ROW_BLOCKS)})")
-        text = blocks[name](c, variant) if variant else blocks[name](c)
+                           f"{', '.join(f'{n}:VARIANT' for n in ROW_BLOCKS)}; for one cell: "
+                           f"{', '.join(f'{n}:VARIANT@SEED' for n in CELL_BLOCKS)})")
+        text = (blocks[name](c, variant, int(seed)) if seed else blocks[name](c, variant) if variant
+                else blocks[name](c))
         return f"<!-- gen:{match[1]} -->{text}<!-- /gen -->"
     # every marker-like comment must open or close a well-formed block: a malformed one would keep a stale sentence
     allowed = {pos for m in _BLOCK.finditer(text) for pos in (m.start(), m.end() - len(_CLOSE))}
@@ -765,6 +763,7 @@ def fill(text: str, c) -> str:
         if m.start() not in allowed:
             line = text.count("\n", 0, m.start()) + 1
             raise ValueError(f"line {line}: a generated block's marker is malformed or unpaired "
-                             f"(<!-- gen:NAME -->...<!-- /gen -->, or gen:NAME:ROW for one row's block): "
+                             f"(<!-- gen:NAME -->...<!-- /gen -->, gen:NAME:ROW for one row's block, "
+                             f"gen:NAME:ROW@SEED for one cell's): "
                              f"{text[m.start():m.start() + 80]!r}")
     return _BLOCK.sub(one, text)

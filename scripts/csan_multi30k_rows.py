@@ -3,14 +3,18 @@ row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi
 
 - `verdict`: Δ over vanilla's mean over the row's seeds, the seed-level p and whether it is significant;
 - `rank`: its place by mean test BLEU among CSAN Table 1's rows and the grid's, rows level with it named;
-- `row-stats`: its mean ± sd against vanilla's, the seed-level p, the seed-matched marks, the paper's Δ, chrF.
+- `row-stats`: its mean ± sd against vanilla's, the seed-level p, the seed-matched marks, the paper's Δ, chrF;
+- `seeds-brief`: its seeds' scores (§ marked), then mean ± sd, Δ, seed-level p and the seed-matched marks;
+- `seed-tests` (one cell, `<!-- gen:seed-tests:Block@1 -->`): the cell against each vanilla seed, marks in words.
 
-Each takes the tables script's `Cells` (`table.json`'s rows) and the row's name.
+Each takes the tables script's `Cells` (`table.json`'s rows and the pairwise tests) and the row's name.
 """
 
 from __future__ import annotations
 
-from writeup_words import listing, minus, number, ordinal, p_prose
+import re
+
+from writeup_words import listing, minus, number, ordinal, p_prose, seeds_phrase
 
 TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
 
@@ -30,6 +34,13 @@ def seed_level_p(r: dict) -> str:
     multi-seed row, as the README's rows and the bullets give it."""
     test = r["seeds_test"]
     return f"p = {p_prose(test['p_value'], digits=2)}" + (f" {test['mark']}" if test["mark"] else "")
+
+
+def special_seeds(r: dict) -> tuple[int, ...]:
+    """The row's § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's own
+    list, `vocabulary_differs`; a trained seed not yet evaluated is not in the table)."""
+    listed = re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs") or []), re.M)
+    return tuple(int(m) for m in listed if int(m) in r["seeds_done"])
 
 
 def _multi_seed_row(c, variant: str) -> dict:
@@ -79,19 +90,61 @@ def rank(c, variant: str) -> str:
     return f"{first} {rows} by mean ({ordinal(in_grid)} of the grid" + (f", {tie})" if tie else ")")
 
 
+def _seed_matched(r: dict, variant: str) -> str:
+    """"n.s., ⇑": each seed against the vanilla run that shares its seed."""
+    if [t["seed"] for t in r["tests"]] != r["seeds_done"]:
+        raise ValueError(f"{variant}: seed-matched tests for seeds {[t['seed'] for t in r['tests']]}, not for each of "
+                         f"its seeds {r['seeds_done']}")
+    return ", ".join(t["mark"] or "n.s." for t in r["tests"])
+
+
+def seeds_brief(c, variant: str) -> str:
+    """"38.94 § and 38.59 (38.77 ± 0.24, +0.83, seed-level bootstrap p = 0.06; seed-matched n.s., ↑)"."""
+    r = _multi_seed_row(c, variant)
+    bleu, special = r["scores"]["BLEU"], special_seeds(r)
+    scores = [f"{x:.2f}" + (" §" if s in special else "") for s, x in zip(r["seeds_done"], bleu["values"])]
+    return minus(f"{listing(scores)} ({bleu['mean']:.2f} ± {bleu['sd']:.2f}, {r['delta']:+.2f}, seed-level bootstrap "
+                 f"{seed_level_p(r)}; seed-matched {_seed_matched(r, variant)})")
+
+
 def row_stats(c, variant: str) -> str:
     """"38.50 ± 0.10 against vanilla's 37.94 ± 0.53 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper:
     +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
     r, vanilla = _multi_seed_row(c, variant), c.rows["vanilla"]["scores"]
     bleu, chrf = r["scores"]["BLEU"], r["scores"]["chrF"]
-    if [t["seed"] for t in r["tests"]] != r["seeds_done"]:
-        raise ValueError(f"{variant}: seed-matched tests for seeds {[t['seed'] for t in r['tests']]}, not for each of "
-                         f"its seeds {r['seeds_done']}")
-    marks = ", ".join(t["mark"] or "n.s." for t in r["tests"])
+    marks = _seed_matched(r, variant)
     paper = f"; the paper: {r['paper_delta']:+.2f}" if r.get("paper_delta") is not None else ""
     return minus(f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} against vanilla's {vanilla['BLEU']['mean']:.2f} ± "
                  f"{vanilla['BLEU']['sd']:.2f} (seed-level bootstrap {seed_level_p(r)}; per seed {marks}{paper}), "
                  f"chrF {chrf['mean']:.2f} against {vanilla['chrF']['mean']:.2f}")
 
 
-ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats}  # gen:NAME:VARIANT
+def seed_tests(c, variant: str, seed: int) -> str:
+    """"level with vanilla seeds 1 and 3 and ↑ against seed 2 (seed 1 −0.08, p = 0.34; seed 2 +0.98 ↑, p = 0.034;
+    seed 3 +0.56, p = 0.11)": one cell against each vanilla seed by sacreBLEU's paired bootstrap, the seeds grouped by
+    mark ("level with" where there is none), the vanilla run that shares the cell's seed named."""
+    if variant not in c.rows or variant == "vanilla" or seed not in c.rows[variant]["seeds_done"]:
+        raise KeyError(f"{variant} seed {seed} is not an evaluated cell of the grid compared with vanilla")
+    vanilla = c.rows["vanilla"]["seeds_done"]
+    tests = {k: c.test(variant, seed, k) for k in vanilla}
+    groups: dict[str, list[int]] = {}
+    for k in vanilla:
+        groups.setdefault(tests[k]["sig"] or "", []).append(k)
+    said = []
+    for mark, seeds in groups.items():
+        whose = "vanilla " if not said else ""
+        if len(seeds) == len(vanilla) > 1:
+            seeds_said = f"all {number(len(seeds))} {whose}seeds"
+        else:
+            seeds_said = (whose + seeds_phrase(tuple(seeds))
+                          + (", the run that shares its seed" if seeds == [seed] else ""))
+        said.append((f"{mark} against " if mark else "level with ") + seeds_said)
+    detail = "; ".join(f"seed {k} {float(tests[k]['delta']):+.2f}{' ' + tests[k]['sig'] if tests[k]['sig'] else ''}, "
+                       f"p = {p_prose(float(tests[k]['p']))}" for k in vanilla)
+    # "⇑ against seed 2, the run that shares its seed, and level with ...": a comma in a group needs one before "and"
+    joined = (", ".join(said[:-1]) + ", and " + said[-1]) if any("," in x for x in said[:-1]) else listing(said)
+    return minus(f"{joined} ({detail})")
+
+
+ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief}  # gen:NAME:VARIANT
+CELL_BLOCKS = {"seed-tests": seed_tests}  # gen:NAME:VARIANT@SEED

@@ -609,3 +609,44 @@ def test_one_row_blocks_refuse_a_row_the_compare_table_could_not_test():
     c.rows["CNNs"]["tests"] = c.rows["CNNs"]["tests"][:1]  # a seed without its seed-matched test
     with pytest.raises(ValueError, match=r"seed-matched tests for seeds \[1\], not for each of its seeds \[1, 2\]"):
         rows.row_stats(c, "CNNs")
+
+
+def test_seeds_brief_marks_the_special_seeds_and_gives_the_seed_level_and_seed_matched_tests():
+    cnns = _standing((38.94, 38.59), delta=0.83, p=0.06, seed_marks=["", "↑"])
+    cnns["vocabulary_differs"] = ["seed 1: sentencepiece 0.2.2 (baseline: sentencepiece 0.2.3)"]
+    c = _grid(CNNs=cnns,
+              Rel_Pos=_standing((36.0, 36.5, 37.0), delta=-1.0, p=0.004, mark="⇓", seed_marks=["⇓", "", ""]))
+    assert rows.seeds_brief(c, "CNNs") == (
+        "38.94 § and 38.59 (38.77 ± 0.25, +0.83, seed-level bootstrap p = 0.06; seed-matched n.s., ↑)")
+    assert rows.seeds_brief(c, "Rel_Pos") == (
+        "36.00, 36.50 and 37.00 (36.50 ± 0.50, −1.00, seed-level bootstrap p = 0.004 ⇓; seed-matched ⇓, n.s., n.s.)")
+
+
+def _tested(c, pairwise: dict):
+    """``c`` with sacreBLEU's pairwise tests: (variant, seed) -> (Δ, p, mark) against vanilla seeds 1, 2, 3."""
+    c.test = lambda v, s, k: dict(zip(("delta", "p", "sig"), map(str, pairwise[v, s][k - 1])))
+    return c
+
+
+def test_seed_tests_group_vanilla_seeds_by_mark_and_name_the_run_sharing_the_seed():
+    c = _tested(_grid(Block=_standing((38.4, 38.6)), MUSE=_standing((38.0, 38.5))), {
+        ("Block", 1): [(-0.08, 0.34, ""), (0.98, 0.034, "↑"), (0.56, 0.11, "")],
+        ("Block", 2): [(0.06, 0.36, ""), (1.12, 0.00999, "⇑"), (0.71, 0.063, "")],
+        ("MUSE", 1): [(-0.94, 0.019, "↓"), (0.11, 0.31, ""), (-0.30, 0.19, "")],
+        ("MUSE", 2): [(-0.44, 0.12, ""), (0.62, 0.094, ""), (0.21, 0.25, "")]})
+    assert rows.seed_tests(c, "Block", 1) == (
+        "level with vanilla seeds 1 and 3 and ↑ against seed 2 (seed 1 −0.08, p = 0.34; seed 2 +0.98 ↑, p = 0.034; "
+        "seed 3 +0.56, p = 0.11)")
+    assert rows.seed_tests(c, "Block", 2) == (
+        "level with vanilla seeds 1 and 3 and ⇑ against seed 2, the run that shares its seed (seed 1 +0.06, p = 0.36; "
+        "seed 2 +1.12 ⇑, p = 0.00999; seed 3 +0.71, p = 0.063)")
+    assert rows.seed_tests(c, "MUSE", 1) == (
+        "↓ against vanilla seed 1, the run that shares its seed, and level with seeds 2 and 3 (seed 1 −0.94 ↓, "
+        "p = 0.019; seed 2 +0.11, p = 0.31; seed 3 −0.30, p = 0.19)")
+    assert rows.seed_tests(c, "MUSE", 2).startswith("level with all three vanilla seeds (seed 1 −0.44, p = 0.12;")
+    with pytest.raises(KeyError, match="Block seed 3 is not an evaluated cell"):
+        rows.seed_tests(c, "Block", 3)
+    assert facts.fill("x <!-- gen:seed-tests:MUSE@2 -->old<!-- /gen -->", c).startswith(
+        "x <!-- gen:seed-tests:MUSE@2 -->level with all three vanilla seeds")
+    with pytest.raises(KeyError, match="unknown generated block 'rank:MUSE@2'.*seed-tests:VARIANT@SEED"):
+        facts.fill("<!-- gen:rank:MUSE@2 --><!-- /gen -->", c)
