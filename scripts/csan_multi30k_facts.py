@@ -39,7 +39,7 @@ import statistics
 from datetime import datetime, timezone
 
 from csan_multi30k_rows import CELL_BLOCKS, ROW_BLOCKS, TABLE1, by_mean, seed_level_p, special_seeds, table1_means
-from writeup_words import how_many, listing, minus, number, possessive, seeds_phrase
+from writeup_words import how_many, listing, listing_groups, minus, number, possessive, seeds_phrase
 
 _CLOSE = "<!-- /gen -->"
 # name, name:row or name:row@seed
@@ -193,23 +193,20 @@ def gpu_cells(c) -> int:
 
 def cells_phrase(cells: list[tuple[str, int]]) -> str:
     """"LightConv seed 1, and seeds 2 and 3 of Bi_Direct, Rel_Pos and 1D-CSAN": the cells grouped by their seeds,
-    lowest seeds first, rows in the order given; groups joined by ", and" (two) or ";" (more), since a group may
-    hold "and" itself; "none" for no cells."""
-    seeds: dict[str, list[int]] = {}
+    lowest seeds first, rows in the order given; "none" for no cells."""
+    seeds: dict[str, set[int]] = {}
     for v, s in cells:
-        seeds.setdefault(v, []).append(s)
+        seeds.setdefault(v, set()).add(s)
     groups: dict[tuple[int, ...], list[str]] = {}
     for v, ss in seeds.items():
         groups.setdefault(tuple(sorted(ss)), []).append(v)
     said = [f"{vs[0]} {seeds_phrase(ss)}" if len(vs) == 1 else f"{seeds_phrase(ss)} of {listing(vs)}"
             for ss, vs in sorted(groups.items(), key=lambda group: group[0])]
-    if len(said) < 2:
-        return said[0] if said else "none"
-    return ", and ".join(said) if len(said) == 2 else "; ".join(said)
+    return listing_groups(said) if said else "none"
 
 
 def special_cells(c) -> list[tuple[str, int]]:
-    """The § cells in the grid's order."""
+    """The § cells in the grid's order (`special`: the same by row)."""
     marked = special(c)
     return [(v, s) for v, s in c.order if s in marked.get(v, ())]
 
@@ -217,7 +214,7 @@ def special_cells(c) -> list[tuple[str, int]]:
 def special(c) -> dict[str, tuple[int, ...]]:
     """Row -> its § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's
     own list, `vocabulary_differs`)."""
-    return {v: special_seeds(r) for v, r in c.rows.items() if special_seeds(r)}
+    return {v: seeds for v, r in c.rows.items() if (seeds := special_seeds(r))}
 
 
 def vocabularies(c) -> str:

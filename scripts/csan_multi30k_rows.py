@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from writeup_words import listing, minus, number, ordinal, p_prose, seeds_phrase
+from writeup_words import listing, listing_groups, minus, number, ordinal, p_prose, seeds_phrase
 
 TABLE1 = ("Bi_Direct", "Rel_Pos", "Neighbor", "Local_Hard", "Local_Soft", "Block", "CNNs", "1D-CSAN", "2D-CSAN")
 
@@ -38,7 +38,8 @@ def seed_level_p(r: dict) -> str:
 
 def special_seeds(r: dict) -> tuple[int, ...]:
     """The row's § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's own
-    list, `vocabulary_differs`; a trained seed not yet evaluated is not in the table)."""
+    list, `vocabulary_differs`; a trained seed not yet evaluated is not in the table). The facts module's
+    `special` and `special_cells` give them for every row."""
     listed = re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs") or []), re.M)
     return tuple(int(m) for m in listed if int(m) in r["seeds_done"])
 
@@ -102,6 +103,8 @@ def seeds_brief(c, variant: str) -> str:
     """"38.94 § and 38.59 (38.77 ± 0.24, +0.83, seed-level bootstrap p = 0.06; seed-matched n.s., ↑)"."""
     r = _multi_seed_row(c, variant)
     bleu, special = r["scores"]["BLEU"], special_seeds(r)
+    if len(bleu["values"]) != len(r["seeds_done"]):
+        raise ValueError(f"{variant}: {len(bleu['values'])} BLEU scores for seeds {r['seeds_done']}")
     scores = [f"{x:.2f}" + (" §" if s in special else "") for s, x in zip(r["seeds_done"], bleu["values"])]
     return minus(f"{listing(scores)} ({bleu['mean']:.2f} ± {bleu['sd']:.2f}, {r['delta']:+.2f}, seed-level bootstrap "
                  f"{seed_level_p(r)}; seed-matched {_seed_matched(r, variant)})")
@@ -120,18 +123,27 @@ def row_stats(c, variant: str) -> str:
 
 
 def seed_tests(c, variant: str, seed: int) -> str:
-    """"level with vanilla seeds 1 and 3 and ↑ against seed 2 (seed 1 −0.08, p = 0.34; seed 2 +0.98 ↑, p = 0.034;
-    seed 3 +0.56, p = 0.11)": one cell against each vanilla seed by sacreBLEU's paired bootstrap, the seeds grouped by
-    mark ("level with" where there is none), the vanilla run that shares the cell's seed named."""
+    """"level with vanilla seeds 1 and 3, and ⇑ against seed 2, the run that shares its seed (seed 1 +0.06, p = 0.36;
+    seed 2 +1.12 ⇑, p = 0.00999; seed 3 +0.71, p = 0.063)": one cell against each vanilla seed by sacreBLEU's
+    paired bootstrap, the seeds grouped by mark ("level with" where there is none); a group that is the vanilla run
+    sharing the cell's seed alone comes last and is named so."""
     if variant not in c.rows or variant == "vanilla" or seed not in c.rows[variant]["seeds_done"]:
         raise KeyError(f"{variant} seed {seed} is not an evaluated cell of the grid compared with vanilla")
     vanilla = c.rows["vanilla"]["seeds_done"]
-    tests = {k: c.test(variant, seed, k) for k in vanilla}
+    if not vanilla:
+        raise ValueError("vanilla has no evaluated seed to test against")
+    tests = {}
+    for k in vanilla:
+        try:
+            tests[k] = c.test(variant, seed, k)
+        except KeyError:
+            raise KeyError(f"no paired test of {variant} seed {seed} against vanilla seed {k} in "
+                           "results/csan-multi30k-pairwise.csv: run scripts/csan_multi30k_analyses.py") from None
     groups: dict[str, list[int]] = {}
     for k in vanilla:
         groups.setdefault(tests[k]["sig"] or "", []).append(k)
     said = []
-    for mark, seeds in groups.items():
+    for mark, seeds in sorted(groups.items(), key=lambda group: group[1] == [seed]):  # (a stable sort)
         whose = "vanilla " if not said else ""
         if len(seeds) == len(vanilla) > 1:
             seeds_said = f"all {number(len(seeds))} {whose}seeds"
@@ -141,9 +153,7 @@ def seed_tests(c, variant: str, seed: int) -> str:
         said.append((f"{mark} against " if mark else "level with ") + seeds_said)
     detail = "; ".join(f"seed {k} {float(tests[k]['delta']):+.2f}{' ' + tests[k]['sig'] if tests[k]['sig'] else ''}, "
                        f"p = {p_prose(float(tests[k]['p']))}" for k in vanilla)
-    # "⇑ against seed 2, the run that shares its seed, and level with ...": a comma in a group needs one before "and"
-    joined = (", ".join(said[:-1]) + ", and " + said[-1]) if any("," in x for x in said[:-1]) else listing(said)
-    return minus(f"{joined} ({detail})")
+    return minus(f"{listing_groups(said)} ({detail})")
 
 
 ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief}  # gen:NAME:VARIANT

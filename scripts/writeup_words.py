@@ -37,6 +37,15 @@ def listing(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def listing_groups(groups: list[str]) -> str:
+    """`listing` for phrases that may hold a list or an aside themselves: "seed 1 of CNNs and LightConv, and seeds 2
+    and 3 of Bi_Direct and Rel_Pos"; "a; b; and c" for three or more; plain `listing` where no phrase but the last
+    holds "and" or a comma."""
+    if not any(" and " in g or "," in g for g in groups[:-1]):
+        return listing(groups)
+    return ", and ".join(groups) if len(groups) == 2 else "; ".join(groups[:-1]) + "; and " + groups[-1]
+
+
 def possessive(name: str) -> str:
     """"Block's", "Rel_Pos's", "CNNs'" (a plural: an acronym's -s)."""
     return name + ("'" if name.endswith("s") and name[:-1].isupper() else "'s")

@@ -222,7 +222,8 @@ def test_cells_phrase_groups_rows_by_their_seeds_lowest_first():
     cells_ = [("Bi_Direct", 2), ("Rel_Pos", 2), ("CNNs", 1), ("Bi_Direct", 3), ("Rel_Pos", 3), ("LightConv", 1)]
     assert facts.cells_phrase(cells_) == "seed 1 of CNNs and LightConv, and seeds 2 and 3 of Bi_Direct and Rel_Pos"
     assert facts.cells_phrase(cells_ + [("MUSE", 3)]) == (
-        "seed 1 of CNNs and LightConv; seeds 2 and 3 of Bi_Direct and Rel_Pos; MUSE seed 3")
+        "seed 1 of CNNs and LightConv; seeds 2 and 3 of Bi_Direct and Rel_Pos; and MUSE seed 3")
+    assert facts.cells_phrase([("Block", 1), ("CNNs", 2), ("Block", 1)]) == "Block seed 1 and CNNs seed 2"
 
 
 def test_special_and_retired_cell_blocks_follow_the_compare_table_and_the_archive():
@@ -232,7 +233,7 @@ def test_special_and_retired_cell_blocks_follow_the_compare_table_and_the_archiv
     filled = facts.fill("<!-- gen:special-count -->?<!-- /gen --> § cells (<!-- gen:special-cells -->?<!-- /gen -->; "
                         "retired: <!-- gen:retired-cells -->?<!-- /gen -->)", c)
     assert filled.replace("<!-- /gen -->", "").replace("<!-- gen:", "[").replace(" -->", "]") == (
-        "[special-count]three § cells ([special-cells]A seed 1, and B seeds 2 and 3; retired: [retired-cells]C seed 1)")
+        "[special-count]three § cells ([special-cells]A seed 1 and B seeds 2 and 3; retired: [retired-cells]C seed 1)")
     c.retired = {}
     assert facts.BLOCKS["retired-cells"](c) == "none"
 
@@ -624,7 +625,11 @@ def test_seeds_brief_marks_the_special_seeds_and_gives_the_seed_level_and_seed_m
 
 def _tested(c, pairwise: dict):
     """``c`` with sacreBLEU's pairwise tests: (variant, seed) -> (Δ, p, mark) against vanilla seeds 1, 2, 3."""
-    c.test = lambda v, s, k: dict(zip(("delta", "p", "sig"), map(str, pairwise[v, s][k - 1])))
+    def test(v, s, k):
+        if (v, s) not in pairwise:
+            raise KeyError((f"{v}/seed-{s}", f"vanilla/seed-{k}"))  # as the tables script's lookup does
+        return dict(zip(("delta", "p", "sig"), map(str, pairwise[v, s][k - 1])))
+    c.test = test
     return c
 
 
@@ -635,13 +640,13 @@ def test_seed_tests_group_vanilla_seeds_by_mark_and_name_the_run_sharing_the_see
         ("MUSE", 1): [(-0.94, 0.019, "↓"), (0.11, 0.31, ""), (-0.30, 0.19, "")],
         ("MUSE", 2): [(-0.44, 0.12, ""), (0.62, 0.094, ""), (0.21, 0.25, "")]})
     assert rows.seed_tests(c, "Block", 1) == (
-        "level with vanilla seeds 1 and 3 and ↑ against seed 2 (seed 1 −0.08, p = 0.34; seed 2 +0.98 ↑, p = 0.034; "
-        "seed 3 +0.56, p = 0.11)")
+        "level with vanilla seeds 1 and 3, and ↑ against seed 2 (seed 1 −0.08, p = 0.34; seed 2 +0.98 ↑, "
+        "p = 0.034; seed 3 +0.56, p = 0.11)")
     assert rows.seed_tests(c, "Block", 2) == (
-        "level with vanilla seeds 1 and 3 and ⇑ against seed 2, the run that shares its seed (seed 1 +0.06, p = 0.36; "
-        "seed 2 +1.12 ⇑, p = 0.00999; seed 3 +0.71, p = 0.063)")
+        "level with vanilla seeds 1 and 3, and ⇑ against seed 2, the run that shares its seed (seed 1 +0.06, "
+        "p = 0.36; seed 2 +1.12 ⇑, p = 0.00999; seed 3 +0.71, p = 0.063)")
     assert rows.seed_tests(c, "MUSE", 1) == (
-        "↓ against vanilla seed 1, the run that shares its seed, and level with seeds 2 and 3 (seed 1 −0.94 ↓, "
+        "level with vanilla seeds 2 and 3, and ↓ against seed 1, the run that shares its seed (seed 1 −0.94 ↓, "
         "p = 0.019; seed 2 +0.11, p = 0.31; seed 3 −0.30, p = 0.19)")
     assert rows.seed_tests(c, "MUSE", 2).startswith("level with all three vanilla seeds (seed 1 −0.44, p = 0.12;")
     with pytest.raises(KeyError, match="Block seed 3 is not an evaluated cell"):
@@ -650,3 +655,19 @@ def test_seed_tests_group_vanilla_seeds_by_mark_and_name_the_run_sharing_the_see
         "x <!-- gen:seed-tests:MUSE@2 -->level with all three vanilla seeds")
     with pytest.raises(KeyError, match="unknown generated block 'rank:MUSE@2'.*seed-tests:VARIANT@SEED"):
         facts.fill("<!-- gen:rank:MUSE@2 --><!-- /gen -->", c)
+    # three groups: the run sharing the seed last, so that its aside ends the list
+    c = _tested(_grid(CNNs=_standing((38.9, 38.6))), {("CNNs", 1): [(0.43, 0.14, ""), (1.49, 0.004, "⇑"),
+                                                                   (1.08, 0.012, "↑")]})
+    assert rows.seed_tests(c, "CNNs", 1) == (
+        "⇑ against vanilla seed 2, ↑ against seed 3 and level with seed 1, the run that shares its seed (seed 1 "
+        "+0.43, p = 0.14; seed 2 +1.49 ⇑, p = 0.004; seed 3 +1.08 ↑, p = 0.012)")
+    with pytest.raises(KeyError, match="no paired test of CNNs seed 2 against vanilla seed 1 .*analyses"):
+        rows.seed_tests(c, "CNNs", 2)
+
+
+def test_listing_groups_keeps_lists_inside_groups_apart():
+    assert words.listing_groups(["Block seed 1", "CNNs seed 2", "MUSE seed 3"]) == (
+        "Block seed 1, CNNs seed 2 and MUSE seed 3")
+    assert words.listing_groups(["seed 1 of A and B", "C seed 2"]) == "seed 1 of A and B, and C seed 2"
+    assert words.listing_groups(["x, y", "z", "w and v"]) == "x, y; z; and w and v"
+    assert words.listing_groups(["A seed 1", "seeds 2 and 3 of B and C"]) == "A seed 1 and seeds 2 and 3 of B and C"
