@@ -192,8 +192,9 @@ def gpu_cells(c) -> int:
 
 
 def cells_phrase(cells: list[tuple[str, int]]) -> str:
-    """"LightConv seed 1, and seeds 2 and 3 of Bi_Direct, Rel_Pos and 1D-CSAN": the cells grouped by their seeds,
-    lowest seeds first, rows in the order given; "none" for no cells."""
+    """"LightConv seed 1 and seeds 2 and 3 of Bi_Direct, Rel_Pos and 1D-CSAN", "seed 1 of Block and CNNs, and
+    MUSE seed 3": the cells grouped by their seeds, lowest seeds first, rows in the order given (joined by
+    `listing_groups`); "none" for no cells."""
     seeds: dict[str, set[int]] = {}
     for v, s in cells:
         seeds.setdefault(v, set()).add(s)
