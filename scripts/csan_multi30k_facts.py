@@ -265,6 +265,17 @@ def vocabularies(c) -> str:
     return minus(text)
 
 
+def _directions(deltas) -> str:
+    """How many successors score below, above and level with their § cells (to two decimals, as printed):
+    "all three lower", "both higher", "two lower and one higher"."""
+    signs = [(d > 0) - (d < 0) for d in (round(d, 2) for d in deltas)]
+    counts = {word: signs.count(sign) for word, sign in (("lower", -1), ("higher", 1), ("level", 0))}
+    for word, n in counts.items():
+        if n == len(deltas):
+            return f"{'both' if n == 2 else 'all ' + number(n)} {word}"
+    return listing([f"{number(n)} {word}" for word, n in counts.items() if n])
+
+
 def vocab_pairs(c) -> str:
     """The § cells trained again with the grid's vocabulary: each retired § cell (moved out of the grid, kept
     whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU,
@@ -294,7 +305,7 @@ def vocab_pairs(c) -> str:
     if pairs:
         said.append(f"{number(len(pairs))} {'has' if len(pairs) == 1 else 'have'} been: " + "; ".join(parts))
         if len(pairs) > 1:
-            said.append(f"on average {statistics.mean(deltas):+.2f} on test")
+            said.append(f"on average {statistics.mean(deltas):+.2f} on test, {_directions(deltas)}")
         if devices_differ:
             said.append(f"{'the pair differs' if len(pairs) == 1 else 'a pair trained on two machines differs'} in "
                         "device as well as vocabulary, so its difference measures both")

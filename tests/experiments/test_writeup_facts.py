@@ -278,9 +278,16 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
         "two have been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
         "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
         "against 39.80 (update 3,000); C seed 2 scores 38.50 on the CPU against 38.00 § on the CPU (+0.50), greedy "
-        "dev BLEU peaking at 38.10 (update 3,000) against 37.50 (update 2,500); on average −0.09 on test; a pair trained on two machines differs in device as "
+        "dev BLEU peaking at 38.10 (update 3,000) against 37.50 (update 2,500); on average −0.09 on test, one lower and one higher; a pair trained on two machines differs in device as "
         "well as vocabulary, so its difference measures both; D seed 3 is moved out of the grid, its successor not "
         "yet evaluated")
+
+
+def test_vocab_pairs_counts_the_directions_as_printed():
+    assert facts._directions([-0.65, -0.35, -0.86]) == "all three lower"
+    assert facts._directions([0.2, 0.004]) == "one higher and one level"  # +0.004 prints +0.00
+    assert facts._directions([0.2, 0.01]) == "both higher"
+    assert facts._directions([0.2, 0.004, -1.0]) == "one lower, one higher and one level"
 
 
 def test_vocab_pairs_before_any_retraining():
