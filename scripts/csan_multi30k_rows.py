@@ -5,6 +5,8 @@ row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi
 - `rank`: its place by mean test BLEU among CSAN Table 1's rows and the grid's, rows level with it named;
 - `row-stats`: its mean ± sd against vanilla's, the seed-level p, the seed-matched marks, the paper's Δ, chrF;
 - `seeds-brief`: its seeds' scores (§ marked), then mean ± sd, Δ, seed-level p and the seed-matched marks;
+- `mean-brief`: its mean ± sd, Δ and seed-level p alone, for lists of rows;
+- `seed-matched`: each seed's mark against the vanilla run that shares its seed ("n.s., ⇑, n.s.");
 - `seed-tests` (one cell, `<!-- gen:seed-tests:Block@1 -->`): the cell against each vanilla seed, marks in words.
 
 Each takes the tables script's `Cells` (`table.json`'s rows and the pairwise tests) and the row's name.
@@ -110,6 +112,19 @@ def seeds_brief(c, variant: str) -> str:
                  f"{seed_level_p(r)}; seed-matched {_seed_matched(r, variant)})")
 
 
+def mean_brief(c, variant: str) -> str:
+    """"38.37 ± 0.20 (+0.43, p = 0.16)": mean ± sd of test BLEU over the row's seeds, Δ over vanilla's mean and the
+    seed-level bootstrap p (with its mark, if any), for a sentence that lists rows and says what the figures are."""
+    r = _multi_seed_row(c, variant)
+    bleu = r["scores"]["BLEU"]
+    return minus(f"{bleu['mean']:.2f} ± {bleu['sd']:.2f} ({r['delta']:+.2f}, {seed_level_p(r)})")
+
+
+def seed_matched(c, variant: str) -> str:
+    """"n.s., ⇑, n.s.": each of the row's seeds against the vanilla run that shares its seed, in seed order."""
+    return _seed_matched(_multi_seed_row(c, variant), variant)
+
+
 def row_stats(c, variant: str) -> str:
     """"38.50 ± 0.10 against vanilla's 37.94 ± 0.53 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper:
     +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
@@ -156,5 +171,6 @@ def seed_tests(c, variant: str, seed: int) -> str:
     return minus(f"{listing_groups(said)} ({detail})")
 
 
-ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief}  # gen:NAME:VARIANT
+ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief,  # gen:NAME:VARIANT
+              "mean-brief": mean_brief, "seed-matched": seed_matched}
 CELL_BLOCKS = {"seed-tests": seed_tests}  # gen:NAME:VARIANT@SEED

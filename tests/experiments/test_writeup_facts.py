@@ -628,6 +628,12 @@ def test_seeds_brief_marks_the_special_seeds_and_gives_the_seed_level_and_seed_m
         "38.94 § and 38.59 (38.77 ± 0.25, +0.83, seed-level bootstrap p = 0.06; seed-matched n.s., ↑)")
     assert rows.seeds_brief(c, "Rel_Pos") == (
         "36.00, 36.50 and 37.00 (36.50 ± 0.50, −1.00, seed-level bootstrap p = 0.004 ⇓; seed-matched ⇓, n.s., n.s.)")
+    assert rows.mean_brief(c, "Rel_Pos") == "36.50 ± 0.50 (−1.00, p = 0.004 ⇓)"
+    assert rows.mean_brief(c, "CNNs") == "38.77 ± 0.25 (+0.83, p = 0.06)"
+    assert rows.seed_matched(c, "Rel_Pos") == "⇓, n.s., n.s."
+    assert facts.fill("CNNs <!-- gen:mean-brief:CNNs --><!-- /gen -->, per seed <!-- gen:seed-matched:CNNs -->"
+                      "<!-- /gen -->", c) == ("CNNs <!-- gen:mean-brief:CNNs -->38.77 ± 0.25 (+0.83, p = 0.06)"
+                                              "<!-- /gen -->, per seed <!-- gen:seed-matched:CNNs -->n.s., ↑<!-- /gen -->")
 
 
 def _tested(c, pairwise: dict):
