@@ -7,6 +7,7 @@ row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi
 - `seeds-brief`: its seeds' scores (§ marked), then mean ± sd, Δ, seed-level p and the seed-matched marks;
 - `mean-brief`: its mean ± sd, Δ and seed-level p alone, for lists of rows;
 - `seed-matched`: each seed's mark against the vanilla run that shares its seed ("n.s., ⇑, n.s.");
+- `ngram-means`: its n-gram precision gaps to vanilla seed 1 on the dev set, 1- to 4-grams, averaged over its seeds;
 - `seed-tests` (one cell, `<!-- gen:seed-tests:Block@1 -->`): the cell against each vanilla seed, marks in words.
 
 Each takes the tables script's `Cells` (`table.json`'s rows and the pairwise tests) and the row's name.
@@ -15,6 +16,7 @@ Each takes the tables script's `Cells` (`table.json`'s rows and the pairwise tes
 from __future__ import annotations
 
 import re
+import statistics
 
 from writeup_words import listing, listing_groups, minus, number, ordinal, p_prose, seeds_phrase
 
@@ -125,6 +127,20 @@ def seed_matched(c, variant: str) -> str:
     return _seed_matched(_multi_seed_row(c, variant), variant)
 
 
+def ngram_means(c, variant: str) -> str:
+    """"+0.07, +0.30, +0.12, +0.13": the row's dev-set n-gram precision gap to vanilla seed 1 (CSAN Fig. 3; the
+    n-gram table's rows), 1- to 4-grams, averaged over its seeds."""
+    r = _multi_seed_row(c, variant)
+    gaps = []
+    for seed in r["seeds_done"]:
+        records = c.ngram.get(c.system(variant, seed))
+        if not records:
+            raise KeyError(f"no n-gram gap of {variant} seed {seed} in results/csan-multi30k-ngram-gap.csv (a cell "
+                           "without dev hypotheses has none; else run scripts/csan_multi30k_analyses.py)")
+        gaps.append([float(record["gap"]) for record in sorted(records, key=lambda record: int(record["order"]))])
+    return minus(", ".join(f"{statistics.mean(order):+.2f}" for order in zip(*gaps)))
+
+
 def row_stats(c, variant: str) -> str:
     """"38.50 ± 0.10 against vanilla's 37.94 ± 0.53 (seed-level bootstrap p = 0.10; per seed n.s., ⇑; the paper:
     +0.28), chrF 62.76 against 62.17": per seed, each seed against the vanilla run that shares its seed."""
@@ -172,5 +188,5 @@ def seed_tests(c, variant: str, seed: int) -> str:
 
 
 ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief,  # gen:NAME:VARIANT
-              "mean-brief": mean_brief, "seed-matched": seed_matched}
+              "mean-brief": mean_brief, "seed-matched": seed_matched, "ngram-means": ngram_means}
 CELL_BLOCKS = {"seed-tests": seed_tests}  # gen:NAME:VARIANT@SEED

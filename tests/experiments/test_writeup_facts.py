@@ -636,6 +636,18 @@ def test_seeds_brief_marks_the_special_seeds_and_gives_the_seed_level_and_seed_m
                                               "<!-- /gen -->, per seed <!-- gen:seed-matched:CNNs -->n.s., ↑<!-- /gen -->")
 
 
+def test_ngram_means_average_each_order_over_the_seeds_and_refuse_a_seed_without_gaps():
+    c = _grid(Rel_Pos=_standing((38.15, 38.53, 38.42)))
+    gaps = {1: (1.55, 1.23, 0.85, 0.77), 2: (-0.71, -0.29, -0.34, -0.10), 3: (-0.62, -0.04, -0.14, -0.28)}
+    c.system = lambda v, s: f"{v.lower()}/seed-{s}"
+    c.ngram = {f"rel_pos/seed-{s}": [{"order": str(n), "gap": str(g)} for n, g in reversed(list(enumerate(row, 1)))]
+               for s, row in gaps.items()}  # the CSV's order of rows does not matter
+    assert rows.ngram_means(c, "Rel_Pos") == "+0.07, +0.30, +0.12, +0.13"
+    del c.ngram["rel_pos/seed-3"]
+    with pytest.raises(KeyError, match="no n-gram gap of Rel_Pos seed 3"):
+        rows.ngram_means(c, "Rel_Pos")
+
+
 def _tested(c, pairwise: dict):
     """``c`` with sacreBLEU's pairwise tests: (variant, seed) -> (Δ, p, mark) against vanilla seeds 1, 2, 3."""
     def test(v, s, k):
