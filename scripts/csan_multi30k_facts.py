@@ -494,6 +494,64 @@ def bucket_tests(c) -> str:
             f"{'are' if marked != 1 else 'is'}.")
 
 
+LONGEST = ">15"  # the length buckets' last bucket (source words), where the § cells' longer output shows most
+
+
+def long_sentences(c) -> str:
+    """The cells' BLEU against vanilla seed 1 on the longest test sentences, in three groups: the § cells, the
+    other cells of the rows that have or had one (trained again since, `c.retired`), and the remaining rows'
+    cells (vanilla's own aside), each with its mean, its cells by row and how many are marked; the third group
+    names only its marked cells."""
+    marked = special(c)
+    had_special = set(marked) | {v for v, _ in c.retired}
+    groups: dict[str, list[tuple[str, int]]] = {"§": [], "same rows": [], "other rows": []}
+    for v, s in c.order:
+        if v != "vanilla":
+            kind = "§" if s in marked.get(v, ()) else "same rows" if v in had_special else "other rows"
+            groups[kind].append((v, s))
+    longest = {}
+    for cells in groups.values():
+        for v, s in cells:
+            record = next((r for r in c.buckets.get(c.system(v, s), ()) if r["bucket"] == LONGEST), None)
+            if record is None or not record["delta"]:
+                raise KeyError(f"no {LONGEST}-word bucket test of {v} seed {s} in "
+                               "results/csan-multi30k-length-buckets.csv: run scripts/csan_multi30k_analyses.py")
+            longest[v, s] = (float(record["delta"]), record["sig"])
+
+    def by_row(cells) -> str:
+        rows: dict[str, list[int]] = {}
+        for v, s in cells:
+            rows.setdefault(v, []).append(s)
+        said = []
+        for v, seeds in rows.items():
+            values = [f"{longest[v, s][0]:+.2f}" + (f" {longest[v, s][1]}" if longest[v, s][1] else "") for s in seeds]
+            said.append(f"{_cell_name(c, v, seeds[0]) if len(seeds) == 1 else v + ' ' + seeds_phrase(tuple(seeds))} "
+                        f"{listing(values)}")
+        return "; ".join(said)
+
+    def summary(cells) -> tuple[str, list[tuple[str, int]]]:
+        hits = [vs for vs in cells if longest[vs][1]]
+        mean = statistics.mean(longest[vs][0] for vs in cells)
+        return f"{mean:+.2f} on average", hits
+
+    said = []
+    for kind, cells in groups.items():
+        if not cells:
+            continue
+        average, hits = summary(cells)
+        n = f"{number(len(cells))} {'cell' if len(cells) == 1 else 'cells'}"
+        count = f"{how_many(len(hits))} {'of them ' if len(cells) > 1 else ''}marked"
+        if kind == "§":
+            said.append(f"the {n.replace(' ', ' § ')} {'is' if len(cells) == 1 else 'are'} {average} "
+                        f"({by_row(cells)}), {count}")
+        elif kind == "same rows":
+            said.append(f"the other {n} of the rows that have or had a § cell {average} ({by_row(cells)}), {count}")
+        else:
+            named = f" ({by_row(hits)})" if hits else ""
+            said.append(f"the other rows' {n} {average}, {how_many(len(hits))} marked{named}")
+    return minus("; ".join(said))
+
+
 def _cell_name(c, variant: str, seed: int) -> str:
     """"DynamicConv seed 3" for a row with several seeds done, "MUSE_FF" for a one-seed row."""
     return f"{variant} seed {seed}" if variant in c.multi else variant
@@ -744,7 +802,7 @@ BLOCKS = {"coverage": coverage, "devices": devices, "vocabularies": vocabularies
           "special-cells": lambda c: cells_phrase(special_cells(c)),
           "retired-cells": lambda c: cells_phrase(list(c.retired)),
           "summary-rows": summary_rows, "order": order, "grid-order": grid_order, "spread": spread, "marks": marks,
-          "bucket-tests": bucket_tests, "dev-range": dev_range, "later-peaks": later_peaks,
+          "bucket-tests": bucket_tests, "long-sentences": long_sentences, "dev-range": dev_range, "later-peaks": later_peaks,
           "validation-noise": validation_noise, "peak-steps": peak_steps,
           "seed-spreads": seed_spreads, "dates": dates,
           # the README's section on the grid

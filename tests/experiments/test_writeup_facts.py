@@ -146,6 +146,25 @@ def test_bucket_tests_against_chance():
         "level), so about 1 of them are expected below 0.05 by chance; 1 is.")
 
 
+def test_long_sentences_group_special_cells_their_rows_and_the_rest():
+    c = cells(vanilla=row([1, 2]), A=row([1, 2], special=(2,)), B=row([1, 2]), C=row([1]))
+    c.order = [("vanilla", 1), ("vanilla", 2), ("A", 1), ("A", 2), ("B", 1), ("B", 2), ("C", 1)]
+    c.retired = {("B", 1): None}  # B had a § cell, trained again since
+    c.system = lambda v, s: f"{v}/seed-{s}"
+    longest = {"vanilla/seed-2": ("0.5", ""), "A/seed-1": ("1.0", ""), "A/seed-2": ("2.5", "⇑"),
+               "B/seed-1": ("-0.5", ""), "B/seed-2": ("0.3", ""), "C/seed-1": ("1.9", "↑")}
+    c.buckets = {"vanilla/seed-1": [{"bucket": ">15", "delta": "", "sig": ""}]}
+    c.buckets.update({system: [{"bucket": "1-8", "delta": "9.0", "sig": "⇑"}, {"bucket": ">15", "delta": d, "sig": m}]
+                      for system, (d, m) in longest.items()})
+    assert facts.long_sentences(c) == (
+        "the one § cell is +2.50 on average (A seed 2 +2.50 ⇑), one marked; the other three cells of the rows that "
+        "have or had a § cell +0.27 on average (A seed 1 +1.00; B seeds 1 and 2 −0.50 and +0.30), none of them marked; "
+        "the other rows' one cell +1.90 on average, one marked (C +1.90 ↑)")
+    del c.buckets["C/seed-1"]
+    with pytest.raises(KeyError, match="no >15-word bucket test of C seed 1"):
+        facts.long_sentences(c)
+
+
 def test_readme_rows_quote_the_test_that_decides():
     c = cells(vanilla=row([1, 2, 3], bleu=(37.0, 38.0, 39.0)), Block=row([1, 2], bleu=(39.0, 38.0), special=(1,)),
               CNNs=row([1], bleu=(36.5,)))
