@@ -667,6 +667,23 @@ def test_ngram_means_average_each_order_over_the_seeds_and_refuse_a_seed_without
         rows.ngram_means(c, "Rel_Pos")
 
 
+@pytest.mark.parametrize("q, df, quantile", [(0.975, 1, 12.7062), (0.975, 3, 3.18245), (0.975, 4, 2.77645),
+                                             (0.975, 30, 2.04227), (0.95, 10, 1.81246)])
+def test_t_quantile_matches_the_tables(q, df, quantile):
+    assert rows._t_quantile(q, df) == pytest.approx(quantile, abs=1e-4)
+
+
+def test_welch_interval_of_a_row_against_vanilla():
+    c = _grid(A=_standing((38.02, 36.92, 37.14)))
+    c.rows["vanilla"] = _standing((38.50, 37.45, 37.86))
+    # by hand: sample variances 0.3388 and 0.2800 over 3 seeds each, df = 3.96, t(0.975, 3.96) = 2.785,
+    # half-width 2.785 x 0.4542 = 1.265
+    assert rows.welch(c, "A") == "−0.58 ± 1.27 (95%, 4.0 degrees of freedom; −1.84 to +0.69)"
+    c.rows["vanilla"] = _standing((38.0,))
+    with pytest.raises(ValueError, match="vanilla needs two or more seeds"):
+        rows.welch(c, "A")
+
+
 def _tested(c, pairwise: dict):
     """``c`` with sacreBLEU's pairwise tests: (variant, seed) -> (Δ, p, mark) against vanilla seeds 1, 2, 3."""
     def test(v, s, k):
