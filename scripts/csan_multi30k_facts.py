@@ -21,8 +21,11 @@ text around it is the author's. The blocks:
   neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
-- one row's standing, where its bullet in "Where we agree" gives it (the block names the row: `gen:rank:Block`):
-  `verdict`, `rank`, `row-stats` (`csan_multi30k_rows.py`);
+- `long-sentences`: BLEU beyond 15 source words against vanilla seed 1 for the § cells, the other cells of their
+  rows and the other rows' cells;
+- one row's standing, where a sentence gives it (the block names the row: `gen:rank:Block`): `verdict`, `rank`,
+  `row-stats`, `seeds-brief`, `mean-brief`, `seed-matched`, `ngram-means`, `welch`; and one cell's tests against
+  each vanilla seed (`gen:seed-tests:Block@1`) (`csan_multi30k_rows.py`);
 - in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ
   and deciding test), `vanilla-mean`, `rho`, `still-to-train` (the cells still to train), `readme-status`.
 
@@ -268,6 +271,8 @@ def vocabularies(c) -> str:
 def _directions(deltas) -> str:
     """How many successors score below, above and level with their § cells (to two decimals, as printed):
     "all three lower", "both higher", "two lower and one higher"."""
+    if len(deltas) < 2:
+        raise ValueError("directions are counted over two or more pairs")
     signs = [(d > 0) - (d < 0) for d in (round(d, 2) for d in deltas)]
     counts = {word: signs.count(sign) for word, sign in (("lower", -1), ("higher", 1), ("level", 0))}
     for word, n in counts.items():
@@ -529,26 +534,36 @@ def long_sentences(c) -> str:
                         f"{listing(values)}")
         return "; ".join(said)
 
-    def summary(cells) -> tuple[str, list[tuple[str, int]]]:
-        hits = [vs for vs in cells if longest[vs][1]]
-        mean = statistics.mean(longest[vs][0] for vs in cells)
-        return f"{mean:+.2f} on average", hits
+    def summary(cells) -> str:
+        """"+1.37 on average (...), two of them marked"; one cell: "+2.50 ⇑ (A seed 2)"."""
+        if len(cells) == 1:
+            (v, s), = cells
+            value, mark = longest[v, s]
+            return f"{value:+.2f}{' ' + mark if mark else ''} ({_cell_name(c, v, s)})"
+        hits = sum(1 for vs in cells if longest[vs][1])
+        marked_said = "both marked" if hits == 2 == len(cells) else f"{how_many(hits)} of them marked"
+        return (f"{statistics.mean(longest[vs][0] for vs in cells):+.2f} on average ({by_row(cells)}), "
+                f"{marked_said}")
 
     said = []
     for kind, cells in groups.items():
         if not cells:
             continue
-        average, hits = summary(cells)
         n = f"{number(len(cells))} {'cell' if len(cells) == 1 else 'cells'}"
-        count = f"{how_many(len(hits))} {'of them ' if len(cells) > 1 else ''}marked"
         if kind == "§":
-            said.append(f"the {n.replace(' ', ' § ')} {'is' if len(cells) == 1 else 'are'} {average} "
-                        f"({by_row(cells)}), {count}")
+            said.append(f"the {n.replace(' ', ' § ')} {'is' if len(cells) == 1 else 'are'} {summary(cells)}")
         elif kind == "same rows":
-            said.append(f"the other {n} of the rows that have or had a § cell {average} ({by_row(cells)}), {count}")
+            whose = ("one other cell" if groups["§"] else "one cell") if len(cells) == 1 else \
+                ("other " if groups["§"] else "") + n
+            said.append(f"the {whose} of the rows that have or had a § cell {summary(cells)}")
         else:
-            named = f" ({by_row(hits)})" if hits else ""
-            said.append(f"the other rows' {n} {average}, {how_many(len(hits))} marked{named}")
+            hits = [vs for vs in cells if longest[vs][1]]
+            if len(cells) == 1:
+                said.append(f"the other rows' one cell {summary(cells)}")
+            else:
+                average = statistics.mean(longest[vs][0] for vs in cells)
+                named = f" ({by_row(hits)})" if hits else ""
+                said.append(f"the other rows' {n} {average:+.2f} on average, {how_many(len(hits))} marked{named}")
     return minus("; ".join(said))
 
 

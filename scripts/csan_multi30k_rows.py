@@ -133,6 +133,8 @@ def ngram_means(c, variant: str) -> str:
     """"+0.07, +0.30, +0.12, +0.13": the row's dev-set n-gram precision gap to vanilla seed 1 (CSAN Fig. 3; the
     n-gram table's rows), 1- to 4-grams, averaged over its seeds."""
     r = _multi_seed_row(c, variant)
+    if variant not in TABLE1:
+        raise ValueError(f"{variant}: the n-gram gaps (CSAN Fig. 3) are computed for vanilla and Table 1's rows only")
     gaps = []
     for seed in r["seeds_done"]:
         records = c.ngram.get(c.system(variant, seed))
@@ -140,13 +142,18 @@ def ngram_means(c, variant: str) -> str:
             raise KeyError(f"no n-gram gap of {variant} seed {seed} in results/csan-multi30k-ngram-gap.csv (a cell "
                            "without dev hypotheses has none; else run scripts/csan_multi30k_analyses.py)")
         gaps.append([float(record["gap"]) for record in sorted(records, key=lambda record: int(record["order"]))])
+    if len({len(g) for g in gaps}) != 1:
+        raise ValueError(f"{variant}: its seeds have n-gram gaps for different orders")
     return minus(", ".join(f"{statistics.mean(order):+.2f}" for order in zip(*gaps)))
 
 
 def _t_quantile(q: float, df: float) -> float:
-    """Student's t quantile for 0.5 < q < 1 and real df > 0 (Welch's df is fractional): the CDF integrated from the
-    density by Simpson's rule, inverted by bisection; exact to far beyond the two decimals printed (there is no
-    scipy among the dependencies)."""
+    """Student's t quantile for 0.5 < q <= 0.995 and real df >= 1 (Welch's df is fractional, and at least 1 with two
+    or more seeds a side): the CDF integrated from the density by Simpson's rule, inverted by bisection; within
+    1e-6 of the exact value there (the tests check closed forms), far beyond the two decimals printed. There is no
+    scipy among the dependencies."""
+    if not (0.5 < q <= 0.995 and df >= 1):
+        raise ValueError(f"t quantile for q = {q}, df = {df}: only 0.5 < q <= 0.995 and df >= 1 are supported")
     norm = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
 
     def cdf(x: float, steps: int = 2000) -> float:
@@ -167,12 +174,18 @@ def welch(c, variant: str) -> str:
     """"−0.58 ± 1.26 (95%, 4.0 degrees of freedom; −1.84 to +0.69)": a 95% Welch t interval of the difference of the
     row's mean test BLEU and vanilla's, from the seeds' scores (sample variances), with its degrees of freedom."""
     r = _multi_seed_row(c, variant)
+    if "vanilla" not in c.rows:
+        raise KeyError("no vanilla row to set a Welch interval against")
     a, b = r["scores"]["BLEU"]["values"], c.rows["vanilla"]["scores"]["BLEU"]["values"]
     if len(b) < 2:
         raise ValueError("vanilla needs two or more seeds for a Welch interval")
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        raise ValueError(f"{variant} and vanilla each score the same on every seed: no Welch interval")
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    delta, half = statistics.mean(a) - statistics.mean(b), _t_quantile(0.975, df) * math.sqrt(va + vb)
+    # the endpoints from the printed Δ and half-width, so that the sentence adds up as read
+    delta = round(statistics.mean(a) - statistics.mean(b), 2)
+    half = round(_t_quantile(0.975, df) * math.sqrt(va + vb), 2)
     return minus(f"{delta:+.2f} ± {half:.2f} (95%, {df:.1f} degrees of freedom; {delta - half:+.2f} to "
                  f"{delta + half:+.2f})")
 

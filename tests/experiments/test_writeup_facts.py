@@ -157,9 +157,24 @@ def test_long_sentences_group_special_cells_their_rows_and_the_rest():
     c.buckets.update({system: [{"bucket": "1-8", "delta": "9.0", "sig": "⇑"}, {"bucket": ">15", "delta": d, "sig": m}]
                       for system, (d, m) in longest.items()})
     assert facts.long_sentences(c) == (
-        "the one § cell is +2.50 on average (A seed 2 +2.50 ⇑), one marked; the other three cells of the rows that "
-        "have or had a § cell +0.27 on average (A seed 1 +1.00; B seeds 1 and 2 −0.50 and +0.30), none of them marked; "
-        "the other rows' one cell +1.90 on average, one marked (C +1.90 ↑)")
+        "the one § cell is +2.50 ⇑ (A seed 2); the other three cells of the rows that have or had a § cell +0.27 on "
+        "average (A seed 1 +1.00; B seeds 1 and 2 −0.50 and +0.30), none of them marked; the other rows' one cell "
+        "+1.90 ↑ (C)")
+    # plural groups, and the day every § cell has been trained again
+    c.rows.update(A=row([1, 2, 3], special=(2, 3)), D=row([1, 2]))
+    c.order += [("A", 3), ("D", 1), ("D", 2)]
+    c.buckets.update({"A/seed-3": [{"bucket": ">15", "delta": "1.5", "sig": "↑"}],
+                      "D/seed-1": [{"bucket": ">15", "delta": "0.5", "sig": ""}],
+                      "D/seed-2": [{"bucket": ">15", "delta": "-0.5", "sig": ""}]})
+    assert facts.long_sentences(c) == (
+        "the two § cells are +2.00 on average (A seeds 2 and 3 +2.50 ⇑ and +1.50 ↑), both marked; the other three "
+        "cells of the rows that have or had a § cell +0.27 on average (A seed 1 +1.00; B seeds 1 and 2 −0.50 and "
+        "+0.30), none of them marked; the other rows' three cells +0.63 on average, one marked (C +1.90 ↑)")
+    c.rows.update(A=row([1, 2, 3]))
+    c.retired.update({("A", 2): None, ("A", 3): None})
+    assert facts.long_sentences(c).startswith(
+        "the five cells of the rows that have or had a § cell +0.96 on average (A seeds 1, 2 and 3 +1.00, +2.50 ⇑ and "
+        "+1.50 ↑; B seeds 1 and 2 −0.50 and +0.30), two of them marked; the other rows' three cells")
     del c.buckets["C/seed-1"]
     with pytest.raises(KeyError, match="no >15-word bucket test of C seed 1"):
         facts.long_sentences(c)
@@ -662,6 +677,9 @@ def test_ngram_means_average_each_order_over_the_seeds_and_refuse_a_seed_without
     c.ngram = {f"rel_pos/seed-{s}": [{"order": str(n), "gap": str(g)} for n, g in reversed(list(enumerate(row, 1)))]
                for s, row in gaps.items()}  # the CSV's order of rows does not matter
     assert rows.ngram_means(c, "Rel_Pos") == "+0.07, +0.30, +0.12, +0.13"
+    c.rows["MUSE"] = _standing((38.0, 38.5))
+    with pytest.raises(ValueError, match="vanilla and Table 1's rows only"):
+        rows.ngram_means(c, "MUSE")
     del c.ngram["rel_pos/seed-3"]
     with pytest.raises(KeyError, match="no n-gram gap of Rel_Pos seed 3"):
         rows.ngram_means(c, "Rel_Pos")
@@ -673,12 +691,32 @@ def test_t_quantile_matches_the_tables(q, df, quantile):
     assert rows._t_quantile(q, df) == pytest.approx(quantile, abs=1e-4)
 
 
+@pytest.mark.parametrize("q", [0.6, 0.9, 0.975, 0.995])
+def test_t_quantile_matches_closed_forms_and_is_monotone_in_fractional_df(q):
+    import math
+    assert rows._t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), abs=1e-6)
+    assert rows._t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), abs=1e-6)
+    assert rows._t_quantile(q, 1) > rows._t_quantile(q, 1.5) > rows._t_quantile(q, 2) > rows._t_quantile(q, 3.96)
+
+
+@pytest.mark.parametrize("q, df", [(0.5, 3), (0.999, 3), (0.975, 0.5)])
+def test_t_quantile_refuses_what_it_cannot_do_exactly(q, df):
+    with pytest.raises(ValueError, match="only 0.5 < q <= 0.995 and df >= 1"):
+        rows._t_quantile(q, df)
+
+
 def test_welch_interval_of_a_row_against_vanilla():
     c = _grid(A=_standing((38.02, 36.92, 37.14)))
     c.rows["vanilla"] = _standing((38.50, 37.45, 37.86))
-    # by hand: sample variances 0.3388 and 0.2800 over 3 seeds each, df = 3.96, t(0.975, 3.96) = 2.785,
-    # half-width 2.785 x 0.4542 = 1.265
-    assert rows.welch(c, "A") == "−0.58 ± 1.27 (95%, 4.0 degrees of freedom; −1.84 to +0.69)"
+    # by hand: sample variances 0.3388 and 0.2800 over 3 seeds each, df = 3.96, t(0.975, 3.96) = 2.786; Δ −0.577
+    # prints −0.58, the half-width 2.786 x 0.4542 = 1.2655 prints 1.27, and the endpoints are the printed ones
+    assert rows.welch(c, "A") == "−0.58 ± 1.27 (95%, 4.0 degrees of freedom; −1.85 to +0.69)"
+    c.rows["A"] = _standing((38.0, 37.0))  # a two-seed row: df = 1.69, t = 5.144 (mpmath), 5.144 x 0.5783 = 2.975
+    c.rows["vanilla"] = _standing((38.5, 37.5, 37.9))
+    assert rows.welch(c, "A") == "−0.47 ± 2.97 (95%, 1.7 degrees of freedom; −3.44 to +2.50)"
+    c.rows["A"], c.rows["vanilla"] = _standing((38.0, 38.0)), _standing((37.0, 37.0))
+    with pytest.raises(ValueError, match="each score the same on every seed"):
+        rows.welch(c, "A")
     c.rows["vanilla"] = _standing((38.0,))
     with pytest.raises(ValueError, match="vanilla needs two or more seeds"):
         rows.welch(c, "A")
