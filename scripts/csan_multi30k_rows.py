@@ -7,6 +7,7 @@ row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi
 - `seeds-brief`: its seeds' scores (§ marked), then mean ± sd, Δ, seed-level p and the seed-matched marks;
 - `mean-brief`: its mean ± sd, Δ and seed-level p alone, for lists of rows;
 - `seed-matched`: each seed's mark against the vanilla run that shares its seed ("n.s., ⇑, n.s.");
+- `seed-matched-deltas`: the same tests' directions, Δs and p-values in words, and which of them are significant;
 - `ngram-means`: its n-gram precision gaps to vanilla seed 1 on the dev set, 1- to 4-grams, averaged over its seeds;
 - `welch`: a 95% Welch interval of the difference of its mean test BLEU and vanilla's, over the seeds' scores;
 - `seed-tests` (one cell, `<!-- gen:seed-tests:Block@1 -->`): the cell against each vanilla seed, marks in words.
@@ -129,6 +130,41 @@ def seed_matched(c, variant: str) -> str:
     return _seed_matched(_multi_seed_row(c, variant), variant)
 
 
+def seed_matched_deltas(c, variant: str) -> str:
+    """"below the same-seed vanilla run every time (−0.48, −0.52, −0.72; p = 0.085, 0.12, 0.059), but no single test
+    is significant": each of the row's seeds against the vanilla run that shares its seed, by sacreBLEU's paired
+    bootstrap (the pairwise CSV), in seed order; the direction said once when all agree, per seed otherwise."""
+    r = _multi_seed_row(c, variant)
+    tests = {}
+    for s in r["seeds_done"]:
+        try:
+            tests[s] = c.test(variant, s, s)
+        except KeyError:
+            raise KeyError(f"no paired test of {variant} seed {s} against vanilla seed {s} in "
+                           "results/csan-multi30k-pairwise.csv: run scripts/csan_multi30k_analyses.py") from None
+    deltas = {s: float(t["delta"]) for s, t in tests.items()}
+    sides = {s: "above" if d > 0 else "below" if d < 0 else "level with" for s, d in deltas.items()}
+    if len(set(sides.values())) == 1:
+        said = f"{next(iter(sides.values()))} the same-seed vanilla run every time"
+    else:
+        groups: dict[str, list[int]] = {}
+        for s, side in sides.items():
+            groups.setdefault(side, []).append(s)
+        said = listing([f"{side} {'the same-seed vanilla run' if i == 0 else 'it'} for {seeds_phrase(tuple(seeds))}"
+                        for i, (side, seeds) in enumerate(groups.items())])
+    figures = (", ".join(f"{d:+.2f}" for d in deltas.values()) + "; p = "
+               + ", ".join(p_prose(float(t["p"])) for t in tests.values()))
+    marked = [(s, t["sig"]) for s, t in tests.items() if t["sig"]]
+    if not marked:
+        verdict_said = "but no single test is significant"
+    elif len(marked) == len(tests):
+        verdict_said = "every test significant (" + ", ".join(m for _, m in marked) + ")"
+    else:
+        verdict_said = (f"the {'test' if len(marked) == 1 else 'tests'} of {seeds_phrase(tuple(s for s, _ in marked))} "
+                        f"significant (" + ", ".join(m for _, m in marked) + ")")
+    return minus(f"{said} ({figures}), {verdict_said}")
+
+
 def ngram_means(c, variant: str) -> str:
     """"+0.07, +0.30, +0.12, +0.13": the row's dev-set n-gram precision gap to vanilla seed 1 (CSAN Fig. 3; the
     n-gram table's rows), 1- to 4-grams, averaged over its seeds."""
@@ -233,5 +269,5 @@ def seed_tests(c, variant: str, seed: int) -> str:
 
 ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief,  # gen:NAME:VARIANT
               "mean-brief": mean_brief, "seed-matched": seed_matched, "ngram-means": ngram_means,
-              "welch": welch}
+              "welch": welch, "seed-matched-deltas": seed_matched_deltas}
 CELL_BLOCKS = {"seed-tests": seed_tests}  # gen:NAME:VARIANT@SEED

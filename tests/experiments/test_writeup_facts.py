@@ -770,3 +770,33 @@ def test_listing_groups_keeps_lists_inside_groups_apart():
     assert words.listing_groups(["seed 1 of A and B", "C seed 2"]) == "seed 1 of A and B, and C seed 2"
     assert words.listing_groups(["x, y", "z", "w and v"]) == "x, y; z; and w and v"
     assert words.listing_groups(["A seed 1", "seeds 2 and 3 of B and C"]) == "A seed 1 and seeds 2 and 3 of B and C"
+
+
+def test_seed_matched_deltas_say_each_seed_against_the_vanilla_run_sharing_it():
+    c = _tested(_grid(**{"1D-CSAN": _standing((38.02, 36.92, 37.14))}), {
+        ("1D-CSAN", 1): [(-0.48, 0.085, ""), (0.57, 0.108, ""), (0.16, 0.276, "")],
+        ("1D-CSAN", 2): [(-1.58, 0.001, "⇓"), (-0.52, 0.115, ""), (-0.93, 0.02, "↓")],
+        ("1D-CSAN", 3): [(-1.36, 0.002, "⇓"), (-0.31, 0.2, ""), (-0.72, 0.059, "")]})
+    assert rows.seed_matched_deltas(c, "1D-CSAN") == (
+        "below the same-seed vanilla run every time (−0.48, −0.52, −0.72; p = 0.085, 0.12, 0.059), but no single "
+        "test is significant")
+    # mixed directions name the seeds of each side; marked tests are named with their marks
+    c = _tested(_grid(CNNs=_standing((38.9, 38.6, 37.0))), {
+        ("CNNs", 1): [(0.43, 0.14, ""), (1.49, 0.004, "⇑"), (1.08, 0.012, "↑")],
+        ("CNNs", 2): [(0.44, 0.14, ""), (1.14, 0.017, "↑"), (1.08, 0.012, "↑")],
+        ("CNNs", 3): [(-0.5, 0.1, ""), (0.5, 0.1, ""), (-1.2, 0.01, "↓")]})
+    assert rows.seed_matched_deltas(c, "CNNs") == (
+        "above the same-seed vanilla run for seeds 1 and 2 and below it for seed 3 (+0.43, +1.14, −1.20; "
+        "p = 0.14, 0.017, 0.010), the tests of seeds 2 and 3 significant (↑, ↓)")
+    c.test = lambda v, s, k: {"delta": "-1.0", "p": "0.004", "sig": "⇓"}
+    assert rows.seed_matched_deltas(c, "CNNs") == (
+        "below the same-seed vanilla run every time (−1.00, −1.00, −1.00; p = 0.004, 0.004, 0.004), every test "
+        "significant (⇓, ⇓, ⇓)")
+    assert facts.fill("x <!-- gen:seed-matched-deltas:CNNs -->old<!-- /gen -->", c).startswith(
+        "x <!-- gen:seed-matched-deltas:CNNs -->below the same-seed")
+
+    def missing(v, s, k):
+        raise KeyError((v, s, k))
+    c.test = missing
+    with pytest.raises(KeyError, match="no paired test of CNNs seed 1 against vanilla seed 1"):
+        rows.seed_matched_deltas(c, "CNNs")
