@@ -24,8 +24,8 @@ text around it is the author's. The blocks:
 - `long-sentences`: BLEU beyond 15 source words against vanilla seed 1 for the § cells, the other cells of their
   rows and the other rows' cells;
 - one row's standing, where a sentence gives it (the block names the row: `gen:rank:Block`): `verdict`, `rank`,
-  `row-stats`, `seeds-brief`, `mean-brief`, `seed-matched`, `seed-matched-deltas`, `ngram-means`, `welch`; and one cell's tests against
-  each vanilla seed (`gen:seed-tests:Block@1`) (`csan_multi30k_rows.py`);
+  `row-stats`, `seeds-brief`, `mean-brief`, `seed-matched`, `seed-matched-deltas`, `ngram-means`, `welch`,
+  `welch-holds`; and one cell's tests against each vanilla seed (`gen:seed-tests:Block@1`) (`csan_multi30k_rows.py`);
 - in the README's section on the grid ("where it stands"): `readme-table1`, `readme-others` (each row's mean, Δ
   and deciding test), `vanilla-mean`, `rho`, `still-to-train` (the cells still to train), `readme-status`.
 

@@ -10,6 +10,7 @@ row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi
 - `seed-matched-deltas`: the same tests' directions, Δs and p-values in words, and which of them are significant;
 - `ngram-means`: its n-gram precision gaps to vanilla seed 1 on the dev set, 1- to 4-grams, averaged over its seeds;
 - `welch`: a 95% Welch interval of the difference of its mean test BLEU and vanilla's, over the seeds' scores;
+- `welch-holds`: whether that interval takes in no difference and the paper's Δ, and how near its end that Δ is;
 - `seed-tests` (one cell, `<!-- gen:seed-tests:Block@1 -->`): the cell against each vanilla seed, marks in words.
 
 Each takes the tables script's `Cells` (`table.json`'s rows and the pairwise tests) and the row's name.
@@ -201,9 +202,9 @@ def _t_quantile(q: float, df: float) -> float:
     return float(mpmath.findroot(tail_gap, (high / 2 if high > 1 else 0.0, high), solver="anderson"))
 
 
-def welch(c, variant: str) -> str:
-    """"−0.58 ± 1.26 (95%, 4.0 degrees of freedom; −1.84 to +0.69)": a 95% Welch t interval of the difference of the
-    row's mean test BLEU and vanilla's, from the seeds' scores (sample variances), with its degrees of freedom."""
+def _welch(c, variant: str) -> tuple[float, float, float]:
+    """Δ (printed precision), the 95% half-width (likewise) and Welch's degrees of freedom of the row's mean test BLEU
+    against vanilla's, from the seeds' scores (sample variances)."""
     r = _multi_seed_row(c, variant)
     if "vanilla" not in c.rows:
         raise KeyError("no vanilla row to set a Welch interval against")
@@ -214,11 +215,33 @@ def welch(c, variant: str) -> str:
     if va + vb == 0:
         raise ValueError(f"{variant} and vanilla each score the same on every seed: no Welch interval")
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    # the endpoints from the printed Δ and half-width, so that the sentence adds up as read
-    delta = round(statistics.mean(a) - statistics.mean(b), 2)
-    half = round(_t_quantile(0.975, df) * math.sqrt(va + vb), 2)
+    # the endpoints from the printed Δ and half-width, so that the sentences add up as read
+    return round(statistics.mean(a) - statistics.mean(b), 2), round(_t_quantile(0.975, df) * math.sqrt(va + vb), 2), df
+
+
+def welch(c, variant: str) -> str:
+    """"−0.58 ± 1.26 (95%, 4.0 degrees of freedom; −1.84 to +0.69)": a 95% Welch t interval of the difference of the
+    row's mean test BLEU and vanilla's, from the seeds' scores (sample variances), with its degrees of freedom."""
+    delta, half, df = _welch(c, variant)
     return minus(f"{delta:+.2f} ± {half:.2f} (95%, {df:.1f} degrees of freedom; {delta - half:+.2f} to "
                  f"{delta + half:+.2f})")
+
+
+def welch_holds(c, variant: str) -> str:
+    """"holds both no difference and the paper's +0.55 (0.13 inside its upper end)": whether `welch`'s interval
+    takes in zero and the paper's Δ, and how far the paper's Δ is from the interval's nearer end."""
+    paper = c.rows[variant].get("paper_delta") if variant in c.rows else None
+    delta, half, _ = _welch(c, variant)
+    if paper is None:
+        raise ValueError(f"{variant}: no paper Δ to set against its Welch interval")
+    low, high = round(delta - half, 2), round(delta + half, 2)
+    zero_in, paper_in = low <= 0 <= high, low <= paper <= high
+    end = "upper" if abs(high - paper) <= abs(paper - low) else "lower"
+    where = (f"{min(high - paper, paper - low):.2f} inside its {end} end" if paper_in
+             else f"{paper - high if paper > high else low - paper:.2f} beyond its {'upper' if paper > high else 'lower'} end")
+    said = {(True, True): "holds both no difference and", (True, False): "holds no difference but not",
+            (False, True): "excludes no difference but holds", (False, False): "holds neither no difference nor"}
+    return minus(f"{said[zero_in, paper_in]} the paper's {paper:+.2f} ({where})")
 
 
 def row_stats(c, variant: str) -> str:
@@ -269,5 +292,5 @@ def seed_tests(c, variant: str, seed: int) -> str:
 
 ROW_BLOCKS = {"verdict": verdict, "rank": rank, "row-stats": row_stats, "seeds-brief": seeds_brief,  # gen:NAME:VARIANT
               "mean-brief": mean_brief, "seed-matched": seed_matched, "ngram-means": ngram_means,
-              "welch": welch, "seed-matched-deltas": seed_matched_deltas}
+              "welch": welch, "welch-holds": welch_holds, "seed-matched-deltas": seed_matched_deltas}
 CELL_BLOCKS = {"seed-tests": seed_tests}  # gen:NAME:VARIANT@SEED

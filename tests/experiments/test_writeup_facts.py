@@ -800,3 +800,23 @@ def test_seed_matched_deltas_say_each_seed_against_the_vanilla_run_sharing_it():
     c.test = missing
     with pytest.raises(KeyError, match="no paired test of CNNs seed 1 against vanilla seed 1"):
         rows.seed_matched_deltas(c, "CNNs")
+
+
+def test_welch_holds_says_whether_the_interval_takes_in_zero_and_the_paper_delta():
+    c = _grid(A=_standing((38.02, 36.92, 37.14), paper_delta=0.55))
+    c.rows["vanilla"] = _standing((38.50, 37.45, 37.86), paper_delta=None)
+    assert rows.welch(c, "A") == "−0.58 ± 1.27 (95%, 4.0 degrees of freedom; −1.85 to +0.69)"
+    assert rows.welch_holds(c, "A") == "holds both no difference and the paper's +0.55 (0.14 inside its upper end)"
+    c.rows["A"]["paper_delta"] = 0.87  # beyond the upper end +0.69
+    assert rows.welch_holds(c, "A") == "holds no difference but not the paper's +0.87 (0.18 beyond its upper end)"
+    c.rows["A"] = _standing((35.0, 35.2, 35.1), paper_delta=-2.0)  # Δ −2.84 ± 1.34: below zero, the paper's inside
+    assert rows.welch_holds(c, "A").startswith("excludes no difference but holds the paper's −2.00 (")
+    c.rows["A"]["paper_delta"] = 0.5
+    assert rows.welch_holds(c, "A").startswith("holds neither no difference nor the paper's +0.50 (")
+    assert rows.welch_holds(c, "A").endswith(" beyond its upper end)")
+    c.rows["A"]["paper_delta"] = None
+    with pytest.raises(ValueError, match="no paper Δ"):
+        rows.welch_holds(c, "A")
+    filled = facts.fill("<!-- gen:welch-holds:A --><!-- /gen -->", _grid(A=_standing((36.0, 37.0), paper_delta=0.3)))
+    assert filled.startswith("<!-- gen:welch-holds:A -->holds both no difference and the paper's +0.30 (")
+    assert filled.endswith(" inside its upper end)<!-- /gen -->")
