@@ -10,7 +10,8 @@ row (`<!-- gen:rank:Block -->`), filled by `csan_multi30k_facts.fill` in a multi
 - `seed-matched-deltas`: the same tests' directions, Δs and p-values in words, and which of them are significant;
 - `ngram-means`: its n-gram precision gaps to vanilla seed 1 on the dev set, 1- to 4-grams, averaged over its seeds;
 - `welch`: a 95% Welch interval of the difference of its mean test BLEU and vanilla's, over the seeds' scores;
-- `welch-holds`: whether that interval takes in no difference and the paper's Δ, and how near its end that Δ is;
+- `welch-holds`: whether that interval takes in no difference and the paper's Δ, and how far inside or beyond its
+  nearer end that Δ lies;
 - `seed-tests` (one cell, `<!-- gen:seed-tests:Block@1 -->`): the cell against each vanilla seed, marks in words.
 
 Each takes the tables script's `Cells` (`table.json`'s rows and the pairwise tests) and the row's name.
@@ -132,37 +133,33 @@ def seed_matched(c, variant: str) -> str:
 
 
 def seed_matched_deltas(c, variant: str) -> str:
-    """"below the same-seed vanilla run every time (−0.48, −0.52, −0.72; p = 0.085, 0.12, 0.059), but no single test
-    is significant": each of the row's seeds against the vanilla run that shares its seed, by sacreBLEU's paired
-    bootstrap (the pairwise CSV), in seed order; the direction said once when all agree, per seed otherwise."""
+    """"below the same-seed vanilla run every time (−0.48, −0.52, −0.72; p = 0.085, 0.11, 0.059), but no single test
+    is significant": each of the row's seeds against the vanilla run that shares its seed (the compare table's
+    seed-matched tests, the ones `seed-matched` marks), in seed order; the direction, from the Δ as printed, said once
+    when all seeds agree and per seed otherwise."""
     r = _multi_seed_row(c, variant)
-    tests = {}
-    for s in r["seeds_done"]:
-        try:
-            tests[s] = c.test(variant, s, s)
-        except KeyError:
-            raise KeyError(f"no paired test of {variant} seed {s} against vanilla seed {s} in "
-                           "results/csan-multi30k-pairwise.csv: run scripts/csan_multi30k_analyses.py") from None
-    deltas = {s: float(t["delta"]) for s, t in tests.items()}
+    _seed_matched(r, variant)  # one test per seed, in seed order
+    deltas = {t["seed"]: round(t["delta"], 2) + 0.0 for t in r["tests"]}  # + 0.0: no "−0.00"
     sides = {s: "above" if d > 0 else "below" if d < 0 else "level with" for s, d in deltas.items()}
-    if len(set(sides.values())) == 1:
-        said = f"{next(iter(sides.values()))} the same-seed vanilla run every time"
+    groups: dict[str, list[int]] = {}
+    for s, side in sides.items():
+        groups.setdefault(side, []).append(s)
+    if len(groups) == 1:
+        said = f"{next(iter(groups))} the same-seed vanilla run every time"
     else:
-        groups: dict[str, list[int]] = {}
-        for s, side in sides.items():
-            groups.setdefault(side, []).append(s)
-        said = listing([f"{side} {'the same-seed vanilla run' if i == 0 else 'it'} for {seeds_phrase(tuple(seeds))}"
-                        for i, (side, seeds) in enumerate(groups.items())])
-    figures = (", ".join(f"{d:+.2f}" for d in deltas.values()) + "; p = "
-               + ", ".join(p_prose(float(t["p"])) for t in tests.values()))
-    marked = [(s, t["sig"]) for s, t in tests.items() if t["sig"]]
+        said = listing_groups([f"{side} {'the same-seed vanilla run' if i == 0 else 'it'} for "
+                               f"{seeds_phrase(tuple(seeds))}" for i, (side, seeds) in enumerate(groups.items())])
+    figures = (", ".join(f"{d:+.2f}" if d else "0.00" for d in deltas.values()) + "; p = "
+               + ", ".join(p_prose(t["p_value"]) for t in r["tests"]))
+    marked = [(t["seed"], t["mark"]) for t in r["tests"] if t["mark"]]
     if not marked:
-        verdict_said = "but no single test is significant"
-    elif len(marked) == len(tests):
+        agree = len(groups) == 1 and "level with" not in groups
+        verdict_said = "but no single test is significant" if agree else "and no single test is significant"
+    elif len(marked) == len(r["tests"]):
         verdict_said = "every test significant (" + ", ".join(m for _, m in marked) + ")"
     else:
         verdict_said = (f"the {'test' if len(marked) == 1 else 'tests'} of {seeds_phrase(tuple(s for s, _ in marked))} "
-                        f"significant (" + ", ".join(m for _, m in marked) + ")")
+                        "significant (" + ", ".join(m for _, m in marked) + ")")
     return minus(f"{said} ({figures}), {verdict_said}")
 
 
@@ -220,7 +217,7 @@ def _welch(c, variant: str) -> tuple[float, float, float]:
 
 
 def welch(c, variant: str) -> str:
-    """"−0.58 ± 1.26 (95%, 4.0 degrees of freedom; −1.84 to +0.69)": a 95% Welch t interval of the difference of the
+    """"−0.58 ± 1.26 (95%, 4.0 degrees of freedom; −1.84 to +0.68)": a 95% Welch t interval of the difference of the
     row's mean test BLEU and vanilla's, from the seeds' scores (sample variances), with its degrees of freedom."""
     delta, half, df = _welch(c, variant)
     return minus(f"{delta:+.2f} ± {half:.2f} (95%, {df:.1f} degrees of freedom; {delta - half:+.2f} to "
@@ -228,19 +225,23 @@ def welch(c, variant: str) -> str:
 
 
 def welch_holds(c, variant: str) -> str:
-    """"holds both no difference and the paper's +0.55 (0.13 inside its upper end)": whether `welch`'s interval
-    takes in zero and the paper's Δ, and how far the paper's Δ is from the interval's nearer end."""
+    """"holds both no difference and the paper's +0.55 (0.13 inside its upper end)": whether `welch`'s interval, as
+    printed, takes in zero and the paper's Δ (to 2 decimals, as printed), and how far inside or beyond the interval's
+    nearer end that Δ lies."""
     paper = c.rows[variant].get("paper_delta") if variant in c.rows else None
     delta, half, _ = _welch(c, variant)
     if paper is None:
         raise ValueError(f"{variant}: no paper Δ to set against its Welch interval")
-    low, high = round(delta - half, 2), round(delta + half, 2)
+    paper, low, high = round(paper, 2) + 0.0, round(delta - half, 2), round(delta + half, 2)
     zero_in, paper_in = low <= 0 <= high, low <= paper <= high
-    end = "upper" if abs(high - paper) <= abs(paper - low) else "lower"
-    where = (f"{min(high - paper, paper - low):.2f} inside its {end} end" if paper_in
-             else f"{paper - high if paper > high else low - paper:.2f} beyond its {'upper' if paper > high else 'lower'} end")
-    said = {(True, True): "holds both no difference and", (True, False): "holds no difference but not",
-            (False, True): "excludes no difference but holds", (False, False): "holds neither no difference nor"}
+    end = "upper" if (abs(high - paper) <= abs(paper - low) if paper_in else paper > high) else "lower"
+    gap = round(min(abs(high - paper), abs(paper - low)), 2)
+    where = f"at its {end} end" if gap == 0 else f"{gap:.2f} {'inside' if paper_in else 'beyond'} its {end} end"
+    zero_side = "above" if low > 0 else "below"
+    said = {(True, True): "holds both no difference and",
+            (True, False): "holds no difference but not",
+            (False, True): f"lies wholly {zero_side} zero (no difference) but holds",
+            (False, False): "holds neither zero (no difference) nor"}
     return minus(f"{said[zero_in, paper_in]} the paper's {paper:+.2f} ({where})")
 
 

@@ -772,51 +772,77 @@ def test_listing_groups_keeps_lists_inside_groups_apart():
     assert words.listing_groups(["A seed 1", "seeds 2 and 3 of B and C"]) == "A seed 1 and seeds 2 and 3 of B and C"
 
 
-def test_seed_matched_deltas_say_each_seed_against_the_vanilla_run_sharing_it():
-    c = _tested(_grid(**{"1D-CSAN": _standing((38.02, 36.92, 37.14))}), {
-        ("1D-CSAN", 1): [(-0.48, 0.085, ""), (0.57, 0.108, ""), (0.16, 0.276, "")],
-        ("1D-CSAN", 2): [(-1.58, 0.001, "⇓"), (-0.52, 0.115, ""), (-0.93, 0.02, "↓")],
-        ("1D-CSAN", 3): [(-1.36, 0.002, "⇓"), (-0.31, 0.2, ""), (-0.72, 0.059, "")]})
-    assert rows.seed_matched_deltas(c, "1D-CSAN") == (
-        "below the same-seed vanilla run every time (−0.48, −0.52, −0.72; p = 0.085, 0.12, 0.059), but no single "
-        "test is significant")
-    # mixed directions name the seeds of each side; marked tests are named with their marks
-    c = _tested(_grid(CNNs=_standing((38.9, 38.6, 37.0))), {
-        ("CNNs", 1): [(0.43, 0.14, ""), (1.49, 0.004, "⇑"), (1.08, 0.012, "↑")],
-        ("CNNs", 2): [(0.44, 0.14, ""), (1.14, 0.017, "↑"), (1.08, 0.012, "↑")],
-        ("CNNs", 3): [(-0.5, 0.1, ""), (0.5, 0.1, ""), (-1.2, 0.01, "↓")]})
-    assert rows.seed_matched_deltas(c, "CNNs") == (
-        "above the same-seed vanilla run for seeds 1 and 2 and below it for seed 3 (+0.43, +1.14, −1.20; "
-        "p = 0.14, 0.017, 0.010), the tests of seeds 2 and 3 significant (↑, ↓)")
-    c.test = lambda v, s, k: {"delta": "-1.0", "p": "0.004", "sig": "⇓"}
-    assert rows.seed_matched_deltas(c, "CNNs") == (
-        "below the same-seed vanilla run every time (−1.00, −1.00, −1.00; p = 0.004, 0.004, 0.004), every test "
-        "significant (⇓, ⇓, ⇓)")
-    assert facts.fill("x <!-- gen:seed-matched-deltas:CNNs -->old<!-- /gen -->", c).startswith(
-        "x <!-- gen:seed-matched-deltas:CNNs -->below the same-seed")
-
-    def missing(v, s, k):
-        raise KeyError((v, s, k))
-    c.test = missing
-    with pytest.raises(KeyError, match="no paired test of CNNs seed 1 against vanilla seed 1"):
-        rows.seed_matched_deltas(c, "CNNs")
+def _matched(bleu, tests):
+    """A row whose seed-matched tests (seed i against vanilla seed i) are ``tests``: (Δ, p, mark) per seed."""
+    r = _standing(bleu)
+    r["tests"] = [{"seed": s, "delta": d, "p_value": p, "mark": m} for s, (d, p, m) in enumerate(tests, 1)]
+    return r
 
 
-def test_welch_holds_says_whether_the_interval_takes_in_zero_and_the_paper_delta():
-    c = _grid(A=_standing((38.02, 36.92, 37.14), paper_delta=0.55))
+@pytest.mark.parametrize("tests, said", [
+    ([(-0.4836, 0.0849, ""), (-0.5237, 0.1149, ""), (-0.7194, 0.0589, "")],
+     "below the same-seed vanilla run every time (−0.48, −0.52, −0.72; p = 0.085, 0.11, 0.059), but no single test "
+     "is significant"),
+    ([(0.43, 0.14, ""), (1.14, 0.017, "↑"), (-1.2, 0.01, "↓")],
+     "above the same-seed vanilla run for seeds 1 and 2, and below it for seed 3 (+0.43, +1.14, −1.20; "
+     "p = 0.14, 0.017, 0.010), the tests of seeds 2 and 3 significant (↑, ↓)"),
+    ([(0.43, 0.14, ""), (-0.5, 0.1, ""), (0.6, 0.09, "")],
+     "above the same-seed vanilla run for seeds 1 and 3, and below it for seed 2 (+0.43, −0.50, +0.60; "
+     "p = 0.14, 0.10, 0.090), and no single test is significant"),
+    ([(0.004, 0.45, ""), (-1.58, 0.001, "⇓"), (0.3, 0.2, "")],  # a Δ printed 0.00 is level, not above
+     "level with the same-seed vanilla run for seed 1, below it for seed 2 and above it for seed 3 (0.00, −1.58, "
+     "+0.30; p = 0.45, 0.001, 0.20), the test of seed 2 significant (⇓)"),
+    ([(-0.003, 0.48, ""), (0.002, 0.49, "")],
+     "level with the same-seed vanilla run every time (0.00, 0.00; p = 0.48, 0.49), and no single test is "
+     "significant"),
+    ([(1.5, 0.004, "⇑"), (-1.2, 0.01, "↓")],
+     "above the same-seed vanilla run for seed 1 and below it for seed 2 (+1.50, −1.20; p = 0.004, 0.010), every "
+     "test significant (⇑, ↓)"),
+])
+def test_seed_matched_deltas_say_each_seed_against_the_vanilla_run_sharing_it(tests, said):
+    c = _grid(A=_matched([38.0] * len(tests), tests))
+    assert rows.seed_matched_deltas(c, "A") == said
+    assert facts.fill("It is <!-- gen:seed-matched-deltas:A -->old<!-- /gen -->.", c) == (
+        f"It is <!-- gen:seed-matched-deltas:A -->{said}<!-- /gen -->.")
+
+
+def test_seed_matched_deltas_need_one_test_per_seed():
+    c = _grid(A=_matched([38.0, 38.5], [(0.1, 0.3, "")]))
+    with pytest.raises(ValueError, match=r"seed-matched tests for seeds \[1\], not for each of its seeds \[1, 2\]"):
+        rows.seed_matched_deltas(c, "A")
+
+
+def _welch_row(paper_delta):
+    """1D-CSAN's three seeds against vanilla's: −0.58 ± 1.27, −1.85 to +0.69 (test_welch_interval_...)."""
+    c = _grid(A=_standing((38.02, 36.92, 37.14), paper_delta=paper_delta))
     c.rows["vanilla"] = _standing((38.50, 37.45, 37.86), paper_delta=None)
+    return c
+
+
+@pytest.mark.parametrize("paper, said", [
+    (0.5500000000000007, "holds both no difference and the paper's +0.55 (0.14 inside its upper end)"),
+    (-1.5, "holds both no difference and the paper's −1.50 (0.35 inside its lower end)"),
+    (0.6900000000000013, "holds both no difference and the paper's +0.69 (at its upper end)"),
+    (-1.8500000000000014, "holds both no difference and the paper's −1.85 (at its lower end)"),
+    (0.87, "holds no difference but not the paper's +0.87 (0.18 beyond its upper end)"),
+    (-2.0, "holds no difference but not the paper's −2.00 (0.15 beyond its lower end)"),
+])
+def test_welch_holds_says_whether_the_printed_interval_takes_in_zero_and_the_paper_delta(paper, said):
+    c = _welch_row(paper)
     assert rows.welch(c, "A") == "−0.58 ± 1.27 (95%, 4.0 degrees of freedom; −1.85 to +0.69)"
-    assert rows.welch_holds(c, "A") == "holds both no difference and the paper's +0.55 (0.14 inside its upper end)"
-    c.rows["A"]["paper_delta"] = 0.87  # beyond the upper end +0.69
-    assert rows.welch_holds(c, "A") == "holds no difference but not the paper's +0.87 (0.18 beyond its upper end)"
-    c.rows["A"] = _standing((35.0, 35.2, 35.1), paper_delta=-2.0)  # Δ −2.84 ± 1.34: below zero, the paper's inside
-    assert rows.welch_holds(c, "A").startswith("excludes no difference but holds the paper's −2.00 (")
+    assert rows.welch_holds(c, "A") == said
+    assert facts.fill("which <!-- gen:welch-holds:A --><!-- /gen -->.", c) == (
+        f"which <!-- gen:welch-holds:A -->{said}<!-- /gen -->.")
+
+
+def test_welch_holds_an_interval_that_leaves_out_zero():
+    c = _welch_row(-2.0)
+    c.rows["A"]["scores"]["BLEU"].update(values=[35.0, 35.2, 35.1], mean=35.1)  # Δ −2.84 ± 1.26: −4.10 to −1.58
+    assert rows.welch(c, "A") == "−2.84 ± 1.26 (95%, 2.1 degrees of freedom; −4.10 to −1.58)"
+    assert rows.welch_holds(c, "A") == (
+        "lies wholly below zero (no difference) but holds the paper's −2.00 (0.42 inside its upper end)")
     c.rows["A"]["paper_delta"] = 0.5
-    assert rows.welch_holds(c, "A").startswith("holds neither no difference nor the paper's +0.50 (")
-    assert rows.welch_holds(c, "A").endswith(" beyond its upper end)")
+    assert rows.welch_holds(c, "A") == "holds neither zero (no difference) nor the paper's +0.50 (2.08 beyond its upper end)"
     c.rows["A"]["paper_delta"] = None
     with pytest.raises(ValueError, match="no paper Δ"):
         rows.welch_holds(c, "A")
-    filled = facts.fill("<!-- gen:welch-holds:A --><!-- /gen -->", _grid(A=_standing((36.0, 37.0), paper_delta=0.3)))
-    assert filled.startswith("<!-- gen:welch-holds:A -->holds both no difference and the paper's +0.30 (")
-    assert filled.endswith(" inside its upper end)<!-- /gen -->")
