@@ -257,6 +257,33 @@ def test_rank_0_started_by_hand_names_a_taken_port_and_ranks_that_never_come(mon
             pass
 
 
+# A rank unwinding after rank 0 failed froze in CI: freeing its DDP model freed the process group last, and
+# gloo's destructor (run with the GIL held) joined a worker thread that needed the GIL to free the last
+# broadcast's tensors. That race cannot be forced from here; what prevents it can be checked: the group outlives
+# the model built on it.
+def test_a_torn_down_process_group_outlives_the_ddp_model_built_on_it():
+    import gc
+
+    import torch.distributed as dist
+
+    from sanlab.training import distributed
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        model(torch.ones(1, 2)).sum().backward()  # the reducer's all-reduce, on gloo's worker threads
+        box = ["after a collective"]
+        dist.broadcast_object_list(box, src=0)
+        group = dist.group.WORLD
+    finally:
+        distributed._tear_down()
+    assert not dist.is_initialized()
+    del model
+    gc.collect()
+    assert distributed._RETIRED_GROUPS == [group]  # held here, not freed by the model
+    distributed._RETIRED_GROUPS.clear()
+
+
 def test_bad_master_variables_are_named(monkeypatch):
     from sanlab.training.distributed import from_environment
 

@@ -13,6 +13,7 @@ collectives are identities, so the training loop has one code path.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import os
@@ -33,6 +34,14 @@ COLLECTIVE_TIMEOUT = timedelta(hours=4)
 # MASTER_ADDR:MASTER_PORT. Apart from COLLECTIVE_TIMEOUT, which would otherwise bound the meeting too: a rank whose
 # rank 0 never came up (its port taken, a typo in MASTER_ADDR) waited 4 hours before saying anything.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
+
+# Process groups torn down but still referenced here, released when the next group is set up or at exit. A DDP
+# model's C++ reducer holds its group too; were it the last holder, Python freeing the model (say, a rank unwinding
+# after rank 0 failed) would run gloo's destructor with the GIL held, and that destructor joins the worker threads,
+# one of which may still be freeing the last collective's tensors and need the GIL: both wait forever (seen in
+# CI). Held here, the group outlives any model built on it and is freed later, its workers long idle.
+_RETIRED_GROUPS: list[Any] = []
+atexit.register(_RETIRED_GROUPS.clear)
 
 
 def _no_buffer_sync() -> dict[str, bool]:
@@ -126,6 +135,7 @@ def from_environment(device: torch.device = torch.device("cpu"),
     rank = int(os.environ["RANK"])
     owns_group = not dist.is_initialized()
     if owns_group:
+        _RETIRED_GROUPS.clear()  # (the models of a run before this one are freed, or their workers idle)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # the object collectives (broadcast, gather) use the current device
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -138,7 +148,13 @@ def from_environment(device: torch.device = torch.device("cpu"),
         yield Distributed(rank=rank, world_size=world_size, device=device)
     finally:
         if owns_group:
-            dist.destroy_process_group()
+            _tear_down()
+
+
+def _tear_down() -> None:
+    """Destroy the default process group, keeping its object in ``_RETIRED_GROUPS`` (why: there)."""
+    _RETIRED_GROUPS.append(dist.group.WORLD)
+    dist.destroy_process_group()
 
 
 def _launched_by_torchrun() -> bool:
