@@ -246,8 +246,9 @@ def vocabularies(c) -> str:
     if no_dev:
         lost = listing([f"{v} seed {s}" for v, s in no_dev])
         text += f"; the dev figures leave out {lost}, which {'has' if len(no_dev) == 1 else 'have'} no dev hypotheses"
-    text += (f"). Their dev BLEU is {more(dev_s, dev_o)} ({dev_s:.2f} against {dev_o:.2f}), "
-             + ("and so is their test BLEU" if same else f"but their test BLEU is {more(test_s, test_o)}")
+    their = "its" if n_special == 1 else "their"
+    text += (f"). {their.capitalize()} dev BLEU is {more(dev_s, dev_o)} ({dev_s:.2f} against {dev_o:.2f}), "
+             + (f"and so is {their} test BLEU" if same else f"but {their} test BLEU is {more(test_s, test_o)}")
              + f" ({test_s:.2f} against {test_o:.2f}).")
     both = [v for v, seeds in marked.items() if len(seeds) < len(c.rows[v]["seeds_done"])]
     if both:
@@ -264,7 +265,9 @@ def vocabularies(c) -> str:
         text += (f" Within the {number(len(both))} row{'s that have' if len(both) > 1 else ' that has'} cells of "
                  "both kinds, "
                  f"the § seeds are {listing(said)}.")
-    text += f" So the rows whose standing rests on § cells are provisional: {_provisional(c, marked)}."
+    rows = ("the row whose standing rests on a § cell is" if n_special == 1
+            else "the rows whose standing rests on § cells are")
+    text += f" So {rows} provisional: {_provisional(c, marked)}."
     return minus(text)
 
 

@@ -235,6 +235,14 @@ def test_vocabularies_compares_the_special_cells_with_the_others():
         "but their test BLEU is lower (37.00 against 37.50). Within the one row that has cells of both kinds, the § "
         "seeds are above the others for A (39.00 against 38.00). So the rows whose standing rests on § cells are "
         "provisional: B (its only cell) and the two-seed mean of A (its seed 1).")
+    # one § cell left (the others trained again): said of it in the singular
+    c.rows["B"] = row([1], planned=(1,), bleu=(35.0,))
+    assert facts.vocabularies(c) == (
+        "The one § cell wrote 4.8% longer dev output than the other three (1,100 against 1,050 tokens on average; "
+        "the dev figures leave out A seed 2, which has no dev hypotheses). Its dev BLEU is higher (40.00 against "
+        "39.00), and so is its test BLEU (39.00 against 36.67). Within the one row that has cells of both kinds, the § "
+        "seeds are above the others for A (39.00 against 38.00). So the row whose standing rests on a § cell is "
+        "provisional: the two-seed mean of A (its seed 1).")
 
 
 def test_devices_count_cpu_and_gpu_cells(tmp_path):
