@@ -257,31 +257,35 @@ def test_rank_0_started_by_hand_names_a_taken_port_and_ranks_that_never_come(mon
             pass
 
 
-# A rank unwinding after rank 0 failed froze in CI: freeing its DDP model freed the process group last, and
-# gloo's destructor (run with the GIL held) joined a worker thread that needed the GIL to free the last
-# broadcast's tensors. That race cannot be forced from here; what prevents it can be checked: the group outlives
-# the model built on it.
-def test_a_torn_down_process_group_outlives_the_ddp_model_built_on_it():
-    import gc
-
-    import torch.distributed as dist
-
-    from sanlab.training import distributed
-
+# A rank unwinding after rank 0 failed froze in CI: freeing its DDP model freed the process group last, and gloo's
+# destructor, run with the GIL held, joined a worker thread that needed the GIL to free the last broadcast's
+# tensors. The script below forces that moment: a broadcast in flight when the model is freed. With a plain
+# destroy_process_group it hangs within a few rounds; _tear_down keeps the group, so the reducer never frees it. In a
+# subprocess, as a failure hangs the interpreter.
+DDP_FREED_WITH_WORK_IN_FLIGHT = """
+import torch, torch.distributed as dist
+from sanlab.training import distributed
+for _ in range(50):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        model(torch.ones(1, 2)).sum().backward()  # the reducer's all-reduce, on gloo's worker threads
-        box = ["after a collective"]
-        dist.broadcast_object_list(box, src=0)
-        group = dist.group.WORLD
-    finally:
-        distributed._tear_down()
-    assert not dist.is_initialized()
-    del model
-    gc.collect()
-    assert distributed._RETIRED_GROUPS == [group]  # held here, not freed by the model
-    distributed._RETIRED_GROUPS.clear()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    model(torch.ones(1, 2)).sum().backward()
+    distributed._tear_down()
+    group, tensor = model.process_group, torch.ones(1)
+    work = group.broadcast([tensor])
+    del tensor, work, group  # a gloo worker may now hold the tensor's last reference
+    del model  # the reducer: were it the group's last holder, this would join that worker with the GIL held
+    distributed._RETIRED_GROUPS.clear()  # (as the next from_environment does)
+print("done")
+"""
+
+
+def test_freeing_a_ddp_model_with_a_collective_in_flight_does_not_hang_the_teardown():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", DDP_FREED_WITH_WORK_IN_FLIGHT], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
 
 
 def test_bad_master_variables_are_named(monkeypatch):

@@ -40,7 +40,7 @@ RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 # after rank 0 failed) would run gloo's destructor with the GIL held, and that destructor joins the worker threads,
 # one of which may still be freeing the last collective's tensors and need the GIL: both wait forever (seen in
 # CI). Held here, the group outlives any model built on it and is freed later, its workers long idle.
-_RETIRED_GROUPS: list[Any] = []
+_RETIRED_GROUPS: list[dist.ProcessGroup] = []
 atexit.register(_RETIRED_GROUPS.clear)
 
 
@@ -135,7 +135,8 @@ def from_environment(device: torch.device = torch.device("cpu"),
     rank = int(os.environ["RANK"])
     owns_group = not dist.is_initialized()
     if owns_group:
-        _RETIRED_GROUPS.clear()  # (the models of a run before this one are freed, or their workers idle)
+        # (a model of an earlier run still alive would hold that group last again: safe only as its workers are idle)
+        _RETIRED_GROUPS.clear()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # the object collectives (broadcast, gather) use the current device
         backend = "nccl" if device.type == "cuda" else "gloo"
