@@ -351,16 +351,23 @@ def test_dev_range_spans_each_kind_of_cell_and_names_the_grids_highest():
     # vanilla seed 2 is the grid's highest, so no span names it; the § cell is above the others' mean (38.625)
     assert facts.dev_range(c) == (
         "Of the other three cells with vanilla's vocabulary, two are decoded (C has no dev hypotheses) and lie from "
-        "37.00 (A seed 2) to 38.50 (B); the one § cell is at 40.50 (A seed 1), higher on average than the cells with "
-        "vanilla's vocabulary, vanilla's own included.")
+        "37.00 (A seed 2) to 38.50 (B); the one § cell is at 40.50 (A seed 1), higher than the average of the cells "
+        "with vanilla's vocabulary (38.62), vanilla's own included.")
     dev["A", 1] = 42.0
-    assert facts.dev_range(c).endswith("is at 42.00 (A seed 1, the highest of the grid), higher on average than the "
-                                       "cells with vanilla's vocabulary, vanilla's own included.")
+    assert facts.dev_range(c).endswith("is at 42.00 (A seed 1, the highest of the grid), higher than the average of "
+                                       "the cells with vanilla's vocabulary (38.62), vanilla's own included.")
     # 38.2 is above the other cells' mean without vanilla's seeds (37.75) but below it with them (38.625)
     dev["A", 1] = 38.2
-    assert "is at 38.20 (A seed 1), lower on average" in facts.dev_range(c)
+    assert "is at 38.20 (A seed 1), lower than the average of the cells with vanilla's vocabulary (38.62)" in \
+        facts.dev_range(c)
     dev["A", 1] = 38.625
-    assert "level on average" in facts.dev_range(c)
+    assert "level with the average" in facts.dev_range(c)
+    # two § cells: their mean against the others' (41.0 against 38.5)
+    c.rows["B"] = row([1], special=(1,))
+    dev["A", 1], dev["B", 1] = 40.5, 41.5
+    assert facts.dev_range(c).endswith("the two § cells lie from 40.50 (A seed 1) to 41.50 (B, the highest of the "
+                                       "grid), higher on average than the cells with vanilla's vocabulary, vanilla's "
+                                       "own included.")
 
 
 def test_dev_range_with_cells_not_decoded_and_without_special_cells():
