@@ -155,11 +155,11 @@ def seed_matched_deltas(c, variant: str) -> str:
     if not marked:
         agree = len(groups) == 1 and "level with" not in groups
         verdict_said = "but no single test is significant" if agree else "and no single test is significant"
-    elif len(marked) == len(r["tests"]):
-        verdict_said = "every test significant (" + ", ".join(m for _, m in marked) + ")"
     else:
-        verdict_said = (f"the {'test' if len(marked) == 1 else 'tests'} of {seeds_phrase(tuple(s for s, _ in marked))} "
-                        "significant (" + ", ".join(m for _, m in marked) + ")")
+        marks = ", ".join(m for _, m in marked)
+        whose = ("every test" if len(marked) == len(r["tests"]) else
+                 f"the {'test' if len(marked) == 1 else 'tests'} of {seeds_phrase(tuple(s for s, _ in marked))}")
+        verdict_said = f"{whose} significant ({marks})"
     return minus(f"{said} ({figures}), {verdict_said}")
 
 
