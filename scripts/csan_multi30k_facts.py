@@ -224,7 +224,7 @@ def special(c) -> dict[str, tuple[int, ...]]:
 def vocabularies(c) -> str:
     marked = special(c)
     if not marked:
-        return "No cell trained with another subword vocabulary than vanilla's."
+        return "No cell in the grid now has another subword vocabulary than vanilla's."
     groups = {"§": [], "other": []}
     for v, s in c.order:
         groups["§" if s in marked.get(v, ()) else "other"].append((v, s))

@@ -243,6 +243,9 @@ def test_vocabularies_compares_the_special_cells_with_the_others():
         "39.00), and so is its test BLEU (39.00 against 36.67). Within the one row that has cells of both kinds, the § "
         "seeds are above the others for A (39.00 against 38.00). So the row whose standing rests on a § cell is "
         "provisional: the two-seed mean of A (its seed 1).")
+    # every § cell trained again: nothing to compare, said so
+    c.rows["A"] = row([1, 2], bleu=(39.0, 38.0))
+    assert facts.vocabularies(c) == "No cell in the grid now has another subword vocabulary than vanilla's."
 
 
 def test_devices_count_cpu_and_gpu_cells(tmp_path):
