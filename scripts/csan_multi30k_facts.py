@@ -414,7 +414,7 @@ def spread(c) -> str:
     two = [v for v in mean if len(c.rows[v]["seeds_done"]) == 2]
     runs = f"{number(len(one_run))} row{'s' if len(one_run) != 1 else ''} {'are' if len(one_run) != 1 else 'is'} one run"
     if two:
-        runs += f" ({listing(two)} two)"
+        runs += f"; {listing(two)} {'has' if len(two) == 1 else 'have'} two"
     return (f"The {number(len(mean))} means span {span:.1f} BLEU, about "
             f"{span / c.rows['vanilla']['scores']['BLEU']['sd']:.1f} of vanilla's sds, and {runs}.")
 

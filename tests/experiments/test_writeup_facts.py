@@ -93,8 +93,8 @@ def test_order_places_vanilla_and_correlates_with_the_papers_deltas():
               CNNs=row([1, 2], bleu=(36.0, 37.0), paper_delta=0.39), Rel_Pos=row([1], bleu=(38.0,), paper_delta=0.32))
     assert facts.order(c) == ("By mean test BLEU the three rows run Block, Rel_Pos, (vanilla), CNNs "
                               "(Spearman ρ = −1.00 with the paper's Δs).")
-    assert facts.spread(c) == "The three means span 2.5 BLEU, about 3.5 of vanilla's sds, and two rows are one run " \
-                              "(CNNs two)."
+    assert facts.spread(c) == "The three means span 2.5 BLEU, about 3.5 of vanilla's sds, and two rows are one run; " \
+                              "CNNs has two."
 
 
 def test_grid_order_ranks_every_row_with_its_seeds_and_marks_rows_resting_on_special_cells():
@@ -102,6 +102,13 @@ def test_grid_order_ranks_every_row_with_its_seeds_and_marks_rows_resting_on_spe
               B=row([1, 2], bleu=(39.0, 38.0), special=(1,)), C=row([1, 2, 3], bleu=(38.2, 38.0, 38.1)))
     assert facts.grid_order(c) == ("By mean test BLEU the grid's four rows run B 38.50 (two seeds, seed 1 §), C "
                                    "38.10 (three seeds), vanilla 38.00 (three seeds), A 36.50 (one seed).")
+
+
+def test_spread_names_every_table1_row_of_two_runs():
+    c = cells(vanilla=row([1, 2, 3], bleu=(37.0, 38.0, 39.0)), Block=row([1, 2, 3], bleu=(38.0,)),
+              CNNs=row([1, 2], bleu=(39.0,)), Local_Hard=row([1], bleu=(37.0,)), Local_Soft=row([1], bleu=(36.0,)))
+    c.rows["Block"] = row([1, 2], bleu=(38.0,))
+    assert facts.spread(c).endswith("two rows are one run; Block and CNNs have two.")
 
 
 def test_provisional_rows_group_by_seeds_and_special_cells():
