@@ -623,12 +623,13 @@ def dev_range(c) -> str:
         rest = [x for vs, x in bleu.items() if vs not in kinds["§"]]
         if ours and rest:
             a, b = round(statistics.mean(ours), 2), round(statistics.mean(rest), 2)
-            side = 'higher' if a > b else 'lower' if a < b else 'level'
+            side = "higher" if a > b else "lower" if a < b else "level"
+            than = "with" if side == "level" else "than"
             if len(ours) == 1:  # one score: against the others' average, which the sentence gives
-                text += (f", {side} {'with' if side == 'level' else 'than'} the average of the cells with vanilla's "
-                         f"vocabulary ({b:.2f}), vanilla's own included")
+                text += (f", {side} {than} the average of the cells with vanilla's vocabulary ({b:.2f}), "
+                         "vanilla's own included")
             else:
-                text += f", {side} on average than the cells with vanilla's vocabulary, vanilla's own included"
+                text += f", {side} on average {than} the cells with vanilla's vocabulary, vanilla's own included"
         parts.append(text)
     return minus("; ".join(parts) + ".") if parts else "No cell but vanilla's is trained."
 
