@@ -1,6 +1,6 @@
-"""`csan_multi30k_tables.py --note VARIANT:SEED`: a draft of a cell's landing note for the CSAN Table 1 write-up
-(`results/csan-multi30k.md`), from the cell's own files. Landing notes are history (they say what the grid looked
-like the day a cell landed), so the draft is printed for the author, never written into the write-up."""
+"""`csan_multi30k_tables.py --note VARIANT:SEED`: a draft of a cell's landing note for the CSAN Table 1 write-up's
+landing log (`results/csan-multi30k-landings.md`), from the cell's own files. Landing notes are history (they say
+what the grid looked like the day a cell landed), so the draft is printed for the author, never written into a file."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import statistics
 from writeup_words import listing, minus, number, p_prose
 
 def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
-    """A draft of the write-up's landing note for one cell (not vanilla's: it is what the others are tested
+    """A draft of the landing log's note for one cell (not vanilla's: it is what the others are tested
     against), from its files: scores, the pairwise tests, the row over its seeds, test and dev output, greedy
     validation, speed (with the update ranges that ran slower, where something ran beside it) and where it trained.
     Landing notes are history (they say what the grid looked like that day), so this is printed for the author,
