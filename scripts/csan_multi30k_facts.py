@@ -5,20 +5,17 @@ Each sentence sits between `<!-- gen:NAME -->` and `<!-- /gen -->` in the write-
 text around it is the author's. The blocks:
 
 - `coverage`: how many seeds each row has, the cells still to train, "partial (N of M cells)";
-- `devices`: how many cells trained on the CPU and on a GPU (from each cell's `meta.json`);
-- `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
-  with cells of both kinds, and which rows' standing rests on § cells;
-- `vocab-pairs`: the § cells trained again with the grid's vocabulary, each against the retired § cell it replaced;
-- `done`, `setting-seeds`, `one-seed-rows`, `cpu-cells`, `summary-rows`: the same counts where the write-up repeats them;
+- where the cells trained and with which vocabulary (`csan_multi30k_vocab_facts.py`): `devices`, `cpu-cells`,
+  `gpu-cells`, `vocabularies`, `vocab-pairs`, `special-count`, `special-cells`, `retired-cells`;
+- `done`, `setting-seeds`, `one-seed-rows`, `summary-rows`: the same counts where the write-up repeats them;
 - `order`, `spread`: CSAN Table 1's rows by mean test BLEU and Spearman's ρ with the paper's Δs; how far apart
   the means are and how many rows are one run;
-- `dev-range`, `later-peaks`: where the cells' whole-dev-set BLEU lies, § cells against the others; how the greedy
-  dev BLEU peaks of the CPU runs scored after Rel_Pos seed 1 and of the § cells compare with its peak;
+- `dev-range`: where the cells' whole-dev-set BLEU lies, § cells against the others;
 - `seed-spreads`: how far apart the seeds of each multi-seed row lie;
 - `grid-order`: every row of the grid by mean test BLEU, with its seeds and § cells;
 - `dates`: the days the cells finished, with the cells of each (by machine where a day had cells from several);
-- `validation-noise`, `peak-steps` (from each cell's `metrics.jsonl`): how far greedy dev BLEU falls between
-  neighbouring validations late in training, and at which validation each run peaked (the checkpoint scored);
+- the greedy validation that chose each checkpoint (`csan_multi30k_validation_facts.py`): `validation-noise`,
+  `peak-steps`, `later-peaks`;
 - `marks`, `bucket-tests`: how often the pairwise mark depends on the vanilla seed, the runs marked against every
   vanilla seed or none; the length-bucket tests and their marks against what chance gives;
 - `long-sentences`: BLEU beyond 15 source words against vanilla seed 1 for the § cells, the other cells of their
@@ -30,8 +27,9 @@ text around it is the author's. The blocks:
   and deciding test), `vanilla-mean`, `rho`, `still-to-train` (the cells still to train), `readme-status`.
 
 A function here takes the tables script's `Cells` (the grid's evaluated cells, `table.json`'s rows) and returns
-the block's text; `fill` puts every block in place. The words they are spelled with come from `writeup_words.py`;
-a cell's landing note is drafted by `csan_multi30k_note.py`.
+the block's text; `fill` puts every block in place. What they read from one cell's files (its machine, whether it
+is §, its validations) is in `csan_multi30k_cell_files.py`; the words they are spelled with come from
+`writeup_words.py`; a cell's landing note is drafted by `csan_multi30k_note.py`.
 """
 
 from __future__ import annotations
@@ -41,8 +39,12 @@ import re
 import statistics
 from datetime import datetime, timezone
 
-from csan_multi30k_rows import CELL_BLOCKS, ROW_BLOCKS, TABLE1, by_mean, seed_level_p, special_seeds, table1_means
-from writeup_words import how_many, listing, listing_groups, minus, number, possessive, seeds_phrase
+from csan_multi30k_cell_files import cell_name, device, machine, special
+from csan_multi30k_rows import CELL_BLOCKS, ROW_BLOCKS, TABLE1, by_mean, seed_level_p, table1_means
+from csan_multi30k_validation_facts import later_peaks, peak_steps, validation_noise
+from csan_multi30k_vocab_facts import (cells_phrase, cpu_cells, devices, gpu_cells, special_cells, vocab_pairs,
+                                        vocabularies)
+from writeup_words import how_many, listing, minus, number, possessive, seeds_phrase
 
 _CLOSE = "<!-- /gen -->"
 # name, name:row or name:row@seed
@@ -163,190 +165,6 @@ def setting_seeds(c) -> str:
     return "train seed 1" + (f" (and {'; '.join(parts)})" if parts else "")
 
 
-def _device(c, variant: str, seed: int) -> str:
-    return _device_at(c.run_dir[variant, seed])
-
-
-def _device_at(run_dir) -> str:
-    """"cpu" or the GPU's name, from the cell's meta.json (cells from before the device field: the CPU)."""
-    return json.loads((run_dir / "meta.json").read_text(encoding="utf-8")).get("device", "cpu")
-
-
-def _machine(device: str) -> str:
-    """"the CPU", "the NVIDIA H200" (from "cuda (NVIDIA H200)")."""
-    return "the CPU" if device == "cpu" else "the " + re.sub(r"^cuda \((.*)\)$", r"\1", device)
-
-
-def cpu_cells(c) -> int:
-    return sum(_device(c, v, s) == "cpu" for v, s in c.order)
-
-
-def devices(c) -> str:
-    cpu, gpu = cpu_cells(c), gpu_cells(c)
-    gpus = sorted({_device(c, v, s) for v, s in c.order} - {"cpu"})
-    text = f"{number(cpu, capital=True)} cell{'s' if cpu != 1 else ''} trained on this project's 2-core CPU"
-    if gpu:
-        text += f", {number(gpu)} on {listing([_machine(g) for g in gpus])}"
-    return text
-
-
-def gpu_cells(c) -> int:
-    return len(c.order) - cpu_cells(c)
-
-
-def cells_phrase(cells: list[tuple[str, int]]) -> str:
-    """"LightConv seed 1 and seeds 2 and 3 of Bi_Direct, Rel_Pos and 1D-CSAN", "seed 1 of Block and CNNs, and
-    MUSE seed 3": the cells grouped by their seeds, lowest seeds first, rows in the order given (joined by
-    `listing_groups`); "none" for no cells."""
-    seeds: dict[str, set[int]] = {}
-    for v, s in cells:
-        seeds.setdefault(v, set()).add(s)
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for v, ss in seeds.items():
-        groups.setdefault(tuple(sorted(ss)), []).append(v)
-    said = [f"{vs[0]} {seeds_phrase(ss)}" if len(vs) == 1 else f"{seeds_phrase(ss)} of {listing(vs)}"
-            for ss, vs in sorted(groups.items(), key=lambda group: group[0])]
-    return listing_groups(said) if said else "none"
-
-
-def special_cells(c) -> list[tuple[str, int]]:
-    """The § cells in the grid's order (`special`: the same by row)."""
-    marked = special(c)
-    return [(v, s) for v, s in c.order if s in marked.get(v, ())]
-
-
-def special(c) -> dict[str, tuple[int, ...]]:
-    """Row -> its § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's
-    own list, `vocabulary_differs`)."""
-    return {v: seeds for v, r in c.rows.items() if (seeds := special_seeds(r))}
-
-
-def vocabularies(c) -> str:
-    marked = special(c)
-    if not marked:
-        return "No cell in the grid now has another subword vocabulary than vanilla's."
-    groups = {"§": [], "other": []}
-    for v, s in c.order:
-        groups["§" if s in marked.get(v, ()) else "other"].append((v, s))
-
-    def averages(cells):
-        dev = [c.dev(v, s) for v, s in cells if c.dev(v, s)]
-        return (statistics.mean(c.scores(v, s)["bleu"] for v, s in cells),
-                statistics.mean(d[0] for d in dev), statistics.mean(d[2] for d in dev))
-    (test_s, dev_s, len_s), (test_o, dev_o, len_o) = averages(groups["§"]), averages(groups["other"])
-    no_dev = [(v, s) for v, s in c.order if not c.dev(v, s)]
-
-    def more(a, b):
-        return "higher" if a > b else "lower"
-    same = (dev_s > dev_o) == (test_s > test_o)
-    n_special = len(groups["§"])
-    text = (f"The {number(n_special)} § cell{'s' if n_special != 1 else ''} wrote {100 * abs(len_s / len_o - 1):.1f}% "
-            f"{'longer' if len_s > len_o else 'shorter'} dev output than the other {number(len(groups['other']))} "
-            f"({len_s:,.0f} against {len_o:,.0f} tokens on average")
-    if no_dev:
-        lost = listing([f"{v} seed {s}" for v, s in no_dev])
-        text += f"; the dev figures leave out {lost}, which {'has' if len(no_dev) == 1 else 'have'} no dev hypotheses"
-    their = "its" if n_special == 1 else "their"
-    text += (f"). {their.capitalize()} dev BLEU is {more(dev_s, dev_o)} ({dev_s:.2f} against {dev_o:.2f}), "
-             + (f"and so is {their} test BLEU" if same else f"but {their} test BLEU is {more(test_s, test_o)}")
-             + f" ({test_s:.2f} against {test_o:.2f}).")
-    both = [v for v, seeds in marked.items() if len(seeds) < len(c.rows[v]["seeds_done"])]
-    if both:
-        sides = {"above": [], "below": [], "on both sides of": []}
-        for v in both:
-            score = dict(zip(c.rows[v]["seeds_done"], c.rows[v]["scores"]["BLEU"]["values"]))
-            ours = [score[s] for s in score if s in marked[v]]
-            theirs = [score[s] for s in score if s not in marked[v]]
-            side = ("above" if min(ours) > max(theirs) else "below" if max(ours) < min(theirs)
-                    else "on both sides of")
-            sides[side].append(f"{v} ({', '.join(f'{x:.2f}' for x in ours)} against "
-                               f"{', '.join(f'{x:.2f}' for x in theirs)})")
-        said = [f"{side} the others for {listing(rows)}" for side, rows in sides.items() if rows]
-        text += (f" Within the {number(len(both))} row{'s that have' if len(both) > 1 else ' that has'} cells of "
-                 "both kinds, "
-                 f"the § seeds are {listing(said)}.")
-    rows = ("the row whose standing rests on a § cell is" if n_special == 1
-            else "the rows whose standing rests on § cells are")
-    text += f" So {rows} provisional: {_provisional(c, marked)}."
-    return minus(text)
-
-
-def _directions(deltas) -> str:
-    """How many successors score below, above and level with their § cells (to two decimals, as printed):
-    "all three lower", "both higher", "two lower and one higher"."""
-    if len(deltas) < 2:
-        raise ValueError("directions are counted over two or more pairs")
-    signs = [(d > 0) - (d < 0) for d in (round(d, 2) for d in deltas)]
-    counts = {word: signs.count(sign) for word, sign in (("lower", -1), ("higher", 1), ("level", 0))}
-    for word, n in counts.items():
-        if n == len(deltas):
-            return f"{'both' if n == 2 else 'all ' + number(n)} {word}"
-    return listing([f"{number(n)} {word}" for word, n in counts.items() if n])
-
-
-def vocab_pairs(c) -> str:
-    """The § cells trained again with the grid's vocabulary: each retired § cell (moved out of the grid, kept
-    whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU,
-    dev output length and the greedy dev BLEU of the checkpoint each kept. Follows "The § cells are to be trained
-    again ...;"."""
-    pairs = [vs for vs in c.retired if vs in c.order]
-    waiting = [vs for vs in c.retired if vs not in c.order]
-    if not c.retired:
-        return "none has been yet"
-    parts, deltas, devices_differ = [], [], False
-    for v, s in pairs:
-        old_dir, new_dir = c.retired[v, s], c.run_dir[v, s]
-        old, new = c.scores(v, s, retired=True)["bleu"], c.scores(v, s)["bleu"]
-        devices_differ |= _device_at(old_dir) != _device_at(new_dir)
-        deltas.append(new - old)
-        text = (f"{v} seed {s} scores {new:.2f} on {_machine(_device_at(new_dir))} against {old:.2f} § on "
-                f"{_machine(_device_at(old_dir))} ({new - old:+.2f})")
-        old_dev, new_dev = c.dev(v, s, retired=True), c.dev(v, s)
-        if old_dev and new_dev:
-            text += (f", dev {new_dev[0]:.2f} against {old_dev[0]:.2f} with {new_dev[2]:,} against "
-                     f"{old_dev[2]:,} tokens of output")
-        (old_step, old_peak), (new_step, new_peak) = _greedy_peak(old_dir), _greedy_peak(new_dir)
-        text += (f", greedy dev BLEU peaking at {new_peak:.2f} (update {new_step:,}) against {old_peak:.2f} "
-                 f"(update {old_step:,})")
-        parts.append(text)
-    said = []
-    if pairs:
-        said.append(f"{number(len(pairs))} {'has' if len(pairs) == 1 else 'have'} been: " + "; ".join(parts))
-        if len(pairs) > 1:
-            said.append(f"on average {statistics.mean(deltas):+.2f} on test, {_directions(deltas)}")
-        if devices_differ:
-            said.append(f"{'the pair differs' if len(pairs) == 1 else 'a pair trained on two machines differs'} in "
-                        "device as well as vocabulary, so its difference measures both")
-    if waiting:
-        names = listing([f"{v} seed {s}" for v, s in waiting])
-        said.append(f"{names} {'is' if len(waiting) == 1 else 'are'} moved out of the grid, "
-                    f"{'its successor' if len(waiting) == 1 else 'their successors'} not yet evaluated")
-    return minus("; ".join(said))
-
-
-def _greedy_peak(run_dir) -> tuple[int, float]:
-    """The update and greedy dev BLEU of the checkpoint a run kept."""
-    scores = _validations_at(run_dir)
-    step = _peak(scores)
-    return step, scores[step]
-
-
-def _provisional(c, marked: dict[str, tuple[int, ...]]) -> str:
-    """"CNNs and LightConv (their only cell), the two-seed mean of Block (its seed 1) and ..."."""
-    groups: dict[tuple[int, tuple[int, ...]], list[str]] = {}
-    for v, seeds in marked.items():
-        groups.setdefault((len(c.rows[v]["seeds_done"]), seeds), []).append(v)
-    parts = []
-    for (n, seeds), vs in sorted(groups.items()):
-        its = "its" if len(vs) == 1 else "their"
-        if n == 1:
-            parts.append(f"{listing(vs)} ({its} only cell)")
-        else:
-            mean = f"the {number(n)}-seed mean{'s' if len(vs) > 1 else ''} of"
-            parts.append(f"{mean} {listing(vs)} ({its} {seeds_phrase(seeds)})")
-    return listing(parts)
-
-
 def summary_rows(c) -> str:
     """How many summary rows the main table has, and the rows with fewer seeds than vanilla."""
     rows = [v for v in c.multi if v != "vanilla"]
@@ -376,7 +194,7 @@ def dates(c) -> str:
     for v, s in c.order:
         finished = json.loads((c.run_dir[v, s] / "done.json").read_text(encoding="utf-8"))["finished_at"]
         day = datetime.fromtimestamp(finished, timezone.utc).date().isoformat()
-        days.setdefault(day, {}).setdefault(_device(c, v, s), []).append((v, s))
+        days.setdefault(day, {}).setdefault(device(c, v, s), []).append((v, s))
 
     def named(cells: list[tuple[str, int]]) -> str:
         seeds: dict[str, list[int]] = {}
@@ -389,7 +207,7 @@ def dates(c) -> str:
             parts.append(f"{day} ({named(next(iter(machines.values())))})")
         else:
             on = sorted(machines, key=lambda d: (d != "cpu", d))
-            parts.append(f"{day} (" + "; ".join(f"on {_machine(d)}: {named(machines[d])}" for d in on) + ")")
+            parts.append(f"{day} (" + "; ".join(f"on {machine(d)}: {named(machines[d])}" for d in on) + ")")
     return ", ".join(parts) if parts else "no cell has finished"
 
 
@@ -533,7 +351,7 @@ def long_sentences(c) -> str:
         said = []
         for v, seeds in rows.items():
             values = [f"{longest[v, s][0]:+.2f}" + (f" {longest[v, s][1]}" if longest[v, s][1] else "") for s in seeds]
-            said.append(f"{_cell_name(c, v, seeds[0]) if len(seeds) == 1 else v + ' ' + seeds_phrase(tuple(seeds))} "
+            said.append(f"{cell_name(c, v, seeds[0]) if len(seeds) == 1 else v + ' ' + seeds_phrase(tuple(seeds))} "
                         f"{listing(values)}")
         return "; ".join(said)
 
@@ -542,7 +360,7 @@ def long_sentences(c) -> str:
         if len(cells) == 1:
             (v, s), = cells
             value, mark = longest[v, s]
-            return f"{value:+.2f}{' ' + mark if mark else ''} ({_cell_name(c, v, s)})"
+            return f"{value:+.2f}{' ' + mark if mark else ''} ({cell_name(c, v, s)})"
         hits = sum(1 for vs in cells if longest[vs][1])
         marked_said = "both marked" if hits == 2 == len(cells) else f"{how_many(hits)} of them marked"
         return (f"{statistics.mean(longest[vs][0] for vs in cells):+.2f} on average ({by_row(cells)}), "
@@ -570,11 +388,6 @@ def long_sentences(c) -> str:
     return minus("; ".join(said))
 
 
-def _cell_name(c, variant: str, seed: int) -> str:
-    """"DynamicConv seed 3" for a row with several seeds done, "MUSE_FF" for a one-seed row."""
-    return f"{variant} seed {seed}" if variant in c.multi else variant
-
-
 def dev_range(c) -> str:
     """Where the runs' whole-dev-set BLEU (beam 5) lies: the cells with vanilla's vocabulary (vanilla's own seeds
     aside, which the write-up gives one by one) and the § cells, and whether the § cells score higher than every
@@ -591,7 +404,7 @@ def dev_range(c) -> str:
 
     def at(score: float, cells) -> str:
         """"39.99 (CNNs seed 1, the highest of the grid)": every cell of ``cells`` at that score."""
-        names = listing([_cell_name(c, *vs) for vs in cells if bleu[vs] == score])
+        names = listing([cell_name(c, *vs) for vs in cells if bleu[vs] == score])
         return f"{score:.2f} ({names}{', the highest of the grid' if score == top else ''})"
 
     def where(scored) -> str:
@@ -608,10 +421,10 @@ def dev_range(c) -> str:
         scored = [vs for vs in cells if vs in bleu]
         has = "has" if len(lost) == 1 else "have"
         if not scored:
-            return f"{start} {group} ({listing([_cell_name(c, *vs) for vs in lost])}) {has} no dev hypotheses"
+            return f"{start} {group} ({listing([cell_name(c, *vs) for vs in lost])}) {has} no dev hypotheses"
         if lost:
             return (f"{'Of' if start[0].isupper() else 'of'} {start.lower()} {group}, {number(len(scored))} "
-                    f"{'is' if len(scored) == 1 else 'are'} decoded ({listing([_cell_name(c, *vs) for vs in lost])} "
+                    f"{'is' if len(scored) == 1 else 'are'} decoded ({listing([cell_name(c, *vs) for vs in lost])} "
                     f"{has} no dev hypotheses) and {where(scored)}")
         return f"{start} {group} {where(scored)}"
     parts = []
@@ -632,141 +445,6 @@ def dev_range(c) -> str:
                 text += f", {side} on average {than} the cells with vanilla's vocabulary, vanilla's own included"
         parts.append(text)
     return minus("; ".join(parts) + ".") if parts else "No cell but vanilla's is trained."
-
-
-REFERENCE_PEAK = ("Rel_Pos", 1)  # the run whose greedy-peak bullet counts the CPU runs finished after it
-
-
-def later_peaks(c) -> str:
-    """How the greedy dev BLEU peaks (the checkpoint-selection score) of the CPU runs finished after Rel_Pos seed 1
-    and of the § cells compare with Rel_Pos seed 1's, as printed (2 decimals): above, or at or below."""
-    if REFERENCE_PEAK not in c.order:
-        return "Rel_Pos seed 1 is not scored"
-    finished = {vs: json.loads((c.run_dir[vs] / "done.json").read_text(encoding="utf-8")) for vs in c.order}
-    bar, after = round(finished[REFERENCE_PEAK]["summary"]["best"], 2), finished[REFERENCE_PEAK]["finished_at"]
-    marked = special(c)
-    peak = {vs: round(finished[vs]["summary"]["best"], 2) for vs in c.order}
-    special_cells = [vs for vs in c.order if vs[1] in marked.get(vs[0], ())]
-    cpu = [vs for vs in c.order if vs not in special_cells and vs != REFERENCE_PEAK
-           and finished[vs]["finished_at"] > after and _device(c, *vs) == "cpu"]
-    above = sorted((vs for vs in cpu if peak[vs] > bar), key=peak.get)
-    below = [vs for vs in cpu if peak[vs] <= bar]
-    text = (f"of the {number(len(cpu))} CPU run{'s' if len(cpu) != 1 else ''} finished after it, "
-            f"{how_many(len(above))} peaked above {bar:.2f}")
-    if above:
-        ends = [above[0]] if len(above) == 1 else [above[0], above[-1]]
-        text += " (" + ("from " if len(ends) > 1 else "") + " to ".join(
-            f"{possessive(_cell_name(c, *vs))} {peak[vs]:.2f}" for vs in ends) + ")"
-    text += f", {how_many(len(below))} at or below"
-    if special_cells:
-        low = [vs for vs in special_cells if peak[vs] <= bar]
-        if not low:
-            text += f", and {'every' if len(special_cells) > 1 else 'the'} § cell above"
-        else:
-            text += (f", and {how_many(len(special_cells) - len(low))} of the {number(len(special_cells))} § "
-                     f"cell{'s' if len(special_cells) != 1 else ''} above ("
-                     f"{listing([_cell_name(c, *vs) for vs in low])} peaked at "
-                     f"{listing([f'{peak[vs]:.2f}' for vs in low])})")
-    return minus(text)
-
-
-def _validations(c, vs) -> dict[int, float]:
-    """A cell's greedy dev BLEU by update (_validations_at its run directory)."""
-    return _validations_at(c.run_dir[vs])
-
-
-def _validations_at(run_dir) -> dict[int, float]:
-    """A run's greedy dev BLEU by update, in update order (metrics.jsonl; a validation recorded twice, as a resume
-    may, counts once with its last record). An unscheduled validation, which a session that ends between
-    scheduled ones adds, counts like the others: its checkpoint could be the one kept. An evaluated cell without
-    validations is an error: it would silently drop out of the counts."""
-    from sanlab.training.loop import read_metrics  # (a torn last line skipped, other damage named by line)
-
-    out = {int(r["step"]): r["bleu"] for r in read_metrics(run_dir)
-           if r.get("split") == "valid" and r.get("bleu") is not None}
-    if not out:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no validation with a BLEU score in an evaluated cell")
-    return dict(sorted(out.items()))
-
-
-def _marked_names(c) -> dict[tuple[str, int], str]:
-    """Each cell's name as the prose gives it ("Rel_Pos seed 2", "MUSE_FF"), with " §" after a § cell."""
-    marked = special(c)
-    return {vs: _cell_name(c, *vs) + (" §" if vs[1] in marked.get(vs[0], ()) else "") for vs in c.order}
-
-
-# Where the checkpoints are chosen: every run of the grid peaks after this update (validation_noise refuses a run
-# that does not), and the falls of early training, while the model still changes fast, say nothing about the choice.
-NOISE_FROM = 2000
-
-
-def _peak(scores: dict[int, float]) -> int:
-    """The update of the checkpoint training kept: the first validation with the highest score (the loop takes
-    only a strict improvement as a new best)."""
-    best = max(scores.values())
-    return next(step for step, bleu in scores.items() if bleu == best)
-
-
-def validation_noise(c) -> str:
-    """How far greedy dev BLEU (the checkpoint-selection score) falls from one validation to the next from
-    NOISE_FROM on, as printed (2 decimals): the largest fall in the grid, naming every run tied for it, and how many
-    runs fall by more than one BLEU somewhere there."""
-    names, falls = _marked_names(c), {}
-    for vs in c.order:
-        scores = _validations(c, vs)
-        if _peak(scores) <= NOISE_FROM:
-            raise ValueError(f"{names[vs]} peaked at update {_peak(scores):,}, not after NOISE_FROM = {NOISE_FROM:,}: "
-                             "lower NOISE_FROM in scripts/csan_multi30k_facts.py so that the falls counted include "
-                             "the ones around every kept checkpoint")
-        late = [(step, round(bleu, 2)) for step, bleu in scores.items() if step >= NOISE_FROM]
-        pairs = [(round(a[1] - b[1], 2), a, b) for a, b in zip(late, late[1:])]
-        if pairs:
-            falls[vs] = max(pairs, key=lambda pair: pair[0])  # (the first of equal falls)
-    if not falls:
-        return f"no run has two validations from update {NOISE_FROM:,} on"
-    top = max(fall[0] for fall in falls.values())
-    if top <= 0:
-        return f"from update {NOISE_FROM:,} on, no run's greedy dev BLEU falls from one validation to the next"
-    where = listing([f"{names[vs]}, {a[1]:.2f} → {b[1]:.2f} at updates {a[0]:,} → {b[0]:,}"
-                     for vs, (fall, a, b) in falls.items() if fall == top])
-    big = sum(1 for fall in falls.values() if fall[0] > 1.0)
-    runs = f"{number(len(falls))} run{'s' if len(falls) != 1 else ''}"
-    more = (f"and by more than 1 somewhere in {number(big)} of the {runs}" if big
-            else f"and by no more than 1 in any of the {runs}")
-    return minus(f"from update {NOISE_FROM:,} on, a run's greedy dev BLEU falls by up to {top:.2f} from one "
-                 f"validation to the next ({where}), {more}")
-
-
-def peak_steps(c) -> str:
-    """At which validation each run peaked (the checkpoint it is scored with): its last, the one before, or
-    earlier (named, with the update)."""
-    names = _marked_names(c)
-    if not c.order:
-        return "No run is scored"
-    last, before, earlier, ends = [], [], [], set()
-    for vs in c.order:
-        scores = _validations(c, vs)
-        steps, peak = list(scores), _peak(scores)
-        ends.add(steps[-1])
-        (last if peak == steps[-1] else before if len(steps) > 1 and peak == steps[-2] else earlier).append((vs, peak))
-    at_end = f" (update {next(iter(ends)):,})" if len(ends) == 1 else ""
-    if len(c.order) == 1:
-        (vs, step), = last + before + earlier
-        where = (f"at its last validation{at_end}" if last else "at the validation before its last" if before
-                 else f"at update {step:,}, before its last two validations")
-        return f"The one run peaked {where}"
-    text = (f"Of the {number(len(c.order))} runs, {how_many(len(last))} peaked at "
-            f"{'its' if len(last) == 1 else 'their'} last validation{at_end}, {how_many(len(before))} at the one "
-            f"before")
-    if earlier:
-        by_step = {}
-        for vs, step in earlier:
-            by_step.setdefault(step, []).append(names[vs])
-        text += (f" and {how_many(len(earlier))} earlier ("
-                 + "; ".join(f"{listing(n)} at {step:,}" for step, n in sorted(by_step.items(), reverse=True)) + ")")
-    else:
-        text += " and none earlier"
-    return text
 
 
 def row_brief(c, variant: str) -> str:

@@ -47,8 +47,8 @@ def seed_level_p(r: dict) -> str:
 
 def special_seeds(r: dict) -> tuple[int, ...]:
     """The row's § seeds: cells trained with another subword vocabulary than vanilla's (the compare table's own
-    list, `vocabulary_differs`; a trained seed not yet evaluated is not in the table). The facts module's
-    `special` and `special_cells` give them for every row."""
+    list, `vocabulary_differs`; a trained seed not yet evaluated is not in the table).
+    `csan_multi30k_cell_files.special` and `csan_multi30k_vocab_facts.special_cells` give them for every row."""
     listed = re.findall(r"^seed (\d+):", "\n".join(r.get("vocabulary_differs") or []), re.M)
     return tuple(int(m) for m in listed if int(m) in r["seeds_done"])
 

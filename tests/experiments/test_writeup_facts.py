@@ -24,6 +24,8 @@ def _script(name: str):
 
 facts, words, note = _script("csan_multi30k_facts"), _script("writeup_words"), _script("csan_multi30k_note")
 rows = _script("csan_multi30k_rows")
+vocab_facts = _script("csan_multi30k_vocab_facts")
+validation_facts = _script("csan_multi30k_validation_facts")
 
 
 def row(done, planned=(1, 2, 3), bleu=(38.0,), paper_delta=0.3, special=()):
@@ -113,7 +115,7 @@ def test_spread_names_every_table1_row_of_two_runs():
 def test_provisional_rows_group_by_seeds_and_special_cells():
     c = cells(vanilla=row([1, 2, 3]), A=row([1], special=(1,)), B=row([1], special=(1,)), C=row([1, 2], special=(1,)),
               D=row([1, 2, 3], special=(2, 3)))
-    assert facts._provisional(c, facts.special(c)) == (
+    assert vocab_facts._provisional(c, facts.special(c)) == (
         "A and B (their only cell), the two-seed mean of C (its seed 1) and the three-seed mean of D (its seeds 2 "
         "and 3)")
 
@@ -267,14 +269,14 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
 
 
 def test_cells_phrase_groups_rows_by_their_seeds_lowest_first():
-    assert facts.cells_phrase([]) == "none"
-    assert facts.cells_phrase([("Block", 1)]) == "Block seed 1"
-    assert facts.cells_phrase([("Block", 1), ("CNNs", 1)]) == "seed 1 of Block and CNNs"
+    assert vocab_facts.cells_phrase([]) == "none"
+    assert vocab_facts.cells_phrase([("Block", 1)]) == "Block seed 1"
+    assert vocab_facts.cells_phrase([("Block", 1), ("CNNs", 1)]) == "seed 1 of Block and CNNs"
     cells_ = [("Bi_Direct", 2), ("Rel_Pos", 2), ("CNNs", 1), ("Bi_Direct", 3), ("Rel_Pos", 3), ("LightConv", 1)]
-    assert facts.cells_phrase(cells_) == "seed 1 of CNNs and LightConv, and seeds 2 and 3 of Bi_Direct and Rel_Pos"
-    assert facts.cells_phrase(cells_ + [("MUSE", 3)]) == (
+    assert vocab_facts.cells_phrase(cells_) == "seed 1 of CNNs and LightConv, and seeds 2 and 3 of Bi_Direct and Rel_Pos"
+    assert vocab_facts.cells_phrase(cells_ + [("MUSE", 3)]) == (
         "seed 1 of CNNs and LightConv; seeds 2 and 3 of Bi_Direct and Rel_Pos; and MUSE seed 3")
-    assert facts.cells_phrase([("Block", 1), ("CNNs", 2), ("Block", 1)]) == "Block seed 1 and CNNs seed 2"
+    assert vocab_facts.cells_phrase([("Block", 1), ("CNNs", 2), ("Block", 1)]) == "Block seed 1 and CNNs seed 2"
 
 
 def test_special_and_retired_cell_blocks_follow_the_compare_table_and_the_archive():
@@ -315,7 +317,7 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
               ("B", 1, False): (38.40, 38.60, 12050, (38.90, 38.70))}
     devices = {("B", 1, True): gpu, ("B", 1, False): "cpu"}
     c = _pair_cells(tmp_path, scores, devices, B=row([1]))
-    assert facts.vocab_pairs(c) == (
+    assert vocab_facts.vocab_pairs(c) == (
         "one has been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
         "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
         "against 39.80 (update 3,000); the pair differs in device as well as "
@@ -325,7 +327,7 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
                    ("C", 2, False): (38.50, 38.90, 12000, (38.0, 38.1))})
     devices.update({("C", 2, True): "cpu", ("C", 2, False): "cpu", ("D", 3, True): gpu})
     c = _pair_cells(tmp_path / "two", scores, devices, B=row([1]), C=row([2]), D=row([1]))
-    assert facts.vocab_pairs(c) == (
+    assert vocab_facts.vocab_pairs(c) == (
         "two have been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
         "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
         "against 39.80 (update 3,000); C seed 2 scores 38.50 on the CPU against 38.00 § on the CPU (+0.50), greedy "
@@ -335,16 +337,16 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
 
 
 def test_vocab_pairs_counts_the_directions_as_printed():
-    assert facts._directions([-0.65, -0.35, -0.86]) == "all three lower"
-    assert facts._directions([0.2, 0.004]) == "one higher and one level"  # +0.004 prints +0.00
-    assert facts._directions([0.2, 0.01]) == "both higher"
-    assert facts._directions([0.2, 0.004, -1.0]) == "one lower, one higher and one level"
+    assert vocab_facts._directions([-0.65, -0.35, -0.86]) == "all three lower"
+    assert vocab_facts._directions([0.2, 0.004]) == "one higher and one level"  # +0.004 prints +0.00
+    assert vocab_facts._directions([0.2, 0.01]) == "both higher"
+    assert vocab_facts._directions([0.2, 0.004, -1.0]) == "one lower, one higher and one level"
 
 
 def test_vocab_pairs_before_any_retraining():
     c = cells(B=row([1], special=(1,)))
     c.retired, c.order = {}, [("B", 1)]
-    assert facts.vocab_pairs(c) == "none has been yet"
+    assert vocab_facts.vocab_pairs(c) == "none has been yet"
 
 
 def _dev_cells(dev: dict, **rows):
@@ -415,15 +417,15 @@ def test_later_peaks_counts_the_cpu_runs_after_the_reference_and_the_special_cel
                 H=row([1], special=(1,)), E=row([1]), K=row([1], special=(1,)))
     c = _peak_cells(tmp_path, runs, **rows)
     # vanilla seed 1 finished before Rel_Pos seed 1; E's 38.859 reads 38.86, level with it; M (listed first) is the top
-    assert facts.later_peaks(c) == (
+    assert validation_facts.later_peaks(c) == (
         "of the four CPU runs finished after it, two peaked above 38.86 (from D's 39.00 to M's 40.07), two at or "
         "below, and one of the three § cells above (G and K peaked at 38.30 and 38.30)")
     runs = {("Rel_Pos", 1): (100, 38.86, "cpu"), ("D", 1): (200, 39.0, "cpu"), ("H", 1): (260, 40.0, gpu)}
     c = _peak_cells(tmp_path, runs, Rel_Pos=row([1]), D=row([1]), H=row([1], special=(1,)))
-    assert facts.later_peaks(c) == ("of the one CPU run finished after it, one peaked above 38.86 (D's 39.00), none "
+    assert validation_facts.later_peaks(c) == ("of the one CPU run finished after it, one peaked above 38.86 (D's 39.00), none "
                                     "at or below, and the § cell above")
     c.order = [("D", 1)]
-    assert facts.later_peaks(c) == "Rel_Pos seed 1 is not scored"
+    assert validation_facts.later_peaks(c) == "Rel_Pos seed 1 is not scored"
 
 
 
@@ -450,13 +452,13 @@ def test_validation_noise_takes_the_largest_fall_from_update_2000_and_counts_run
               ("B", 1): [(2000, 37.0), (2500, 36.9), (2250, 38.0)]}  # (records out of order: sorted by update)
     c = _curve_cells(tmp_path, curves, vanilla=row([1, 2]), A=row([1], special=(1,)), B=row([1]))
     # A falls 1.7 and 1.2, B 1.1, vanilla seed 1 0.5: the largest is A's (a § cell), two runs fall by more than 1
-    assert facts.validation_noise(c) == (
+    assert validation_facts.validation_noise(c) == (
         "from update 2,000 on, a run's greedy dev BLEU falls by up to 1.70 from one validation to the next (A §, "
         "39.90 → 38.20 at updates 2,250 → 2,500), and by more than 1 somewhere in two of the four runs")
     # a validation recorded twice (a resume) counts once, with its last record
     with (c.run_dir["B", 1] / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"split": "valid", "step": 2500, "bleu": 37.95}) + "\n")
-    assert facts.validation_noise(c).endswith("in one of the four runs")
+    assert validation_facts.validation_noise(c).endswith("in one of the four runs")
 
 
 def test_validation_noise_compares_as_printed_and_names_runs_tied_for_the_largest_fall(tmp_path):
@@ -464,21 +466,21 @@ def test_validation_noise_compares_as_printed_and_names_runs_tied_for_the_larges
     curves = {("A", 1): [(2000, 37.0), (2250, 38.004), (2500, 36.996)],
               ("C", 1): [(2000, 36.0), (2250, 38.0), (2500, 36.996)]}
     c = _curve_cells(tmp_path, curves, A=row([1]), C=row([1]))
-    assert facts.validation_noise(c) == (
+    assert validation_facts.validation_noise(c) == (
         "from update 2,000 on, a run's greedy dev BLEU falls by up to 1.00 from one validation to the next (A, "
         "38.00 → 37.00 at updates 2,250 → 2,500 and C, 38.00 → 37.00 at updates 2,250 → 2,500), and by no more "
         "than 1 in any of the two runs")
     c.order = [("A", 1)]
-    assert facts.validation_noise(c).endswith("and by no more than 1 in any of the one run")
+    assert validation_facts.validation_noise(c).endswith("and by no more than 1 in any of the one run")
 
 
 def test_validation_noise_refuses_a_run_peaking_before_the_cut_and_a_cell_without_validations(tmp_path):
     c = _curve_cells(tmp_path, {("A", 1): [(1750, 39.0), (2000, 38.0), (2250, 37.0)]}, A=row([1]))
     with pytest.raises(ValueError, match="A peaked at update 1,750, not after NOISE_FROM = 2,000: lower NOISE_FROM"):
-        facts.validation_noise(c)
+        validation_facts.validation_noise(c)
     c = _curve_cells(tmp_path, {("B", 1): []}, B=row([1]))
     with pytest.raises(ValueError, match="B-1/metrics.jsonl: no validation with a BLEU score in an evaluated cell"):
-        facts.peak_steps(c)
+        validation_facts.peak_steps(c)
 
 
 def test_peak_steps_sorts_runs_by_the_validation_they_peaked_at(tmp_path):
@@ -488,16 +490,16 @@ def test_peak_steps_sorts_runs_by_the_validation_they_peaked_at(tmp_path):
               ("B", 1): [(2250, 37.0), (2500, 38.0), (2750, 37.0), (3000, 37.5)],
               ("C", 1): [(2250, 38.0), (2500, 38.0), (2750, 37.0), (3000, 37.5)]}
     c = _curve_cells(tmp_path, curves, vanilla=row([1, 2]), A=row([1]), B=row([1], special=(1,)), C=row([1]))
-    assert facts.peak_steps(c) == (
+    assert validation_facts.peak_steps(c) == (
         "Of the five runs, one peaked at its last validation (update 3,000), one at the one before and three "
         "earlier (B § at 2,500; A and C at 2,250)")
     c.order = [("vanilla", 1), ("A", 1)]
-    assert facts.peak_steps(c) == ("Of the two runs, one peaked at its last validation (update 3,000), none at the "
+    assert validation_facts.peak_steps(c) == ("Of the two runs, one peaked at its last validation (update 3,000), none at the "
                                    "one before and one earlier (A at 2,250)")
     c.order = [("A", 1)]
-    assert facts.peak_steps(c) == "The one run peaked at update 2,250, before its last two validations"
+    assert validation_facts.peak_steps(c) == "The one run peaked at update 2,250, before its last two validations"
     c.order = [("vanilla", 2)]
-    assert facts.peak_steps(c) == "The one run peaked at the validation before its last"
+    assert validation_facts.peak_steps(c) == "The one run peaked at the validation before its last"
 
 
 def test_seed_spreads_detail_vanilla_and_the_widest_row_and_list_the_rest():
