@@ -3,7 +3,8 @@
 trained on (its `meta.json`), whether it is a § cell (trained with another subword vocabulary than vanilla's), how
 the prose names it, its greedy dev BLEU at each validation (`metrics.jsonl`) and the checkpoint training kept.
 
-Each function takes the tables script's `Cells` (the grid's evaluated cells) or a run directory."""
+The functions take the tables script's `Cells` (the grid's evaluated cells), a run directory, a device's name
+or a run's validations."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The write-up's sentences on where the CSAN Table 1 grid's cells trained and with which subword vocabulary
 (`<!-- gen:NAME -->` blocks, `csan_multi30k_facts.fill`):
 
-- `devices`, `cpu-cells`, `gpu-cells`: how many cells trained on the CPU and on a GPU (each cell's `meta.json`);
+- `devices`, `cpu-cells`, `gpu-cells` (the last two through `cpu_cells`, `gpu_cells`): how many cells trained on the CPU and on a GPU (each cell's `meta.json`);
 - `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
   with cells of both kinds, and which rows' standing rests on § cells;
 - `vocab-pairs`: the § cells trained again with the grid's vocabulary, each against the retired § cell it replaced;
-- `special-count`, `special-cells`, `retired-cells`: the § cells still in the grid, and those moved out (retired)
-  once trained again, named by `cells_phrase`."""
+- `special-count`, `special-cells`, `retired-cells` (lambdas in `csan_multi30k_facts.BLOCKS` over `special_cells`
+  and `cells_phrase` here): the § cells still in the grid, and those moved out (retired) once trained again."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ facts, words, note = _script("csan_multi30k_facts"), _script("writeup_words"), _
 rows = _script("csan_multi30k_rows")
 vocab_facts = _script("csan_multi30k_vocab_facts")
 validation_facts = _script("csan_multi30k_validation_facts")
+cell_files = _script("csan_multi30k_cell_files")
 
 
 def row(done, planned=(1, 2, 3), bleu=(38.0,), paper_delta=0.3, special=()):
@@ -115,7 +116,7 @@ def test_spread_names_every_table1_row_of_two_runs():
 def test_provisional_rows_group_by_seeds_and_special_cells():
     c = cells(vanilla=row([1, 2, 3]), A=row([1], special=(1,)), B=row([1], special=(1,)), C=row([1, 2], special=(1,)),
               D=row([1, 2, 3], special=(2, 3)))
-    assert vocab_facts._provisional(c, facts.special(c)) == (
+    assert vocab_facts._provisional(c, cell_files.special(c)) == (
         "A and B (their only cell), the two-seed mean of C (its seed 1) and the three-seed mean of D (its seeds 2 "
         "and 3)")
 
@@ -237,7 +238,7 @@ def test_vocabularies_compares_the_special_cells_with_the_others():
     dev = {("vanilla", 1): (38.0, 0.9, 1000), ("A", 1): (40.0, 0.9, 1100), ("A", 2): None, ("B", 1): (40.0, 0.9, 1100)}
     c.scores = lambda v, s: {"bleu": bleu[v, s]}
     c.dev = lambda v, s: dev[v, s]
-    assert facts.vocabularies(c) == (
+    assert vocab_facts.vocabularies(c) == (
         "The two § cells wrote 10.0% longer dev output than the other two (1,100 against 1,000 tokens on average; the "
         "dev figures leave out A seed 2, which has no dev hypotheses). Their dev BLEU is higher (40.00 against 38.00), "
         "but their test BLEU is lower (37.00 against 37.50). Within the one row that has cells of both kinds, the § "
@@ -245,7 +246,7 @@ def test_vocabularies_compares_the_special_cells_with_the_others():
         "provisional: B (its only cell) and the two-seed mean of A (its seed 1).")
     # one § cell left (the others trained again): said of it in the singular
     c.rows["B"] = row([1], planned=(1,), bleu=(35.0,))
-    assert facts.vocabularies(c) == (
+    assert vocab_facts.vocabularies(c) == (
         "The one § cell wrote 4.8% longer dev output than the other three (1,100 against 1,050 tokens on average; "
         "the dev figures leave out A seed 2, which has no dev hypotheses). Its dev BLEU is higher (40.00 against "
         "39.00), and so is its test BLEU (39.00 against 36.67). Within the one row that has cells of both kinds, the § "
@@ -253,7 +254,7 @@ def test_vocabularies_compares_the_special_cells_with_the_others():
         "provisional: the two-seed mean of A (its seed 1).")
     # every § cell trained again: nothing to compare, said so
     c.rows["A"] = row([1, 2], bleu=(39.0, 38.0))
-    assert facts.vocabularies(c) == "No cell in the grid now has another subword vocabulary than vanilla's."
+    assert vocab_facts.vocabularies(c) == "No cell in the grid now has another subword vocabulary than vanilla's."
 
 
 def test_devices_count_cpu_and_gpu_cells(tmp_path):
@@ -264,8 +265,8 @@ def test_devices_count_cpu_and_gpu_cells(tmp_path):
         run_dir[v, s].mkdir()
         (run_dir[v, s] / "meta.json").write_text(json.dumps(meta))
     c = SimpleNamespace(order=list(metas), run_dir=run_dir)
-    assert facts.devices(c) == "Two cells trained on this project's 2-core CPU, one on the NVIDIA H200"
-    assert facts.cpu_cells(c) == 2
+    assert vocab_facts.devices(c) == "Two cells trained on this project's 2-core CPU, one on the NVIDIA H200"
+    assert vocab_facts.cpu_cells(c) == 2
 
 
 def test_cells_phrase_groups_rows_by_their_seeds_lowest_first():
