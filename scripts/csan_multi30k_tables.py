@@ -1,4 +1,4 @@
-"""Write the four tables of `results/csan-multi30k.md` from the committed cells and analyses, so that cells that
+"""Write the five tables of `results/csan-multi30k.md` from the committed cells and analyses, so that cells that
 land join the write-up's tables with one command (after `scripts/csan_multi30k_analyses.py`).
 
     python scripts/csan_multi30k_tables.py [--check | --note VARIANT:SEED]
@@ -12,7 +12,9 @@ together), gets its row in:
   (CSAN Table 1's rows; the other rows keep the text they had), and one summary row per variant with 2+ seeds
   (mean ± sd against vanilla's, the seed-level bootstrap of the compare table);
 - the pairwise table (against every vanilla seed and vanilla's mean), the length-bucket table and the n-gram
-  table (vanilla and CSAN Table 1's rows), from their CSVs.
+  table (vanilla and CSAN Table 1's rows), from their CSVs;
+- the table of § cells trained again (`| cell trained again |`): each successor against the retired § cell it
+  replaced (`csan_multi30k_vocab_facts.vocab_pair_rows`).
 
 Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("vanilla, seed 2",
 "Bi_Direct (seed 1)", "Bi_Direct, seed 2"). It also writes the counting sentences between `<!-- gen:NAME -->`
@@ -47,6 +49,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from csan_multi30k_analyses import DEV_HYPOTHESES_LOST  # noqa: E402
 from csan_multi30k_facts import fill, totals  # noqa: E402
 from csan_multi30k_rows import TABLE1  # noqa: E402
+from csan_multi30k_vocab_facts import vocab_pair_rows  # noqa: E402
 from csan_multi30k_note import cell_note  # noqa: E402
 from writeup_words import minus, p_prose  # noqa: E402
 
@@ -250,6 +253,7 @@ def rewrite(text: str, c: Cells) -> str:
     replace("| | test BLEU | vs vanilla seed 1 |", lambda old: pairwise_rows(c))
     replace("| | 1-8 (", lambda old: bucket_rows(c))
     replace("| | 1-gram | 2-gram |", lambda old: ngram_rows(c))
+    replace("| cell trained again |", lambda old: vocab_pair_rows(c))
     lines[0] = re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), lines[0])
     return fill("\n".join(lines), c)
 

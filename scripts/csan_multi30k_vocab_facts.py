@@ -4,7 +4,8 @@
 - `devices`, `cpu-cells`, `gpu-cells` (the last two through `cpu_cells`, `gpu_cells`): how many cells trained on the CPU and on a GPU (each cell's `meta.json`);
 - `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
   with cells of both kinds, and which rows' standing rests on § cells;
-- `vocab-pairs`: the § cells trained again with the grid's vocabulary, each against the retired § cell it replaced;
+- `vocab-pairs`: the § cells trained again with the grid's vocabulary, how their test BLEU moved against the retired
+  § cells they replaced (each pair side by side: `vocab_pair_rows`, a table the tables script writes);
 - `special-count`, `special-cells`, `retired-cells` (lambdas in `csan_multi30k_facts.BLOCKS` over `special_cells`
   and `cells_phrase` here): the § cells still in the grid, and those moved out (retired) once trained again."""
 
@@ -133,36 +134,29 @@ def _directions(deltas) -> str:
     return listing([f"{number(n)} {word}" for word, n in counts.items() if n])
 
 
+def _pairs(c) -> list[tuple[str, int]]:
+    """The retired § cells whose successors (same variant, seed and recipe, the grid's vocabulary) are evaluated."""
+    return [vs for vs in c.retired if vs in c.order]
+
+
 def vocab_pairs(c) -> str:
-    """The § cells trained again with the grid's vocabulary: each retired § cell (moved out of the grid, kept
-    whole; docs/compare.md) against its successor, same variant, seed and recipe: test BLEU, whole-dev-set BLEU,
-    dev output length and the greedy dev BLEU of the checkpoint each kept. Follows "The § cells are to be trained
-    again ...;"."""
-    pairs = [vs for vs in c.retired if vs in c.order]
+    """The § cells trained again with the grid's vocabulary (each retired § cell moved out of the grid, kept whole;
+    docs/compare.md): how many, how their test BLEU moved on average and in which directions, whether a pair's
+    machines differ, and which successors are not evaluated yet; `vocab_pair_rows` sets each pair side by side.
+    Follows "The § cells are to be trained again ...;"."""
+    pairs = _pairs(c)
     waiting = [vs for vs in c.retired if vs not in c.order]
     if not c.retired:
         return "none has been yet"
-    parts, deltas, devices_differ = [], [], False
-    for v, s in pairs:
-        old_dir, new_dir = c.retired[v, s], c.run_dir[v, s]
-        old, new = c.scores(v, s, retired=True)["bleu"], c.scores(v, s)["bleu"]
-        devices_differ |= device_at(old_dir) != device_at(new_dir)
-        deltas.append(new - old)
-        text = (f"{v} seed {s} scores {new:.2f} on {machine(device_at(new_dir))} against {old:.2f} § on "
-                f"{machine(device_at(old_dir))} ({new - old:+.2f})")
-        old_dev, new_dev = c.dev(v, s, retired=True), c.dev(v, s)
-        if old_dev and new_dev:
-            text += (f", dev {new_dev[0]:.2f} against {old_dev[0]:.2f} with {new_dev[2]:,} against "
-                     f"{old_dev[2]:,} tokens of output")
-        (old_step, old_peak), (new_step, new_peak) = greedy_peak(old_dir), greedy_peak(new_dir)
-        text += (f", greedy dev BLEU peaking at {new_peak:.2f} (update {new_step:,}) against {old_peak:.2f} "
-                 f"(update {old_step:,})")
-        parts.append(text)
+    deltas = [c.scores(v, s)["bleu"] - c.scores(v, s, retired=True)["bleu"] for v, s in pairs]
+    devices_differ = any(device_at(c.retired[vs]) != device_at(c.run_dir[vs]) for vs in pairs)
     said = []
     if pairs:
-        said.append(f"{number(len(pairs))} {'has' if len(pairs) == 1 else 'have'} been: " + "; ".join(parts))
+        said.append(f"{number(len(pairs))} {'has' if len(pairs) == 1 else 'have'} been (the table below)")
         if len(pairs) > 1:
             said.append(f"on average {statistics.mean(deltas):+.2f} on test, {_directions(deltas)}")
+        else:
+            said.append(f"{deltas[0]:+.2f} on test")
         if devices_differ:
             said.append(f"{'the pair differs' if len(pairs) == 1 else 'a pair trained on two machines differs'} in "
                         "device as well as vocabulary, so its difference measures both")
@@ -171,3 +165,21 @@ def vocab_pairs(c) -> str:
         said.append(f"{names} {'is' if len(waiting) == 1 else 'are'} moved out of the grid, "
                     f"{'its successor' if len(waiting) == 1 else 'their successors'} not yet evaluated")
     return minus("; ".join(said))
+
+
+def vocab_pair_rows(c) -> list[str]:
+    """The rows of the write-up's table of § cells trained again, one per evaluated pair in the grid's order: the
+    successor against the retired § cell on test BLEU, whole-dev-set BLEU (beam 5), dev output length and the
+    greedy dev BLEU of the checkpoint each kept (with its update), and the machines they trained on."""
+    rows = []
+    for v, s in _pairs(c):
+        old_dir, new_dir = c.retired[v, s], c.run_dir[v, s]
+        old, new = c.scores(v, s, retired=True)["bleu"], c.scores(v, s)["bleu"]
+        old_dev, new_dev = c.dev(v, s, retired=True), c.dev(v, s)
+        (old_step, old_peak), (new_step, new_peak) = greedy_peak(old_dir), greedy_peak(new_dir)
+        dev = (f"{new_dev[0]:.2f} | {old_dev[0]:.2f} | {new_dev[2]:,} | {old_dev[2]:,}" if old_dev and new_dev
+               else "– | – | – | –")
+        where = " / ".join(machine(device_at(d)).removeprefix("the ") for d in (new_dir, old_dir))
+        rows.append(minus(f"| {v} seed {s} | {new:.2f} | {old:.2f} | {new - old:+.2f} | {dev} | "
+                          f"{new_peak:.2f} ({new_step:,}) | {old_peak:.2f} ({old_step:,}) | {where} |"))
+    return rows

@@ -319,22 +319,25 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
     devices = {("B", 1, True): gpu, ("B", 1, False): "cpu"}
     c = _pair_cells(tmp_path, scores, devices, B=row([1]))
     assert vocab_facts.vocab_pairs(c) == (
-        "one has been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
-        "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
-        "against 39.80 (update 3,000); the pair differs in device as well as "
-        "vocabulary, so its difference measures both")
-    # a second pair, on one machine, and a § cell moved out whose successor is not evaluated yet
+        "one has been (the table below); −0.67 on test; the pair differs in device as well as vocabulary, so its "
+        "difference measures both")
+    assert vocab_facts.vocab_pair_rows(c) == [
+        "| B seed 1 | 38.40 | 39.07 | −0.67 | 38.60 | 39.50 | 12,050 | 12,400 | 38.90 (2,500) | 39.80 (3,000) "
+        "| CPU / NVIDIA H200 |"]
+    # a second pair, on one machine (the § cell without dev hypotheses), and a § cell moved out whose successor
+    # is not evaluated yet
     scores.update({("C", 2, True): (38.00, None, 0, (37.50, 37.50)),
                    ("C", 2, False): (38.50, 38.90, 12000, (38.0, 38.1))})
     devices.update({("C", 2, True): "cpu", ("C", 2, False): "cpu", ("D", 3, True): gpu})
     c = _pair_cells(tmp_path / "two", scores, devices, B=row([1]), C=row([2]), D=row([1]))
     assert vocab_facts.vocab_pairs(c) == (
-        "two have been: B seed 1 scores 38.40 on the CPU against 39.07 § on the NVIDIA H200 (−0.67), dev 38.60 "
-        "against 39.50 with 12,050 against 12,400 tokens of output, greedy dev BLEU peaking at 38.90 (update 2,500) "
-        "against 39.80 (update 3,000); C seed 2 scores 38.50 on the CPU against 38.00 § on the CPU (+0.50), greedy "
-        "dev BLEU peaking at 38.10 (update 3,000) against 37.50 (update 2,500); on average −0.09 on test, one lower and one higher; a pair trained on two machines differs in device as "
-        "well as vocabulary, so its difference measures both; D seed 3 is moved out of the grid, its successor not "
-        "yet evaluated")
+        "two have been (the table below); on average −0.09 on test, one lower and one higher; a pair trained on two "
+        "machines differs in device as well as vocabulary, so its difference measures both; D seed 3 is moved out "
+        "of the grid, its successor not yet evaluated")
+    assert vocab_facts.vocab_pair_rows(c) == [
+        "| B seed 1 | 38.40 | 39.07 | −0.67 | 38.60 | 39.50 | 12,050 | 12,400 | 38.90 (2,500) | 39.80 (3,000) "
+        "| CPU / NVIDIA H200 |",
+        "| C seed 2 | 38.50 | 38.00 | +0.50 | – | – | – | – | 38.10 (3,000) | 37.50 (2,500) | CPU / CPU |"]
 
 
 def test_vocab_pairs_counts_the_directions_as_printed():
