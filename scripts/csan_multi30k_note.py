@@ -66,7 +66,26 @@ def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
         text += (f" Session 1 from {started:%Y-%m-%d %H:%M} UTC{resumed} at "
                  f"{(sessions[0].get('git_revision') or 'an unknown revision')[:7]}"
                  f"{f'; {len(sessions)} sessions' if len(sessions) > 1 else ''}.")
+    redone = redone_updates(run / "train.log")
+    if redone:
+        text += (" Done twice (an interrupted session's updates past its last checkpoint, from the resume lines of "
+                 f"train.log): updates {listing([f'{a + 1:,}-{b:,} or more' for a, b in redone])}.")
     return text
+
+
+def redone_updates(train_log) -> list[tuple[int, int]]:
+    """(checkpoint, last logged update) for each resume or fresh start whose train.log line says an interrupted
+    session had logged updates past the point training went on from (`Trainer.resume`, `train_run`)."""
+    import re
+
+    if not train_log.exists():
+        return []
+    text = train_log.read_text(encoding="utf-8")
+    found = [(int(after.replace(",", "")), int(upto.replace(",", ""))) for upto, after in re.findall(
+        r"had logged updates up to ([\d,]+): those after ([\d,]+) are done again", text)]
+    found += [(0, int(upto.replace(",", ""))) for upto in re.findall(
+        r"an interrupted session had logged updates up to ([\d,]+) before its first checkpoint", text)]
+    return found
 
 
 def speed_profile(records: list[dict], resumed_at: set[int] = frozenset(), *, slow: float = 0.8,

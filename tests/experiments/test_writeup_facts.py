@@ -551,6 +551,18 @@ def test_speed_profile_names_slow_update_ranges_and_leaves_out_validations_and_r
                                                    "updates 100-400 (0.01-0.25)")
 
 
+def test_redone_updates_are_read_from_the_resume_lines_of_train_log(tmp_path):
+    log = tmp_path / "train.log"
+    assert note.redone_updates(log) == []  # no log
+    log.write_text(
+        "[06:45:55] an interrupted session had logged updates up to 100 before its first checkpoint: training starts "
+        "again from update 0 and replaces their records\n"
+        "[07:05:53] resumed from run/checkpoints/step-00001250 (step 1250, epoch 9); the interrupted session had "
+        "logged updates up to 1,300: those after 1,250 are done again and their records replaced\n"
+        "[09:00:00] resumed from run/checkpoints/step-00002500 (step 2500, epoch 18)\n")
+    assert sorted(note.redone_updates(log)) == [(0, 100), (1250, 1300)]
+
+
 def test_retired_cells_are_found_at_their_grid_place_and_a_misplaced_one_is_refused(tmp_path, monkeypatch):
     tables = _script("csan_multi30k_tables")
     runs, retired = tmp_path / "grid", tmp_path / "grid-sp022"

@@ -336,6 +336,24 @@ def test_a_crash_between_checkpoints_resumes_to_the_uninterrupted_parameters(tmp
     logged = lambda run: [(r["split"], r["step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text()
                                                                .splitlines())]  # noqa: E731
     assert logged(crashed) == logged(straight) and ("train", 4) in logged(straight)
+    # the dropped records are the only trace of how far the killed session got: the resume line says it
+    resumed = (crashed / "train.log").read_text().split("resumed from")[-1].split("\n")[0]
+    assert "(step 3, epoch" in resumed and "had logged updates up to 4: those after 3 are done again" in resumed
+
+
+def test_a_session_killed_before_its_first_checkpoint_is_named_when_training_starts_again(
+        tmp_path, tiny_translation, monkeypatch):
+    """Killed during update 3, before the first checkpoint (update 3): the rerun starts from update 0, replaces
+    the records of updates 1-2 and says that it does."""
+    straight, crashed, checkpoints = _straight_and_killed(tmp_path, tiny_translation(max_steps=4, log_every=1),
+                                                          monkeypatch, killed_during=3)
+    assert checkpoints == []
+    log = (crashed / "train.log").read_text()
+    assert "an interrupted session had logged updates up to 2 before its first checkpoint" in log
+    assert "resumed from" not in log
+    steps = lambda run: [(r["split"], r["step"]) for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                                              .splitlines())]  # noqa: E731
+    assert steps(crashed) == steps(straight)
 
 
 def test_a_train_record_spanning_a_resume_averages_the_same_updates_as_the_uninterrupted_runs(

@@ -139,3 +139,23 @@ def test_a_record_torn_by_a_kill_is_skipped_and_the_next_starts_a_new_line(tmp_p
         f.write("not json at all\n")
     with pytest.raises(ConfigError, match=r"metrics\.jsonl:4: not a JSON record"):
         read_metrics(tmp_path)
+
+
+def test_truncating_after_a_checkpoint_returns_the_last_update_the_dropped_records_name(tmp_path):
+    """The resume drops the records an interrupted session logged past its checkpoint and says how far it had got
+    (the records are the only trace of it); a torn last line is dropped but names no update."""
+    from sanlab.training.logging import RunLogger
+    from sanlab.training.loop import read_metrics
+
+    log = RunLogger(tmp_path, tensorboard=False, quiet=True)
+    for step in (50, 100, 150):
+        log.scalars("train", {"loss": 1.0}, step=step)
+    assert log.truncate_after(150) is None  # nothing past the checkpoint
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"split": "train", "step": 2')  # killed mid-write
+    assert log.truncate_after(150) is None
+    log.scalars("train", {"loss": 1.0}, step=200)
+    log.scalars("train", {"loss": 1.0}, step=250)
+    assert log.truncate_after(100) == 250
+    assert [r["step"] for r in read_metrics(tmp_path)] == [50, 100]
+    assert log.truncate_after(0) == 100 and read_metrics(tmp_path) == []

@@ -100,7 +100,10 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
     if start.resuming:
         trainer.resume()
     elif dist.is_main:  # a session killed before its first checkpoint logged updates that this one repeats
-        log.truncate_after(0)
+        reached = log.truncate_after(0)
+        if reached is not None:
+            log.info(f"an interrupted session had logged updates up to {reached:,} before its first checkpoint: "
+                     "training starts again from update 0 and replaces their records")
     if dist.is_main:
         record_session(run_dir, config, step=trainer.progress.step)
     try:

@@ -51,18 +51,23 @@ class RunLogger:
                 writer.add_scalar(f"{split}/{key}", value, step)
             writer.flush()
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> int | None:
         """Drop the records of updates after ``step`` (those a crashed session logged after its last checkpoint,
-        which the resumed run logs again), in ``metrics.jsonl`` and, when it is next written, TensorBoard."""
+        which the resumed run logs again), in ``metrics.jsonl`` and, when it is next written, TensorBoard. Returns
+        the last update a dropped record names (None if none was dropped but a torn line), so that the resume can
+        say how far the interrupted session had got: once dropped, nothing else records it."""
         from sanlab.files import write_text
 
-        path = self.layout.metrics
+        path, last = self.layout.metrics, None
         if path.exists():
-            lines = path.read_text(encoding="utf-8").split("\n")
-            kept = [line for line in lines if line.strip() and _record_step(line) <= step]
-            if len(kept) != len([line for line in lines if line.strip()]):
+            lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+            kept = [line for line in lines if _record_step(line) <= step]
+            dropped = [_record_step(line) for line in lines if _record_step(line) > step]
+            if dropped:
                 write_text(path, "".join(line + "\n" for line in kept))
+                last = max((int(s) for s in dropped if s != float("inf")), default=None)
         self._purge_step = step + 1
+        return last
 
     def _tensorboard(self):
         if self._writer is None:
@@ -98,4 +103,4 @@ class SilentLogger(RunLogger):
 
     def info(self, message: str) -> None: ...
     def scalars(self, split: str, values: dict[str, float], *, step: int) -> None: ...
-    def truncate_after(self, step: int) -> None: ...
+    def truncate_after(self, step: int) -> int | None: ...

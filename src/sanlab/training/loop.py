@@ -130,12 +130,15 @@ class Trainer:
         # records must not make the next record average fewer updates than the uninterrupted run's
         self._since_log = SinceLog(**state.get("since_log", {}))
         self._restore_rng(state)
+        reached = None
         if self.dist.is_main:
             # written after `latest` by a run that then crashed, or damaged: training on replaces them
             self.checkpoints.discard_after(self.progress.step)
-            self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
+            reached = self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
         self.last_good = latest
-        self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch})")
+        redone = ("" if reached is None else f"; the interrupted session had logged updates up to {reached:,}: those "
+                  f"after {self.progress.step:,} are done again and their records replaced")
+        self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch}){redone}")
         return True
 
     def _load_newest_good(self, candidates: list[Path]) -> tuple[Path, dict]:
