@@ -80,12 +80,9 @@ def redone_updates(train_log) -> list[tuple[int, int]]:
 
     if not train_log.exists():
         return []
-    text = train_log.read_text(encoding="utf-8")
-    found = [(int(after.replace(",", "")), int(upto.replace(",", ""))) for upto, after in re.findall(
-        r"had logged updates up to ([\d,]+): those after ([\d,]+) are done again", text)]
-    found += [(0, int(upto.replace(",", ""))) for upto in re.findall(
-        r"an interrupted session had logged updates up to ([\d,]+) before its first checkpoint", text)]
-    return found
+    lines = re.finditer(r"had logged updates up to ([\d,]+)(?:: those after ([\d,]+) are done again| before its "
+                        r"first checkpoint)", train_log.read_text(encoding="utf-8"))
+    return [(int((m[2] or "0").replace(",", "")), int(m[1].replace(",", ""))) for m in lines]  # in the log's order
 
 
 def speed_profile(records: list[dict], resumed_at: set[int] = frozenset(), *, slow: float = 0.8,

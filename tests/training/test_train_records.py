@@ -143,17 +143,26 @@ def test_a_record_torn_by_a_kill_is_skipped_and_the_next_starts_a_new_line(tmp_p
 
 def test_truncating_after_a_checkpoint_returns_the_last_update_the_dropped_records_name(tmp_path):
     """The resume drops the records an interrupted session logged past its checkpoint and says how far it had got
-    (the records are the only trace of it); a torn last line is dropped but names no update."""
+    (the records are the only trace of it); a torn last line is dropped too, and names its update if the kill
+    came after the record's "step" was written."""
     from sanlab.training.logging import RunLogger
     from sanlab.training.loop import read_metrics
 
     log = RunLogger(tmp_path, tensorboard=False, quiet=True)
+    metrics = tmp_path / "metrics.jsonl"
     for step in (50, 100, 150):
         log.scalars("train", {"loss": 1.0}, step=step)
-    assert log.truncate_after(150) is None  # nothing past the checkpoint
-    with open(tmp_path / "metrics.jsonl", "a") as f:
-        f.write('{"split": "train", "step": 2')  # killed mid-write
+    before = metrics.stat()
+    assert log.truncate_after(150) is None  # nothing past the checkpoint: the file is left as it was
+    assert (metrics.stat().st_ino, metrics.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    with open(metrics, "a") as f:
+        f.write('{"split": "train", "st')  # killed before the record named its update
     assert log.truncate_after(150) is None
+    assert [r["step"] for r in read_metrics(tmp_path)] == [50, 100, 150] and metrics.read_text().endswith("}\n")
+    with open(metrics, "a") as f:
+        f.write('{"split": "train", "step": 200, "ti')  # killed after it did: the session had got to update 200
+    assert log.truncate_after(150) == 200
+    assert [r["step"] for r in read_metrics(tmp_path)] == [50, 100, 150] and metrics.read_text().endswith("}\n")
     log.scalars("train", {"loss": 1.0}, step=200)
     log.scalars("train", {"loss": 1.0}, step=250)
     assert log.truncate_after(100) == 250

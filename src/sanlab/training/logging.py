@@ -54,18 +54,21 @@ class RunLogger:
     def truncate_after(self, step: int) -> int | None:
         """Drop the records of updates after ``step`` (those a crashed session logged after its last checkpoint,
         which the resumed run logs again), in ``metrics.jsonl`` and, when it is next written, TensorBoard. Returns
-        the last update a dropped record names (None if none was dropped but a torn line), so that the resume can
-        say how far the interrupted session had got: once dropped, nothing else records it."""
+        the last update a dropped record names (a torn line's too, where its update was written before the kill;
+        None if no dropped line names one), so that the resume can say how far the interrupted session had got:
+        once dropped, nothing else records it."""
         from sanlab.files import write_text
 
         path, last = self.layout.metrics, None
         if path.exists():
             lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
             kept = [line for line in lines if _record_step(line) <= step]
-            dropped = [_record_step(line) for line in lines if _record_step(line) > step]
+            dropped = [line for line in lines if _record_step(line) > step]
             if dropped:
                 write_text(path, "".join(line + "\n" for line in kept))
-                last = max((int(s) for s in dropped if s != float("inf")), default=None)
+                named = [_torn_record_step(line) if _record_step(line) == float("inf") else int(_record_step(line))
+                         for line in dropped]
+                last = max((s for s in named if s is not None and s > step), default=None)
         self._purge_step = step + 1
         return last
 
@@ -93,6 +96,14 @@ def _record_step(line: str) -> float:
         return json.loads(line).get("step", 0)
     except (json.JSONDecodeError, AttributeError):
         return float("inf")
+
+
+def _torn_record_step(line: str) -> int | None:
+    """The update a torn metrics line names, if the kill came after its "step" field was written."""
+    import re
+
+    found = re.search(r'"step": (\d+)[,}]', line)
+    return int(found[1]) if found else None
 
 
 class SilentLogger(RunLogger):
