@@ -8,8 +8,9 @@ the main table quotes its cell's test BLEU, chrF, Δ, mark, p and parameters (no
 stay with the checkpoints, nor the three-seed summary row, which `--table-only` prints), that the pairwise, length-bucket and
 n-gram tables quote the committed analyses (`results/csan-multi30k-*.csv`) and that those cover every
 evaluated cell (a cell that lands makes them fail until `scripts/csan_multi30k_analyses.py` is rerun and the
-rows are written), and that the title and the README say how many cells and Table 1 rows are scored. No data
-or checkpoints are needed (only committed JSON and CSV files).
+rows are written), that the title and the README say how many cells and Table 1 rows are scored, and that the
+hand-written prose gives no row a number of seeds it no longer has. No data or checkpoints are needed (only
+committed JSON and CSV files).
 """
 
 import csv
@@ -293,3 +294,47 @@ def test_the_landing_note_draft_quotes_the_cell(evaluated):
     assert f"{row['mean']:.2f} ± {row['sd']:.2f}" in note
     for k in written.rows["vanilla"]["seeds_done"]:
         assert minus(f"{float(written.test(variant, seed, k)['delta']):+.2f}") in note
+
+
+SEED_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "both": 2}
+
+
+def stated_seed_counts(text: str, variant: str):
+    """(count, line, excerpt) for each place the hand-written ``text`` says how many seeds ``variant`` has:
+    "CNNs over two seeds", "Block's three seeds", "two seeds of MUSE", "CNNs' two CPU cells"."""
+    v, n = re.escape(variant), r"(one|two|three|four|five|both)"
+    patterns = [rf"\b{v}(?:'s|')? (?:over )?(?:its )?{n} (?:CPU )?(?:seeds|runs|cells)\b",
+                rf"\b{n} (?:CPU )?seeds of {v}\b"]
+    for pattern in patterns:
+        for m in re.finditer(pattern, text):
+            yield SEED_WORDS[m[1]], text.count("\n", 0, m.start()) + 1, text[max(0, m.start() - 40):m.end() + 20]
+
+
+def test_the_hand_written_prose_gives_each_row_its_number_of_seeds(evaluated):
+    """A landing changes a row's number of seeds; the generated blocks follow, the prose around them must too
+    (the reviews of past landings kept finding "CNNs over two seeds" after its third). Landing notes
+    (`results/csan-multi30k-landings.md`) are history and are not checked; text inside generated blocks is the
+    scripts' (checked by --check)."""
+    _, cells = evaluated
+    seeds: dict[str, int] = {}
+    for variant, _seed in cells:
+        seeds[variant] = seeds.get(variant, 0) + 1
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### CSAN Table 1 on Multi30k"):]
+    section = section[:section.index("\n## ")] if "\n## " in section else section
+    stale = []
+    for name, text in (("results/csan-multi30k.md", WRITEUP.read_text(encoding="utf-8")), ("README.md", section)):
+        hand = re.sub(r"<!-- gen:[^>]*-->.*?<!-- /gen -->", lambda m: "<generated>" + "\n" * m[0].count("\n"), text,
+                      flags=re.S)  # (its lines kept, so that the line numbers are the file's)
+        for variant, count in seeds.items():
+            for said, line, excerpt in stated_seed_counts(hand, variant):
+                if said != count:
+                    stale.append(f"{name}:{line}: {variant} has {count} seed(s), the hand-written text says {said}: "
+                                 f"…{excerpt}…")
+    assert not stale, "\n".join(stale)
+
+
+def test_stated_seed_counts_finds_the_ways_the_prose_says_them():
+    text = "CNNs over two seeds, x. Block's three seeds y. two seeds of MUSE. LightConv's two CPU cells. MUSE_FF is"
+    assert [(c, v) for v in ("CNNs", "Block", "MUSE", "LightConv", "MUSE_FF")
+            for c, *_ in stated_seed_counts(text, v)] == [(2, "CNNs"), (3, "Block"), (2, "MUSE"), (2, "LightConv")]
