@@ -1,7 +1,8 @@
 """The write-up's sentences on where the CSAN Table 1 grid's cells trained and with which subword vocabulary
 (`<!-- gen:NAME -->` blocks, `csan_multi30k_facts.fill`):
 
-- `devices`, `cpu-cells`, `gpu-cells` (the last two through `cpu_cells`, `gpu_cells`): how many cells trained on the CPU and on a GPU (each cell's `meta.json`);
+- `devices`, `cpu-cells`, `gpu-cells` (the last two through `cpu_cells`, `gpu_cells`): how many cells trained on
+  the CPU and on a GPU (each cell's `meta.json`);
 - `vocabularies`: the § cells' dev output length, dev and test BLEU against the other cells' averages, the rows
   with cells of both kinds, and which rows' standing rests on § cells;
 - `vocab-pairs`: the § cells trained again with the grid's vocabulary, how their test BLEU moved against the retired
@@ -177,8 +178,8 @@ def vocab_pair_rows(c) -> list[str]:
         old, new = c.scores(v, s, retired=True)["bleu"], c.scores(v, s)["bleu"]
         old_dev, new_dev = c.dev(v, s, retired=True), c.dev(v, s)
         (old_step, old_peak), (new_step, new_peak) = greedy_peak(old_dir), greedy_peak(new_dir)
-        dev = (f"{new_dev[0]:.2f} | {old_dev[0]:.2f} | {new_dev[2]:,} | {old_dev[2]:,}" if old_dev and new_dev
-               else "– | – | – | –")
+        sides = (new_dev, old_dev)  # a side without dev hypotheses shows –
+        dev = " | ".join([f"{d[0]:.2f}" if d else "–" for d in sides] + [f"{d[2]:,}" if d else "–" for d in sides])
         where = " / ".join(machine(device_at(d)).removeprefix("the ") for d in (new_dir, old_dir))
         rows.append(minus(f"| {v} seed {s} | {new:.2f} | {old:.2f} | {new - old:+.2f} | {dev} | "
                           f"{new_peak:.2f} ({new_step:,}) | {old_peak:.2f} ({old_step:,}) | {where} |"))

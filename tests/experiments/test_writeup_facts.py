@@ -324,7 +324,7 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
     assert vocab_facts.vocab_pair_rows(c) == [
         "| B seed 1 | 38.40 | 39.07 | −0.67 | 38.60 | 39.50 | 12,050 | 12,400 | 38.90 (2,500) | 39.80 (3,000) "
         "| CPU / NVIDIA H200 |"]
-    # a second pair, on one machine (the § cell without dev hypotheses), and a § cell moved out whose successor
+    # a second pair, on one machine (the § cell without dev hypotheses: its side of the dev columns is –), and a § cell moved out whose successor
     # is not evaluated yet
     scores.update({("C", 2, True): (38.00, None, 0, (37.50, 37.50)),
                    ("C", 2, False): (38.50, 38.90, 12000, (38.0, 38.1))})
@@ -337,7 +337,7 @@ def test_vocab_pairs_sets_each_retired_special_cell_against_its_successor(tmp_pa
     assert vocab_facts.vocab_pair_rows(c) == [
         "| B seed 1 | 38.40 | 39.07 | −0.67 | 38.60 | 39.50 | 12,050 | 12,400 | 38.90 (2,500) | 39.80 (3,000) "
         "| CPU / NVIDIA H200 |",
-        "| C seed 2 | 38.50 | 38.00 | +0.50 | – | – | – | – | 38.10 (3,000) | 37.50 (2,500) | CPU / CPU |"]
+        "| C seed 2 | 38.50 | 38.00 | +0.50 | 38.90 | – | 12,000 | – | 38.10 (3,000) | 37.50 (2,500) | CPU / CPU |"]
 
 
 def test_vocab_pairs_counts_the_directions_as_printed():
