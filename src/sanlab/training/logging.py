@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -100,8 +101,6 @@ def _record_step(line: str) -> float:
 
 def _torn_record_step(line: str) -> int | None:
     """The update a torn metrics line names, if the kill came after its "step" field was written."""
-    import re
-
     found = re.search(r'"step": (\d+)[,}]', line)
     return int(found[1]) if found else None
 
