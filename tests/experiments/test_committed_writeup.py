@@ -320,8 +320,9 @@ PROSE_NAMES = {"capsule": r"capsule(?:\s+routing)?"}  # how the prose names a ro
 def stated_seed_counts(text: str, variant: str):
     """(count, line, excerpt) for each place the hand-written ``text`` names ``variant`` with a number of seeds:
     "CNNs over two seeds", "DynamicConv over three,", "Block and CNNs over three seeds", "Block's three seeds",
-    "CNNs' two CPU cells", "two seeds of MUSE", "Capsule routing over two seeds" (case and line breaks aside).
-    A count said without the row's name beside it ("its two seeds") is not found."""
+    "CNNs' two CPU cells", "two seeds of MUSE", "Capsule routing over two seeds" (case and line breaks aside),
+    and inside the row's own bullet ("- **LightConv: ...") "its two seeds", "the three seeds", "both CPU cells".
+    Elsewhere a count said without the row's name beside it ("its two seeds") is not found."""
     v, n = PROSE_NAMES.get(variant, re.escape(variant)), r"(one|two|three|four|five|both)"
     patterns = [rf"\b{v}(?:'s|')?\s+(?:its\s+)?{n}\s+(?:CPU\s+)?(?:seeds?|runs?|cells?)\b",
                 rf"\b{v}(?:(?:,\s+|\s+and\s+)[\w-]+)*\s+over\s+(?:its\s+)?{n}\b",
@@ -331,6 +332,15 @@ def stated_seed_counts(text: str, variant: str):
         for m in re.finditer(pattern, text, re.I):
             found[m.start()] = (SEED_WORDS[m[1].lower()], text.count("\n", 0, m.start()) + 1,
                                 text[max(0, m.start() - 40):m.end() + 20])
+    for bullet in re.finditer(rf"^- \*\*{v}\b.*?(?=^- \*\*|^#|\Z)", text, re.I | re.S | re.M):
+        # In the row's own bullet an unnamed count of seeds is the row's ("The two seeds span 1.08", "both CPU
+        # cells"); "cells" and "runs" alone are left out (MUSE's "the two cells" of its convolutions, LightConv's
+        # "the two runs" of itself and vanilla).
+        said = r"\b(?:(?:its|the)\s+(one|two|three|four|five)|(both))\s+(?:CPU\s+(?:cells?|runs?)|seeds?)\b"
+        for m in re.finditer(said, bullet[0], re.I):
+            start = bullet.start() + m.start()
+            found.setdefault(start, (SEED_WORDS[(m[1] or m[2]).lower()], text.count("\n", 0, start) + 1,
+                                     text[max(0, start - 40):start + len(m[0]) + 20]))
     return [found[start] for start in sorted(found)]
 
 
@@ -368,3 +378,13 @@ def test_stated_seed_counts_finds_the_ways_the_prose_says_them():
     assert said == {"CNNs": [2], "Block": [3], "MUSE": [2], "LightConv": [2], "MUSE_FF": [1], "DynamicConv": [3],
                     "Rel_Pos": [3], "1D-CSAN": [3], "capsule": [2]}
     assert [line for _, line, _ in stated_seed_counts(text, "Rel_Pos")] == [1]  # where the phrase starts
+
+
+def test_stated_seed_counts_reads_a_rows_own_bullet_for_unnamed_counts():
+    text = ("- **LightConv: x.** Its seeds 38.20 and 37.12, both CPU cells. The two seeds span 1.08; the two runs\n"
+            "  are level in perplexity; its three seeds differ; the two cells of a kernel.\n"
+            "- **Capsule routing: y.** The two seeds span 0.98.\n"
+            "- **MUSE_FF: z.** Against MUSE's three seeds; the two seeds of vanilla.\n"
+            "The two seeds outside any bullet.\n")
+    said = {v: [(c, line) for c, line, _ in stated_seed_counts(text, v)] for v in ("LightConv", "capsule", "MUSE")}
+    assert said == {"LightConv": [(2, 1), (2, 1), (3, 2)], "capsule": [(2, 3)], "MUSE": [(3, 4)]}
