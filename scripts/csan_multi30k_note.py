@@ -63,8 +63,9 @@ def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
     if sessions:
         started = datetime.fromisoformat(sessions[0]["started_at"]).astimezone(timezone.utc)
         resumed = " (a resume: it began before sessions were recorded)" if sessions[0].get("from_step") else ""
-        text += (f" Session 1 from {started:%Y-%m-%d %H:%M} UTC{resumed} at "
-                 f"{(sessions[0].get('git_revision') or 'an unknown revision')[:7]}"
+        revision = sessions[0].get("git_revision") or "an unknown revision"
+        dirty = " with uncommitted changes in the tree" if revision.endswith("-dirty") else ""
+        text += (f" Session 1 from {started:%Y-%m-%d %H:%M} UTC{resumed} at {revision[:7]}{dirty}"
                  f"{f'; {len(sessions)} sessions' if len(sessions) > 1 else ''}.")
     redone = redone_updates(run / "train.log")
     if redone:
@@ -122,9 +123,11 @@ def speed_profile(records: list[dict], resumed_at: set[int] = frozenset(), *, sl
         gap = 0
     text = f"{min(pace):.2f}-{max(pace):.2f} updates/s at its usual pace (median {median:.2f})"
     if ranges:
-        text += "; slower at updates " + listing([f"{a:,}-{b:,} ({lo:.2f}" + (f"-{hi:.2f})" if hi > lo else ")")
+        text += f"; intervals below {slow:g} x the median at updates " + listing([f"{a:,}-{b:,} ({lo:.2f}" + (f"-{hi:.2f})" if hi > lo else ")")
                                                   for a, b, lo, hi in ranges])
     left_out = sorted(a for a in steps[:-1] if a in resumed_at)
     if left_out:
         text += f"; the resume{'s' if len(left_out) > 1 else ''} at update {listing([f'{a:,}' for a in left_out])} left out"
+    if any(a in valid for a in steps[:-1]):
+        text += "; intervals holding a validation left out"
     return text

@@ -312,6 +312,11 @@ def test_the_landing_note_draft_quotes_the_cell(evaluated):
     assert f"{row['mean']:.2f} ± {row['sd']:.2f}" in note
     for k in written.rows["vanilla"]["seeds_done"]:
         assert minus(f"{float(written.test(variant, seed, k)['delta']):+.2f}") in note
+    sessions = read_json(cells[variant, seed].run_dir / "meta.json").get("sessions") or []
+    if sessions:  # the revision it started from, and whether the tree had uncommitted changes
+        revision = sessions[0]["git_revision"]
+        assert f"at {revision[:7]}" in note
+        assert ("with uncommitted changes in the tree" in note) == revision.endswith("-dirty")
 
 
 def test_each_row_has_the_seeds_the_grids_rule_gives_it(evaluated):

@@ -541,14 +541,15 @@ def test_speed_profile_names_slow_update_ranges_and_leaves_out_validations_and_r
     # the resume from 300 is its (300, 350] interval; between the slow (350, 400] and (600, 650] lie three intervals
     # at pace and a validation's, which counts neither way: one range with a bridge of three, two with two
     assert note.speed_profile(records, {300}) == (
-        "0.50-0.50 updates/s at its usual pace (median 0.50); slower at updates 100-200 (0.25), 350-400 (0.20) "
-        "and 600-650 (0.20); the resume at update 300 left out")
+        "0.50-0.50 updates/s at its usual pace (median 0.50); intervals below 0.8 x the median at updates 100-200 "
+        "(0.25), 350-400 (0.20) and 600-650 (0.20); the resume at update 300 left out; intervals holding a "
+        "validation left out")
     assert note.speed_profile(records, {300}, bridge=3) == (
-        "0.50-0.50 updates/s at its usual pace (median 0.50); slower at updates 100-200 (0.25) and 350-650 "
-        "(0.20); the resume at update 300 left out")
+        "0.50-0.50 updates/s at its usual pace (median 0.50); intervals below 0.8 x the median at updates 100-200 "
+        "(0.25) and 350-650 (0.20); the resume at update 300 left out; intervals holding a validation left out")
     # without the resume recorded, (300, 350] is a slow interval that joins 350-400 (after two at pace, 200-300)
-    assert note.speed_profile(records).startswith("0.50-0.50 updates/s at its usual pace (median 0.50); slower at "
-                                                   "updates 100-400 (0.01-0.25)")
+    assert note.speed_profile(records).startswith("0.50-0.50 updates/s at its usual pace (median 0.50); intervals "
+                                                   "below 0.8 x the median at updates 100-400 (0.01-0.25)")
 
 
 def test_redone_updates_are_read_from_the_resume_lines_of_train_log(tmp_path):
