@@ -254,7 +254,9 @@ def rewrite(text: str, c: Cells) -> str:
     replace("| | 1-8 (", lambda old: bucket_rows(c))
     replace("| | 1-gram | 2-gram |", lambda old: ngram_rows(c))
     replace("| cell trained again |", lambda old: vocab_pair_rows(c))
-    lines[0] = re.sub(r"\d+ of \d+ cells", "{} of {} cells".format(*totals(c)), lines[0])
+    done, planned = totals(c)  # "(partial: 38 of 39 cells)", and "(39 of 39 cells)" once the grid is complete
+    lines[0] = re.sub(r"\((?:partial: )?\d+ of \d+ cells\)",
+                      f"({'partial: ' if done < planned else ''}{done} of {planned} cells)", lines[0])
     return fill("\n".join(lines), c)
 
 
