@@ -123,8 +123,8 @@ def speed_profile(records: list[dict], resumed_at: set[int] = frozenset(), *, sl
         gap = 0
     text = f"{min(pace):.2f}-{max(pace):.2f} updates/s at its usual pace (median {median:.2f})"
     if ranges:
-        text += f"; intervals below {slow:g} x the median at updates " + listing([f"{a:,}-{b:,} ({lo:.2f}" + (f"-{hi:.2f})" if hi > lo else ")")
-                                                  for a, b, lo, hi in ranges])
+        slow_ranges = [f"{a:,}-{b:,} ({lo:.2f}" + (f"-{hi:.2f})" if hi > lo else ")") for a, b, lo, hi in ranges]
+        text += f"; intervals below {slow:g} x the median at updates " + listing(slow_ranges)
     left_out = sorted(a for a in steps[:-1] if a in resumed_at)
     if left_out:
         text += f"; the resume{'s' if len(left_out) > 1 else ''} at update {listing([f'{a:,}' for a in left_out])} left out"
