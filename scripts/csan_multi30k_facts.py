@@ -111,7 +111,7 @@ def _missing_phrase(c) -> str:
 
 def still_to_train(c) -> str:
     """The README's "seeds 2 and 3 of ... still to train", or that every planned cell is trained."""
-    return f"{_missing_phrase(c)} still to train" if missing(c) else "every cell the grid plans trained"
+    return f"{_missing_phrase(c)} still to train" if missing(c) else "every planned cell is trained"
 
 
 def totals(c) -> tuple[int, int]:

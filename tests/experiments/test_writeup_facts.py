@@ -216,7 +216,7 @@ def test_zero_counts_read_none():
 
 def test_a_complete_grid_says_so_in_the_readme():
     c = cells(vanilla=row([1, 2, 3]), **{v: row([1], planned=(1,)) for v in facts.TABLE1})
-    assert facts.still_to_train(c) == "every cell the grid plans trained"
+    assert facts.still_to_train(c) == "every planned cell is trained"
     assert facts.readme_status(c) == "all of the table's 9 rows scored"
     c.rows["Block"] = row([1], planned=(1, 2))
     assert facts.still_to_train(c) == "seed 2 of Block still to train"
