@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sanlab-installed
 
-.PHONY: demo test test-fast clean-venv gpu-check gpu-wheels
+.PHONY: demo test test-fast test-torch clean-venv gpu-check gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,17 @@ test-fast: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The whole suite on another torch release than the project's (pyproject: torch>=2.5), in .venv-torch-VERSION:
+# `make test-torch TORCH=2.5.1`. The registry has CUDA builds only (about 3 GB with their NVIDIA libraries);
+# they run here on the CPU. results/torch-versions.md has what 2.5.1 and 2.6.0 gave.
+TORCH ?= 2.5.1
+test-torch:
+	$(PYTHON) -m venv .venv-torch-$(TORCH)
+	.venv-torch-$(TORCH)/bin/python -m pip install --quiet --upgrade pip
+	.venv-torch-$(TORCH)/bin/python -m pip install --quiet torch==$(TORCH)
+	.venv-torch-$(TORCH)/bin/python -m pip install --quiet -e '.[dev]'
+	.venv-torch-$(TORCH)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider
 
 # On a GPU machine (its own python3 with CUDA torch): pytest -m gpu, the GPU benchmarks and a Multi30k run in bf16,
 # written to $$OUT or runs/gpu-check/gpu.md (scripts/gpu_check.sh says how to carry wheels and data there)

@@ -11,9 +11,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sanlab"
 
-KERNEL = {"errors", "files", "invocation", "registry", "compile_limits"}
+KERNEL = {"errors", "files", "invocation", "registry", "compile_limits", "traceable"}
 ALLOWED = {
     "errors": set(), "files": {"errors"}, "invocation": set(), "registry": {"errors"}, "compile_limits": set(),
+    "traceable": set(),
     "attention": KERNEL,
     "layers": KERNEL | {"attention"},
     "config_yaml": {"errors"},

@@ -274,7 +274,7 @@ for _ in range(50):
     work = group.broadcast([tensor])
     del tensor, work, group  # a gloo worker may now hold the tensor's last reference
     del model  # the reducer: were it the group's last holder, this would join that worker with the GIL held
-    distributed._RETIRED_GROUPS.clear()  # (as the next from_environment does)
+assert len(distributed._RETIRED_GROUPS) == 50  # never freed in the process: freeing them hung on torch 2.5 and 2.6
 print("done")
 """
 

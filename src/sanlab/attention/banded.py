@@ -23,7 +23,7 @@ under cached decoding: queries at positions p0.. attend to the window of cached 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from torch import Tensor
 
 from sanlab.attention import masks
 from sanlab.attention.parts_base import AttentionContext, StageParts
+from sanlab.traceable import replace, replaceable
 
 BLOCK = 16        # queries per block; each block reads BLOCK + left + right keys
 MIN_KEYS = 128    # ``plans.choose`` takes this plan for ``auto`` from this many keys on (dense is as fast below)
@@ -39,6 +40,7 @@ MIN_KEYS = 128    # ``plans.choose`` takes this plan for ``auto`` from this many
 CUDA_MIN_KEYS = 1024
 
 
+@replaceable  # the forward copies it with changes under torch.compile (sanlab.traceable)
 @dataclass(frozen=True)
 class Band:
     """What the window-local parts let through: keys q-left .. q+right of the head slots of each head.

@@ -12,7 +12,7 @@ produce (the extended keys as a ``KeySet``, the visibility mask) and this module
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,7 @@ from sanlab.attention.parts_base import AttentionContext, AttentionPart, CallMem
 from sanlab.attention.plans import PLANS
 from sanlab.attention.positions import Positions
 from sanlab.attention.state import KV, PrefixState
+from sanlab.traceable import replace
 
 
 @dataclass

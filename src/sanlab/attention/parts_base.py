@@ -46,6 +46,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from sanlab.attention.positions import Positions
+from sanlab.traceable import replaceable
 
 STAGES = ("project", "extend", "score", "mask", "weights", "values")
 
@@ -96,6 +97,7 @@ class PartCache:
             self.kept[part] = value
 
 
+@replaceable  # the forward copies it with changes under torch.compile (sanlab.traceable)
 @dataclass(frozen=True)
 class AttentionContext:
     """What the parts of one call may read. Built by ``Attention.forward``; parts never infer

@@ -12,7 +12,6 @@ Faster plans are added only with a test that they equal ``dense`` in values and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -21,6 +20,7 @@ from torch import Tensor
 
 from sanlab.attention import banded, flex, masks
 from sanlab.attention.parts_base import AttentionContext, AttentionPart, StageParts
+from sanlab.traceable import replace
 
 PLANS = ("auto", "dense", "sdpa", "banded", "flex")  # what a config may request
 Plan = Literal["dense", "sdpa", "banded", "flex"]     # what a call runs

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sanlab.traceable import replaceable
 
+
+@replaceable  # the forward copies it with changes under torch.compile (sanlab.traceable)
 @dataclass(frozen=True)
 class Positions:
     """Where the queries and keys of one attention call sit in their sequences.

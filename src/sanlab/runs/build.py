@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
@@ -27,6 +28,10 @@ def check_buildable(config: Config, *, source: str | None = None) -> None:
     combination of settings, e.g. 2D-CSAN with more heads in its area than the layer has, is
     reported before data loading and vocabulary training, as a config error naming ``source`` (the config
     file, or a grid's cell) where the caller knows it."""
+    # the model code is imported first, outside the meta device: on torch 2.6 the import of FlexAttention
+    # (torch._dynamo) reads tensors it creates, which fails on meta
+    importlib.import_module("sanlab.models.builders")
+
     try:
         with torch.device("meta"):
             task_for(config).check_buildable(config)

@@ -22,8 +22,6 @@ No parameters. The ``banded`` plan runs it in O(I*N*M) through ``band_offsets``/
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
@@ -32,6 +30,7 @@ from sanlab.attention.parts.csan2d_config import Csan2dConfig
 from sanlab.attention.parts.window import band_offsets, refuse_cross_attention
 from sanlab.attention.parts_base import AttentionContext, AttentionPart, KeySet
 from sanlab.registry import BuildContext
+from sanlab.traceable import replace
 
 BOUNDARIES = ("wrap", "clip", "reference")
 
