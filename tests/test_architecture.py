@@ -5,6 +5,7 @@ A new edge changes ALLOWED, docs/architecture.md and the code together.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,16 @@ def test_checker_sees_deferred_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from sanlab.runs import train_run\n    import sanlab.cli\n", encoding="utf-8")
     assert imported_floors(module) == {"runs", "cli"}
+
+
+MODEL_CODE = ("attention", "layers", "models")  # what torch.compile traces (the training forward)
+
+
+def test_model_code_copies_dataclasses_with_the_traceable_replace():
+    """torch 2.5 and 2.6's dynamo break the graph at ``dataclasses.replace`` (results/torch-versions.md); the model code
+    uses ``sanlab.traceable.replace``. A plain one would only show in the graph-break test on those releases."""
+    found = [f"{path.relative_to(PACKAGE)}:{number}"
+             for floor in MODEL_CODE for path in sorted((PACKAGE / floor).rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"dataclasses\.replace\b|from dataclasses import .*\breplace\b", line)]
+    assert not found, found

@@ -274,7 +274,8 @@ for _ in range(50):
     work = group.broadcast([tensor])
     del tensor, work, group  # a gloo worker may now hold the tensor's last reference
     del model  # the reducer: were it the group's last holder, this would join that worker with the GIL held
-assert len(distributed._RETIRED_GROUPS) == 50  # never freed in the process: freeing them hung on torch 2.5 and 2.6
+    distributed._release_retired_groups()  # (as the next from_environment does; torch < 2.8 keeps them)
+assert len(distributed._RETIRED_GROUPS) == (50 if distributed.KEEP_RETIRED_GROUPS else 0)
 print("done")
 """
 
@@ -285,7 +286,8 @@ def test_freeing_a_ddp_model_with_a_collective_in_flight_does_not_hang_the_teard
 
     done = subprocess.run([sys.executable, "-c", DDP_FREED_WITH_WORK_IN_FLIGHT], capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
+    # (torch 2.8 prints gloo's "[Gloo] Rank 0 is connected to 0 peer ranks..." lines to stdout too)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1:] == ["done"], done.stderr[-2000:]
 
 
 def test_bad_master_variables_are_named(monkeypatch):

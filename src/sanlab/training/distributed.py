@@ -36,25 +36,37 @@ COLLECTIVE_TIMEOUT = timedelta(hours=4)
 # rank 0 never came up (its port taken, a typo in MASTER_ADDR) waited 4 hours before saying anything.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 
-# Process groups torn down but still referenced here, for the rest of the process (a run has one). A DDP
+# Process groups torn down but still referenced here, released when the next group is set up or at exit. A DDP
 # model's C++ reducer holds its group too; were it the last holder, Python freeing the model (say, a rank unwinding
 # after rank 0 failed) would run gloo's destructor with the GIL held, and that destructor joins the worker threads,
 # one of which may still be freeing the last collective's tensors and need the GIL: both wait forever (seen in
-# CI). Held here, the group outlives any model built on it. It is never freed: on torch 2.5 and 2.6 freeing it even
-# after the model (at the next group's set-up, or at exit) met a worker still freeing the last collective's tensors,
-# and a two-process run hung after its last checkpoint (results/torch-versions.md); ``_keep_retired_groups`` keeps
-# them through the interpreter's shutdown too.
+# CI). Held here, the group outlives any model built on it and is freed later, its workers long idle.
 _RETIRED_GROUPS: list[dist.ProcessGroup] = []
+# Before torch 2.8 even that later freeing could meet a worker still freeing tensors, as gloo's destructor held the
+# GIL until pytorch#154976 (2.8): on 2.5, 2.6 and 2.7 test_distributed.py's script that frees groups in turn hung,
+# and on 2.6 a two-process run hung after its last checkpoint (results/torch-versions.md). There the groups are
+# never freed, and at exit they get a reference that is never dropped. Later releases need the freeing: on 2.13
+# a group left to the end of the process aborts it ("terminate called without an active exception").
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+KEEP_RETIRED_GROUPS = TORCH < (2, 8)
 
 
-def _keep_retired_groups() -> None:
-    """At exit, give each retired group a reference that is never dropped: no destructor joins gloo's workers
-    while the interpreter shuts down; the operating system reclaims them with the process."""
-    for group in _RETIRED_GROUPS:
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+def _release_retired_groups() -> None:
+    """Free the retired groups (before a new group is set up, and at exit), where this torch frees them safely."""
+    if KEEP_RETIRED_GROUPS:
+        return
+    # (a model of an earlier run still alive would hold that group last again: safe only as its workers are idle)
+    _RETIRED_GROUPS.clear()
 
 
-atexit.register(_keep_retired_groups)
+def _at_exit() -> None:
+    if KEEP_RETIRED_GROUPS:  # no destructor joins gloo's workers while the interpreter shuts down
+        for group in _RETIRED_GROUPS:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+    _release_retired_groups()
+
+
+atexit.register(_at_exit)
 
 
 def _no_buffer_sync() -> dict[str, bool]:
@@ -148,6 +160,7 @@ def from_environment(device: torch.device = torch.device("cpu"),
     rank = int(os.environ["RANK"])
     owns_group = not dist.is_initialized()
     if owns_group:
+        _release_retired_groups()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # the object collectives (broadcast, gather) use the current device
         backend = "nccl" if device.type == "cuda" else "gloo"
