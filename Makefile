@@ -34,7 +34,7 @@ clean-venv:
 
 # The whole suite on another torch release than the project's (pyproject: torch>=2.5), in .venv-torch-VERSION:
 # `make test-torch TORCH=2.5.1`. The registry has CUDA builds only (about 3 GB with their NVIDIA libraries);
-# they run here on the CPU. results/torch-versions.md has what 2.5.1 to 2.8.0 gave.
+# they run here on the CPU. results/torch-versions.md has what 2.5.1 to 2.9.1 gave.
 TORCH ?= 2.5.1
 test-torch:
 	$(PYTHON) -m venv .venv-torch-$(TORCH)
