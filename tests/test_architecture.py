@@ -12,10 +12,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sanlab"
 
-KERNEL = {"errors", "files", "invocation", "registry", "compile_limits", "traceable"}
+KERNEL = {"errors", "files", "invocation", "registry", "compile_limits", "traceable", "torch_release"}
 ALLOWED = {
     "errors": set(), "files": {"errors"}, "invocation": set(), "registry": {"errors"}, "compile_limits": set(),
-    "traceable": set(),
+    "traceable": set(), "torch_release": set(),
     "attention": KERNEL,
     "layers": KERNEL | {"attention"},
     "config_yaml": {"errors"},
@@ -24,7 +24,7 @@ ALLOWED = {
     "decoding": set(),
     "data": {"errors"},
     "evaluation": {"errors"},
-    "training": {"errors", "files", "compile_limits", "config"},
+    "training": {"errors", "files", "compile_limits", "torch_release", "config"},
 }
 ALLOWED["tasks"] = set(ALLOWED)
 ALLOWED["runs"] = ALLOWED["tasks"] | {"tasks"}

@@ -33,13 +33,13 @@ from torch import Tensor
 from sanlab.attention import masks
 from sanlab.attention.parts_base import AttentionContext, StageParts
 from sanlab.compile_limits import raised_limit
+from sanlab.torch_release import TORCH
 
 try:  # without it the plan is not offered (``supports`` is False)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - the project's torch has it
     create_block_mask = flex_attention = None
 
-TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 # From torch 2.6 only, although 2.5 has the module: 2.5's create_block_mask calls the mask_mod on indices
 # rounded up to a multiple of 128, past the end of the position tensors our mods index (pytorch#137801),
 # and refuses score_mod buffers that require grad (the Gaussian parts' predicted centres and widths).

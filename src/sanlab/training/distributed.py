@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sanlab.torch_release import TORCH
+
 T = TypeVar("T")
 
 # The main process validates (BLEU decoding of the whole dev set) while the others wait in a
@@ -47,7 +49,6 @@ _RETIRED_GROUPS: list[dist.ProcessGroup] = []
 # and on 2.6 a two-process run hung after its last checkpoint (results/torch-versions.md). There the groups are
 # never freed, and at exit they get a reference that is never dropped. Later releases need the freeing: on 2.13
 # a group left to the end of the process aborts it ("terminate called without an active exception").
-TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 KEEP_RETIRED_GROUPS = TORCH < (2, 8)
 
 
