@@ -32,16 +32,18 @@ test-fast: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# The whole suite on another torch release than the project's (pyproject: torch>=2.5), in .venv-torch-VERSION:
-# `make test-torch TORCH=2.5.1`. The registry has CUDA builds only (about 3 GB with their NVIDIA libraries);
-# they run here on the CPU. results/torch-versions.md has what 2.5.1 to 2.9.1 gave.
+# The whole suite on another torch release than the project's (pyproject: torch>=2.5), in .venv-torch-VERSION-pyX.Y:
+# `make test-torch TORCH=2.5.1`; another Python (pyproject: >=3.10) with PYTHON=, e.g. `make test-torch TORCH=2.13.0
+# PYTHON=python3.12`. The registry has CUDA builds only (about 3 GB with their NVIDIA libraries); they run here on the
+# CPU. results/torch-versions.md has what each release and Python gave.
 TORCH ?= 2.5.1
+TORCH_VENV = .venv-torch-$(TORCH)-py$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 test-torch:
-	$(PYTHON) -m venv .venv-torch-$(TORCH)
-	.venv-torch-$(TORCH)/bin/python -m pip install --quiet --upgrade pip
-	.venv-torch-$(TORCH)/bin/python -m pip install --quiet torch==$(TORCH)
-	.venv-torch-$(TORCH)/bin/python -m pip install --quiet -e '.[dev]'
-	.venv-torch-$(TORCH)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TORCH_VENV)/bin/python -m pip install --quiet torch==$(TORCH)
+	$(TORCH_VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(TORCH_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider
 
 # On a GPU machine (its own python3 with CUDA torch): pytest -m gpu, the GPU benchmarks and a Multi30k run in bf16,
 # written to $$OUT or runs/gpu-check/gpu.md (scripts/gpu_check.sh says how to carry wheels and data there)
