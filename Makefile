@@ -37,8 +37,10 @@ clean-venv:
 # PYTHON=python3.12`. The registry has CUDA builds only (about 3 GB with their NVIDIA libraries); they run here on the
 # CPU. results/torch-versions.md has what each release and Python gave.
 TORCH ?= 2.5.1
-TORCH_VENV = .venv-torch-$(TORCH)-py$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+test-torch: PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+test-torch: TORCH_VENV = .venv-torch-$(TORCH)-py$(PYTHON_VERSION)
 test-torch:
+	@test -n "$(PYTHON_VERSION)" || { echo "make test-torch: PYTHON=$(PYTHON) does not run" >&2; exit 2; }
 	$(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(TORCH_VENV)/bin/python -m pip install --quiet torch==$(TORCH)

@@ -64,11 +64,14 @@ def test_choose_picks_the_plan_for_parts_request_length_and_trace(parts, request
 @pytest.mark.parametrize("keys", [SHORT, LONG, FLEX_LONG])
 def test_flexattention_changes_nothing_on_the_cpu_unless_asked_for(parts, requested, keys):
     """What every call chose before the flex plan existed, for parts it can run: flex only when requested."""
+    can = plans.runnable(StageParts.sort(parts))
     try:  # what plans.check refuses never reaches choose (e.g. 'flex' on torch 2.5, 'sdpa' for a score part)
         plans.check(requested, parts)
     except ValueError as refused:
+        # and it refuses only that: a fused plan that cannot run these parts, or flex on a torch without it
+        assert (requested in ("sdpa", "banded") and requested not in can) or (
+            requested == "flex" and not flex.AVAILABLE), f"plans.check refused {requested!r}: {refused}"
         pytest.skip(f"refused at construction on torch {torch.__version__}: {refused}")
-    can = plans.runnable(StageParts.sort(parts))
     banded_ok, sdpa_ok = "banded" in can, "sdpa" in can
     before = ("banded" if banded_ok and (requested == "banded" or (requested == "auto" and keys >= banded.MIN_KEYS))
               else "sdpa" if requested == "sdpa" or (requested == "auto" and sdpa_ok) else "dense")
