@@ -35,7 +35,7 @@ def _same(x, y) -> bool:
 def test_replace_equals_the_standard_librarys():
     record = _Record(torch.ones(2), b=2)
     mine, theirs = replace(record, b=3), dataclasses.replace(record, b=3)
-    assert _same(mine, theirs) and mine.derived == 30           # __post_init__ ran again, as replace's does
+    assert _same(mine, theirs) and mine.derived == 30          # __post_init__ ran again, as replace's does
     assert mine.a is record.a and mine.shared is record.shared  # unchanged fields are the same objects
     assert _same(replace(record), record) and replace(record) is not record
 
