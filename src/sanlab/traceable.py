@@ -4,7 +4,9 @@ torch 2.5 and 2.6's dynamo cannot trace the standard library's ``replace`` (2.5 
 its ``hasattr(cls, "__dataclass_fields__")``), nor, on some classes, ``dataclasses.fields``: every attention call
 broke the graph there, 20 breaks in a 3+3-layer Transformer (``tests/training/test_compile.py`` on those
 torches). ``replace`` here builds the new object from the init fields that ``@replaceable`` recorded when the
-class was defined, which dynamo traces on every torch sanlab supports; the result is the standard library's.
+class was defined, which dynamo traces on every torch sanlab supports; the result is the standard library's. From torch
+2.7 on the standard library's traces too (checked on 2.7.1 to 2.14.1, results/torch-versions.md): this module is
+for 2.5 and 2.6, which pyproject admits.
 """
 
 from __future__ import annotations
