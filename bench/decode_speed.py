@@ -18,6 +18,10 @@ reference path the caches replace (capsule routing keeps its routing cube's rows
 capsule-routing.md section 8). Under the table: in how many sentences both paths chose the same best
 hypothesis.
 
+``--reorder-whole VARIANT`` adds a row for that variant (the same model) whose search copies the whole cache after
+every step, the source side included (encoder output, its mask, cross-attention keys and values): the path before
+the search left those in place while no sentence leaves a batch (``decoding.cache.reorder``, ``within_sentences``).
+
     .venv/bin/python bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --threads 2 \\
         --recompute capsule --out results/csan-multi30k-decode-speed.md
 
@@ -27,6 +31,7 @@ Run it alone on the machine (docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -40,7 +45,7 @@ import torch
 from grid_speed import add_grid_arguments, bench_cells, provenance
 from sanlab.attention import Attention
 from sanlab.data.batching import pad_batch
-from sanlab.decoding.search import beam_search
+import sanlab.decoding.search as search
 from sanlab.experiments.cells import prepare_synthetic
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.runs import make_task
@@ -57,18 +62,20 @@ class Decoder:
     pad: int
     bos: int
     eos: int
-    twin: "Decoder | None" = None  # for a recomputed row: the same model decoding with its caches
+    twin: "Decoder | None" = None  # for a reference row: the same model decoding the usual way
     precision: str = "fp32"        # bf16: the search under autocast (on the model's device)
+    reorder_whole: bool = False    # the search copies the whole cache after every step
     seconds: list[float] = field(default_factory=list)  # per round
     best: list[list[int]] = field(default_factory=list)  # the best hypothesis of each sentence, last round
 
     def run(self, *, beam: int, length: int) -> float:
         start, best = time.perf_counter(), []
         device = self.batches[0].device
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"), \
+                whole_cache_reordered() if self.reorder_whole else contextlib.nullcontext():
             for src in self.batches:
                 n = src.shape[0]
-                hyps = beam_search(self.model.decode_step, self.model.start_decoding(src), batch_size=n,
+                hyps = search.beam_search(self.model.decode_step, self.model.start_decoding(src), batch_size=n,
                                    beam_size=beam, bos=self.bos, eos=self.eos, pad=self.pad,
                                    max_lengths=torch.full((n,), length, device=device), min_length=length - 1)
                 best += [h[0].tokens for h in hyps]
@@ -107,6 +114,23 @@ def recomputing(twin: Decoder) -> Decoder:
                    precision=twin.precision)
 
 
+def reordering_whole(twin: Decoder) -> Decoder:
+    """``twin`` (the same model and batches) with a search that copies the whole cache after every step."""
+    return Decoder(f"{twin.name} (whole cache reordered)", twin.model, twin.batches, twin.pad, twin.bos, twin.eos,
+                   twin=twin, precision=twin.precision, reorder_whole=True)
+
+
+@contextlib.contextmanager
+def whole_cache_reordered():
+    """The search's ``reorder`` told nothing of sentences, so it copies the beam-shared fields too."""
+    real = search.reorder
+    search.reorder = lambda cache, index, within_sentences=False: real(cache, index)
+    try:
+        yield
+    finally:
+        search.reorder = real
+
+
 def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, length: int) -> list[str]:
     base = next(d for d in decoders if d.name == baseline)
     lines = ["| variant | sentences/s (median) | hypothesis tokens/s (median) | speed vs baseline (median of "
@@ -128,6 +152,8 @@ def main() -> None:
     add_grid_arguments(p)
     p.add_argument("--recompute", action="append", default=[], metavar="VARIANT",
                    help="also time this variant recomputing its decoder self-attention prefix at every step")
+    p.add_argument("--reorder-whole", action="append", default=[], metavar="VARIANT",
+                   help="also time this variant with the whole cache, source side included, copied after every step")
     p.add_argument("--sentences", type=int, default=40, help="validation sentences decoded per variant and round")
     p.add_argument("--batch", type=int, default=20, help="sentences per beam-search batch")
     p.add_argument("--beam", type=int, default=5)
@@ -151,16 +177,20 @@ def main() -> None:
         if too_short:  # found now, not after minutes of warm-up: the decoder has a position per token
             p.error(f"--length {args.length} is beyond model.max_positions of {', '.join(too_short)} "
                     f"({cells[0].config.model.max_positions})")
-        unknown = sorted(set(args.recompute) - {c.variant for c in cells})
-        if unknown:
-            p.error(f"--recompute names variants not timed here: {', '.join(unknown)}")
+        for option, names in (("--recompute", args.recompute), ("--reorder-whole", args.reorder_whole)):
+            unknown = sorted(set(names) - {c.variant for c in cells})
+            if unknown:
+                p.error(f"{option} names variants not timed here: {', '.join(unknown)}")
         decoders = []
         for cell in cells:
             print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
             decoders.append(prepare(cell, sentences=args.sentences, batch=args.batch,
                                     device=torch.device(args.device), precision=args.precision))
+            own = decoders[-1]
             if cell.variant in args.recompute:
-                decoders.append(recomputing(decoders[-1]))
+                decoders.append(recomputing(own))
+            if cell.variant in args.reorder_whole:
+                decoders.append(reordering_whole(own))
         sentences = sum(b.shape[0] for b in decoders[0].batches)
         for d in decoders:  # warm-up: one batch, untimed
             Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos, precision=d.precision).run(
@@ -178,11 +208,12 @@ def main() -> None:
     header = [f"# Decoding speed per variant: {grid.spec.title or grid.name}", "",
               *provenance("decode_speed.py", grid, args, cells, measured)]
     rows = table(decoders, grid.baseline, sentences=sentences, beam=args.beam, length=args.length)
-    for d in decoders:  # the reference path must decode what the cache decodes
+    for d in decoders:  # the reference path must decode what the usual path decodes
         if d.twin is not None:
             same = sum(a == b for a, b in zip(d.best, d.twin.best))
-            rows.append(f"\n{d.name}: the same best hypothesis as {d.twin.name} with its caches in {same} of "
-                        f"{len(d.best)} sentences.")
+            speed = statistics.median(t / s for s, t in zip(d.seconds, d.twin.seconds))
+            rows.append(f"\n{d.name}: the same best hypothesis as {d.twin.name} in {same} of {len(d.best)} "
+                        f"sentences; speed {speed:.3f} of {d.twin.name}'s (median of per-round ratios).")
     text = "\n".join(header + rows) + "\n"
     print(text)
     if args.out:

@@ -50,21 +50,24 @@ model: {{dim: 16, encoder: {{layers: 1, ffn_dim: 32, attention: {{heads: 2}}}},
 
 
 @pytest.mark.slow
-def test_decode_speed_times_every_variant_and_the_recomputed_reference(tmp_path):
+def test_decode_speed_times_every_variant_and_the_reference_paths(tmp_path):
     _tiny_translation_grid(tmp_path, vocab=120,
                            variant='{name: capsule, overrides: ["model.decoder.attention.parts=[{type: capsule}]"]}',
                            synthetic="synthetic: {task: translation, sizes: {train: 60, valid: 6, test: 2}}\n")
     out = tmp_path / "decode.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
-                    "--recompute", "capsule", "--threads", "1", "--sentences", "4", "--batch", "2", "--beam", "2",
+                    "--recompute", "capsule", "--reorder-whole", "capsule", "--threads", "1", "--sentences", "4", "--batch", "2", "--beam", "2",
                     "--length", "5", "--rounds", "2", "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
     text = out.read_text()
     rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
-    assert [r[0] for r in rows] == ["vanilla (baseline)", "capsule", "capsule (prefix recomputed)"]
+    assert [r[0] for r in rows] == ["vanilla (baseline)", "capsule", "capsule (prefix recomputed)",
+                                    "capsule (whole cache reordered)"]
     assert rows[0][3] == "1.00" and all(len(r[4].split()) == 2 for r in rows)  # one rate per round
     assert "4 validation sentences in batches of 2, beam 2, every hypothesis forced to 5 tokens" in text
-    # the recomputed row decodes what the cache decodes (untrained weights, the same for both)
-    assert "capsule (prefix recomputed): the same best hypothesis as capsule with its caches in 4 of 4" in text
+    # the reference rows decode what the usual path decodes (untrained weights, the same for both)
+    assert "capsule (prefix recomputed): the same best hypothesis as capsule in 4 of 4" in text
+    assert "capsule (whole cache reordered): the same best hypothesis as capsule in 4 of 4" in text
+    assert re.search(r"in 4 of 4 sentences; speed \d+\.\d{3} of capsule's \(median of per-round ratios\)", text)
     too_long = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
                                "--set", "model.max_positions=210", "--length", "211"], cwd=ROOT, capture_output=True,
                               text=True)

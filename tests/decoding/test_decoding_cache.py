@@ -99,3 +99,41 @@ def test_expand_for_beams_refuses_tensors_without_a_common_batch():
         expand_for_beams([torch.zeros(2), torch.zeros(3)], 2)
     with pytest.raises(ValueError, match="beam_size"):
         expand_for_beams([torch.zeros(2)], 0)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A cache whose ``memory`` (and the init=False ``lengths`` made from it) holds the same rows in every beam."""
+
+    memory: torch.Tensor
+    steps: KV
+    lengths: torch.Tensor = field(init=False)
+    beam_shared_fields = ("memory", "lengths")  # a plain class attribute: no annotation, so not a field
+
+    def __post_init__(self):
+        object.__setattr__(self, "lengths", self.memory.sum(1))
+
+
+def test_reorder_within_sentences_keeps_the_beam_shared_fields_and_reorders_the_rest():
+    k = 2
+    memory = torch.arange(3.0).repeat_interleave(k).view(6, 1).expand(6, 4).clone()  # 3 sentences x 2 beams
+    steps = KV(k=torch.arange(6.0).view(6, 1), v=torch.arange(6.0).view(6, 1) * 10)
+    cache = [Source(memory=memory, steps=steps)]
+    index = torch.tensor([1, 1, 2, 3, 5, 4])  # every row taken from its own sentence's rows
+    within, full = reorder(cache, index, within_sentences=True)[0], reorder(cache, index)[0]
+    assert within.memory is memory and within.lengths is cache[0].lengths  # kept, not copied
+    assert torch.equal(within.memory, full.memory) and torch.equal(within.lengths, full.lengths)
+    assert torch.equal(within.steps.k, index.float().view(6, 1)) and torch.equal(within.steps.v, full.steps.v)
+    assert full.memory is not memory
+
+
+def test_reorder_within_sentences_refuses_a_shared_field_name_that_is_no_field():
+    @dataclass(frozen=True)
+    class Misspelt:
+        memory: torch.Tensor
+        beam_shared_fields = ("memroy",)
+
+    cache = Misspelt(torch.zeros(2, 3))
+    with pytest.raises(TypeError, match=r"Misspelt.beam_shared_fields names \['memroy'\]"):
+        reorder(cache, torch.tensor([0, 1]), within_sentences=True)
+    assert reorder(cache, torch.tensor([1, 0])).memory.shape == (2, 3)  # a full reorder does not ask

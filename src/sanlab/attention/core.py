@@ -21,7 +21,7 @@ from sanlab.attention import banded, flex, plans
 from sanlab.attention.parts_base import AttentionContext, AttentionPart, CallMemo, KeySet, PartCache
 from sanlab.attention.plans import PLANS
 from sanlab.attention.positions import Positions
-from sanlab.attention.state import KV, PrefixState
+from sanlab.attention.state import KV, PrefixState, SourceKV
 from sanlab.traceable import replace
 
 
@@ -130,7 +130,8 @@ class Attention(nn.Module):
         new_cache = None
         if use_cache:  # what each part kept, under its index in ``self.parts``
             kept = ctx.cache.kept
-            new_cache = KV(k, v, {index: kept[p] for index, p in enumerate(self.parts) if p in kept})
+            kv = KV if memory is None else SourceKV  # the source's keys are the same in every beam
+            new_cache = kv(k, v, {index: kept[p] for index, p in enumerate(self.parts) if p in kept})
         b, _, i, _ = out.shape
         out = out.transpose(1, 2).reshape(b, i, self.dim)  # [b, i, h*d]
         if positions.query_valid is not None:

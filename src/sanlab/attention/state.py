@@ -7,7 +7,7 @@ follows the beams.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -28,6 +28,15 @@ class KV:
     @property
     def length(self) -> int:
         return self.k.shape[2]
+
+
+@dataclass(frozen=True)
+class SourceKV(KV):
+    """Cross-attention's keys and values, projected from the source at the first step: the same rows in every
+    beam of a sentence, so beam search need not reorder them while no sentence leaves. What the parts keep
+    stays per beam (it follows the queries)."""
+
+    beam_shared_fields: ClassVar[tuple[str, ...]] = ("k", "v")  # read by decoding.cache.reorder
 
 
 @dataclass(frozen=True)

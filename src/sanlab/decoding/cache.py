@@ -5,6 +5,12 @@ dicts whose leaves are tensors or plain values (ints, strings, None). Dimension 
 tensor is the batch (times beam): that is the one contract between the parts that fill a
 cache and the search that reorders it, so no module reads another module's cache internals
 (the idea of OpenNMT-py's ``map_state(fn)`` and fairseq's ``reorder_incremental_state``).
+
+Some rows are the same in every beam of a sentence: the encoder output, its mask and the cross-attention keys
+and values, all made from the source. A dataclass says which of its fields hold such rows in a class attribute
+``beam_shared_fields`` (a tuple of field names; asked by name, so no floor imports this one for it), and a
+beam-search step in which no sentence leaves (``reorder(..., within_sentences=True)``) leaves those fields where
+they are instead of copying them: moving rows among equal rows changes nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +23,17 @@ import torch
 from torch import Tensor
 
 
-def reorder(cache: Any, index: Tensor) -> Any:
+def reorder(cache: Any, index: Tensor, *, within_sentences: bool = False) -> Any:
     """A new cache in which every tensor ``x`` is ``x.index_select(0, index)``.
 
     ``index`` is a 1-D integer tensor of rows to take (repeat, permute or drop). Non-tensor
     leaves are kept as they are; the containers are new, the input is left untouched.
+
+    ``within_sentences``: the caller vouches that ``index`` takes every row from the rows of its own sentence
+    (rows ``s*k .. s*k+k-1``, k beams, none dropped), so the fields a dataclass names in ``beam_shared_fields``, equal in those rows,
+    are kept as they are (the same tensors, not copies). Unchecked: checking would read the index on the host.
     """
-    return _map_tensors(cache, lambda x: x.index_select(0, index.to(x.device)))
+    return _map_tensors(cache, lambda x: x.index_select(0, index.to(x.device)), keep_shared=within_sentences)
 
 
 def expand_for_beams(cache: Any, beam_size: int) -> Any:
@@ -50,30 +60,46 @@ def _tensors(cache: Any) -> list[Tensor]:
     return found
 
 
-def _map_tensors(cache: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """Apply ``fn`` to every tensor in ``cache``, rebuilding the containers around the results."""
+def _map_tensors(cache: Any, fn: Callable[[Tensor], Tensor], *, keep_shared: bool = False) -> Any:
+    """Apply ``fn`` to every tensor in ``cache``, rebuilding the containers around the results; with
+    ``keep_shared``, not to the fields a dataclass names in ``beam_shared_fields``."""
     if isinstance(cache, Tensor):
         return fn(cache)
     if dataclasses.is_dataclass(cache) and not isinstance(cache, type):
-        return _map_dataclass(cache, fn)
+        return _map_dataclass(cache, fn, keep_shared=keep_shared)
     if isinstance(cache, tuple) and hasattr(cache, "_fields"):  # a namedtuple
-        return type(cache)(*(_map_tensors(item, fn) for item in cache))
+        return type(cache)(*(_map_tensors(item, fn, keep_shared=keep_shared) for item in cache))
     if isinstance(cache, (tuple, list)):
-        return type(cache)(_map_tensors(item, fn) for item in cache)
+        return type(cache)(_map_tensors(item, fn, keep_shared=keep_shared) for item in cache)
     if isinstance(cache, dict):
         out = copy.copy(cache)  # keeps the dict's type (OrderedDict, defaultdict, ...)
         for key, value in cache.items():
-            out[key] = _map_tensors(value, fn)
+            out[key] = _map_tensors(value, fn, keep_shared=keep_shared)
         return out
     return cache
 
 
-def _map_dataclass(cache: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+def _map_dataclass(cache: Any, fn: Callable[[Tensor], Tensor], *, keep_shared: bool) -> Any:
     fields = dataclasses.fields(cache)
-    changes = {f.name: _map_tensors(getattr(cache, f.name), fn) for f in fields if f.init}
-    out = dataclasses.replace(cache, **changes)
+    shared = _shared_fields(type(cache), fields) if keep_shared else ()
+
+    def mapped(f: dataclasses.Field) -> Any:
+        value = getattr(cache, f.name)
+        return value if f.name in shared else _map_tensors(value, fn, keep_shared=keep_shared)
+
+    out = dataclasses.replace(cache, **{f.name: mapped(f) for f in fields if f.init})
     for f in fields:
         # replace() cannot pass init=False fields; set them the way a frozen dataclass does itself
         if not f.init and hasattr(cache, f.name):
-            object.__setattr__(out, f.name, _map_tensors(getattr(cache, f.name), fn))
+            object.__setattr__(out, f.name, mapped(f))
     return out
+
+
+def _shared_fields(cls: type, fields: tuple[dataclasses.Field, ...]) -> tuple[str, ...]:
+    """The class's ``beam_shared_fields``, each checked to be one of its fields (a misspelt name would
+    silently copy the field again)."""
+    shared = tuple(getattr(cls, "beam_shared_fields", ()))
+    unknown = set(shared) - {f.name for f in fields}
+    if unknown:
+        raise TypeError(f"{cls.__name__}.beam_shared_fields names {sorted(unknown)}, which are not its fields")
+    return shared

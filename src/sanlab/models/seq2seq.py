@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,8 @@ class DecodeState:
     memory_valid: Tensor                # [b, j] True for real source tokens
     layers: list[DecoderLayerState] | None = None
     offset: int = 0                     # number of target tokens already decoded
+    # the source side, the same in every beam of a sentence (read by decoding.cache.reorder)
+    beam_shared_fields: ClassVar[tuple[str, ...]] = ("memory", "memory_valid")
 
 
 class Seq2Seq(nn.Module):
