@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
+import sanlab.decoding.search as search
 from sanlab.decoding.search import Hypothesis, beam_search, greedy_search, rescore
-from tests_helpers import HostReads
+from tests_helpers import HostReads, count_calls
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -134,6 +135,17 @@ def test_max_length_forces_eos_per_sentence():
     assert [h[0].tokens for h in hyps] == [[], [A, A, A], [A]]
     _assert_hyp(hyps[1][0], CHATTY, [A, A, A], score_of=_fairseq(0.0))
     assert hyps[1][0].positional_scores[-1] == pytest.approx(math.log(0.01))
+
+
+def test_the_cache_is_reordered_only_when_rows_move(monkeypatch):
+    """With one beam every row continues itself until a sentence leaves; with two, rows move every step."""
+    reorders = count_calls(monkeypatch, search, "reorder")
+    hyps = _search([CHATTY] * 3, max_len=[4, 6, 6], beam_size=1, length_penalty=0.0)
+    assert [h[0].tokens for h in hyps] == [[A] * 3, [A] * 5, [A] * 5]
+    assert len(reorders) == 1  # after step 3 (0-based), when the first sentence leaves
+    reorders.clear()
+    _search([CHATTY] * 3, max_len=[4, 6, 6], beam_size=2, length_penalty=0.0)
+    assert len(reorders) == 5  # after every step but the last
 
 
 def test_ties_go_to_the_lower_beam_and_n_best_is_sorted():

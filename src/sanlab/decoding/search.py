@@ -19,7 +19,8 @@ The rules, those of fairseq's ``SequenceGenerator`` with every tie and edge case
   live hypothesis has a finite score. Done sentences leave the batch: their rows are dropped
   from the cache, so later steps run on fewer rows. While none leaves, every row continues a row of
   its own sentence, so what all beams of a sentence share (the source side: the cache's
-  ``beam_shared_fields``) stays where it is (``reorder(..., within_sentences=True)``).
+  ``beam_shared_fields``) stays where it is (``reorder(..., within_sentences=True)``); with one beam
+  (greedy) every row continues itself, and the cache is not reordered at all.
 * Hypotheses are ranked by the length-normalised score; ties keep the order of finishing.
 
 Masking does not renormalise: PAD and BOS are never chosen, EOS is banned while fewer than
@@ -155,8 +156,9 @@ def beam_search(
             live_max = [m for m, gone in zip(live_max, done_now) if not gone]
         beams, index = _next_beams(beams, log_probs, scores=scores, rows=rows, tokens=tokens, kept=kept)
         # 7. The cache follows the surviving rows; while no sentence leaves, every row stays within its sentence,
-        #    so the rows all its beams share (the source side) need no copy.
-        cache = reorder(cache, index, within_sentences=kept is None)
+        #    so the rows all its beams share (the source side) need no copy, and with one beam nothing moves.
+        if kept is not None or k > 1:
+            cache = reorder(cache, index, within_sentences=kept is None)
     assert finished is not None  # max_lengths >= 1, so at least one step ran
     return finished.hypotheses(penalty=penalty, n_best=n_best)
 
