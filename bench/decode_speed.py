@@ -21,6 +21,7 @@ hypothesis.
 ``--reorder-whole VARIANT`` adds a row for that variant (the same model) whose search copies the whole cache after
 every step, the source side included (encoder output, its mask, cross-attention keys and values): the path before
 the search left those in place while no sentence leaves a batch (``decoding.cache.reorder``, ``within_sentences``).
+Beam 2 or more: with one beam the search reorders nothing until a sentence leaves, whichever the row.
 
     .venv/bin/python bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --threads 2 \\
         --recompute capsule --out results/csan-multi30k-decode-speed.md
@@ -42,10 +43,10 @@ from pathlib import Path
 
 import torch
 
+import sanlab.decoding.search as search
 from grid_speed import add_grid_arguments, bench_cells, provenance
 from sanlab.attention import Attention
 from sanlab.data.batching import pad_batch
-import sanlab.decoding.search as search
 from sanlab.experiments.cells import prepare_synthetic
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.runs import make_task
@@ -76,8 +77,9 @@ class Decoder:
             for src in self.batches:
                 n = src.shape[0]
                 hyps = search.beam_search(self.model.decode_step, self.model.start_decoding(src), batch_size=n,
-                                   beam_size=beam, bos=self.bos, eos=self.eos, pad=self.pad,
-                                   max_lengths=torch.full((n,), length, device=device), min_length=length - 1)
+                                          beam_size=beam, bos=self.bos, eos=self.eos, pad=self.pad,
+                                          max_lengths=torch.full((n,), length, device=device),
+                                          min_length=length - 1)
                 best += [h[0].tokens for h in hyps]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -165,6 +167,9 @@ def main() -> None:
     args = p.parse_args()
     if args.length < 2:
         p.error("--length must be at least 2 (one token and EOS)")
+    if args.reorder_whole and args.beam < 2:
+        p.error("--reorder-whole needs --beam 2 or more: with one beam the search reorders nothing while no "
+                "sentence leaves")
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="decode-speed-") as tmp:

@@ -56,8 +56,8 @@ def test_decode_speed_times_every_variant_and_the_reference_paths(tmp_path):
                            synthetic="synthetic: {task: translation, sizes: {train: 60, valid: 6, test: 2}}\n")
     out = tmp_path / "decode.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
-                    "--recompute", "capsule", "--reorder-whole", "capsule", "--threads", "1", "--sentences", "4", "--batch", "2", "--beam", "2",
-                    "--length", "5", "--rounds", "2", "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+                    "--recompute", "capsule", "--reorder-whole", "capsule", "--threads", "1", "--sentences", "4",
+                    "--batch", "2", "--beam", "2", "--length", "5", "--rounds", "2", "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
     text = out.read_text()
     rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["vanilla (baseline)", "capsule", "capsule (prefix recomputed)",
@@ -73,6 +73,9 @@ def test_decode_speed_times_every_variant_and_the_reference_paths(tmp_path):
                               text=True)
     assert too_long.returncode == 2
     assert "--length 211 is beyond model.max_positions of vanilla / seed 1, capsule / seed 1 (210)" in too_long.stderr
+    greedy = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), str(tmp_path / "grid.yaml"),
+                             "--reorder-whole", "capsule", "--beam", "1"], cwd=ROOT, capture_output=True, text=True)
+    assert greedy.returncode == 2 and "--reorder-whole needs --beam 2 or more" in greedy.stderr
 
 
 @pytest.mark.slow

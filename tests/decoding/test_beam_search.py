@@ -14,7 +14,7 @@ import torch
 
 import sanlab.decoding.search as search
 from sanlab.decoding.search import Hypothesis, beam_search, greedy_search, rescore
-from tests_helpers import HostReads, count_calls
+from tests_helpers import HostReads
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -138,14 +138,18 @@ def test_max_length_forces_eos_per_sentence():
 
 
 def test_the_cache_is_reordered_only_when_rows_move(monkeypatch):
-    """With one beam every row continues itself until a sentence leaves; with two, rows move every step."""
-    reorders = count_calls(monkeypatch, search, "reorder")
+    """With one beam every row continues itself until a sentence leaves; with two, rows move every step, within
+    their sentences (the source side may stay) except when a sentence leaves."""
+    reorders = []  # per call: (rows kept, within_sentences)
+    real = search.reorder
+    monkeypatch.setattr(search, "reorder", lambda cache, index, *, within_sentences=False: reorders.append(
+        (len(index), within_sentences)) or real(cache, index, within_sentences=within_sentences))
     hyps = _search([CHATTY] * 3, max_len=[4, 6, 6], beam_size=1, length_penalty=0.0)
     assert [h[0].tokens for h in hyps] == [[A] * 3, [A] * 5, [A] * 5]
-    assert len(reorders) == 1  # after step 3 (0-based), when the first sentence leaves
+    assert reorders == [(2, False)]  # after step 3 (0-based), when the first sentence leaves
     reorders.clear()
     _search([CHATTY] * 3, max_len=[4, 6, 6], beam_size=2, length_penalty=0.0)
-    assert len(reorders) == 5  # after every step but the last
+    assert reorders == [(6, True)] * 3 + [(4, False), (4, True)]  # after every step but the last
 
 
 def test_ties_go_to_the_lower_beam_and_n_best_is_sorted():

@@ -72,13 +72,13 @@ def test_leaving_the_source_in_place_decodes_as_a_full_reorder(decoder, monkeypa
 
 
 def _source_tensors(state) -> list:
-    """The ids of the tensors a decoding state holds from the source: the encoder output, its mask, and the
-    keys and values of every cross-attention cache."""
-    found = [id(state.memory), id(state.memory_valid)]
+    """The tensors a decoding state holds from the source: the encoder output, its mask, and the keys and values
+    of every cross-attention cache (kept, not their ids, which a freed tensor's successor could take)."""
+    found = [state.memory, state.memory_valid]
 
     def walk(x):
         if isinstance(x, SourceKV):
-            found.extend([id(x.k), id(x.v)])
+            found.extend([x.k, x.v])
         elif isinstance(x, (list, tuple)):
             for item in x:
                 walk(item)
@@ -94,7 +94,7 @@ def _source_tensors(state) -> list:
                                                                                       id="muse")])
 def test_the_source_is_copied_only_when_a_sentence_leaves(decoder):
     model = _model(decoder)
-    seen = []  # per step: the rows decoded and the ids of the source tensors the step receives
+    seen = []  # per step: the rows decoded and the source tensors the step receives
 
     def step(tokens, state):
         if state.layers is not None:
@@ -107,5 +107,5 @@ def test_the_source_is_copied_only_when_a_sentence_leaves(decoder):
     assert rows == [9, 9, 9, 6, 6, 3, 3]  # steps 1-7 (step 0 has no cache yet); sentences leave after steps 3 and 5
     assert len(seen[0][1]) == 2 + 2 * 2  # memory, its mask, and k, v of two layers' cross-attention
     for (n_before, before), (n_after, after) in zip(seen, seen[1:]):
-        same = [a == b for a, b in zip(before, after)]
+        same = [a is b for a, b in zip(before, after)]
         assert all(same) if n_before == n_after else not any(same)

@@ -30,8 +30,9 @@ def reorder(cache: Any, index: Tensor, *, within_sentences: bool = False) -> Any
     leaves are kept as they are; the containers are new, the input is left untouched.
 
     ``within_sentences``: the caller vouches that ``index`` takes every row from the rows of its own sentence
-    (rows ``s*k .. s*k+k-1``, k beams, none dropped), so the fields a dataclass names in ``beam_shared_fields``, equal in those rows,
-    are kept as they are (the same tensors, not copies). Unchecked: checking would read the index on the host.
+    (rows ``s*k .. s*k+k-1``, k beams, none dropped), so the fields a dataclass names in ``beam_shared_fields``,
+    equal in those rows, are kept as they are (the same tensors, not copies). Unchecked: checking would read the
+    index on the host.
     """
     return _map_tensors(cache, lambda x: x.index_select(0, index.to(x.device)), keep_shared=within_sentences)
 
