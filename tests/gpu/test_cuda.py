@@ -3,7 +3,8 @@
 
     plans        every part's fast plans (sdpa, banded) == dense on CUDA, values and gradients, fp32 and bf16
     decoding     step-by-step decoding with the cache == the full forward on CUDA, for every decoder-capable part;
-                 beam search syncs with the host once per step (the CPU tests count host reads; this counts syncs)
+                 beam search syncs with the host once per step (the CPU tests count host reads; this counts syncs);
+                 leaving the source side in place decodes exactly as copying the whole cache (fp32, bf16)
     training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact;
                  an update never syncs with the host (fp32, bf16, fp16);
                  `analyze attention --device cuda` gives the map it gives on the CPU
@@ -18,6 +19,7 @@ import torch
 from sanlab.attention import Attention, Positions, banded
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, validate
+import sanlab.decoding.search as search
 from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError
 from sanlab.models.builders import build_seq2seq
@@ -104,6 +106,31 @@ def test_cached_decoding_equals_the_full_forward_on_cuda(cfg):
             log_probs, cache = model.decode_step(tgt[:, t:t + 1], cache)
             steps.append(log_probs)
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cfg", [pytest.param(None, id="vanilla"), *CASES])
+def test_leaving_the_source_in_place_decodes_as_a_full_reorder_on_cuda(cfg, dtype, monkeypatch):
+    """While no sentence leaves, beam search keeps the encoder output and the cross-attention keys and values
+    where they are instead of copying them among a sentence's beams; exact only if those beams' rows hold the same
+    bits, i.e. if cuBLAS gives equal rows for equal rows (under bf16 autocast too). The CPU test of every decoder
+    form: tests/models/test_beam_shared_source.py."""
+    try:
+        model = _seq2seq([cfg.model_dump()] if cfg is not None else [])
+    except (ValueError, ConfigError) as err:  # no decoder form
+        pytest.skip(str(err))
+    src = torch.randint(4, 50, (3, 11), generator=torch.Generator(device=CUDA).manual_seed(2), device=CUDA)
+    src[1, 7:] = 0
+
+    def decode():
+        with torch.no_grad(), torch.autocast(CUDA.type, dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
+            return search.beam_search(model.decode_step, model.start_decoding(src), batch_size=3, beam_size=4, bos=2,
+                                      eos=3, pad=0, max_lengths=torch.tensor([6, 12, 9], device=CUDA), n_best=4)
+
+    in_place = decode()
+    real = search.reorder
+    monkeypatch.setattr(search, "reorder", lambda cache, index, *, within_sentences=False: real(cache, index))
+    assert decode() == in_place
 
 
 @pytest.mark.parametrize("cfg", [pytest.param(None, id="vanilla"), *CASES])
