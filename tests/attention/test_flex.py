@@ -102,6 +102,20 @@ def test_cached_decoding_with_flex_equals_the_full_dense_forward(name, n):
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
+def test_one_process_runs_local_hard_windows_of_different_widths():
+    """The compiled kernel is called with a mask closure over Local_Hard's width D; a Python float there turned
+    symbolic when the width changed between calls, and torch 2.15's flex_attention refused it (the contract tests
+    failed in the order they happened to run; here the order is fixed). D is now captured as a tensor."""
+    x = torch.randn(len(LENGTHS), max(LENGTHS), DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    positions = Positions.self_attention(_valid(), length=max(LENGTHS))
+    for window in (10.0, 2.0):
+        cfg = PARTS.entry("local_hard").config(layers=None, window=window, truncate=True)
+        dense = _build(cfg, "encoder", "dense")
+        fast = _build(cfg, "encoder", "flex")
+        fast.load_state_dict(dense.state_dict())
+        torch.testing.assert_close(fast(x, positions=positions).output, dense(x, positions=positions).output)
+
+
 def test_rows_without_visible_keys_are_zero_with_finite_gradients():
     part = PARTS.build(PARTS.entry("window").config.examples()[0],
                        BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=1, side="encoder", max_len=64))

@@ -215,7 +215,9 @@ class LocalHard(GaussianLocalness):
         """``mask`` (the truncation |j - c| <= D on the local heads) as a FlexAttention mask_mod."""
         centre, _ = self.per_head(ctx)  # [b, h, i]
         centre, k_pos = centre.detach(), ctx.k_pos.to(centre.dtype)
-        first, window = self.heads - self.local_heads, self.window
+        # D as a tensor, compared in centre's type as the dense mask compares it: a Python float captured by a mod
+        # turns symbolic once it changes between calls, and torch 2.15's flex_attention refuses a symbolic float
+        first, window = self.heads - self.local_heads, centre.new_full((), self.window)
         return lambda b, h, q_idx, kv_idx: (h < first) | ((k_pos[kv_idx] - centre[b, h, q_idx]).abs() <= window)
 
     def weights(self, weights: Tensor, ctx: AttentionContext) -> Tensor:
