@@ -4,6 +4,7 @@ import contextlib
 
 import torch
 
+import sanlab.decoding.search as search
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.models.builders import build_seq2seq
 
@@ -25,6 +26,13 @@ def count_calls(monkeypatch, module, name: str) -> list:
     calls, real = [], getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     return calls
+
+
+def reorder_whole_caches(monkeypatch) -> None:
+    """Make beam search copy its whole cache after every step, the beam-shared source side too (its behaviour
+    before ``reorder(..., within_sentences=True)``): the reference the in-place source side must decode like."""
+    real = search.reorder
+    monkeypatch.setattr(search, "reorder", lambda cache, index, *, within_sentences=False: real(cache, index))
 
 
 def perturb(module: torch.nn.Module, scale: float = 0.3, seed: int = 3) -> torch.nn.Module:

@@ -19,13 +19,13 @@ import torch
 from sanlab.attention import Attention, Positions, banded
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, validate
-import sanlab.decoding.search as search
 from sanlab.decoding.search import beam_search
 from sanlab.errors import ConfigError
 from sanlab.models.builders import build_seq2seq
 from sanlab.registry import BuildContext
 from sanlab.runs import train_run
 from sanlab.training.compile import FAIL_SETTINGS, raised_limit
+from tests_helpers import reorder_whole_caches
 from training_fixtures import final_weights, make_tagging_config
 
 pytestmark = [pytest.mark.gpu,
@@ -108,6 +108,18 @@ def test_cached_decoding_equals_the_full_forward_on_cuda(cfg):
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
 
 
+def _decoder_and_source(cfg) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A model whose decoder self-attention has ``cfg``'s part (None: plain), and 3 padded sources; skips a part
+    without a decoder form."""
+    try:
+        model = _seq2seq([cfg.model_dump()] if cfg is not None else [])
+    except (ValueError, ConfigError) as err:  # no decoder form
+        pytest.skip(str(err))
+    src = torch.randint(4, 50, (3, 11), generator=torch.Generator(device=CUDA).manual_seed(2), device=CUDA)
+    src[1, 7:] = 0
+    return model, src
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("cfg", [pytest.param(None, id="vanilla"), *CASES])
 def test_leaving_the_source_in_place_decodes_as_a_full_reorder_on_cuda(cfg, dtype, monkeypatch):
@@ -115,21 +127,15 @@ def test_leaving_the_source_in_place_decodes_as_a_full_reorder_on_cuda(cfg, dtyp
     where they are instead of copying them among a sentence's beams; exact only if those beams' rows hold the same
     bits, i.e. if cuBLAS gives equal rows for equal rows (under bf16 autocast too). The CPU test of every decoder
     form: tests/models/test_beam_shared_source.py."""
-    try:
-        model = _seq2seq([cfg.model_dump()] if cfg is not None else [])
-    except (ValueError, ConfigError) as err:  # no decoder form
-        pytest.skip(str(err))
-    src = torch.randint(4, 50, (3, 11), generator=torch.Generator(device=CUDA).manual_seed(2), device=CUDA)
-    src[1, 7:] = 0
+    model, src = _decoder_and_source(cfg)
 
     def decode():
         with torch.no_grad(), torch.autocast(CUDA.type, dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
-            return search.beam_search(model.decode_step, model.start_decoding(src), batch_size=3, beam_size=4, bos=2,
-                                      eos=3, pad=0, max_lengths=torch.tensor([6, 12, 9], device=CUDA), n_best=4)
+            return beam_search(model.decode_step, model.start_decoding(src), batch_size=3, beam_size=4, bos=2, eos=3,
+                               pad=0, max_lengths=torch.tensor([6, 12, 9], device=CUDA), n_best=4)
 
     in_place = decode()
-    real = search.reorder
-    monkeypatch.setattr(search, "reorder", lambda cache, index, *, within_sentences=False: real(cache, index))
+    reorder_whole_caches(monkeypatch)
     assert decode() == in_place
 
 
@@ -137,12 +143,7 @@ def test_leaving_the_source_in_place_decodes_as_a_full_reorder_on_cuda(cfg, dtyp
 def test_beam_search_syncs_with_the_host_once_per_step_on_cuda(cfg):
     """``torch.cuda.set_sync_debug_mode`` warns at every sync; a marker per step splits them. What runs between two
     markers is one model step (CUDA-only plans included) and the search's bookkeeping: one sync in all."""
-    try:
-        model = _seq2seq([cfg.model_dump()] if cfg is not None else [])
-    except (ValueError, ConfigError) as err:  # no decoder form
-        pytest.skip(str(err))
-    src = torch.randint(4, 50, (3, 11), generator=torch.Generator(device=CUDA).manual_seed(2), device=CUDA)
-    src[1, 7:] = 0
+    model, src = _decoder_and_source(cfg)
     events: list = []
 
     def search(mark: bool):

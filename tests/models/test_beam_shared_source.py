@@ -15,11 +15,10 @@ import sanlab.decoding.search as search
 from sanlab.attention.registry import PARTS
 from sanlab.attention.state import SourceKV
 from sanlab.config import Seq2SeqConfig, StackConfig
-from sanlab.decoding.cache import reorder
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_seq2seq
-from tests_helpers import perturb
+from tests_helpers import perturb, reorder_whole_caches
 
 DIM, HEADS, VOCAB = 16, 4, 30
 PLAIN = {"attention": {"heads": HEADS}}
@@ -54,10 +53,6 @@ def _decode(model: torch.nn.Module, step=None) -> list:
                                   bos=2, eos=3, pad=0, max_lengths=torch.tensor([4, 6, 8]), n_best=3)
 
 
-def _full_reorder(cache, index, *, within_sentences=False):
-    return reorder(cache, index)
-
-
 @pytest.mark.parametrize("decoder", _decoder_forms())
 def test_leaving_the_source_in_place_decodes_as_a_full_reorder(decoder, monkeypatch):
     try:
@@ -65,7 +60,7 @@ def test_leaving_the_source_in_place_decodes_as_a_full_reorder(decoder, monkeypa
     except (ValueError, ConfigError):
         pytest.skip("the part has no decoder form of this kind (refusals are the contracts' subject)")
     kept = _decode(model)
-    monkeypatch.setattr(search, "reorder", _full_reorder)
+    reorder_whole_caches(monkeypatch)
     full = _decode(model)
     assert [[(h.tokens, h.score, h.log_prob, h.positional_scores) for h in hyps] for hyps in kept] == \
            [[(h.tokens, h.score, h.log_prob, h.positional_scores) for h in hyps] for hyps in full]
