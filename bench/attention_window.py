@@ -7,10 +7,18 @@ reference of the same length and the same run (docs/performance.md, "timing hygi
 
     .venv/bin/python bench/attention_window.py            # I in 64 128 512, 20 repeats
     .venv/bin/python bench/attention_window.py --quick    # 5 repeats: for a busy machine
-    python3 bench/attention_window.py --device cuda --lengths 512 2048 4096 8192   # adds FlexAttention, peak memory
+    python3 bench/attention_window.py --device cuda --lengths 512 2048 4096 8192 --compile   # + FlexAttention,
+                                                                                            # peak memory
 
 On CUDA two FlexAttention rows: "1D flex" is a hand-built window whose block mask is made once, "1D flex plan"
 the model's plan (``attention/flex.py``), which builds its block mask in every call; the two differ by that.
+``--compile`` adds the banded plan under ``torch.compile`` (as a model with ``train.compile: true`` runs it),
+compiled before the timed repeats.
+
+The ops column counts the aten operators one forward + backward dispatches, views left out: in eager mode
+each is a kernel launch on a GPU, so at the lengths where a plan's time hardly grows with I, the time is
+mostly these launches (on an H200 the banded plan took 2.5 ms at I = 512 and 3.3 ms at 4096; results/gpu.md).
+Not counted for compiled functions and FlexAttention, whose kernels are generated.
 """
 
 from __future__ import annotations
@@ -18,9 +26,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import traceback
 from dataclasses import replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sanlab.attention import banded, flex, plans
 from sanlab.attention.parts.csan2d import HeadArea
@@ -42,6 +52,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="5 repeats, 2 warm-ups")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (CUDA adds FlexAttention and peak memory)")
+    p.add_argument("--compile", action="store_true", help="add the banded plan under torch.compile (1D and 2D)")
     return p.parse_args()
 
 
@@ -86,6 +97,32 @@ def _flex_window(half_width: int, valid: torch.Tensor):
     return lambda q, k, v, positions: compiled(q, k, v, block_mask=block_mask)
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts the aten operators dispatched inside the block, views left out (they launch no kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func is not torch.ops.aten._unsafe_view.default:
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(run, tensors, positions) -> int:
+    """Operators of one forward + backward, the reduction to a scalar and its seed gradient left out."""
+    for t in tensors:
+        t.grad = None
+    with _OpCount() as forward:
+        out = run(*tensors, positions)
+    total = out.sum()
+    seed = torch.ones_like(total)
+    with _OpCount() as backward:
+        total.backward(seed)  # (the sum's own backward is an expand: a view, not counted)
+    return forward.ops + backward.ops
+
+
 def _time(run, tensors, positions) -> float:
     for t in tensors:
         t.grad = None
@@ -114,6 +151,9 @@ def bench_length(args, length: int) -> list[tuple[str, float]]:
                "1D banded": _method("banded", one_d, block=args.block),
                "2D dense": _method("dense", two_d, block=args.block),
                "2D banded": _method("banded", two_d, block=args.block)}
+    if args.compile:  # a fresh compiled function per length: each compiles for its shapes in the warm-ups
+        methods["1D banded compiled"] = torch.compile(methods["1D banded"], dynamic=False)
+        methods["2D banded compiled"] = torch.compile(methods["2D banded"], dynamic=False)
     hand_flex = _flex_window(m, valid) if device.type == "cuda" else None  # (no backward on this CPU build)
     if hand_flex is not None:
         methods["1D flex"] = hand_flex
@@ -135,11 +175,18 @@ def bench_length(args, length: int) -> list[tuple[str, float]]:
                 failed[n] = "out of memory"
                 torch.cuda.empty_cache()
                 continue
+            except Exception as e:  # (a compiler failure on a GPU lease): the row says so, the other rows run
+                traceback.print_exc()
+                failed[n] = f"failed: {type(e).__name__}"
+                continue
             if r >= warmups:
                 times[n].append(elapsed)
     peaks = ({n: _peak_mib(methods[n], tensors, positions) for n in names if n not in failed}
              if device.type == "cuda" else {})
-    return [(n, statistics.median(times[n]) if n not in failed else failed[n], peaks.get(n)) for n in names]
+    ops = {n: _ops(methods[n], tensors, positions) for n in names
+           if n not in failed and "compiled" not in n and "flex" not in n}
+    return [(n, statistics.median(times[n]) if n not in failed else failed[n], peaks.get(n), ops.get(n))
+            for n in names]
 
 
 def _peak_mib(run, tensors, positions) -> float:
@@ -160,21 +207,26 @@ def main() -> None:
           f"global sdpa: to 1D dense)")
     if args.device != "cpu":
         print(f"device {torch.cuda.get_device_name(torch.device(args.device))}; peak: extra CUDA memory of one step")
-    print(f"{'I':>5}  {'method':<13} {'ms':>9} {'ratio':>7}" + (f" {'peak MiB':>9}" if args.device != "cpu" else ""))
+    cuda = args.device != "cpu"
+    print(f"{'I':>5}  {'method':<19} {'ms':>9} {'ratio':>7}" + (f" {'peak MiB':>9}" if cuda else "") + f" {'ops':>5}")
     for length in args.lengths:
-        rows = {name: (seconds, peak) for name, seconds, peak in bench_length(args, length)}
-        for name, (seconds, peak) in rows.items():
-            if isinstance(seconds, str):  # the reason it has no time (out of memory)
-                print(f"{length:>5}  {name:<13} {seconds:>17}")
+        rows = {name: (seconds, peak, ops) for name, seconds, peak, ops in bench_length(args, length)}
+        for name, (seconds, peak, ops) in rows.items():
+            if isinstance(seconds, str):  # the reason it has no time (out of memory, a failure)
+                print(f"{length:>5}  {name:<19} {seconds:>17}")
                 continue
             ref = rows["2D dense" if name.startswith("2D") else "1D dense"][0]
             ratio = f"{seconds / ref:>7.2f}" if not isinstance(ref, str) else f"{'—':>7}"
-            print(f"{length:>5}  {name:<13} {seconds * 1e3:>9.2f} {ratio}"
-                  + (f" {peak:>9.1f}" if peak is not None else ""), flush=True)
+            memory = f" {peak:>9.1f}" if peak is not None else ""
+            print(f"{length:>5}  {name:<19} {seconds * 1e3:>9.2f} {ratio}{memory} {ops if ops is not None else '—':>5}",
+                  flush=True)
+        glob = rows["global sdpa"][0]
         window = [rows[n][0] for n in ("1D flex plan", "1D banded") if n in rows and not isinstance(rows[n][0], str)]
-        if window and not isinstance(rows["global sdpa"][0], str):
-            print(f"{length:>5}  global sdpa / fastest 1D window plan: {rows['global sdpa'][0] / min(window):.2f}x")
-
+        if window and not isinstance(glob, str):
+            print(f"{length:>5}  global sdpa / fastest 1D window plan: {glob / min(window):.2f}x")
+        compiled = rows.get("1D banded compiled", (None,))[0]
+        if compiled is not None and not isinstance(compiled, str) and not isinstance(glob, str):
+            print(f"{length:>5}  global sdpa / 1D banded compiled: {glob / compiled:.2f}x")
 
 if __name__ == "__main__":
     main()

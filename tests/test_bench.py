@@ -106,10 +106,13 @@ def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_b
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "attention_window.py"), "--quick", "--threads", "1",
                            "--lengths", "24", "--batch", "2", "--heads", "2", "--head-dim", "8", "--size", "5"],
                           cwd=ROOT, check=True, capture_output=True, text=True)
-    rows = [line.split() for line in done.stdout.splitlines()[2:] if len(line.split()) == 5]  # I, method (2), ms, ratio
+    # rows of I, method (two words), ms, ratio, ops
+    rows = [line.split() for line in done.stdout.splitlines()[2:] if len(line.split()) == 6]
     assert [" ".join(r[1:3]) for r in rows] == ["1D dense", "1D sdpa+mask", "1D banded", "2D dense", "2D banded",
                                                 "global sdpa"]
     assert all(float(r[3]) > 0 for r in rows)
+    ops = {" ".join(r[1:3]): int(r[5]) for r in rows}
+    assert ops["global sdpa"] < ops["1D sdpa+mask"] < ops["1D banded"]  # a fused kernel, then masks, then the spans
     assert "global sdpa / fastest 1D window plan:" in done.stdout
 
 

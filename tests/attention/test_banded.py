@@ -44,11 +44,24 @@ PARTS_GRID = [("1d", m, "wrap", "half") for m in (0, 1, 2, 6)] + [("1d", 2, "wra
 def test_banded_equals_dense_values_and_gradients(kind, m, boundary, causal_window, causal, length, block,
                                                   monkeypatch):
     monkeypatch.setattr(banded, "BLOCK", block)
-    dense, fast = _pair(_part(kind, m, boundary=boundary, causal_window=causal_window))
-    g = torch.Generator().manual_seed(length * 7 + m)
-    x = torch.randn(3, length, 16, generator=g, dtype=torch.float64)
-    probe = torch.randn(3, length, 16, generator=g, dtype=torch.float64)
     pos = Positions.self_attention(_valid(length), length=length, causal=causal)
+    _assert_banded_equals_dense(_part(kind, m, boundary=boundary, causal_window=causal_window), pos, seed=length * 7 + m)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind, m, boundary, causal_window", PARTS_GRID)
+def test_banded_equals_dense_without_padding(kind, m, boundary, causal_window, causal, monkeypatch):
+    """No key padding: the plan masks only the window and the span slots past either end of the sentence."""
+    monkeypatch.setattr(banded, "BLOCK", 3)
+    _assert_banded_equals_dense(_part(kind, m, boundary=boundary, causal_window=causal_window),
+                                Positions.self_attention(None, length=11, causal=causal), seed=m, batch=2)
+
+
+def _assert_banded_equals_dense(part: AttentionPart, pos: Positions, *, seed: int, batch: int = 3) -> None:
+    dense, fast = _pair(part)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, pos.q_pos.shape[0], 16, generator=g, dtype=torch.float64)
+    probe = torch.randn(x.shape, generator=g, dtype=torch.float64)
     grads = []
     for attn in (dense, fast):
         attn.zero_grad()
@@ -204,3 +217,24 @@ def test_attention_dropout_sits_where_the_dense_plan_puts_it(kind, monkeypatch):
     grads = [torch.autograd.grad(out[valid].sum(), x)[0] for out in (want, got)]
     torch.testing.assert_close(grads[1], grads[0])
     assert (got - dense.eval()(x, positions=positions).output)[valid].abs().max() > 1e-3  # dropout did run
+
+
+@pytest.mark.slow  # inductor compiles a forward and a backward graph per window kind (~10-15 s each here)
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_the_compiled_plan_equals_the_eager_one(kind):
+    """``train.compile: true`` runs this plan under torch.compile: the same values and gradients as eager."""
+    parts = StageParts.sort([_part(kind, 2, boundary="wrap")])
+    key_valid = torch.arange(37)[None, :] < torch.tensor([37, 30])[:, None]  # padding, and spans past both ends
+    q, k, v, ctx = _plan_inputs(length=37, key_valid=key_valid, heads=3, d=4)
+
+    def attend(q, k, v):
+        return banded.attend(q, k, v, ctx, parts=parts, scale=0.5, dropout=0.0, training=False, block=8)
+
+    results = []
+    for run in (attend, torch.compile(attend, dynamic=False)):
+        out = run(q, k, v)
+        results.append((out, torch.autograd.grad((out * out).sum(), (q, k, v))))
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)

@@ -6,13 +6,19 @@ Yang et al., "Convolutional Self-Attention Network", https://arxiv.org/abs/1810.
 them; this plan never forms an i x j matrix.
 
 Queries are cut into blocks of c; block beta (queries p0+beta*c .. +c-1) only needs the keys
-p0+beta*c-left .. p0+beta*c+c-1+right. Keys/values are padded by ``left``/``right`` on the time
-axis and gathered into overlapping spans of c+left+right (the ``look_around`` of
-lucidrains/local-attention; the "sliding chunks" of A.6), from the n head slots for 2D, scored
-with one matmul per block, masked (out of range, padding, window, causal, head validity),
+p0+beta*c-left .. p0+beta*c+c-1+right. Keys/values are gathered into overlapping spans of c+left+right
+(the ``look_around`` of lucidrains/local-attention; the "sliding chunks" of A.6), from the n head slots for
+2D, scored with one matmul per block, masked (out of range, padding, window, causal, head validity),
 softmaxed jointly over the n head slots and the span, and summed over the same spans of values.
 Memory O(b*h*i*n*(c+left+right)). The spans are gathered with ``index_select``/indexing, whose
 backward is an index-add; with ``unfold`` (strided backward) the plan was 1.5-1.7x slower on this CPU.
+
+Few operators: in eager mode on a GPU each is a kernel launch, and at the lengths where a window plan pays
+(I ~ 10^3) the launches, not the arithmetic, set its time (an H200 took 2.5 ms at I = 512, 3.3 ms at 4096;
+results/gpu.md). So slots before the first or past the last key read a clamped key instead of a padded copy
+of k and v (the mask hides them), the window is one [c, span] mask shared by every block, and the span index
+is one arange cut into windows: 34 operators for a padded batch's 1D window, forward + backward, where there
+were 49, and 43 for 2D-CSAN where there were 58 (torch 2.13; the ops column of ``bench/attention_window.py``).
 
 A part is window-local (the plan can run it) if it only masks, through
 ``band_offsets(causal=...) -> (left, right)`` describing the same band as its ``mask``; a 2D-CSAN
@@ -91,41 +97,57 @@ def _start(ctx: AttentionContext, *, queries: int, keys: int) -> int:
     return p0
 
 
-def _span_index(*, start: int, blocks: int, block: int, left: int, right: int, device) -> Tensor:
-    """[blocks, span] index of every key of every span on the time axis padded by ``left``.
+@dataclass(frozen=True)
+class _Spans:
+    """Where the key span of every query block sits: ``key_index`` [blocks * span] the key read at each slot
+    (positions clamped into 0 .. keys-1, so keys and values are read without padding them first), ``in_range``
+    [1, blocks, span] whether that slot holds a real position (None when every slot does). Slots outside are
+    masked, so their clamped keys get zero weight and zero gradient."""
 
-    Span beta holds positions start+beta*c-left .. start+beta*c+c-1+right (padded index = position + left).
-    """
+    key_index: Tensor
+    in_range: Tensor | None
+
+
+def _spans(*, start: int, blocks: int, block: int, left: int, right: int, keys: int, device) -> _Spans:
+    """Span beta holds positions start+beta*c-left .. start+beta*c+c-1+right: one arange cut into overlapping
+    windows (a view), not a grid of indices built from several (each op is a kernel launch on a GPU)."""
     span = block + left + right
-    return (start + block * torch.arange(blocks, device=device)[:, None]
-            + torch.arange(span, device=device)[None, :])  # [blocks, span]
+    first, end = start - left, start + blocks * block + right  # the first and one past the last position
+    positions = torch.arange(first, end, device=device)  # [blocks*c + left + right]
+    clamped = positions.clamp(0, keys - 1)
+    in_range = (clamped == positions).unfold(0, span, block)[None] if first < 0 or end > keys else None
+    return _Spans(clamped.unfold(0, span, block).reshape(-1), in_range)  # [blocks*span]
 
 
-def _allowed(ctx: AttentionContext, band: Band, index: Tensor, *, start: int, block: int, keys: int,
-             pad: int) -> Tensor:
+def _window(*, block: int, span: int, width: int, device) -> Tensor:
+    """[c, span]: query t of a block sees span slot s iff 0 <= s - t <= left + right (the same for every block:
+    slot s of block beta sits at offset s - t - left from its query t)."""
+    return torch.ones(block, span, dtype=torch.bool, device=device).triu(0).tril(width)
+
+
+def _allowed(ctx: AttentionContext, band: Band, spans: _Spans, *, blocks: int, block: int) -> Tensor:
     """Visibility [b|1, h|1, blocks, c, n*span] of each query block against its key spans."""
-    blocks, span = index.shape
-    q_pos = start + torch.arange(blocks * block, device=index.device).view(blocks, block)  # [blocks, c]
-    k_pos = index - band.left  # [blocks, span]
-    offset = k_pos[:, None, :] - q_pos[:, :, None]  # [blocks, c, span]
-    ok = (offset >= -band.left) & (offset <= band.right) & ((k_pos >= 0) & (k_pos < keys))[:, None, :]
-    allowed = ok[None, None, :, :, None, :]  # [1, 1, blocks, c, 1, span]
+    span = block + band.left + band.right
+    allowed = _window(block=block, span=span, width=band.left + band.right, device=spans.key_index.device)
+    keys_ok = spans.in_range  # [1, blocks, span] or None
     if ctx.key_valid is not None:
-        valid = F.pad(ctx.key_valid, (band.left, pad), value=False)[:, index]  # [b, blocks, span]
-        allowed = allowed & valid[:, None, :, None, None, :]  # [b, 1, blocks, c, 1, span]
+        valid = ctx.key_valid.index_select(1, spans.key_index).view(-1, blocks, span)  # [b, blocks, span]
+        keys_ok = valid if keys_ok is None else valid & keys_ok
+    allowed = allowed[None, None, None, :, None, :]  # [1, 1, 1, c, 1, span]
+    if keys_ok is not None:
+        allowed = allowed & keys_ok[:, None, :, None, None, :]  # [b|1, 1, blocks, c, 1, span]
     if band.head_valid is not None:
-        allowed = allowed & band.head_valid[None, :, None, None, :, None]  # [b, h, blocks, c, n, span]
+        allowed = allowed & band.head_valid[None, :, None, None, :, None]  # [b|1, h, blocks, c, n, span]
     n = 1 if band.k_src is None else band.k_src.shape[1]
-    return allowed.expand(*allowed.shape[:4], n, span).flatten(-2)  # [b|1, h|1, blocks, c, n*span]
+    return allowed.expand(*allowed.shape[:2], blocks, block, n, span).flatten(-2)  # [b|1, h|1, blocks, c, n*span]
 
 
-def _head_spans(x: Tensor, src: Tensor | None, index: Tensor, *, left: int, pad: int) -> Tensor:
+def _head_spans(x: Tensor, src: Tensor | None, key_index: Tensor, *, blocks: int) -> Tensor:
     """Key or value spans of each head's slots: x [b, h, j, d] -> [b, h, blocks, n*span, d]."""
-    padded = F.pad(x, (0, 0, left, pad))  # [b, h, left+j+pad, d]
     if src is None:
-        return padded.index_select(2, index.flatten()).unflatten(2, index.shape)  # [b, h, blocks, span, d]
+        return x.index_select(2, key_index).unflatten(2, (blocks, -1))  # [b, h, blocks, span, d]
     heads = src[:, None, :, None]  # [h, 1, n, 1]
-    spans = padded[:, heads, index[None, :, None, :]]  # [b, h, blocks, n, span, d]
+    spans = x[:, heads, key_index.view(1, blocks, 1, -1)]  # [b, h, blocks, n, span, d]
     return spans.flatten(3, 4)  # [b, h, blocks, n*span, d]
 
 
@@ -141,14 +163,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: Sta
                    right=max(0, min(band.right, keys - 1 - start)))
     c = max(1, min(block or BLOCK, i))
     blocks = math.ceil(i / c)
-    index = _span_index(start=start, blocks=blocks, block=c, left=band.left, right=band.right, device=q.device)
-    pad = max(0, start + blocks * c + band.right - keys)  # right padding: the last span may run past the keys
-    q_blocks = F.pad(q, (0, 0, 0, blocks * c - i)).view(b, h, blocks, c, d)  # [b, h, blocks, c, d]
-    k_spans = _head_spans(k, band.k_src, index, left=band.left, pad=pad)  # [b, h, blocks, n*span, d]
-    v_spans = _head_spans(v, band.v_src, index, left=band.left, pad=pad)  # [b, h, blocks, n*span, d]
+    spans = _spans(start=start, blocks=blocks, block=c, left=band.left, right=band.right, keys=keys,
+                   device=q.device)
+    if blocks * c > i:
+        q = F.pad(q, (0, 0, 0, blocks * c - i))
+    q_blocks = q.view(b, h, blocks, c, d)  # [b, h, blocks, c, d]
+    k_spans = _head_spans(k, band.k_src, spans.key_index, blocks=blocks)  # [b, h, blocks, n*span, d]
+    v_spans = _head_spans(v, band.v_src, spans.key_index, blocks=blocks)  # [b, h, blocks, n*span, d]
     scores = torch.matmul(q_blocks, k_spans.transpose(-1, -2)) * scale  # [b, h, blocks, c, n*span]
-    allowed = _allowed(ctx, band, index, start=start, block=c, keys=keys, pad=pad)
-    weights = masks.masked_softmax(scores, allowed)  # [b, h, blocks, c, n*span]
+    weights = masks.masked_softmax(scores, _allowed(ctx, band, spans, blocks=blocks, block=c))
     weights = F.dropout(weights, p=dropout, training=training)
     out = torch.matmul(weights, v_spans)  # [b, h, blocks, c, d]
     return out.reshape(b, h, blocks * c, d)[:, :, :i]  # [b, h, i, d]
