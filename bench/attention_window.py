@@ -30,8 +30,8 @@ import traceback
 from dataclasses import replace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from op_count import count_ops
 from sanlab.attention import banded, flex, plans
 from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
@@ -97,30 +97,15 @@ def _flex_window(half_width: int, valid: torch.Tensor):
     return lambda q, k, v, positions: compiled(q, k, v, block_mask=block_mask)
 
 
-class _OpCount(TorchDispatchMode):
-    """Counts the aten operators dispatched inside the block, views left out (they launch no kernel)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func is not torch.ops.aten._unsafe_view.default:
-            self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _ops(run, tensors, positions) -> int:
     """Operators of one forward + backward, the reduction to a scalar and its seed gradient left out."""
     for t in tensors:
         t.grad = None
-    with _OpCount() as forward:
-        out = run(*tensors, positions)
-    total = out.sum()
+    outputs = []
+    forward = count_ops(lambda: outputs.append(run(*tensors, positions)))
+    total = outputs[0].sum()
     seed = torch.ones_like(total)
-    with _OpCount() as backward:
-        total.backward(seed)  # (the sum's own backward is an expand: a view, not counted)
-    return forward.ops + backward.ops
+    return forward + count_ops(lambda: total.backward(seed))  # (the sum's backward is an expand: a view)
 
 
 def _time(run, tensors, positions) -> float:

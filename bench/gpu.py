@@ -11,7 +11,8 @@ Timed: forward, label-smoothed loss, backward and an AdamW step, under ``--preci
 whose order rotates, the device synchronised around each update. Reported: median ms per update, target
 tokens/s, the ratio to the baseline's tokens/s paired by round, model FLOPs per update (counted by
 ``torch.utils.flop_counter`` on one forward and backward: what the model really computes, attention
-included) and MFU against the device's dense peak for that precision (``--peak-tflops`` overrides the table).
+included) and MFU against the device's dense peak for that precision (``--peak-tflops`` overrides the table),
+and the operators an eager forward and backward dispatches (``op_count.py``: kernel launches on a GPU).
 
 ``--profile DIR`` then runs ``--profile-updates`` more updates of each row under ``torch.profiler`` and writes
 ``DIR/profile.md``: per row, how busy the device was (its kernels' time over the wall time: the rest is
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from grid_speed import add_grid_arguments, bench_cells, provenance
+from op_count import count_ops
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
 
@@ -56,6 +58,7 @@ class Runner:
     step: callable
     params: int
     flops: float = 0.0
+    ops: int | None = None  # operators of one forward and backward, eager (None: a compiled row)
     compile_seconds: float | None = None
     seconds: list[float] = field(default_factory=list)
 
@@ -68,7 +71,9 @@ def make_batch(vocab: int, *, tokens: int, length: int, device: torch.device, se
     return src.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)
 
 
-def make_step(model, batch, precision: str, device: torch.device, *, compiled: bool, backend: str = "inductor"):
+def make_step(model, batch, precision: str, device: torch.device, *, compiled: bool, backend: str = "inductor",
+              optimize: bool = True):
+    """One update: forward, loss, backward and (``optimize``) the optimizer's step."""
     # as training builds it (training/loop.build_optimizer): fused on CUDA
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
     forward = torch.compile(model, backend=backend) if compiled else model
@@ -80,7 +85,8 @@ def make_step(model, batch, precision: str, device: torch.device, *, compiled: b
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), label_smoothing=0.1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
+        if optimize:
+            optimizer.step()
 
     return step
 
@@ -110,6 +116,8 @@ def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool) ->
         sync(device)
         runner.compile_seconds = time.perf_counter() - start
     runner.flops = count_flops(make_step(model, batch, args.precision, device, compiled=False))
+    if not compiled:  # (the optimizer left out: fused on CUDA, one loop per parameter on the CPU)
+        runner.ops = count_ops(make_step(model, batch, args.precision, device, compiled=False, optimize=False))
     return runner
 
 
@@ -145,8 +153,8 @@ def measure(runners: list[Runner], *, rounds: int, updates: int, warmup: int, de
 
 def table(runners: list[Runner], *, tokens: int, peak: float | None) -> list[str]:
     base = runners[0]
-    lines = ["| variant | params | ms / update | target tokens / s | vs baseline | GFLOP / update | MFU |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | params | ms / update | target tokens / s | vs baseline | GFLOP / update | MFU | ops |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runners:
         ms = statistics.median(r.seconds) * 1e3
         ratio = statistics.median(b / s for b, s in zip(base.seconds, r.seconds))
@@ -154,7 +162,9 @@ def table(runners: list[Runner], *, tokens: int, peak: float | None) -> list[str
         mfu = f"{100 * achieved / peak:.1f}%" if peak else "n/a"
         compile_note = f" (compile {r.compile_seconds:.0f} s)" if r.compile_seconds is not None else ""
         lines.append(f"| {r.name}{compile_note} | {r.params:,} | {ms:.1f} | {tokens / (ms / 1e3):,.0f} | "
-                     f"{ratio:.2f} | {r.flops / 1e9:,.4g} | {mfu} |")
+                     f"{ratio:.2f} | {r.flops / 1e9:,.4g} | {mfu} | {r.ops if r.ops is not None else '—'} |")
+    lines += ["", "ops: the operators one forward and backward dispatches in eager mode, views and the optimizer "
+                  "left out (bench/op_count.py): on a GPU, kernel launches"]
     return lines
 
 

@@ -91,6 +91,8 @@ def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0]] and rows[2][0].startswith("vanilla (compiled)")
     assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
+    # operators of an eager forward and backward (kernel launches on a GPU); a compiled row has none to count
+    assert 0 < int(rows[0][7]) < int(rows[1][7]) and rows[2][7] == "—"  # the window's mask adds some
     # the table is rewritten after every round; the last one is whole
     assert "partial" not in out.read_text().splitlines()[0] and "median of 2 rounds" in out.read_text()
     # --profile: each row's share of products (the CPU's own ops here) and its top ops; a trace per row
