@@ -55,6 +55,34 @@ def test_masked_softmax_empty_row_is_zero_not_nan():
     assert w[0, 0, 0, 1] == 0
 
 
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_softmax_runs_in_fp32_under_autocast_on_the_cpu(low):
+    """CUDA's autocast runs softmax in fp32 by itself; the CPU's would keep bf16 scores in bf16 (three
+    significant digits). The attention's softmax and Block's masked softmax widen it themselves, so bf16 training
+    computes the same weights on either device."""
+    from sanlab.layers.block_attention import masked_softmax as block_softmax
+
+    scores = (torch.randn(2, 3, 5, 7) * 4).to(low)
+    allowed = torch.rand(2, 1, 5, 7) > 0.3
+    with torch.autocast("cpu", dtype=low):
+        got = masked_softmax(scores, allowed)
+        got_block = block_softmax(scores, allowed, dim=-1)
+    want = masked_softmax(scores.float(), allowed)
+    assert got.dtype == got_block.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got_block, block_softmax(scores.float(), allowed, dim=-1), rtol=1e-6, atol=1e-7)
+    assert masked_softmax(scores.double(), allowed).dtype == torch.float64  # (the tests' fp64 stays fp64)
+
+
+def test_the_dense_plan_weights_are_fp32_under_bf16_autocast_on_the_cpu():
+    x, valid = _inputs()
+    attn = Attention(dim=16, heads=4, plan="dense").eval()
+    pos = Positions.self_attention(valid, length=7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trace = attn(x, positions=pos, need_trace=True).trace
+    assert trace["scores"].dtype == torch.bfloat16 and trace["weights"].dtype == torch.float32
+
+
 def test_trace_returns_scores_and_weights_the_model_used():
     x, valid = _inputs()
     attn = Attention(dim=16, heads=4).eval()

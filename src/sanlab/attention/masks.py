@@ -57,10 +57,15 @@ def combine(*masks: Tensor | None) -> Tensor | None:
 
 
 def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
-    """Softmax over the last axis restricted to allowed keys; a row with no allowed key is 0, not NaN."""
+    """Softmax over the last axis restricted to allowed keys; a row with no allowed key is 0, not NaN.
+
+    Computed and returned in fp32 at least (fp64 stays fp64): CUDA's autocast runs a softmax in fp32 by
+    itself, the CPU's keeps bf16 scores in bf16, and bf16 training must not differ by device there.
+    """
+    dtype = torch.promote_types(scores.dtype, torch.float32)
     if allowed is None:
-        return torch.softmax(scores, dim=-1)
+        return torch.softmax(scores, dim=-1, dtype=dtype)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = torch.softmax(scores, dim=-1, dtype=dtype)
     # An all -inf row gives NaN; such rows (padded queries, strictly directional heads) must be zero.
     return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)

@@ -43,7 +43,8 @@ def masked_softmax(logits: Tensor, allowed: Tensor, *, dim: int) -> Tensor:
     """Softmax over ``dim`` restricted to ``allowed`` (broadcastable); an empty slice gives zeros (DiSAN's
     masked softmax followed by a multiplication with the mask, so no NaN appears even in gradients)."""
     logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-    return torch.softmax(logits, dim=dim) * allowed.to(logits.dtype)
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32 under autocast on every device (masks.py)
+    return torch.softmax(logits, dim=dim, dtype=dtype) * allowed.to(dtype)
 
 
 def direction_mask(size: int, direction: str, *, device: torch.device | None = None) -> Tensor:
