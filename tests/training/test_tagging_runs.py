@@ -70,3 +70,31 @@ def test_the_tagger_never_predicts_the_unknown_tag(tmp_path):
         model.classifier.bias[-1] = 1e4
     predicted = {t for sent in predict_tags(model, vocab, dev, max_chars=config.model.max_word_chars) for t in sent}
     assert predicted and UNKNOWN_TAG not in predicted
+
+
+def test_predicted_tags_come_back_in_input_order_from_batches_sorted_by_length(tmp_path, monkeypatch):
+    """Where padding is masked, ``predict_tags`` batches sentences of similar length together; the tags still come
+    back in the order given, the same as one sentence per batch (no padding at all)."""
+    import torch
+
+    from sanlab.data.conllu_io import read_conllu
+    from sanlab.models.builders import build_tagger
+    from sanlab.tasks import tagging
+
+    config = make_tagging_config(tmp_path)
+    train, dev = read_conllu(config.data.train), read_conllu(config.data.dev)
+    vocab = tagging.build_vocab(config, train=train, dev=dev, test=[])
+    torch.manual_seed(0)
+    model = build_tagger(config.model, vocab_size=len(vocab.words), num_chars=len(vocab.chars),
+                         num_tags=len(vocab.tags))
+    batches = []
+    real_encode = tagging.encode_batch
+    monkeypatch.setattr(tagging, "encode_batch", lambda vocab, group, **kw: batches.append(group) or
+                        real_encode(vocab, group, **kw))
+    sents = dev[::-1]  # (dev's own order is not by length either)
+    alone = [tagging.predict_tags(model, vocab, [s], max_chars=config.model.max_word_chars)[0] for s in sents]
+    batches.clear()
+    together = tagging.predict_tags(model, vocab, sents, max_chars=config.model.max_word_chars, batch_size=6)
+    assert together == alone and [len(t) for t in together] == [len(s.words) for s in sents]
+    lengths = [len(s.words) for group in batches for s in group]
+    assert lengths == sorted(lengths) != [len(s.words) for s in sents] and len(batches) == 4

@@ -187,18 +187,23 @@ def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence]
                  batch_size: int = 64, precision: Precision | None = None) -> list[list[str]]:
     """The most likely tag of each word, never <unk-tag> (not a tag: a training target only for a training file
     that changed under a resumed run; written into CoNLL-U it would not be UD); the forward under
-    ``precision``'s autocast (default fp32)."""
+    ``precision``'s autocast (default fp32). Where padding is masked, sentences of similar length share a batch
+    (sorted by length, as ``translate`` does: less padding to compute); without the mask every batch is padded to
+    the model's length anyway, and the given order is kept."""
     model.eval()
     known = len(vocab.tags) - 1 if vocab.tags[-1] == UNKNOWN_TAG else len(vocab.tags)
     precision = precision or Precision("fp32", model_device(model))
-    out = []
+    order = sorted(range(len(sents)), key=lambda k: len(sents[k].words)) if model.pad_to is None else range(len(sents))
+    out: list[list[str]] = [[] for _ in sents]
     for k in range(0, len(sents), batch_size):
-        batch = to_device(encode_batch(vocab, sents[k:k + batch_size], max_chars=max_chars, pad_to=model.pad_to),
-                          model_device(model))
+        indices = order[k:k + batch_size]
+        group = [sents[i] for i in indices]
+        batch = to_device(encode_batch(vocab, group, max_chars=max_chars, pad_to=model.pad_to), model_device(model))
         with precision.autocast():
             logits = model(batch.words, batch.chars, char_words=batch.char_words)  # [b, t, tags]
         pred = logits[..., :known].float().argmax(-1).tolist()  # [b, t], one copy to the host
-        out += [[vocab.tags[p] for p in row[:len(s.words)]] for row, s in zip(pred, sents[k:k + batch_size])]
+        for i, row, s in zip(indices, pred, group):
+            out[i] = [vocab.tags[p] for p in row[:len(s.words)]]
     return out
 
 
