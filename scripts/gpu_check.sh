@@ -27,7 +27,10 @@
 #                                      files results/compare/.gitignore tracks (`sanlab compare GRID --import
 #                                      table1-cells.tar.gz` adds them: never over a cell begun here); an
 #                                      unfinished cell is lost
-# Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it.
+# Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it;
+# a step that fails does not stop the others, and the call then exits 1 with the failed steps named at the end of the
+# report (a training slice that ran out of TRAIN_MINUTES has not failed). What a lease measured is committed by hand,
+# as results/gpu.md and results/gpu/ (the report holds logs and partial tables, not a write-up).
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/, with this checkout's sentencepiece: the table1 cells must train the grid's subword vocabulary,
@@ -91,6 +94,8 @@ files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/trai
        --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
        --set "data.test.test_2016_flickr.tgt=$DATA/test_2016_flickr.de.gz")
 section() { printf '\n## %s\n\n```\n' "$1" >> "$report"; }
+failed=()  # the steps whose command failed: every step still runs (a lease's minutes are few), the call exits 1
+failed_if() { [ "$1" -eq 0 ] || failed+=("$2 (exit $1)"); }
 end_section() { printf '```\n' >> "$report"; }
 
 printf '# sanlab on a GPU (scripts/gpu_check.sh, %s)\n\nCommit: %s\n' "$(date -u +%F)" \
@@ -98,19 +103,22 @@ printf '# sanlab on a GPU (scripts/gpu_check.sh, %s)\n\nCommit: %s\n' "$(date -u
 
 if wants env; then
     section "sanlab env"
-    $PY -m sanlab env --device "$DEVICE" 2>&1 | tee -a "$report"; nvidia-smi -L 2>&1 | tee -a "$report"
+    $PY -m sanlab env --device "$DEVICE" 2>&1 | tee -a "$report"; failed_if "${PIPESTATUS[0]}" env
+    nvidia-smi -L 2>&1 | tee -a "$report"
     end_section
 fi
 if wants tests; then
     section "pytest -m gpu"
     timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -q -m gpu -p no:cacheprovider ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
         | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" tests
     end_section
 fi
 if wants trainstep; then
     section "bench/train_step.py (d=256 3+3 recipe size, 512 x 30 tokens)"
     for precision in fp32 bf16; do
         $PY bench/train_step.py --device "$DEVICE" --precision "$precision" --batch 512 --repeats 10 2>&1 | tee -a "$report"
+        failed_if "${PIPESTATUS[0]}" "trainstep $precision"
     done
     end_section
 fi
@@ -119,6 +127,7 @@ if wants window; then
     timeout "${GPU_WINDOW_TIMEOUT:-480}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
         --batch 8 --repeats "${GPU_WINDOW_REPEATS:-10}" ${GPU_WINDOW_COMPILE---compile} 2>&1 \
         | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" window
     end_section
 fi
 if wants gpubench; then
@@ -126,12 +135,14 @@ if wants gpubench; then
     timeout "${GPU_BENCH_TIMEOUT:-540}" $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device "$DEVICE" --precision bf16 \
         --compile ${GPU_COMPILE:-vanilla 1D-CSAN} --out "$REPORT_DIR/gpu-train-speed.md" \
         --profile "$REPORT_DIR/gpu-profile" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 60 | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" gpubench
     end_section
 fi
 if wants decode; then
     section "bench/decode_speed.py: beam 5 on cuda, cached vs recomputed prefix (Multi30k grid, untrained)"
     timeout "${GPU_DECODE_TIMEOUT:-540}" $PY bench/decode_speed.py configs/compare/csan-table1-multi30k.yaml --device "$DEVICE" --threads 4 \
         --recompute vanilla --sentences 200 --batch 50 "${files[@]}" 2>&1 | tail -n 24 | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" decode
     end_section
 fi
 if wants train; then
@@ -140,6 +151,8 @@ if wants train; then
     start=$(date +%s)
     timeout "$(( ${TRAIN_MINUTES:-8} * 60 ))" $PY -m sanlab train configs/multi30k-en-de-transformer.yaml --run "$run" \
         --device "$DEVICE" --set train.precision=bf16 --quiet "${files[@]}" 2>&1 | tail -n 3 | tee -a "$report"
+    status=${PIPESTATUS[0]}
+    [ "$status" -eq 124 ] || failed_if "$status" train  # 124: the slice ended, to be continued by a rerun
     echo "this slice: $(( $(date +%s) - start )) s wall" | tee -a "$report"
     grep -E "device|finished|resumed" "$run/train.log" | tail -n 4 | tee -a "$report"
     grep '"speed"' "$run/metrics.jsonl" | tail -n 1 | tee -a "$report"
@@ -159,7 +172,8 @@ if wants decode-agreement; then
     if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
         timeout "${GPU_AGREEMENT_TIMEOUT:-540}" $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
             --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
-            --output "$REPORT_DIR/decode-agreement.md" 2>&1 | head -n 16 | tee -a "$report"
+            --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' | tee -a "$report"
+        failed_if "${PIPESTATUS[0]}" decode-agreement
     else
         echo "no trained run: $run has not finished (run GPU_STEPS=train until it has, or set DECODE_RUN)" \
             | tee -a "$report"
@@ -248,5 +262,10 @@ EOF
     fi
     $PY -m sanlab compare "$grid" --table-only 2>&1 | tail -n 30 | tee -a "$report"
     end_section
+fi
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf '\nFailed: %s\n' "${failed[*]}" | tee -a "$report"
+    echo "wrote $report"
+    exit 1
 fi
 echo "wrote $report"

@@ -1,6 +1,7 @@
-"""scripts/gpu_check.sh refuses at once, before anything runs on the device, when a step needs the Multi30k
-files and they are not where GPU_DATA says (the device tool carries only the checkout: a missing data folder
-used to surface minutes later, or as a self-referencing link under ../shared)."""
+"""scripts/gpu_check.sh around its steps: it refuses at once, before anything runs on the device, when a step needs
+the Multi30k files and they are not where GPU_DATA says (the device tool carries only the checkout: a missing data
+folder used to surface minutes later, or as a self-referencing link under ../shared), and a failed step makes the
+call fail, named in the report."""
 
 import os
 import sys
@@ -10,6 +11,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bare_copy(tmp_path) -> Path:
+    """The script in a tree of its own (no carried wheels: the checkout may hold some)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "gpu_check.sh").write_text((ROOT / "scripts" / "gpu_check.sh").read_text())
+    return repo
 
 
 @pytest.mark.parametrize("steps", ["table1", "decode-agreement", "env,train"])
@@ -27,9 +36,7 @@ def test_table1_stops_when_the_sentencepiece_would_train_another_vocabulary(tmp_
     """The H200 image's sentencepiece 0.2.2 trained another subword vocabulary than the grid's cells (0.2.3):
     the table1 step now compares versions before it trains anything. Run from a copy of the script in a bare
     tree (no carried wheels), with a stand-in sentencepiece module of another version."""
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / "scripts" / "gpu_check.sh").write_text((ROOT / "scripts" / "gpu_check.sh").read_text())
+    repo = _bare_copy(tmp_path)
     cell = repo / "results" / "compare" / "csan-table1-multi30k" / "vanilla" / "seed-1"
     cell.mkdir(parents=True)
     (cell / "meta.json").write_text('{"versions": {"sentencepiece": "0.2.3"}}')
@@ -46,3 +53,24 @@ def test_table1_stops_when_the_sentencepiece_would_train_another_vocabulary(tmp_
     assert done.returncode == 2, done.stdout + done.stderr
     assert "sentencepiece 0.2.2 here, but the grid's cells used 0.2.3" in done.stdout
     assert not list(cell.parent.parent.glob("*/seed-*/config.yaml"))  # nothing trained
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_a_failed_step_is_named_and_the_call_exits_1(tmp_path, works):
+    """A failed `pytest -m gpu` used to leave the call's status 0: whoever ran it on a lease saw success."""
+    python = sys.executable
+    if not works:
+        python = tmp_path / "broken-python"
+        python.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 3\n")
+        python.chmod(0o755)
+    repo = _bare_copy(tmp_path)
+    env = {**os.environ, "GPU_STEPS": "env", "REPORT_DIR": str(tmp_path / "r"), "GPU_DEVICE": "cpu",
+           "PYTHON": str(python)}
+    done = subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    report = (tmp_path / "r" / "gpu.md").read_text()
+    if works:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Failed" not in report and "torch" in report  # sanlab env's lines
+    else:
+        assert done.returncode == 1 and "Failed: env (exit 3)" in report and "no torch here" in report
