@@ -88,3 +88,24 @@ def _has_bool_index(args) -> bool:
     index = args[1] if len(args) > 1 else None
     index = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+
+
+def assert_close_in_norm(actual: dict, expected: dict, *, rtol: float, what: str) -> None:
+    """Each tensor of ``actual`` within ``rtol`` of ``expected``'s in norm: ||a - b|| <= rtol * ||b||. For gradients
+    of weights, sums over every token of a batch: in bf16 their rounding noise grows with the sum while single
+    entries can cancel to near zero, so an entrywise tolerance fails on those entries whatever their noise."""
+    assert actual.keys() == expected.keys(), f"{what}: {sorted(actual)} vs {sorted(expected)}"
+    for name, a in actual.items():
+        b = expected[name]
+        assert (a is None) == (b is None), f"{what}: {name} has a gradient in one run only"
+        if a is None:
+            continue
+        error, scale = (a.float() - b.float()).norm().item(), b.float().norm().item()
+        assert error <= rtol * scale, (f"{what}: {name} differs by {error:.3g} in norm "
+                                       f"({error / max(scale, 1e-30):.3g} of its norm {scale:.3g}; allowed {rtol})")
+
+
+def weight_grads(module: torch.nn.Module) -> dict:
+    """The gradients of ``module``'s weights, less the key projection's bias: softmax ignores a bias every key
+    shares, so its gradient is zero, and what a run computes for it is rounding noise."""
+    return {n: p.grad for n, p in module.named_parameters() if not n.endswith("k_proj.bias")}

@@ -9,6 +9,8 @@
                  an update never syncs with the host (fp32, bf16, fp16);
                  `analyze attention --device cuda` gives the map it gives on the CPU
     cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
+    nccl         where two GPUs exist, two processes (DDP over NCCL, accumulating under no_sync) train what one
+                 process accumulating their batches trains
 """
 
 import warnings
@@ -25,7 +27,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.registry import BuildContext
 from sanlab.runs import train_run
 from sanlab.training.compile import FAIL_SETTINGS, raised_limit
-from tests_helpers import reorder_whole_caches
+from tests_helpers import assert_close_in_norm, reorder_whole_caches, weight_grads
 from training_fixtures import final_weights, make_tagging_config
 
 pytestmark = [pytest.mark.gpu,
@@ -74,10 +76,13 @@ def test_fast_plans_equal_dense_on_cuda(cfg, side, dtype):
         with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
             out = attn(xi, positions=positions).output
         (out.float() * probe).sum().backward()
-        results.append((plan, out.float(), xi.grad))
-    for plan, out, grad in results[1:]:
-        torch.testing.assert_close(out, results[0][1], **TOLERANCE[dtype], msg=lambda m: f"{plan} values: {m}")
-        torch.testing.assert_close(grad, results[0][2], **TOLERANCE[dtype], msg=lambda m: f"{plan} gradients: {m}")
+        results.append((plan, out.float(), xi.grad, weight_grads(attn)))
+    _, want, want_grad, want_params = results[0]
+    for plan, out, grad, params in results[1:]:
+        torch.testing.assert_close(out, want, **TOLERANCE[dtype], msg=lambda m: f"{plan} values: {m}")
+        torch.testing.assert_close(grad, want_grad, **TOLERANCE[dtype], msg=lambda m: f"{plan} gradients: {m}")
+        # the weights' gradients too (a Gaussian's predictors get theirs through the plan), in norm: tests_helpers
+        assert_close_in_norm(params, want_params, rtol=TOLERANCE[dtype]["rtol"], what=f"{plan} weight gradients")
 
 
 def _seq2seq(parts: list) -> torch.nn.Module:
@@ -299,3 +304,27 @@ def test_inductor_compiled_training_equals_eager_on_cuda(tmp_path, tiny_translat
             torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-4,
                                        msg=lambda m, name=name: f"{name}: {m}\nlargest differences: {worst}")
     assert "torch.compile: compiled at update 1" in (compiled / "train.log").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"needs two CUDA devices (DDP over NCCL, --nproc 2); this "
+                    f"machine has {torch.cuda.device_count()}. With one GPU a run has one process and no process "
+                    f"group: nothing to reduce (training.distributed)")
+def test_two_processes_over_nccl_train_what_one_accumulating_their_batches_trains(tmp_path, tiny_translation):
+    """The CPU suite's gloo test (tests/training/test_distributed.py) over NCCL: each process on cuda:LOCAL_RANK,
+    gradients all-reduced by NCCL, accumulation micro-batches under no_sync."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    def weights(run, *, nproc, **train):
+        config = tiny_translation(max_steps=5, valid_every=5, eps=1.0, device="cuda", **train)
+        config = config.model_copy(update={"model": config.model.model_copy(update={"dropout": 0.0})})
+        (tmp_path / f"{run}.yaml").write_text(dump_config(config))
+        assert main(["train", str(tmp_path / f"{run}.yaml"), "--run", str(tmp_path / run), "--nproc", str(nproc),
+                     "--quiet"]) == 0
+        return final_weights(tmp_path / run)
+
+    two, one = weights("two", nproc=2, accum_steps=2), weights("one", nproc=1, accum_steps=4)
+    assert "distributed data parallel: 2 processes (nccl), 4 batches per update" in (tmp_path / "two" / "train.log"
+                                                                                        ).read_text()
+    for name in one:  # the same update up to the order of the floating-point sums (NCCL's, cuBLAS's)
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)

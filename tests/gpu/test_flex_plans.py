@@ -13,6 +13,7 @@ from sanlab.attention.plans import StageParts
 from sanlab.attention.registry import PARTS
 from sanlab.errors import ConfigError
 from sanlab.registry import BuildContext
+from tests_helpers import assert_close_in_norm, weight_grads
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"),
@@ -75,10 +76,13 @@ def _compare(cfg, side: str, plan: str, dtype, *, lengths=LENGTHS, no_padding=Fa
         with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
             out = attn(xi, **kw).output
         (out.float() * probe).sum().backward()
-        results.append((out.float(), xi.grad))
-    (out_d, grad_d), (out_f, grad_f) = results
+        results.append((out.float(), xi.grad, weight_grads(attn)))
+    (out_d, grad_d, params_d), (out_f, grad_f, params_f) = results
     torch.testing.assert_close(out_f, out_d, **TOLERANCE[dtype], msg=lambda m: f"{plan} values: {m}")
     torch.testing.assert_close(grad_f, grad_d, **TOLERANCE[dtype], msg=lambda m: f"{plan} gradients: {m}")
+    # the weights' gradients too (the Gaussian parts' predictors get theirs through the score_mod's captures), in
+    # norm: tests_helpers.assert_close_in_norm
+    assert_close_in_norm(params_f, params_d, rtol=TOLERANCE[dtype]["rtol"], what=f"{plan} weight gradients")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
