@@ -8,15 +8,21 @@ the CPU tensors raises. Every registered attention part (in the encoder, the dec
 where it has those forms), every mixer and pre-block, and both models are run forward, backward and
 through a few beam-search steps this way.
 
-What it cannot reach: code that only runs on a GPU (nothing does yet), tensors created from Python data
-and then moved with ``.to(x.device)`` (correct, and not flagged), host syncs (``.item()``, ``.tolist()``:
-correct on every device, only slow on a GPU), and the data loaders and training loop, which build their
-batches on the CPU by design and move them once.
+The parts run through every plan that can run them (``plan`` forced: ``auto`` takes the banded plan only from
+128 keys on and FlexAttention only on CUDA, and these sentences are short).
+
+What it cannot reach: code that only runs on a GPU (the flex plan's compiled kernel and compiled block mask,
+``flex.attend``'s CUDA branch: on the CPU the same mods run through torch's reference operator), tensors created
+from Python data and then moved with ``.to(x.device)`` (correct, and not flagged), host syncs (``.item()``,
+``.tolist()``: correct on every device, only slow on a GPU), and the data loaders and training loop, which build
+their batches on the CPU by design and move them once.
 """
 
 import pytest
 import torch
 
+from sanlab.attention import flex, plans
+from sanlab.attention.plans import StageParts
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
 from sanlab.decoding.search import beam_search
@@ -24,6 +30,7 @@ from sanlab.errors import ConfigError
 from sanlab.layers.mixers import MIXERS
 from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.models.builders import build_seq2seq, build_tagger
+from sanlab.registry import BuildContext
 
 DIM, HEADS, VOCAB = 16, 4, 30
 
@@ -69,6 +76,35 @@ def test_attention_part_creates_no_tensor_on_the_default_device(cfg):
     for decoder in ({"attention": attention}, {"attention": plain, "cross_attention": attention}):
         try:  # the decoder and cross forms, where the part has them (refusals are the contracts' subject)
             model = _seq2seq({"attention": plain}, decoder)
+        except (ValueError, ConfigError):
+            continue
+        _run_seq2seq_on_meta_default(model)
+
+
+def _fast_plans(part: dict) -> list[str]:
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=2, side="encoder", max_len=16)
+    try:
+        built = PARTS.build(PARTS.parse(part), ctx)
+    except (ValueError, ConfigError):
+        return []
+    can = plans.runnable(StageParts.sort([built]), head_dim=DIM // HEADS)
+    return [plan for plan in can if plan != "dense" and (plan != "flex" or flex.AVAILABLE)]
+
+
+PLAN_CASES = [pytest.param(cfg, plan, id=f"{name}-{n}-{plan}",  # flex on the CPU traces its mods at every call
+                           marks=[pytest.mark.slow] if plan == "flex" else [])
+              for name in PARTS.names()
+              for n, cfg in enumerate(PARTS.entry(name).config.examples()) for plan in _fast_plans(cfg.model_dump())]
+
+
+@pytest.mark.parametrize("cfg, plan", PLAN_CASES)
+def test_every_plan_of_a_part_creates_no_tensor_on_the_default_device(cfg, plan):
+    attention = {"heads": HEADS, "parts": [cfg.model_dump()], "plan": plan}
+    plain = {"heads": HEADS}
+    for encoder, decoder in (({"attention": attention}, {"attention": plain}),
+                             ({"attention": plain}, {"attention": attention})):
+        try:  # the decoder form (cached steps through the plan), where the part has one
+            model = _seq2seq(encoder, decoder)
         except (ValueError, ConfigError):
             continue
         _run_seq2seq_on_meta_default(model)
