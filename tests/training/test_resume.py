@@ -73,6 +73,23 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_translation):
         train_run(tiny_translation(max_steps=3, lr=0.5), run, quiet=True)
 
 
+@pytest.mark.parametrize("other", [None, "step-00000002"], ids=["none", "an-older-one"])
+def test_processes_that_would_resume_from_different_checkpoints_stop_before_training(tmp_path, tiny_translation,
+                                                                                    monkeypatch, other):
+    """Every process of a distributed run reads the run directory itself; one on a node that sees another copy (or
+    none) must not train on from other weights. The other rank is simulated: gather gives its answer as rank 1's."""
+    from sanlab.training.distributed import Distributed
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=4, valid_every=2), run, quiet=True)
+    monkeypatch.setattr(Distributed, "gather", lambda self, value: [value, other])
+    with pytest.raises(TrainingError, match=f"resume from different checkpoints \\(rank 0: step-0+4; rank 1: "
+                                            f"{other or 'no checkpoint'}\\): every process must read the same run"):
+        train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)
+    monkeypatch.undo()
+    assert train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)["step"] == 6  # nothing lost
+
+
 def test_resume_refuses_a_budget_the_run_has_already_passed(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=4), run, quiet=True)
@@ -117,6 +134,16 @@ def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):
     with pytest.raises(TrainingError, match="loss is nan at update 4"):
         _poison_and_train(run, tiny_translation)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == saved
+
+
+def test_a_non_finite_loss_under_fp16_names_bf16_first(tmp_path, tiny_translation):
+    """fp16's loss scale recovers from gradients that overflow, not from a forward pass past fp16's range."""
+    run = tmp_path / "run"
+    fp16 = lambda **train: tiny_translation(precision="fp16", **train)  # noqa: E731
+    train_run(fp16(max_steps=3), run, quiet=True)
+    with pytest.raises(TrainingError, match="loss is nan at update 4 .* Under fp16 a value past 65,504 in the forward "
+                                            "pass gives this: try train.precision=bf16"):
+        _poison_and_train(run, fp16)
 
 
 def test_non_finite_weights_are_never_validated_or_saved(tmp_path, tiny_translation, monkeypatch):

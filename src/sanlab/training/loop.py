@@ -119,9 +119,10 @@ class Trainer:
     def resume(self) -> bool:
         """Continue from the latest checkpoint, if there is one. Returns True if it did."""
         candidates = self.checkpoints.resume_candidates()
-        if not candidates:
+        latest, state = self._load_newest_good(candidates) if candidates else (None, None)
+        self._check_every_process_resumes_alike(latest)
+        if latest is None:
             return False
-        latest, state = self._load_newest_good(candidates)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and "scaler" in state:  # fp16's loss scale and its growth counter
             self.scaler.load_state_dict(state["scaler"])
@@ -140,6 +141,16 @@ class Trainer:
                   f"after {self.progress.step:,} are done again and their records replaced")
         self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch}){redone}")
         return True
+
+    def _check_every_process_resumes_alike(self, latest: Path | None) -> None:
+        """Every process reads the checkpoints itself: one that saw another run directory (a node without the shared
+        filesystem, or with a stale copy) would start from other weights and optimizer state, and DDP, which makes
+        the weights equal only when it wraps the model, would not notice."""
+        starts = self.dist.gather(None if latest is None else latest.name)
+        if any(start != starts[0] for start in starts):
+            found = "; ".join(f"rank {rank}: {start or 'no checkpoint'}" for rank, start in enumerate(starts))
+            raise TrainingError(f"the processes would resume from different checkpoints ({found}): every process must "
+                                f"read the same run directory (on several nodes, a shared filesystem at the same path)")
 
     def _load_newest_good(self, candidates: list[Path]) -> tuple[Path, dict]:
         """Load the first checkpoint of ``candidates`` whose files are intact (weights into the model); a
@@ -232,9 +243,12 @@ class Trainer:
         p, settled = self.progress, self.interval.settle()
         if settled.bad is not None:
             what, step, value = settled.bad
+            # fp16's loss scale skips updates whose gradients overflow, but not a forward pass past fp16's range
+            fp16 = ("Under fp16 a value past 65,504 in the forward pass gives this: try train.precision=bf16 (fp32's "
+                    "range) first; else try" if self.scaler is not None else "Try")
             raise TrainingError(f"{what} is {value} at update {step} (epoch {p.epoch}); stopping without saving it. "
                                 f"Last good checkpoint: {self.last_good}. "
-                                "Try a lower learning rate, longer warm-up or gradient clipping.")
+                                f"{fp16} a lower learning rate, longer warm-up or --set train.clip_norm=1.0.")
         p.skipped_updates += settled.skipped
         self._since_log.loss_sum += settled.loss_sum
         self._since_log.updates += settled.updates
