@@ -143,6 +143,31 @@ def test_wrap_turns_off_buffer_sync_by_the_name_this_torch_knows(monkeypatch, dd
     assert wrapped.kwargs == expected
 
 
+def test_accumulation_micro_batches_skip_ddps_all_reduce_but_the_last(tmp_path, tiny_translation, monkeypatch):
+    """The gradients come out the same either way (test above), so only the calls show that accumulating
+    micro-batches skip DDP's all-reduce: the loop asks for it at each update's last batch only, and
+    ``Distributed.no_sync`` is DDP's own ``no_sync`` exactly where processes share gradients."""
+    import contextlib
+
+    from sanlab.runs import train_run
+    from sanlab.training.distributed import Distributed
+
+    flags = []
+    real = Distributed.no_sync
+    monkeypatch.setattr(Distributed, "no_sync", lambda self, wrapped, sync: flags.append(sync) or real(self, wrapped,
+                                                                                                      sync))
+    train_run(tiny_translation(max_steps=2, valid_every=2, accum_steps=3), tmp_path / "run", quiet=True)
+    assert flags == [False, False, True] * 2
+
+    class Wrapped:
+        def no_sync(self):
+            return "DDP's no_sync"
+
+    assert Distributed(rank=1, world_size=2).no_sync(Wrapped(), sync=False) == "DDP's no_sync"
+    assert isinstance(Distributed(rank=1, world_size=2).no_sync(Wrapped(), sync=True), contextlib.nullcontext)
+    assert isinstance(Distributed().no_sync(Wrapped(), sync=False), contextlib.nullcontext)  # one process: no DDP
+
+
 # Rank 0's validation made to raise: what a full disk or a decoding bug does there. Launched below without
 # torchrun (each process started by hand with RANK, WORLD_SIZE and MASTER_*, as srun or mpirun would), so no
 # agent ends rank 1, which waits for rank 0 in a collective.
