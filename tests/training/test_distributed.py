@@ -37,8 +37,9 @@ def test_two_processes_train_what_one_process_accumulating_their_batches_trains(
     make = _no_dropout(tiny_translation)  # dropout streams differ per process by design
     # Adam's eps = 1 makes the update about linear in small gradients: with the default 1e-9 Adam cancels
     # any constant factor, so gradients summed wrongly over processes (halved) would still pass
-    two = _train(tmp_path, make, "two", nproc=2, max_steps=5, valid_every=5, eps=1.0)
-    one = _train(tmp_path, make, "one", nproc=1, max_steps=5, valid_every=5, accum_steps=2, eps=1.0)
+    # each process accumulates two micro-batches, the first under DDP's no_sync
+    two = _train(tmp_path, make, "two", nproc=2, max_steps=5, valid_every=5, accum_steps=2, eps=1.0)
+    one = _train(tmp_path, make, "one", nproc=1, max_steps=5, valid_every=5, accum_steps=4, eps=1.0)
     assert two.keys() == one.keys()
     moved = _train(tmp_path, make, "start", nproc=1, max_steps=0, valid_every=5, eps=1.0)
     for name in one:  # same update up to the order of the floating-point sums
