@@ -47,6 +47,20 @@ def test_two_processes_train_what_one_process_accumulating_their_batches_trains(
     assert any(not torch.equal(one[n], moved[n]) for n in one)  # and training did change the weights
 
 
+def test_only_rank_0_reports(tmp_path, tiny_translation, capfd):
+    """Rank 0 logs for all: each line of train.log reaches the terminal once (rank 1's logger says nothing), and
+    rank 1 writes no log of its own."""
+    config = tmp_path / "run.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2)))
+    capfd.readouterr()
+    assert main(["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2"]) == 0
+    err = capfd.readouterr().err.splitlines()
+    logged = (tmp_path / "run" / "train.log").read_text().splitlines()
+    assert any("distributed data parallel: 2 processes (gloo)" in line for line in logged)
+    assert [err.count(line) for line in logged] == [1] * len(logged)
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.log")) == ["train.log"]
+
+
 def test_an_interrupted_two_process_run_resumes_to_the_uninterrupted_parameters(tmp_path, tiny_translation):
     straight = _train(tmp_path, tiny_translation, "straight", nproc=2, max_steps=6, valid_every=3)
     _train(tmp_path, tiny_translation, "resumed", nproc=2, max_steps=3, valid_every=3)
