@@ -166,12 +166,21 @@ def bench_length(args, length: int) -> list[tuple[str, float]]:
                 continue
             if r >= warmups:
                 times[n].append(elapsed)
-    peaks = ({n: _peak_mib(methods[n], tensors, positions) for n in names if n not in failed}
+    peaks = ({n: _unless_failed(_peak_mib, methods[n], tensors, positions) for n in names if n not in failed}
              if device.type == "cuda" else {})
-    ops = {n: _ops(methods[n], tensors, positions) for n in names
+    ops = {n: _unless_failed(_ops, methods[n], tensors, positions) for n in names
            if n not in failed and "compiled" not in n and "flex" not in n}
     return [(n, statistics.median(times[n]) if n not in failed else failed[n], peaks.get(n), ops.get(n))
             for n in names]
+
+
+def _unless_failed(measure, run, tensors, positions):
+    """``measure(run, ...)``, or None (the row says "—") where it fails: the timed rows stand without it."""
+    try:
+        return measure(run, tensors, positions)
+    except Exception:  # (out of memory in a second pass, a compiler failure): named on stderr
+        traceback.print_exc()
+        return None
 
 
 def _peak_mib(run, tensors, positions) -> float:
@@ -202,16 +211,17 @@ def main() -> None:
                 continue
             ref = rows["2D dense" if name.startswith("2D") else "1D dense"][0]
             ratio = f"{seconds / ref:>7.2f}" if not isinstance(ref, str) else f"{'—':>7}"
-            memory = f" {peak:>9.1f}" if peak is not None else ""
-            print(f"{length:>5}  {name:<19} {seconds * 1e3:>9.2f} {ratio}{memory} {ops if ops is not None else '—':>5}",
-                  flush=True)
-        glob = rows["global sdpa"][0]
+            memory = "" if not cuda else f" {peak:>9.1f}" if peak is not None else f" {'—':>9}"
+            count = ops if ops is not None else "—"
+            print(f"{length:>5}  {name:<19} {seconds * 1e3:>9.2f} {ratio}{memory} {count:>5}", flush=True)
+        global_s = rows["global sdpa"][0]
         window = [rows[n][0] for n in ("1D flex plan", "1D banded") if n in rows and not isinstance(rows[n][0], str)]
-        if window and not isinstance(glob, str):
-            print(f"{length:>5}  global sdpa / fastest 1D window plan: {glob / min(window):.2f}x")
+        if window and not isinstance(global_s, str):
+            print(f"{length:>5}  global sdpa / fastest 1D window plan: {global_s / min(window):.2f}x")
         compiled = rows.get("1D banded compiled", (None,))[0]
-        if compiled is not None and not isinstance(compiled, str) and not isinstance(glob, str):
-            print(f"{length:>5}  global sdpa / 1D banded compiled: {glob / compiled:.2f}x")
+        if compiled is not None and not isinstance(compiled, str) and not isinstance(global_s, str):
+            print(f"{length:>5}  global sdpa / 1D banded compiled: {global_s / compiled:.2f}x")
+
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,8 @@
 
 In eager mode on a GPU each such operator is a kernel launch (or host work around one): where a plan's or a
 model's time hardly grows with its size, the launches, not the arithmetic, set it (results/launch-counts.md).
-The count depends on the code path, not on the device or the tensor sizes, so the CPU measures it for the GPU.
+The count depends on the code path, not on the tensor sizes, so the CPU measures it for the GPU where both run the
+same path (not where a plan's choice or a fused kernel differs by device: SDPA's).
 Compiled functions are not counted: their kernels are generated, and a dispatch mode sees only what they call
 outside the generated code.
 """

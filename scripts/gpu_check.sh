@@ -29,7 +29,7 @@
 #                                      unfinished cell is lost
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it;
 # a step that fails does not stop the others, and the call then exits 1 with the failed steps named at the end of the
-# report (a training slice that ran out of TRAIN_MINUTES has not failed). What a lease measured is committed by hand,
+# report (a training slice that ran out of TRAIN_MINUTES has not failed; table1 reports its cells itself). What a lease measured is committed by hand,
 # as results/gpu.md and results/gpu/ (the report holds logs and partial tables, not a write-up).
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
@@ -42,7 +42,8 @@
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
 #   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT: seconds per step
 #   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
-#   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing).
+#   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing;
+#   GPU_WINDOW_TIMEOUT's default, 540 s, leaves room for those eight compilations).
 # A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`, and the device tool carries
 # only the checkout: the data (GPU_DATA=.gpu-data: `mkdir -p .gpu-data && cp ../shared/data/multi30k/*.gz
 # .gpu-data/`), the wheels (`make gpu-wheels`: .whl) and a trained run's decoding files must be named in `carry`.
@@ -124,7 +125,7 @@ if wants trainstep; then
 fi
 if wants window; then
     section "bench/attention_window.py (B=8, H=8, D=64, M=11)"
-    timeout "${GPU_WINDOW_TIMEOUT:-480}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
+    timeout "${GPU_WINDOW_TIMEOUT:-540}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
         --batch 8 --repeats "${GPU_WINDOW_REPEATS:-10}" ${GPU_WINDOW_COMPILE---compile} 2>&1 \
         | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" window

@@ -105,7 +105,9 @@ def assert_close_in_norm(actual: dict, expected: dict, *, rtol: float, what: str
                                        f"({error / max(scale, 1e-30):.3g} of its norm {scale:.3g}; allowed {rtol})")
 
 
-def weight_grads(module: torch.nn.Module) -> dict:
-    """The gradients of ``module``'s weights, less the key projection's bias: softmax ignores a bias every key
-    shares, so its gradient is zero, and what a run computes for it is rounding noise."""
-    return {n: p.grad for n, p in module.named_parameters() if not n.endswith("k_proj.bias")}
+def weight_grads(attention: torch.nn.Module) -> dict:
+    """The gradients of an ``Attention``'s weights, less the key projection's bias where every key of a row shares
+    it (no part extends the keys): softmax ignores such a bias, so its gradient is zero, and what a run computes
+    for it is rounding noise. (2D-CSAN's head slots carry each their own head's bias: there it counts.)"""
+    shared = not attention.stage_parts.extend
+    return {n: p.grad for n, p in attention.named_parameters() if not (shared and n.endswith("k_proj.bias"))}

@@ -45,16 +45,31 @@ def test_banded_equals_dense_values_and_gradients(kind, m, boundary, causal_wind
                                                   monkeypatch):
     monkeypatch.setattr(banded, "BLOCK", block)
     pos = Positions.self_attention(_valid(length), length=length, causal=causal)
-    _assert_banded_equals_dense(_part(kind, m, boundary=boundary, causal_window=causal_window), pos, seed=length * 7 + m)
+    part = _part(kind, m, boundary=boundary, causal_window=causal_window)
+    _assert_banded_equals_dense(part, pos, seed=length * 7 + m)
 
 
+@pytest.mark.parametrize("length", [11, 12])  # 12: blocks of 3 fit, so a zero-width window has no slot outside
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kind, m, boundary, causal_window", PARTS_GRID)
-def test_banded_equals_dense_without_padding(kind, m, boundary, causal_window, causal, monkeypatch):
-    """No key padding: the plan masks only the window and the span slots past either end of the sentence."""
+def test_banded_equals_dense_without_padding(kind, m, boundary, causal_window, causal, length, monkeypatch):
+    """No key padding: the plan masks only the window and the span slots past either end of the sentence (none
+    at all for a zero-width window over whole blocks: the plan then builds no key mask)."""
     monkeypatch.setattr(banded, "BLOCK", 3)
     _assert_banded_equals_dense(_part(kind, m, boundary=boundary, causal_window=causal_window),
-                                Positions.self_attention(None, length=11, causal=causal), seed=m, batch=2)
+                                Positions.self_attention(None, length=length, causal=causal), seed=m, batch=2)
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_an_empty_batch_gives_what_dense_gives(kind):
+    dense, fast = _pair(_part(kind, 1, boundary="clip"))
+    outs = []
+    for attn in (dense, fast):
+        x = torch.randn(2, 0, 16, dtype=torch.float64, requires_grad=True)
+        out = attn(x, positions=Positions.self_attention(torch.ones(2, 0, dtype=torch.bool), length=0)).output
+        out.sum().backward()
+        outs.append((out.shape, x.grad.shape))
+    assert outs[0] == outs[1] == ((2, 0, 16), (2, 0, 16))
 
 
 def _assert_banded_equals_dense(part: AttentionPart, pos: Positions, *, seed: int, batch: int = 3) -> None:

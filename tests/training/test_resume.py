@@ -73,9 +73,14 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_translation):
         train_run(tiny_translation(max_steps=3, lr=0.5), run, quiet=True)
 
 
-@pytest.mark.parametrize("other", [None, "step-00000002"], ids=["none", "an-older-one"])
+@pytest.mark.parametrize("other, named", [((None, None), "no checkpoint"),
+                                          (("step-00000002", {}), "step-00000002"),
+                                          (("step-00000004", {"model.safetensors": "0" * 64}), "step-00000004 \\(other "
+                                                                                               "files\\)"),
+                                          (("none intact (damaged)", None), "none intact \\(damaged\\)")],
+                         ids=["none", "an-older-one", "a-copy-trained-apart", "a-damaged-one"])
 def test_processes_that_would_resume_from_different_checkpoints_stop_before_training(tmp_path, tiny_translation,
-                                                                                    monkeypatch, other):
+                                                                                    monkeypatch, other, named):
     """Every process of a distributed run reads the run directory itself; one on a node that sees another copy (or
     none) must not train on from other weights. The other rank is simulated: gather gives its answer as rank 1's."""
     from sanlab.training.distributed import Distributed
@@ -84,7 +89,7 @@ def test_processes_that_would_resume_from_different_checkpoints_stop_before_trai
     train_run(tiny_translation(max_steps=4, valid_every=2), run, quiet=True)
     monkeypatch.setattr(Distributed, "gather", lambda self, value: [value, other])
     with pytest.raises(TrainingError, match=f"resume from different checkpoints \\(rank 0: step-0+4; rank 1: "
-                                            f"{other or 'no checkpoint'}\\): every process must read the same run"):
+                                            f"{named}\\): every process must read the same run"):
         train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)
     monkeypatch.undo()
     assert train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)["step"] == 6  # nothing lost

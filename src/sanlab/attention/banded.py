@@ -17,8 +17,8 @@ Few operators: in eager mode on a GPU each is a kernel launch, and at the length
 (I ~ 10^3) the launches, not the arithmetic, set its time (an H200 took 2.5 ms at I = 512, 3.3 ms at 4096;
 results/gpu.md). So slots before the first or past the last key read a clamped key instead of a padded copy
 of k and v (the mask hides them), the window is one [c, span] mask shared by every block, and the span index
-is one arange cut into windows: 34 operators for a padded batch's 1D window, forward + backward, where there
-were 49, and 43 for 2D-CSAN where there were 58 (torch 2.13; the ops column of ``bench/attention_window.py``).
+is one arange cut into windows (``unfold`` on that index only: on k and v its strided backward was slower, above).
+``bench/attention_window.py`` counts the operators (results/launch-counts.md).
 
 A part is window-local (the plan can run it) if it only masks, through
 ``band_offsets(causal=...) -> (left, right)`` describing the same band as its ``mask``; a 2D-CSAN
@@ -156,6 +156,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: Sta
     """Same contract as ``plans.dense``: q [b, h, i, d], k/v [b, h, j, d] -> [b, h, i, d]."""
     b, h, i, d = q.shape
     keys = k.shape[2]
+    if not i or not keys:  # an empty batch: what dense gives (zeros, in the graph), without spans to cut
+        return q * 0
     band = describe(parts, heads=h, causal=ctx.causal, device=q.device)
     start = _start(ctx, queries=i, keys=keys)
     # Offsets past the first/last key never hit one: a window wider than the sentence costs no more.

@@ -56,13 +56,17 @@ def combine(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
-def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
-    """Softmax over the last axis restricted to allowed keys; a row with no allowed key is 0, not NaN.
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a softmax of ``dtype`` scores computes in: fp32 at least (fp64 stays fp64). CUDA's autocast runs a
+    softmax in fp32 by itself, the CPU's keeps bf16 scores in bf16, and bf16 training must not differ by device.
+    (Decided on the host: ``torch.promote_types`` would be one more dispatched operator per call.)"""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
-    Computed and returned in fp32 at least (fp64 stays fp64): CUDA's autocast runs a softmax in fp32 by
-    itself, the CPU's keeps bf16 scores in bf16, and bf16 training must not differ by device there.
-    """
-    dtype = torch.promote_types(scores.dtype, torch.float32)
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
+    """Softmax over the last axis restricted to allowed keys; a row with no allowed key is 0, not NaN. In
+    ``softmax_dtype``: fp32 under autocast."""
+    dtype = softmax_dtype(scores.dtype)
     if allowed is None:
         return torch.softmax(scores, dim=-1, dtype=dtype)
     scores = scores.masked_fill(~allowed, float("-inf"))

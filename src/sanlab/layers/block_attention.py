@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import AttentionOutput
+from sanlab.attention.masks import softmax_dtype
 from sanlab.attention.positions import Positions
 from sanlab.layers.block_attention_config import BlockMixerConfig
 from sanlab.registry import BuildContext
@@ -43,7 +44,7 @@ def masked_softmax(logits: Tensor, allowed: Tensor, *, dim: int) -> Tensor:
     """Softmax over ``dim`` restricted to ``allowed`` (broadcastable); an empty slice gives zeros (DiSAN's
     masked softmax followed by a multiplication with the mask, so no NaN appears even in gradients)."""
     logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-    dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32 under autocast on every device (masks.py)
+    dtype = softmax_dtype(logits.dtype)  # fp32 under autocast, on every device
     return torch.softmax(logits, dim=dim, dtype=dtype) * allowed.to(dtype)
 
 

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
 from sanlab.errors import ConfigError, TrainingError
-from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, rng_state,
-                                       set_rng_state)
+from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, read_meta,
+                                       rng_state, set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import Precision, check_loss_scale, to_device
 from sanlab.training.diagnostics import collect_diagnostics
@@ -119,7 +119,11 @@ class Trainer:
     def resume(self) -> bool:
         """Continue from the latest checkpoint, if there is one. Returns True if it did."""
         candidates = self.checkpoints.resume_candidates()
-        latest, state = self._load_newest_good(candidates) if candidates else (None, None)
+        try:
+            latest, state = self._load_newest_good(candidates) if candidates else (None, None)
+        except DamagedCheckpoint as err:  # told to the others first: they would wait for this process in the check
+            self._check_every_process_resumes_alike(f"none intact ({err})")
+            raise
         self._check_every_process_resumes_alike(latest)
         if latest is None:
             return False
@@ -142,13 +146,18 @@ class Trainer:
         self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch}){redone}")
         return True
 
-    def _check_every_process_resumes_alike(self, latest: Path | None) -> None:
+    def _check_every_process_resumes_alike(self, latest: Path | str | None) -> None:
         """Every process reads the checkpoints itself: one that saw another run directory (a node without the shared
         filesystem, or with a stale copy) would start from other weights and optimizer state, and DDP, which makes
-        the weights equal only when it wraps the model, would not notice."""
-        starts = self.dist.gather(None if latest is None else latest.name)
+        the weights equal only when it wraps the model, would not notice. Compared by the files' checksums (a copy
+        trained apart has the same checkpoint names); ``latest`` may be what went wrong instead, for the others."""
+        mine = (latest, None) if not isinstance(latest, Path) else (latest.name, read_meta(latest).get("sha256"))
+        starts = self.dist.gather(mine)
         if any(start != starts[0] for start in starts):
-            found = "; ".join(f"rank {rank}: {start or 'no checkpoint'}" for rank, start in enumerate(starts))
+            first_name, first_files = starts[0]
+            found = "; ".join(f"rank {rank}: {name or 'no checkpoint'}"
+                              + (" (other files)" if name == first_name and files != first_files else "")
+                              for rank, (name, files) in enumerate(starts))
             raise TrainingError(f"the processes would resume from different checkpoints ({found}): every process must "
                                 f"read the same run directory (on several nodes, a shared filesystem at the same path)")
 
@@ -244,11 +253,11 @@ class Trainer:
         if settled.bad is not None:
             what, step, value = settled.bad
             # fp16's loss scale skips updates whose gradients overflow, but not a forward pass past fp16's range
-            fp16 = ("Under fp16 a value past 65,504 in the forward pass gives this: try train.precision=bf16 (fp32's "
-                    "range) first; else try" if self.scaler is not None else "Try")
+            advice = ("Under fp16 a value past 65,504 in the forward pass gives this: try train.precision=bf16 "
+                      "(fp32's range) first; else try" if self.scaler is not None else "Try")
             raise TrainingError(f"{what} is {value} at update {step} (epoch {p.epoch}); stopping without saving it. "
                                 f"Last good checkpoint: {self.last_good}. "
-                                f"{fp16} a lower learning rate, longer warm-up or --set train.clip_norm=1.0.")
+                                f"{advice} a lower learning rate, longer warm-up or --set train.clip_norm=1.0.")
         p.skipped_updates += settled.skipped
         self._since_log.loss_sum += settled.loss_sum
         self._since_log.updates += settled.updates
