@@ -52,6 +52,16 @@
 #   train in 2.5-4.5 minutes each) beside GPU_STEPS=env,tests,decode-agreement (DECODE_RUN=<a trained run>; carry
 #   its subword.model and its best checkpoint's model.safetensors and meta.json), then a second call while warm
 #   with six more cells (--jobs 6, TABLE1_MINUTES=6). Bring the cells back with `sanlab compare GRID --import`.
+#   The next lease (planned 2026-11-30, not run yet; CSAN Table 1 needs no more cells): here `make gpu-wheels` and
+#   the data in .gpu-data, carry [".whl", ".gpu-data"], GPU_DATA=.gpu-data, then
+#     call 1 (~4 min): the tests beside the Multi30k bf16 run, then its decode agreement (with the fp32 rescoring)
+#       (REPORT_DIR=$OUT/r GPU_STEPS=train,decode-agreement TRAIN_MINUTES=5 GPU_AGREEMENT_TIMEOUT=150 \
+#         bash scripts/gpu_check.sh) & REPORT_DIR=$OUT/a GPU_STEPS=env,tests GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240 \
+#         bash scripts/gpu_check.sh; wait
+#     call 2 (~6 min, alone on the GPU): the window plans with their compiled rows, every Table 1 variant's MFU
+#       and operators, and the profile of each row (where the MFU under 45% goes)
+#       REPORT_DIR=$OUT/b GPU_STEPS=window,gpubench GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=240 GPU_BENCH_TIMEOUT=280 \
+#         GPU_BENCH_ARGS="--rounds 2 --updates 5 --warmup 2 --profile-updates 2" bash scripts/gpu_check.sh
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
 set -uo pipefail
