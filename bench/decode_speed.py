@@ -45,6 +45,7 @@ import torch
 
 import sanlab.decoding.search as search
 from grid_speed import add_grid_arguments, bench_cells, provenance
+from op_count import count_ops
 from sanlab.attention import Attention
 from sanlab.data.batching import pad_batch
 from sanlab.experiments.cells import prepare_synthetic
@@ -67,6 +68,7 @@ class Decoder:
     precision: str = "fp32"        # bf16: the search under autocast (on the model's device)
     reorder_whole: bool = False    # the search copies the whole cache after every step
     seconds: list[float] = field(default_factory=list)  # per round
+    ops_per_step: float | None = None  # operators dispatched per decoding step (bench/op_count.py)
     best: list[list[int]] = field(default_factory=list)  # the best hypothesis of each sentence, last round
 
     def run(self, *, beam: int, length: int) -> float:
@@ -136,8 +138,8 @@ def whole_cache_reordered():
 def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, length: int) -> list[str]:
     base = next(d for d in decoders if d.name == baseline)
     lines = ["| variant | sentences/s (median) | hypothesis tokens/s (median) | speed vs baseline (median of "
-             "per-round ratios) | sentences/s per round |",
-             "|---|---:|---:|---:|---|"]
+             "per-round ratios) | sentences/s per round | ops / step |",
+             "|---|---:|---:|---:|---|---:|"]
     tokens = sentences * beam * length  # every beam of every sentence decodes ``length`` tokens a round
     for d in decoders:
         rates = [sentences / s for s in d.seconds]
@@ -145,7 +147,9 @@ def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, 
         name = d.name + (" (baseline)" if d is base else "")
         per_second = statistics.median(tokens / s for s in d.seconds)
         lines.append(f"| {name} | {statistics.median(rates):.2f} | {per_second:,.0f} | {ratio:.2f} | "
-                     f"{' '.join(f'{r:.2f}' for r in rates)} |")
+                     f"{' '.join(f'{r:.2f}' for r in rates)} | {d.ops_per_step:.0f} |")
+    lines += ["", "ops / step: the operators one batch's decoding dispatches (its encoder pass included), per step: "
+                  "on a GPU, where a step of a small model is bound by its launches, kernel launches (bench/op_count.py)"]
     return lines
 
 
@@ -205,6 +209,10 @@ def main() -> None:
             for d in decoders[shift:] + decoders[:shift]:  # rotate who goes first
                 d.seconds.append(d.run(beam=args.beam, length=args.length))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        for d in decoders:  # counted after the rounds, apart: a dispatch mode slows what it watches
+            first = Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos, precision=d.precision,
+                            reorder_whole=d.reorder_whole)
+            d.ops_per_step = count_ops(lambda: first.run(beam=args.beam, length=args.length)) / args.length
 
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
     measured = (f"{where}, {args.precision}; {args.rounds} rounds, interleaved, rotating order; per variant and round {sentences} validation "
