@@ -149,7 +149,8 @@ def table(decoders: list[Decoder], baseline: str, *, sentences: int, beam: int, 
         lines.append(f"| {name} | {statistics.median(rates):.2f} | {per_second:,.0f} | {ratio:.2f} | "
                      f"{' '.join(f'{r:.2f}' for r in rates)} | {d.ops_per_step:.0f} |")
     lines += ["", "ops / step: the operators one batch's decoding dispatches (its encoder pass included), per step: "
-                  "on a GPU, where a step of a small model is bound by its launches, kernel launches (bench/op_count.py)"]
+                  "on a GPU, where a step of a small model is bound by its launches, kernel launches "
+                  "(bench/op_count.py)"]
     return lines
 
 

@@ -29,8 +29,9 @@
 #                                      unfinished cell is lost
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it;
 # a step that fails does not stop the others, and the call then exits 1 with the failed steps named at the end of the
-# report (a training slice that ran out of TRAIN_MINUTES has not failed; table1 reports its cells itself). What a lease measured is committed by hand,
-# as results/gpu.md and results/gpu/ (the report holds logs and partial tables, not a write-up).
+# report (a training slice that ran out of TRAIN_MINUTES has not failed; table1 reports its cells itself). What a
+# lease measured is committed by hand, as results/gpu.md and results/gpu/ (the report holds logs and partial tables,
+# not a write-up).
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/, with this checkout's sentencepiece: the table1 cells must train the grid's subword vocabulary,

@@ -94,7 +94,8 @@ def _plans_besides_dense(part: dict) -> list[str]:
 PLAN_CASES = [pytest.param(cfg, plan, id=f"{name}-{n}-{plan}",  # flex on the CPU traces its mods at every call
                            marks=[pytest.mark.slow] if plan == "flex" else [])
               for name in PARTS.names()
-              for n, cfg in enumerate(PARTS.entry(name).config.examples()) for plan in _plans_besides_dense(cfg.model_dump())]
+              for n, cfg in enumerate(PARTS.entry(name).config.examples())
+              for plan in _plans_besides_dense(cfg.model_dump())]
 
 
 @pytest.mark.parametrize("cfg, plan", PLAN_CASES)
