@@ -35,13 +35,14 @@ depend on the other sentences in the batch. (One mixer does not: Block attention
 device then idles while Python prepares the next step. So the search keeps its bookkeeping on the
 device: finished hypotheses are written into preallocated tensors by index (``_Finished``), the
 top-k's ties are broken by a second ``topk`` over integer keys instead of ``nonzero``, and each step
-copies one small vector to the host: which sentences are done, and whether the step returned NaN or +inf. The hypotheses are read
+copies one small vector to the host: which sentences are done, whether the step returned NaN or +inf, and whether
+any hypothesis finished (only then are the finished ones written: most steps finish none). The hypotheses are read
 once, at the end. (``tests/decoding/test_beam_search.py`` counts these reads.)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -140,14 +141,17 @@ def beam_search(
         if finished is None:  # its scores in the step's dtype
             finished = _Finished.empty(batch_size=batch_size, k=k, max_len=longest, dtype=log_probs.dtype,
                                        device=max_lengths.device)
-        counts = finished.add(beams, candidates, log_probs, t=t, eos=eos)
+        hits, counts = finished.hits_and_counts(beams, candidates, eos=eos)
         # 5. The best k non-EOS continuations stay live: [b, k].
         scores, rows, tokens = _live_choice(candidates, eos=eos)
         # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses.
         done = (counts >= k) | (beams.max_len <= t + 1) | ~torch.isfinite(scores).any(1)
-        *done_now, step_invalid = torch.cat([done, invalid.view(1)]).tolist()  # the step's one host read
+        flags = torch.cat([done, invalid.view(1), hits.any().view(1)])
+        *done_now, step_invalid, any_hit = flags.tolist()  # the step's one host read
         if step_invalid:
             raise ValueError("step returned NaN or +inf log-probabilities")
+        if any_hit:  # (most steps finish nothing: their writes, a dozen kernels on a GPU, are skipped)
+            finished.add(beams, candidates, log_probs, hits, t=t, eos=eos)
         if all(done_now):
             break
         kept = None
@@ -327,11 +331,17 @@ class _Finished:
             total=torch.zeros(rows, dtype=dtype, device=device),
         )
 
-    def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, *, t: int, eos: int) -> Tensor:
-        """Store the EOS continuations among the best k of each live sentence, while it has fewer than k
-        (the rest, worse or later, are dropped); return each live sentence's new count [b]."""
-        b, k = beams.scores.shape
+    def hits_and_counts(self, beams: _Beams, cand: _Candidates, *, eos: int) -> tuple[Tensor, Tensor]:
+        """Which of each live sentence's best k continuations end in EOS [b, k], and how many hypotheses each
+        sentence will have once they are added [b] (at most k)."""
+        k = beams.scores.shape[1]
         hits = (cand.token[:, :k] == eos) & torch.isfinite(cand.scores[:, :k])  # [b, k]
+        return hits, (self.count[beams.sentence] + hits.sum(1)).clamp_(max=k)
+
+    def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, hits: Tensor, *, t: int, eos: int) -> None:
+        """Store the EOS continuations ``hits`` among the best k of each live sentence, while it has fewer than k
+        (the rest, worse or later, are dropped)."""
+        b, k = beams.scores.shape
         before = self.count[beams.sentence]  # [b]
         slot = before.unsqueeze(1) + hits.long().cumsum(1) - 1  # [b, k] its place among the sentence's hypotheses
         dropped = self.count.shape[0] * k  # the extra row
@@ -342,9 +352,7 @@ class _Finished:
         self.positional[target, :t] = beams.token_lp[rows]
         self.positional[target, t] = log_probs[rows, eos]
         self.total[target] = cand.scores[:, :k].reshape(-1)
-        after = (before + hits.sum(1)).clamp_(max=k)
-        self.count[beams.sentence] = after
-        return after
+        self.count[beams.sentence] = (before + hits.sum(1)).clamp_(max=k)
 
     def hypotheses(self, *, penalty: Callable[[int], float], n_best: int) -> list[list[Hypothesis]]:
         """Each sentence's best ``n_best``, ranked by the length-normalised score (ties: the earlier finished)."""
@@ -376,15 +384,18 @@ def _live_choice(cand: _Candidates, *, eos: int) -> tuple[Tensor, Tensor, Tensor
 
 def _next_beams(beams: _Beams, log_probs: Tensor, *, scores: Tensor, rows: Tensor, tokens: Tensor,
                 kept: Tensor | None) -> tuple[_Beams, Tensor]:
-    """The live hypotheses of the ``kept`` sentences (None: all), and the old row each new row continues [N']."""
-    if kept is None:
-        kept = torch.arange(scores.shape[0], device=scores.device)
-    index = rows[kept].reshape(-1)  # [N']
-    new = tokens[kept].reshape(-1, 1)  # [N', 1]
+    """The live hypotheses of the ``kept`` sentences (None: all), and the old row each new row continues [N'].
+    (With every sentence kept, the per-sentence tensors are taken as they are: an identity gather of each would be
+    one more copy, and on a GPU one more kernel launch, every step.)"""
+    if kept is not None:
+        beams = replace(beams, sentence=beams.sentence[kept], max_len=beams.max_len[kept])
+        scores, rows, tokens = scores[kept], rows[kept], tokens[kept]
+    index = rows.reshape(-1)  # [N']
+    new = tokens.reshape(-1, 1)  # [N', 1]
     return _Beams(
-        sentence=beams.sentence[kept],
-        max_len=beams.max_len[kept],
-        scores=scores[kept],
+        sentence=beams.sentence,
+        max_len=beams.max_len,
+        scores=scores,
         tokens=torch.cat([beams.tokens[index], new], 1),  # [N', 2+t]
         token_lp=torch.cat([beams.token_lp[index], log_probs[index].gather(1, new)], 1),  # [N', 1+t]
     ), index
