@@ -63,10 +63,10 @@ def test_decode_speed_times_every_variant_and_the_reference_paths(tmp_path):
     assert [r[0] for r in rows] == ["vanilla (baseline)", "capsule", "capsule (prefix recomputed)",
                                     "capsule (whole cache reordered)"]
     assert rows[0][3] == "1.00" and all(len(r[4].split()) == 2 for r in rows)  # one rate per round
-    # operators per step: capsule's routing adds some; recomputing the prefix adds arithmetic, not operators;
-    # copying the source side too adds its index_selects
+    # operators per step: capsule's routing adds some; recomputing the prefix adds arithmetic, hardly any operators
+    # (its first steps differ: a few in all); copying the source side too adds its index_selects
     ops = [float(r[5]) for r in rows]
-    assert 0 < ops[0] < ops[1] == ops[2] < ops[3]
+    assert 0 < ops[0] < ops[1] and abs(ops[2] - ops[1]) <= 2 and ops[1] < ops[3]
     assert "4 validation sentences in batches of 2, beam 2, every hypothesis forced to 5 tokens" in text
     # the reference rows decode what the usual path decodes (untrained weights, the same for both)
     assert "capsule (prefix recomputed): the same best hypothesis as capsule in 4 of 4" in text
