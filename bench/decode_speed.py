@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -70,6 +70,10 @@ class Decoder:
     seconds: list[float] = field(default_factory=list)  # per round
     ops_per_step: float | None = None  # operators dispatched per decoding step (bench/op_count.py)
     best: list[list[int]] = field(default_factory=list)  # the best hypothesis of each sentence, last round
+
+    def first_batch(self) -> "Decoder":
+        """The same decoder over its first batch only, with timings of its own (warm-up, counting)."""
+        return replace(self, batches=self.batches[:1], seconds=[], best=[])
 
     def run(self, *, beam: int, length: int) -> float:
         start, best = time.perf_counter(), []
@@ -203,16 +207,14 @@ def main() -> None:
                 decoders.append(reordering_whole(own))
         sentences = sum(b.shape[0] for b in decoders[0].batches)
         for d in decoders:  # warm-up: one batch, untimed
-            Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos, precision=d.precision).run(
-                beam=args.beam, length=args.length)
+            d.first_batch().run(beam=args.beam, length=args.length)
         for r in range(args.rounds):
             shift = r % len(decoders)
             for d in decoders[shift:] + decoders[:shift]:  # rotate who goes first
                 d.seconds.append(d.run(beam=args.beam, length=args.length))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         for d in decoders:  # counted after the rounds, apart: a dispatch mode slows what it watches
-            first = Decoder(d.name, d.model, d.batches[:1], d.pad, d.bos, d.eos, precision=d.precision,
-                            reorder_whole=d.reorder_whole)
+            first = d.first_batch()
             d.ops_per_step = count_ops(lambda: first.run(beam=args.beam, length=args.length)) / args.length
 
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"

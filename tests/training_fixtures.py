@@ -72,3 +72,22 @@ def killed_at_its_first_update(config, run, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             train_run(config, run, quiet=True)
     assert not any((run / "checkpoints").glob("step-*"))
+
+
+def train_processes(tmp_path, make, run, *, nproc, **train):
+    """``sanlab train --nproc N`` on ``make(**train)``'s config into ``tmp_path / run``; its final weights."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    config = tmp_path / f"{run}.yaml"
+    config.write_text(dump_config(make(**train)))
+    assert main(["train", str(config), "--run", str(tmp_path / run), "--nproc", str(nproc), "--quiet"]) == 0
+    return final_weights(tmp_path / run)
+
+
+def no_model_dropout(make):
+    """``make`` with the model's dropout off (the processes of a distributed run draw different masks by design)."""
+    def made(**train):
+        config = make(**train)
+        return config.model_copy(update={"model": config.model.model_copy(update={"dropout": 0.0})})
+    return made

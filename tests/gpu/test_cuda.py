@@ -28,7 +28,7 @@ from sanlab.registry import BuildContext
 from sanlab.runs import train_run
 from sanlab.training.compile import FAIL_SETTINGS, raised_limit
 from tests_helpers import assert_close_in_norm, reorder_whole_caches, weight_grads
-from training_fixtures import final_weights, make_tagging_config
+from training_fixtures import final_weights, make_tagging_config, no_model_dropout, train_processes
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")]
@@ -312,18 +312,9 @@ def test_inductor_compiled_training_equals_eager_on_cuda(tmp_path, tiny_translat
 def test_two_processes_over_nccl_train_what_one_accumulating_their_batches_trains(tmp_path, tiny_translation):
     """The CPU suite's gloo test (tests/training/test_distributed.py) over NCCL: each process on cuda:LOCAL_RANK,
     gradients all-reduced by NCCL, accumulation micro-batches under no_sync."""
-    from sanlab.cli import main
-    from sanlab.config import dump_config
-
-    def weights(run, *, nproc, **train):
-        config = tiny_translation(max_steps=5, valid_every=5, eps=1.0, device="cuda", **train)
-        config = config.model_copy(update={"model": config.model.model_copy(update={"dropout": 0.0})})
-        (tmp_path / f"{run}.yaml").write_text(dump_config(config))
-        assert main(["train", str(tmp_path / f"{run}.yaml"), "--run", str(tmp_path / run), "--nproc", str(nproc),
-                     "--quiet"]) == 0
-        return final_weights(tmp_path / run)
-
-    two, one = weights("two", nproc=2, accum_steps=2), weights("one", nproc=1, accum_steps=4)
+    make, kw = no_model_dropout(tiny_translation), dict(max_steps=5, valid_every=5, eps=1.0, device="cuda")
+    two = train_processes(tmp_path, make, "two", nproc=2, accum_steps=2, **kw)
+    one = train_processes(tmp_path, make, "one", nproc=1, accum_steps=4, **kw)
     assert "distributed data parallel: 2 processes (nccl), 4 batches per update" in (tmp_path / "two" / "train.log"
                                                                                         ).read_text()
     for name in one:  # the same update up to the order of the floating-point sums (NCCL's, cuBLAS's)

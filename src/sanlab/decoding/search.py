@@ -151,7 +151,7 @@ def beam_search(
         if step_invalid:
             raise ValueError("step returned NaN or +inf log-probabilities")
         if any_hit:  # (most steps finish nothing: their writes, a dozen kernels on a GPU, are skipped)
-            finished.add(beams, candidates, log_probs, hits, t=t, eos=eos)
+            finished.add(beams, candidates, log_probs, hits, counts, t=t, eos=eos)
         if all(done_now):
             break
         kept = None
@@ -338,9 +338,10 @@ class _Finished:
         hits = (cand.token[:, :k] == eos) & torch.isfinite(cand.scores[:, :k])  # [b, k]
         return hits, (self.count[beams.sentence] + hits.sum(1)).clamp_(max=k)
 
-    def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, hits: Tensor, *, t: int, eos: int) -> None:
+    def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, hits: Tensor, counts: Tensor, *, t: int,
+            eos: int) -> None:
         """Store the EOS continuations ``hits`` among the best k of each live sentence, while it has fewer than k
-        (the rest, worse or later, are dropped)."""
+        (the rest, worse or later, are dropped); ``counts``: ``hits_and_counts``'s, what each count becomes."""
         b, k = beams.scores.shape
         before = self.count[beams.sentence]  # [b]
         slot = before.unsqueeze(1) + hits.long().cumsum(1) - 1  # [b, k] its place among the sentence's hypotheses
@@ -352,7 +353,7 @@ class _Finished:
         self.positional[target, :t] = beams.token_lp[rows]
         self.positional[target, t] = log_probs[rows, eos]
         self.total[target] = cand.scores[:, :k].reshape(-1)
-        self.count[beams.sentence] = (before + hits.sum(1)).clamp_(max=k)
+        self.count[beams.sentence] = counts
 
     def hypotheses(self, *, penalty: Callable[[int], float], n_best: int) -> list[list[Hypothesis]]:
         """Each sentence's best ``n_best``, ranked by the length-normalised score (ties: the earlier finished)."""
