@@ -135,7 +135,7 @@ class Attention(nn.Module):
         b, _, i, _ = out.shape
         out = out.transpose(1, 2).reshape(b, i, self.dim)  # [b, i, h*d]
         if positions.query_valid is not None:
-            out = out * positions.query_valid[..., None].to(out.dtype)
+            out = out * positions.query_mask(out.dtype)
         return AttentionOutput(self.out_proj(out), new_cache, trace)
 
     def _attend(self, q: Tensor, keys: KeySet, ctx: AttentionContext, trace: dict | None) -> Tensor:

@@ -56,20 +56,34 @@ def combine(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
-def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What a softmax of ``dtype`` scores computes in: fp32 at least (fp64 stays fp64). CUDA's autocast runs a
-    softmax in fp32 by itself, the CPU's keeps bf16 scores in bf16, and bf16 training must not differ by device.
-    (Decided on the host: ``torch.promote_types`` would be one more dispatched operator per call.)"""
+def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for a floating ``dtype`` of 32 bits or fewer, fp64 for fp64: ``torch.promote_types(dtype, fp32)``
+    decided on the host (``promote_types`` is one more dispatched operator per call)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a softmax of ``dtype`` scores computes in: ``at_least_fp32``. CUDA's autocast runs a softmax in fp32 by
+    itself, the CPU's keeps bf16 scores in bf16, and bf16 training must not differ by device."""
+    return at_least_fp32(dtype)
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None, *, complements: tuple[Tensor, Tensor] | None = None
+                   ) -> Tensor:
     """Softmax over the last axis restricted to allowed keys; a row with no allowed key is 0, not NaN. In
-    ``softmax_dtype``: fp32 under autocast."""
+    ``softmax_dtype``: fp32 under autocast. ``complements``: ``mask_complements(allowed)`` where the caller made it
+    already (once for every layer over the same positions)."""
     dtype = softmax_dtype(scores.dtype)
     if allowed is None:
         return torch.softmax(scores, dim=-1, dtype=dtype)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=dtype)
+    hidden, empty = mask_complements(allowed) if complements is None else complements
+    weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1, dtype=dtype)
     # An all -inf row gives NaN; such rows (padded queries, strictly directional heads) must be zero.
-    return weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    return weights.masked_fill(empty, 0.0)
+
+
+def mask_complements(allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """What ``masked_softmax`` needs of a mask besides itself: the hidden entries and the rows with none
+    allowed (keepdim)."""
+    hidden = ~allowed
+    return hidden, ~allowed.any(dim=-1, keepdim=True)

@@ -113,12 +113,12 @@ def visibility(ctx: AttentionContext, parts: StageParts) -> Tensor | None:
 def dense(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: StageParts,
           scale: float, dropout: float, training: bool, trace: dict | None) -> Tensor:
     """Reference plan. q [b, h, i, d], k/v [b, h, j, d] -> [b, h, i, d]."""
-    allowed = visibility(ctx, parts)
+    allowed, complements = _dense_mask(ctx, parts)
     ctx = replace(ctx, allowed=allowed)  # the score/weight/value parts read it (routing, convolved attention)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, i, j]
     for part in parts.score:
         scores = part.score(scores, ctx)
-    weights = masks.masked_softmax(scores, allowed)  # [b, h, i, j]
+    weights = masks.masked_softmax(scores, allowed, complements=complements)  # [b, h, i, j]
     if trace is not None:
         trace["scores"], trace["weights"] = scores.detach(), weights.detach()
     for part in parts.weights:
@@ -132,7 +132,17 @@ def dense(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: Stag
     return out
 
 
-def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int
+def _dense_mask(ctx: AttentionContext, parts: StageParts) -> tuple[Tensor | None, tuple[Tensor, Tensor] | None]:
+    """``visibility`` and its ``masks.mask_complements``; made once per ``Positions`` where no part adds a mask (the
+    parts' masks may depend on more than the positions)."""
+    def make():
+        allowed = visibility(ctx, parts)
+        return allowed, None if allowed is None else masks.mask_complements(allowed)
+
+    return make() if parts.mask else ctx.positions.once("dense mask", make)
+
+
+def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int, dtype: torch.dtype
                 ) -> tuple[Tensor | None, bool, Tensor | None]:
     """What ``sdpa`` hands the kernel: (attn_mask, is_causal, empty), empty marking rows to zero afterwards.
 
@@ -147,31 +157,55 @@ def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries
     Otherwise (mask parts, padding together with causality, or an unknown layout) the combined mask as a
     [b, h|1, i, j] tensor, as before, and the rows it leaves empty opened and zeroed (the fused kernels of older torch
     return NaN for them).
+
+    A mask that depends on the positions alone (no mask part) is made once per ``Positions`` (``Positions.once``):
+    every layer of an encoder, and every cross-attention of a decoding step, reads the same one. It is handed over
+    as the additive mask (0 or -inf, in ``dtype``) into which the kernel would turn a boolean one at every call.
     """
     pos = ctx.positions
     start = pos.query_start
     causal = pos.causal and not (start is not None and start >= keys - 1)
     if not parts.mask and start is not None and not (causal and pos.key_valid is not None):
         if pos.key_valid is not None:
-            empty = ~pos.key_valid.any(dim=-1)  # [b]
-            return (pos.key_valid | empty[:, None])[:, None, None, :], False, empty[:, None, None, None]
+            return pos.once(("sdpa key padding", dtype), lambda: _padding_mask(pos.key_valid, dtype))
         if not causal:
             return None, False, None
         if start == 0 and queries == keys:
             return None, True, None
-        return masks.causal(pos.q_pos, pos.k_pos), False, None  # [1, 1, i, j]
+        return pos.once(("sdpa causal", dtype, queries, keys),
+                        lambda: (_additive(masks.causal(pos.q_pos, pos.k_pos), dtype), False, None))  # [1, 1, i, j]
+    if parts.mask:  # the parts' masks may depend on more than the positions: made at every call
+        return _visibility_mask(ctx, parts, batch=batch, queries=queries, keys=keys, dtype=dtype)
+    return pos.once(("sdpa visibility", dtype, batch, queries, keys),
+                    lambda: _visibility_mask(ctx, parts, batch=batch, queries=queries, keys=keys, dtype=dtype))
+
+
+def _padding_mask(key_valid: Tensor, dtype: torch.dtype) -> tuple[Tensor, bool, Tensor]:
+    empty = ~key_valid.any(dim=-1)  # [b]
+    return _additive((key_valid | empty[:, None])[:, None, None, :], dtype), False, empty[:, None, None, None]
+
+
+def _visibility_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int,
+                     dtype: torch.dtype) -> tuple[Tensor | None, bool, Tensor | None]:
     allowed = visibility(ctx, parts)
     if allowed is None:
         return None, False, None
     allowed = allowed.expand(batch, -1, queries, keys)  # [b, h|1, i, j]
     empty = ~allowed.any(dim=-1, keepdim=True)  # [b, h|1, i, 1]
-    return allowed | empty, False, empty
+    return _additive(allowed | empty, dtype), False, empty
+
+
+def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """The boolean mask as the kernel uses it: 0 where allowed, -inf elsewhere (what SDPA makes of a boolean mask,
+    made here once instead of inside every call)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: StageParts,
          scale: float, dropout: float, training: bool) -> Tensor:
     """Fused plan for plain masked attention. Same contract as ``dense``."""
-    mask, is_causal, empty = _fused_mask(ctx, parts, batch=q.shape[0], queries=q.shape[2], keys=k.shape[2])
+    mask, is_causal, empty = _fused_mask(ctx, parts, batch=q.shape[0], queries=q.shape[2], keys=k.shape[2],
+                                         dtype=q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                          dropout_p=dropout if training else 0.0, scale=scale)  # [b, h, i, d]
     return out if empty is None else out.masked_fill(empty, 0.0)

@@ -6,7 +6,9 @@ cached decoding the query at step t has position t although the query tensor has
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,6 +29,10 @@ class Positions:
     query_start: what the constructors promise about the layout, a plain int so plans read it without asking
                  the device: key j at position j and query i at position query_start + i; None when the
                  positions were built otherwise (then no plan relies on the layout without checking it)
+    derived:     what plans make from these positions alone (the key-padding mask the fused kernel takes), made at
+                 the first call and read by every later one: the constructors give one, so the layers of an
+                 encoder, or the cross-attentions of one decoding step, make it once. A copy made by ``replace``
+                 has none (it may have other positions); None: made at every call
     """
 
     q_pos: Tensor
@@ -35,6 +41,9 @@ class Positions:
     query_valid: Tensor | None = None
     causal: bool = False
     query_start: int | None = None
+    # not an init field, so no copy inherits it (``replace`` of the standard library or sanlab.traceable); a plain
+    # dict, which torch.compile can rebuild around a graph break (an object of a class of ours it cannot)
+    derived: dict[Any, Any] | None = field(init=False, default=None, compare=False, repr=False)
 
     @staticmethod
     def self_attention(valid: Tensor | None, *, length: int, offset: int = 0, causal: bool = False,
@@ -45,15 +54,30 @@ class Positions:
         """
         k_pos = torch.arange(offset + length, device=device)  # [j]
         q_valid = None if valid is None else valid[:, offset:]
-        return Positions(q_pos=k_pos[offset:], k_pos=k_pos, key_valid=valid, query_valid=q_valid, causal=causal,
-                         query_start=offset)
+        return _memoized(Positions(q_pos=k_pos[offset:], k_pos=k_pos, key_valid=valid, query_valid=q_valid,
+                                   causal=causal, query_start=offset))
 
     @staticmethod
     def cross_attention(query: "Positions", memory_valid: Tensor | None, *, memory_length: int) -> "Positions":
         """Queries of the decoder against an encoder memory of ``memory_length`` positions."""
         k_pos = torch.arange(memory_length, device=query.q_pos.device)  # [j]
-        return Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid, query_valid=query.query_valid,
-                         query_start=query.query_start)
+        return _memoized(Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid,
+                                   query_valid=query.query_valid, query_start=query.query_start))
+
+    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, made once per ``key`` for these positions (``derived``); ``key`` names everything besides
+        the positions that the value depends on (a dtype, the sizes)."""
+        if self.derived is None:
+            return make()
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
+
+    def query_mask(self, dtype: torch.dtype) -> Tensor | None:
+        """``query_valid`` as a [b, i, 1] multiplier in ``dtype`` (None when nothing is padded), made once."""
+        if self.query_valid is None:
+            return None
+        return self.once(("query mask", dtype), lambda: self.query_valid[..., None].to(dtype))
 
     def last_positions(self) -> tuple[int, int] | None:
         """(last query position, last key position) from the layout ``query_start`` promises, read from the
@@ -66,3 +90,9 @@ class Positions:
     def lengths(self) -> Tensor | None:
         """[b] number of valid keys per sentence (L_b), or None when nothing is padded."""
         return None if self.key_valid is None else self.key_valid.sum(-1)
+
+
+def _memoized(positions: Positions) -> Positions:
+    """``positions`` with a memo of its own (set the way a frozen dataclass sets its fields)."""
+    object.__setattr__(positions, "derived", {})
+    return positions

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.core import AttentionOutput
+from sanlab.attention.masks import at_least_fp32
 from sanlab.attention.positions import Positions
 from sanlab.layers.dynamic_conv_config import DynamicConvMixerConfig, LightConvMixerConfig
 from sanlab.registry import BuildContext
@@ -137,7 +138,7 @@ class DynamicConv(nn.Module):
         The softmax runs over all K taps even where a tap falls on zero padding (no renormalisation).
         """
         logits = self.kernels(x)  # [b, i, h, K]
-        weights = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).to(x.dtype)
+        weights = torch.softmax(logits.to(at_least_fp32(logits.dtype)), dim=-1).to(x.dtype)
         return F.dropout(weights, p=self.weight_dropout, training=self.training)
 
     def forward(self, x: Tensor, *, state: ConvState | None = None, use_cache: bool = False,
@@ -185,7 +186,7 @@ class ConvBlock(nn.Module):
         if self.glu:
             h = F.glu(h, dim=-1)  # [b, i, h*d]
         if self.mask_padding and positions.query_valid is not None:
-            h = h * positions.query_valid[..., None].to(h.dtype)
+            h = h * positions.query_mask(h.dtype)
         trace = {} if need_trace else None
         h, state = self.conv(h, state=cache, use_cache=use_cache, trace=trace)
         return AttentionOutput(self.linear_out(h), state, trace)

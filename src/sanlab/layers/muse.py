@@ -76,7 +76,7 @@ class MultiScaleAttention(nn.Module):
         """D = sum_i g_i DynConv_{k_i}(V) [b, i, h*d] and the cells' new states."""
         v = self.values(x)  # [b, i, h*d]
         if self.mask_padding and positions.query_valid is not None:
-            v = v * positions.query_valid[..., None].to(v.dtype)
+            v = v * positions.query_mask(v.dtype)
         gate = self.gate_weights()
         out, new_states = torch.zeros_like(v), []
         for n, cell in enumerate(self.cells):

@@ -171,7 +171,7 @@ class Encoder(nn.Module):
             x = layer(x, positions=positions, traces=traces)
         x = self.final_norm(x)
         if positions.query_valid is not None:  # padded positions are don't-care: make them exactly 0
-            x = x * positions.query_valid[..., None].to(x.dtype)
+            x = x * positions.query_mask(x.dtype)
         return x
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sanlab.attention import routing
-from sanlab.attention.masks import masked_softmax
+from sanlab.attention.masks import at_least_fp32, masked_softmax
 from sanlab.attention.parts.capsule_config import CapsuleConfig
 from sanlab.attention.parts_base import AttentionContext, AttentionPart
 from sanlab.registry import BuildContext
@@ -74,7 +74,7 @@ class CapsuleRouting(AttentionPart):
             raise ValueError("capsule routing with vertical or global horizontal routing sees later tokens; "
                              "build the part for the decoder side (horizontal positional routing only)")
         row_valid = ctx.positions.query_valid  # [b, i] or None
-        wide = scores.to(torch.promote_types(scores.dtype, torch.float32))  # fp32, or fp64 if given fp64
+        wide = scores.to(at_least_fp32(scores.dtype))  # fp32, or fp64 if given fp64
         with torch.autocast(device_type=scores.device.type, enabled=False):
             cube = self.routing_cube(wide, ctx.allowed, row_valid)  # [b, h, i, j]
             if earlier is not None:  # earlier rows get a zero column: they never see the new keys

@@ -105,7 +105,7 @@ class GaussianLocalness(AttentionPart):
         256 are not whole numbers any more and a predicted centre (L - 1) p lands keys away from where fp32 puts
         it; in fp16, (j - c)^2 overflows from |j - c| = 182 and w^2 from w = 256 (inf / inf: NaN scores)."""
         def compute() -> tuple[Tensor, Tensor]:
-            wide = torch.promote_types(ctx.q_full.dtype, torch.float32)
+            wide = masks.at_least_fp32(ctx.q_full.dtype)
             lengths = base_visibility(ctx).sum(-1, keepdim=True).to(wide)  # [b|1, 1, i, 1]
             with torch.autocast(device_type=ctx.q_full.device.type, enabled=False):
                 return self.centre_and_width(ctx, lengths)

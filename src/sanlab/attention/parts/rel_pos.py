@@ -45,17 +45,22 @@ class RelativePositions(AttentionPart):
         self.value_table = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, head_dim)))  # [2k+1, d]
 
     def _index(self, ctx: AttentionContext, like: Tensor) -> Tensor:
-        index = relative_index(ctx.q_pos, ctx.k_pos, self.max_distance)  # [i, j]
+        # the same for every layer over these positions: made once (Positions.once)
+        index = ctx.positions.once(("relative index", self.max_distance),
+                                   lambda: relative_index(ctx.q_pos, ctx.k_pos, self.max_distance))  # [i, j]
         return index.expand(*like.shape[:2], *index.shape)  # [b, h, i, j]
 
     def score(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
-        by_distance = torch.einsum("bhid,rd->bhir", ctx.q, self.key_table.to(ctx.q.dtype))  # [b, h, i, 2k+1]
-        return scores + torch.gather(by_distance, -1, self._index(ctx, scores)) * self.scale  # [b, h, i, j]
+        # over q as the projection laid it out ([b, i, h, d], contiguous): one matrix product, no copy of q
+        by_distance = torch.matmul(ctx.q.transpose(1, 2), self.key_table.to(ctx.q.dtype).t()).transpose(1, 2)
+        return torch.add(scores, torch.gather(by_distance, -1, self._index(ctx, scores)), alpha=self.scale)
 
     def values(self, out: Tensor, weights: Tensor, ctx: AttentionContext) -> Tensor:
         buckets = weights.new_zeros(*weights.shape[:3], 2 * self.max_distance + 1)  # [b, h, i, 2k+1]
         buckets = buckets.scatter_add(-1, self._index(ctx, weights), weights)  # [b, h, i, 2k+1]
-        return out + torch.einsum("bhir,rd->bhid", buckets, self.value_table.to(out.dtype))  # [b, h, i, d]
+        b, h, i, d = out.shape  # out + buckets @ w^V as one matrix product over the rows [b*h*i, ...]
+        rows = buckets.view(-1, buckets.shape[-1]).to(out.dtype)  # [b*h*i, 2k+1]
+        return torch.addmm(out.reshape(-1, d), rows, self.value_table.to(out.dtype)).view(b, h, i, d)
 
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}"

@@ -1,0 +1,123 @@
+"""Masks made once per ``Positions`` and shared by every call over them (``Positions.once``).
+
+The layers of an encoder (and the cross-attentions of a decoding step) attend over the same positions: the
+key-padding mask the fused kernel takes, the dense plan's visibility mask with its complements, the float
+query mask and Rel_Pos's relative index are made at the first call and read by the others. What must hold:
+the shared mask is the one a fresh call makes (outputs equal), a mask depends on nothing the memo's key
+leaves out (the dtype is part of it), a part's own mask is never shared, and no copy of the positions
+inherits a memo (a copy may have other positions).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from sanlab.attention import Attention, Positions, plans
+from sanlab.attention.build import build_attention
+from sanlab.attention.config import AttentionConfig
+from sanlab.attention.parts import rel_pos
+from sanlab.registry import BuildContext
+from sanlab.traceable import replace
+
+B, HEADS, DIM, LENGTH = 3, 4, 16, 6
+
+
+def _valid(lengths) -> torch.Tensor:
+    return torch.arange(LENGTH)[None] < torch.tensor(lengths)[:, None]  # [b, j]
+
+
+def _counting(monkeypatch, module, name) -> list:
+    calls, real = [], getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _layers(n, *, plan="auto", parts=None, side="encoder"):
+    torch.manual_seed(0)
+    if parts is None:
+        return [Attention(dim=DIM, heads=HEADS, plan=plan).eval() for _ in range(n)]
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=n, side=side, max_len=64)
+    return [build_attention(AttentionConfig(heads=HEADS, plan=plan, parts=parts), ctx).eval() for _ in range(n)]
+
+
+def _run(layers, x, positions):
+    outs = []
+    for layer in layers:  # the same input to every layer: each output must equal a call with fresh positions
+        outs.append(layer(x, positions=positions).output)
+    return outs
+
+
+def _fresh(layers, x, make_positions):
+    return [layer(x, positions=make_positions()).output for layer in layers]
+
+
+POSITIONS = {
+    "encoder-padded": lambda: Positions.self_attention(_valid((6, 4, 1)), length=LENGTH),
+    "decoder-padded": lambda: Positions.self_attention(_valid((6, 4, 1)), length=LENGTH, causal=True),
+    "cross-padded": lambda: Positions.cross_attention(Positions.self_attention(None, length=LENGTH), _valid((6, 0, 2)),
+                                                      memory_length=LENGTH),
+}
+
+
+@pytest.mark.parametrize("plan", ["sdpa", "dense"])
+@pytest.mark.parametrize("case", POSITIONS)
+def test_three_layers_over_the_same_positions_make_the_mask_once_and_equal_fresh_calls(case, plan, monkeypatch):
+    layers, x = _layers(3, plan=plan), torch.randn(B, LENGTH, DIM)
+    want = _fresh(layers, x, POSITIONS[case])
+    made = _counting(monkeypatch, plans, "visibility" if plan == "dense" or case == "decoder-padded" else
+                     "_padding_mask")
+    query_masks = _counting(monkeypatch, torch.Tensor, "to")
+    got = _run(layers, x, POSITIONS[case]())
+    assert len(made) == 1, f"{plan}: the mask was made {len(made)} times for 3 layers"
+    assert len(query_masks) <= 1, "the query mask was converted at more than one layer"
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_the_kernels_mask_is_made_per_dtype(monkeypatch):
+    layer, positions = _layers(1, plan="sdpa")[0], POSITIONS["encoder-padded"]()
+    x = torch.randn(B, LENGTH, DIM)
+    made = _counting(monkeypatch, plans, "_additive")
+    fp32 = layer(x, positions=positions).output
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = layer(x, positions=positions).output
+        again = layer(x, positions=positions).output
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = layer(x, positions=POSITIONS["encoder-padded"]()).output
+    assert len(made) == 3  # fp32 once, bf16 once, then the fresh positions' own
+    assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
+    assert torch.equal(bf16, again) and torch.equal(bf16, fresh)
+
+
+def test_a_parts_own_mask_is_made_at_every_call(monkeypatch):
+    layers = _layers(3, plan="dense", parts=[{"type": "window", "half_width": 1, "layers": None}])
+    made = _counting(monkeypatch, plans, "visibility")
+    _run(layers, torch.randn(B, LENGTH, DIM), POSITIONS["encoder-padded"]())
+    assert len(made) == 3  # a window part's mask may depend on more than the positions: never shared
+
+
+def test_rel_pos_makes_its_relative_index_once_per_positions(monkeypatch):
+    layers = [layer.double() for layer in _layers(3, parts=[{"type": "rel_pos", "max_distance": 2}])]
+    x = torch.randn(B, LENGTH, DIM, dtype=torch.float64)
+    want = _fresh(layers, x, POSITIONS["encoder-padded"])
+    made = _counting(monkeypatch, rel_pos, "relative_index")
+    got = _run(layers, x, POSITIONS["encoder-padded"]())
+    assert len(made) == 1  # the score and the value term of 3 layers: one index
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_the_constructors_give_a_memo_and_no_copy_inherits_it():
+    positions = POSITIONS["encoder-padded"]()
+    assert positions.derived is not None
+    assert positions.once("k", lambda: 1) == 1 and positions.once("k", lambda: 2) == 1
+    for copy in (replace(positions, key_valid=_valid((6, 6, 6))), dataclasses.replace(positions),
+                 Positions(q_pos=positions.q_pos, k_pos=positions.k_pos, key_valid=positions.key_valid)):
+        assert copy.derived is None
+        assert copy.once("k", lambda: 2) == 2 and copy.once("k", lambda: 3) == 3  # no memo: made at every call
