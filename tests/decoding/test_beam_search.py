@@ -305,6 +305,24 @@ def test_bos_and_pad_are_never_emitted_even_when_the_model_prefers_them(beam_siz
     assert hyps[0].positional_scores[0] == pytest.approx(math.log(0.2))  # not renormalised
 
 
+def test_one_symbol_for_bos_and_eos_is_banned_as_bos_but_not_as_eos():
+    """fairseq's dictionaries start a target with EOS: with ``bos == eos`` the symbol must stay choosable."""
+    table = {(): {A: 0.7, EOS: 0.3}, (A,): {EOS: 0.8, A: 0.2}}
+
+    def step(tokens, prefix):
+        prefix = torch.cat([prefix, tokens], 1)  # [N, 1+t], EOS first
+        assert bool((prefix[:, 0] == EOS).all())
+        # (a prefix not in the table is a row that is not live: it has a score of -inf)
+        rows = [[table.get(tuple(p), {}).get(v, 0.0) for v in range(VOCAB)] for p in prefix[:, 1:].tolist()]
+        return torch.tensor(rows).log(), prefix
+
+    # beam 2: EOS (.3) finishes [] at once, A.EOS (.56) finishes [A] next; ranked by log-prob / length
+    hyps = beam_search(step, torch.zeros(1, 0, dtype=torch.long), batch_size=1, beam_size=2, n_best=2,
+                       bos=EOS, eos=EOS, pad=PAD, max_lengths=torch.tensor([5]))[0]
+    assert [h.tokens for h in hyps] == [[A], []]
+    assert [h.log_prob for h in hyps] == pytest.approx([math.log(0.7 * 0.8), math.log(0.3)])
+
+
 def test_greedy_is_beam_one_and_a_hand_argmax_loop():
     n = len(MAX_LENGTHS)
     model = TrigramModel(n, seed=1)
