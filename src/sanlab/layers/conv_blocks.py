@@ -69,16 +69,15 @@ class QANetConvBlock(nn.Module):
         # causal: the output at i sees inputs i-k+1 .. i; same: i-(k-1)/2 .. i+(k-1)/2
         self.padding = (kernel - 1, 0) if causal else (kernel // 2, kernel // 2)
 
-    def _conv(self, conv: nn.Module, x: Tensor, valid: Tensor | None) -> Tensor:
-        if valid is not None:
-            x = x * valid[..., None].to(x.dtype)  # padded tokens contribute zeros
+    def _conv(self, conv: nn.Module, x: Tensor, positions: Positions) -> Tensor:
+        if positions.query_valid is not None:  # [b, i]: the tokens of x (the keys of its self-attention)
+            x = x * positions.query_mask(x.dtype)  # padded tokens contribute zeros
         x_padded = F.pad(x.transpose(1, 2), self.padding)  # [b, d, i + k - 1]
         return torch.relu(conv(x_padded))  # [b, i, d]
 
     def forward(self, x: Tensor, *, positions: Positions) -> Tensor:
-        valid = positions.query_valid  # [b, i]: the tokens of x (the keys of its self-attention)
         for conv, residual in zip(self.convs, self.residuals):
-            x = residual(x, lambda h, conv=conv: self._conv(conv, h, valid))
+            x = residual(x, lambda h, conv=conv: self._conv(conv, h, positions))
         return x
 
 
