@@ -1,11 +1,11 @@
 """Masks made once per ``Positions`` and shared by every call over them (``Positions.once``).
 
 The layers of an encoder (and the cross-attentions of a decoding step) attend over the same positions: the
-key-padding mask the fused kernel takes, the dense plan's visibility mask with its complements, the float
+boolean mask the fused kernel takes, the dense plan's visibility mask with its complements, the float
 query mask and Rel_Pos's relative index are made at the first call and read by the others. What must hold:
 the shared mask is the one a fresh call makes (outputs equal), a mask depends on nothing the memo's key
-leaves out (the dtype is part of it), a part's own mask is never shared, and no copy of the positions
-inherits a memo (a copy may have other positions).
+leaves out (the float query mask's dtype is part of its key), no key names a size (dynamic compilation would
+pin it), a part's own mask is never shared, and no copy of the positions inherits a memo.
 """
 
 import dataclasses
@@ -80,19 +80,49 @@ def test_three_layers_over_the_same_positions_make_the_mask_once_and_equal_fresh
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_the_kernels_mask_is_made_per_dtype(monkeypatch):
+def test_the_kernels_mask_serves_every_dtype_and_the_query_mask_is_made_per_dtype(monkeypatch):
+    """The fused kernel's mask stays boolean (torch makes each backend's additive form); the float query mask is
+    made per dtype."""
     layer, positions = _layers(1, plan="sdpa")[0], POSITIONS["encoder-padded"]()
     x = torch.randn(B, LENGTH, DIM)
-    made = _counting(monkeypatch, plans, "_additive")
+    made = _counting(monkeypatch, plans, "_padding_mask")
     fp32 = layer(x, positions=positions).output
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf16 = layer(x, positions=positions).output
-        again = layer(x, positions=positions).output
-    with torch.autocast("cpu", dtype=torch.bfloat16):
         fresh = layer(x, positions=POSITIONS["encoder-padded"]()).output
-    assert len(made) == 3  # fp32 once, bf16 once, then the fresh positions' own
-    assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
-    assert torch.equal(bf16, again) and torch.equal(bf16, fresh)
+    assert len(made) == 2  # once for fp32 and bf16 over the same positions, then the fresh positions' own
+    assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16 and torch.equal(bf16, fresh)
+    assert {key[1] for key in positions.derived if key[0] == "query mask"} == {torch.float32, torch.bfloat16}
+
+
+def test_a_dynamically_compiled_model_compiles_once_for_batches_of_other_shapes():
+    """A size in a memo's key would pin the shapes under dynamic compilation: a recompile per batch shape (the
+    decoder's causal, padded self-attention reads such a memo)."""
+    import torch._dynamo
+
+    from sanlab.config import validate
+    from sanlab.models.builders import build_seq2seq
+
+    stack = {"layers": 2, "ffn_dim": 32, "attention": {"heads": 2}}
+    config = validate({"task": "translation", "data": {"train": {"src": "x", "tgt": "y"},
+                                                        "valid": {"src": "x", "tgt": "y"}},
+                       "model": {"dim": 16, "dropout": 0.0, "encoder": stack, "decoder": stack}}, source="test")
+    torch.manual_seed(0)
+    model = build_seq2seq(config.model, vocab_size=30, pad_id=0).eval()
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for b, s, t in [(3, 9, 7), (4, 16, 12), (5, 24, 20)]:  # no two sizes alike (dynamo pairs equal sizes)
+        src, tgt = torch.randint(1, 30, (b, s)), torch.randint(1, 30, (b, t))
+        src[0, -2:], tgt[1, -3:] = 0, 0  # padded on both sides
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(src, tgt), model(src, tgt))
+    assert len(graphs) == 1, f"{len(graphs)} graphs for 3 batch shapes"
 
 
 def test_a_parts_own_mask_is_made_at_every_call(monkeypatch):

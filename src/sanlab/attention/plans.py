@@ -142,7 +142,7 @@ def _dense_mask(ctx: AttentionContext, parts: StageParts) -> tuple[Tensor | None
     return make() if parts.mask else ctx.positions.once("dense mask", make)
 
 
-def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int, dtype: torch.dtype
+def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int
                 ) -> tuple[Tensor | None, bool, Tensor | None]:
     """What ``sdpa`` hands the kernel: (attn_mask, is_causal, empty), empty marking rows to zero afterwards.
 
@@ -159,53 +159,46 @@ def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries
     return NaN for them).
 
     A mask that depends on the positions alone (no mask part) is made once per ``Positions`` (``Positions.once``):
-    every layer of an encoder, and every cross-attention of a decoding step, reads the same one. It is handed over
-    as the additive mask (0 or -inf, in ``dtype``) into which the kernel would turn a boolean one at every call.
+    every layer of an encoder, and every cross-attention of a decoding step, reads the same one. It stays boolean:
+    torch turns it into the additive form each backend wants (-inf for most, a finite fill for cuDNN's). Its key
+    names no size: the sizes follow from the positions (an extend part's copy has no memo), and a size in a key
+    would pin the shapes of a dynamically compiled model (a recompile per batch shape).
     """
     pos = ctx.positions
     start = pos.query_start
     causal = pos.causal and not (start is not None and start >= keys - 1)
     if not parts.mask and start is not None and not (causal and pos.key_valid is not None):
         if pos.key_valid is not None:
-            return pos.once(("sdpa key padding", dtype), lambda: _padding_mask(pos.key_valid, dtype))
+            return pos.once("sdpa key padding", lambda: _padding_mask(pos.key_valid))
         if not causal:
             return None, False, None
         if start == 0 and queries == keys:
             return None, True, None
-        return pos.once(("sdpa causal", dtype, queries, keys),
-                        lambda: (_additive(masks.causal(pos.q_pos, pos.k_pos), dtype), False, None))  # [1, 1, i, j]
+        return pos.once("sdpa causal", lambda: (masks.causal(pos.q_pos, pos.k_pos), False, None))  # [1, 1, i, j]
     if parts.mask:  # the parts' masks may depend on more than the positions: made at every call
-        return _visibility_mask(ctx, parts, batch=batch, queries=queries, keys=keys, dtype=dtype)
-    return pos.once(("sdpa visibility", dtype, batch, queries, keys),
-                    lambda: _visibility_mask(ctx, parts, batch=batch, queries=queries, keys=keys, dtype=dtype))
+        return _visibility_mask(ctx, parts, batch=batch, queries=queries, keys=keys)
+    return pos.once("sdpa visibility", lambda: _visibility_mask(ctx, parts, batch=batch, queries=queries, keys=keys))
 
 
-def _padding_mask(key_valid: Tensor, dtype: torch.dtype) -> tuple[Tensor, bool, Tensor]:
+def _padding_mask(key_valid: Tensor) -> tuple[Tensor, bool, Tensor]:
     empty = ~key_valid.any(dim=-1)  # [b]
-    return _additive((key_valid | empty[:, None])[:, None, None, :], dtype), False, empty[:, None, None, None]
+    return (key_valid | empty[:, None])[:, None, None, :], False, empty[:, None, None, None]
 
 
-def _visibility_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int,
-                     dtype: torch.dtype) -> tuple[Tensor | None, bool, Tensor | None]:
+def _visibility_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries: int, keys: int
+                     ) -> tuple[Tensor | None, bool, Tensor | None]:
     allowed = visibility(ctx, parts)
     if allowed is None:
         return None, False, None
     allowed = allowed.expand(batch, -1, queries, keys)  # [b, h|1, i, j]
     empty = ~allowed.any(dim=-1, keepdim=True)  # [b, h|1, i, 1]
-    return _additive(allowed | empty, dtype), False, empty
-
-
-def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """The boolean mask as the kernel uses it: 0 where allowed, -inf elsewhere (what SDPA makes of a boolean mask,
-    made here once instead of inside every call)."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+    return allowed | empty, False, empty
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, parts: StageParts,
          scale: float, dropout: float, training: bool) -> Tensor:
     """Fused plan for plain masked attention. Same contract as ``dense``."""
-    mask, is_causal, empty = _fused_mask(ctx, parts, batch=q.shape[0], queries=q.shape[2], keys=k.shape[2],
-                                         dtype=q.dtype)
+    mask, is_causal, empty = _fused_mask(ctx, parts, batch=q.shape[0], queries=q.shape[2], keys=k.shape[2])
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                          dropout_p=dropout if training else 0.0, scale=scale)  # [b, h, i, d]
     return out if empty is None else out.masked_fill(empty, 0.0)
