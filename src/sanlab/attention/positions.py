@@ -66,7 +66,8 @@ class Positions:
 
     def once(self, key: Any, make: Callable[[], Any]) -> Any:
         """``make()``, made once per ``key`` for these positions (``derived``); ``key`` names everything besides
-        the positions that the value depends on (a dtype, the sizes)."""
+        the positions that the value depends on (a dtype, a part's setting), never a size: the positions fix the
+        sizes, and under dynamic compilation a size read into a key pins it (a recompile per batch shape)."""
         if self.derived is None:
             return make()
         if key not in self.derived:
