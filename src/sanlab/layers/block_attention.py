@@ -216,7 +216,9 @@ class BlockSelfAttention(nn.Module):
         if valid is None:
             valid = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         out = self.core(x, valid, block_len=self.resolve_block_len(positions))  # [b, i, dim]
-        return AttentionOutput(out * valid[..., None].to(out.dtype), None, {} if need_trace else None)
+        if positions.query_valid is not None:  # padded outputs zeroed (the mask made once per positions)
+            out = out * positions.query_mask(out.dtype)
+        return AttentionOutput(out, None, {} if need_trace else None)
 
 
 def build_block_mixer(config: BlockMixerConfig, ctx: BuildContext, *, attention: AttentionConfig) -> nn.Module:

@@ -81,7 +81,7 @@ class ConvolvedAttention(AttentionPart):
         causal = self.causal or ctx.causal
         rows, cols = ctx.q_pos[:, None], ctx.k_pos[None, :]  # [i, 1], [1, j]
         if ctx.positions.query_valid is not None:  # padded queries act like the zero rows outside
-            weights = weights * ctx.positions.query_valid[:, None, :, None].to(weights.dtype)  # [b, h, i, j]
+            weights = weights * ctx.positions.query_mask(weights.dtype)[:, None]  # [b, h, i, j] (made once)
         b, h = weights.shape[:2]
         grid = weights.new_zeros(b, h, self.t, self.t)  # [b, h, t, t]
         grid[:, :, rows, cols] = weights
