@@ -12,7 +12,8 @@ whose order rotates, the device synchronised around each update. Reported: media
 tokens/s, the ratio to the baseline's tokens/s paired by round, model FLOPs per update (counted by
 ``torch.utils.flop_counter`` on one forward and backward: what the model really computes, attention
 included) and MFU against the device's dense peak for that precision (``--peak-tflops`` overrides the table),
-and the operators an eager forward and backward dispatches (``op_count.py``: kernel launches on a GPU).
+and the operators an eager forward and backward dispatches (``op_count.py``: kernel launches on a GPU; counted
+with the accelerator's paths, ``op_count.accelerator_paths``, also on the CPU).
 
 ``--profile DIR`` then runs ``--profile-updates`` more updates of each row under ``torch.profiler`` and writes
 ``DIR/profile.md``: per row, how busy the device was (its kernels' time over the wall time: the rest is
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from grid_speed import add_grid_arguments, bench_cells, provenance
-from op_count import count_ops
+from op_count import accelerator_paths, count_ops
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
 
@@ -117,7 +118,8 @@ def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool) ->
         runner.compile_seconds = time.perf_counter() - start
     runner.flops = count_flops(make_step(model, batch, args.precision, device, compiled=False))
     if not compiled:  # (the optimizer left out: fused on CUDA, one loop per parameter on the CPU)
-        runner.ops = count_ops(make_step(model, batch, args.precision, device, compiled=False, optimize=False))
+        with accelerator_paths():  # a CPU's count is a GPU's launches
+            runner.ops = count_ops(make_step(model, batch, args.precision, device, compiled=False, optimize=False))
     return runner
 
 

@@ -10,7 +10,9 @@ outside the generated code.
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -34,3 +36,14 @@ def count_ops(work: Callable[[], object]) -> int:
     with OpCount() as count:
         work()
     return count.ops
+
+
+@contextmanager
+def accelerator_paths() -> Iterator[None]:
+    """Inside, a layer that takes another path on an accelerator than on the CPU takes the accelerator's, so that a
+    count on the CPU is the GPU's: Block runs its two directions as one computation there (one after the other on
+    the CPU: ``block_attention.directions_together``). SDPA's choices stay the CPU's (its masks: a few operators)."""
+    from sanlab.layers import block_attention
+
+    with mock.patch.object(block_attention, "directions_together", lambda device: True):
+        yield

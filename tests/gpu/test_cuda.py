@@ -226,6 +226,50 @@ def test_the_same_weights_give_the_same_outputs_on_cpu_and_cuda():
     torch.testing.assert_close(on_cuda, on_cpu, atol=1e-4, rtol=1e-4)
 
 
+def _mixer_forms() -> list:
+    import sanlab.config  # noqa: F401  (imports every mixer and pre-block module: the registries are complete)
+    from sanlab.layers.mixers import MIXERS
+    from sanlab.layers.pre_blocks import PRE_BLOCKS
+
+    forms = [pytest.param({"mixer": form}, id=f"mixer-{form['type']}-{n}")
+             for name in MIXERS.names() for n, form in enumerate([{"type": name}] + (
+                 [{"type": name, "block_mode": "reference"}] if name == "block" else []))]
+    return forms + [pytest.param({"pre_blocks": [{"type": name}]}, id=f"pre-block-{name}")
+                    for name in PRE_BLOCKS.names()]
+
+
+@pytest.mark.parametrize("encoder", _mixer_forms())
+def test_every_mixer_and_pre_block_computes_on_cuda_what_it_computes_on_the_cpu(encoder):
+    """Where a mixer takes another path on an accelerator (Block: both directions in one computation), the two
+    paths meet here: the same weights, fp32, a padded batch, outputs and every weight gradient."""
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(dim=DIM, dropout=0.0, encoder=StackConfig(layers=2, ffn_dim=128, attention={"heads": HEADS},
+                                                                  **encoder),
+                        decoder=StackConfig(layers=1, ffn_dim=128), max_positions=64)
+    model = build_seq2seq(cfg, vocab_size=50, pad_id=0).eval()
+    src, tgt = torch.randint(4, 50, (3, 37)), torch.randint(4, 50, (3, 9))
+    for row, length in enumerate(LENGTHS):
+        src[row, length:] = 0
+
+    def outputs_and_grads(model, device):
+        model.zero_grad()
+        out = model(src.to(device), tgt.to(device))
+        out.float().square().mean().backward()
+        return out.detach().cpu(), {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+    on_cpu, cpu_grads = outputs_and_grads(model, torch.device("cpu"))
+    on_cuda, cuda_grads = outputs_and_grads(model.to(CUDA), CUDA)
+    torch.testing.assert_close(on_cuda, on_cpu, atol=1e-4, rtol=1e-4)
+    # a bias that a softmax ignores (shared by every entry it normalises: Block's summary bias) has a zero
+    # gradient, of which each device computes its own rounding noise: such gradients only have to be tiny in both
+    floor = 1e-7 * max(g.norm() for g in cpu_grads.values())
+    zero = {n for n, g in cpu_grads.items() if g.norm() <= floor}
+    assert all(cuda_grads[n].norm() <= 10 * floor for n in zero), sorted(zero)
+    assert_close_in_norm({n: g for n, g in cuda_grads.items() if n not in zero},
+                         {n: g for n, g in cpu_grads.items() if n not in zero},
+                         rtol=1e-3, what="weight gradients on CUDA against the CPU's")
+
+
 def test_a_tiny_run_trains_validates_and_translates_on_cuda_in_bf16(tmp_path, tiny_translation):
     from sanlab.runs import evaluate_run
 

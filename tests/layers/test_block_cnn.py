@@ -7,6 +7,7 @@ import torch
 
 from sanlab.attention import Attention, Positions
 from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.layers import block_attention
 from sanlab.layers.block_attention import (BiBloSA, BlockSelfAttention, FeatureAttention, ReferenceBlockAttention,
                                            direction_mask, intra_block_mask, split_blocks)
 from sanlab.layers.conv_blocks import QANetConvBlock
@@ -53,6 +54,42 @@ def test_feature_attention_equals_a_hand_loop_and_empty_rows_are_zero():
             continue
         f = torch.stack([5 * torch.tanh((w1 @ x[q] + w2 @ x[p] + att.f_bias) / 5) for q in keys])  # [q, c]
         torch.testing.assert_close(out[p], (torch.softmax(f, dim=0) * x[keys]).sum(0))
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["directions together", "one after the other"])
+@pytest.mark.parametrize("t, lengths, r", [(9, (9, 5), 3), (7, (7, 1), 4), (6, (6, 6), 1), (10, (10, 3), 12)])
+def test_the_fast_path_equals_block_direction_forward(t, lengths, r, together, monkeypatch):
+    """The fast path (a leading direction axis, fewer passes over the pair tensors), both directions in one
+    computation (an accelerator's choice) or one after the other (the CPU's), against ``BlockDirection.forward``
+    per direction: values and the gradients of input and every parameter, padded rows and blocks, rows without
+    a key (r = 1: every row), a block longer than the sentence."""
+    monkeypatch.setattr(block_attention, "directions_together", lambda device: together)
+    torch.manual_seed(0)
+    core = BiBloSA(dim=8).double()
+    with torch.no_grad():  # random everything, so zero-initialised biases are exercised too
+        for p in core.parameters():
+            p.normal_(0.0, 0.5)
+    x = torch.randn(len(lengths), t, 8, dtype=torch.double)
+    valid = _valid(len(lengths), t, lengths)
+    probe = torch.randn(len(lengths), t, 8, dtype=torch.double)
+
+    def run(forward):
+        core.zero_grad()
+        x_in = x.clone().requires_grad_(True)
+        out = forward(x_in)
+        (out * probe).sum().backward()
+        return out, x_in.grad, {name: p.grad.clone() for name, p in core.named_parameters()}
+
+    def per_direction(x_in):
+        blocks, block_valid = split_blocks(x_in, valid, r)
+        out = torch.cat([direction(blocks, block_valid) for direction in core.directions], dim=-1)
+        return out.flatten(1, 2)[:, :t]
+
+    fast, reference = run(lambda x_in: core(x_in, valid, block_len=r)), run(per_direction)
+    torch.testing.assert_close(fast[0], reference[0])
+    torch.testing.assert_close(fast[1], reference[1], msg=lambda m: "d/d input\n" + m)
+    for name, grad in reference[2].items():
+        torch.testing.assert_close(fast[2][name], grad, msg=lambda m, name=name: f"d/d {name}\n" + m)
 
 
 # ----------------------------------------------------------------------------- Block mixer

@@ -135,7 +135,10 @@ class BlockDirection(nn.Module):
 
 
 class BiBloSA(nn.Module):
-    """Forward and backward block self-attention, concatenated: [b, i, d] -> [b, i, 2 d_h] (= d)."""
+    """Forward and backward block self-attention, concatenated: [b, i, d] -> [b, i, 2 d_h] (= d).
+
+    Each direction keeps its ``BlockDirection`` (its parameters, and ``BlockDirection.forward`` as the
+    reference); ``_directions`` runs a group of them as one computation over a leading direction axis."""
 
     def __init__(self, *, dim: int):
         super().__init__()
@@ -146,8 +149,89 @@ class BiBloSA(nn.Module):
 
     def forward(self, x: Tensor, valid: Tensor, *, block_len: int) -> Tensor:
         blocks, block_valid = split_blocks(x, valid, block_len)  # [b, m, r, d], [b, m, r]
-        out = torch.cat([direction(blocks, block_valid) for direction in self.directions], dim=-1)  # [b, m, r, d]
+        if directions_together(x.device):
+            out = _directions(list(self.directions), blocks, block_valid)  # [2, b, m, r, c]
+            out = out.movedim(0, -2).flatten(-2)  # [b, m, r, 2c]: forward then backward, as a concatenation
+        else:
+            out = torch.cat([_directions([d], blocks, block_valid)[0] for d in self.directions], dim=-1)
         return out.flatten(1, 2)[:, :x.shape[1]]  # [b, i, d]
+
+
+def directions_together(device: torch.device) -> bool:
+    """Both directions in one computation on an accelerator, where an update's eager time goes into launching
+    kernels: half the launches (results/launch-counts.md). One after the other on the CPU, whose time is the
+    arithmetic, and where tensors of twice the size were slower (beyond its caches: 10% a layer at 64 x 64)."""
+    return device.type != "cpu"
+
+
+def _stacked(directions: list[BlockDirection], name: str) -> Tensor:
+    """One parameter of each direction, [n, ...] (a view for one direction)."""
+    if len(directions) == 1:
+        return directions[0].get_parameter(name)[None]
+    return torch.stack([direction.get_parameter(name) for direction in directions])
+
+
+def _linear(x: Tensor, directions: list[BlockDirection], name: str) -> Tensor:
+    """Each direction's ``name`` linear over its own input: x [n, ..., in] -> [n, ..., out], one batched product."""
+    return _batched_linear(x, _stacked(directions, f"{name}.weight"), _stacked(directions, f"{name}.bias"))
+
+
+def _batched_linear(x: Tensor, weight: Tensor, bias: Tensor, *, scale: float = 1.0) -> Tensor:
+    """scale * (x W^T + bias) per direction: x [n, ..., in], weight [n, out, in], bias [n, out] -> [n, ..., out]."""
+    rows = x.reshape(x.shape[0], -1, x.shape[-1])  # [n, rows, in] (a view where the layout allows)
+    out = torch.baddbmm(bias[:, None], rows, weight.transpose(1, 2), beta=scale, alpha=scale)  # [n, rows, out]
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _feature_attention(x: Tensor, allowed: Tensor, directions: list[BlockDirection], name: str) -> Tensor:
+    """``FeatureAttention.forward`` of each direction: x [n, ..., k, c]; allowed [n, ..., k, k] -> [n, ..., k, c].
+
+    The [..., p, q, c] tensors are Block's cost, so fewer passes over them than the reference: the 1/5 and
+    f_bias act on the [..., k, c] projections before they are paired, and a row with no allowed key is zeroed
+    in the output instead of in its weights (the softmax over its finite fills is uniform, not NaN, and a
+    zeroed output passes no gradient back). Elsewhere a masked weight is exactly 0 either way."""
+    f_bias = F.pad(_stacked(directions, f"{name}.f_bias"), (x.shape[-1], 0))  # [n, 2c]: on the head half only
+    kq = _batched_linear(x, _stacked(directions, f"{name}.key_query.weight"), f_bias, scale=0.2)  # [n, ..., k, 2c]
+    dependent, head = kq.chunk(2, dim=-1)  # (W_1 x_q) / 5 and (W_2 x_p + b_f) / 5: [n, ..., k, c] each
+    logits = torch.tanh(dependent[..., None, :, :] + head[..., :, None, :]) * 5.0  # [n, ..., p, q, c]
+    logits = logits.masked_fill(~allowed[..., None], torch.finfo(logits.dtype).min)
+    weights = torch.softmax(logits, dim=-2, dtype=softmax_dtype(logits.dtype))  # [n, ..., p, q, c]
+    out = (weights * x[..., None, :, :]).sum(-2)  # [n, ..., p, c]
+    return out * allowed.any(-1, keepdim=True).to(out.dtype)  # rows without a key: 0
+
+
+def _direction_masks(size: int, directions: list[BlockDirection], device: torch.device) -> Tensor:
+    """[n, size, size]: each direction's ``direction_mask``."""
+    if len(directions) == 1:
+        return direction_mask(size, directions[0].direction, device=device)[None]
+    return torch.stack([direction_mask(size, d.direction, device=device) for d in directions])
+
+
+def _directions(directions: list[BlockDirection], x: Tensor, valid: Tensor) -> Tensor:
+    """``BlockDirection.forward`` of n directions at once: x [b, m, r, d], valid [b, m, r] -> [n, b, m, r, c].
+    Every step is the reference's, over a leading direction axis."""
+    n, (m, r) = len(directions), x.shape[1:3]
+    weight = _stacked(directions, "map.weight").flatten(0, 1)  # [n c, d]: every map reads the same x
+    bias = _stacked(directions, "map.bias").flatten()
+    mapped = F.elu(F.linear(x, weight, bias)).unflatten(-1, (n, -1)).movedim(-2, 0)  # [n, b, m, r, c]
+    both_valid = valid[..., :, None] & valid[..., None, :]  # [b, m, r, r]
+    intra_allowed = _direction_masks(r, directions, x.device)[:, None, None] & both_valid  # [n, b, m, r, r]
+    intra = _feature_attention(mapped, intra_allowed, directions, "intra")  # [n, b, m, r, c]
+    summary_w = masked_softmax(_linear(intra, directions, "summary"), valid[..., None], dim=-2)
+    summary = (summary_w * intra).sum(-2)  # [n, b, m, c]
+    block_valid = valid.any(-1)  # [b, m]
+    allowed = _direction_masks(m, directions, x.device)[:, None] & block_valid[None, :, None, :]  # [n, b, m, m]
+    # DiSA between the block summaries (DiSA.forward)
+    inter_mapped = F.elu(_linear(summary, directions, "inter.map"))  # [n, b, m, c]
+    attended = _feature_attention(inter_mapped, allowed, directions, "inter.attend")
+    gate_bias = _stacked(directions, "inter.gate_bias")[:, None, None]  # [n, 1, 1, c]
+    gate = torch.sigmoid(_linear(inter_mapped, directions, "inter.gate_x")
+                         + _linear(attended, directions, "inter.gate_s") + gate_bias)
+    context = (gate * inter_mapped + (1 - gate) * attended) * block_valid[..., None].to(summary.dtype)
+    context = context[:, :, :, None].expand_as(intra)  # [n, b, m, r, c]
+    new, gate = _linear(torch.cat([mapped, intra, context], dim=-1), directions, "fuse").chunk(2, dim=-1)
+    gate = torch.sigmoid(gate)
+    return gate * F.elu(new) + (1 - gate) * mapped  # [n, b, m, r, c]
 
 
 class ReferenceBlockAttention(nn.Module):
