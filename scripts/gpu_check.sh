@@ -10,7 +10,8 @@
 #                                      every CSAN Table 1 variant at Transformer-Base size in bf16, eager and
 #                                      compiled, tokens/s and MFU (bench/gpu.py), then a torch.profiler
 #                                      breakdown of each row ($REPORT_DIR/gpu-profile/profile.md); beam-5 decoding with and
-#                                      without the cache (bench/decode_speed.py)
+#                                      without the cache (bench/decode_speed.py); one Block layer by path, both
+#                                      directions at once against each alone (bench/block_layer.py)
 #   4. Multi30k vanilla in bf16        the CPU recipe on cuda, resumable: rerun to continue; evaluated on
 #                                      test_2016_flickr once it has trained its 3,000 updates
 #   5. decode-agreement                that run (or DECODE_RUN, any trained Multi30k run) decoded on
@@ -36,12 +37,12 @@
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/, with this checkout's sentencepiece: the table1 cells must train the grid's subword vocabulary,
 # and another sentencepiece version trains another one; cells of 2026-11-27 did, and the table marks them §) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
-#   GPU_STEPS=all|env|tests|bench|gpubench|decode|train|decode-agreement|table1   which parts (default all, which
+#   GPU_STEPS=all|env|tests|bench|gpubench|blocklayer|decode|train|decode-agreement|table1   which parts (default all, which
 #   leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
-#   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT: seconds per step
+#   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT: seconds per step
 #   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
 #   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing;
 #   GPU_WINDOW_TIMEOUT's default, 540 s, leaves room for those eight compilations).
@@ -61,7 +62,8 @@
 #         bash scripts/gpu_check.sh; wait
 #     call 2 (~6 min, alone on the GPU): the window plans with their compiled rows, every Table 1 variant's MFU
 #       and operators, and the profile of each row (where the MFU under 45% goes)
-#       REPORT_DIR=$OUT/b GPU_STEPS=window,gpubench GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=240 GPU_BENCH_TIMEOUT=280 \
+#       REPORT_DIR=$OUT/b GPU_STEPS=window,gpubench,blocklayer GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=240 GPU_BENCH_TIMEOUT=280 \
+#         GPU_BLOCK_TIMEOUT=60 \
 #         GPU_BENCH_ARGS="--rounds 2 --updates 5 --warmup 2 --profile-updates 2" bash scripts/gpu_check.sh
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
@@ -148,6 +150,13 @@ if wants gpubench; then
         --compile ${GPU_COMPILE:-vanilla 1D-CSAN} --out "$REPORT_DIR/gpu-train-speed.md" \
         --profile "$REPORT_DIR/gpu-profile" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 60 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" gpubench
+    end_section
+fi
+if wants blocklayer; then
+    section "bench/block_layer.py: one Bi-BloSA layer (Block) by path, fp32: the reference, the CPU's, the accelerator's"
+    timeout "${GPU_BLOCK_TIMEOUT:-180}" $PY bench/block_layer.py --device "$DEVICE" --shape 400 64 6 --shape 100 256 8 \
+        2>&1 | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" blocklayer
     end_section
 fi
 if wants decode; then

@@ -1,0 +1,119 @@
+"""One Bi-BloSA layer (the Block mixer's core), forward + backward, by path: the reference (each direction's
+``BlockDirection.forward``, which was the layer's code before 2026-12-01), the CPU's fast path (each direction
+alone, fewer passes over the [.., p, q, c] tensors) and the accelerator's (both directions as one computation).
+
+Reported per shape: median ms and the speed ratio to the reference (its time over the path's) paired by round (paths interleaved, the order
+rotating), the operators each dispatches (``op_count.py``: kernel launches on a GPU), and how many of them read or
+write, weighted by the size of the largest pair tensor ([.., k, k, c]) each touches, in units of both
+directions' intra-block pair tensors: passes over them, what the layer's time is on a GPU. Random input, d = 512 (d_h = 256), sentences of random lengths in [I/2, I].
+
+    .venv/bin/python bench/block_layer.py --threads 2 --shape 40 40 5 --shape 64 64 6 --shape 16 128 7
+    python bench/block_layer.py --device cuda --shape 400 64 6       # on a GPU: ~25k tokens, the WMT grid's r
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from typing import Callable
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from op_count import count_ops
+from sanlab.layers import block_attention
+from sanlab.layers.block_attention import BiBloSA, split_blocks
+
+DIM = 512
+
+
+def reference(core: BiBloSA, x: torch.Tensor, valid: torch.Tensor, block_len: int) -> torch.Tensor:
+    blocks, block_valid = split_blocks(x, valid, block_len)
+    out = torch.cat([direction(blocks, block_valid) for direction in core.directions], dim=-1)
+    return out.flatten(1, 2)[:, :x.shape[1]]
+
+
+def fast(together: bool) -> Callable:
+    def run(core, x, valid, block_len):
+        with mock.patch.object(block_attention, "directions_together", lambda device: together):
+            return core(x, valid, block_len=block_len)
+    return run
+
+
+PATHS = {"reference (per direction)": reference, "fast, one direction after the other (CPU)": fast(False),
+         "fast, both directions at once (accelerator)": fast(True)}
+
+
+class PairPasses(TorchDispatchMode):
+    """Sums, over the operators dispatched, the largest pair-shaped tensor each reads or writes ([..., k, k, c]: the
+    feature-wise attention's logits, weights and their gradients), in units of ``unit`` elements."""
+
+    def __init__(self, unit: int, width: int):
+        super().__init__()
+        self.unit, self.width, self.passes = unit, width, 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in (*args, *(out if isinstance(out, (tuple, list)) else (out,)))
+                   if isinstance(t, torch.Tensor) and t.dim() >= 3 and t.shape[-1] == self.width
+                   and t.shape[-2] == t.shape[-3]]
+        if not func.is_view and tensors:
+            self.passes += max(t.numel() for t in tensors) / self.unit
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", nargs=3, type=int, action="append", metavar=("B", "I", "R"),
+                        help="batch, length, block length (repeatable)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"- machine: {platform.processor() or platform.machine()}, {args.threads} threads, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+          + f"; torch {torch.__version__}; fp32; rounds {args.rounds} x {args.repeats} repeats\n")
+    print("| B, I, r | path | ms (median) | speed vs reference | ops | passes over the pair tensors |")
+    print("|---|---|---:|---:|---:|---:|")
+    for b, i, r in args.shape or [(40, 40, 5)]:
+        torch.manual_seed(0)
+        core = BiBloSA(dim=DIM).to(device)
+        x = torch.randn(b, i, DIM, device=device, requires_grad=True)
+        lengths = torch.randint(i // 2, i + 1, (b,)); lengths[0] = i
+        valid = (torch.arange(i)[None] < lengths[:, None]).to(device)
+        blocks = -(-i // r)
+        pair = b * blocks * r * r * DIM  # both directions' [b, m, r, r, c] elements (c = DIM / 2)
+
+        def work(path):
+            core.zero_grad(set_to_none=True)  # as an optimizer's zero_grad leaves them: each update's count
+            x.grad = None
+            path(core, x, valid, r).sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        times = {name: [] for name in PATHS}
+        for round_ in range(args.rounds):
+            names = list(PATHS)[round_ % len(PATHS):] + list(PATHS)[:round_ % len(PATHS)]
+            for name in names:
+                work(PATHS[name])  # warm-up
+                start = time.perf_counter()
+                for _ in range(args.repeats):
+                    work(PATHS[name])
+                times[name].append((time.perf_counter() - start) / args.repeats)
+        base = times["reference (per direction)"]
+        for name, path in PATHS.items():
+            with PairPasses(pair, DIM // 2) as passes:
+                work(path)
+            ratio = statistics.median(s / t for s, t in zip(base, times[name]))
+            print(f"| {b}, {i}, {r} | {name} | {statistics.median(times[name]) * 1e3:.1f} | {ratio:.2f} | "
+                  f"{count_ops(lambda: work(path))} | {passes.passes:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
