@@ -17,7 +17,6 @@ import argparse
 import platform
 import statistics
 import time
-from typing import Callable
 from unittest import mock
 
 import torch
@@ -36,32 +35,34 @@ def reference(core: BiBloSA, x: torch.Tensor, valid: torch.Tensor, block_len: in
     return out.flatten(1, 2)[:, :x.shape[1]]
 
 
-def fast(together: bool) -> Callable:
-    def run(core, x, valid, block_len):
-        with mock.patch.object(block_attention, "directions_together", lambda device: together):
-            return core(x, valid, block_len=block_len)
-    return run
+def layer(core: BiBloSA, x: torch.Tensor, valid: torch.Tensor, block_len: int) -> torch.Tensor:
+    return core(x, valid, block_len=block_len)
 
 
-PATHS = {"reference (per direction)": reference, "fast, one direction after the other (CPU)": fast(False),
-         "fast, both directions at once (accelerator)": fast(True)}
+# name -> (the function, whether the layer takes both directions at once: None for the reference)
+PATHS = {"reference (per direction)": (reference, None),
+         "fast, one direction after the other (CPU)": (layer, False),
+         "fast, both directions at once (accelerator)": (layer, True)}
 
 
 class PairPasses(TorchDispatchMode):
-    """Sums, over the operators dispatched, the largest pair-shaped tensor each reads or writes ([..., k, k, c]: the
-    feature-wise attention's logits, weights and their gradients), in units of ``unit`` elements."""
+    """Sums, over the operators dispatched, the largest pair tensor each reads or writes (the feature-wise attention's
+    logits, weights and their gradients: [.., m, r, r, c] within blocks, [.., b, m, m, c] between them), in units of
+    ``unit`` elements. Matched by shape: a shape with m == r or b == m is refused (other tensors would match)."""
 
-    def __init__(self, unit: int, width: int):
+    def __init__(self, *, b: int, m: int, r: int, c: int, unit: int):
         super().__init__()
-        self.unit, self.width, self.passes = unit, width, 0.0
+        if m == r or b == m:
+            raise SystemExit(f"B {b}, {m} blocks of {r}: pick a shape with blocks != block length != B "
+                             "(the pair tensors are told apart by shape)")
+        self.shapes, self.unit, self.passes = {(m, r, r, c), (b, m, m, c)}, unit, 0.0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        tensors = [t for t in (*args, *(out if isinstance(out, (tuple, list)) else (out,)))
-                   if isinstance(t, torch.Tensor) and t.dim() >= 3 and t.shape[-1] == self.width
-                   and t.shape[-2] == t.shape[-3]]
-        if not func.is_view and tensors:
-            self.passes += max(t.numel() for t in tensors) / self.unit
+        pairs = [t.numel() for t in (*args, *(out if isinstance(out, (tuple, list)) else (out,)))
+                 if isinstance(t, torch.Tensor) and tuple(t.shape[-4:]) in self.shapes]
+        if not func.is_view and pairs:
+            self.passes += max(pairs) / self.unit
         return out
 
 
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--shape", nargs=3, type=int, action="append", metavar=("B", "I", "R"),
                         help="batch, length, block length (repeatable)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: under autocast")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
@@ -78,7 +80,7 @@ def main() -> None:
     device = torch.device(args.device)
     print(f"- machine: {platform.processor() or platform.machine()}, {args.threads} threads, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-          + f"; torch {torch.__version__}; fp32; rounds {args.rounds} x {args.repeats} repeats\n")
+          + f"; torch {torch.__version__}; {args.precision}; rounds {args.rounds} x {args.repeats} repeats\n")
     print("| B, I, r | path | ms (median) | speed vs reference | ops | passes over the pair tensors |")
     print("|---|---|---:|---:|---:|---:|")
     for b, i, r in args.shape or [(40, 40, 5)]:
@@ -87,13 +89,15 @@ def main() -> None:
         x = torch.randn(b, i, DIM, device=device, requires_grad=True)
         lengths = torch.randint(i // 2, i + 1, (b,)); lengths[0] = i
         valid = (torch.arange(i)[None] < lengths[:, None]).to(device)
-        blocks = -(-i // r)
-        pair = b * blocks * r * r * DIM  # both directions' [b, m, r, r, c] elements (c = DIM / 2)
+        m = -(-i // r)
+        counter = dict(b=b, m=m, r=r, c=DIM // 2, unit=b * m * r * r * DIM)  # unit: both directions' intra pairs
 
-        def work(path):
+        def work(forward):
             core.zero_grad(set_to_none=True)  # as an optimizer's zero_grad leaves them: each update's count
             x.grad = None
-            path(core, x, valid, r).sum().backward()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                out = forward(core, x, valid, r)
+            out.float().sum().backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
@@ -101,18 +105,22 @@ def main() -> None:
         for round_ in range(args.rounds):
             names = list(PATHS)[round_ % len(PATHS):] + list(PATHS)[:round_ % len(PATHS)]
             for name in names:
-                work(PATHS[name])  # warm-up
-                start = time.perf_counter()
-                for _ in range(args.repeats):
-                    work(PATHS[name])
-                times[name].append((time.perf_counter() - start) / args.repeats)
+                forward, together = PATHS[name]
+                with mock.patch.object(block_attention, "directions_together", lambda device: together):
+                    work(forward)  # warm-up
+                    start = time.perf_counter()
+                    for _ in range(args.repeats):
+                        work(forward)
+                    times[name].append((time.perf_counter() - start) / args.repeats)
         base = times["reference (per direction)"]
-        for name, path in PATHS.items():
-            with PairPasses(pair, DIM // 2) as passes:
-                work(path)
+        for name, (forward, together) in PATHS.items():
+            with mock.patch.object(block_attention, "directions_together", lambda device: together):
+                with PairPasses(**counter) as passes:
+                    work(forward)
+                ops = count_ops(lambda: work(forward))
             ratio = statistics.median(s / t for s, t in zip(base, times[name]))
             print(f"| {b}, {i}, {r} | {name} | {statistics.median(times[name]) * 1e3:.1f} | {ratio:.2f} | "
-                  f"{count_ops(lambda: work(path))} | {passes.passes:.1f} |")
+                  f"{ops} | {passes.passes:.1f} |")
 
 
 if __name__ == "__main__":

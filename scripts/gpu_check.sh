@@ -43,7 +43,7 @@
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
 #   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT: seconds per step
-#   (0: none; the benches' default 540); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
+#   (0: none; the benches' default 540, GPU_BLOCK_TIMEOUT's 180: that step takes well under a minute); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
 #   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing;
 #   GPU_WINDOW_TIMEOUT's default, 540 s, leaves room for those eight compilations).
 # A 15-minute lease (the device tool's budget in 2026-11) fits two calls, not `all`, and the device tool carries
@@ -153,8 +153,9 @@ if wants gpubench; then
     end_section
 fi
 if wants blocklayer; then
-    section "bench/block_layer.py: one Bi-BloSA layer (Block) by path, fp32: the reference, the CPU's, the accelerator's"
-    timeout "${GPU_BLOCK_TIMEOUT:-180}" $PY bench/block_layer.py --device "$DEVICE" --shape 400 64 6 --shape 100 256 8 \
+    section "bench/block_layer.py: one Bi-BloSA layer (Block) by path, bf16: the reference, the CPU's, the accelerator's"
+    timeout "${GPU_BLOCK_TIMEOUT:-180}" $PY bench/block_layer.py --device "$DEVICE" --precision bf16 --shape 400 64 6 \
+        --shape 100 256 8 \
         2>&1 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" blocklayer
     end_section

@@ -362,6 +362,41 @@ def test_bad_step_output_is_reported():
         beam_search(step, None, batch_size=1, beam_size=2, max_lengths=torch.tensor([3]), **SPECIAL)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["NaN", "+inf"])
+@pytest.mark.parametrize("at_step", [0, 2])
+def test_nan_or_posinf_log_probs_stop_the_search(bad, at_step):
+    """A NaN or +inf anywhere in a step's log-probs (here one entry of one row) stops the search with a message.
+    The other entries are finite: beside a -inf (a token of probability 0) a +inf would sum to NaN anyway."""
+    model = TableModel([CHATTY, CHATTY])
+    steps = []
+
+    def step(tokens, cache):
+        log_probs, cache = model(tokens, cache)
+        log_probs = log_probs.clamp(min=-30.0)
+        if len(steps) == at_step:
+            log_probs[-1, B] = bad
+        steps.append(tokens.shape[0])
+        return log_probs, cache
+
+    with pytest.raises(ValueError, match=r"NaN or \+inf"):
+        beam_search(step, model.cache(), batch_size=2, beam_size=2, max_lengths=torch.tensor([5, 5]), **SPECIAL)
+    assert len(steps) == at_step + 1  # at the step that returned it
+
+
+def test_a_sentence_without_a_finite_continuation_leaves_the_search():
+    """A sentence whose every continuation has -inf log-probability has no live hypothesis left: it leaves the
+    batch (with what it finished before) while the other goes on."""
+    dead_end = {(): {A: 0.5, B: 0.5}, "*": {}}  # after the first token every token has probability 0
+    model = TableModel([dead_end, CHATTY])
+    found = beam_search(model, model.cache(), batch_size=2, beam_size=3, n_best=3, max_lengths=torch.tensor([4, 4]),
+                        **SPECIAL)
+    # nothing finished: EOS had probability 0 too (with 3 beams it is among the best 3 of the -inf continuations,
+    # which finish nothing)
+    assert found[0] == []
+    assert model.rows_seen[:3] == [6, 6, 3]  # it left after the step that found no finite continuation
+    assert found[1] == _search([CHATTY], max_len=4, beam_size=3, n_best=3)[0]
+
+
 # ---- host reads ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("beam_size", [1, 3])

@@ -13,6 +13,7 @@
                  process accumulating their batches trains
 """
 
+import copy
 import warnings
 
 import pytest
@@ -231,9 +232,8 @@ def _mixer_forms() -> list:
     from sanlab.layers.mixers import MIXERS
     from sanlab.layers.pre_blocks import PRE_BLOCKS
 
-    forms = [pytest.param({"mixer": form}, id=f"mixer-{form['type']}-{n}")
-             for name in MIXERS.names() for n, form in enumerate([{"type": name}] + (
-                 [{"type": name, "block_mode": "reference"}] if name == "block" else []))]
+    forms = [pytest.param({"mixer": {"type": name}}, id=f"mixer-{name}") for name in MIXERS.names()]
+    forms.append(pytest.param({"mixer": {"type": "block", "block_mode": "reference"}}, id="mixer-block-reference"))
     return forms + [pytest.param({"pre_blocks": [{"type": name}]}, id=f"pre-block-{name}")
                     for name in PRE_BLOCKS.names()]
 
@@ -260,14 +260,45 @@ def test_every_mixer_and_pre_block_computes_on_cuda_what_it_computes_on_the_cpu(
     on_cpu, cpu_grads = outputs_and_grads(model, torch.device("cpu"))
     on_cuda, cuda_grads = outputs_and_grads(model.to(CUDA), CUDA)
     torch.testing.assert_close(on_cuda, on_cpu, atol=1e-4, rtol=1e-4)
-    # a bias that a softmax ignores (shared by every entry it normalises: Block's summary bias) has a zero
-    # gradient, of which each device computes its own rounding noise: such gradients only have to be tiny in both
+    # gradients below 1e-7 of the largest only have to be tiny on both devices: a bias a softmax ignores (every
+    # attention's key bias, Block's summary bias) has a zero gradient, of which each device computes its own
+    # rounding noise, and one that hardly matters (Block's f_bias, 2e-8 of the largest) is as close to it
     floor = 1e-7 * max(g.norm() for g in cpu_grads.values())
     zero = {n for n, g in cpu_grads.items() if g.norm() <= floor}
     assert all(cuda_grads[n].norm() <= 10 * floor for n in zero), sorted(zero)
     assert_close_in_norm({n: g for n, g in cuda_grads.items() if n not in zero},
                          {n: g for n, g in cpu_grads.items() if n not in zero},
                          rtol=1e-3, what="weight gradients on CUDA against the CPU's")
+
+
+def test_block_takes_both_directions_at_once_on_cuda_as_precisely_as_one_after_the_other_in_bf16(monkeypatch):
+    """Under CUDA's bf16 autocast the accelerator's path of Block is no further from a float64 run than the CPU's
+    path run on CUDA (on the CPU, tests/layers/test_block_cnn.py checks both against the reference)."""
+    from sanlab.layers import block_attention
+    from sanlab.layers.block_attention import BiBloSA
+
+    torch.manual_seed(0)
+    core, r = BiBloSA(dim=128).to(CUDA), 5
+    with torch.no_grad():
+        for p in core.parameters():
+            p.normal_(0.0, 0.3)
+    x = torch.randn(6, 40, 128, device=CUDA)
+    valid = torch.arange(40, device=CUDA)[None] < torch.tensor([40, 33, 20, 7, 2, 1], device=CUDA)[:, None]
+
+    def run(core, x, *, together, bf16):
+        monkeypatch.setattr(block_attention, "directions_together", lambda device: together)
+        core.zero_grad()
+        x_in = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            out = core(x_in, valid, block_len=r)
+        out.double().square().sum().backward()
+        return [out.double(), x_in.grad.double(), torch.cat([p.grad.double().flatten() for p in core.parameters()])]
+
+    truth = run(copy.deepcopy(core).double(), x.double(), together=False, bf16=False)
+    together, apart = run(core, x, together=True, bf16=True), run(core, x, together=False, bf16=True)
+    for name, t, a, b in zip(["output", "d/d input", "d/d the weights (all)"], truth, together, apart):
+        error, apart_error = (a - t).norm() / t.norm(), (b - t).norm() / t.norm()
+        assert error <= 1.1 * apart_error, f"{name}: {error:.3g} against {apart_error:.3g} one after the other"
 
 
 def test_a_tiny_run_trains_validates_and_translates_on_cuda_in_bf16(tmp_path, tiny_translation):

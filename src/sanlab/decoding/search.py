@@ -132,26 +132,28 @@ def beam_search(
         # 2. Score the next token of every row: [N, V], masked by min and max length.
         log_probs, cache = step(beams.tokens[:, -1:], cache)
         _check_log_probs_shape(log_probs, rows=beams.tokens.shape[0], ids=(bos, eos, pad))
-        invalid = _nan_or_posinf(log_probs)  # read below, with `done`
+        valid = _no_nan_or_posinf(log_probs)  # read below, with `done`
         if banned is None:  # the vocabulary's size is known from the first step on
             banned = _Banned.make(log_probs.shape[1], bos=bos, eos=eos, pad=pad, device=log_probs.device)
+            ranks = _Ranks.make(batch_size=batch_size, k=k, vocab=log_probs.shape[1], device=log_probs.device)
         at_max = any(m <= t + 1 for m in live_max)
         log_probs = _restrict(log_probs, banned, t=t, max_len=beams.max_len.repeat_interleave(k) if at_max else None,
                               min_length=min_length)
         # 3. The best 2k continuations of each sentence over all its beams.
-        candidates = _top_candidates(beams.scores, log_probs)
+        candidates = _top_candidates(beams.scores, log_probs, ranks)
         # 4. An EOS among the best k finishes a hypothesis.
         if finished is None:  # its scores in the step's dtype
             finished = _Finished.empty(batch_size=batch_size, k=k, max_len=longest, dtype=log_probs.dtype,
                                        device=max_lengths.device)
         hits, counts = finished.hits_and_counts(beams, candidates, eos=eos)
         # 5. The best k non-EOS continuations stay live: [b, k].
-        scores, rows, tokens = _live_choice(candidates, eos=eos)
-        # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses.
-        done = (counts >= k) | (beams.max_len <= t + 1) | ~torch.isfinite(scores).any(1)
-        flags = torch.cat([done, invalid.view(1), hits.any().view(1)])
-        *done_now, step_invalid, any_hit = flags.tolist()  # the step's one host read
-        if step_invalid:
+        scores, rows, tokens = _live_choice(candidates, ranks, eos=eos)
+        # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses. (A score is
+        #    finite or -inf: a NaN or +inf in the step's log-probs stops the search below.)
+        done = (counts >= k) | (beams.max_len <= t + 1) | (scores.amax(1) == float("-inf"))
+        flags = torch.cat([done, valid.view(1), hits.any().view(1)])
+        *done_now, step_valid, any_hit = flags.tolist()  # the step's one host read
+        if not step_valid:
             raise ValueError("step returned NaN or +inf log-probabilities")
         if any_hit:  # (most steps finish nothing: their writes, a dozen kernels on a GPU, are skipped)
             finished.add(beams, candidates, log_probs, hits, counts, t=t, eos=eos)
@@ -241,11 +243,11 @@ def _check_log_probs_shape(log_probs: Tensor, *, rows: int, ids: tuple[int, ...]
                          f"(bos, eos, pad = {ids}), got {tuple(log_probs.shape)}")
 
 
-def _nan_or_posinf(log_probs: Tensor) -> Tensor:
-    """Whether ``log_probs`` holds a NaN or a +inf, as a device scalar, in one reduction: the sum of values <= 0
-    is NaN or +inf exactly then (-inf entries, and a sum that overflows to -inf, are valid)."""
-    total = log_probs.sum()
-    return torch.isnan(total) | torch.isposinf(total)
+def _no_nan_or_posinf(log_probs: Tensor) -> Tensor:
+    """Whether ``log_probs`` holds no NaN and no +inf, as a device scalar, in one reduction and one comparison: the
+    sum of values <= 0 is NaN or +inf exactly then (-inf entries, and a sum that overflows to -inf, are valid), and
+    it is below +inf exactly otherwise (a NaN compares false)."""
+    return log_probs.sum() < float("inf")
 
 
 def _penalty_fn(alpha: float, style: str) -> Callable[[int], float]:
@@ -265,6 +267,27 @@ def _start(*, batch_size: int, k: int, bos: int, max_lengths: Tensor) -> _Beams:
         tokens=torch.full((batch_size * k, 1), bos, dtype=torch.long, device=device),  # [N, 1]
         token_lp=scores.new_zeros((batch_size * k, 0)),  # [N, 0]
     )
+
+
+@dataclass(frozen=True)
+class _Ranks:
+    """The integer keys every step ranks by, made once per search (an arange and arithmetic on it every step before:
+    launches, on a GPU)."""
+
+    tie_break: Tensor  # [k*V] width - position: of tied totals, the lower index first (``_top_k``)
+    above: Tensor      # 2 * width, the key of a total above the n-th (a 0-d tensor: a Python number would be
+    below: Tensor      # -1, that of one below it              made a tensor, a launch on a GPU, at every step)
+    live: Tensor       # [2, 2k] a candidate's rank among its sentence's 2k: row 1 if it is EOS (non-EOS first)
+    row_base: Tensor   # [B, 1] s * k: the first row of the s-th live sentence
+
+    @staticmethod
+    def make(*, batch_size: int, k: int, vocab: int, device: torch.device) -> _Ranks:
+        width = k * vocab
+        position = torch.arange(width, device=device, dtype=torch.int32 if width < 2**30 else torch.int64)
+        candidates = torch.arange(2 * k, device=device)
+        return _Ranks(tie_break=width - position, above=position.new_tensor(2 * width), below=position.new_tensor(-1),
+                      live=torch.stack([candidates, candidates + 2 * k]),
+                      row_base=torch.arange(batch_size, device=device).unsqueeze(1) * k)
 
 
 @dataclass(frozen=True)
@@ -294,25 +317,24 @@ def _restrict(log_probs: Tensor, banned: _Banned, *, t: int, max_len: Tensor | N
     return out
 
 
-def _top_candidates(scores: Tensor, log_probs: Tensor) -> _Candidates:
+def _top_candidates(scores: Tensor, log_probs: Tensor, ranks: _Ranks) -> _Candidates:
     b, k = scores.shape
     vocab = log_probs.shape[1]
     totals = (scores.unsqueeze(2) + log_probs.view(b, k, vocab)).view(b, k * vocab)  # [b, k*V]
-    values, flat = _top_k(totals, 2 * k)  # [b, 2k]
+    values, flat = _top_k(totals, 2 * k, ranks)  # [b, 2k]
     return _Candidates(scores=values, beam=flat // vocab, token=flat % vocab)
 
 
-def _top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+def _top_k(x: Tensor, n: int, ranks: _Ranks) -> tuple[Tensor, Tensor]:
     """The ``n`` largest entries of each row of ``x`` and their indices, best first.
 
     Ties go to the lower index, so the result is a function of the row alone (``torch.topk`` leaves them
     open). A first ``topk`` finds the n-th value; a second one, over integer keys, takes every entry above
     it and, of those equal to it, the lowest indices. No row is sorted whole and nothing is read on the host.
+    The keys come from ``ranks`` (made for rows of ``x.shape[1]`` entries).
     """
-    width = x.shape[1]
     nth = x.topk(n, dim=1).values[:, -1:]  # [b, 1]
-    position = torch.arange(width, device=x.device, dtype=torch.int32 if width < 2**30 else torch.int64)
-    key = torch.where(x > nth, 2 * width, torch.where(x == nth, width - position, -1))  # above > tied, lower first
+    key = torch.where(x > nth, ranks.above, torch.where(x == nth, ranks.tie_break, ranks.below))  # above > tied
     index = key.topk(n, dim=1).indices.sort(dim=1).values  # [b, n] ascending
     values, order = x.gather(1, index).sort(dim=1, descending=True, stable=True)
     return values, index.gather(1, order)
@@ -347,7 +369,7 @@ class _Finished:
         """Which of each live sentence's best k continuations end in EOS [b, k], and how many hypotheses each
         sentence will have once they are added [b] (at most k)."""
         k = beams.scores.shape[1]
-        hits = (cand.token[:, :k] == eos) & torch.isfinite(cand.scores[:, :k])  # [b, k]
+        hits = (cand.token[:, :k] == eos) & (cand.scores[:, :k] > float("-inf"))  # [b, k] (finite or -inf)
         return hits, (self.count[beams.sentence] + hits.sum(1)).clamp_(max=k)
 
     def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, hits: Tensor, counts: Tensor, *, t: int,
@@ -382,16 +404,16 @@ class _Finished:
         return out
 
 
-def _live_choice(cand: _Candidates, *, eos: int) -> tuple[Tensor, Tensor, Tensor]:
+def _live_choice(cand: _Candidates, ranks: _Ranks, *, eos: int) -> tuple[Tensor, Tensor, Tensor]:
     """Scores, source rows and tokens of the best k non-EOS continuations: each [b, k].
 
     A sentence has one EOS continuation per beam, so at least k of its 2k candidates qualify.
     """
     b, two_k = cand.scores.shape
     k = two_k // 2
-    rank = (cand.token == eos).long() * two_k + torch.arange(two_k, device=cand.token.device)  # non-EOS first
+    rank = torch.where(cand.token == eos, ranks.live[1], ranks.live[0])  # [b, 2k] non-EOS first, then in order
     pick = rank.argsort(dim=1)[:, :k]  # [b, k]
-    rows = torch.arange(b, device=pick.device).unsqueeze(1) * k + cand.beam.gather(1, pick)
+    rows = ranks.row_base[:b] + cand.beam.gather(1, pick)
     return cand.scores.gather(1, pick), rows, cand.token.gather(1, pick)
 
 

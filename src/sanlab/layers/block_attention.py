@@ -57,9 +57,12 @@ def direction_mask(size: int, direction: str, *, device: torch.device | None = N
 
 def intra_block_mask(valid: Tensor, direction: str) -> Tensor:
     """valid [b, m, r] (token inside the sentence) -> allowed [b, m, r(p), r(q)]."""
-    r = valid.shape[-1]
-    both_valid = valid[..., :, None] & valid[..., None, :]  # [b, m, r, r]
-    return both_valid & direction_mask(r, direction, device=valid.device)  # [b, m, r, r]
+    return both_valid(valid) & direction_mask(valid.shape[-1], direction, device=valid.device)  # [b, m, r, r]
+
+
+def both_valid(valid: Tensor) -> Tensor:
+    """valid [b, m, r] -> [b, m, r(p), r(q)]: query and key both inside the sentence."""
+    return valid[..., :, None] & valid[..., None, :]
 
 
 def split_blocks(x: Tensor, valid: Tensor, block_len: int) -> tuple[Tensor, Tensor]:
@@ -159,16 +162,20 @@ class BiBloSA(nn.Module):
 
 def directions_together(device: torch.device) -> bool:
     """Both directions in one computation on an accelerator, where an update's eager time goes into launching
-    kernels: half the launches (results/launch-counts.md). One after the other on the CPU, whose time is the
-    arithmetic, and where tensors of twice the size were slower (beyond its caches: 5-12% a layer, bench/block_layer.py)."""
+    kernels: 30% fewer launches a layer (results/launch-counts.md). One after the other on the CPU, whose time is
+    the arithmetic, and where tensors of twice the size were slower (beyond its caches: 5-12% a layer,
+    bench/block_layer.py)."""
     return device.type != "cpu"
 
 
 def _stacked(directions: list[BlockDirection], name: str) -> Tensor:
-    """One parameter of each direction, [n, ...] (a view for one direction)."""
-    if len(directions) == 1:
-        return directions[0].get_parameter(name)[None]
-    return torch.stack([direction.get_parameter(name) for direction in directions])
+    """One parameter of each direction, [n, ...]."""
+    return _stack([direction.get_parameter(name) for direction in directions])
+
+
+def _stack(tensors: list[Tensor]) -> Tensor:
+    """torch.stack, or a view for one tensor (no copy)."""
+    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
 
 
 def _linear(x: Tensor, directions: list[BlockDirection], name: str) -> Tensor:
@@ -176,10 +183,11 @@ def _linear(x: Tensor, directions: list[BlockDirection], name: str) -> Tensor:
     return _batched_linear(x, _stacked(directions, f"{name}.weight"), _stacked(directions, f"{name}.bias"))
 
 
-def _batched_linear(x: Tensor, weight: Tensor, bias: Tensor, *, scale: float = 1.0) -> Tensor:
-    """scale * (x W^T + bias) per direction: x [n, ..., in], weight [n, out, in], bias [n, out] -> [n, ..., out]."""
+def _batched_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x W^T + bias per direction: x [n, ..., in], weight [n, out, in], bias [n, out] or None -> [n, ..., out]."""
     rows = x.reshape(x.shape[0], -1, x.shape[-1])  # [n, rows, in] (a view where the layout allows)
-    out = torch.baddbmm(bias[:, None], rows, weight.transpose(1, 2), beta=scale, alpha=scale)  # [n, rows, out]
+    weight = weight.transpose(1, 2)
+    out = torch.bmm(rows, weight) if bias is None else torch.baddbmm(bias[:, None], rows, weight)  # [n, rows, out]
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -189,9 +197,14 @@ def _feature_attention(x: Tensor, allowed: Tensor, directions: list[BlockDirecti
     The [..., p, q, c] tensors are Block's cost, so fewer passes over them than the reference: the 1/5 and
     f_bias act on the [..., k, c] projections before they are paired, and a row with no allowed key is zeroed
     in the output instead of in its weights (the softmax over its finite fills is uniform, not NaN, and a
-    zeroed output passes no gradient back). Elsewhere a masked weight is exactly 0 either way."""
+    zeroed output passes no gradient back). Elsewhere a masked weight is exactly 0 either way.
+
+    Under autocast the projections are cast up before the bias and the 1/5 (no operator without autocast): the
+    pair tensors are then in the softmax's precision from the start, as the reference's are (its fp32 f_bias
+    promotes them); with the bias and the 1/5 inside a bf16 product the input gradient was 15% further off."""
+    kq = _batched_linear(x, _stacked(directions, f"{name}.key_query.weight"))  # [n, ..., k, 2c]
     f_bias = F.pad(_stacked(directions, f"{name}.f_bias"), (x.shape[-1], 0))  # [n, 2c]: on the head half only
-    kq = _batched_linear(x, _stacked(directions, f"{name}.key_query.weight"), f_bias, scale=0.2)  # [n, ..., k, 2c]
+    kq = (kq.to(softmax_dtype(kq.dtype)) + f_bias.view(len(directions), *[1] * (x.dim() - 2), -1)) * 0.2
     dependent, head = kq.chunk(2, dim=-1)  # (W_1 x_q) / 5 and (W_2 x_p + b_f) / 5: [n, ..., k, c] each
     logits = torch.tanh(dependent[..., None, :, :] + head[..., :, None, :]) * 5.0  # [n, ..., p, q, c]
     logits = logits.masked_fill(~allowed[..., None], torch.finfo(logits.dtype).min)
@@ -202,9 +215,7 @@ def _feature_attention(x: Tensor, allowed: Tensor, directions: list[BlockDirecti
 
 def _direction_masks(size: int, directions: list[BlockDirection], device: torch.device) -> Tensor:
     """[n, size, size]: each direction's ``direction_mask``."""
-    if len(directions) == 1:
-        return direction_mask(size, directions[0].direction, device=device)[None]
-    return torch.stack([direction_mask(size, d.direction, device=device) for d in directions])
+    return _stack([direction_mask(size, d.direction, device=device) for d in directions])
 
 
 def _directions(directions: list[BlockDirection], x: Tensor, valid: Tensor) -> Tensor:
@@ -214,8 +225,7 @@ def _directions(directions: list[BlockDirection], x: Tensor, valid: Tensor) -> T
     weight = _stacked(directions, "map.weight").flatten(0, 1)  # [n c, d]: every map reads the same x
     bias = _stacked(directions, "map.bias").flatten()
     mapped = F.elu(F.linear(x, weight, bias)).unflatten(-1, (n, -1)).movedim(-2, 0)  # [n, b, m, r, c]
-    both_valid = valid[..., :, None] & valid[..., None, :]  # [b, m, r, r]
-    intra_allowed = _direction_masks(r, directions, x.device)[:, None, None] & both_valid  # [n, b, m, r, r]
+    intra_allowed = _direction_masks(r, directions, x.device)[:, None, None] & both_valid(valid)  # [n, b, m, r, r]
     intra = _feature_attention(mapped, intra_allowed, directions, "intra")  # [n, b, m, r, c]
     summary_w = masked_softmax(_linear(intra, directions, "summary"), valid[..., None], dim=-2)
     summary = (summary_w * intra).sum(-2)  # [n, b, m, c]
@@ -229,9 +239,9 @@ def _directions(directions: list[BlockDirection], x: Tensor, valid: Tensor) -> T
                          + _linear(attended, directions, "inter.gate_s") + gate_bias)
     context = (gate * inter_mapped + (1 - gate) * attended) * block_valid[..., None].to(summary.dtype)
     context = context[:, :, :, None].expand_as(intra)  # [n, b, m, r, c]
-    new, gate = _linear(torch.cat([mapped, intra, context], dim=-1), directions, "fuse").chunk(2, dim=-1)
-    gate = torch.sigmoid(gate)
-    return gate * F.elu(new) + (1 - gate) * mapped  # [n, b, m, r, c]
+    new, fuse_gate = _linear(torch.cat([mapped, intra, context], dim=-1), directions, "fuse").chunk(2, dim=-1)
+    fuse_gate = torch.sigmoid(fuse_gate)
+    return fuse_gate * F.elu(new) + (1 - fuse_gate) * mapped  # [n, b, m, r, c]
 
 
 class ReferenceBlockAttention(nn.Module):
