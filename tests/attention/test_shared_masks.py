@@ -130,7 +130,7 @@ def test_the_memo_adds_no_recompile_to_a_dynamically_compiled_model(monkeypatch)
         return len(made)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Positions, "once", lambda self, key, make: make())  # no memo
+        patch.setattr(Positions, "once", lambda self, key, make, **_: make())  # no memo
         without = graphs()
     with_memo = graphs()
     assert with_memo == without, f"{with_memo} graphs for 3 batch shapes, {without} without the memo"
@@ -164,3 +164,53 @@ def test_the_constructors_give_a_memo_and_no_copy_inherits_it():
                  Positions(q_pos=positions.q_pos, k_pos=positions.k_pos, key_valid=positions.key_valid)):
         assert copy.derived is None
         assert copy.once("k", lambda: 2) == 2 and copy.once("k", lambda: 3) == 3  # no memo: made at every call
+
+
+def test_decoding_steps_over_one_memory_make_its_key_mask_once_and_again_when_rows_leave(monkeypatch):
+    """The cross-attention's key-padding mask depends on the memory alone: ``DecodeState.memory_keys`` carries it
+    from step to step (every cross-attention of every step reads one), and a reorder that drops a sentence (a new
+    ``memory_valid``) makes it anew. The steps decode what steps without the carried keys decode, bit for bit;
+    Rel_Pos in the cross-attention, whose index depends on the step's query position, still makes it per step."""
+    from sanlab.config import Seq2SeqConfig, StackConfig
+    from sanlab.decoding.cache import reorder
+    from sanlab.models.builders import build_seq2seq
+
+    def model(cross_parts):
+        torch.manual_seed(0)
+        stack = StackConfig(layers=2, ffn_dim=32, attention={"heads": 2},
+                            cross_attention={"heads": 2, "parts": cross_parts})
+        cfg = Seq2SeqConfig(dim=16, dropout=0.0, encoder=StackConfig(layers=1, ffn_dim=32, attention={"heads": 2}),
+                            decoder=stack, max_positions=32)
+        return build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval()
+
+    src = torch.randint(4, 30, (3, 7), generator=torch.Generator().manual_seed(1))
+    src[1, 4:], src[2, 2:] = 0, 0
+
+    def decode(model, *, carried):
+        state, outputs = model.start_decoding(src), []
+        tokens = torch.full((3, 1), 1)
+        with torch.no_grad():
+            for t in range(4):
+                if not carried:
+                    state = dataclasses.replace(state, memory_keys=None)
+                log_probs, state = model.decode_step(tokens, state)
+                outputs.append(log_probs)
+                tokens = log_probs.argmax(-1, keepdim=True)
+                if t == 1:  # sentence 1 leaves
+                    keep = torch.tensor([0, 2])
+                    state, tokens = reorder(state, keep), tokens[keep]
+        return outputs
+
+    plain = model([])
+    made = _counting(monkeypatch, plans, "_padding_mask")
+    carried = decode(plain, carried=True)
+    assert len(made) == 1 + 2  # the encoder's, then steps 0 and 2: two cross-attentions in four steps read two
+    made.clear()
+    for got, want in zip(carried, decode(plain, carried=False)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(made) == 1 + 4  # without the carried keys: one per step
+
+    cross_rel_pos = model([{"type": "rel_pos", "max_distance": 2, "cross": True}])
+    index = _counting(monkeypatch, rel_pos, "relative_index")
+    decode(cross_rel_pos, carried=True)
+    assert len(index) == 4  # once per step (two cross-attentions read it)

@@ -169,7 +169,7 @@ def _fused_mask(ctx: AttentionContext, parts: StageParts, *, batch: int, queries
     causal = pos.causal and not (start is not None and start >= keys - 1)
     if not parts.mask and start is not None and not (causal and pos.key_valid is not None):
         if pos.key_valid is not None:
-            return pos.once("sdpa key padding", lambda: _padding_mask(pos.key_valid))
+            return pos.once("sdpa key padding", lambda: _padding_mask(pos.key_valid), keys_only=True)
         if not causal:
             return None, False, None
         if start == 0 and queries == keys:

@@ -33,6 +33,9 @@ class Positions:
                  the first call and read by every later one: the constructors give one, so the layers of an
                  encoder, or the cross-attentions of one decoding step, make it once. A copy made by ``replace``
                  has none (it may have other positions); None: made at every call
+    key_derived: what plans make from the keys alone (``once(..., keys_only=True)``), where it outlives these
+                 positions: a decoder's cross-attention keeps it across decoding steps (``MemoryKeys``); None: in
+                 ``derived``
     """
 
     q_pos: Tensor
@@ -44,6 +47,7 @@ class Positions:
     # not an init field, so no copy inherits it (``replace`` of the standard library or sanlab.traceable); a plain
     # dict, which torch.compile can rebuild around a graph break (an object of a class of ours it cannot)
     derived: dict[Any, Any] | None = field(init=False, default=None, compare=False, repr=False)
+    key_derived: dict[Any, Any] | None = field(init=False, default=None, compare=False, repr=False)
 
     @staticmethod
     def self_attention(valid: Tensor | None, *, length: int, offset: int = 0, causal: bool = False,
@@ -58,21 +62,30 @@ class Positions:
                                    causal=causal, query_start=offset))
 
     @staticmethod
-    def cross_attention(query: "Positions", memory_valid: Tensor | None, *, memory_length: int) -> "Positions":
-        """Queries of the decoder against an encoder memory of ``memory_length`` positions."""
-        k_pos = torch.arange(memory_length, device=query.q_pos.device)  # [j]
-        return _memoized(Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid,
-                                   query_valid=query.query_valid, query_start=query.query_start))
+    def cross_attention(query: "Positions", memory_valid: Tensor | None, *, memory_length: int,
+                        keys: "MemoryKeys | None" = None) -> "Positions":
+        """Queries of the decoder against an encoder memory of ``memory_length`` positions; ``keys``: that memory's
+        ``MemoryKeys``, kept by the caller across decoding steps (None: made here, for this call only)."""
+        carried = keys is not None and keys.serves(memory_valid, memory_length)
+        k_pos = keys.k_pos if carried else torch.arange(memory_length, device=query.q_pos.device)  # [j]
+        positions = _memoized(Positions(q_pos=query.q_pos, k_pos=k_pos, key_valid=memory_valid,
+                                        query_valid=query.query_valid, query_start=query.query_start))
+        if carried:  # (no object of a class of ours is made here: a compiled forward passes through)
+            object.__setattr__(positions, "key_derived", keys.derived)
+        return positions
 
-    def once(self, key: Any, make: Callable[[], Any]) -> Any:
+    def once(self, key: Any, make: Callable[[], Any], *, keys_only: bool = False) -> Any:
         """``make()``, made once per ``key`` for these positions (``derived``); ``key`` names everything besides
         the positions that the value depends on (a dtype, a part's setting), never a size: the positions fix the
-        sizes, and under dynamic compilation a size read into a key pins it (a recompile per batch shape)."""
-        if self.derived is None:
+        sizes, and under dynamic compilation a size read into a key pins it (a recompile per batch shape).
+        ``keys_only``: the value depends on the keys (``k_pos``, ``key_valid``) alone, not on the queries, so it
+        may serve every call over the same keys (``key_derived``: a decoder's steps over one memory)."""
+        memo = self.key_derived if keys_only and self.key_derived is not None else self.derived
+        if memo is None:
             return make()
-        if key not in self.derived:
-            self.derived[key] = make()
-        return self.derived[key]
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
 
     def query_mask(self, dtype: torch.dtype) -> Tensor | None:
         """``query_valid`` as a [b, i, 1] multiplier in ``dtype`` (None when nothing is padded), made once."""
@@ -91,6 +104,26 @@ class Positions:
     def lengths(self) -> Tensor | None:
         """[b] number of valid keys per sentence (L_b), or None when nothing is padded."""
         return None if self.key_valid is None else self.key_valid.sum(-1)
+
+
+class MemoryKeys:
+    """The key side of a decoder's cross-attention over one encoder memory: its positions and what plans make from
+    the keys alone (the fused kernel's key-padding mask), made at the first decoding step and read by the later ones
+    for as long as the memory's rows stay; when a sentence leaves the search, ``memory_valid`` is a new tensor and
+    new keys are made. A plain object, not a dataclass, so that ``decoding.cache.reorder`` keeps it as it is (its
+    ``k_pos`` has no batch dimension to reorder)."""
+
+    __slots__ = ("memory_valid", "k_pos", "derived")
+
+    def __init__(self, memory_valid: Tensor | None, *, memory_length: int, device: torch.device):
+        self.memory_valid = memory_valid
+        self.k_pos = torch.arange(memory_length, device=device)  # [j]
+        self.derived: dict[Any, Any] = {}
+
+    def serves(self, memory_valid: Tensor | None, memory_length: int) -> bool:
+        """Whether these are the keys of that memory (the same ``memory_valid`` object, not merely equal values:
+        nothing is read from the device)."""
+        return self.memory_valid is memory_valid and self.k_pos.shape[0] == memory_length
 
 
 def _memoized(positions: Positions) -> Positions:

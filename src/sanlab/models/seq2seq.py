@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sanlab.attention.positions import Positions
+from sanlab.attention.positions import MemoryKeys, Positions
 from sanlab.layers.transformer import Decoder, DecoderLayerState, Encoder
 from sanlab.models.embeddings import position_vectors
 
@@ -22,6 +22,7 @@ class DecodeState:
     memory_valid: Tensor                # [b, j] True for real source tokens
     layers: list[DecoderLayerState] | None = None
     offset: int = 0                     # number of target tokens already decoded
+    memory_keys: MemoryKeys | None = None  # the cross-attention's keys, kept from step to step (not reordered)
     # the source side, the same in every beam of a sentence (read by decoding.cache.reorder)
     beam_shared_fields: ClassVar[tuple[str, ...]] = ("memory", "memory_valid")
 
@@ -65,13 +66,13 @@ class Seq2Seq(nn.Module):
         return self.generator(h), states
 
     def _decode_hidden(self, tgt_in: Tensor, *, memory: Tensor, memory_valid: Tensor, states=None, offset: int = 0,
-                       use_cache: bool = False, traces: list | None = None):
+                       use_cache: bool = False, traces: list | None = None, memory_keys: MemoryKeys | None = None):
         """``decode`` up to the decoder's output [b, i, dim], before the output projection."""
         if offset and not use_cache:  # the earlier positions' keys live only in a cache
             raise ValueError(f"decode at offset {offset} needs use_cache=True (without a cache decode from 0)")
         valid = None if use_cache else tgt_in.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=tgt_in.shape[1], offset=offset, causal=True, device=tgt_in.device)
-        cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1])
+        cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1], keys=memory_keys)
         x = self._embed(self.tgt_embed, self.tgt_positions, tgt_in, pos)
         return self.decoder(x, memory=memory, positions=pos, cross_positions=cross, states=states,
                             use_cache=use_cache, traces=traces)
@@ -93,12 +94,15 @@ class Seq2Seq(nn.Module):
         The output projection runs in the weights' precision even under autocast: bf16 logits keep about three
         significant digits (near 10 they lie 0.06 apart), which would decide close choices of the search
         differently from fp32. The rest of the step keeps the caller's autocast."""
+        keys = state.memory_keys
+        if keys is None or not keys.serves(state.memory_valid, state.memory.shape[1]):  # the first step, or rows left
+            keys = MemoryKeys(state.memory_valid, memory_length=state.memory.shape[1], device=tokens.device)
         h, layers = self._decode_hidden(tokens, memory=state.memory, memory_valid=state.memory_valid,
-                                        states=state.layers, offset=state.offset, use_cache=True)
+                                        states=state.layers, offset=state.offset, use_cache=True, memory_keys=keys)
         with torch.autocast(h.device.type, enabled=False):
             logits = self.generator(h[:, -1].to(self.generator.weight.dtype))
         log_probs = F.log_softmax(logits.float(), dim=-1)
-        return log_probs, DecodeState(state.memory, state.memory_valid, layers, state.offset + tokens.shape[1])
+        return log_probs, DecodeState(state.memory, state.memory_valid, layers, state.offset + tokens.shape[1], keys)
 
 
 def _one_position_table_per_side(module, state_dict, prefix, *args) -> None:
