@@ -163,7 +163,7 @@ class BiBloSA(nn.Module):
 def directions_together(device: torch.device) -> bool:
     """Both directions in one computation on an accelerator, where an update's eager time goes into launching
     kernels: 30% fewer launches a layer (results/launch-counts.md). One after the other on the CPU, whose time is
-    the arithmetic, and where tensors of twice the size were slower (beyond its caches: 5-12% a layer,
+    the arithmetic, and where tensors of twice the size were slower (beyond its caches: 4-16% a layer,
     bench/block_layer.py)."""
     return device.type != "cpu"
 
