@@ -171,6 +171,14 @@ def test_ties_follow_beam_then_token_order_whatever_topk_does():
         assert [h.tokens for h in hyps] == expected
 
 
+def test_ties_across_the_best_2k_boundary_go_to_the_lower_token_ids():
+    # Beam 1 keeps 2 of 3 tied continuations (EOS, A, B at .25 each): the lower ids, EOS and A. EOS is the best 1:
+    # [] finishes and the sentence is done. Were the higher ids kept (B, A), A would stay live instead.
+    flat = {"*": {EOS: 0.25, A: 0.25, B: 0.25}}
+    (hyps,) = _search([flat], max_len=3, beam_size=1, n_best=1, length_penalty=0.0)
+    assert [h.tokens for h in hyps] == [[]]
+
+
 def test_a_sentence_stops_once_beam_size_hypotheses_finished():
     # step 0: EOS .5 and A .3 are the best 2 -> [] finishes; A and B stay live.
     # step 1: A.EOS .15 and B.EOS .10 are the best 2 -> [A] finishes, which makes 2: done, although

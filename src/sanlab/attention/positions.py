@@ -109,9 +109,11 @@ class Positions:
 class MemoryKeys:
     """The key side of a decoder's cross-attention over one encoder memory: its positions and what plans make from
     the keys alone (the fused kernel's key-padding mask), made at the first decoding step and read by the later ones
-    for as long as the memory's rows stay; when a sentence leaves the search, ``memory_valid`` is a new tensor and
-    new keys are made. A plain object, not a dataclass, so that ``decoding.cache.reorder`` keeps it as it is (its
-    ``k_pos`` has no batch dimension to reorder)."""
+    for as long as the memory's rows stay. It holds batch-shaped tensors (``memory_valid``, the [b, 1, 1, j] mask) that
+    no reorder touches: a plain object, not a dataclass, so ``decoding.cache.reorder`` passes it on as it is (its
+    ``k_pos`` has no batch dimension to reorder anyway), and it is right only because ``serves`` asks for the very
+    ``memory_valid`` object it was made for: a reorder that moves rows across sentences (a sentence leaving, beams
+    expanded) makes a new ``memory_valid``, and the caller new keys; one within sentences keeps the rows' values."""
 
     __slots__ = ("memory_valid", "k_pos", "derived")
 

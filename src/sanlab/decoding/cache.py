@@ -5,6 +5,9 @@ dicts whose leaves are tensors or plain values (ints, strings, None). Dimension 
 tensor is the batch (times beam): that is the one contract between the parts that fill a
 cache and the search that reorders it, so no module reads another module's cache internals
 (the idea of OpenNMT-py's ``map_state(fn)`` and fairseq's ``reorder_incremental_state``).
+Any other object is a leaf passed on as it is, tensors inside it untouched: it must tell by itself
+when the rows changed under it (``positions.MemoryKeys`` checks that its ``memory_valid`` is still the
+cache's own).
 
 Some rows are the same in every beam of a sentence: the encoder output, its mask and the cross-attention keys
 and values, all made from the source. A dataclass says which of its fields hold such rows in a class attribute

@@ -128,6 +128,7 @@ def beam_search(
     longest = max(live_max)
     finished: _Finished | None = None
     banned: _Banned | None = None
+    ranks: _Ranks | None = None
     for t in range(longest):
         # 2. Score the next token of every row: [N, V], masked by min and max length.
         log_probs, cache = step(beams.tokens[:, -1:], cache)
@@ -148,8 +149,8 @@ def beam_search(
         hits, counts = finished.hits_and_counts(beams, candidates, eos=eos)
         # 5. The best k non-EOS continuations stay live: [b, k].
         scores, rows, tokens = _live_choice(candidates, ranks, eos=eos)
-        # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses. (A score is
-        #    finite or -inf: a NaN or +inf in the step's log-probs stops the search below.)
+        # 6. Done sentences leave the batch; the rows of the others follow their live hypotheses. (A score is a sum
+        #    of log-probabilities, each <= 0: finite or -inf, as a NaN or +inf in the step's stops the search below.)
         done = (counts >= k) | (beams.max_len <= t + 1) | (scores.amax(1) == float("-inf"))
         flags = torch.cat([done, valid.view(1), hits.any().view(1)])
         *done_now, step_valid, any_hit = flags.tolist()  # the step's one host read
@@ -275,8 +276,10 @@ class _Ranks:
     launches, on a GPU)."""
 
     tie_break: Tensor  # [k*V] width - position: of tied totals, the lower index first (``_top_k``)
-    above: Tensor      # 2 * width, the key of a total above the n-th (a 0-d tensor: a Python number would be
-    below: Tensor      # -1, that of one below it              made a tensor, a launch on a GPU, at every step)
+    # the keys of a total above the n-th (2 * width) and below it (-1), as 0-d tensors: a Python number in
+    # ``torch.where`` would be made a tensor, a launch on a GPU, at every step
+    above: Tensor
+    below: Tensor
     live: Tensor       # [2, 2k] a candidate's rank among its sentence's 2k: row 1 if it is EOS (non-EOS first)
     row_base: Tensor   # [B, 1] s * k: the first row of the s-th live sentence
 
