@@ -228,10 +228,12 @@ def test_the_same_weights_give_the_same_outputs_on_cpu_and_cuda():
 
 
 def _mixer_forms() -> list:
-    import sanlab.config  # noqa: F401  (imports every mixer and pre-block module: the registries are complete)
+    import importlib
+
     from sanlab.layers.mixers import MIXERS
     from sanlab.layers.pre_blocks import PRE_BLOCKS
 
+    importlib.import_module("sanlab.config")  # imports every mixer and pre-block module: the registries are complete
     forms = [pytest.param({"mixer": {"type": name}}, id=f"mixer-{name}") for name in MIXERS.names()]
     forms.append(pytest.param({"mixer": {"type": "block", "block_mode": "reference"}}, id="mixer-block-reference"))
     return forms + [pytest.param({"pre_blocks": [{"type": name}]}, id=f"pre-block-{name}")
