@@ -130,8 +130,10 @@ def test_the_fast_path_is_as_precise_as_the_reference_under_bf16_autocast(togeth
 
 
 # ----------------------------------------------------------------------------- Block mixer
+@pytest.mark.parametrize("together", [False, True], ids=["one direction after the other", "directions together"])
 @pytest.mark.parametrize("core", [lambda: BiBloSA(dim=8), lambda: ReferenceBlockAttention(dim=8, heads=2)])
-def test_block_attention_padding_invariance_and_zero_padded_outputs(core):
+def test_block_attention_padding_invariance_and_zero_padded_outputs(core, together, monkeypatch):
+    monkeypatch.setattr(block_attention, "directions_together", lambda device: together)  # (Bi-BloSA's paths)
     torch.manual_seed(0)
     mixer = BlockSelfAttention(core=core(), block_len=3, mode="x").double()
     x = torch.randn(2, 9, 8, dtype=torch.double)

@@ -157,7 +157,7 @@ def beam_search(
         if not step_valid:
             raise ValueError("step returned NaN or +inf log-probabilities")
         if any_hit:  # (most steps finish nothing: their writes, a dozen kernels on a GPU, are skipped)
-            finished.add(beams, candidates, log_probs, hits, counts, t=t, eos=eos)
+            finished.add(beams, candidates, log_probs, hits, counts, t=t, eos=eos, ranks=ranks)
         if all(done_now):
             break
         kept = None
@@ -376,7 +376,7 @@ class _Finished:
         return hits, (self.count[beams.sentence] + hits.sum(1)).clamp_(max=k)
 
     def add(self, beams: _Beams, cand: _Candidates, log_probs: Tensor, hits: Tensor, counts: Tensor, *, t: int,
-            eos: int) -> None:
+            eos: int, ranks: _Ranks) -> None:
         """Store the EOS continuations ``hits`` among the best k of each live sentence, while it has fewer than k
         (the rest, worse or later, are dropped); ``counts``: ``hits_and_counts``'s, what each count becomes."""
         b, k = beams.scores.shape
@@ -384,7 +384,7 @@ class _Finished:
         slot = before.unsqueeze(1) + hits.long().cumsum(1) - 1  # [b, k] its place among the sentence's hypotheses
         dropped = self.count.shape[0] * k  # the extra row
         target = torch.where(hits & (slot < k), beams.sentence.unsqueeze(1) * k + slot, dropped).view(-1)
-        rows = (torch.arange(b, device=hits.device).unsqueeze(1) * k + cand.beam[:, :k]).view(-1)  # [b*k]
+        rows = (ranks.row_base[:b] + cand.beam[:, :k]).view(-1)  # [b*k]
         self.tokens[target, :t] = beams.tokens[rows, 1:]
         self.length[target] = t
         self.positional[target, :t] = beams.token_lp[rows]
