@@ -4,7 +4,9 @@
 #   1. sanlab env                      what the numbers below ran on
 #   2. pytest -m gpu                   plans == dense on CUDA (fp32, bf16), cached == full decoding, CPU == CUDA,
 #                                      a bf16 run end to end, fp16 resume bit-exact, beam search syncs once a step,
-#                                      a training update never syncs (fp32, bf16, fp16), AdamW fused
+#                                      a training update never syncs (fp32, bf16, fp16), AdamW fused,
+#                                      deterministic algorithms: every part, plan and mixer runs and gives the
+#                                      same gradients twice, a Rel_Pos run resumes bit-exact
 #   3. the benchmarks on the device    training step (vanilla vs nn.Transformer, fp32 and bf16) and the window
 #                                      plans (dense, SDPA + mask, banded, FlexAttention) with peak memory;
 #                                      every CSAN Table 1 variant at Transformer-Base size in bf16, eager and

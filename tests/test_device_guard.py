@@ -11,6 +11,11 @@ through a few beam-search steps this way.
 The parts run through every plan that can run them (``plan`` forced: ``auto`` takes the banded plan only from
 128 keys on and FlexAttention only on CUDA, and these sentences are short).
 
+Each of those runs is made twice: as a run is by default, and under deterministic algorithms
+(``train.deterministic``, ``torch.use_deterministic_algorithms``), where every operator dispatched is recorded: none
+may be one that CUDA refuses to run deterministically (``CUDA_HAS_NO_DETERMINISTIC_FORM``), or a deterministic
+GPU run would stop at it (the CPU has a deterministic form of each, so running them here proves nothing).
+
 What it cannot reach: code that only runs on a GPU (the flex plan's compiled kernel and compiled block mask,
 ``flex.attend``'s CUDA branch: on the CPU the same mods run through torch's reference operator), tensors created
 from Python data and then moved with ``.to(x.device)`` (correct, and not flagged), host syncs (``.item()``,
@@ -18,8 +23,11 @@ from Python data and then moved with ``.to(x.device)`` (correct, and not flagged
 their batches on the CPU by design and move them once.
 """
 
+import contextlib
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sanlab.attention import flex, plans
 from sanlab.attention.plans import StageParts
@@ -49,7 +57,59 @@ def _source_target() -> tuple[torch.Tensor, torch.Tensor]:
     return src, tgt
 
 
-def _run_seq2seq_on_meta_default(model: torch.nn.Module) -> None:
+# The operators ``torch.use_deterministic_algorithms`` says CUDA has no deterministic form of (torch 2.13's list:
+# they raise under it on CUDA), by aten name; cumsum only for floating-point values.
+CUDA_HAS_NO_DETERMINISTIC_FORM = {
+    "aten::avg_pool3d_backward", "aten::_adaptive_avg_pool2d_backward", "aten::_adaptive_avg_pool3d_backward",
+    "aten::adaptive_max_pool2d_backward", "aten::fractional_max_pool2d_backward",
+    "aten::fractional_max_pool3d_backward", "aten::max_unpool2d", "aten::max_unpool3d",
+    "aten::upsample_linear1d_backward", "aten::upsample_bilinear2d_backward", "aten::upsample_bicubic2d_backward",
+    "aten::upsample_trilinear3d_backward", "aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward",
+    "aten::reflection_pad3d_backward", "aten::nll_loss2d_forward", "aten::_ctc_loss_backward",
+    "aten::_embedding_bag_backward", "aten::put_", "aten::put", "aten::histc", "aten::bincount", "aten::median",
+    "aten::nanmedian", "aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward", "aten::cumsum",
+    "aten::cumsum_", "aten::scatter_reduce", "aten::scatter_reduce_",
+}
+
+
+class _Refused(TorchDispatchMode):
+    """Records the operators dispatched that CUDA would refuse under deterministic algorithms."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if name in CUDA_HAS_NO_DETERMINISTIC_FORM and (not name.startswith("aten::cumsum") or args[0].is_floating_point()):
+            self.found.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _deterministic_and_watched(*, watch: bool = True):
+    """Deterministic algorithms inside, and (``watch``) the operators dispatched checked against CUDA's refusals.
+    Not watched: the flex plan, whose kernel is generated code on CUDA (its CPU reference is traced by dynamo,
+    which takes no dispatch mode)."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with _Refused() if watch else contextlib.nullcontext() as refused:
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert not watch or not refused.found, f"CUDA has no deterministic form of {sorted(refused.found)}"
+
+
+def _run_seq2seq_on_meta_default(model: torch.nn.Module, *, watch: bool = True) -> None:
+    """The guard's run (see the module's docstring): once as by default, once under deterministic algorithms."""
+    _run_seq2seq_once(model)
+    model.zero_grad(set_to_none=True)
+    with _deterministic_and_watched(watch=watch):
+        _run_seq2seq_once(model)
+
+
+def _run_seq2seq_once(model: torch.nn.Module) -> None:
     src, tgt = _source_target()
     with torch.device("meta"):
         model.train()
@@ -109,7 +169,7 @@ def test_every_plan_of_a_part_creates_no_tensor_on_the_default_device(cfg, plan)
             model = _seq2seq(encoder, decoder)
         except (ValueError, ConfigError):
             continue
-        _run_seq2seq_on_meta_default(model)
+        _run_seq2seq_on_meta_default(model, watch=plan != "flex")
         ran += 1
     assert ran  # (every case has at least its encoder form)
 
@@ -142,9 +202,11 @@ def test_tagger_creates_no_tensor_on_the_default_device(position, parts):
     g = torch.Generator().manual_seed(1)
     words, chars = torch.randint(2, 30, (4, 10), generator=g), torch.randint(1, 10, (4, 10, 5), generator=g)
     words[1, 7:] = 0
-    with torch.device("meta"):
-        model(words, chars).sum().backward()
-    assert all(p.grad.device.type == "cpu" for p in model.parameters() if p.grad is not None)
+    for watched in (contextlib.nullcontext, _deterministic_and_watched):
+        model.zero_grad(set_to_none=True)
+        with watched(), torch.device("meta"):
+            model(words, chars).sum().backward()
+        assert all(p.grad.device.type == "cpu" for p in model.parameters() if p.grad is not None)
 
 
 def test_the_guard_catches_a_tensor_made_without_device():

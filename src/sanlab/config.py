@@ -215,6 +215,9 @@ class TrainConfig(Strict):
     # auto | cpu | cuda | cuda:N (training/device.py); precision: fp32 | bf16 | fp16 (fp16 with loss scaling)
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # deterministic algorithms only (training/device.py, ``deterministic_algorithms``): on a GPU, where several
+    # kernels add in a varying order by default, two runs (or a run and its resumed twin) then agree bit for bit
+    deterministic: bool = False
     # the training forward under torch.compile (training/compile.py): recompiles are reported, and hitting
     # the recompile limit stops the run instead of falling back to eager; compile_backend: inductor (the
     # fast one), aot_eager or eager (debugging); pad_multiple: batch lengths rounded up to a multiple of

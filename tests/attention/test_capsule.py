@@ -137,6 +137,25 @@ def test_vectorised_positional_routing_equals_per_prefix_loop(iters, causal):
     torch.testing.assert_close(a.grad, b.grad)
 
 
+def test_deterministic_algorithms_route_every_row_by_a_product_with_the_same_result():
+    """Under deterministic algorithms (``train.deterministic``) the first iteration's prefix sums are a product
+    with the prefix mask, not a cumsum (CUDA's floating-point cumsum has no deterministic form): the same values
+    and gradients."""
+    cube = _cube(i=7, j=7, seed=3)
+    a, b = cube.clone().requires_grad_(True), cube.clone().requires_grad_(True)
+    summed = routing.positional_routing(a, q_pos=torch.arange(7), iters=3)
+    torch.use_deterministic_algorithms(True)
+    try:
+        product = routing.positional_routing(b, q_pos=torch.arange(7), iters=3)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(product, summed)
+    weight = torch.randn_like(summed)
+    (summed * weight).sum().backward()
+    (product * weight).sum().backward()
+    torch.testing.assert_close(b.grad, a.grad)
+
+
 def test_one_iteration_horizontal_is_squashed_prefix_mean():
     cube = _cube(h=4)
     expected = routing.squash(cube.cumsum(dim=2) / 4)  # couplings are all 1/H before any agreement

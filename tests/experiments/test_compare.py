@@ -132,9 +132,11 @@ def test_another_device_does_not_make_finished_cells_train_again(finished, monke
     grid = load_grid(SMOKE, overrides=TINY + ["train.device=cpu"], runs_dir=finished.runs_dir)
     assert finished.cells[0].config.train.device == "auto" and grid.cells[0].config.train.device == "cpu"
     assert set(_statuses(grid).values()) == {"evaluated"}
-    # nor does a switch that only tells DDP where to look for unused parameters (a resume would rescore all)
-    grid = load_grid(SMOKE, overrides=TINY + ["train.find_unused_parameters=true"], runs_dir=finished.runs_dir)
-    assert set(_statuses(grid).values()) == {"evaluated"}
+    # nor does a switch that only tells DDP where to look for unused parameters (a resume would rescore all), or
+    # one that chooses deterministic kernels
+    for switch in ("train.find_unused_parameters=true", "train.deterministic=true"):
+        grid = load_grid(SMOKE, overrides=TINY + [switch], runs_dir=finished.runs_dir)
+        assert set(_statuses(grid).values()) == {"evaluated"}, switch
 
 
 def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):

@@ -6,6 +6,8 @@
                  beam search syncs with the host once per step (the CPU tests count host reads; this counts syncs);
                  leaving the source side in place decodes exactly as copying the whole cache (fp32, bf16)
     training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact;
+                 under deterministic algorithms every part, plan, mixer and pre-block runs and gives the same
+                 gradients twice, and a Rel_Pos run resumes bit-exact;
                  an update never syncs with the host (fp32, bf16, fp16);
                  `analyze attention --device cuda` gives the map it gives on the CPU
     cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
@@ -19,7 +21,7 @@ import warnings
 import pytest
 import torch
 
-from sanlab.attention import Attention, Positions, banded
+from sanlab.attention import Attention, Positions, banded, plans
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, validate
 from sanlab.decoding.search import beam_search
@@ -28,6 +30,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.registry import BuildContext
 from sanlab.runs import train_run
 from sanlab.training.compile import FAIL_SETTINGS, raised_limit
+from sanlab.training.device import deterministic_algorithms
 from tests_helpers import assert_close_in_norm, reorder_whole_caches, weight_grads
 from training_fixtures import final_weights, make_tagging_config, no_model_dropout, train_processes
 
@@ -336,6 +339,69 @@ def test_fp16_on_cuda_resumes_bit_exact(tmp_path, tiny_translation):
     train_run(tiny_translation(max_steps=8, **config), split, quiet=True)
     a, b = final_weights(straight), final_weights(split)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _runnable_plans(cfg) -> list[str]:
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=2, side="encoder", max_len=512)
+    try:
+        part = PARTS.build(cfg, ctx)
+    except (ValueError, ConfigError):
+        return []
+    return list(plans.runnable(plans.StageParts.sort([part]), head_dim=DIM // HEADS))
+
+
+DETERMINISTIC_FORMS = [
+    pytest.param({"attention": {"heads": HEADS}}, id="vanilla"),
+    *(pytest.param({"attention": {"heads": HEADS, "parts": [cfg.model_dump()], "plan": plan}}, id=f"{name}-{n}-{plan}")
+      for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())
+      for plan in _runnable_plans(cfg)),
+    *_mixer_forms()]
+
+
+@pytest.mark.parametrize("encoder", DETERMINISTIC_FORMS)
+def test_deterministic_algorithms_give_the_same_gradients_twice_on_cuda(encoder):
+    """``train.deterministic`` on CUDA (``training/device.deterministic_algorithms``): no operator of a part (through
+    each plan that runs it), mixer or pre-block refuses (torch raises where CUDA has no deterministic form; the CPU
+    suite checks torch's documented list, tests/test_device_guard.py), and two identical forward and backward passes
+    give the same gradients bit for bit. The sources are 300 tokens long: the fused kernels then split their keys,
+    which is where they add in a varying order by default."""
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(dim=DIM, dropout=0.0, encoder=StackConfig(layers=2, ffn_dim=128, **encoder),
+                        decoder=StackConfig(layers=1, ffn_dim=128, attention={"heads": HEADS}), max_positions=512)
+    model = build_seq2seq(cfg, vocab_size=50, pad_id=0).to(CUDA).eval()
+    g = torch.Generator(device=CUDA).manual_seed(3)
+    src, tgt = torch.randint(4, 50, (3, 300), generator=g, device=CUDA), torch.randint(4, 50, (3, 20), generator=g,
+                                                                                         device=CUDA)
+    src[1, 170:], src[2, 40:] = 0, 0
+
+    def gradients():
+        model.zero_grad(set_to_none=True)
+        model(src, tgt).float().square().mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    with deterministic_algorithms(True, CUDA):
+        first, second = gradients(), gradients()
+    assert first and first.keys() == second.keys()
+    differ = [n for n in first if not torch.equal(first[n], second[n])]
+    assert not differ, f"gradients that differ between two identical passes: {differ[:5]}"
+
+
+def test_a_deterministic_run_with_relative_positions_resumes_bit_exact_on_cuda(tmp_path, tiny_translation):
+    """Rel_Pos scatters into its distance buckets and gathers from them (atomic additions on CUDA by default): with
+    ``train.deterministic`` a run stopped and resumed equals the straight one bit for bit, dropout on."""
+    def config(steps):
+        raw = tiny_translation(max_steps=steps, valid_every=4, device="cuda", deterministic=True).model_dump(mode="json")
+        for stack in ("encoder", "decoder"):
+            raw["model"][stack]["attention"]["parts"] = [{"type": "rel_pos", "max_distance": 4}]
+        return validate(raw, source="test")
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train_run(config(8), straight, quiet=True)
+    train_run(config(4), split, quiet=True)
+    train_run(config(8), split, quiet=True)
+    a, b = final_weights(straight), final_weights(split)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert ", deterministic algorithms" in (straight / "train.log").read_text()
 
 
 def without_dropout(config):

@@ -1,7 +1,9 @@
-"""train.device and train.precision on the CPU: device names, batches moved, the legacy bf16 key, and fp16's
-loss scaler (autocast + GradScaler, which torch also runs on the CPU) saved and resumed exactly."""
+"""train.device, train.precision and train.deterministic on the CPU: device names, batches moved, the legacy bf16
+key, fp16's loss scaler (autocast + GradScaler, which torch also runs on the CPU) saved and resumed exactly, and
+deterministic algorithms switched on for a run and off after it."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -11,7 +13,8 @@ from sanlab.config import dump_config, validate
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.runs import config_differences, train_run
 from sanlab.training.checkpoint import load_state
-from sanlab.training.device import MIN_LOSS_SCALE, check_loss_scale, resolve_device, to_device
+from sanlab.training.device import (CUBLAS_DETERMINISTIC, MIN_LOSS_SCALE, check_loss_scale, deterministic_algorithms,
+                                    resolve_device, to_device)
 from training_fixtures import final_weights
 
 
@@ -88,6 +91,46 @@ def test_fp16_resumes_bit_exact_with_its_loss_scale(tmp_path, tiny_translation):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert load_state(split / "checkpoints" / "step-00000008")["scaler"] == \
         load_state(straight / "checkpoints" / "step-00000008")["scaler"]
+
+
+def test_deterministic_algorithms_hold_inside_and_are_restored_after(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    users = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True  # as a user may have set it before training (restored below)
+    try:
+        with deterministic_algorithms(True, torch.device("cpu")):
+            assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+            assert not torch.backends.cudnn.benchmark
+            assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # no cuBLAS on the CPU: the process is left as it is
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+        assert torch.backends.cudnn.benchmark
+        with deterministic_algorithms(False, torch.device("cuda")):  # off: nothing is touched
+            assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        with deterministic_algorithms(True, torch.device("cuda")):  # (a device object; nothing runs on it)
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own reproducible setting stays
+        with deterministic_algorithms(True, torch.device("cuda")):
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+        with pytest.raises(KeyError), deterministic_algorithms(True, torch.device("cpu")):
+            raise KeyError("a failed run")
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.backends.cudnn.benchmark = users
+
+
+def test_a_deterministic_run_says_so_resumes_switched_either_way_and_leaves_torch_as_it_was(tmp_path,
+                                                                                          tiny_translation):
+    """On the CPU the kernels are deterministic already: a deterministic run equals the default one bit for bit,
+    and ``train.deterministic`` may change on resume (it chooses kernels, not the computation)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train_run(tiny_translation(max_steps=4, deterministic=True), straight, quiet=True)
+    assert ", deterministic algorithms" in (straight / "train.log").read_text()
+    assert not torch.are_deterministic_algorithms_enabled()
+    train_run(tiny_translation(max_steps=2), split, quiet=True)
+    train_run(tiny_translation(max_steps=4, deterministic=True), split, quiet=True)
+    a, b = final_weights(straight), final_weights(split)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_collapsed_loss_scale_stops_with_advice():

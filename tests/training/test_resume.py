@@ -450,8 +450,8 @@ def test_meta_json_records_every_session_with_the_threads_it_trained_with(tmp_pa
     assert [s["from_step"] for s in meta["sessions"]] == [0, 2]
     assert all(s["threads"] == 1 and s["command"] for s in meta["sessions"])
     # what else its speed depends on (experiments/cells.speed_conditions)
-    assert [(s["device"], s["precision"], s["compile"]) for s in meta["sessions"]] == \
-        [("cpu", "fp32", False)] * 2  # train.device auto and cpu: both the CPU here
+    assert [(s["device"], s["precision"], s["compile"], s["deterministic"]) for s in meta["sessions"]] == \
+        [("cpu", "fp32", False, False)] * 2  # train.device auto and cpu: both the CPU here
 
 
 def test_a_programmatic_cli_call_records_its_own_command_not_the_host_process(tmp_path, tiny_translation,

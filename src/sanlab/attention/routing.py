@@ -79,8 +79,10 @@ def positional_routing(cube: Tensor, *, q_pos: Tensor, iters: int, token_pos: Te
     every_row = token_pos is None
     token_pos = q_pos if every_row else token_pos
     prefix = (token_pos[None, :] <= q_pos[:, None]).to(cube.dtype)  # [i, t]: token i' lies in prefix i
-    # couplings are all 1/H at first: the prefix mean, a cumulative sum when every row is asked for
-    summed = cube.cumsum(dim=2) if every_row else torch.matmul(prefix, cube)  # [b, h, i, j]
+    # couplings are all 1/H at first: the prefix mean, a cumulative sum when every row is asked for, except under
+    # deterministic algorithms (train.deterministic): CUDA's floating-point cumsum has no deterministic form
+    cumulative = every_row and not torch.are_deterministic_algorithms_enabled()
+    summed = cube.cumsum(dim=2) if cumulative else torch.matmul(prefix, cube)  # [b, h, i, j]
     out = squash(summed / heads)
     logits = None
     for _ in range(1, iters):

@@ -140,8 +140,8 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
 
 def speed_conditions(run_dir: Path, done: dict) -> str:
     """``"2 jobs x 1 thread"``: how many cells trained side by side, with how many torch threads each, followed
-    by the device, precision and compilation where they are not the CPU, fp32 and eager
-    (``"1 job x 1 thread, cuda (NVIDIA H100), bf16, compiled"``); ``"mixed (...)"`` when the run's training
+    by the device, precision, compilation and deterministic algorithms where they are not the CPU, fp32, eager
+    and off (``"1 job x 1 thread, cuda (NVIDIA H100), bf16, compiled"``); ``"mixed (...)"`` when the run's training
     sessions (``meta.json``) differ, since its speed is an average over all of them. Sessions recorded before
     ``jobs`` was take it from their command line; before device and precision were, the CPU and the
     precision the run finished with."""
@@ -153,7 +153,7 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
     named = str(train.get("device", "cpu"))  # "auto" stays the CPU: no GPU run predates these records
     defaults = {"device": named if named.startswith("cuda") else "cpu",
                 "precision": train.get("precision", "bf16" if train.get("bf16") else "fp32"),
-                "compile": train.get("compile", False)}
+                "compile": train.get("compile", False), "deterministic": train.get("deterministic", False)}
     sessions = meta.get("sessions") or []
     last_session = {**defaults, **{k: sessions[-1][k] for k in defaults if sessions and k in sessions[-1]}}
     last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"), _where(last_session))
@@ -171,11 +171,12 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
 
 
 def _where(session: dict) -> str:
-    """``", cuda (NVIDIA H100), bf16, compiled"``: a session's device, precision and compilation, each only
-    where it is not the CPU default (so CPU fp32 eager conditions read as they always have)."""
+    """``", cuda (NVIDIA H100), bf16, compiled"``: a session's device, precision, compilation and deterministic
+    algorithms, each only where it is not the CPU default (so CPU fp32 eager conditions read as they always have)."""
     extra = [session["device"]] if session["device"] != "cpu" else []
     extra += [session["precision"]] if session["precision"] != "fp32" else []
     extra += ["compiled"] if session["compile"] else []
+    extra += ["deterministic"] if session["deterministic"] else []
     return "".join(f", {x}" for x in extra)
 
 

@@ -29,7 +29,7 @@ FAILED_FILE = RunLayout.failed.name      # the last error of a cell that failed;
 # Keys that do not change what was trained: a finished cell stays finished when only these change (a cell
 # trained on a GPU is evaluated, not trained again, by a grid run on the CPU, and the other way round).
 NOT_TRAINING_KEYS = ("decode.", "train.progress", "train.threads", "train.log_every", "train.device",
-                     "train.find_unused_parameters")
+                     "train.find_unused_parameters", "train.deterministic")
 
 
 RERUN_ADVICE = "rerun with the settings (--set) it was trained with, delete it, or choose another --runs-dir"

@@ -55,11 +55,11 @@ ALLOW_CHANGED_DATA_ENV = "SANLAB_ALLOW_CHANGED_DATA"  # `sanlab compare --allow-
 def _session_conditions(config: Config) -> dict:
     # threads as training will set them (meta.json is written before _train_locked applies train.threads)
     # jobs: cells a `sanlab compare --jobs` grid trains side by side with this one (set in its workers)
-    # device, precision, compile: what else a speed depends on (experiments/cells.speed_conditions)
+    # device, precision, compile, deterministic: what else a speed depends on (experiments/cells.speed_conditions)
     return {"threads": config.train.threads or torch.get_num_threads(),
             "processes": int(os.environ.get("WORLD_SIZE", "1")), "jobs": int(os.environ.get(GRID_JOBS_ENV, "1")),
             "device": device_label(config.train.device), "precision": config.train.precision,
-            "compile": config.train.compile}
+            "compile": config.train.compile, "deterministic": config.train.deterministic}
 
 
 def device_label(spec: str) -> str:

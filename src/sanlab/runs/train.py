@@ -31,7 +31,7 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     run directory (see ``training.distributed``). ``source``: the config file, named by a config error.
     ``on_finished(summary)`` runs in the main process while it still holds the run's lock (``sanlab compare``
     records a finished cell there, so no other process sees it finished but unrecorded)."""
-    from sanlab.training.device import resolve_device
+    from sanlab.training.device import deterministic_algorithms, resolve_device
     from sanlab.training.distributed import from_environment
 
     check_buildable(config, source=source)
@@ -50,7 +50,8 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
                     start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
                     start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
             start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
-            summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
+            with deterministic_algorithms(config.train.deterministic, dist.device):
+                summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
             if on_finished is not None and dist.is_main:
                 on_finished(summary)
             return summary
@@ -79,7 +80,8 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
                  "cores: oversubscribed (train.threads is per process)")
     if dist.is_main:
         log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size,
-                                      compiled=config.train.compile_backend if config.train.compile else None))
+                                      compiled=config.train.compile_backend if config.train.compile else None,
+                                      deterministic=config.train.deterministic))
     if dist.is_main and dist.enabled:
         backend = "nccl" if dist.device.type == "cuda" else "gloo"
         log.info(f"distributed data parallel: {dist.world_size} processes ({backend}), "

@@ -130,6 +130,37 @@ def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> Non
                             "--set train.clip_norm=1.0")
 
 
+# cuBLAS's setting for reproducible results (NVIDIA's cuBLAS guide, "Results reproducibility"); torch refuses a
+# cuBLAS product under deterministic algorithms without it (or ":16:8")
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool, device: torch.device):
+    """``train.deterministic``: inside, torch runs only deterministic algorithms, and an operator that has none
+    raises (``torch.use_deterministic_algorithms``), so that on a GPU two runs of a config, or a run and its resumed
+    twin, agree bit for bit. By default several CUDA kernels add in an order that varies from call to call (atomic
+    additions: scatter_add, index_add, the backward of gather and index_select, SDPA's backward), so those runs
+    drift apart from the first update on. cuDNN is held to its deterministic algorithms too, without
+    benchmarking, and cuBLAS gets its reproducible workspace setting (``CUBLAS_WORKSPACE_CONFIG``, for the
+    process, unless set already). The CPU's kernels are deterministic already; there it changes which path a few
+    layers take (``attention/routing.py``). Everything is restored on exit (a process may train more than once)."""
+    if not enabled:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+
+
 def environment(device: torch.device | None = None) -> dict[str, Any]:
     """What a result's numbers depend on beyond the config: torch and its CUDA, cuDNN and NCCL, and the device
     (``sanlab env``, and the first line of every ``train.log``)."""
@@ -146,11 +177,13 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
     return found
 
 
-def describe_environment(device: torch.device, *, precision: str, processes: int, compiled: str | None = None) -> str:
+def describe_environment(device: torch.device, *, precision: str, processes: int, compiled: str | None = None,
+                         deterministic: bool = False) -> str:
     """One line of ``environment`` for a run's log (``compiled``: the torch.compile backend, None for eager)."""
     env = environment(device)
     name = f" ({env['device_name']})" if "device_name" in env else ""
     cuda = f", CUDA {env['cuda']}, cuDNN {env['cudnn']}, NCCL {env['nccl']}" if env["cuda_available"] else ""
     return (f"device {env['device']}{name}, precision {precision}, torch {env['torch']}{cuda}, "
             f"{processes} process(es), {env['cpu_threads']} CPU thread(s) each, "
-            + (f"compiled ({compiled})" if compiled else "eager"))
+            + (f"compiled ({compiled})" if compiled else "eager")
+            + (", deterministic algorithms" if deterministic else ""))
