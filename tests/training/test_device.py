@@ -1,10 +1,12 @@
 """train.device, train.precision and train.deterministic on the CPU: device names, batches moved, the legacy bf16
-key, fp16's loss scaler (autocast + GradScaler, which torch also runs on the CPU) saved and resumed exactly, and
-deterministic algorithms switched on for a run and off after it."""
+key, fp16's loss scaler (autocast + GradScaler, which torch also runs on the CPU) saved and resumed exactly,
+deterministic algorithms switched on for a run and off after it, and device memory running out (torch's error,
+raised here by hand) stopping a run with what to try."""
 
 import dataclasses
 import os
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -13,8 +15,8 @@ from sanlab.config import dump_config, validate
 from sanlab.errors import ConfigError, TrainingError
 from sanlab.runs import config_differences, train_run
 from sanlab.training.checkpoint import load_state
-from sanlab.training.device import (CUBLAS_DETERMINISTIC, MIN_LOSS_SCALE, check_loss_scale, deterministic_algorithms,
-                                    resolve_device, to_device)
+from sanlab.training.device import (CUBLAS_DETERMINISTIC, MIN_LOSS_SCALE, check_loss_scale, describe_batch,
+                                    deterministic_algorithms, resolve_device, to_device)
 from training_fixtures import final_weights
 
 
@@ -131,6 +133,70 @@ def test_a_deterministic_run_says_so_resumes_switched_either_way_and_leaves_torc
     train_run(tiny_translation(max_steps=4, deterministic=True), split, quiet=True)
     a, b = final_weights(straight), final_weights(split)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_path, tiny_translation, monkeypatch,
+                                                                           capsys):
+    """CUDA's out-of-memory error (raised here by the third update's forward pass) stops training with a message that
+    names the update and its batch and says what to change; the update is not saved, the last checkpoint stays,
+    and the run resumes from it. At validation the same, naming validation."""
+    from sanlab.cli import main
+    from sanlab.tasks.translation import TranslationTask
+
+    real, calls = TranslationTask.loss, []
+
+    def loss(self, batch, *, model=None, **kw):
+        if model is not None:  # a training update's forward (validation scores without the DDP-wrapped model)
+            calls.append(batch)
+            if len(calls) == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                             "capacity of 79.19 GiB of which 1.06 GiB is free.\nmore torch advice")
+        return real(self, batch, model=model, **kw)
+
+    monkeypatch.setattr(TranslationTask, "loss", loss)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError) as caught:
+        train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)
+    message = str(caught.value)
+    assert message.startswith("update 3 (epoch 0; a batch of ") and " pairs, " in message
+    assert "target tokens in the update) ran out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB. " \
+           "GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. Nothing of this update was saved; " \
+           "last good checkpoint: " in message and "more torch advice" not in message
+    assert "train.max_tokens for translation" in message and "train.accum_steps" in message
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000002"]
+    monkeypatch.setattr(TranslationTask, "loss", real)
+    train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)  # resumes from update 2
+    assert "resumed from" in (run / "train.log").read_text()
+
+    def validate(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB.")
+
+    monkeypatch.setattr(TranslationTask, "validate", validate)
+    config = tmp_path / "c.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=8, valid_every=2)))
+    capsys.readouterr()
+    assert main(["train", str(config), "--run", str(run), "--quiet"]) == 2
+    assert "validation after update 8 ran out of memory on cpu: CUDA out of memory. Tried to allocate 8.00 GiB. " \
+           "Update 8 was not saved" in capsys.readouterr().err
+
+
+def test_a_batch_is_described_by_its_own_words_else_by_its_fields():
+    from sanlab.tasks.translation import Batch, PendingBatch
+
+    ids = torch.zeros(4, 7, dtype=torch.long)
+    assert describe_batch(Batch(ids, ids[:, :5], ids[:, :5], tokens=1812)) == \
+        "4 pairs padded to 7 source and 5 target positions, 1,812 target tokens"
+    assert describe_batch(PendingBatch(indices=np.arange(3), tokens=20)) == "3 pairs, 20 target tokens"
+
+    @dataclasses.dataclass
+    class PluginBatch:  # a plugin task's batch without words of its own
+        x: torch.Tensor
+        rows: np.ndarray
+        tokens: int
+        flag: bool = True
+
+    assert describe_batch(PluginBatch(torch.zeros(2, 3, 4), np.zeros(5), 12345)) == "x 2x3x4, rows 5, tokens 12,345"
+    assert describe_batch([1, 2]) == "list"
 
 
 def test_a_collapsed_loss_scale_stops_with_advice():

@@ -77,6 +77,9 @@ class TagBatch:
     tokens: int
     char_words: CharWords | None = None  # the distinct words of ``chars``, found on the host (models.tagger)
 
+    def describe(self) -> str:
+        return f"{self.words.shape[0]} sentences padded to {self.words.shape[1]} words, {self.tokens:,} tokens"
+
 
 PAD_WORD = "<PAD>"  # how the reference spells a padding word to its character CNN (spec C.10)
 

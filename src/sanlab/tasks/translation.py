@@ -37,6 +37,10 @@ class Batch:
     tgt_out: Tensor   # [b, i] target ids + EOS
     tokens: int       # real target tokens (the loss is normalised by these)
 
+    def describe(self) -> str:
+        return (f"{self.src.shape[0]} pairs padded to {self.src.shape[1]} source and {self.tgt_in.shape[1]} target "
+                f"positions, {self.tokens:,} target tokens")
+
 
 @dataclass(frozen=True)
 class PendingBatch:
@@ -44,6 +48,9 @@ class PendingBatch:
     update is normalised by every process's tokens while each process reads only the batches it trains on."""
     indices: np.ndarray
     tokens: int
+
+    def describe(self) -> str:
+        return f"{len(self.indices)} pairs, {self.tokens:,} target tokens"
 
 
 class PendingBatches(Sequence):

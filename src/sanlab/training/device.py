@@ -161,6 +161,39 @@ def deterministic_algorithms(enabled: bool, device: torch.device):
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
+@contextlib.contextmanager
+def out_of_memory_stops(device: torch.device, *, where: str, advice: str):
+    """Device memory running out inside (``torch.OutOfMemoryError``, CUDA's) as a ``TrainingError`` that says
+    ``where``, torch's account of the memory (its first line: what was asked for, the device's capacity, what is
+    free, what this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as err:
+        told = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+        peak = ""
+        if device.type == "cuda":
+            peak = f" This process's peak: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated."
+        raise TrainingError(f"{where} ran out of memory on {device}: {told}{peak} {advice}") from None
+
+
+def describe_batch(batch: Any) -> str:
+    """A batch in words for a message about it: its own ``describe()`` where it has one (the tasks' batches), else
+    its arrays by shape and its integers (``"src 64x37, tgt_in 64x40, tokens 1,812"``, a dataclass's fields), else
+    the name of its type."""
+    if callable(getattr(batch, "describe", None)):
+        return batch.describe()
+    if not dataclasses.is_dataclass(batch) or isinstance(batch, type):
+        return type(batch).__name__
+    said = []
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            said.append(f"{f.name} {value:,}")
+        elif hasattr(value, "shape") and hasattr(value, "dtype"):  # a tensor or a numpy array
+            said.append(f"{f.name} {'x'.join(map(str, value.shape))}")
+    return ", ".join(said) or type(batch).__name__
+
+
 def environment(device: torch.device | None = None) -> dict[str, Any]:
     """What a result's numbers depend on beyond the config: torch and its CUDA, cuDNN and NCCL, and the device
     (``sanlab env``, and the first line of every ``train.log``)."""

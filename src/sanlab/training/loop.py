@@ -28,7 +28,7 @@ from sanlab.errors import ConfigError, TrainingError
 from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, read_meta,
                                        rng_state, set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
-from sanlab.training.device import Precision, check_loss_scale, to_device
+from sanlab.training.device import Precision, check_loss_scale, describe_batch, out_of_memory_stops, to_device
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed
 from sanlab.training.interval import DeviceInterval, Settled
@@ -222,7 +222,8 @@ class Trainer:
         summed = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, batch in enumerate(mine):
             batch = to_device(batch, self.device)
-            with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint():
+            with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint(), \
+                    self._out_of_memory_stops(batch, batches=len(mine), tokens=tokens):
                 with self.precision.autocast():
                     loss = self._loss(batch) / tokens
                 # DDP averages gradients over processes; scaling by their number makes that a sum.
@@ -317,6 +318,19 @@ class Trainer:
                                 "--set train.find_unused_parameters=true"
                                 + (f" (unused: {', '.join(unused)})" if unused else "")) from None
 
+    def _out_of_memory_stops(self, batch: Any, *, batches: int, tokens: int):
+        """A batch that does not fit the device stops the run with what to change (nothing of the update is saved;
+        a batch is never skipped or split behind the user's back: the run would no longer be the one its config
+        and seed define, nor resume to the same parameters)."""
+        where = (f"update {self.progress.step + 1} (epoch {self.progress.epoch}; a batch of {describe_batch(batch)}, "
+                 f"one of {batches} in this process; {tokens:,} target tokens in the update)")
+        return out_of_memory_stops(self.device, where=where, advice=(
+            f"Nothing of this update was saved; last good checkpoint: {self.last_good}. Try smaller batches "
+            "(train.max_tokens for translation, train.batch_size for tagging) with a larger train.accum_steps, "
+            "which keeps the tokens per update (a new run: the batches follow them), train.precision=bf16, a "
+            "lower data.max_len, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where torch reports much "
+            "memory reserved but unallocated."))
+
     def _clip(self) -> Tensor:
         """The gradients' norm before clipping (a tensor: not read here)."""
         params = [q for q in self.model.parameters() if q.grad is not None]
@@ -361,7 +375,10 @@ class Trainer:
     def _validate_and_save(self, rngs: list[dict], *, on_schedule: bool) -> None:
         """The main process's part of ``_validate``: score, log, update the early-stopping counters, save."""
         p = self.progress
-        metrics = self.task.validate()
+        with out_of_memory_stops(self.device, where=f"validation after update {p.step}", advice=(
+                f"Update {p.step} was not saved; last good checkpoint: {self.last_good}. Free the device of other "
+                "processes, or train with smaller batches (train.max_tokens, train.batch_size: a new run).")):
+            metrics = self.task.validate()
         if not math.isfinite(metrics.get("loss", 0.0)):
             raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
                                 f"are not finite; stopping without saving it. Last good checkpoint: "
