@@ -5,7 +5,8 @@ d 512, 8 heads, FFN 2048) and every other variant of the grid, trained on the sa
 ``--tokens`` target tokens (source and target ``--length`` tokens, random ids of the configured vocabulary:
 the arithmetic of a real batch of that shape, without the data). Each variant runs eager; ``--compile``
 adds a compiled row for each variant named (all if none; ``torch.compile``, inductor; compile time excluded
-from the rounds, reported apart).
+from the rounds, reported apart); ``--deterministic`` an eager row under deterministic algorithms
+(``train.deterministic``: what a bit-exact GPU run costs) for each variant named (all if none).
 
 Timed: forward, label-smoothed loss, backward and an AdamW step, under ``--precision`` autocast, in rounds
 whose order rotates, the device synchronised around each update. Reported: median ms per update, target
@@ -44,6 +45,7 @@ from grid_speed import add_grid_arguments, bench_cells, provenance
 from op_count import accelerator_paths, count_ops
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
+from sanlab.training.device import deterministic_algorithms
 
 # dense (not sparse) peak TFLOP/s per precision, from the vendors' data sheets
 PEAKS = {"H100": {"bf16": 989.4, "fp32": 67.0}, "H200": {"bf16": 989.4, "fp32": 67.0},
@@ -73,21 +75,24 @@ def make_batch(vocab: int, *, tokens: int, length: int, device: torch.device, se
 
 
 def make_step(model, batch, precision: str, device: torch.device, *, compiled: bool, backend: str = "inductor",
-              optimize: bool = True):
-    """One update: forward, loss, backward and (``optimize``) the optimizer's step."""
+              optimize: bool = True, deterministic: bool = False):
+    """One update: forward, loss, backward and (``optimize``) the optimizer's step; (``deterministic``) under
+    deterministic algorithms, switched on and off around each update, as the other rows run without."""
     # as training builds it (training/loop.build_optimizer): fused on CUDA
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
     forward = torch.compile(model, backend=backend) if compiled else model
     src, tgt_in, tgt_out = batch
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with deterministic_algorithms(deterministic, device), \
+                torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = forward(src, tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), label_smoothing=0.1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if optimize:
-            optimizer.step()
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), label_smoothing=0.1)
+        with deterministic_algorithms(deterministic, device):
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if optimize:
+                optimizer.step()
 
     return step
 
@@ -100,15 +105,15 @@ def count_flops(step) -> float:
     return float(counter.get_total_flops())
 
 
-def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool) -> Runner:
+def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool, deterministic: bool = False) -> Runner:
     config = cell.config
     torch.manual_seed(config.train.seed)
     sw = config.data.subword
     model = build_seq2seq(config.model, vocab_size=sw.vocab_size, pad_id=0,
                           tgt_vocab_size=None if sw.joint else sw.vocab_size).to(device)
-    name = cell.variant + (" (compiled)" if compiled else "")
+    name = cell.variant + (" (compiled)" if compiled else "") + (" (deterministic)" if deterministic else "")
     runner = Runner(name, model, make_step(model, batch, args.precision, device, compiled=compiled,
-                                           backend=args.backend),
+                                           backend=args.backend, deterministic=deterministic),
                     count_parameters(model))
     if compiled:  # the first calls compile (forward, backward): timed apart, never in the rounds
         start = time.perf_counter()
@@ -119,7 +124,8 @@ def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool) ->
     runner.flops = count_flops(make_step(model, batch, args.precision, device, compiled=False))
     if not compiled:  # (the optimizer left out: fused on CUDA, one loop per parameter on the CPU)
         with accelerator_paths():  # a CPU's count is a GPU's launches
-            runner.ops = count_ops(make_step(model, batch, args.precision, device, compiled=False, optimize=False))
+            runner.ops = count_ops(make_step(model, batch, args.precision, device, compiled=False, optimize=False,
+                                             deterministic=deterministic))
     return runner
 
 
@@ -241,6 +247,8 @@ def main() -> None:
     p.add_argument("--compile", nargs="*", metavar="VARIANT",
                    help="also time these variants (all, if none is named) under torch.compile")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager/aot_eager: tests)")
+    p.add_argument("--deterministic", nargs="*", metavar="VARIANT",
+                   help="also time these variants (all, if none is named) under deterministic algorithms")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--updates", type=int, default=10, help="updates per variant and round")
     p.add_argument("--warmup", type=int, default=3)
@@ -263,6 +271,9 @@ def main() -> None:
     if args.compile is not None:
         runners += [prepare(c, args, device, batch, compiled=True) for c in cells
                     if not args.compile or c.variant in args.compile]
+    if args.deterministic is not None:
+        runners += [prepare(c, args, device, batch, compiled=False, deterministic=True) for c in cells
+                    if not args.deterministic or c.variant in args.deterministic]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} thread(s)"
     peak = peak_tflops(device, args.precision, args.peak_tflops)
     tokens = batch[0].shape[0] * args.length

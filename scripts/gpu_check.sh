@@ -10,7 +10,8 @@
 #   3. the benchmarks on the device    training step (vanilla vs nn.Transformer, fp32 and bf16) and the window
 #                                      plans (dense, SDPA + mask, banded, FlexAttention) with peak memory;
 #                                      every CSAN Table 1 variant at Transformer-Base size in bf16, eager and
-#                                      compiled, tokens/s and MFU (bench/gpu.py), then a torch.profiler
+#                                      compiled, and some under deterministic algorithms (what train.deterministic
+#                                      costs), tokens/s and MFU (bench/gpu.py), then a torch.profiler
 #                                      breakdown of each row ($REPORT_DIR/gpu-profile/profile.md); beam-5 decoding with and
 #                                      without the cache (bench/decode_speed.py); one Block layer by path, both
 #                                      directions at once against each alone (bench/block_layer.py)
@@ -44,7 +45,8 @@
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
-#   vanilla 1D-CSAN); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT: seconds per step
+#   vanilla 1D-CSAN); GPU_DETERMINISTIC: those it also times under deterministic algorithms (default vanilla
+#   Rel_Pos; set empty: none); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT: seconds per step
 #   (0: none; the benches' default 540, GPU_BLOCK_TIMEOUT's 180: that step takes well under a minute); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
 #   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing;
 #   GPU_WINDOW_TIMEOUT's default, 540 s, leaves room for those eight compilations).
@@ -148,8 +150,10 @@ if wants window; then
 fi
 if wants gpubench; then
     section "bench/gpu.py: CSAN Table 1 at Transformer-Base size, bf16, ~25k tokens per update, MFU"
+    deterministic=${GPU_DETERMINISTIC-vanilla Rel_Pos}
     timeout "${GPU_BENCH_TIMEOUT:-540}" $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device "$DEVICE" --precision bf16 \
-        --compile ${GPU_COMPILE:-vanilla 1D-CSAN} --out "$REPORT_DIR/gpu-train-speed.md" \
+        --compile ${GPU_COMPILE:-vanilla 1D-CSAN} ${deterministic:+--deterministic $deterministic} \
+        --out "$REPORT_DIR/gpu-train-speed.md" \
         --profile "$REPORT_DIR/gpu-profile" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 60 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" gpubench
     end_section

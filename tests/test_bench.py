@@ -84,28 +84,33 @@ def test_decode_speed_times_every_variant_and_the_reference_paths(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
-    """bench/gpu.py's CPU smoke path: every variant against the baseline, counted FLOPs, a compiled row."""
+    """bench/gpu.py's CPU smoke path: every variant against the baseline, counted FLOPs, a compiled row, a row under
+    deterministic algorithms."""
     _tiny_translation_grid(tmp_path, vocab=50,
                            variant='{name: 1D-CSAN, overrides: ["model.encoder.attention.parts=[{type: window, size: 3}]"]}')
     out = tmp_path / "gpu.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), str(tmp_path / "grid.yaml"), "--device", "cpu",
                     "--precision", "fp32", "--quick", "--threads", "1", "--compile", "vanilla", "--backend", "eager",
+                    "--deterministic", "1D-CSAN",
                     "--out", str(out), "--profile", str(tmp_path / "prof"), "--profile-updates", "2",
                     "--profile-trace"], cwd=ROOT, check=True, capture_output=True)
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
-    assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0]] and rows[2][0].startswith("vanilla (compiled)")
+    assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0], "1D-CSAN (deterministic)"]
+    assert rows[2][0].startswith("vanilla (compiled)")
     assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
     # operators of an eager forward and backward (kernel launches on a GPU); a compiled row has none to count
     assert 0 < int(rows[0][7]) < int(rows[1][7]) and rows[2][7] == "—"  # the window's mask adds some
+    assert int(rows[3][7]) == int(rows[1][7])  # the same operators: deterministic kernels, not other ones (CPU)
     # the table is rewritten after every round; the last one is whole
     assert "partial" not in out.read_text().splitlines()[0] and "median of 2 rounds" in out.read_text()
     # --profile: each row's share of products (the CPU's own ops here) and its top ops; a trace per row
     profile = (tmp_path / "prof" / "profile.md").read_text()
     assert [line[3:] for line in profile.splitlines() if line.startswith("## ")] == ["vanilla", "1D-CSAN",
-                                                                                    "vanilla (compiled)"]
+                                                                                    "vanilla (compiled)",
+                                                                                    "1D-CSAN (deterministic)"]
     shares = [int(m) for m in re.findall(r"products (\d+)% of device time", profile)]
-    assert len(shares) == 3 and all(0 < s < 100 for s in shares)
-    assert "`aten::" in profile and len(list((tmp_path / "prof").glob("*.trace.json.gz"))) == 3
+    assert len(shares) == 4 and all(0 < s < 100 for s in shares)
+    assert "`aten::" in profile and len(list((tmp_path / "prof").glob("*.trace.json.gz"))) == 4
 
 
 def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_beat():
