@@ -58,7 +58,8 @@ def _source_target() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # The operators ``torch.use_deterministic_algorithms`` says CUDA has no deterministic form of (torch 2.13's list:
-# they raise under it on CUDA), by aten name; cumsum only for floating-point values.
+# they raise under it on CUDA; and kthvalue, whose CUDA kernel raises too), by aten name, every overload; cumsum only
+# for floating-point values.
 CUDA_HAS_NO_DETERMINISTIC_FORM = {
     "aten::avg_pool3d_backward", "aten::_adaptive_avg_pool2d_backward", "aten::_adaptive_avg_pool3d_backward",
     "aten::adaptive_max_pool2d_backward", "aten::fractional_max_pool2d_backward",
@@ -67,8 +68,8 @@ CUDA_HAS_NO_DETERMINISTIC_FORM = {
     "aten::upsample_trilinear3d_backward", "aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward",
     "aten::reflection_pad3d_backward", "aten::nll_loss2d_forward", "aten::_ctc_loss_backward",
     "aten::_embedding_bag_backward", "aten::put_", "aten::put", "aten::histc", "aten::bincount", "aten::median",
-    "aten::nanmedian", "aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward", "aten::cumsum",
-    "aten::cumsum_", "aten::scatter_reduce", "aten::scatter_reduce_",
+    "aten::nanmedian", "aten::kthvalue", "aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward",
+    "aten::cumsum", "aten::cumsum_", "aten::scatter_reduce", "aten::scatter_reduce_",
 }
 
 
@@ -80,7 +81,7 @@ class _Refused(TorchDispatchMode):
         self.found = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.name()
+        name = func.name().split(".")[0]  # aten::median.dim -> aten::median
         if name in CUDA_HAS_NO_DETERMINISTIC_FORM and (not name.startswith("aten::cumsum") or args[0].is_floating_point()):
             self.found.add(name)
         return func(*args, **(kwargs or {}))
@@ -207,6 +208,16 @@ def test_tagger_creates_no_tensor_on_the_default_device(position, parts):
         with watched(), torch.device("meta"):
             model(words, chars).sum().backward()
         assert all(p.grad.device.type == "cpu" for p in model.parameters() if p.grad is not None)
+
+
+def test_the_guard_catches_what_cuda_refuses_under_deterministic_algorithms_in_every_overload():
+    x = torch.randn(4, 5)
+    for refused in (lambda: x.cumsum(1), lambda: x.median(dim=1), lambda: x.kthvalue(2, dim=1),
+                    lambda: x.scatter_reduce(1, torch.zeros(4, 5, dtype=torch.long), x, reduce="prod")):
+        with pytest.raises(AssertionError, match="CUDA has no deterministic form of"), _deterministic_and_watched():
+            refused()
+    with _deterministic_and_watched():  # an integer cumsum (the beam search's slots) has one
+        torch.arange(5).cumsum(0)
 
 
 def test_the_guard_catches_a_tensor_made_without_device():

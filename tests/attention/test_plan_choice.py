@@ -11,6 +11,7 @@ from sanlab.attention.parts.directional import DirectionalHeads
 from sanlab.attention.parts.gaussian import LocalHard, NeighborSperber
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.plans import StageParts
+from sanlab.errors import ConfigError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 SHORT, LONG = banded.MIN_KEYS - 1, banded.MIN_KEYS
@@ -103,6 +104,26 @@ def test_flexattention_changes_nothing_on_the_cpu_unless_asked_for(parts, reques
 ])
 def test_choose_on_cuda(parts, requested, keys, trace, dropout, expected):
     assert _choose(parts, requested, keys=keys, trace=trace, device=CUDA, dropout=dropout) == expected
+
+
+@pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no FlexAttention")
+def test_deterministic_algorithms_keep_score_parts_off_flexattention_on_cuda():
+    """FlexAttention's backward adds the gradients of a score_mod's learned inputs atomically on CUDA: under
+    deterministic algorithms ``auto`` runs score parts dense there, and an explicit ``flex`` is refused; masks alone
+    (no learned input) and the CPU's reference operator stay as they were."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        for gaussian in (GAUSS, TRUNCATED):
+            assert _choose([gaussian], "auto", keys=FLEX_LONG, device=CUDA) == "dense"
+            with pytest.raises(ConfigError, match="plan 'flex' cannot run the score parts .* train.deterministic"):
+                _choose([gaussian], "flex", keys=FLEX_LONG, device=CUDA)
+            assert _choose([gaussian], "flex", keys=FLEX_LONG, trace=True, device=CUDA) == "dense"
+            assert _choose([gaussian], "flex", keys=FLEX_LONG) == "flex"  # the CPU
+        assert _choose([DIRECTIONS], "auto", keys=FLEX_LONG, device=CUDA) == "flex"
+        assert _choose([WINDOW], "flex", keys=3, device=CUDA) == "flex"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert _choose([GAUSS], "auto", keys=FLEX_LONG, device=CUDA) == "flex"
 
 
 def test_runnable_lists_the_plans_equal_to_dense():

@@ -198,10 +198,12 @@ def test_speed_conditions_name_the_device_precision_and_compilation(tmp_path):
         "mixed (1 job x 1 thread; 1 job x 1 thread, cuda (NVIDIA H100 80GB HBM3), bf16, compiled)"
     # a session from before precision was recorded trained in the precision the run finished with
     assert conditions([old], {"train": {"bf16": True}}) == "1 job x 1 thread, bf16"
-    # deterministic algorithms (slower on a GPU) are named; a session recorded without them takes the run's config
+    # deterministic algorithms (slower on a GPU) are named; a session recorded before they were ran without them,
+    # also in a run resumed with them since
     assert conditions([{**gpu, "deterministic": True}]) == \
         "1 job x 1 thread, cuda (NVIDIA H100 80GB HBM3), bf16, compiled, deterministic"
-    assert conditions([old], {"train": {"deterministic": True}}) == "1 job x 1 thread, deterministic"
+    assert conditions([old, {**cpu, "deterministic": True}], {"train": {"deterministic": True}}) == \
+        "mixed (1 job x 1 thread; 1 job x 1 thread, deterministic)"
     assert conditions([{**cpu, "deterministic": False}]) == "1 job x 1 thread"
     # ... and on the device it names, where that is a GPU (auto: the CPU, where every run of that time trained)
     assert conditions([old], {"train": {"device": "cuda:1"}}) == "1 job x 1 thread, cuda:1"

@@ -341,27 +341,29 @@ def test_fp16_on_cuda_resumes_bit_exact(tmp_path, tiny_translation):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _runnable_plans(cfg) -> list[str]:
+def _deterministic_plans(cfg) -> list[str]:
+    """The plans that run ``cfg``'s part under deterministic algorithms on CUDA: every runnable one, less flex for a
+    score part (``plans.choose`` refuses it: test_plan_choice.py)."""
     ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=2, side="encoder", max_len=512)
     try:
-        part = PARTS.build(cfg, ctx)
+        parts = plans.StageParts.sort([PARTS.build(cfg, ctx)])
     except (ValueError, ConfigError):
         return []
-    return list(plans.runnable(plans.StageParts.sort([part]), head_dim=DIM // HEADS))
+    return [plan for plan in plans.runnable(parts, head_dim=DIM // HEADS) if not (plan == "flex" and parts.score)]
 
 
 DETERMINISTIC_FORMS = [
     pytest.param({"attention": {"heads": HEADS}}, id="vanilla"),
     *(pytest.param({"attention": {"heads": HEADS, "parts": [cfg.model_dump()], "plan": plan}}, id=f"{name}-{n}-{plan}")
       for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())
-      for plan in _runnable_plans(cfg)),
+      for plan in _deterministic_plans(cfg)),
     *_mixer_forms()]
 
 
 @pytest.mark.parametrize("encoder", DETERMINISTIC_FORMS)
 def test_deterministic_algorithms_give_the_same_gradients_twice_on_cuda(encoder):
     """``train.deterministic`` on CUDA (``training/device.deterministic_algorithms``): no operator of a part (through
-    each plan that runs it), mixer or pre-block refuses (torch raises where CUDA has no deterministic form; the CPU
+    each plan that runs it there, ``_deterministic_plans``), mixer or pre-block refuses (torch raises where CUDA has no deterministic form; the CPU
     suite checks torch's documented list, tests/test_device_guard.py), and two identical forward and backward passes
     give the same gradients bit for bit. The sources are 300 tokens long: the fused kernels then split their keys,
     which is where they add in a varying order by default."""

@@ -96,7 +96,8 @@ def test_fp16_resumes_bit_exact_with_its_loss_scale(tmp_path, tiny_translation):
 
 
 def test_deterministic_algorithms_hold_inside_and_are_restored_after(monkeypatch):
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "recorded")  # so that monkeypatch restores whatever was there
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     users = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True  # as a user may have set it before training (restored below)
     try:
@@ -109,11 +110,19 @@ def test_deterministic_algorithms_hold_inside_and_are_restored_after(monkeypatch
         with deterministic_algorithms(False, torch.device("cuda")):  # off: nothing is touched
             assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
         assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-        with deterministic_algorithms(True, torch.device("cuda")):  # (a device object; nothing runs on it)
-            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC
+        with deterministic_algorithms(True, torch.device("cuda")) as warning:  # (a device object; nothing runs on it)
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC and warning is None
         monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own reproducible setting stays
         with deterministic_algorithms(True, torch.device("cuda")):
             assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")  # one cuBLAS does not reproduce with: refused
+        with pytest.raises(ConfigError, match="CUBLAS_WORKSPACE_CONFIG=:0:0 in the environment"):
+            with deterministic_algorithms(True, torch.device("cuda")):
+                pass
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # set after CUDA work began: said
+        with deterministic_algorithms(True, torch.device("cuda")) as warning:
+            assert "cuBLAS may keep the workspace it chose" in warning
         with pytest.raises(KeyError), deterministic_algorithms(True, torch.device("cpu")):
             raise KeyError("a failed run")
         assert not torch.are_deterministic_algorithms_enabled()
@@ -159,7 +168,7 @@ def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_pat
         train_run(tiny_translation(max_steps=6, valid_every=2), run, quiet=True)
     message = str(caught.value)
     assert message.startswith("update 3 (epoch 0; a batch of ") and " pairs, " in message
-    assert "target tokens in the update) ran out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB. " \
+    assert " tokens in the update) ran out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB. " \
            "GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. Nothing of this update was saved; " \
            "last good checkpoint: " in message and "more torch advice" not in message
     assert "train.max_tokens for translation" in message and "train.accum_steps" in message
@@ -178,6 +187,15 @@ def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_pat
     assert main(["train", str(config), "--run", str(run), "--quiet"]) == 2
     assert "validation after update 8 ran out of memory on cpu: CUDA out of memory. Tried to allocate 8.00 GiB. " \
            "Update 8 was not saved" in capsys.readouterr().err
+    # cuBLAS failing to allocate its workspace says so in a RuntimeError of its own: the same stop
+    monkeypatch.setattr(TranslationTask, "validate", lambda self: (_ for _ in ()).throw(
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")))
+    with pytest.raises(TrainingError, match="validation after update 8 ran out of memory on cpu: CUDA error: "
+                                            "CUBLAS_STATUS_ALLOC_FAILED"):
+        train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
+    monkeypatch.setattr(TranslationTask, "validate", lambda self: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="^other$"):  # any other error passes as it was
+        train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
 
 
 def test_a_batch_is_described_by_its_own_words_else_by_its_fields():

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from sanlab.attention import banded, flex, masks
 from sanlab.attention.parts_base import AttentionContext, AttentionPart, StageParts
+from sanlab.errors import ConfigError
 from sanlab.traceable import replace
 
 PLANS = ("auto", "dense", "sdpa", "banded", "flex")  # what a config may request
@@ -77,10 +78,23 @@ def choose(parts: StageParts, *, requested: str, device: torch.device, key_lengt
     where the call runs; this function only decides, it never touches the device, so that parts and the
     pipeline stay device-free. ``can``: ``runnable(parts)`` if the caller keeps it (an ``Attention`` computes
     it once, not at every call).
+
+    Under deterministic algorithms (``train.deterministic``) score parts never run FlexAttention on CUDA:
+    its generated backward adds up the gradients of what a score_mod reads (the Gaussian parts' predicted
+    centres and widths) with atomic additions, in an order that varies, and torch has no deterministic
+    form of it to switch to. ``auto`` takes dense there; an explicit ``flex`` is refused.
     """
     can = runnable(parts) if can is None else can
     if requested == "flex" and "flex" not in can:  # nothing to mask or score in this layer: what auto runs
         requested = "auto"
+    if "flex" in can and parts.score and device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
+        if requested == "flex" and not need_trace:
+            names = ", ".join(type(p).__name__ for p in parts.score)
+            raise ConfigError(f"plan 'flex' cannot run the score parts {names} under deterministic algorithms "
+                              "(train.deterministic) on CUDA: FlexAttention adds up the gradients of their learned "
+                              "biases in an order that varies from run to run. Use plan auto (dense there) or "
+                              "dense, or leave train.deterministic off")
+        can = tuple(plan for plan in can if plan != "flex")
     if not need_trace:
         if requested == "flex" or (requested == "auto" and "banded" not in can and device.type == "cuda"
                                    and "flex" in can and not dropout and key_length >= flex.MIN_KEYS):

@@ -153,7 +153,8 @@ def speed_conditions(run_dir: Path, done: dict) -> str:
     named = str(train.get("device", "cpu"))  # "auto" stays the CPU: no GPU run predates these records
     defaults = {"device": named if named.startswith("cuda") else "cpu",
                 "precision": train.get("precision", "bf16" if train.get("bf16") else "fp32"),
-                "compile": train.get("compile", False), "deterministic": train.get("deterministic", False)}
+                "compile": train.get("compile", False),
+                "deterministic": False}  # recorded by every session since the key exists: none before it was
     sessions = meta.get("sessions") or []
     last_session = {**defaults, **{k: sessions[-1][k] for k in defaults if sessions and k in sessions[-1]}}
     last = (done.get("jobs", _jobs_in(meta.get("command"))), done.get("threads", "?"), _where(last_session))

@@ -21,7 +21,7 @@ from sanlab.tasks.base import task_for
 
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
                   "train.find_unused_parameters", "train.device",  # a CPU run may go on on a GPU, and back
-                  "train.deterministic",  # which kernels compute, not what: may be switched on for the rest of a run
+                  "train.deterministic",  # which kernels compute (up to rounding), not what: may change mid-run
                   "train.log_every", "decode.beam", "decode.length_penalty", "decode.n_best")
 
 

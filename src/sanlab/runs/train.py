@@ -31,14 +31,17 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     run directory (see ``training.distributed``). ``source``: the config file, named by a config error.
     ``on_finished(summary)`` runs in the main process while it still holds the run's lock (``sanlab compare``
     records a finished cell there, so no other process sees it finished but unrecorded)."""
-    from sanlab.training.device import deterministic_algorithms, resolve_device
+    from sanlab.training.device import check_cublas_setting, deterministic_algorithms, resolve_device
     from sanlab.training.distributed import from_environment
 
     check_buildable(config, source=source)
     run_dir = Path(run_dir)
     rundir.check_location(run_dir)  # before the lock, which would create the directory's .lock
     existed = run_dir.is_dir()
-    with from_environment(resolve_device(config.train.device)) as dist:
+    device = resolve_device(config.train.device)
+    if config.train.deterministic and device.type == "cuda":
+        check_cublas_setting()  # before the run directory is touched
+    with from_environment(device) as dist:
         # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
         # must never touch a run another process is writing
         with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
@@ -50,8 +53,8 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
                     start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
                     start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
             start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
-            with deterministic_algorithms(config.train.deterministic, dist.device):
-                summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist)
+            with deterministic_algorithms(config.train.deterministic, dist.device) as warning:
+                summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist, warning=warning)
             if on_finished is not None and dist.is_main:
                 on_finished(summary)
             return summary
@@ -67,7 +70,8 @@ class _Start:
     before: list[str] | None = None  # the directory's entries before this command (None: it did not exist)
 
 
-def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist) -> dict:
+def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist,
+                  warning: str | None = None) -> dict:
     from sanlab.training.device import describe_environment
     from sanlab.training.loop import Trainer
     from sanlab.training.logging import SilentLogger
@@ -82,6 +86,8 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
         log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size,
                                       compiled=config.train.compile_backend if config.train.compile else None,
                                       deterministic=config.train.deterministic))
+        if warning:
+            log.info(f"WARNING: {warning}")
     if dist.is_main and dist.enabled:
         backend = "nccl" if dist.device.type == "cuda" else "gloo"
         log.info(f"distributed data parallel: {dist.world_size} processes ({backend}), "

@@ -27,6 +27,8 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # what decoding and tagging run in (--precision): the model's forward under autocast, the search's scores in fp32
 DECODE_PRECISIONS = ("fp32", "bf16")
+# how a library under torch says it could not allocate (cuBLAS, cuDNN: "CUBLAS_STATUS_ALLOC_FAILED")
+OUT_OF_MEMORY = re.compile(r"STATUS_ALLOC_FAILED|CUDA error: out of memory")
 # fairseq's --min-loss-scale default: below it fp16 training has stopped learning, however long it runs
 MIN_LOSS_SCALE = 1e-4
 
@@ -130,9 +132,19 @@ def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> Non
                             "--set train.clip_norm=1.0")
 
 
-# cuBLAS's setting for reproducible results (NVIDIA's cuBLAS guide, "Results reproducibility"); torch refuses a
-# cuBLAS product under deterministic algorithms without it (or ":16:8")
-CUBLAS_DETERMINISTIC = ":4096:8"
+# cuBLAS's settings for reproducible results (NVIDIA's cuBLAS guide, "Results reproducibility"); torch refuses a
+# cuBLAS product under deterministic algorithms without one of them
+CUBLAS_DETERMINISTIC, CUBLAS_DETERMINISTIC_SMALL = ":4096:8", ":16:8"
+
+
+def check_cublas_setting() -> None:
+    """A ConfigError if the environment sets ``CUBLAS_WORKSPACE_CONFIG`` to a value cuBLAS does not reproduce with
+    (``train.deterministic`` on CUDA; asked before a run directory is touched)."""
+    given = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if given is not None and given not in (CUBLAS_DETERMINISTIC, CUBLAS_DETERMINISTIC_SMALL):
+        raise ConfigError(f"CUBLAS_WORKSPACE_CONFIG={given} in the environment: train.deterministic needs "
+                          f"{CUBLAS_DETERMINISTIC} or {CUBLAS_DETERMINISTIC_SMALL} (cuBLAS's reproducible settings), "
+                          "or the variable unset")
 
 
 @contextlib.contextmanager
@@ -143,19 +155,32 @@ def deterministic_algorithms(enabled: bool, device: torch.device):
     additions: scatter_add, index_add, the backward of gather and index_select, SDPA's backward), so those runs
     drift apart from the first update on. cuDNN is held to its deterministic algorithms too, without
     benchmarking, and cuBLAS gets its reproducible workspace setting (``CUBLAS_WORKSPACE_CONFIG``, for the
-    process, unless set already). The CPU's kernels are deterministic already; there it changes which path a few
-    layers take (``attention/routing.py``). Everything is restored on exit (a process may train more than once)."""
+    process, unless set already; a value cuBLAS cannot reproduce with is a ConfigError). The CPU's kernels are
+    deterministic already; there it changes which path a few layers take, up to rounding (capsule routing's
+    prefix sums, ``attention/routing.py``; FlexAttention's choice, ``attention/plans.choose``). Everything is
+    restored on exit (a process may train more than once).
+
+    Yields a warning to log, or None: torch reads the cuBLAS setting once, when the process first uses cuBLAS,
+    so set here after CUDA work began (a test session, a grid that trained another cell in this process) it may
+    not hold."""
     if not enabled:
-        yield
+        yield None
         return
+    warning = None
+    if device.type == "cuda":
+        check_cublas_setting()
+        given = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        if given is None and torch.cuda.is_initialized():
+            warning = (f"CUDA was in use in this process before train.deterministic set CUBLAS_WORKSPACE_CONFIG="
+                       f"{CUBLAS_DETERMINISTIC}, and cuBLAS may keep the workspace it chose then: for a bit-exact "
+                       "run export the variable before starting")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
-        yield
+        yield warning
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
@@ -168,7 +193,9 @@ def out_of_memory_stops(device: torch.device, *, where: str, advice: str):
     free, what this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
     try:
         yield
-    except torch.cuda.OutOfMemoryError as err:
+    except RuntimeError as err:  # torch's OutOfMemoryError, or cuBLAS/cuDNN failing to allocate their workspace
+        if not (isinstance(err, torch.cuda.OutOfMemoryError) or OUT_OF_MEMORY.search(str(err))):
+            raise
         told = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
         peak = ""
         if device.type == "cuda":

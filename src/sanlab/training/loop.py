@@ -323,7 +323,7 @@ class Trainer:
         a batch is never skipped or split behind the user's back: the run would no longer be the one its config
         and seed define, nor resume to the same parameters)."""
         where = (f"update {self.progress.step + 1} (epoch {self.progress.epoch}; a batch of {describe_batch(batch)}, "
-                 f"one of {batches} in this process; {tokens:,} target tokens in the update)")
+                 f"one of {batches} in this process; {tokens:,} tokens in the update)")
         return out_of_memory_stops(self.device, where=where, advice=(
             f"Nothing of this update was saved; last good checkpoint: {self.last_good}. Try smaller batches "
             "(train.max_tokens for translation, train.batch_size for tagging) with a larger train.accum_steps, "
@@ -376,8 +376,10 @@ class Trainer:
         """The main process's part of ``_validate``: score, log, update the early-stopping counters, save."""
         p = self.progress
         with out_of_memory_stops(self.device, where=f"validation after update {p.step}", advice=(
-                f"Update {p.step} was not saved; last good checkpoint: {self.last_good}. Free the device of other "
-                "processes, or train with smaller batches (train.max_tokens, train.batch_size: a new run).")):
+                f"Update {p.step} was not saved; last good checkpoint: {self.last_good}. Validation scores its loss "
+                "64 sentences at a time and decodes decode.batch_sentences at a time (a translation run): free the "
+                "device of other processes, or lower decode.batch_sentences (a new run: validation picks the best "
+                "checkpoint).")):
             metrics = self.task.validate()
         if not math.isfinite(metrics.get("loss", 0.0)):
             raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
