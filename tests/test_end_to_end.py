@@ -193,6 +193,71 @@ def test_translate_n_best_defaults_to_the_runs_decode_config(translation_run, tm
     assert "--beam 1 cannot return the run's decode.n_best = 2 hypotheses; pass --n-best" in capsys.readouterr().err
 
 
+def test_batch_sentences_sets_how_many_sentences_decode_at_a_time(translation_run, monkeypatch, capsys):
+    """``--batch-sentences`` on translate and evaluate: the same translations (plain attention does not depend on
+    its batch), the batches of that size, and the setting recorded with the scores."""
+    import sanlab.tasks.translation as translation
+
+    batches, real = [], translation.beam_search
+
+    def counting(*args, batch_size, **kw):
+        batches.append(batch_size)
+        return real(*args, batch_size=batch_size, **kw)
+
+    monkeypatch.setattr(translation, "beam_search", counting)
+    text = b"a b c\nd e\nf g h i\n"
+    outputs = []
+    for extra in ([], ["--batch-sentences", "1"]):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+        assert main(["translate", "--run", str(translation_run), "--beam", "2", *extra]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and batches == [3, 1, 1, 1]
+    assert main(["evaluate", "--run", str(translation_run), "--split", "valid", "--batch-sentences", "2"]) == 0
+    assert json.loads((translation_run / "eval-best.json").read_text())["valid"]["decode"]["batch_sentences"] == 2
+    assert main(["evaluate", "--run", str(translation_run), "--split", "valid"]) == 0  # as the run says again
+    with pytest.raises(SystemExit):  # argparse's own refusal
+        main(["translate", "--run", str(translation_run), "--batch-sentences", "0"])
+    assert "argument --batch-sentences: expected a number >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_batch_of_sentences_that_does_not_fit_the_device_stops_with_what_to_try(translation_run, monkeypatch,
+                                                                                  capsys):
+    import sanlab.tasks.translation as translation
+
+    def out_of_memory(*args, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB.")
+
+    monkeypatch.setattr(translation, "beam_search", out_of_memory)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\nd e\n")))
+    assert main(["translate", "--run", str(translation_run), "--beam", "2", "--output", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "sanlab translate: error: decoding 2 sentences of up to 4 subword tokens from <stdin> with beam 2 ran out " \
+           "of memory on cpu: CUDA out of memory. Tried to allocate 6.00 GiB. Decode fewer sentences at a time " \
+           "(--batch-sentences on translate and evaluate; the run's decode.batch_sentences is 64)" in err
+
+
+def test_a_run_trained_deterministically_decodes_deterministically(tmp_path, monkeypatch, capsys):
+    """``train.deterministic`` holds for what decodes the run afterwards (translate, evaluate), not only for its
+    validation; and is off again after."""
+    from training_fixtures import make_reverse_config
+
+    import sanlab.tasks.translation as translation
+
+    run = tmp_path / "run"
+    train_run(make_reverse_config(tmp_path, max_steps=2, valid_every=2, deterministic=True), run, quiet=True)
+    seen, real = [], translation.beam_search
+
+    def watching(*args, **kw):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(translation, "beam_search", watching)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\n")))
+    assert main(["translate", "--run", str(run), "--beam", "2"]) == 0
+    assert main(["evaluate", "--run", str(run), "--split", "valid"]) == 0
+    assert seen and all(seen) and not torch.are_deterministic_algorithms_enabled()
+
+
 def test_evaluate_names_each_split_of_the_run_once(translation_run, capsys):
     assert main(["evaluate", "--run", str(translation_run), "--split", "nosuch"]) == 2
     assert "unknown split(s) ['nosuch']; this run has: valid\n" in capsys.readouterr().err  # not "valid, valid"

@@ -81,7 +81,7 @@ def _cmd_translate(args) -> int:
     from sanlab.runs import load_trained
     from sanlab.tasks.base import task_for
     from sanlab.tasks.translation import translate
-    from sanlab.training.device import decoding_precision, model_device
+    from sanlab.training.device import decoding_precision, deterministic_algorithms, model_device
 
     check_output_file(args.output)  # before the model is loaded and the input decoded
     config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint, device=args.device)
@@ -90,12 +90,14 @@ def _cmd_translate(args) -> int:
     if args.beam and args.beam > 0 and args.n_best is None and config.decode.n_best > args.beam:  # (< 1: updated())
         raise ConfigError(f"--beam {args.beam} cannot return the run's decode.n_best = {config.decode.n_best} "
                           f"hypotheses; pass --n-best (at most {args.beam})")
-    decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best)
+    decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best,
+                                   batch_sentences=args.batch_sentences)
     check_input_file(args.input)
     lines = input_lines(args.input)
     n_best = decode.n_best
-    results = translate(model, spm, lines, decode=decode, n_best=n_best, source=args.input or "<stdin>",
-                        precision=decoding_precision(args.precision, model_device(model)))
+    with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
+        results = translate(model, spm, lines, decode=decode, n_best=n_best, source=args.input or "<stdin>",
+                            precision=decoding_precision(args.precision, model_device(model)))
     with output_stream(args.output) as out:
         for i, r in enumerate(results):
             if n_best == 1:
@@ -134,7 +136,7 @@ def _cmd_evaluate(args) -> int:
     from sanlab.runs import evaluate_run, load_run_config
     from sanlab.tasks.base import task_for
 
-    overrides = {"beam": args.beam} if args.beam is not None else {}
+    overrides = {k: v for k, v in (("beam", args.beam), ("batch_sentences", args.batch_sentences)) if v is not None}
     with _locked_run(args.run):
         results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
                                decode_overrides=overrides, device=args.device, precision=args.precision)
@@ -252,6 +254,8 @@ def _register_decoding(sub) -> None:
             p.add_argument("--output", help="output file (default: stdout)")
         if name in ("translate", "evaluate"):
             p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
+            p.add_argument("--batch-sentences", type=_positive, help="sentences decoded at a time (default: the "
+                           "run's decode.batch_sentences); fewer need less device memory")
         if name == "translate":
             p.add_argument("--length-penalty", type=float)
             p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "

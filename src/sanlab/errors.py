@@ -24,3 +24,7 @@ class DataError(SanlabError):
 
 class TrainingError(SanlabError):
     """Training cannot go on (e.g. a NaN loss); nothing of the failed step was saved."""
+
+
+class DecodingError(SanlabError):
+    """Decoding cannot go on (e.g. the device's memory ran out); nothing was written."""

@@ -100,7 +100,8 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     written before checkpoints were named cannot be told apart and are kept, files and all: deleting them
     could delete what a comparison grid scored.
     """
-    from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
+    from sanlab.training.device import (check_decoding_precision, decoding_precision, deterministic_algorithms,
+                                        model_device)
 
     check_decoding_precision(precision)  # before the model is loaded
     config, model, assets, path, scored = load_checkpoint(run_dir, checkpoint=checkpoint, device=device)
@@ -110,8 +111,9 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     _refuse_a_borrowed_name(run_dir, checkpoint, path)
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
     extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
-    results = task.evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint, splits=splits,
-                            decode_overrides=decode_overrides, **extra)
+    with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
+        results = task.evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint, splits=splits,
+                                decode_overrides=decode_overrides, **extra)
     results = {name: {**record, **scored, "precision": precision} for name, record in results.items()}
     layout = RunLayout(run_dir)
     out = layout.eval_record(checkpoint, precision)
@@ -224,7 +226,8 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.tasks.tagging import tag_sentences
-    from sanlab.training.device import check_decoding_precision, decoding_precision, model_device
+    from sanlab.training.device import (check_decoding_precision, decoding_precision, deterministic_algorithms,
+                                        model_device)
 
     check_output_file(output_path)
     check_decoding_precision(precision)  # before the model is loaded
@@ -240,9 +243,10 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     else:  # one block per input line, an empty one for a blank line, so that block n is line n
         blocks = [plain_words(line) for line in lines]
     sents = [TaggedSentence(words, ("_",) * len(words)) for words in blocks if words]
-    predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len,
-                              max_chars=config.model.max_word_chars,
-                              precision=decoding_precision(precision, model_device(model)))
+    with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
+        predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len,
+                                  max_chars=config.model.max_word_chars,
+                                  precision=decoding_precision(precision, model_device(model)))
     with output_stream(output_path) as out:
         if conllu:
             out.writelines(with_tags(lines, predicted, column=config.data.column))

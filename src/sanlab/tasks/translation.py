@@ -18,14 +18,14 @@ from sanlab.data.batching import EpochPlan, TokenBatchSampler, pad_batch
 from sanlab.data.parallel import read_parallel
 from sanlab.data.subword import SubwordPair
 from sanlab.decoding.search import Hypothesis, beam_search, rescore
-from sanlab.errors import ConfigError, DataError
+from sanlab.errors import ConfigError, DataError, DecodingError
 from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
 from sanlab.tasks.translation_data import load_subwords, no_pair_kept
 from sanlab.tasks.translation_data import prepare as prepare_training_data
-from sanlab.training.device import Precision, model_device, to_device
+from sanlab.training.device import Precision, model_device, out_of_memory_stops, to_device
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
@@ -235,17 +235,29 @@ def search_translations(model: Seq2Seq, spm: SubwordPair, sentences: list[str], 
         src_len = src.ne(spm.pad_id).sum(-1)
         max_lengths = max_output_lengths(src_len, decode, limit)
         again = precision.name != "fp32"  # then the search keeps every finished hypothesis for fp32 to choose
-        with precision.cast_cache():  # the weights cast to bf16 once per batch, not at every step
-            with precision.autocast():
-                state = model.start_decoding(src)
-            hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
-                               bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
-                               length_penalty=decode.length_penalty, n_best=decode.beam if again else max(n_best, 1))
-        if again:
-            hyps = [h[:max(n_best, 1)] for h in rescore_in_fp32(model, src, hyps, spm=spm, decode=decode)]
+        with _out_of_memory_stops(src, source, decode):
+            with precision.cast_cache():  # the weights cast to bf16 once per batch, not at every step
+                with precision.autocast():
+                    state = model.start_decoding(src)
+                hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
+                                   bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
+                                   length_penalty=decode.length_penalty,
+                                   n_best=decode.beam if again else max(n_best, 1))
+            if again:
+                hyps = [h[:max(n_best, 1)] for h in rescore_in_fp32(model, src, hyps, spm=spm, decode=decode)]
         for k, nbest in zip(chunk, hyps):
             results[k] = nbest
     return results
+
+
+def _out_of_memory_stops(src: Tensor, source: str | None, decode: DecodeConfig):
+    """A batch of sentences whose search does not fit the device's memory: a DecodingError saying what to try."""
+    where = (f"decoding {src.shape[0]} sentences of up to {src.shape[1]} subword tokens"
+             + (f" from {source}" if source else "") + f" with beam {decode.beam}")
+    return out_of_memory_stops(src.device, where=where, error=DecodingError, advice=(
+        f"Decode fewer sentences at a time (--batch-sentences on translate and evaluate; the run's "
+        f"decode.batch_sentences is {decode.batch_sentences}), with a smaller --beam, --precision bf16, or on "
+        "another device (--device)."))
 
 
 def rescore_in_fp32(model: Seq2Seq, src: Tensor, hyps: list[list[Hypothesis]], *, spm: SubwordPair,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sanlab.errors import ConfigError, TrainingError
+from sanlab.errors import ConfigError, SanlabError, TrainingError
 
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -187,10 +187,10 @@ def deterministic_algorithms(enabled: bool, device: torch.device):
 
 
 @contextlib.contextmanager
-def out_of_memory_stops(device: torch.device, *, where: str, advice: str):
-    """Device memory running out inside (``torch.OutOfMemoryError``, CUDA's) as a ``TrainingError`` that says
-    ``where``, torch's account of the memory (its first line: what was asked for, the device's capacity, what is
-    free, what this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
+def out_of_memory_stops(device: torch.device, *, where: str, advice: str, error: type[SanlabError] = TrainingError):
+    """Device memory running out inside (``torch.OutOfMemoryError``, CUDA's) as an ``error`` that says ``where``,
+    torch's account of the memory (its first line: what was asked for, the device's capacity, what is free, what
+    this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
     try:
         yield
     except RuntimeError as err:  # torch's OutOfMemoryError, or cuBLAS/cuDNN failing to allocate their workspace
@@ -200,7 +200,7 @@ def out_of_memory_stops(device: torch.device, *, where: str, advice: str):
         peak = ""
         if device.type == "cuda":
             peak = f" This process's peak: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated."
-        raise TrainingError(f"{where} ran out of memory on {device}: {told}{peak} {advice}") from None
+        raise error(f"{where} ran out of memory on {device}: {told}{peak} {advice}") from None
 
 
 def describe_batch(batch: Any) -> str:
