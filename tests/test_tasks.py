@@ -130,3 +130,31 @@ def test_a_seed_out_of_range_is_refused_before_training(task, data):
     import torch
 
     torch.manual_seed((2**32 - 1) * 1_000_003 + 7)   # the largest seed a rank takes is one torch accepts
+
+
+def test_filter_valid_applies_the_training_length_filter_to_validation_only_when_asked(tmp_path):
+    """``data.filter_valid`` (the capsule paper's WMT17 setup): validation pairs beyond data.max_len are dropped, and
+    train.log says how many were kept; by default validation keeps every pair; a filter that leaves none is an error
+    naming the validation file."""
+    from sanlab.config import validate
+    from sanlab.errors import DataError
+    from sanlab.runs import make_task
+    from sanlab.training.logging import RunLogger
+    from training_fixtures import make_reverse_config
+
+    raw = make_reverse_config(tmp_path).model_dump(mode="json")
+    raw["data"]["max_len"] = 5
+    whole = make_task(validate(raw, source="t"), tmp_path / "a", RunLogger(tmp_path / "a", progress=False, quiet=True))
+    raw["data"]["filter_valid"] = True
+    run = tmp_path / "b"
+    task = make_task(validate(raw, source="t"), run, RunLogger(run, progress=False, quiet=True))
+    kept = [k for k, pair in enumerate(whole.valid) if max(map(len, pair)) <= 5]
+    assert 0 < len(kept) < len(whole.valid)
+    assert task.valid == [whole.valid[k] for k in kept] and task.valid_raw == [whole.valid_raw[k] for k in kept]
+    assert f"validation pairs: {len(kept)} of {len(whole.valid)} kept within data.max_len 5 (data.filter_valid)" in \
+        (run / "train.log").read_text()
+    for side in ("src", "tgt"):  # validation pairs all beyond the filter
+        (tmp_path / f"long.{side}").write_text(" ".join(["a b c"] * 10) + "\n")
+    raw["data"]["valid"] = {"src": str(tmp_path / "long.src"), "tgt": str(tmp_path / "long.tgt")}
+    with pytest.raises(DataError, match="long.src: no validation pair has 1 to data.max_len 5 subword tokens"):
+        make_task(validate(raw, source="t"), tmp_path / "c", RunLogger(tmp_path / "c", progress=False, quiet=True))

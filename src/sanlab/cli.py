@@ -59,7 +59,7 @@ def _cmd_prepare(args) -> int:
         return 0
     task_for(config).require("prepare", args.config, what="config",
                              instead="its run reads its data files as they are: `sanlab train` it directly")
-    print(summary(prepare(config, None, log=print, workers=args.workers)))
+    print(summary(config, prepare(config, None, log=print, workers=args.workers)))
     return 0
 
 

@@ -176,6 +176,7 @@ class TranslationDataConfig(Strict):
     max_len: Positive = 200     # subword tokens per side, longer training pairs are dropped
     max_ratio: Annotated[float, Field(ge=1)] | None = None  # longer side / shorter side
     skip_empty: bool = False     # drop train/valid pairs with an empty side instead of failing (test sets: every line)
+    filter_valid: bool = False   # max_len and max_ratio drop validation pairs too (the capsule paper's WMT17 setup)
 
     @property
     def train_corpora(self) -> list[ParallelFiles]:

@@ -70,8 +70,43 @@ def test_second_prepare_reuses_the_cache(tmp_path, cache):
     before = manifest.stat().st_mtime_ns
     messages = []
     prepare(config, tmp_path / "b", log=messages.append)  # another run, same data and subword settings
-    assert messages == [] and manifest.stat().st_mtime_ns == before
+    assert manifest.stat().st_mtime_ns == before  # nothing built: only what it reads is said again
+    assert messages == [f"{tmp_path / 'train.src'} / {tmp_path / 'train.tgt'}: 200 of 200 pairs kept (0 beyond "
+                        f"data.max_len 200); encoded earlier, from the cache ({manifest.parent})"]
     assert len(_entries(cache, "corpus")) == 1 and len(_entries(cache, "subword")) == 1
+
+
+def test_every_run_says_what_its_cached_corpus_left_out_and_names_its_own_files(tmp_path, cache, capsys):
+    """Pairs skipped for an empty side or filtered by length are counted in the entry, so a run that reuses it
+    says so as the run that built it did; and ``sanlab prepare`` names the files of its own config (an entry
+    serves every copy of the same files)."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config, validate
+
+    config = make_reverse_config(tmp_path)
+    lines = (tmp_path / "train.tgt").read_text().splitlines()
+    lines[5] = "   "
+    (tmp_path / "train.tgt").write_text("\n".join(lines) + "\n")
+    raw = config.model_dump(mode="json")
+    raw["data"].update(skip_empty=True, max_len=6)
+    config = validate(raw, source="test")
+    said = [[], []]
+    for n in range(2):
+        data = prepare(config, tmp_path / f"run{n}", log=said[n].append)
+    kept = len(data.corpora[0])
+    report = f"{tmp_path / 'train.src'} / {tmp_path / 'train.tgt'}: {kept} of 200 pairs kept (1 with an empty side " \
+             f"skipped, {199 - kept} beyond data.max_len 6)"
+    assert 0 < kept < 199 and report in said[0] and said[1] == [
+        f"{report}; encoded earlier, from the cache ({data.corpora[0].dir})"]
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("train.src", "train.tgt"):
+        shutil.copy2(tmp_path / name, copy / name)  # the same bytes and times: the same entry
+    raw["data"]["train"] = {"src": str(copy / "train.src"), "tgt": str(copy / "train.tgt")}
+    (tmp_path / "c.yaml").write_text(dump_config(validate(raw, source="test")))
+    capsys.readouterr()
+    assert main(["prepare", str(tmp_path / "c.yaml")]) == 0
+    assert f"{copy / 'train.src'} / {copy / 'train.tgt'}: {kept} of 200 pairs kept" in capsys.readouterr().out
 
 
 def test_fingerprint_changes_with_the_file_and_only_then(tmp_path, cache):
@@ -271,6 +306,32 @@ def test_parallel_workers_write_the_same_dataset(tmp_path, cache):
     assert len(one) == 200 and np.array_equal(one.lengths, np.load(first / "lengths.npy"))
 
 
+def test_a_worker_killed_while_encoding_ends_the_encoding_with_an_error_not_a_wait(tmp_path, cache, monkeypatch):
+    """A worker killed from outside (for memory, say): ``Pool.imap`` waited for its chunk forever, holding the cache
+    entry's lock; now the encoding stops, naming the cause, and nothing enters the cache."""
+    import multiprocessing
+
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print, workers=1)  # the subword model, then the corpus entry ...
+    shutil.rmtree(_entries(cache, "corpus")[0])  # ... which is built again below
+    monkeypatch.setattr(encode, "CHUNK_PAIRS", 10)
+    import sanlab.tasks.translation_data as translation_data
+
+    reader = translation_data.iter_parallel
+
+    def reading_and_killing(*args, **kwargs):
+        for n, pair in enumerate(reader(*args, **kwargs)):
+            if n == 50:  # the pool's first chunks are out: its workers exist
+                for child in multiprocessing.active_children():
+                    os.kill(child.pid, signal.SIGKILL)
+            yield pair
+
+    monkeypatch.setattr(translation_data, "iter_parallel", reading_and_killing)
+    with pytest.raises(encode.EncodingWorkerDied, match="ended before it finished .* fewer --workers"):
+        prepare(config, tmp_path / "run", log=print, workers=2)
+    assert _entries(cache, "corpus") == [] and not list(cache.glob(".corpus-*"))
+
+
 @pytest.mark.slow
 def test_prepare_command_then_train_reuses_its_cache(tmp_path, cache, capsys):
     from sanlab.cli import main
@@ -278,11 +339,12 @@ def test_prepare_command_then_train_reuses_its_cache(tmp_path, cache, capsys):
     config = make_reverse_config(tmp_path, max_steps=1, valid_every=1)
     (tmp_path / "c.yaml").write_text(dump_config(config))
     assert main(["prepare", str(tmp_path / "c.yaml")]) == 0
-    assert "200 pairs (200 read)" in capsys.readouterr().out
+    assert "200 of 200 pairs kept (0 beyond data.max_len 200); 0.0 MiB in " in capsys.readouterr().out
     entries = _entries(cache, "corpus") + _entries(cache, "subword")
     assert main(["train", str(tmp_path / "c.yaml"), "--run", str(tmp_path / "run"), "--quiet"]) == 0
     assert _entries(cache, "corpus") + _entries(cache, "subword") == entries  # nothing built again
-    assert "encoded" not in (tmp_path / "run" / "train.log").read_text()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "encoded earlier, from the cache" in log and "process(es) in" not in log
 
 
 def test_weighted_corpora_each_get_an_entry_and_feed_the_batches(tmp_path, cache):

@@ -17,7 +17,7 @@ def test_blank_test_lines_are_scored_with_empty_hypotheses_and_skipped_training_
     raw["data"]["test"] = {"t": {"src": str(tmp_path / "test.src"), "tgt": str(tmp_path / "test.tgt")}}
     run = tmp_path / "run"
     train_run(validate(raw, source="test"), run, quiet=True)
-    assert "skipped 1 of 201 pairs with an empty side" in (run / "train.log").read_text()
+    assert " of 201 pairs kept (1 with an empty side skipped, " in (run / "train.log").read_text()
     result = evaluate_run(run, checkpoint="last", splits=["t"])["t"]
     assert result["sentences"] == 3
     hyps = read_hypotheses(run / "hyp-last-t.txt")

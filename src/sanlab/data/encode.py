@@ -2,23 +2,34 @@
 
 The main process reads the two files (``iter_parallel``) and hands out chunks of pairs; each worker
 loads the subword model(s) once and returns the chunk's ids as numpy arrays. Chunks come back in
-order, so the dataset's pair k is the k-th kept pair of the files, as in the in-memory path.
+order, so the dataset's pair k is the k-th kept pair of the files, as in the in-memory path. At most
+``AHEAD_PER_WORKER`` chunks a worker are read ahead (a paper-scale corpus is never held in memory whole), and a
+worker that dies (killed for memory, say) ends the encoding with an error instead of a wait that never ends.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 import sentencepiece as spm
 
 from sanlab.data.binarized import DatasetWriter
+from sanlab.errors import SanlabError
 
 CHUNK_PAIRS = 20_000
+AHEAD_PER_WORKER = 2  # chunks handed out and not yet written, per worker
 _worker: dict = {}
+
+
+class EncodingWorkerDied(SanlabError):
+    """A worker process of ``encode_into`` ended before its chunk was encoded; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +78,25 @@ def encode_into(writer: DatasetWriter, pairs: Iterable[tuple[str, str]], *, src_
         results = map(_encode, _chunks(pairs))
         return _drain(writer, results, keep)
     # spawn, not fork: the parent may hold threads (torch's), which a forked child would inherit locked
-    with multiprocessing.get_context("spawn").Pool(workers, initializer=_load, initargs=(src_model, tgt_model)) as pool:
-        return _drain(writer, pool.imap(_encode, _chunks(pairs)), keep)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_load,
+                             initargs=(src_model, tgt_model)) as pool:
+        try:
+            return _drain(writer, _in_order(pool, _chunks(pairs), ahead=AHEAD_PER_WORKER * workers), keep)
+        except BrokenProcessPool:
+            raise EncodingWorkerDied(f"a process encoding the corpus with {src_model} ended before it finished (killed "
+                                     f"from outside, perhaps for memory: {workers} processes were encoding); "
+                                     "nothing was kept. Run again, with fewer --workers to need less memory") from None
+
+
+def _in_order(pool: ProcessPoolExecutor, chunks: Iterator[list[tuple[str, str]]], *, ahead: int
+              ) -> Iterator[tuple[Encoded, Encoded]]:
+    """``_encode`` of each chunk, in order, with at most ``ahead`` chunks handed out at a time (``Pool.imap`` and
+    ``Executor.map`` read the whole input first, and ``imap`` waits forever for a worker that died)."""
+    pending = collections.deque(pool.submit(_encode, chunk) for chunk in itertools.islice(chunks, ahead))
+    while pending:
+        done = pending.popleft().result()  # BrokenProcessPool if a worker died
+        pending.extend(pool.submit(_encode, chunk) for chunk in itertools.islice(chunks, 1))
+        yield done
 
 
 def _drain(writer: DatasetWriter, results: Iterable[tuple[Encoded, Encoded]], keep: LengthFilter) -> tuple[int, int]:

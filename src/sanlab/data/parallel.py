@@ -163,10 +163,11 @@ def read_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = 
 
 
 def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = False,
-                  log: Callable[[str], None] | None = None) -> Iterator[tuple[str, str]]:
+                  log: Callable[[str], None] | None = None, counts: dict | None = None) -> Iterator[tuple[str, str]]:
     """``read_parallel``'s pairs one at a time, for corpora too large to hold: the same errors (a missing
     or empty file, a blank line without ``skip_empty``, differing line counts), each found when reading
-    reaches it, so a count mismatch is reported at the end of the shorter file."""
+    reaches it, so a count mismatch is reported at the end of the shorter file. ``counts``, when given, gets
+    ``lines`` (pairs in the files) and ``skipped_empty`` once the files are read."""
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     src, tgt = open_text(src_path), open_text(tgt_path)
     n = skipped = 0
@@ -185,6 +186,8 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, skip_empty: bool = 
         yield s, t
     if n == 0:
         raise DataError("file is empty", path=str(src_path))
+    if counts is not None:
+        counts.update(lines=n, skipped_empty=skipped)
     if skipped:
         (log or logger.info)(f"skipped {skipped} of {n} pairs with an empty side in {src_path} / {tgt_path}")
     if skipped == n:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sanlab.config import DecodeConfig, TranslationConfig
 from sanlab.data.batching import EpochPlan, TokenBatchSampler, pad_batch
-from sanlab.data.parallel import read_parallel
+from sanlab.data.parallel import length_filter, read_parallel
 from sanlab.data.subword import SubwordPair
 from sanlab.decoding.search import Hypothesis, beam_search, rescore
 from sanlab.errors import ConfigError, DataError, DecodingError
@@ -120,14 +120,28 @@ class TranslationTask:
                      f"(raise train.max_tokens or lower data.max_len)")
         self.valid_raw = read_parallel(d.valid.src, d.valid.tgt, skip_empty=d.skip_empty, log=log.info)
         self.valid = encode_pairs(self.spm, self.valid_raw)
+        if d.filter_valid:
+            self._filter_valid(log)
         longest = max(range(len(self.valid)), key=lambda k: max(map(len, self.valid[k])))
         if max(map(len, self.valid[longest])) + 1 > config.model.max_positions:  # found now, not at update 250
-            which = f"validation pair {longest + 1} (counted after data.skip_empty)" if d.skip_empty else "this pair"
+            counted = d.skip_empty or d.filter_valid
+            which = f"validation pair {longest + 1} (counted after data.skip_empty)" if counted else "this pair"
             raise DataError(f"{which} has {max(map(len, self.valid[longest]))} subword tokens on one side, more than "
                             f"model.max_positions = {config.model.max_positions} allows", path=str(d.valid.src),
-                            line=None if d.skip_empty else longest + 1)
+                            line=None if counted else longest + 1)
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
+
+    def _filter_valid(self, log: RunLogger) -> None:
+        """``data.filter_valid``: the validation pairs the training filter would keep (the test sets stay whole)."""
+        d = self.config.data
+        keep = length_filter(self.valid, max_len=d.max_len, max_ratio=d.max_ratio)
+        limits = f"data.max_len {d.max_len}" + (f" and data.max_ratio {d.max_ratio}" if d.max_ratio else "")
+        if not keep:
+            raise DataError(f"no validation pair has 1 to {limits} subword tokens a side (data.filter_valid)",
+                            path=str(d.valid.src))
+        log.info(f"validation pairs: {len(keep):,} of {len(self.valid):,} kept within {limits} (data.filter_valid)")
+        self.valid_raw, self.valid = [self.valid_raw[k] for k in keep], [self.valid[k] for k in keep]
 
     def epoch_batches(self, epoch: int) -> PendingBatches:
         return PendingBatches(self.sampler.epoch_plan(epoch), self.train.lengths[:, 1])

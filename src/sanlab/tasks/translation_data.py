@@ -190,19 +190,33 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     if workers is None:
         workers = (os.cpu_count() or 1) if count_lines(corpus.src) > PARALLEL_ABOVE else 1
     writer = DatasetWriter(out, dtype=token_dtype(max(spm.src.vocab_size, spm.tgt.vocab_size)))
+    counts: dict = {}
     try:
-        read, kept = encode_into(writer, iter_parallel(corpus.src, corpus.tgt, skip_empty=d.skip_empty, log=log),
-                                 src_model=str(spm.src.path), tgt_model=str(spm.tgt.path),
+        pairs = iter_parallel(corpus.src, corpus.tgt, skip_empty=d.skip_empty, log=lambda _: None, counts=counts)
+        read, kept = encode_into(writer, pairs, src_model=str(spm.src.path), tgt_model=str(spm.tgt.path),
                                  keep=LengthFilter(max_len=d.max_len, max_ratio=d.max_ratio), workers=workers)
         if not kept:  # refused before the entry is written: a cached empty corpus would only fail later
             raise no_pair_kept(config, corpus)
-        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read})
+        # what a run reusing the entry logs again (corpus_report): the files it was built from, what was dropped
+        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read, **counts})
     except BaseException:
         writer.abort()
         raise
-    log(f"encoded {corpus.src} / {corpus.tgt}: {kept:,} of {read:,} pairs kept (data.max_len {d.max_len}"
-        + (f", max_ratio {d.max_ratio}" if d.max_ratio else "") + f"), {workers} process(es), "
-        f"{time.monotonic() - start:.1f} s")
+    log(f"encoded {corpus.src} / {corpus.tgt} with {workers} process(es) in {time.monotonic() - start:.1f} s")
+
+
+def corpus_report(config: TranslationConfig, files: ParallelFiles, corpus: BinarizedCorpus) -> str:
+    """How many of the files' pairs training reads and why the others are left out (pairs with an empty side,
+    ``data.skip_empty``; longer than ``data.max_len`` or beyond ``data.max_ratio``), from the entry's manifest:
+    said by every run that uses the entry, not only the one that built it. ``files``: the run's own (an entry
+    serves every copy of the same files)."""
+    d, m = config.data, corpus.manifest
+    kept, read = len(corpus), m["read"]
+    limits = f"data.max_len {d.max_len}" + (f" or data.max_ratio {d.max_ratio}" if d.max_ratio else "")
+    if "lines" not in m:  # an entry built before the counts were kept
+        return f"{files.src} / {files.tgt}: {kept:,} of {read:,} non-empty pairs kept ({read - kept:,} beyond {limits})"
+    empty = f"{m['skipped_empty']:,} with an empty side skipped, " if m["skipped_empty"] else ""
+    return f"{files.src} / {files.tgt}: {kept:,} of {m['lines']:,} pairs kept ({empty}{read - kept:,} beyond {limits})"
 
 
 def encoded_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair, *,
@@ -210,9 +224,13 @@ def encoded_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     """The corpus encoded with ``spm``, from the cache (built there if missing or not trusted)."""
     key = corpus_key(config, corpus, spm)
     entry = cache_root() / f"corpus-{key}"
-    return build_once(entry, check=lambda e: open_dataset(e, key=key),
-                      build=lambda tmp: _encode_corpus(config, corpus, spm, key=key, out=tmp, workers=workers, log=log),
-                      log=log)
+    built = []
+    encoded = build_once(entry, check=lambda e: open_dataset(e, key=key),
+                         build=lambda tmp: built.append(_encode_corpus(config, corpus, spm, key=key, out=tmp,
+                                                                       workers=workers, log=log)),
+                         log=log)
+    log(corpus_report(config, corpus, encoded) + ("" if built else f"; encoded earlier, from the cache ({entry})"))
+    return encoded
 
 
 @dataclass
@@ -245,11 +263,11 @@ def prepare(config: TranslationConfig, run_dir: Path | None, *, log: Callable[[s
                               for c in config.data.train_corpora])
 
 
-def summary(data: TrainingData) -> str:
-    """What ``sanlab prepare`` prints: the subword model(s) and each encoded corpus, with its size on disk."""
+def summary(config: TranslationConfig, data: TrainingData) -> str:
+    """What ``sanlab prepare`` prints: the subword model(s) and each encoded corpus (``corpus_report``, named by
+    this config's files), with its size on disk."""
     lines = [f"subword model(s): {', '.join(sorted({str(data.spm.src.path), str(data.spm.tgt.path)}))}"]
-    for corpus in data.corpora:
+    for files, corpus in zip(config.data.train_corpora, data.corpora):
         size = sum(f["bytes"] for f in corpus.manifest["files"].values())
-        lines.append(f"{corpus.manifest['src']} / {corpus.manifest['tgt']}: {len(corpus):,} pairs "
-                     f"({corpus.manifest['read']:,} read), {size / 2**20:.1f} MiB in {corpus.dir}")
+        lines.append(f"{corpus_report(config, files, corpus)}; {size / 2**20:.1f} MiB in {corpus.dir}")
     return "\n".join(lines)
