@@ -7,7 +7,8 @@
                  leaving the source side in place decodes exactly as copying the whole cache (fp32, bf16)
     training     a tiny run trains, validates and translates on cuda (bf16), and its fp16 run resumes bit-exact;
                  under deterministic algorithms every part, plan, mixer and pre-block runs and gives the same
-                 gradients twice, and a Rel_Pos run resumes bit-exact;
+                 gradients twice, and a Rel_Pos run resumes bit-exact; torch's own out-of-memory error stops a
+                 run with its account;
                  an update never syncs with the host (fp32, bf16, fp16);
                  `analyze attention --device cuda` gives the map it gives on the CPU
     cpu == cuda  the same weights give the same outputs on both devices (fp32, tolerance of float reordering)
@@ -329,6 +330,31 @@ def test_a_tiny_run_trains_validates_and_translates_on_cuda_in_bf16(tmp_path, ti
     assert rows["cpu"][0] == rows["cuda"][0] and [r[0] for r in rows["cpu"]] == [r[0] for r in rows["cuda"]]
     values = [[[float(x) for x in r[1:]] for r in rows[d][1:]] for d in maps]
     torch.testing.assert_close(torch.tensor(values[1]), torch.tensor(values[0]), atol=2e-3, rtol=0)
+
+
+def test_a_real_out_of_memory_error_stops_the_run_with_its_account(tmp_path, tiny_translation, monkeypatch):
+    """torch's own OutOfMemoryError on the device (an allocation far past any GPU's memory in the third update's
+    loss): the run stops with its message (the update, torch's account of the memory, this process's peak, what
+    to try), the CPU suite's simulated error checks the rest (tests/training/test_device.py)."""
+    from sanlab.errors import TrainingError
+    from sanlab.tasks.translation import TranslationTask
+
+    real, calls = TranslationTask.loss, []
+
+    def loss(self, batch, *, model=None, **kw):
+        if model is not None:
+            calls.append(1)
+            if len(calls) == 3:
+                torch.empty(2**50, dtype=torch.uint8, device=CUDA)  # a petabyte
+        return real(self, batch, model=model, **kw)
+
+    monkeypatch.setattr(TranslationTask, "loss", loss)
+    with pytest.raises(TrainingError) as caught:
+        train_run(tiny_translation(max_steps=6, valid_every=2, device="cuda"), tmp_path / "run", quiet=True)
+    message = str(caught.value)
+    assert message.startswith("update 3 (epoch 0; a batch of ") and "ran out of memory on cuda" in message
+    assert "Tried to allocate" in message and "This process's peak:" in message and "GiB allocated" in message
+    assert "train.accum_steps" in message
 
 
 def test_fp16_on_cuda_resumes_bit_exact(tmp_path, tiny_translation):

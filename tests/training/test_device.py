@@ -193,6 +193,13 @@ def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_pat
     with pytest.raises(TrainingError, match="validation after update 8 ran out of memory on cpu: CUDA error: "
                                             "CUBLAS_STATUS_ALLOC_FAILED"):
         train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
+    def allocating(self):  # a real failure of torch's CPU allocator: more bytes than any address space
+        torch.empty(2**60, dtype=torch.uint8)
+
+    monkeypatch.setattr(TranslationTask, "validate", allocating)
+    with pytest.raises(TrainingError, match="validation after update 8 ran out of memory on cpu: .*DefaultCPUAllocator: "
+                                            "can't allocate memory"):
+        train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
     monkeypatch.setattr(TranslationTask, "validate", lambda self: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="^other$"):  # any other error passes as it was
         train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)

@@ -27,8 +27,9 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # what decoding and tagging run in (--precision): the model's forward under autocast, the search's scores in fp32
 DECODE_PRECISIONS = ("fp32", "bf16")
-# how a library under torch says it could not allocate (cuBLAS, cuDNN: "CUBLAS_STATUS_ALLOC_FAILED")
-OUT_OF_MEMORY = re.compile(r"STATUS_ALLOC_FAILED|CUDA error: out of memory")
+# how torch's CPU allocator and the libraries under torch say they could not allocate (cuBLAS, cuDNN:
+# "CUBLAS_STATUS_ALLOC_FAILED"); CUDA's own allocator raises torch.OutOfMemoryError
+OUT_OF_MEMORY = re.compile(r"STATUS_ALLOC_FAILED|CUDA error: out of memory|DefaultCPUAllocator: can't allocate memory")
 # fairseq's --min-loss-scale default: below it fp16 training has stopped learning, however long it runs
 MIN_LOSS_SCALE = 1e-4
 
@@ -193,7 +194,7 @@ def out_of_memory_stops(device: torch.device, *, where: str, advice: str, error:
     this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
     try:
         yield
-    except RuntimeError as err:  # torch's OutOfMemoryError, or cuBLAS/cuDNN failing to allocate their workspace
+    except RuntimeError as err:  # torch's OutOfMemoryError, the CPU's allocator, cuBLAS/cuDNN's workspaces
         if not (isinstance(err, torch.cuda.OutOfMemoryError) or OUT_OF_MEMORY.search(str(err))):
             raise
         told = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
