@@ -205,6 +205,20 @@ def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_pat
         train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
 
 
+def test_memory_running_out_in_the_optimizers_step_stops_the_run_too(tmp_path, tiny_translation, monkeypatch):
+    """Adam makes its two moments a parameter at its first step: memory can run out there, after the batches fit."""
+    from sanlab.training.loop import Trainer
+
+    def step(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
+
+    monkeypatch.setattr(Trainer, "_step", step)
+    with pytest.raises(TrainingError, match=r"^the optimizer's step of update 1 \(epoch 0; its state is made at the "
+                                            r"first update\) ran out of memory on cpu: CUDA out of memory\. .* "
+                                            r"Nothing of this update was saved"):
+        train_run(tiny_translation(max_steps=2, valid_every=2), tmp_path / "run", quiet=True)
+
+
 def test_a_batch_is_described_by_its_own_words_else_by_its_fields():
     from sanlab.tasks.translation import Batch, PendingBatch
 

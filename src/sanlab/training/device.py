@@ -1,13 +1,17 @@
-"""Where a run computes and in what precision: the one place that turns ``train.device`` and
-``train.precision`` into torch objects. Parts, layers and models never branch on the device; the trainer
-moves the model and each batch here, and runs the forward under ``Precision.autocast``.
+"""Where a run computes and in what precision: the one place that turns ``train.device``,
+``train.precision`` and ``train.deterministic`` into torch objects and settings. Parts, layers and models never
+branch on the device; the trainer moves the model and each batch here, and runs the forward under
+``Precision.autocast``.
 
-    device     auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; under torchrun, ``cuda``
-               and ``auto`` mean cuda:LOCAL_RANK, one GPU per process
-    precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
-               on the CPU too where torch supports it, for tests)
+    device         auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; under torchrun, ``cuda``
+                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process
+    precision      fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
+                   on the CPU too where torch supports it, for tests)
+    deterministic  torch's deterministic algorithms for the run (``deterministic_algorithms``)
 
 Decoding (``--precision`` on ``translate``, ``tag`` and ``evaluate``) takes fp32 or bf16: ``decoding_precision``.
+A batch that does not fit the device's memory stops training or decoding with what to try
+(``out_of_memory_stops``).
 """
 
 from __future__ import annotations

@@ -235,7 +235,8 @@ class Trainer:
         grad_norm = self._clip()
         self.interval.add(p.step + 1, summed, grad_norm, overflow_skips=self.scaler is not None)
         try:
-            self._step()
+            with self._out_of_memory_stops(None, batches=len(mine), tokens=tokens):
+                self._step()
         except RuntimeError as err:
             if "overflow" not in str(err):
                 raise
@@ -318,12 +319,15 @@ class Trainer:
                                 "--set train.find_unused_parameters=true"
                                 + (f" (unused: {', '.join(unused)})" if unused else "")) from None
 
-    def _out_of_memory_stops(self, batch: Any, *, batches: int, tokens: int):
-        """A batch that does not fit the device stops the run with what to change (nothing of the update is saved;
-        a batch is never skipped or split behind the user's back: the run would no longer be the one its config
-        and seed define, nor resume to the same parameters)."""
-        where = (f"update {self.progress.step + 1} (epoch {self.progress.epoch}; a batch of {describe_batch(batch)}, "
-                 f"one of {batches} in this process; {tokens:,} tokens in the update)")
+    def _out_of_memory_stops(self, batch: Any | None, *, batches: int, tokens: int):
+        """A batch that does not fit the device (or, ``batch`` None, the optimizer's step: Adam makes its two
+        moments a parameter at the first) stops the run with what to change. Nothing of the update is saved; a batch
+        is never skipped or split behind the user's back: the run would no longer be the one its config and seed
+        define, nor resume to the same parameters."""
+        step, epoch = self.progress.step + 1, self.progress.epoch
+        where = (f"update {step} (epoch {epoch}; a batch of {describe_batch(batch)}, one of {batches} in this "
+                 f"process; {tokens:,} tokens in the update)" if batch is not None else
+                 f"the optimizer's step of update {step} (epoch {epoch}; its state is made at the first update)")
         return out_of_memory_stops(self.device, where=where, advice=(
             f"Nothing of this update was saved; last good checkpoint: {self.last_good}. Try smaller batches "
             "(train.max_tokens for translation, train.batch_size for tagging) with a larger train.accum_steps, "
