@@ -1,5 +1,6 @@
 """The prepared-data cache: exact round trip, fingerprints, corrupt and killed builds, reuse."""
 
+import json
 import os
 import shutil
 import signal
@@ -396,12 +397,38 @@ def test_a_cache_manifest_of_another_shape_is_rebuilt(tmp_path, cache):
     config = make_reverse_config(tmp_path)
     data = prepare(config, tmp_path / "run", log=print)
     entry = _entries(cache, "corpus")[0]
-    (entry / MANIFEST).write_text("[1, 2]")
-    with pytest.raises(CacheError, match="not a JSON object"):
-        open_dataset(entry, key=corpus_key(config, config.data.train, data.spm))
+    key = corpus_key(config, config.data.train, data.spm)
+    good = (entry / MANIFEST).read_text()
+    files = json.loads(good)["files"]
+    name = next(iter(files))
+    for shape in ("[1, 2]", json.dumps({**json.loads(good), "files": {**files, name: 7}}),
+                  json.dumps({**json.loads(good), "files": {**files, name: {"sha256": "x"}}})):
+        (entry / MANIFEST).write_text(shape)
+        with pytest.raises(CacheError, match="not a JSON object of the expected form"):
+            open_dataset(entry, key=key)
     messages = []
     prepare(config, tmp_path / "run", log=messages.append)
     assert any("rebuilding" in m for m in messages), messages
+
+
+def test_a_cache_entry_the_machine_cannot_read_now_is_an_error_not_a_rebuild(tmp_path, cache, monkeypatch):
+    """Permissions, too many open files, a disk error: the entry may be whole, so it is not deleted and built again
+    (as a damaged one is); the machine's error is raised as it is."""
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    entry = _entries(cache, "corpus")[0]
+    real = Path.read_text
+
+    def refusing(self, *args, **kwargs):
+        if self.name == MANIFEST:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refusing)
+    with pytest.raises(PermissionError):
+        prepare(config, tmp_path / "run", log=print)
+    monkeypatch.setattr(Path, "read_text", real)
+    assert _entries(cache, "corpus") == [entry] and (entry / MANIFEST).is_file()
 
 
 def test_a_subword_model_that_cannot_be_trained_names_the_data_and_the_setting(tmp_path, cache):

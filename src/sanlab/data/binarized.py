@@ -106,15 +106,20 @@ class DatasetWriter:
 
 def read_manifest(directory: Path, *, key: str, verify: bool = True) -> dict:
     """The manifest of a complete dataset built for ``key``; CacheError naming what is wrong otherwise.
-    ``verify`` also recomputes every file's sha256 (a read of the whole dataset)."""
+    ``verify`` also recomputes every file's sha256 (a read of the whole dataset). A CacheError means the entry
+    itself is incomplete or damaged (it is built again); the machine failing to read it (permissions, too many open
+    files, a disk error) is the machine's OSError, raised as it is: the entry may be whole."""
     directory = Path(directory)
     try:
         manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CacheError("no manifest: the dataset was never completed", path=str(directory)) from None
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:  # (UnicodeDecodeError included)
         raise CacheError(f"unreadable manifest: {exc}", path=str(directory / MANIFEST)) from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+    files = manifest.get("files", {}) if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(want, dict) and isinstance(want.get("bytes"), int) and isinstance(want.get("sha256"), str)
+            for want in files.values()):
         raise CacheError("the manifest is not a JSON object of the expected form", path=str(directory / MANIFEST))
     if manifest.get("format") != FORMAT_VERSION or manifest.get("key") != key:
         raise CacheError(f"manifest is for format {manifest.get('format')} / key {manifest.get('key')}, "
