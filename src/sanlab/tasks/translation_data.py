@@ -36,6 +36,7 @@ from sanlab.data.fingerprint import fingerprint
 from sanlab.data.parallel import iter_parallel, require_file
 from sanlab.data.subword import SubwordModel, SubwordPair
 from sanlab.errors import DataError
+from sanlab.files import replacing_path
 from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 
@@ -118,9 +119,9 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    """``source`` copied to ``target`` whole or not at all (flushed to disk; an interrupted copy leaves nothing)."""
+    with replacing_path(target) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str], None]) -> SubwordPair:
