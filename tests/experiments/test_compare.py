@@ -139,6 +139,34 @@ def test_another_device_does_not_make_finished_cells_train_again(finished, monke
         assert set(_statuses(grid).values()) == {"evaluated"}, switch
 
 
+def test_a_done_json_not_of_the_form_sanlab_writes_is_a_conflict_naming_it(finished):
+    """Valid JSON without the keys ``train_cell`` writes (edited or cut outside sanlab): that cell is a conflict
+    whose detail names the file; the other cells and every mode go on (a KeyError stopped them before)."""
+    cell = finished.cells[0]
+    text = cell.layout.done.read_text()
+    try:
+        cell.layout.done.write_text(json.dumps({k: v for k, v in json.loads(text).items() if k != "config"}))
+        state = cell_state(cell, finished.spec.eval)
+        assert state.status == "conflict" and f"{cell.layout.done}: not a record of a finished cell" in state.detail
+        assert set(_statuses(finished).values()) == {"evaluated", "conflict"}
+    finally:
+        cell.layout.done.write_text(text)
+    assert cell_state(cell, finished.spec.eval).status == "evaluated"
+
+
+def test_a_cell_finished_by_another_invocation_meanwhile_is_not_trained_again(finished):
+    """Two `sanlab compare` on one grid: the second looked at a cell before the first finished it, and reaches
+    its lock after. Training it would resume it with no update, write its done.json and a session again (its
+    speed then reads as mixed); it is refused instead, and nothing of it changes."""
+    from sanlab.experiments.cells import train_cell
+
+    cell = finished.cells[1]
+    before = {name: (cell.run_dir / name).read_bytes() for name in ("done.json", "meta.json", "compare-eval.json")}
+    with pytest.raises(ConfigError, match=r"evaluated \(step \d+\) by another process meanwhile; not trained again"):
+        train_cell(cell, quiet=True, spec=finished.spec.eval)
+    assert {name: (cell.run_dir / name).read_bytes() for name in before} == before
+
+
 def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):
     import torch
 
@@ -781,6 +809,23 @@ def _import_checks(grid, runs, cell, other, tmp_path):
         with pytest.raises(ConfigError, match=problem):
             import_cells(grid, bad, log=lambda m: None)
     assert status(other) == "pending" and [p.name for p in other.run_dir.iterdir()] == [".lock"]  # the lock above
+    # a name no run writes is not a cell's file; a file of the user's where the cell would land is never written over
+    # (nor taken out with the cell's own on a refusal)
+    odd = _cell_archive(tmp_path / "odd.tar.gz", tmp_path / "other-moved", arc(other), extra=(f"{arc(other)}/notes.txt",))
+    assert "the archive holds files no run writes (notes.txt)" in import_cells(grid, odd, log=lambda m: None)[0].error
+    (other.run_dir / "notes.txt").write_text("mine\n")
+    assert "holds files here (notes.txt); to import the archive's cell, move them away first" in \
+        import_cells(grid, archive2, log=lambda m: None)[0].error
+    assert (other.run_dir / "notes.txt").read_text() == "mine\n"
+    (other.run_dir / "notes.txt").unlink()
+    # a done.json not of the form sanlab writes: a conflict once unpacked, so taken out again (not a traceback)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "other-moved", damaged)
+    done = json.loads((damaged / "done.json").read_text())
+    (damaged / "done.json").write_text(json.dumps({k: v for k, v in done.items() if k != "config"}))
+    refused = import_cells(grid, _cell_archive(tmp_path / "damaged.tar.gz", damaged, arc(other)), log=lambda m: None)
+    assert "not a record of a finished cell" in refused[0].error and "taken out again" in refused[0].error
+    assert [p.name for p in other.run_dir.iterdir()] == [".lock"] and status(other) == "pending"
     assert [i.error for i in import_cells(grid, archive2, log=lambda m: None)] == [None]
     assert status(other) == "evaluated"
     # the command: the table follows, and a cell left out makes it exit 1, saying why

@@ -223,6 +223,14 @@ def test_rescore_refuses_predictions_it_cannot_trust(scored):
                 rescore_tagging_cell(cell, grid.spec.eval)
     finally:
         meta_path.write_text(meta_text)
+    # a grid whose settings differ from those the cell trained with (a conflict): its word groups would come from
+    # another config; nothing is written into the cell
+    other = load_grid(TREEBANKS, **{**args, "overrides": [*args["overrides"], "model.word_dim=16"]})
+    twin = next(c for c in other.cells if c.run_dir == cell.run_dir)
+    assert cell_state(twin, other.spec.eval).status == "conflict"
+    with pytest.raises(ConfigError, match="only a cell this grid evaluated is scored again; nothing written"):
+        rescore_tagging_cell(twin, other.spec.eval)
+    assert path.read_text() == text
     with pytest.raises(ConfigError, match="--dry-run and --rescore: choose one"):
         run_compare(str(TREEBANKS), dry_run=True, rescore=True)
 

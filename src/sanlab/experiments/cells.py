@@ -25,7 +25,7 @@ from sanlab.experiments.grid import synthetic_task
 from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
 from sanlab.experiments.grid_state import (
     DONE_FILE, EVAL_FILE, FAILED_FILE, STALE_GROUPS, cell_state, config_dict, data_digests, eval_key, evidence_intact,
-    file_digest, latest_step, scores_digest, split_files,
+    file_digest, latest_step, read_done, scores_digest, split_files,
 )
 from sanlab.files import read_json, write_json
 from sanlab.models.builders import count_parameters
@@ -122,10 +122,17 @@ def cell_vocabulary(run_dir: Path, done: dict) -> Vocabulary | None:
     return Vocabulary((meta.get("versions") or {}).get("sentencepiece"), done.get("vocabulary"))
 
 
-def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
+def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None = None) -> dict:
     """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
-    trained as many side by side (``jobs``), with as many threads, on the same machine."""
+    trained as many side by side (``jobs``), with as many threads, on the same machine. With the grid's ``spec``,
+    a cell that is no longer pending or training once its lock is taken (another ``sanlab compare`` on the grid
+    finished it meanwhile) is a ConfigError, and nothing of it is touched: never trained twice."""
     done = {}
+
+    def still_to_train() -> None:  # holding the run's lock
+        state = cell_state(cell, spec) if spec is not None else None
+        if state is not None and state.status not in ("pending", "training"):
+            raise ConfigError(f"{cell.run_dir}: {state.describe()} by another process meanwhile; not trained again")
 
     def record(summary: dict) -> None:  # still holding the run's lock: never finished without done.json
         done.update(summary=summary, finished_at=time.time(), params=run_parameters(cell.run_dir),
@@ -134,7 +141,7 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1) -> dict:
         write_json(cell.layout.done, done)
 
     train_run(cell.config, cell.run_dir, quiet=quiet, allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1",
-              on_finished=record)
+              on_finished=record, before_start=still_to_train)
     return done
 
 
@@ -192,7 +199,7 @@ def _jobs_in(argv: list[str] | None) -> int:
 # ----------------------------------------------------------------------------- evaluation
 def evaluate_cell(cell: Cell, spec: EvalSpec) -> dict:
     """Score the cell on its split with the grid's checkpoint choice; keep per-sentence evidence."""
-    done = read_json(cell.layout.done)
+    done = read_done(cell)
     if spec.average_last:
         average_run(cell.run_dir, last=spec.average_last)
     scores, evidence, extra = score_cell(cell, checkpoint=spec.checkpoint)
@@ -237,7 +244,7 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     from sanlab.tasks.tagging import run_vocab, training_word_tags
 
     run = cell.run_dir
-    done, record = read_json(cell.layout.done), read_json(cell.layout.compare_eval)
+    done, record = read_done(cell), read_json(cell.layout.compare_eval)
     cell.kind.require("rescore", run, what="cell")
     if not done or not record:
         raise ConfigError(f"{run}: not evaluated yet ({DONE_FILE} or {EVAL_FILE} missing): nothing to re-score; "
@@ -258,6 +265,12 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     # every fingerprinted training file, as a resume checks them: the word groups come from data.train, a
     # vocabulary built again (no tagger-vocab.json) from train (and dev and test under vocab_from_all_splits)
     refuse_changed_scored_files(cell.run_dir, config, files=task_for(config).training_files(config))
+    # only a cell the grid counts as its own: one trained with other settings (a conflict, or a --set that
+    # changes what it trained on) would be scored with another config's word groups and written into the cell
+    state = cell_state(cell, spec)
+    if not (state.status == "evaluated" or (state.status == "trained" and state.detail.startswith(STALE_GROUPS))):
+        raise ConfigError(f"{run}: {state.describe()}: only a cell this grid evaluated is scored again; "
+                          "nothing written")
     vocab = run_vocab(config, run)
     old = record["scores"]
     if "word_groups" not in old_key and "n_oov" in old:  # the old OOV: words outside the vocabulary
@@ -307,7 +320,7 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
             return CellOutcome(cell, False, False, time.monotonic() - start, f"ConfigError: {cell.run_dir}: "
                                f"{state.detail} (its checkpoints are not here)")
         if state.status in ("pending", "training"):
-            train_cell(cell, quiet=quiet, jobs=jobs)
+            train_cell(cell, quiet=quiet, jobs=jobs, spec=spec)
             trained = True
         if trained or state.status == "trained":
             with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
@@ -419,7 +432,7 @@ def read_result(cell: Cell, spec: EvalSpec) -> CellResult | None:
     state = cell_state(cell, spec)
     if state.status not in ("trained", "evaluated"):
         return None
-    done = read_json(cell.layout.done)
+    done = read_done(cell)
     try:
         speed = last_speed(cell.run_dir)
         conditions = speed_conditions(cell.run_dir, done)

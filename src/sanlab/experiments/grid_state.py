@@ -130,6 +130,21 @@ def _normalised(raw: dict, *, source: Path) -> dict:
     return config_dict(validate(without_ignored_train_keys(raw), source=str(source)))
 
 
+def read_done(cell: Cell) -> dict | None:
+    """The cell's ``done.json`` (None if it has none); a ConfigError naming the file if it is not of the form
+    ``cells.train_cell`` writes (the config it trained, its summary's step, when it finished): a file edited or
+    cut short outside sanlab makes the cell a conflict, not a traceback."""
+    done = read_json(cell.layout.done)
+    if done is None:
+        return None
+    summary = done.get("summary")
+    if not (isinstance(done.get("config"), dict) and isinstance(summary, dict) and isinstance(summary.get("step"), int)
+            and isinstance(done.get("finished_at"), (int, float))):
+        raise ConfigError(f"{cell.layout.done}: not a record of a finished cell (config, summary.step and "
+                          "finished_at are expected); delete the cell to train it again")
+    return done
+
+
 def training_changes(done: dict, cell: Cell) -> list[str]:
     """Config keys that changed since the cell finished training (ignoring decode, logging)."""
     old = _normalised(done["config"], source=cell.layout.done)
@@ -153,7 +168,7 @@ def _cell_state(cell: Cell, spec: EvalSpec) -> CellState:
     run, layout = cell.run_dir, cell.layout
     if not layout.config.exists():
         return CellState("pending")
-    on_disk, done = latest_step(run), read_json(layout.done)
+    on_disk, done = latest_step(run), read_done(cell)
     step = done["summary"]["step"] if done and on_disk is None else on_disk  # None: checkpoints not here
     changes = training_changes(done, cell) if done else []
     same_run = ""  # a changed budget under which it would have stopped where it did

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid_schema import Cell, Grid
 from sanlab.experiments.grid_state import cell_state
+from sanlab.training.rundir import entries, is_known
 
 REQUIRED = ("config.yaml", "done.json", "compare-eval.json")
 LAST = ("done.json", "compare-eval.json")  # renamed into place last, in this order
@@ -124,10 +125,17 @@ def _import_one(grid: Grid, cell: Cell, files: list[tarfile.TarInfo], tar: tarfi
     if cell.layout.config.exists():
         return (f"{cell.run_dir} exists here (begun or finished on this machine); to replace it with the archive's, "
                 "move it away first")
+    unknown = sorted(n for n in names if not is_known(n))
+    if unknown:  # (a name sanlab never writes in a run directory: not a cell's file)
+        return f"the archive holds files no run writes ({', '.join(unknown[:5])})"
     try:
         with run_lock(cell.run_dir):
             if cell.layout.config.exists():  # begun between the check above and the lock
                 return f"{cell.run_dir} was begun here meanwhile"
+            here = entries(cell.run_dir)
+            if here:  # a file the import would write over, or take out again with its own on a refusal
+                return (f"{cell.run_dir} holds files here ({', '.join(here[:5])}); to import the archive's cell, "
+                        "move them away first")
             staging = Path(tempfile.mkdtemp(prefix=f".import-{cell.run_dir.name}-", dir=cell.run_dir.parent))
             try:
                 for name, member in names.items():

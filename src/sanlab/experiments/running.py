@@ -22,8 +22,7 @@ from sanlab.experiments.cells import (
     run_cell_job, speed_conditions,
 )
 from sanlab.experiments.grid_schema import Cell, Grid, slug
-from sanlab.experiments.grid_state import cell_state
-from sanlab.files import read_json
+from sanlab.experiments.grid_state import cell_state, read_done
 
 
 def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),
@@ -189,7 +188,7 @@ def _finished_cells(grid: Grid) -> list[_Finished]:
         if not cell.layout.done.is_file():
             continue
         try:
-            done = read_json(cell.layout.done) or {}
+            done = read_done(cell) or {}
             speed = last_speed(cell.run_dir) if done.get("machine") == here else None
             conditions = speed_conditions(cell.run_dir, done) if speed else ""
         except ConfigError:

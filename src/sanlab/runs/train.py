@@ -23,14 +23,17 @@ from sanlab.runs.resume import check_training_data, prepare_run_dir
 
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False,
               allow_changed_data: bool = False, source: str | None = None,
-              on_finished: Callable[[dict], None] | None = None) -> dict:
+              on_finished: Callable[[dict], None] | None = None,
+              before_start: Callable[[], None] | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
 
     Resuming on training data that changed since (``check_training_data``) is an error unless
     ``allow_changed_data``. Under torchrun every process calls this; the main one prepares and locks the
     run directory (see ``training.distributed``). ``source``: the config file, named by a config error.
     ``on_finished(summary)`` runs in the main process while it still holds the run's lock (``sanlab compare``
-    records a finished cell there, so no other process sees it finished but unrecorded)."""
+    records a finished cell there, so no other process sees it finished but unrecorded); ``before_start()`` runs
+    there once the lock is taken, before anything is written, and may raise to leave the run as it is (``sanlab
+    compare``: a cell another invocation finished between its look and the lock)."""
     from sanlab.training.device import check_cublas_setting, deterministic_algorithms, resolve_device
     from sanlab.training.distributed import from_environment
 
@@ -48,6 +51,8 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
             start = _Start()
             with dist.main_first():
                 if dist.is_main:
+                    if before_start is not None:
+                        before_start()
                     start = _Start(new=overwrite or not rundir.is_run(run_dir),
                                    before=None if not existed else [] if overwrite else rundir.entries(run_dir))
                     start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
