@@ -139,6 +139,13 @@ def test_another_device_does_not_make_finished_cells_train_again(finished, monke
         assert set(_statuses(grid).values()) == {"evaluated"}, switch
 
 
+def test_a_seed_set_for_every_cell_is_refused_not_silently_replaced(tmp_path):
+    """Each cell's seed is set last; a --set train.seed (or the grid's set:) would be replaced by it without a
+    word, while the table's header listed it."""
+    with pytest.raises(ConfigError, match="--set train.seed: each cell's seed comes from the grid's seeds"):
+        load_grid(SMOKE, overrides=[*TINY, "train.seed=5"], runs_dir=tmp_path)
+
+
 def test_a_done_json_not_of_the_form_sanlab_writes_is_a_conflict_naming_it(finished):
     """Valid JSON without the keys ``train_cell`` writes (edited or cut outside sanlab): that cell is a conflict
     whose detail names the file; the other cells and every mode go on (a KeyError stopped them before)."""

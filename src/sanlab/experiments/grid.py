@@ -227,6 +227,13 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
         raise ConfigError(f"{own}: its overrides set no data.* key, so it would train and test on the recipe's "
                           f"data ({spec.base}); set data.train, data.dev and data.test (or their translation "
                           "counterparts) there")
+    for overrides, what in ((spec.set, "set:"), (cli, "--set")):
+        alone: dict = {}  # what these overrides set, on their own
+        _apply(alone, overrides, origin=f"{origin} ({what})")
+        if "seed" in (alone.get("train") if isinstance(alone.get("train"), dict) else {}):
+            # the cell's seed comes last and would replace it without a word
+            raise ConfigError(f"{origin}: {what} train.seed: each cell's seed comes from the grid's seeds (or a "
+                              "variant's), and --seed chooses among them; set them there")
     layers = [(dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
               (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")]
     for overrides, what in layers:
