@@ -27,4 +27,10 @@ class TrainingError(SanlabError):
 
 
 class DecodingError(SanlabError):
-    """Decoding cannot go on (e.g. the device's memory ran out); nothing was written."""
+    """Decoding cannot go on (e.g. the device's memory ran out); nothing was written. For memory: ``where`` (the
+    batch) and ``account`` (torch's words about the memory), so that a caller decoding for another purpose
+    (validation during training) can say it with advice of its own."""
+
+    def __init__(self, message: str, *, where: str | None = None, account: str | None = None):
+        super().__init__(message)
+        self.where, self.account = where, account

@@ -107,7 +107,9 @@ def test_every_run_says_what_its_cached_corpus_left_out_and_names_its_own_files(
     (tmp_path / "c.yaml").write_text(dump_config(validate(raw, source="test")))
     capsys.readouterr()
     assert main(["prepare", str(tmp_path / "c.yaml")]) == 0
-    assert f"{copy / 'train.src'} / {copy / 'train.tgt'}: {kept} of 200 pairs kept" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count(f"{copy / 'train.src'} / {copy / 'train.tgt'}: {kept} of 200 pairs kept") == 1  # said once
+    assert f"{copy / 'train.src'} / {copy / 'train.tgt'}: {kept} pairs, 0.0 MiB in " in out
 
 
 def test_fingerprint_changes_with_the_file_and_only_then(tmp_path, cache):
@@ -340,7 +342,8 @@ def test_prepare_command_then_train_reuses_its_cache(tmp_path, cache, capsys):
     config = make_reverse_config(tmp_path, max_steps=1, valid_every=1)
     (tmp_path / "c.yaml").write_text(dump_config(config))
     assert main(["prepare", str(tmp_path / "c.yaml")]) == 0
-    assert "200 of 200 pairs kept (0 beyond data.max_len 200); 0.0 MiB in " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "200 of 200 pairs kept (0 beyond data.max_len 200)" in out and ": 200 pairs, 0.0 MiB in " in out
     entries = _entries(cache, "corpus") + _entries(cache, "subword")
     assert main(["train", str(tmp_path / "c.yaml"), "--run", str(tmp_path / "run"), "--quiet"]) == 0
     assert _entries(cache, "corpus") + _entries(cache, "subword") == entries  # nothing built again

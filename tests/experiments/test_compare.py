@@ -165,12 +165,24 @@ def test_a_cell_finished_by_another_invocation_meanwhile_is_not_trained_again(fi
     """Two `sanlab compare` on one grid: the second looked at a cell before the first finished it, and reaches
     its lock after. Training it would resume it with no update, write its done.json and a session again (its
     speed then reads as mixed); it is refused instead, and nothing of it changes."""
-    from sanlab.experiments.cells import train_cell
+    from sanlab.experiments.cells import FinishedMeanwhile, run_cell, train_cell
 
     cell = finished.cells[1]
     before = {name: (cell.run_dir / name).read_bytes() for name in ("done.json", "meta.json", "compare-eval.json")}
-    with pytest.raises(ConfigError, match=r"evaluated \(step \d+\) by another process meanwhile; not trained again"):
+    with pytest.raises(FinishedMeanwhile, match=r"evaluated \(step \d+\) by another process meanwhile; not trained "
+                                                r"again"):
         train_cell(cell, quiet=True, spec=finished.spec.eval)
+    assert {name: (cell.run_dir / name).read_bytes() for name in before} == before
+    # run_cell, having seen it pending: no failure recorded in the cell the other one finished, no error
+    import sanlab.experiments.cells as cells
+    from sanlab.experiments.grid_state import CellState
+
+    real = cells.cell_state
+    seen = iter([CellState("pending")])
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cells, "cell_state", lambda c, s: next(seen, None) or real(c, s))
+        outcome = run_cell(cell, finished.spec.eval, quiet=True)
+    assert outcome.error is None and not outcome.trained and not cell.layout.failed.exists()
     assert {name: (cell.run_dir / name).read_bytes() for name in before} == before
 
 
@@ -833,7 +845,11 @@ def _import_checks(grid, runs, cell, other, tmp_path):
     refused = import_cells(grid, _cell_archive(tmp_path / "damaged.tar.gz", damaged, arc(other)), log=lambda m: None)
     assert "not a record of a finished cell" in refused[0].error and "taken out again" in refused[0].error
     assert [p.name for p in other.run_dir.iterdir()] == [".lock"] and status(other) == "pending"
+    # a failure recorded here before the cell trained elsewhere (gpu_check's table1 flow) does not stop it, and
+    # is over once the cell is imported
+    (other.run_dir / "failed.json").write_text('{"error": "DataError: no data here"}')
     assert [i.error for i in import_cells(grid, archive2, log=lambda m: None)] == [None]
+    assert not (other.run_dir / "failed.json").exists()
     assert status(other) == "evaluated"
     # the command: the table follows, and a cell left out makes it exit 1, saying why
     printed = []

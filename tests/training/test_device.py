@@ -152,7 +152,7 @@ def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_pat
     from sanlab.cli import main
     from sanlab.tasks.translation import TranslationTask
 
-    real, calls = TranslationTask.loss, []
+    real, calls, real_validate = TranslationTask.loss, [], TranslationTask.validate
 
     def loss(self, batch, *, model=None, **kw):
         if model is not None:  # a training update's forward (validation scores without the DDP-wrapped model)
@@ -199,6 +199,16 @@ def test_memory_running_out_stops_the_run_with_the_batch_and_what_to_try(tmp_pat
     monkeypatch.setattr(TranslationTask, "validate", allocating)
     with pytest.raises(TrainingError, match="validation after update 8 ran out of memory on cpu: .*DefaultCPUAllocator: "
                                             "can't allocate memory"):
+        train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
+    # the validation search running out: said as validation's, with training's advice (not translate's options)
+    import sanlab.tasks.translation as translation
+
+    monkeypatch.setattr(TranslationTask, "validate", real_validate)
+    monkeypatch.setattr(translation, "beam_search", lambda *a, **k: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB.")))
+    with pytest.raises(TrainingError, match=r"^validation after update 8 ran out of memory on cpu \(decoding \d+ "
+                                            r"sentences of up to \d+ subword tokens with beam 1\): CUDA out of "
+                                            r"memory\. Tried to allocate 3\.00 GiB\. Update 8 was not saved"):
         train_run(tiny_translation(max_steps=8, valid_every=2), run, quiet=True)
     monkeypatch.setattr(TranslationTask, "validate", lambda self: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="^other$"):  # any other error passes as it was

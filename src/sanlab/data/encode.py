@@ -77,6 +77,7 @@ def encode_into(writer: DatasetWriter, pairs: Iterable[tuple[str, str]], *, src_
         _load(src_model, tgt_model)
         results = map(_encode, _chunks(pairs))
         return _drain(writer, results, keep)
+    _load(src_model, tgt_model)  # here first: a model that does not load is its own error, not a broken pool
     # spawn, not fork: the parent may hold threads (torch's), which a forked child would inherit locked
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_load,
                              initargs=(src_model, tgt_model)) as pool:
@@ -84,8 +85,9 @@ def encode_into(writer: DatasetWriter, pairs: Iterable[tuple[str, str]], *, src_
             return _drain(writer, _in_order(pool, _chunks(pairs), ahead=AHEAD_PER_WORKER * workers), keep)
         except BrokenProcessPool:
             raise EncodingWorkerDied(f"a process encoding the corpus with {src_model} ended before it finished (killed "
-                                     f"from outside, perhaps for memory: {workers} processes were encoding); "
-                                     "nothing was kept. Run again, with fewer --workers to need less memory") from None
+                                     f"from outside, perhaps for memory: {workers} processes were encoding; or it "
+                                     "could not start: see any error printed above); nothing was kept. Run again, "
+                                     "with fewer --workers to need less memory") from None
 
 
 def _in_order(pool: ProcessPoolExecutor, chunks: Iterator[list[tuple[str, str]]], *, ahead: int

@@ -122,17 +122,22 @@ def cell_vocabulary(run_dir: Path, done: dict) -> Vocabulary | None:
     return Vocabulary((meta.get("versions") or {}).get("sentencepiece"), done.get("vocabulary"))
 
 
+class FinishedMeanwhile(ConfigError):
+    """A cell another ``sanlab compare`` finished between this one's look at it and its lock."""
+
+
 def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None = None) -> dict:
     """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
     trained as many side by side (``jobs``), with as many threads, on the same machine. With the grid's ``spec``,
     a cell that is no longer pending or training once its lock is taken (another ``sanlab compare`` on the grid
-    finished it meanwhile) is a ConfigError, and nothing of it is touched: never trained twice."""
+    finished it meanwhile) is a ``FinishedMeanwhile``, and nothing of it is touched: never trained twice."""
     done = {}
 
     def still_to_train() -> None:  # holding the run's lock
         state = cell_state(cell, spec) if spec is not None else None
         if state is not None and state.status not in ("pending", "training"):
-            raise ConfigError(f"{cell.run_dir}: {state.describe()} by another process meanwhile; not trained again")
+            raise FinishedMeanwhile(f"{cell.run_dir}: {state.describe()} by another process meanwhile; not trained "
+                                    "again")
 
     def record(summary: dict) -> None:  # still holding the run's lock: never finished without done.json
         done.update(summary=summary, finished_at=time.time(), params=run_parameters(cell.run_dir),
@@ -320,8 +325,11 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
             return CellOutcome(cell, False, False, time.monotonic() - start, f"ConfigError: {cell.run_dir}: "
                                f"{state.detail} (its checkpoints are not here)")
         if state.status in ("pending", "training"):
-            train_cell(cell, quiet=quiet, jobs=jobs, spec=spec)
-            trained = True
+            try:
+                train_cell(cell, quiet=quiet, jobs=jobs, spec=spec)
+                trained = True
+            except FinishedMeanwhile:  # the other invocation finished it, and scores it: nothing to do here
+                return CellOutcome(cell, False, False, time.monotonic() - start)
         if trained or state.status == "trained":
             with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
                 if cell_state(cell, spec).status == "trained":  # it may have scored it meanwhile

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from sanlab.errors import ConfigError
 from sanlab.experiments.grid_schema import Cell, Grid
-from sanlab.experiments.grid_state import cell_state
+from sanlab.experiments.grid_state import FAILED_FILE, cell_state
 from sanlab.training.rundir import entries, is_known
 
 REQUIRED = ("config.yaml", "done.json", "compare-eval.json")
@@ -132,8 +132,10 @@ def _import_one(grid: Grid, cell: Cell, files: list[tarfile.TarInfo], tar: tarfi
         with run_lock(cell.run_dir):
             if cell.layout.config.exists():  # begun between the check above and the lock
                 return f"{cell.run_dir} was begun here meanwhile"
-            here = entries(cell.run_dir)
-            if here:  # a file the import would write over, or take out again with its own on a refusal
+            # a file the import would write over, or take out again with its own on a refusal (hidden names, which
+            # an archive never holds, and the record of a failure here, which the import makes stale, excepted)
+            here = [n for n in entries(cell.run_dir) if not n.startswith(".") and n != FAILED_FILE]
+            if here:
                 return (f"{cell.run_dir} holds files here ({', '.join(here[:5])}); to import the archive's cell, "
                         "move them away first")
             staging = Path(tempfile.mkdtemp(prefix=f".import-{cell.run_dir.name}-", dir=cell.run_dir.parent))
@@ -151,6 +153,8 @@ def _import_one(grid: Grid, cell: Cell, files: list[tarfile.TarInfo], tar: tarfi
                 for name in reversed(order):  # the markers first: the cell is never half there
                     (cell.run_dir / name).unlink(missing_ok=True)
                 return f"not evaluated as this grid asks once unpacked ({state.describe()}); taken out again"
+            if FAILED_FILE not in names:  # a failure recorded here (before the cell trained elsewhere) is over
+                (cell.run_dir / FAILED_FILE).unlink(missing_ok=True)
     except ConfigError as err:  # the run lock is held: this machine is training or evaluating it
         return str(err)
     return None

@@ -265,10 +265,10 @@ def prepare(config: TranslationConfig, run_dir: Path | None, *, log: Callable[[s
 
 
 def summary(config: TranslationConfig, data: TrainingData) -> str:
-    """What ``sanlab prepare`` prints: the subword model(s) and each encoded corpus (``corpus_report``, named by
-    this config's files), with its size on disk."""
+    """What ``sanlab prepare`` prints after its log (which said each corpus's ``corpus_report``): the subword
+    model(s) and each encoded corpus, named by this config's files, with its size on disk."""
     lines = [f"subword model(s): {', '.join(sorted({str(data.spm.src.path), str(data.spm.tgt.path)}))}"]
     for files, corpus in zip(config.data.train_corpora, data.corpora):
         size = sum(f["bytes"] for f in corpus.manifest["files"].values())
-        lines.append(f"{corpus_report(config, files, corpus)}; {size / 2**20:.1f} MiB in {corpus.dir}")
+        lines.append(f"{files.src} / {files.tgt}: {len(corpus):,} pairs, {size / 2**20:.1f} MiB in {corpus.dir}")
     return "\n".join(lines)

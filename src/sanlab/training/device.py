@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sanlab.errors import ConfigError, SanlabError, TrainingError
+from sanlab.errors import ConfigError, DecodingError, SanlabError, TrainingError
 
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -198,14 +198,18 @@ def out_of_memory_stops(device: torch.device, *, where: str, advice: str, error:
     this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
     try:
         yield
+    except DecodingError as err:  # a search inside ran out (validation's): said here, with this caller's advice
+        if err.account is None or error is DecodingError:
+            raise
+        raise error(f"{where} ran out of memory on {device} ({err.where}): {err.account} {advice}") from None
     except RuntimeError as err:  # torch's OutOfMemoryError, the CPU's allocator, cuBLAS/cuDNN's workspaces
         if not (isinstance(err, torch.cuda.OutOfMemoryError) or OUT_OF_MEMORY.search(str(err))):
             raise
         told = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
-        peak = ""
         if device.type == "cuda":
-            peak = f" This process's peak: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated."
-        raise error(f"{where} ran out of memory on {device}: {told}{peak} {advice}") from None
+            told += f" This process's peak: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated."
+        message = f"{where} ran out of memory on {device}: {told} {advice}"
+        raise (error(message, where=where, account=told) if error is DecodingError else error(message)) from None
 
 
 def describe_batch(batch: Any) -> str:
