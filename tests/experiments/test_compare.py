@@ -86,6 +86,10 @@ def test_every_mode_refuses_cells_trained_on_another_synthetic_corpus(finished, 
                         out=lambda m: None, **mode)
     with pytest.raises(ConfigError, match="--dry-run and --table-only: choose one"):
         run_compare(str(SMOKE), dry_run=True, table_only=True)
+    for mode, flag in (({"table_only": True}, "--table-only"), ({"rescore": True}, "--rescore"),
+                       ({"dry_run": True}, "--dry-run"), ({"imports": ["cells.tar.gz"]}, "--import")):
+        with pytest.raises(ConfigError, match=f"--jobs 2 with {flag}, which trains no cell: drop --jobs"):
+            run_compare(str(SMOKE), jobs=2, **mode)
     for selection in ({"only": ["vanilla"]}, {"datasets": ["ewt"]}, {"seeds": [1]}):
         with pytest.raises(ConfigError, match="--table-only prints the whole table; --only, --dataset and --seed"):
             run_compare(str(SMOKE), table_only=True, **selection)

@@ -84,6 +84,10 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     if imports and (only or datasets or seeds):
         raise ConfigError("--import brings in every cell of the archive and prints the whole table; --only, "
                           "--dataset and --seed choose the cells to run: drop them")
+    if jobs > 1 and (imports or table_only or rescore or dry_run):  # none of them trains: --jobs would do nothing
+        flag = next(f for f, on in (("--import", imports), ("--table-only", table_only), ("--rescore", rescore),
+                                    ("--dry-run", dry_run)) if on)
+        raise ConfigError(f"--jobs {jobs} with {flag}, which trains no cell: drop --jobs")
     _refuse_conflicting_modes(jobs=jobs, dry_run=dry_run, table_only=table_only, rescore=rescore,
                               selected=bool(only or datasets or seeds))
     grid = load_grid(path, overrides=list(overrides), runs_dir=runs_dir, datasets_file=datasets_file)
