@@ -65,7 +65,9 @@
 #         bash scripts/gpu_check.sh) & REPORT_DIR=$OUT/a GPU_STEPS=env,tests GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240 \
 #         bash scripts/gpu_check.sh; wait
 #     call 2 (~6 min, alone on the GPU): the window plans with their compiled rows, every Table 1 variant's MFU
-#       and operators, and the profile of each row (where the MFU under 45% goes)
+#       and operators, vanilla and Rel_Pos under deterministic algorithms (what train.deterministic costs), and the
+#       profile of each row (where the MFU under 45% goes); call 1's tests include train.deterministic's and a real
+#       CUDA out-of-memory error's (session 56)
 #       REPORT_DIR=$OUT/b GPU_STEPS=window,gpubench,blocklayer GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=240 GPU_BENCH_TIMEOUT=280 \
 #         GPU_BLOCK_TIMEOUT=60 \
 #         GPU_BENCH_ARGS="--rounds 2 --updates 5 --warmup 2 --profile-updates 2" bash scripts/gpu_check.sh
