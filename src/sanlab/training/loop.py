@@ -221,9 +221,9 @@ class Trainer:
         # summed on the device in float64 (the same sum as Python floats); a non-finite loss makes the sum so
         summed = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, batch in enumerate(mine):
-            batch = to_device(batch, self.device)
             with self.dist.no_sync(self.train_model, sync=k == len(mine) - 1), self._unused_parameters_hint(), \
                     self._out_of_memory_stops(batch, batches=len(mine), tokens=tokens):
+                batch = to_device(batch, self.device)  # (its pinned copy can run out too)
                 with self.precision.autocast():
                     loss = self._loss(batch) / tokens
                 # DDP averages gradients over processes; scaling by their number makes that a sum.
