@@ -497,3 +497,23 @@ def test_an_unreadable_training_file_is_named_by_the_reader_not_a_traceback(tmp_
     assert fp.fingerprint(denied_path) is None
     with pytest.raises(DataError, match=rf"{denied_path}: cannot (open|read): Permission denied"):
         prepare(config, tmp_path / "run", log=print)
+
+
+def test_the_token_files_are_copied_in_chunks_to_the_same_bytes(tmp_path, monkeypatch):
+    """``DatasetWriter.finish`` copies each side's ids in chunks (a paper-scale side is never read whole): with
+    chunks of 8 bytes (4 uint16 ids, boundaries inside sentences) the arrays are the ids written, in order."""
+    from sanlab.data import binarized
+
+    monkeypatch.setattr(binarized, "_HASH_CHUNK", 8)
+    rng = np.random.default_rng(0)
+    src_len, tgt_len = rng.integers(1, 9, 50), rng.integers(1, 9, 50)
+    src, tgt = rng.integers(0, 400, int(src_len.sum())), rng.integers(0, 400, int(tgt_len.sum()))
+    writer = binarized.DatasetWriter(tmp_path / "d", dtype=np.uint16)
+    s, t = int(src_len[:10].sum()), int(tgt_len[:10].sum())  # two chunks of pairs, as the encoder adds them
+    writer.add(src[:s], src_len[:10], tgt[:t], tgt_len[:10])
+    writer.add(src[s:], src_len[10:], tgt[t:], tgt_len[10:])
+    writer.finish(key="k")
+    assert np.array_equal(np.load(tmp_path / "d" / "src.tokens.npy"), src)
+    assert np.array_equal(np.load(tmp_path / "d" / "tgt.tokens.npy"), tgt)
+    corpus = open_dataset(tmp_path / "d", key="k")
+    assert np.array_equal(corpus.pair(49)[1], tgt[-int(tgt_len[-1]):])

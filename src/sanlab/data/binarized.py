@@ -80,7 +80,14 @@ class DatasetWriter:
             raw = self.dir / f"{side}.tokens.raw"
             tokens = np.lib.format.open_memmap(self.dir / f"{side}.tokens.npy", mode="w+", dtype=self.dtype,
                                                shape=(int(offsets[-1]),))
-            tokens[:] = np.fromfile(raw, dtype=self.dtype)
+            at = 0
+            with open(raw, "rb") as f:  # in chunks: a paper-scale side is a GB or more, never read whole
+                while chunk := f.read(_HASH_CHUNK):  # (a multiple of every token size)
+                    values = np.frombuffer(chunk, dtype=self.dtype)
+                    tokens[at:at + len(values)] = values
+                    at += len(values)
+            if at != len(tokens):
+                raise CacheError(f"{at} token ids written, the lengths add up to {len(tokens)}", path=str(raw))
             tokens.flush()
             del tokens
             raw.unlink()
