@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -192,24 +193,30 @@ def deterministic_algorithms(enabled: bool, device: torch.device):
 
 
 @contextlib.contextmanager
-def out_of_memory_stops(device: torch.device, *, where: str, advice: str, error: type[SanlabError] = TrainingError):
+def out_of_memory_stops(device: torch.device, *, where: str | Callable[[], str], advice: str | Callable[[], str],
+                        error: type[SanlabError] = TrainingError):
     """Device memory running out inside (``torch.OutOfMemoryError``, CUDA's) as an ``error`` that says ``where``,
     torch's account of the memory (its first line: what was asked for, the device's capacity, what is free, what
-    this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer."""
+    this process holds), this process's peak, and ``advice``: not a traceback from deep in a layer. ``where`` and
+    ``advice`` may be functions, called only then (a training update says its batch in words only when it fails)."""
+    def said(text: str | Callable[[], str]) -> str:
+        return text() if callable(text) else text
+
     try:
         yield
     except DecodingError as err:  # a search inside ran out (validation's): said here, with this caller's advice
         if err.account is None or error is DecodingError:
             raise
-        raise error(f"{where} ran out of memory on {device} ({err.where}): {err.account} {advice}") from None
+        raise error(f"{said(where)} ran out of memory on {device} ({err.where}): {err.account} "
+                    f"{said(advice)}") from None
     except RuntimeError as err:  # torch's OutOfMemoryError, the CPU's allocator, cuBLAS/cuDNN's workspaces
         if not (isinstance(err, torch.cuda.OutOfMemoryError) or OUT_OF_MEMORY.search(str(err))):
             raise
         told = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
         if device.type == "cuda":
             told += f" This process's peak: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated."
-        message = f"{where} ran out of memory on {device}: {told} {advice}"
-        raise (error(message, where=where, account=told) if error is DecodingError else error(message)) from None
+        message = f"{said(where)} ran out of memory on {device}: {told} {said(advice)}"
+        raise (error(message, where=said(where), account=told) if error is DecodingError else error(message)) from None
 
 
 def describe_batch(batch: Any) -> str:

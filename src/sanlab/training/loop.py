@@ -325,10 +325,13 @@ class Trainer:
         is never skipped or split behind the user's back: the run would no longer be the one its config and seed
         define, nor resume to the same parameters."""
         step, epoch = self.progress.step + 1, self.progress.epoch
-        where = (f"update {step} (epoch {epoch}; a batch of {describe_batch(batch)}, one of {batches} in this "
-                 f"process; {tokens:,} tokens in the update)" if batch is not None else
-                 f"the optimizer's step of update {step} (epoch {epoch}; its state is made at the first update)")
-        return out_of_memory_stops(self.device, where=where, advice=(
+
+        def where() -> str:  # said only when memory ran out: no work in every update
+            return (f"update {step} (epoch {epoch}; a batch of {describe_batch(batch)}, one of {batches} in this "
+                    f"process; {tokens:,} tokens in the update)" if batch is not None else
+                    f"the optimizer's step of update {step} (epoch {epoch}; its state is made at the first update)")
+
+        return out_of_memory_stops(self.device, where=where, advice=lambda: (
             f"Nothing of this update was saved; last good checkpoint: {self.last_good}. Try smaller batches "
             "(train.max_tokens for translation, train.batch_size for tagging) with a larger train.accum_steps, "
             "which keeps the tokens per update (a new run: the batches follow them), train.precision=bf16, a "
