@@ -77,6 +77,23 @@ def test_second_prepare_reuses_the_cache(tmp_path, cache):
     assert len(_entries(cache, "corpus")) == 1 and len(_entries(cache, "subword")) == 1
 
 
+def test_a_rebuilt_subword_entry_reuses_the_encoded_corpus(tmp_path, cache, monkeypatch):
+    """After the subword entry is trained again (the cache was cleaned), the new model and a resumed run's own
+    copy of the old one segment alike: their corpus is encoded once, not once per copy (the .model bytes
+    differ only in the staging path their trainer spec records)."""
+    config = make_reverse_config(tmp_path)
+    first = prepare(config, tmp_path / "a", log=print)
+    old_model = (tmp_path / "a" / "subword.model").read_bytes()
+    shutil.rmtree(_entries(cache, "subword")[0])
+    pid = os.getpid() + 1
+    monkeypatch.setattr(os, "getpid", lambda: pid)   # trained again by another process: another staging path
+    messages = []
+    second = prepare(config, tmp_path / "b", log=messages.append)
+    assert (tmp_path / "b" / "subword.model").read_bytes() != old_model
+    assert corpus_key(config, config.data.train, first.spm) == corpus_key(config, config.data.train, second.spm)
+    assert len(_entries(cache, "corpus")) == 1 and "encoded earlier, from the cache" in messages[-1]
+
+
 def test_every_run_says_what_its_cached_corpus_left_out_and_names_its_own_files(tmp_path, cache, capsys):
     """Pairs skipped for an empty side or filtered by length are counted in the entry, so a run that reuses it
     says so as the run that built it did; and ``sanlab prepare`` names the files of its own config (an entry

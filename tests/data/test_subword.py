@@ -102,3 +102,35 @@ def test_the_digest_names_the_vocabulary_not_the_file(tmp_path):
     other = SubwordModel.train(SRC, model_path=tmp_path / "c" / "m", vocab_size=90, model_type="bpe")
     assert a.path.read_bytes() != b.path.read_bytes()  # the trainer spec records the training path
     assert a.digest() == b.digest() != other.digest() and len(a.digest()) == 16
+
+
+def test_the_encoding_digest_ignores_where_a_model_was_trained(tmp_path):
+    """What keys an encoded corpus: the model's pieces, normaliser and options, not the staging path in its
+    trainer spec; a copy has the digest of its original, and other settings give another."""
+    import shutil
+
+    a = SubwordModel.train(SRC, model_path=tmp_path / "a" / "m", vocab_size=80, model_type="bpe")
+    b = SubwordModel.train(SRC, model_path=tmp_path / "elsewhere" / "joint", vocab_size=80, model_type="bpe")
+    (tmp_path / "copy").mkdir()
+    shutil.copyfile(a.path, tmp_path / "copy" / "m.model")
+    copy = SubwordModel.load(tmp_path / "copy" / "m")
+    assert a.path.read_bytes() != b.path.read_bytes()
+    assert a.encoding_digest() == b.encoding_digest() == copy.encoding_digest()
+    others = [SubwordModel.train(SRC, model_path=tmp_path / "c" / "m", vocab_size=90, model_type="bpe"),
+              SubwordModel.train(SRC, model_path=tmp_path / "d" / "m", vocab_size=80, model_type="unigram"),
+              SubwordModel.train(SRC, model_path=tmp_path / "e" / "m", vocab_size=80, model_type="bpe",
+                                 character_coverage=0.98)]
+    assert len({a.encoding_digest(), *(o.encoding_digest() for o in others)}) == 4
+
+
+def test_without_protobuf_the_encoding_digest_is_the_files(tmp_path, monkeypatch):
+    """Where sentencepiece's generated protobuf code does not import (protobuf missing or too old), the digest
+    falls back to the model's bytes: copies still share it, a model trained elsewhere does not."""
+    import hashlib
+
+    from sanlab.data import subword
+
+    monkeypatch.setattr(subword, "_model_proto_class", lambda: None)
+    a = SubwordModel.train(SRC, model_path=tmp_path / "a" / "m", vocab_size=80, model_type="bpe")
+    b = SubwordModel.train(SRC, model_path=tmp_path / "b" / "m", vocab_size=80, model_type="bpe")
+    assert a.encoding_digest() == hashlib.sha256(a.path.read_bytes()).hexdigest() != b.encoding_digest()

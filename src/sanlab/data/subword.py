@@ -37,6 +37,16 @@ def _non_empty(texts: Iterable[str], counter: list[int]) -> Iterator[str]:
             yield text
 
 
+def _model_proto_class():
+    """SentencePiece's ModelProto message class, or None where protobuf is missing or older than the one
+    sentencepiece's generated code was made with (its import checks the version and raises)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except Exception:  # ImportError, or protobuf's VersionError
+        return None
+    return sentencepiece_model_pb2.ModelProto
+
+
 class SubwordModel:
     """A loaded SentencePiece model: encode text to ids and decode ids back to text."""
 
@@ -135,6 +145,23 @@ class SubwordModel:
         sp = self._sp
         pieces = "\n".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)!r}" for i in range(sp.get_piece_size()))
         return hashlib.sha256(pieces.encode("utf-8")).hexdigest()[:16]
+
+    def encoding_digest(self) -> str:
+        """A hash of everything in the model that encoding reads: its pieces, normaliser and trainer options,
+        without what only says where and how fast it was trained (the staging path in ``model_prefix``, which
+        differs every time a model is trained, input files, thread count). Two copies of one model, or the
+        same model trained again from the same texts in another place, have one encoding digest, so an
+        encoded corpus cached under it is shared by them. Where protobuf cannot read the model, the hash of
+        its bytes: as safe, only shared by fewer copies."""
+        serialized = self._sp.serialized_model_proto()
+        model_proto = _model_proto_class()
+        if model_proto is None:
+            return hashlib.sha256(serialized).hexdigest()
+        proto = model_proto()
+        proto.ParseFromString(serialized)
+        for where in ("model_prefix", "input", "num_threads"):
+            proto.trainer_spec.ClearField(where)
+        return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
 
     # --- encoding -------------------------------------------------------------------------
 

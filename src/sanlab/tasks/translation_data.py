@@ -16,7 +16,6 @@ A key also names ``PREPARE_VERSION``: bump it when what an entry holds changes m
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import shutil
 import time
@@ -166,15 +165,11 @@ def _sentencepiece_version() -> str:
 
 
 # ----------------------------------------------------------------------------- encoded corpora
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def corpus_key(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair) -> str:
     d = config.data
     return entry_key({"v": PREPARE_VERSION, "format": binarized.FORMAT_VERSION,
                       "files": [fingerprint(corpus.src), fingerprint(corpus.tgt)],
-                      "subword": [_sha256(spm.src.path), _sha256(spm.tgt.path)],
+                      "subword": [spm.src.encoding_digest(), spm.tgt.encoding_digest()],
                       "max_len": d.max_len, "max_ratio": d.max_ratio, "skip_empty": d.skip_empty})
 
 
