@@ -821,3 +821,94 @@ def test_runs_decoded_with_different_searches_are_refused(corpus, tmp_path):
         analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)
     evaluate_run(other, checkpoint="best", splits=["test"], decode_overrides={"beam": 1})
     analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)
+
+
+# ----------------------------------------------------------------------------- audit fixes (session 57)
+def test_sweep_from_eval_takes_one_split_for_every_run(corpus, tmp_path):
+    """Without --split, the first run's first split: a run that evaluated another split first (its file's
+    first record) is scored on the same split, not on its own first."""
+    a, b = (_sweep_run(corpus, tmp_path / name, size=size, bleus=[1.0]) for name, size in (("a", 3), ("b", 5)))
+    (a / "eval-best.json").write_text(json.dumps({"valid": {"bleu": 30.0}, "test": {"bleu": 20.0}}))
+    (b / "eval-best.json").write_text(json.dumps({"test": {"bleu": 21.0}, "valid": {"bleu": 31.0}}))
+    rows = _csv(analyze.sweep([a, b], key="model.encoder.attention.parts.0.size", out=tmp_path / "s",
+                              score_from="eval")["csv"])
+    assert [r[2:] for r in rows[1:]] == [["30.0", "eval-best.json valid bleu"], ["31.0", "eval-best.json valid bleu"]]
+
+
+@pytest.mark.parametrize("text, said", [
+    ('{"test": {"bleu": 1.0', "eval-best.json: not valid JSON .*sanlab evaluate --run .* --checkpoint best` again"),
+    ("{}", "eval-best.json: no split scored in it"),
+    ('{"test": 5}', r"eval-best.json: no 'bleu' for split 'test' \(splits: test; metrics: none\)"),
+    ('{"test": {"bleu": true}}', "eval-best.json: no 'bleu' for split 'test'"),
+    ("[1, 2]", "eval-best.json: expected a JSON object, found list")])
+def test_a_damaged_eval_record_is_named(corpus, tmp_path, text, said):
+    run = _sweep_run(corpus, tmp_path / "a", size=3, bleus=[1.0])
+    (run / "eval-best.json").write_text(text)
+    with pytest.raises(analyze.ConfigError, match=said):
+        analyze.run_score(run, metric="bleu", score_from="eval", split=None, checkpoint="best")
+
+
+def test_a_run_named_twice_counts_once(corpus, tmp_path):
+    a, b = (_sweep_run(corpus, tmp_path / name, size=15, bleus=[score]) for name, score in (("a", 4.0), ("b", 6.0)))
+    key = "model.encoder.attention.parts.0.size"
+    rows = _csv(analyze.sweep([a, b, f"{a}/"], key=key, out=tmp_path / "s")["csv"])
+    assert [r[:3] for r in rows[1:]] == [["a", "15", "4.0"], ["b", "15", "6.0"]]   # short labels, a once
+    assert "| b | 15 | 6.00 |" in (tmp_path / "s.md").read_text()
+    assert _csv(analyze.curves([a, tmp_path / "." / "a", b], out=tmp_path / "c")["csv"])[0] == ["step", "a", "b"]
+
+
+def test_small_values_keep_significant_digits_in_the_markdown():
+    """A learning rate swept over 5e-4 .. 1e-3 is not 0.00 (nor 0.001 three times) in what the command prints;
+    the CSV keeps full precision as before."""
+    points = [A.SweepPoint(f"lr{v}", v, 20.0 + k) for k, v in enumerate((5e-4, 7e-4, 1e-3, 0.0125))]
+    markdown = A.sweep_table(points, key="train.lr").markdown()
+    assert [line.split(" | ")[1] for line in markdown.splitlines()[2:]] == ["0.0005", "0.0007", "0.001", "0.0125"]
+    curves = A.curves_table({"a": [(1, 5e-4), (2, 0.25)], "b": [(1, 7e-4), (2, 0.0)]}).markdown()
+    assert "| 1 | 0.0005 | 0.0007 |" in curves and "| 2 | 0.250 | 0.000 |" in curves
+
+
+def test_learning_curves_name_a_record_without_a_number_and_skip_nan_for_the_best():
+    records = [{"split": "valid", "step": 1, "bleu": float("nan")}, {"split": "valid", "step": 2, "bleu": 3.0},
+               {"split": "valid", "step": 3, "bleu": 2.0}]
+    assert A.best_validation(records, metric="bleu") == (2, 3.0)   # a leading NaN does not win
+    with pytest.raises(ValueError, match="no 'valid' record has a finite bleu"):
+        A.best_validation(records[:1], metric="bleu")
+    with pytest.raises(ValueError, match="the 'valid' record of step 2 has bleu = None, not a number"):
+        A.learning_curve([{"split": "valid", "step": 2, "bleu": None}], metric="bleu")
+    with pytest.raises(ValueError, match="a 'valid' record has no step"):
+        A.learning_curve([{"split": "valid", "bleu": 1.0}], metric="bleu")
+
+
+def test_gates_of_repeated_kernel_sizes_are_summed():
+    rows = A.gate_rows({"encoder.layers.0.mixer.mixer": [0.2, 0.5, 0.3]}, {"encoder.layers.0.mixer.mixer": [3, 3, 15]})
+    table = A.gate_table(rows)
+    assert table.columns == ("stack", "layer", "k=3", "k=15", "small/large")
+    assert table.rows[0][2:] == pytest.approx((0.7, 0.3, 0.7 / 0.3))
+
+
+def test_the_scores_stage_of_a_convolution_says_why_it_is_missing():
+    with pytest.raises(KeyError, match="computes no pre-softmax scores"):
+        A.trace_stage({"weights": np.zeros((1, 1, 2, 2))}, "scores")
+    with pytest.raises(KeyError, match="exists only when the layer has post-softmax parts"):
+        A.trace_stage({"weights": np.zeros((1, 1, 2, 2))}, "weights_final")
+
+
+def test_ngram_gap_and_pairwise_need_no_source_file(corpus, tmp_path):
+    base, csan = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "csan")
+    for run, first in ((base, BASE_HYP), (csan, REF)):
+        (run / "hyp-best-test.txt").write_text(f"{first}\n{REF}\n{REF}\n")
+    for run in (base, csan):   # the split's source file is gone: the references are all these analyses read
+        text = (run / "config.yaml").read_text()
+        (run / "config.yaml").write_text(text.replace(str(corpus / "test.src"), str(tmp_path / "gone.src")))
+    assert [r[0] for r in _csv(analyze.ngram_gap([csan], baseline=base, out=tmp_path / "gap")["csv"])[1:]] == \
+        ["base"] * 4 + ["csan"] * 4
+    analyze.pairwise([csan], against=[base], out=tmp_path / "pw", bootstrap_samples=20)
+
+
+def test_a_split_one_run_lacks_names_that_run(corpus, tmp_path):
+    base, other = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "other")
+    text = (base / "config.yaml").read_text()
+    assert "    test:\n" in text
+    (base / "config.yaml").write_text(text.replace("    test:\n", "    flickr:\n", 1))
+    with pytest.raises(analyze.ConfigError, match=rf"unknown split 'flickr'; {other / 'config.yaml'} has: test, valid"):
+        analyze.ngram_gap([other], baseline=base, out=tmp_path / "gap", split="flickr")

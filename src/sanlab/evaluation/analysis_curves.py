@@ -6,6 +6,7 @@ swept setting with the mean per value (CSAN Fig. 2), the best validation record,
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +54,14 @@ class SweepPoint:
 
 
 def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> tuple[int, float]:
-    """(step, score) of the best ``split`` record for ``metric`` (max; min for loss/ppl)."""
+    """(step, score) of the best ``split`` record for ``metric`` (max; min for loss/ppl), among finite scores (a
+    NaN first would otherwise win every comparison)."""
     curve = learning_curve(records, metric=metric, split=split)
+    finite = [point for point in curve if math.isfinite(point[1])]
+    if not finite:
+        raise ValueError(f"no {split!r} record has a finite {metric} (steps {', '.join(str(s) for s, _ in curve)})")
     pick = min if metric in LOWER_IS_BETTER else max
-    return pick(curve, key=lambda point: point[1])
+    return pick(finite, key=lambda point: point[1])
 
 
 def _sort_key(value: Any) -> tuple:
@@ -77,7 +82,8 @@ def sweep_means(points: Sequence[SweepPoint]) -> list[tuple[Any, float, int]]:
 
 def sweep_table(points: Sequence[SweepPoint], *, key: str) -> Table:
     ordered = sorted(points, key=lambda p: (_sort_key(p.value), p.run))
-    return Table(("run", key, "score", "from"), tuple((p.run, p.value, p.score, p.source) for p in ordered))
+    return Table(("run", key, "score", "from"), tuple((p.run, p.value, p.score, p.source) for p in ordered),
+                 column_digits=((key, None),))  # the setting as the config gives it (lr 0.0005, not 0.00)
 
 
 # ----------------------------------------------------------------------------- learning curves (Dufter Fig. 2)
@@ -92,11 +98,24 @@ def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "val
     if not chosen:
         splits = sorted({str(r.get("split")) for r in records})
         raise KeyError(f"no {split!r} records (splits present: {', '.join(splits) or 'none'})")
-    with_metric = {int(r["step"]): float(r[metric]) for r in chosen if metric in r}
+    with_metric = {}
+    for r in chosen:
+        if metric in r:
+            step, value = r.get("step"), r[metric]
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise ValueError(f"a {split!r} record has no step (a whole number): {_short(r)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"the {split!r} record of step {step} has {metric} = {value!r}, not a number")
+            with_metric[step] = float(value)
     if not with_metric:
         names = sorted({k for r in chosen for k in r} - {"split", "step", "time"})
         raise KeyError(f"no {split!r} record has metric {metric!r} (metrics: {', '.join(names)})")
     return sorted(with_metric.items())
+
+
+def _short(record: Mapping) -> str:
+    text = repr(dict(record))
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def metric_names(records: Sequence[Mapping], *, pattern: str, split: str = "valid") -> list[str]:

@@ -49,15 +49,25 @@ def small_to_large(row: GateRow) -> float | None:
     """g of the layer's smallest kernel over g of its largest: the quantity MUSE Fig. 4 plots per layer."""
     if len(set(row.kernels)) < 2:
         return None
-    by_size = dict(zip(row.kernels, row.weights))
+    by_size = weights_by_size(row)
     return by_size[min(by_size)] / by_size[max(by_size)]
 
 
+def weights_by_size(row: GateRow) -> dict[int, float]:
+    """The gate weight on each kernel size: summed over branches of one size (a config may repeat a size), so
+    a layer's weights still sum to 1 and none is lost."""
+    by_size: dict[int, float] = {}
+    for k, w in zip(row.kernels, row.weights):
+        by_size[k] = by_size.get(k, 0.0) + w
+    return by_size
+
+
 def gate_table(rows: Sequence[GateRow]) -> Table:
-    """stack x layer rows, one ``k=<size>`` column per kernel size (blank where a layer lacks it) and
+    """stack x layer rows, one ``k=<size>`` column per kernel size (blank where a layer lacks it; branches of
+    one size summed) and
     the small/large ratio of MUSE Fig. 4 (blank for a single-kernel layer)."""
     sizes = sorted({k for r in rows for k in r.kernels})
-    cells = [(r.stack, r.layer, *(dict(zip(r.kernels, r.weights)).get(k) for k in sizes), small_to_large(r))
+    cells = [(r.stack, r.layer, *(weights_by_size(r).get(k) for k in sizes), small_to_large(r))
              for r in rows]
     return Table(("stack", "layer", *(f"k={k}" for k in sizes), "small/large"), tuple(cells), digits=3)
 
@@ -77,8 +87,9 @@ def trace_stage(trace: Mapping[str, Any] | None, stage: str = "final") -> str:
                        "its mixer has no such map (the block mixer attends over block summaries)")
     name = ("weights_final" if "weights_final" in trace else "weights") if stage == "final" else stage
     if name not in trace:
-        raise KeyError(f"this layer's trace has no {name!r} (keys: {sorted(trace)}); {name!r} exists only "
-                       "when the layer has post-softmax parts")
+        why = ("the layer computes no pre-softmax scores (a convolution's weights are its own)" if name == "scores"
+               else f"{name!r} exists only when the layer has post-softmax parts")
+        raise KeyError(f"this layer's trace has no {name!r} (keys: {sorted(trace)}); {why}")
     return name
 
 

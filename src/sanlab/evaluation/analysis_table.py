@@ -13,10 +13,12 @@ from typing import Any
 from sanlab.evaluation.significance import p_text
 
 
-def _cell(value: Any, digits: int) -> str:
+def _cell(value: Any, digits: int | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if isinstance(value, float):
+    if isinstance(value, float) and digits is not None:
+        if 0 < abs(value) < 10 ** (1 - digits):  # where fewer than two digits would show (a learning rate of
+            return f"{value:.{max(digits, 2)}g}"   # 5e-4 is not 0.00 or 0.001): significant digits instead
         return f"{value:.{digits}f}"
     return str(value)
 
@@ -28,7 +30,8 @@ class Table:
     columns: tuple[str, ...]
     rows: tuple[tuple, ...]
     digits: int = 2
-    column_digits: tuple[tuple[str, int], ...] = ()  # (column, digits) where ``digits`` is not right
+    # (column, digits) where ``digits`` is not right; None: as the value is written (a swept setting, 0.0005)
+    column_digits: tuple[tuple[str, int | None], ...] = ()
     p_columns: tuple[str, ...] = ()  # p-values: rendered by ``p_text`` (never rounded onto 0.01 or 0.05)
 
     def __post_init__(self):

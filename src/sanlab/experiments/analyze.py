@@ -34,7 +34,9 @@ from sanlab.experiments.analyze_bleu import length_buckets, ngram_gap, pairwise 
 from sanlab.experiments.analyze_inputs import (  # run_labels, run_score: also imported from here
     PathLike,
     checked,
+    default_eval_split,
     default_metric,
+    distinct_runs,
     load_config_of,
     run_labels,
     run_score,
@@ -50,7 +52,10 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
     """Score against the config value at dotted ``key`` across runs (CSAN Fig. 2); seeds are averaged."""
     from sanlab.evaluation import analysis_curves, plots
 
+    run_dirs = distinct_runs(run_dirs)
     metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
+    if score_from == "eval" and split is None:  # one split for every run and the baseline
+        split = default_eval_split(run_dirs[0], checkpoint)
     for label, run in zip(run_labels(run_dirs), run_dirs):
         value = checked(analysis_curves.dotted_value, load_config_of(run), key, context=str(RunLayout(run).config))
         if value is None:
@@ -87,6 +92,7 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     from sanlab.evaluation import analysis_curves, plots
     from sanlab.training.loop import read_metrics
 
+    run_dirs = distinct_runs(run_dirs)
     for run in run_dirs:  # a mistyped path is "not a run", not "no records"
         if not RunLayout(run).config.is_file():
             raise ConfigError(f"{run}: not a run directory (no {RunLayout(run).config.name})")

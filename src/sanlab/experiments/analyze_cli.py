@@ -25,6 +25,11 @@ def _tokenizer(name: str) -> str:
     if name not in BLEU.TOKENIZERS:
         raise argparse.ArgumentTypeError(f"unknown sacreBLEU tokenizer {name!r}; choose one of "
                                          f"{', '.join(BLEU.TOKENIZERS)}")
+    try:  # set up now, before any run is loaded: some need packages (ja-mecab) or a model download (spm)
+        BLEU(tokenize=name)
+    except (RuntimeError, ImportError, OSError) as err:
+        said = " ".join(str(err).split())  # (sacreBLEU's words for a missing package span lines)
+        raise argparse.ArgumentTypeError(f"sacreBLEU's tokenizer {name!r} cannot be used here: {said}") from None
     return name
 
 

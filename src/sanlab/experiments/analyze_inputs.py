@@ -83,12 +83,14 @@ def _translation_config(run_dir: PathLike):
     return config
 
 
-def held_out_split(config, split: str | None) -> tuple[str, Any]:
-    """(name, ParallelFiles) of a held-out split: ``split``, else the first ``data.test`` split, else valid."""
+def held_out_split(config, split: str | None, *, run_dir: PathLike | None = None) -> tuple[str, Any]:
+    """(name, ParallelFiles) of a held-out split: ``split``, else the first ``data.test`` split, else valid.
+    ``run_dir``: the run whose config this is, named by the error for a split it lacks."""
     files = {**dict(config.data.test), "valid": config.data.valid}
     name = split or next(iter(config.data.test), "valid")
     if name not in files:
-        raise ConfigError(f"unknown split {name!r}; the runs have: {', '.join(files)}")
+        whose = f"{RunLayout(run_dir).config} has" if run_dir is not None else "the runs have"
+        raise ConfigError(f"unknown split {name!r}; {whose}: {', '.join(files)}")
     return name, files[name]
 
 
@@ -135,12 +137,17 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
     from sanlab.data.parallel import open_text, read_parallel
 
     configs = [_translation_config(r) for r in run_dirs]
-    name, files = held_out_split(configs[0], split)
+    name, files = held_out_split(configs[0], split, run_dir=run_dirs[0])
     if not references:
-        _one_test_set(run_dirs, [held_out_split(c, name)[1].tgt for c in configs], name)
-    from_config = not references or (need_sources and not sources)
-    pairs = read_parallel(files.src, files.tgt, keep_empty=True) if from_config else []  # every line, as scored
-    refs = list(open_text(references)) if references else [t for _, t in pairs]
+        _one_test_set(run_dirs, [held_out_split(c, name, run_dir=r)[1].tgt for c, r in zip(configs, run_dirs)],
+                      name)
+    pairs = []  # every line, as scored: the split's sources with its references where the sources are needed
+    if need_sources and not sources:
+        pairs = read_parallel(files.src, files.tgt, keep_empty=True)
+    if references or not pairs:
+        refs = list(open_text(references or files.tgt))
+    else:
+        refs = [t for _, t in pairs]
     if not refs:  # (sacreBLEU cannot score an empty corpus; every analysis needs sentences)
         raise DataError("no reference sentences (the file is empty)", path=str(references or files.tgt))
     src = (list(open_text(sources)) if sources else [s for s, _ in pairs]) if need_sources else None
@@ -180,8 +187,14 @@ def bootstrap_options(samples: int | None, seed: int | None) -> tuple[int, int]:
 
 def baselines_first(baselines: Sequence[PathLike], runs: Sequence[PathLike]) -> list[Path]:
     """The baseline runs, then the other runs, each run once (a run may be named in both lists)."""
+    return distinct_runs([*baselines, *runs])
+
+
+def distinct_runs(runs: Sequence[PathLike]) -> list[Path]:
+    """The runs in order, each once however it was spelled (``a``, ``a/``, ``./a``): a run named twice would
+    count twice in a mean over seeds."""
     ordered: dict[Path, Path] = {}
-    for run in [*baselines, *runs]:
+    for run in runs:
         ordered.setdefault(Path(run).resolve(), Path(run))
     return list(ordered.values())
 
@@ -213,17 +226,36 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
         return score, f"valid {metric}, step {step}"
     if score_from != "eval":
         raise ConfigError(f"score_from must be 'valid' or 'eval', got {score_from!r}")
-    path = RunLayout(run_dir).eval_record(checkpoint)
-    if not path.exists():
-        raise ConfigError(f"{path} not found: run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint}` first")
-    results = json.loads(path.read_text(encoding="utf-8"))
+    path, results = eval_records(run_dir, checkpoint)
     name = split or next(iter(results))
-    if name not in results or not isinstance(results[name].get(metric), (int, float)):
-        numeric = [k for k, v in results.get(name, {}).items() if isinstance(v, (int, float))]
+    record = results.get(name)
+    if not isinstance(record, dict) or isinstance(record.get(metric), bool) \
+            or not isinstance(record.get(metric), (int, float)):
+        numeric = [k for k, v in record.items() if isinstance(v, (int, float))] if isinstance(record, dict) else []
         raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
-                          f"metrics: {', '.join(numeric)})")
+                          f"metrics: {', '.join(numeric) or 'none'})")
     check_current(path, results, name, run_dir=run_dir, checkpoint=checkpoint)
-    return float(results[name][metric]), f"{path.name} {name} {metric}"
+    return float(record[metric]), f"{path.name} {name} {metric}"
+
+
+def eval_records(run_dir: PathLike, checkpoint: str) -> tuple[Path, dict]:
+    """``eval-<checkpoint>.json`` of a run and its records by split: an error naming the file (and the command
+    that writes it) where it is missing, damaged or holds no split."""
+    path = RunLayout(run_dir).eval_record(checkpoint)
+    again = f"run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint}`"
+    results = read_json(path, remedy=f"{again} again")
+    if results is None:
+        raise ConfigError(f"{path} not found: {again} first")
+    if not results:
+        raise ConfigError(f"{path}: no split scored in it; {again}")
+    return path, results
+
+
+def default_eval_split(run_dir: PathLike, checkpoint: str) -> str:
+    """The split ``--from eval`` scores when ``--split`` is not given: the first in the first run's
+    ``eval-<checkpoint>.json``, taken for every run (each file's own first split is the one evaluated first,
+    which may differ between runs)."""
+    return next(iter(eval_records(run_dir, checkpoint)[1]))
 
 
 def check_current(path: Path, results: dict, name: str, *, run_dir: PathLike, checkpoint: str) -> None:
