@@ -83,7 +83,11 @@ def _cmd_translate(args) -> int:
     from sanlab.tasks.translation import translate
     from sanlab.training.device import decoding_precision, deterministic_algorithms, model_device
 
-    check_output_file(args.output)  # before the model is loaded and the input decoded
+    from sanlab.training.rundir import check_not_a_run_file
+
+    check_output_file(args.output, inputs=(args.input,))  # before the model is loaded and the input decoded
+    check_not_a_run_file(args.output, Path(args.run))
+    check_input_file(args.input)
     config, model, spm = load_trained(Path(args.run), checkpoint=args.checkpoint, device=args.device)
     task_for(config).require("translate", args.run)
     task_for(config).require_precision(args.precision, args.run)
@@ -92,7 +96,6 @@ def _cmd_translate(args) -> int:
                           f"hypotheses; pass --n-best (at most {args.beam})")
     decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best,
                                    batch_sentences=args.batch_sentences)
-    check_input_file(args.input)
     lines = input_lines(args.input)
     n_best = decode.n_best
     with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
@@ -229,7 +232,7 @@ def _register_training(sub) -> None:
 
 
 def _input_path(text: str) -> str | None:
-    return None if text == "-" else text  # -: standard input, as without --input
+    return None if text == "-" else text  # -: standard input (--output: output), as without the option
 
 
 def _register_decoding(sub) -> None:
@@ -251,7 +254,8 @@ def _register_decoding(sub) -> None:
         p.set_defaults(fn=fn)
         if name in ("translate", "tag"):
             p.add_argument("--input", type=_input_path, help="input file (default, or -: standard input)")
-            p.add_argument("--output", help="output file (default: stdout)")
+            p.add_argument("--output", type=_input_path, help="output file (default, or -: standard output; "
+                           "a name ending in .gz is written gzip-compressed)")
         if name in ("translate", "evaluate"):
             p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
             p.add_argument("--batch-sentences", type=_positive, help="sentences decoded at a time (default: the "

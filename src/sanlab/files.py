@@ -49,7 +49,7 @@ def replacing_path(path: Path | str) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the file it replaces was an ordinary one
+        os.chmod(tmp, _mode_for(path))  # mkstemp makes it 0600
         fsync(tmp)
         os.replace(tmp, path)
     finally:
@@ -118,8 +118,21 @@ def _new_beside(final: Path, suffix: str) -> Path:
     return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=suffix))
 
 
-def check_output_file(path: Path | str | None, *, flag: str = "--output") -> None:
-    """Fail before any work if ``path`` cannot be written as a file (None: standard output)."""
+def _mode_for(path: Path) -> int:
+    """The permissions of a file that replaces ``path``: the replaced file's, else what ``open`` would give a
+    new file under this process's umask (read back by setting it: there is no other way)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def check_output_file(path: Path | str | None, *, flag: str = "--output",
+                      inputs: tuple[Path | str | None, ...] = ()) -> None:
+    """Fail before any work if ``path`` cannot be written as a file (None: standard output), or is one of the
+    command's ``inputs`` (read whole first, it would be replaced by the output: lost)."""
     from sanlab.errors import ConfigError
 
     if path is None:
@@ -129,12 +142,17 @@ def check_output_file(path: Path | str | None, *, flag: str = "--output") -> Non
     parent = Path(path).parent
     if not parent.is_dir():
         raise ConfigError(f"{flag} {path}: the directory {parent} does not exist")
+    for source in inputs:
+        if source is not None and os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source):
+            raise ConfigError(f"{flag} {path}: is the input file {source}, which the output would replace; "
+                              "write the output to another file")
 
 
 @contextmanager
 def output_stream(path: Path | str | None) -> Iterator[IO[str]]:
     """``replacing(path)``, or standard output (flushed at the end) when ``path`` is None: a command's
-    output file is complete or absent, never the first half of a run that failed."""
+    output file is complete or absent, never the first half of a run that failed. A name ending in ``.gz`` is
+    written gzip-compressed, as such a name is read."""
     if path is None:
         yield sys.stdout
         sys.stdout.flush()
@@ -143,7 +161,7 @@ def output_stream(path: Path | str | None) -> Iterator[IO[str]]:
         with open(path, "w", encoding="utf-8") as stream:
             yield stream
         return
-    with replacing(path) as stream:
+    with replacing(path, compress=Path(path).name.endswith(".gz")) as stream:
         yield stream
 
 

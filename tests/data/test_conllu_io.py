@@ -172,8 +172,14 @@ def test_chunk_sentences_splits_without_dropping():
     ("\n1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_\n", True),
     ("the dog runs .\n", False),
     ("#hashtag starts a tweet\nthe dog runs .\n", False),
-    ("a\tb\tc\n", False),  # tabs, but not the ten columns
+    ("a\tb\tc\n", False),  # tabs, but not the ten columns, nor a word ID first
     ("", False),
+    # meant as CoNLL-U but malformed: read as CoNLL-U, so that the bad line is an error, not tagged as words
+    ("1\tthe\t_\t_\t_\t_\t_\t_\t_\n", True),              # nine columns
+    ("# sent_id = 1\n1 the _ _ _ _ _ _ _ _\n", True),          # spaces for tabs, after CoNLL-U's comment
+    ("# text = the dog\n", True),
+    ("01\tthe\t_\t_\t_\t_\t_\t_\t_\t_\n", True),          # a bad ID in ten columns
+    ("# a comment of plain text\n1 the dog\n", False),
 ])
 def test_conllu_is_recognised_by_its_first_word_line(text, expected):
     from sanlab.data.conllu_io import looks_like_conllu

@@ -10,6 +10,7 @@ know. Named `conllu_io` so that it does not shadow the `conllu` package.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,13 +208,21 @@ def with_tags(lines: Iterable[str], tags: Iterable[Sequence[str]], *, column: Ta
         yield "\n"
 
 
+_CONLLU_COMMENT = re.compile(r"#\s*(sent_id|text|newdoc|newpar|global\.columns)\b")
+
+
 def looks_like_conllu(lines: Iterable[str]) -> bool:
-    """Whether text that is not named ``.conllu`` is CoNLL-U all the same: its first line that is neither blank
-    nor a comment has the ten tab-separated columns, the first a word ID. (Tokenised plain text has no tabs.)"""
+    """Whether text that is not named ``.conllu`` is meant as CoNLL-U all the same: a comment CoNLL-U writes
+    (``# sent_id``, ``# text``, ...) before its first word line, or a first word line (neither blank nor a
+    comment) that is a word ID and a tab, or ten tab-separated columns. Such a file with a malformed line is
+    then an error naming that line, not tagged word by word as plain text. (Tokenised plain text rarely has
+    tabs, and never one after a number that starts a line.)"""
     for line in lines:
+        if _CONLLU_COMMENT.match(line):
+            return True
         if line.strip() and not line.startswith("#"):
             columns = line.split("\t")
-            return len(columns) == 10 and _parse_id(columns[0]) is not None
+            return len(columns) == 10 or (len(columns) > 1 and _parse_id(columns[0]) is not None)
     return False
 
 

@@ -11,6 +11,7 @@ import io
 import itertools
 import logging
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -92,8 +93,16 @@ def check_input_file(path: PathLike | None) -> None:
         return
     if Path(path).is_dir():
         raise DataError("is a directory; give an input file (or none, or -, for standard input)", path=str(path))
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise DataError("input file not found", path=str(path))
+    if not (Path(path).is_file() or _is_stream(path)):
+        raise DataError("not a regular file, a pipe or a character device", path=str(path))
+
+
+def _is_stream(path: PathLike) -> bool:
+    """A pipe or a character device (``<(command)``, ``/dev/stdin``): readable once, as an input is read."""
+    mode = os.stat(path).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
 def input_lines(path: PathLike | None) -> list[str]:
@@ -102,6 +111,8 @@ def input_lines(path: PathLike | None) -> list[str]:
     Lines end at "\n" only (and a "\r" before it): ``str.splitlines`` would also split a sentence at
     U+2028, U+0085 and the like, and one input line must stay one output line.
     """
+    if path is not None and not Path(path).is_file() and Path(path).exists() and _is_stream(path):
+        return list(_iter_lines(open(path, "rb"), Path(path)))  # (open_text takes regular files only)
     if path is not None:
         return list(open_text(path))
     # Bytes, decoded line by line as for files: the text layer would turn bad bytes into surrogates (or fail

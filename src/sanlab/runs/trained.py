@@ -228,13 +228,15 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     from sanlab.tasks.tagging import tag_sentences
     from sanlab.training.device import (check_decoding_precision, decoding_precision, deterministic_algorithms,
                                         model_device)
+    from sanlab.training.rundir import check_not_a_run_file
 
-    check_output_file(output_path)
+    check_output_file(output_path, inputs=(input_path,))
+    check_not_a_run_file(output_path, run_dir)
+    check_input_file(input_path)
     check_decoding_precision(precision)  # before the model is loaded
     config, model, vocab = load_trained(run_dir, checkpoint=checkpoint, device=device)
     task_for(config).require("tag", run_dir)
     task_for(config).require_precision(precision, run_dir)
-    check_input_file(input_path)
     lines = input_lines(input_path)
     conllu = (bool(input_path) and ".conllu" in Path(input_path).name) or looks_like_conllu(lines)
     if conllu:  # tags, if any, replaced

@@ -38,12 +38,13 @@ class TaggingVocab:
     tags: list[str]
 
     def __post_init__(self):
-        self.word_id = {w: i for i, w in enumerate(self.words)}
+        # data words only: a text holding the word "<pad>" must not read as padding (id 0, masked out)
+        self.word_id = {w: i for i, w in enumerate(self.words) if i > UNK}
         self.char_id = {c: i for i, c in enumerate(self.chars)}
         self.tag_id = {t: i for i, t in enumerate(self.tags)}
 
     def in_vocab(self, word: str) -> bool:
-        return word in self.word_id and self.word_id[word] > UNK
+        return word in self.word_id
 
     @staticmethod
     def build(train: list[TaggedSentence], counted: list[TaggedSentence], *, fraction: float,
