@@ -243,6 +243,18 @@ def make_translation_run(corpus, run, model=None, *, setup=None):
     return run
 
 
+def _hand_written(run, text, split="test"):
+    """Hypotheses written by hand over an evaluated split's file: its record's digest of the file is updated
+    (without it, the analyses refuse a file that is not the one its record scored)."""
+    from sanlab.tasks.translation import hypotheses_digest, read_hypotheses
+
+    path = run / f"hyp-best-{split}.txt"
+    path.write_text(text)
+    record = json.loads((run / "eval-best.json").read_text())
+    record[split]["hypotheses_sha256"] = hypotheses_digest(read_hypotheses(path))
+    (run / "eval-best.json").write_text(json.dumps(record))
+
+
 def _csv(path):
     return list(csv.reader(path.read_text().splitlines()))
 
@@ -264,7 +276,7 @@ def test_ngram_gap_and_length_buckets_from_runs(corpus, tmp_path):
     # base: 4/4 + 5/5 + 6/6 unigrams; bigrams 1/3 + 3/4 + 5/5
     assert [float(r[4]) for r in rows[1:3]] == pytest.approx([100.0, 100 * 9 / 12])
 
-    (csan / "hyp-best-test.txt").write_text(f"{REF}\nwrong words only here\n{REF}\n")
+    _hand_written(csan, f"{REF}\nwrong words only here\n{REF}\n")
     paths = analyze.length_buckets([base, csan], out=tmp_path / "len", edges=(4, 8))
     rows = _check_outputs(paths)
     assert [(r[0], r[1], r[2]) for r in rows[1:]] == [(s, b, n) for s in ("base", "csan")
@@ -912,3 +924,26 @@ def test_a_split_one_run_lacks_names_that_run(corpus, tmp_path):
     (base / "config.yaml").write_text(text.replace("    test:\n", "    flickr:\n", 1))
     with pytest.raises(analyze.ConfigError, match=rf"unknown split 'flickr'; {other / 'config.yaml'} has: test, valid"):
         analyze.ngram_gap([other], baseline=base, out=tmp_path / "gap", split="flickr")
+
+
+def test_an_evaluation_that_fails_part_way_leaves_every_split_as_its_record_says(corpus, tmp_path):
+    """A split whose references do not pair with its sources fails before any split is decoded, so the earlier
+    hypotheses stay those the record scored; a hypotheses file replaced behind its record's back is refused."""
+    run = make_translation_run(corpus, tmp_path / "run")
+    evaluate_run(run, checkpoint="best", splits=["test"])
+    hyp = run / "hyp-best-test.txt"
+    before = hyp.read_bytes()
+    short = tmp_path / "short.tgt"
+    short.write_text(f"{REF}\n")
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace(
+        "    test:\n", f"    bad:\n      src: {corpus / 'test.src'}\n      tgt: {short}\n    test:\n", 1))
+    from sanlab.errors import DataError
+
+    with pytest.raises(DataError, match="line counts differ"):
+        evaluate_run(run, checkpoint="best", splits=["test", "bad"], decode_overrides={"beam": 2})
+    assert hyp.read_bytes() == before
+    analyze.ngram_gap([run], baseline=run, out=tmp_path / "gap", split="test")
+    hyp.write_text(f"{REF}\n{REF}\n{REF}\n")   # as many lines, other text
+    with pytest.raises(analyze.ConfigError, match="is not the file eval-best.json scored"):
+        analyze.ngram_gap([run], baseline=run, out=tmp_path / "gap", split="test")

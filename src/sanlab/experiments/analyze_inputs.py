@@ -105,13 +105,18 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
     if not path.exists():
         raise ConfigError(f"{path} not found: decode first with "
                           f"`sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split {split}`")
-    from sanlab.tasks.translation import read_hypotheses
+    from sanlab.tasks.translation import hypotheses_digest, read_hypotheses
 
     record = RunLayout(run_dir).eval_record(checkpoint)  # written with the hypotheses
     results = read_json(record) or {}
     if isinstance(results.get(split), dict):
         check_current(record, results, split, run_dir=run_dir, checkpoint=checkpoint)
     hyps = read_hypotheses(path)
+    digest = results.get(split, {}).get("hypotheses_sha256") if isinstance(results.get(split), dict) else None
+    if digest is not None and digest != hypotheses_digest(hyps):
+        raise ConfigError(f"{path} is not the file {record.name} scored (an evaluation that failed part way "
+                          f"replaced it?): run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split "
+                          f"{split}` again")
     if len(hyps) != expected:
         raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
     decode = results.get(split, {}).get("decode") if isinstance(results.get(split), dict) else None

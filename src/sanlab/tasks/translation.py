@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -328,17 +329,27 @@ def evaluate_translation(model: Seq2Seq, spm: SubwordPair, config: TranslationCo
         if unknown:
             raise ConfigError(f"unknown split(s) {unknown}; this run has: {', '.join(dict.fromkeys(['valid', *files]))}")
         files = {s: files.get(s, config.data.valid) for s in splits}
+    # every line of a test set is scored (data.skip_empty applies to training and validation only): an empty
+    # source has nothing to translate, so its hypothesis is empty. Every split is read before any is decoded,
+    # and the hypotheses files are written only once all are scored: a split that fails leaves the files of
+    # the others as their eval record describes them (the caller writes the record after this returns).
+    raws = {name: read_parallel(pair.src, pair.tgt, keep_empty=True) for name, pair in files.items()}
+    decoded = {name: translate(model, spm, [s for s, _ in raw], decode=decode, source=str(files[name].src),
+                               precision=precision) for name, raw in raws.items()}
     results = {}
-    for name, pair in files.items():
-        # every line of a test set is scored (data.skip_empty applies to training and validation only):
-        # an empty source has nothing to translate, so its hypothesis is empty
-        raw = read_parallel(pair.src, pair.tgt, keep_empty=True)
-        hyps = translate(model, spm, [s for s, _ in raw], decode=decode, source=str(pair.src), precision=precision)
-        scores = corpus_scores(hyps, [t for _, t in raw])
+    for name, hyps in decoded.items():
+        scores = corpus_scores(hyps, [t for _, t in raws[name]])
         hyp_path = RunLayout(out_dir).hypotheses(tag, name, precision.name)
         write_hypotheses(hyp_path, hyps)
         results[name] = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                          "chrf_signature": scores.chrf_signature, "formatted": scores.format(),
-                         "hypotheses": hyp_path.name, "sentences": len(raw),  # (beside the record)
-                         "decode": decode.model_dump()}
+                         "hypotheses": hyp_path.name, "sentences": len(raws[name]),  # (beside the record)
+                         "hypotheses_sha256": hypotheses_digest(hyps), "decode": decode.model_dump()}
     return results
+
+
+def hypotheses_digest(hyps: list[str]) -> str:
+    """The sha256 of the hypotheses file ``write_hypotheses`` writes for ``hyps``: kept in the eval record, so
+    that a file which no longer matches its record (replaced by an evaluation that failed before its record
+    was written) is refused by what reads the two together."""
+    return hashlib.sha256("".join(h + "\n" for h in hyps).encode("utf-8")).hexdigest()
