@@ -50,6 +50,36 @@ def test_replace_directory_swaps_a_complete_directory_in(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["averaged"]
 
 
+def test_replace_directory_that_fails_leaves_the_destination_as_it_was(tmp_path, monkeypatch):
+    """Neither rename may leave the set-aside directory behind: moving a symbolic link aside onto it fails (rename
+    of a link onto a directory), and a failing final rename puts the old directory back."""
+    import os
+
+    from sanlab import files
+
+    store, tmp = tmp_path / "store", tmp_path / ".new.tmp"
+    for directory, text in ((store, "old"), (tmp, "new")):
+        directory.mkdir()
+        (directory / "model.safetensors").write_text(text)
+    link = tmp_path / "link"
+    link.symlink_to(store)
+    with pytest.raises(OSError):
+        files.replace_directory(tmp, link)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".new.tmp", "link", "store"]
+    final, replace = tmp_path / "store", os.replace
+
+    def failing(src, dst):
+        if Path(src) == tmp:
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", failing)
+    with pytest.raises(OSError, match="No space left"):
+        files.replace_directory(tmp, final)
+    assert (final / "model.safetensors").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".new.tmp", "link", "store"]
+
+
 def test_input_lines_split_at_newlines_only(tmp_path, monkeypatch):
     import io
 

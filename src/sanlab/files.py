@@ -17,7 +17,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
@@ -94,14 +94,25 @@ def replace_directory(tmp: Path, final: Path) -> None:
     first and deleted after, so ``final`` is never a mix of the two; only for the instant between the two
     renames is it absent (a crash there leaves the old one as ``.<name>.XXXX.old``). The aside name is a
     new one each time: ``final`` may be anywhere (``sanlab average --output``), and a fixed name could be
-    someone's directory."""
+    someone's directory. A rename that fails leaves ``final`` as it was: the old one is put back and the
+    aside directory removed (``tmp`` stays, for the caller to remove)."""
     for f in (*tmp.iterdir(), tmp):
         fsync(f)
     old = None
     if final.exists():
         old = _new_beside(final, ".old")
-        os.replace(final, old)  # (onto the empty directory mkdtemp made: allowed for directories)
-    os.replace(tmp, final)
+        try:
+            os.replace(final, old)  # (onto the empty directory mkdtemp made: allowed for directories)
+        except OSError:
+            os.rmdir(old)  # still the empty one mkdtemp made
+            raise
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            with suppress(OSError):  # (if this fails too, the old one stays as .<name>.XXXX.old)
+                os.replace(old, final)  # the old one back where it was
+        raise
     fsync(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -454,6 +454,24 @@ def test_meta_json_records_every_session_with_the_threads_it_trained_with(tmp_pa
         [("cpu", "fp32", False, False)] * 2  # train.device auto and cpu: both the CPU here
 
 
+def test_a_resume_with_other_cpu_threads_goes_on_and_says_it_is_not_exact(tmp_path, tiny_translation):
+    """train.threads may change on resume (and unset, it is the machine's cores), but a CPU sum split over other
+    threads rounds differently: train.log says so, naming both, against the session that trained the checkpoint
+    (not a later one killed before its first checkpoint)."""
+    run = tmp_path / "run"
+    warning = "WARNING: not an exact resume: the updates up to 2 were computed with 1 CPU thread(s) and this " \
+              "session uses 2 (train.threads, or this machine's cores when unset)"
+    train_run(tiny_translation(max_steps=2, valid_every=1, threads=1), run, quiet=True)
+    meta = json.loads((run / "meta.json").read_text())
+    meta["sessions"].append({**meta["sessions"][-1], "from_step": 2, "threads": 2})  # killed before saving
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert train_run(tiny_translation(max_steps=3, valid_every=1, threads=2), run, quiet=True)["step"] == 3
+    assert warning in (run / "train.log").read_text()
+    train_run(tiny_translation(max_steps=4, valid_every=1, threads=2), run, quiet=True)  # as the checkpoint's
+    assert (run / "train.log").read_text().count("not an exact resume") == 1
+    assert [s["threads"] for s in json.loads((run / "meta.json").read_text())["sessions"]] == [1, 2, 2, 2]
+
+
 def test_a_programmatic_cli_call_records_its_own_command_not_the_host_process(tmp_path, tiny_translation,
                                                                                  monkeypatch):
     import sys
@@ -655,7 +673,7 @@ def test_a_resume_that_cannot_continue_the_gpu_random_streams_says_so(tmp_path, 
     from sanlab.training import loop
 
     real = loop.rng_state
-    monkeypatch.setattr(loop, "rng_state", lambda: {**real(), "cuda": [torch.zeros(16, dtype=torch.uint8)]})
+    monkeypatch.setattr(loop, "rng_state", lambda device=None: {**real(), "cuda": [torch.zeros(16, dtype=torch.uint8)]})
     train_run(tiny_translation(max_steps=3), tmp_path / "run", quiet=True)
     monkeypatch.setattr(loop, "rng_state", real)
     train_run(tiny_translation(max_steps=5), tmp_path / "run", quiet=True)
@@ -677,3 +695,24 @@ def test_each_gpu_stream_goes_back_to_the_gpu_of_its_index(monkeypatch):
     state["cuda"] *= 3
     restored.clear()
     assert set_rng_state(state, torch.device("cuda", 1)) is None and restored == [(7, 0), (7, 1)]
+
+
+def test_the_stream_of_the_gpu_a_run_trained_on_goes_to_the_gpu_it_resumes_on(monkeypatch):
+    """Trained on cuda:1 (dropout drew from GPU 1's stream) and resumed on cuda:0: GPU 0 continues GPU 1's
+    stream, not its own untouched one; checkpoints that name no GPU keep the streams by index (above)."""
+    from sanlab.training.checkpoint import rng_state, set_rng_state
+
+    restored = []
+    streams = [torch.full((4,), 0, dtype=torch.uint8), torch.full((4,), 1, dtype=torch.uint8)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: streams)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: restored.append((int(state[0]), index)))
+    state = rng_state(torch.device("cuda", 1))
+    assert state["cuda_device"] == 1 and rng_state(torch.device("cpu")).keys() == state.keys() - {"cuda_device"}
+    assert set_rng_state(state, torch.device("cuda", 0)) is None and restored == [(1, 0)]
+    restored.clear()
+    assert set_rng_state({**state, "cuda": streams[1:], "cuda_device": 0}, torch.device("cuda", 1)) is None
+    assert restored == [(1, 1)]  # one GPU's stream, saved on cuda:0: continued on cuda:1, with no warning
+    assert "computes on cpu" in set_rng_state(state, torch.device("cpu"))

@@ -85,6 +85,36 @@ def test_overwrite_lists_files_sanlab_did_not_write_and_deletes_only_a_runs_own(
     assert [s["from_step"] for s in json.loads((run / "meta.json").read_text())["sessions"]] == [0]
 
 
+def test_overwrite_looks_inside_the_directories_it_deletes_whole(tmp_path, tiny_translation):
+    """checkpoints/, averaged/ and tensorboard/ are deleted whole: what sanlab did not write inside them (a copy
+    of a checkpoint kept for a paper, notes beside the average) is listed and refused like a top-level file."""
+    from sanlab.runs import average_run
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    average_run(run, last=2)
+    checkpoints = run / "checkpoints"
+    (checkpoints / ".step-00000002.tmp").mkdir()  # sanlab's temporary names are its own (a crash leaves them)
+    (checkpoints / ".latest.json.x1y2.tmp").write_text("{}")
+    foreign = {"averaged/NOTES.txt": "notes", "checkpoints/paper-final/model.safetensors": "a copy",
+               "checkpoints/step-00000002/notes.txt": "mine", "checkpoints/step-00000001.bak": "a copy",
+               "tensorboard/plots/loss.png": "a plot"}
+    for name, text in foreign.items():
+        (run / name).parent.mkdir(exist_ok=True)
+        (run / name).write_text(text)
+    with pytest.raises(ConfigError, match=r"holds files sanlab did not write \(averaged/NOTES.txt, "
+                                          r"checkpoints/paper-final, checkpoints/step-00000001.bak, "
+                                          r"checkpoints/step-00000002/notes.txt, tensorboard/plots\); --overwrite"):
+        train_run(tiny_translation(max_steps=2, valid_every=1), run, overwrite=True, quiet=True)
+    assert all((run / name).read_text() == text for name, text in foreign.items())
+    assert (checkpoints / "step-00000002" / "model.safetensors").is_file()  # nothing deleted
+    for name in ("averaged/NOTES.txt", "checkpoints/paper-final", "checkpoints/step-00000001.bak",
+                 "checkpoints/step-00000002/notes.txt", "tensorboard/plots"):
+        shutil.move(run / name, tmp_path / name.replace("/", "-"))
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, overwrite=True, quiet=True)
+    assert not (run / "averaged").exists() and not (checkpoints / ".step-00000002.tmp").exists()
+
+
 def _as_legacy(run):
     """What a run made before the marker looks like (the committed cells of results/compare/)."""
     meta = json.loads((run / "meta.json").read_text())
@@ -188,6 +218,58 @@ def test_checkpoint_names_and_average_counts_say_what_there_is(tmp_path, tiny_tr
             and "give best, last, averaged (after `sanlab average`), a step-N name of this run (step-00000001)" in err)
     assert load_trained(run, checkpoint="step-00000001")[1] is not None
     assert load_trained(run, checkpoint="step-1")[1] is not None  # the step number without the zeros
+
+
+def test_copies_files_and_averages_among_the_checkpoints_are_not_checkpoints(tmp_path, tiny_translation, capsys):
+    """A backup copy step-00000003.bak is not averaged with its original, a file step-list.txt stops nothing, and an
+    average may not be written among the checkpoints (`--checkpoint last` would load it, a resume would fail)."""
+    from sanlab.runs import average_run
+    from sanlab.runs.trained import load_checkpoint
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=3, valid_every=1, keep_last=3), run, quiet=True)
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step-00000003", checkpoints / "step-00000003.bak")
+    (checkpoints / "step-list.txt").write_text("my notes\n")
+    averaged = json.loads((average_run(run, last=2) / "meta.json").read_text())["averaged"]
+    assert averaged == ["step-00000002", "step-00000003"]
+    inside = checkpoints / "step-avg"
+    assert main(["average", "--run", str(run), "--last", "2", "--output", str(inside)]) == 2
+    assert f"--output {inside}: inside {checkpoints}, where training keeps its own checkpoints" in capsys.readouterr().err
+    assert not inside.exists()
+    assert load_checkpoint(run, checkpoint="last")[4]["checkpoint"] == "checkpoints/step-00000003"
+    assert train_run(tiny_translation(max_steps=4, valid_every=1, keep_last=3), run, quiet=True)["step"] == 4
+    assert (checkpoints / "step-00000003.bak").is_dir() and (checkpoints / "step-list.txt").is_file()
+
+
+def test_an_average_output_that_is_a_symbolic_link_is_refused_and_leaves_nothing_behind(tmp_path, tiny_translation,
+                                                                                        capsys):
+    run, store = tmp_path / "run", tmp_path / "store"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    assert main(["average", "--run", str(run), "--last", "2", "--output", str(store / "avg")]) == 0
+    link = tmp_path / "link"
+    link.symlink_to(store / "avg")
+    before = _tree(tmp_path)
+    assert main(["average", "--run", str(run), "--last", "1", "--output", str(link)]) == 2
+    assert f"{link}: is a symbolic link (to {store / 'avg'}); refusing to replace it" in capsys.readouterr().err
+    assert _tree(tmp_path) == before  # no .link.XXXX.old beside it, the average it points to unchanged
+
+
+def test_the_runs_average_named_by_its_path_is_flagged_when_the_run_moved_on(tmp_path, tiny_translation, capsys):
+    """`--checkpoint RUN/averaged` is `--checkpoint averaged`: the same warning once the run's last N are others."""
+    import os
+
+    from sanlab.runs import average_run, load_trained
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    average_run(run, last=1)
+    train_run(tiny_translation(max_steps=3, valid_every=1), run, quiet=True)
+    capsys.readouterr()
+    for spelled in ("averaged", str(run / "averaged"), os.path.relpath(run / "averaged")):
+        load_trained(run, checkpoint=spelled)
+        err = capsys.readouterr().err
+        assert "averages step-00000002 (the last 1 when it was written); the run's last 1 are now step-00000003" in err
 
 
 def test_evaluating_a_run_with_no_checkpoint_says_so(tmp_path, tiny_translation):

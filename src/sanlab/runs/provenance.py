@@ -87,4 +87,19 @@ def record_session(run_dir: Path, config: Config, *, step: int) -> None:
     write_json(path, meta)
 
 
+def threads_change(run_dir: Path, *, step: int) -> str:
+    """Why resuming at update ``step`` with this process's intra-op threads is not exact, or "": the session that
+    computed the updates up to ``step`` (the last one recorded as starting before it) used another number of
+    CPU threads (``train.threads``, or the cores of its machine when unset), and a CPU reduction split over
+    other threads adds in another order. "" also when no session recorded its threads (older runs)."""
+    sessions = (read_json(RunLayout(run_dir).meta) or {}).get("sessions", [])
+    before = [s for s in sessions if isinstance(s, dict) and isinstance(s.get("from_step"), int)
+              and s["from_step"] < step]
+    then, now = (before[-1].get("threads") if before else None), torch.get_num_threads()
+    if not isinstance(then, int) or then == now:
+        return ""
+    return (f"the updates up to {step:,} were computed with {then} CPU thread(s) and this session uses {now} "
+            "(train.threads, or this machine's cores when unset): the CPU's sums round differently from here on")
+
+
 # Keys that may change when a run is resumed (they do not change what was already trained).

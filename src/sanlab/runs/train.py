@@ -17,7 +17,7 @@ from sanlab.training import rundir
 from sanlab.training.logging import RunLogger
 from sanlab.training.rundir import run_lock
 from sanlab.runs.build import check_buildable, make_task
-from sanlab.runs.provenance import record_session
+from sanlab.runs.provenance import record_session, threads_change
 from sanlab.runs.resume import check_training_data, prepare_run_dir
 
 
@@ -111,7 +111,8 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
         torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
     trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
     if start.resuming:
-        trainer.resume()
+        if trainer.resume() and dist.is_main and dist.device.type == "cpu":  # (a GPU's sums do not use them)
+            _warn_of_other_threads(run_dir, log, step=trainer.progress.step)
     elif dist.is_main:  # a session killed before its first checkpoint logged updates that this one repeats
         reached = log.truncate_after(0)
         if reached is not None:
@@ -123,3 +124,11 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
         return trainer.fit()
     finally:
         log.close()
+
+
+def _warn_of_other_threads(run_dir: Path, log, *, step: int) -> None:
+    """A resume with other CPU threads goes on (``train.threads`` is a resumable key), but train.log says it is
+    not the run it was. Called before this session is added to meta.json's sessions."""
+    changed = threads_change(run_dir, step=step)
+    if changed:
+        log.info(f"WARNING: not an exact resume: {changed}")

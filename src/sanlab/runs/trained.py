@@ -80,7 +80,9 @@ def load_checkpoint(run_dir: Path, *, checkpoint: str = "best", device: str = "c
             if attempt == 2 or checkpoint not in ("best", "last"):
                 raise ConfigError(f"{err}: the checkpoint disappeared while it was loaded (is a training process "
                                   "pruning this run's checkpoints?); try again") from None
-    stale = stale_average(run_dir, path, config) if checkpoint == "averaged" else ""
+    # by the keyword or by its path: the same directory
+    averaged = path.resolve() == RunLayout(run_dir).averaged.resolve()
+    stale = stale_average(run_dir, path, config) if averaged else ""
     if stale:  # (loading it is still what was asked)
         print(f"WARNING: {stale}", file=sys.stderr)
     return config, model.to(resolve_device(device)).eval(), assets, path, described
@@ -175,7 +177,17 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
         # write eval-best.json and replace the run's own best records
         raise ConfigError(f"{output}: --output may not be named {target.name!r}, the name of a run's own "
                           "checkpoint (its evaluations would replace that checkpoint's records): choose another name")
+    _refuse_output_among_checkpoints(run_dir, target)
     return write_average(chosen, target, selection=f"last {last}" if last else f"best {best}")
+
+
+def _refuse_output_among_checkpoints(run_dir: Path, output: Path) -> None:
+    """``average --output`` inside the run's checkpoints directory: training lists, prunes and resumes from what
+    is there, and an average is none of its checkpoints. (The directory itself is refused by ``write_average``:
+    not an averaged checkpoint.)"""
+    if RunLayout(run_dir).checkpoints.resolve() in output.resolve().parents:
+        raise ConfigError(f"--output {output}: inside {RunLayout(run_dir).checkpoints}, where training keeps its "
+                          "own checkpoints; write the average elsewhere (by default, the run's averaged/)")
 
 
 def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def write_average(checkpoints: list[Path], output: Path, *, selection: str | Non
     checkpoints by their directory names (however the run's path was spelled) and, as ``selection``, how they
     were chosen ("last 5", "best 3"), which ``stale_average`` checks against the run later."""
     output = Path(output)
+    if output.is_symlink():  # replacing it would replace the link, not the directory it points to
+        raise ConfigError(f"{output}: is a symbolic link (to {os.readlink(output)}); refusing to replace it: give "
+                          "the directory itself as --output, or a new name")
     if output.exists() and not is_averaged_checkpoint(output):  # it would be deleted and replaced
         raise ConfigError(f"{output}: exists and is not an averaged checkpoint (no meta.json naming the averaged "
                           "checkpoints); refusing to replace it: choose a new --output")

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -49,6 +51,13 @@ def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
+def is_step_name(name: str) -> bool:
+    """Whether ``name`` is one ``step_name`` writes (``step-00001000``): a copy beside a checkpoint
+    (``step-00001000.bak``), a user's ``step-list.txt`` or ``step-avg`` is not a checkpoint of the run."""
+    digits = re.fullmatch(rf"{re.escape(STEP_PREFIX)}(\d+)", name)
+    return digits is not None and step_name(int(digits.group(1))) == name
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -65,36 +74,57 @@ def checksums(directory: Path) -> dict[str, str]:
 def verify(path: Path) -> None:
     """Check ``path`` (a file of a checkpoint) against the sha256 its meta.json recorded, if any."""
     path = Path(path)
+    meta_path = path.parent / META
     try:
-        expected = (read_json(path.parent / META) or {}).get("sha256", {}).get(path.name)
+        meta = read_json(meta_path) or {}
     except ConfigError as err:
         raise DamagedCheckpoint(str(err)) from None
+    expected = _checked_sha256(meta, meta_path).get(path.name)
     if expected is not None and path.exists() and file_sha256(path) != expected:
         raise DamagedCheckpoint(f"{path}: damaged: its sha256 differs from the one recorded when it was written")
 
 
-def rng_state() -> dict:
+def _checked_sha256(meta: dict, path: Path, remedy: str | None = None) -> dict:
+    """``meta``'s checksums (``{}`` if it records none, as before checksums existed): file name -> sha256, or a
+    DamagedCheckpoint naming ``path`` (the meta.json) and ``remedy``."""
+    sha256 = meta.get("sha256", {})
+    if not isinstance(sha256, dict) or not all(isinstance(v, str) for v in sha256.values()):
+        raise DamagedCheckpoint(f"{path}: damaged: \"sha256\" is {json.dumps(sha256)[:80]}, not the file names and "
+                                "checksums sanlab writes" + (f"; {remedy}" if remedy else ""))
+    return sha256
+
+
+def rng_state(device: torch.device | None = None) -> dict:
     """The random streams a resumed run must continue: the CPU generator, Python's, and the CUDA generators
-    where CUDA is in use (dropout on a GPU draws from those)."""
+    where CUDA is in use (dropout on a GPU draws from those), with the index of the GPU this process trains on
+    when ``device`` is one (``cuda_device``): a resume on another GPU continues that GPU's stream."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        if device is not None and torch.device(device).type == "cuda":
+            state["cuda_device"] = _cuda_index(torch.device(device))
     return state
 
 
 def set_rng_state(state: dict, device: torch.device | None = None) -> str | None:
-    """Restore what ``rng_state`` saved. Each GPU's stream goes back to the GPU of its index; what cannot be
-    continued (a GPU run resumed on the CPU, or on a GPU the checkpoint has no stream of) is returned as a
-    sentence for the log, since the resume is then not the run it was."""
+    """Restore what ``rng_state`` saved. The stream of the GPU the run trained on goes to the GPU it resumes on
+    (``device``); a checkpoint that does not say which GPU that was (written before ``cuda_device`` existed)
+    gives each GPU the stream of its index. What cannot be continued (a GPU run resumed on the CPU, or on a
+    GPU the checkpoint has no stream of) is returned as a sentence for the log, since the resume is then not
+    the run it was."""
     torch.set_rng_state(state["torch"])
     random.setstate(_as_tuple(state["python"]))
     cuda = state.get("cuda")
     if cuda is None:
         return None
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    own = state.get("cuda_device")
+    if device.type == "cuda" and isinstance(own, int) and 0 <= own < len(cuda):
+        torch.cuda.set_rng_state(cuda[own], _cuda_index(device))  # the stream dropout drew from, on this GPU
+        return None
     here = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for index in range(min(len(cuda), here)):
         torch.cuda.set_rng_state(cuda[index], index)
-    device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type != "cuda":
         return (f"the checkpoint has the random streams of {len(cuda)} GPU(s) and this run computes on {device}: "
                 "its dropout draws start anew")
@@ -102,6 +132,10 @@ def set_rng_state(state: dict, device: torch.device | None = None) -> str | None
         return (f"the checkpoint has the random streams of {len(cuda)} GPU(s), none for {device}: its dropout "
                 "draws start anew")
     return None
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _as_tuple(x):
@@ -114,7 +148,8 @@ def complete_checkpoints(directory: Path) -> list[dict]:
     ``meta.json`` was damaged afterwards: an error naming it, never a checkpoint to skip (training would
     start again and write over it). One pruned between listing and reading (a training process beside a
     reader renames it away whole) is left out: it is gone, not damaged."""
-    listed = ((d, _meta_unless_pruned(d)) for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*")))
+    named = (d for d in sorted(Path(directory).glob(f"{STEP_PREFIX}*")) if is_step_name(d.name) and d.is_dir())
+    listed = ((d, _meta_unless_pruned(d)) for d in named)
     return [{**meta, "path": str(d)} for d, meta in listed if meta is not None]
 
 
@@ -137,7 +172,21 @@ def read_meta(checkpoint: Path) -> dict:
     if meta is None:
         raise ConfigError(f"{checkpoint}: checkpoint without {META} (written complete, so it was removed since); "
                           f"{remedy}")
+    _check_meta(meta, checkpoint / META, remedy)
     return meta
+
+
+def _check_meta(meta: dict, path: Path, remedy: str) -> None:
+    """What the checkpoints' listing, ordering and checks read of a meta.json, of the types sanlab writes: an
+    edited or foreign one is a DamagedCheckpoint naming ``path``, not a KeyError or TypeError deep inside."""
+    step, score = meta.get("step"), meta.get("score")
+    if not isinstance(step, int) or isinstance(step, bool):
+        found = f"is {json.dumps(step)[:80]}" if "step" in meta else "is missing"
+        raise DamagedCheckpoint(f"{path}: damaged: \"step\" {found}, not the update number; {remedy}")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, numbers.Real)):
+        raise DamagedCheckpoint(f"{path}: damaged: \"score\" is {json.dumps(score)[:80]}, not a number or null; "
+                                f"{remedy}")
+    _checked_sha256(meta, path, remedy)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -145,7 +194,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
     pointer = Path(directory) / LATEST
     latest = read_json(pointer)
     if latest is not None:
-        if not isinstance(latest.get("checkpoint"), str):
+        if not isinstance(latest.get("checkpoint"), str) or not is_step_name(latest["checkpoint"]):
             raise ConfigError(f"{pointer}: expected {{\"checkpoint\": \"step-N\"}}, found {latest}; delete it to "
                               "resume from the newest complete checkpoint")
         path = Path(directory) / latest["checkpoint"]

@@ -39,6 +39,7 @@ class RunLayout:
     metrics = _Named("metrics.jsonl")       # train, validation and speed records
     train_log = _Named("train.log")         # the console lines
     tensorboard = _Named("tensorboard")     # TensorBoard's event files (a directory)
+    TENSORBOARD_EVENTS = "events.out.tfevents.*"  # how torch's SummaryWriter names them (its only files there)
     checkpoints = _Named("checkpoints")     # step-N/ checkpoints and latest.json (training/checkpoint.py)
     lock = _Named(".lock")                  # the run lock (training/rundir.py)
     tagger_vocab = _Named("tagger-vocab.json")  # a tagging run's words, characters and tags

@@ -357,7 +357,7 @@ class Trainer:
         with unsaved updates) is checkpointed but leaves the early-stopping counters alone, so a run
         whose budget is raised on resume stops where one trained straight through would."""
         self.settle()  # the updates since the loop's last read (none, on the loop's own schedule)
-        rngs = self.dist.gather(rng_state())
+        rngs = self.dist.gather(rng_state(self.device))
         self._check_weights_finite()
         failure = None
         if self.dist.is_main:
@@ -392,7 +392,7 @@ class Trainer:
             raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
                                 f"are not finite; stopping without saving it. Last good checkpoint: "
                                 f"{self.last_good}. Try a lower learning rate or gradient clipping.")
-        rngs[0] = rng_state()  # after validation, as a single process always saved it
+        rngs[0] = rng_state(self.device)  # after validation, as a single process always saved it
         score = metrics[self.task.metric]
         self.log.scalars("speed", p.speed(), step=p.step)
         improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)

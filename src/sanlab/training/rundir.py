@@ -4,8 +4,9 @@ A run directory is one sanlab made: its ``meta.json`` carries ``RUN_MARKER`` fro
 created. Runs made before the marker existed (``config.yaml`` beside a ``meta.json`` with sanlab's
 provenance keys, e.g. the committed cells under ``results/compare/``) count as runs too, so they resume
 and evaluate as before. ``--overwrite`` deletes only files sanlab writes (``KNOWN_NAMES``,
-``KNOWN_PATTERNS``): a directory holding anything else is refused with the list of what it holds, and so
-are the current directory, the directories above it and any directory with a ``.git``.
+``KNOWN_PATTERNS``, and inside ``checkpoints/``, ``averaged/`` and ``tensorboard/`` only what training,
+``average`` and TensorBoard put there): a directory holding anything else is refused with the list of what
+it holds, and so are the current directory, the directories above it and any directory with a ``.git``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
+from sanlab.training.checkpoint import CHECKSUMMED, LATEST, META, WEIGHTS, is_step_name
 from sanlab.training.layout import RunLayout
 
 RUN_MARKER = "sanlab_run"  # meta.json key: the run directory's format version, written when sanlab creates it
@@ -32,6 +34,43 @@ KNOWN_PATTERNS = RunLayout.known_patterns()
 
 def is_known(name: str) -> bool:
     return name in KNOWN_NAMES or any(fnmatch.fnmatchcase(name, p) for p in KNOWN_PATTERNS)
+
+
+def _is_temporary(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in RunLayout.TEMPORARY)
+
+
+def foreign_entries(run_dir: Path) -> list[str]:
+    """What ``--overwrite`` would delete in ``run_dir`` that sanlab did not write, relative to it: names it does
+    not write, and what sanlab's own directories hold besides its files (a user's notes in ``averaged/``, a
+    copy ``checkpoints/step-00001000.bak``): they are deleted whole, so a known name is not enough."""
+    run_dir, layout = Path(run_dir), RunLayout(run_dir)
+    foreign = [n for n in entries(run_dir) if not is_known(n)]
+    inside = ((layout.checkpoints, _foreign_in_checkpoints), (layout.averaged, _foreign_in_averaged),
+              (layout.tensorboard, _foreign_in_tensorboard))
+    for directory, unknown in inside:
+        if directory.is_dir() and not directory.is_symlink():  # (a link is deleted, not what it points to)
+            foreign += [f"{directory.name}/{name}" for name in unknown(directory)]
+    return sorted(foreign)
+
+
+def _foreign_in_checkpoints(directory: Path) -> list[str]:
+    """Besides ``step-N`` directories holding a checkpoint's files, ``latest.json`` and temporary names."""
+    foreign = []
+    for entry in sorted(directory.iterdir()):
+        if is_step_name(entry.name) and entry.is_dir() and not entry.is_symlink():
+            foreign += [f"{entry.name}/{n}" for n in sorted(os.listdir(entry)) if n not in (*CHECKSUMMED, META)]
+        elif entry.name != LATEST and not _is_temporary(entry.name):
+            foreign.append(entry.name)
+    return foreign
+
+
+def _foreign_in_averaged(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n not in (WEIGHTS, META))  # what write_average writes
+
+
+def _foreign_in_tensorboard(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if not fnmatch.fnmatchcase(n, RunLayout.TENSORBOARD_EVENTS))
 
 
 def entries(run_dir: Path) -> list[str]:
@@ -103,7 +142,7 @@ def check_overwritable(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir}: not a sanlab run directory (no meta.json of a run), refusing to delete what "
                           f"it holds ({_listed(names)}); --overwrite only replaces run directories: choose another "
                           "--run directory")
-    unknown = [n for n in names if not is_known(n)]
+    unknown = foreign_entries(run_dir)
     if unknown:
         raise ConfigError(f"{run_dir}: holds files sanlab did not write ({_listed(unknown)}); --overwrite deletes "
                           "only a run's own files: move them away first, or choose another --run directory")
