@@ -158,3 +158,18 @@ def test_filter_valid_applies_the_training_length_filter_to_validation_only_when
     raw["data"]["valid"] = {"src": str(tmp_path / "long.src"), "tgt": str(tmp_path / "long.tgt")}
     with pytest.raises(DataError, match="long.src: no validation pair has 1 to data.max_len 5 subword tokens"):
         make_task(validate(raw, source="t"), tmp_path / "c", RunLogger(tmp_path / "c", progress=False, quiet=True))
+
+
+def test_word_group_sizes_of_cells_counted_under_other_definitions():
+    """Records of the old definitions (None where a count is now kept) beside newer ones: said, not a TypeError
+    from sorting None against a number."""
+    from types import SimpleNamespace
+
+    from sanlab.tasks.tagging_task import GROUP_COUNTS, word_group_sizes
+
+    new = dict(zip(GROUP_COUNTS, (100, 10, 0, 30, 60)))
+    old = {**new, GROUP_COUNTS[2]: None}
+    results = {"a": SimpleNamespace(scores=new), "b": SimpleNamespace(scores=old), "c": SimpleNamespace(scores={})}
+    assert "the cells count them differently" in word_group_sizes(results, split="test")
+    said = word_group_sizes({"a": results["a"]}, split="test")
+    assert said.startswith("Word groups (test tokens): all 100 = OOV 10 (10.0%)")

@@ -174,7 +174,8 @@ def read_tagged(path: Path) -> tuple[list[list[str]], list[list[str]], list[list
 def word_group_sizes(results: dict, *, split: str | None) -> str | None:
     """The sentence under a tagging table saying how the split's tokens fall into the word groups, so a
     reader can decompose All (OOV + Ambig. + one training tag = All). None before any cell is scored."""
-    counts = sorted({tuple(r.scores.get(k) for k in GROUP_COUNTS) for r in results.values() if r.scores})
+    # (by repr: a record of the old definitions holds None where a newer one has a count)
+    counts = sorted({tuple(r.scores.get(k) for k in GROUP_COUNTS) for r in results.values() if r.scores}, key=repr)
     if not counts:
         return None
     if len(counts) > 1 or None in counts[0]:  # other vocabularies per row, or records of the old definitions
