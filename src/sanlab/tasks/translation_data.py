@@ -40,7 +40,10 @@ from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 
 PREPARE_VERSION = 1
-PARALLEL_ABOVE = 200_000   # pairs; below, one process encodes faster than a pool starts
+# below this size of the source file as stored (about 200,000 sentences of plain text, more compressed), one
+# process encodes faster than a pool starts; judged by size, not lines: counting them would read a WMT-scale
+# corpus once more only to choose
+PARALLEL_ABOVE_BYTES = 16 * 2**20
 
 
 def load_subwords(run_dir: Path, *, joint: bool) -> SubwordPair:
@@ -184,7 +187,7 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
                    workers: int | None, log: Callable[[str], None]) -> None:
     d, start = config.data, time.monotonic()
     if workers is None:
-        workers = (os.cpu_count() or 1) if count_lines(corpus.src) > PARALLEL_ABOVE else 1
+        workers = (os.cpu_count() or 1) if os.path.getsize(corpus.src) > PARALLEL_ABOVE_BYTES else 1
     writer = DatasetWriter(out, dtype=token_dtype(max(spm.src.vocab_size, spm.tgt.vocab_size)))
     counts: dict = {}
     try:
