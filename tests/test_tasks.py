@@ -80,6 +80,39 @@ def test_a_run_config_written_before_the_rule_loads_without_the_key_its_run_igno
     assert (train.max_tokens, train.seed) == (4096, 4)
 
 
+@pytest.mark.parametrize("task, train, said", [
+    ("tagging", {"betas": [0.5, 0.5]}, "train.betas is (0.5, 0.5), but train.optimizer is rmsprop, and only adam"),
+    ("translation", {"rmsprop_alpha": 0.5}, "train.rmsprop_alpha is 0.5, but train.optimizer is adam"),
+    ("tagging", {"warmup_init_lr": 0.5}, "train.warmup_init_lr is 0.5, but train.warmup_steps is 0"),
+    ("translation", {"compile_backend": "eager"}, "train.compile_backend is eager, but train.compile is false"),
+    ("translation", {"compile_dynamic": False}, "train.compile_dynamic is False, but train.compile is false")])
+def test_a_train_key_the_other_settings_leave_unread_is_refused(task, train, said, tmp_path):
+    """Values that would silently do nothing (an optimizer's setting under the other one, ...) are refused; at
+    their defaults (as a dumped config has them) or where read, they are taken; a run directory's config
+    written before the rule loads with them dropped."""
+    import yaml
+
+    from sanlab.runs.resume import load_run_config
+
+    data = ({"train": "a.conllu", "dev": "b.conllu"} if task == "tagging" else
+            {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}})
+    import re
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        validate({"task": task, "data": data, "train": train}, source="c.yaml")
+    key = next(iter(train))
+    default = validate({"task": task, "data": data}, source="c.yaml").train
+    validate({"task": task, "data": data, "train": {key: getattr(default, key)}}, source="c.yaml")
+    reads = {"betas": {"optimizer": "adam"}, "rmsprop_alpha": {"optimizer": "rmsprop"},
+             "warmup_init_lr": {"warmup_steps": 10}, "compile_backend": {"compile": True},
+             "compile_dynamic": {"compile": True}}[key]
+    validate({"task": task, "data": data, "train": {**train, **reads}}, source="c.yaml")
+    run = tmp_path
+    (run / "config.yaml").write_text(yaml.safe_dump({"task": task, "data": data, "train": {**train, "seed": 4}}))
+    loaded = load_run_config(run).train
+    assert (getattr(loaded, key), loaded.seed) == (getattr(default, key), 4)
+
+
 @pytest.mark.parametrize("model", [{"positions": "learned"},
                                    {"encoder": {"layers": 1, "ffn_dim": 16,
                                                 "attention": {"heads": 2, "parts": [{"type": "abs_position"}]}}}],

@@ -246,6 +246,28 @@ class TrainConfig(Strict):
         """What training batches' lengths are rounded up to (``pad_multiple``, resolved)."""
         return self.pad_multiple or (8 if self.compile else 1)
 
+    @model_validator(mode="after")
+    def _no_unread_keys(self) -> "TrainConfig":
+        for key, why in unread_train_keys(self):
+            value, default = getattr(self, key), type(self).model_fields[key].default
+            if value != default:
+                raise ValueError(f"train.{key} is {value}, but {why}: remove it, or leave it at its default "
+                                 f"({default})")
+        return self
+
+
+def unread_train_keys(train: TrainConfig) -> list[tuple[str, str]]:
+    """(key, why) of the train keys that ``train``'s other settings leave unread: one optimizer's settings under
+    the other, the warm-up's start without a warm-up, the compiler's options without ``compile``. Set to
+    anything but their default, a new config is refused, as a value that would silently do nothing."""
+    rules = (("betas", train.optimizer != "adam", f"train.optimizer is {train.optimizer}, and only adam reads it"),
+             ("rmsprop_alpha", train.optimizer != "rmsprop",
+              f"train.optimizer is {train.optimizer}, and only rmsprop reads it"),
+             ("warmup_init_lr", train.warmup_steps == 0, "train.warmup_steps is 0 (no warm-up to start it)"),
+             ("compile_backend", not train.compile, "train.compile is false"),
+             ("compile_dynamic", not train.compile, "train.compile is false"))
+    return [(key, why) for key, unread, why in rules if unread]
+
 
 # train keys that only the other task reads: set to anything but the default, a new config is refused; a run
 # directory's config.yaml (written before the rule) loads with them dropped, since its run ignored them
@@ -261,11 +283,20 @@ def _keys_of_another_task(train: TrainConfig, *, task: str, other: str) -> None:
 
 
 def without_ignored_train_keys(raw: dict) -> dict:
-    """``raw`` (a run's own config) without the train keys its task never read (``IGNORED_TRAIN_KEYS``)."""
+    """``raw`` (a run's own config) without the train keys its run never read: those of the other task
+    (``IGNORED_TRAIN_KEYS``) and those its other settings leave unread (``unread_train_keys``)."""
     train, ignored = raw.get("train"), IGNORED_TRAIN_KEYS.get(raw.get("task"), ())
-    if not isinstance(train, dict) or not any(k in train for k in ignored):
+    if not isinstance(train, dict):
         return raw
-    return {**raw, "train": {k: v for k, v in train.items() if k not in ignored}}
+    kind = TaggerTrainConfig if raw.get("task") == "tagging" else TrainConfig
+    try:  # (unvalidated: what the settings say; a bad value is validation's to report)
+        unread = [key for key, _ in unread_train_keys(kind.model_construct(**train))]
+    except (TypeError, ValueError, AttributeError):
+        unread = []
+    dropped = (*ignored, *unread)
+    if not any(k in train for k in dropped):
+        return raw
+    return {**raw, "train": {k: v for k, v in train.items() if k not in dropped}}
 
 
 class TaggerTrainConfig(TrainConfig):

@@ -182,3 +182,14 @@ def test_weights_need_sizes_that_add_up():
         TokenBatchSampler([1, 2, 3], max_tokens=4, corpus_sizes=[1, 1], weights=[1, 1])
     with pytest.raises(ValueError, match="go together"):
         TokenBatchSampler([1, 2, 3], max_tokens=4, weights=[1])
+    with pytest.raises(ValueError, match="must be positive"):   # an empty corpus would lend its neighbour's
+        TokenBatchSampler([1, 2, 3], max_tokens=4, corpus_sizes=[0, 3], weights=[1, 1])
+
+
+def test_the_length_of_weighted_corpora_is_that_of_the_chosen_epoch():
+    sizes = [300, 200]
+    lengths = np.random.default_rng(2).integers(1, 30, size=(sum(sizes), 2)).astype(np.uint16)
+    sampler = TokenBatchSampler(lengths, max_tokens=100, seed=3, corpus_sizes=sizes, weights=[3.0, 1.0])
+    for epoch in range(5):
+        sampler.set_epoch(epoch)
+        assert len(sampler) == len(list(sampler)) == len(sampler.epoch_plan(epoch))

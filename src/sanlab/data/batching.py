@@ -129,9 +129,10 @@ class TokenBatchSampler:
         if (corpus_sizes is None) != (weights is None):
             raise ValueError("corpus_sizes and weights go together")
         if corpus_sizes is not None and (sum(corpus_sizes) != self._n or len(weights) != len(corpus_sizes)
-                                         or min(weights) <= 0):
-            raise ValueError(f"corpus_sizes {list(corpus_sizes)} must add up to the {self._n} examples and "
-                             f"have one positive weight each, got {list(weights)}")
+                                         or min(weights) <= 0 or min(corpus_sizes) < 1):
+            # (an empty corpus drawn by weight would hand out the next corpus's first example)
+            raise ValueError(f"corpus_sizes {list(corpus_sizes)} must be positive, add up to the {self._n} "
+                             f"examples and have one positive weight each, got {list(weights)}")
         self.corpus_sizes, self.weights = corpus_sizes, weights
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
@@ -148,7 +149,10 @@ class TokenBatchSampler:
         self._n_batches: int | None = None
 
     def __len__(self) -> int:
-        # Equal-length permutations do not move cut points, so every epoch has this many batches.
+        """The batches of the epoch ``set_epoch`` chose. Of one corpus, every epoch has as many (equal-length
+        permutations do not move cut points), counted once; weighted corpora draw other examples each epoch."""
+        if self.weights is not None:
+            return len(self.epoch_plan(self.epoch))
         if self._n_batches is None:
             self._n_batches = len(self.epoch_plan(0))
         return self._n_batches
