@@ -330,8 +330,27 @@ def test_params_refuses_a_set_without_config_and_an_unknown_preset(capsys):
     assert "--set changes a CONFIG" in capsys.readouterr().err
     assert main(["params", "--preset", "nosuch"]) == 2
     captured = capsys.readouterr()
-    assert "--preset 'nosuch': unknown; known presets: " in captured.err and "transformer_big" in captured.err
+    assert "--preset 'nosuch': the table of every variant is built over transformer_base or transformer_big" \
+        in captured.err
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("preset", ["muse_iwslt", "dynamic_conv_iwslt"])
+def test_params_refuses_a_preset_with_a_mixer_of_its_own(preset, capsys):
+    """A preset whose own mixer the variants' keys go over (six kernel widths in a 12-layer MUSE stack) was a
+    traceback; only the plain Transformers the docs name are offered."""
+    assert main(["params", "--preset", preset]) == 2
+    captured = capsys.readouterr()
+    assert f"--preset '{preset}': the table of every variant is built over" in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_params_refuses_a_preset_with_a_config(capsys):
+    """--preset with CONFIG was silently ignored: the CONFIG is counted with its own model."""
+    recipe = str(Path(__file__).resolve().parents[1] / "configs/paper/iwslt14-de-en-muse.yaml")
+    assert main(["params", recipe, "--preset", "transformer_big"]) == 2
+    captured = capsys.readouterr()
+    assert "--preset chooses the model of the table of every variant" in captured.err and captured.out == ""
 
 
 @pytest.mark.parametrize("command", ["train", "compare"])
