@@ -52,10 +52,10 @@ def test_a_key_set_in_a_base_file_is_traced_to_that_file(tmp_path, capsys):
     child = _config(tmp_path / "cfg", "base: base.yaml\ntrain: {batch_size: many}\n")
     assert main(["train", child, "--print-config"]) == 2
     err = capsys.readouterr().err
-    assert f"model.word_dimm: unknown key (set in {base}, line 3)" in err
+    assert f"model.word_dimm: unknown key (did you mean word_dim?) (set in {base}, line 3)" in err
     assert "train.batch_size: Input should be a valid integer (got 'many') (line 2)\n" in err + "\n"  # its own key
     assert main(["train", child, "--set", "model.word_dimm=4", "--print-config"]) == 2
-    assert "model.word_dimm: unknown key (from --set)\n" in capsys.readouterr().err + "\n"  # --set gave it
+    assert "model.word_dimm: unknown key (did you mean word_dim?) (from --set)\n" in capsys.readouterr().err + "\n"
 
 
 def test_config_errors_name_the_line_of_the_key(tmp_path, capsys):
@@ -68,7 +68,7 @@ def test_config_errors_name_the_line_of_the_key(tmp_path, capsys):
                              "          sizee: 3\n  dimm: 8\n")
     assert main(["train", path, "--print-config"]) == 2
     err = capsys.readouterr().err
-    assert "model.dimm: unknown key (line 11)" in err
+    assert "model.dimm: unknown key (did you mean dim?) (line 11)" in err
     assert "model.encoder.attention.parts.0: " in err and "sizee" in err and "(line 9)" in err
     # the same key given by --set, whole or in part, is not blamed on the file's line
     for override in ("model.encoder.attention.parts=[{type: window, sizee: 3}]",
@@ -237,6 +237,156 @@ def test_a_mapping_given_to_set_merges_into_its_section(tmp_path, capsys):
     assert (printed["lr"], printed["warmup_steps"], printed["max_steps"]) == (0.5, 7, 10)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+TRANSLATION = "task: translation\ndata:\n  train: {src: a, tgt: b}\n  valid: {src: a, tgt: b}\n"
+
+
+def test_an_empty_mapping_given_to_set_empties_its_section():
+    """`{}` replaced nothing (a recipe's test sets could not be dropped, and `null` is refused); a mapping given
+    after it is the whole section."""
+    from sanlab.config import load_config
+
+    recipe = ROOT / "configs/multi30k-en-de-transformer.yaml"
+    assert list(load_config(recipe).data.test) == ["test_2016_flickr"]
+    assert load_config(recipe, ["data.test={}"]).data.test == {}
+    mine = load_config(recipe, ["data.test={}", "data.test={mine: {src: m.en, tgt: m.de}}"]).data.test
+    assert list(mine) == ["mine"] and mine["mine"].src == "m.en"
+    assert list(load_config(recipe, ["data.test={mine: {src: m.en, tgt: m.de}}"]).data.test) == \
+        ["test_2016_flickr", "mine"]  # without `{}` first, a mapping still merges
+
+
+TRICKY = ["1e5", "0o17", "1e3", "yes", "no", "null", "~", "1:30", ".inf", "0x1F", "1_000", "+1", "-.5", "",
+          "0123", "1_", "5.", ".NaN", "-0x10", "2016-01-01", "on", "True", "<<", "=", "a: b", "#x", "- a"]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_the_saved_config_reads_back_as_it_was(tmp_path, text):
+    """dump_config quoted strings by PyYAML's YAML 1.1 rules, so `1e5` or `0o17` (numbers to this loader) were
+    written bare, and a run's config.yaml failed to load on resume; as a file name and a test set's name."""
+    import yaml
+
+    from sanlab.config import dump_config, load_config, validate
+
+    raw = yaml.safe_load(TRANSLATION)
+    raw["data"]["valid"] = {"src": text, "tgt": text}
+    raw["data"]["test"] = {text: {"src": text, "tgt": "t"}}
+    config = validate(raw, source="t")
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(config))
+    assert load_config(saved).model_dump() == config.model_dump()
+    assert yaml.safe_load(saved.read_text()) == config.model_dump(mode="json")  # and by PyYAML's own rules
+
+
+def test_a_mapping_of_another_type_given_to_set_replaces_the_component():
+    """Merging kept the old type's own keys, which the new type refused (a muse mixer's kernel_sizes under
+    muse_ff, a window part's size under neighbor); a mapping of the same type, or none, still merges."""
+    from sanlab.config import load_config
+
+    muse = ROOT / "configs/paper/iwslt14-de-en-muse.yaml"
+    mixer = load_config(muse, ["model.encoder.mixer={type: muse_ff}"]).model.encoder.mixer
+    assert mixer.type == "muse_ff" and mixer.input_dropout == 0.0 and not hasattr(mixer, "kernel_sizes")
+    kept = load_config(muse, ["model.encoder.mixer={type: muse, weight_dropout: 0.2}"]).model.encoder.mixer
+    assert (kept.kernel_sizes, kept.weight_dropout) == ([3, 15], 0.2)
+    part = load_config(ROOT / "configs/multi30k-en-de-csan1d.yaml",
+                       ["model.encoder.attention.parts.0={type: neighbor}"]).model.encoder.attention.parts[0]
+    assert part.type == "neighbor" and part.layers == [0, 1, 2]  # the neighbor's own default, not the window's
+
+
+def test_a_file_over_its_base_replaces_a_component_of_another_type(tmp_path):
+    """The base: chain merges with the same function as --set: a child switching a mixer's type replaces it; a
+    `{}` in a file adds nothing, as it always did (`model: {encoder: {}}` over a preset keeps the preset's)."""
+    from sanlab.config import load_config
+
+    (tmp_path / "base.yaml").write_text(TRANSLATION + "  test: {t1: {src: a, tgt: b}}\nmodel:\n  encoder:\n"
+                                        "    mixer: {type: muse, kernel_sizes: [3], weight_dropout: 0.2}\n")
+    child = _config(tmp_path, "base: base.yaml\ndata: {test: {}}\nmodel: {encoder: {mixer: {type: muse_ff}}}\n")
+    config = load_config(child)
+    assert config.model.encoder.mixer.type == "muse_ff" and list(config.data.test) == ["t1"]
+    same = _config(tmp_path, "base: base.yaml\nmodel: {encoder: {mixer: {type: muse, weight_dropout: 0.3}}}\n")
+    mixer = load_config(same).model.encoder.mixer
+    assert (mixer.kernel_sizes, mixer.weight_dropout) == ([3], 0.3)
+    # --set empties with `{}` at any depth of the mapping it gives
+    assert load_config(child, ["data={test: {}}"]).data.test == {}
+
+
+def test_a_key_that_reads_as_a_number_is_kept_as_written(tmp_path):
+    """A test set `2016:` was named "2016" but --set data.test.2016 did not find it, and `0x10:` became "16";
+    a key is a name, kept as the file spells it."""
+    from sanlab.config import load_config
+
+    path = _config(tmp_path, TRANSLATION + "  test:\n    2016: {src: t.en, tgt: t.de}\n    0x10: {src: h, tgt: h}\n")
+    assert list(load_config(path).data.test) == ["2016", "0x10"]
+    changed = load_config(path, ["data.test.2016.src=other.en"]).data.test["2016"]
+    assert (changed.src, changed.tgt) == ("other.en", "t.de")
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("    no: {src: a, tgt: b}\n", "data.test: a key YAML reads as the boolean false"),
+    ("    ~: {src: a, tgt: b}\n", "data.test: a key YAML reads as null"),
+    ("    2016-01-01: {src: a, tgt: b}\n", "data.test: the key 2016-01-01 is a date in YAML, not a name"),
+    ("    t: {src: 2016-01-01, tgt: b}\n", "data.test.t.src: YAML reads this value as a date (2016-01-01)"),
+    ("    t: {src: 2001-12-14t21:59:43Z, tgt: b}\n", "data.test.t.src: YAML reads this value as a timestamp"),
+    ("    t: {src: !!binary aGk=, tgt: b}\n", "data.test.t.src: YAML reads this value as binary data")],
+    ids=["bool-key", "null-key", "date-key", "date-value", "timestamp-value", "binary-value"])
+def test_a_key_or_value_yaml_reads_as_no_name_is_refused_with_its_line(tmp_path, body, expected):
+    """Validating through JSON renamed such keys (`no:` became the test set "false", `~:` "null"), respelled a
+    timestamp, and a date key was a TypeError traceback."""
+    from sanlab.config import load_config
+    from sanlab.errors import ConfigError
+
+    path = _config(tmp_path, TRANSLATION + "  test:\n    first: {src: a, tgt: b}\n" + body)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert expected in str(err.value) and "in quotes" in str(err.value) and str(err.value).endswith("(line 7)")
+    with pytest.raises(ConfigError, match=r"data.test: a key YAML reads as the boolean true.*\(from --set\)"):
+        load_config(_config(tmp_path, TRANSLATION), ["data.test={yes: {src: a, tgt: b}}"])
+
+
+def test_set_below_a_section_that_is_not_there_says_it_may_be_a_mapping(tmp_path, capsys):
+    """It said "set the whole list instead" for a mapping (data.test) too."""
+    path = _config(tmp_path, TRANSLATION)
+    assert main(["train", path, "--set", "data.test.2016.src=a", "--print-config"]) == 2
+    assert ("data.test is not set in the file, so it has no item 2016: give the whole section (data.test=[...] "
+            "for a list, data.test={'2016': ...} for a mapping)") in capsys.readouterr().err
+
+
+def test_error_paths_are_the_configs_keys(tmp_path):
+    """Not pydantic's union tags (data.train.ParallelFiles.src, data.train.list[WeightedFiles].1.tgt), and a key
+    named like a task (a test set `translation`) is kept; a union branch that refused the value whole is left out
+    when the other branch names what is wrong inside it."""
+    from sanlab.config import load_config
+    from sanlab.errors import ConfigError
+
+    def problems(body: str, overrides=()) -> str:
+        with pytest.raises(ConfigError) as err:
+            load_config(_config(tmp_path, body), list(overrides))
+        return str(err.value).split("\n", 1)[1]
+
+    assert problems(TRANSLATION + "  test: {translation: {src: a}}\n") == "  data.test.translation.tgt: Field required"
+    listed = problems(TRANSLATION.replace("train: {src: a, tgt: b}", "train: [{src: a, tgt: b}, {src: a, tgt: 3}]"))
+    assert listed == "  data.train.1.tgt: Input should be a valid string (got 3) (line 3)"
+    assert problems(TRANSLATION.replace("src: a, tgt: b}\n  valid", "src: on, tgt: b}\n  valid")) == \
+        "  data.train.src: Input should be a valid string (got True) (line 3)"
+    part = problems(TRANSLATION, ["model.encoder.attention.parts=[{type: neighbor, sigma_init: 0}]"])
+    assert "attention part 'neighbor': sigma_init: Input should be greater than 0; sigma_init: Input should be " \
+           "'rand'" in part and "constrained-float" not in part and "literal" not in part
+
+
+def test_an_unknown_key_names_the_known_ones_spelt_like_it(tmp_path):
+    from sanlab.config import load_config
+    from sanlab.errors import ConfigError
+
+    path = _config(tmp_path, TRANSLATION + "train: {lrr: 0.1}\nmodel: {encoder: {attention: {parts: [{type: window, "
+                                           "sise: 3}]}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["train.zzqqxx=1", "trian.lr=2"])
+    message = str(err.value)
+    assert "  train.lrr: unknown key (did you mean lr?) (line 5)" in message
+    assert "  trian: unknown key (did you mean train?) (from --set)" in message
+    assert "  train.zzqqxx: unknown key (from --set)" in message  # nothing like it: no guess
+    assert "attention part 'window': sise: Extra inputs are not permitted (did you mean size?)" in message
+
+
 def test_unknown_attention_part_lists_known_ones(tmp_path, capsys):
     path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n"
                              "model: {encoder: {attention: {parts: [{type: nope}]}}}\n")
@@ -330,8 +480,27 @@ def test_params_refuses_a_set_without_config_and_an_unknown_preset(capsys):
     assert "--set changes a CONFIG" in capsys.readouterr().err
     assert main(["params", "--preset", "nosuch"]) == 2
     captured = capsys.readouterr()
-    assert "--preset 'nosuch': unknown; known presets: " in captured.err and "transformer_big" in captured.err
+    assert "--preset 'nosuch': the table of every variant is built over transformer_base or transformer_big" \
+        in captured.err
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("preset", ["muse_iwslt", "dynamic_conv_iwslt"])
+def test_params_refuses_a_preset_with_a_mixer_of_its_own(preset, capsys):
+    """A preset whose own mixer the variants' keys go over (six kernel widths in a 12-layer MUSE stack) was a
+    traceback; only the plain Transformers the docs name are offered."""
+    assert main(["params", "--preset", preset]) == 2
+    captured = capsys.readouterr()
+    assert f"--preset '{preset}': the table of every variant is built over" in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_params_refuses_a_preset_with_a_config(capsys):
+    """--preset with CONFIG was silently ignored: the CONFIG is counted with its own model."""
+    recipe = str(Path(__file__).resolve().parents[1] / "configs/paper/iwslt14-de-en-muse.yaml")
+    assert main(["params", recipe, "--preset", "transformer_big"]) == 2
+    captured = capsys.readouterr()
+    assert "--preset chooses the model of the table of every variant" in captured.err and captured.out == ""
 
 
 @pytest.mark.parametrize("command", ["train", "compare"])

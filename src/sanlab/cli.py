@@ -166,19 +166,23 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_params(args) -> int:
-    from sanlab.config_yaml import PRESETS
-    from sanlab.experiments.params import format_recipe_rows, recipe_rows
+    from sanlab.experiments.params import TABLE_PRESETS, format_recipe_rows, recipe_rows
     from sanlab.experiments.params import main as print_params
 
     if args.config:
+        if args.preset is not None:  # it would be ignored: a CONFIG is counted with its own model
+            raise ConfigError("--preset chooses the model of the table of every variant (sanlab params alone); "
+                              "a CONFIG is counted as it is: give one or the other")
         print(format_recipe_rows(recipe_rows(args.config, args.overrides)))
         return 0
     if args.overrides:  # they would be ignored: the table of every variant is built from --preset
         raise ConfigError("--set changes a CONFIG: name one (sanlab params CONFIG --set ...), or use --preset")
-    known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-    if args.preset not in known:
-        raise ConfigError(f"--preset {args.preset!r}: unknown; known presets: {', '.join(known)}")
-    print_params(args.preset)
+    preset = TABLE_PRESETS[0] if args.preset is None else args.preset
+    if preset not in TABLE_PRESETS:
+        raise ConfigError(f"--preset {preset!r}: the table of every variant is built over "
+                          f"{' or '.join(TABLE_PRESETS)} (a plain Transformer; a CONFIG of another model: "
+                          "sanlab params CONFIG)")
+    print_params(preset)
     return 0
 
 
@@ -287,7 +291,8 @@ def _register_tools(sub) -> None:
     p.add_argument("config", nargs="?", help="a translation recipe or a comparison grid (e.g. configs/paper/*.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (with CONFIG)")
-    p.add_argument("--preset", default="transformer_base", help="transformer_base | transformer_big")
+    p.add_argument("--preset", help="the model of the table of every variant (without CONFIG): transformer_base "
+                   "(default) | transformer_big")
     p.set_defaults(fn=_cmd_params)
 
     p = sub.add_parser("demo", help="generate synthetic data, train a tiny translator and tagger, report scores")

@@ -11,9 +11,10 @@ here.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
@@ -22,20 +23,23 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is where callers find them)
     PRESETS,
     apply_override,
+    dump_yaml,
     key_line,
     key_origin,
     load_chain,
     load_raw,
     merge_chain,
+    merge_mapping,
     parse_value,
     read_yaml_mapping,
     set_key,
     sets_key,
+    unsupported_values,
 )
 from sanlab.errors import ConfigError
 from sanlab.layers.mixers import AttentionMixerConfig, MixerSpec
 from sanlab.layers.pre_blocks import PreBlockSpec
-from sanlab.registry import STRICT_SCHEMA, TaskRegistry
+from sanlab.registry import STRICT_SCHEMA, TaskRegistry, did_you_mean, error_paths
 
 # Bounds shared by many keys: a value outside them is a config error naming the key, not a traceback from
 # deep inside data preparation (or, worse, a silent meaning such as "all" or "never").
@@ -411,25 +415,73 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
         found = f"its keys: {', '.join(map(str, raw))}" if raw else "it is empty"
         raise ConfigError(f"{source}: no `task:` ({' or '.join(TASKS.references())}), which says what the config "
                           f"trains; {found}")
+    raw = _migrated(raw, source=source)
+
+    def line(shown: str, msg: str, key: str) -> str:  # one problem, shown at ``shown``; where ``key`` was set
+        where = origin(key) if origin and key else None
+        return f"  {shown or '<root>'}: {msg}" + (f" ({where})" if where else "")
+
+    unsupported = unsupported_values(raw)  # before JSON, which would respell them (a date) or rename them (no: "false")
+    if unsupported:
+        raise ConfigError(f"{source}: invalid config\n" + "\n".join(line(shown, msg, key)
+                                                                   for key, shown, msg in unsupported))
     try:
         # strict, through JSON: a quoted "0.1" or "no" in YAML is a string, refused where a number or a bool
         # belongs (lax mode would convert it); JSON lists still fill tuples, numbers from --set stay typed
-        return _adapter().validate_json(json.dumps(_migrated(raw, source=source), default=str), strict=True)
+        return _adapter().validate_json(json.dumps(raw, default=str), strict=True)
     except ValidationError as err:
         lines = []
-        for e in err.errors():
-            loc = ".".join(str(x) for x in e["loc"] if x not in TASKS.references())
+        task = raw.get("task") if isinstance(raw, dict) else None  # loc[0]: the task name that picked the schema
+        for path, e in error_paths(err, raw, root_tag=task):
+            loc = ".".join(map(str, path))
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            if e["type"] == "extra_forbidden":
+                msg += did_you_mean(str(path[-1]), _known_keys(raw, path[:-1]))
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
             empty = e["type"] in ("model_type", "dict_type") and e["input"] is None  # `train:` with nothing under it
             if empty:
-                msg = "an empty section (every key under it commented out?): give it keys, or remove the line"
-            where = origin(loc) if origin and loc else None
+                msg = "an empty section (every key under it commented out?): give it keys or {}, or remove the line"
             shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
-            lines.append(f"  {loc or '<root>'}: {msg}" + (f" (got {e['input']!r})" if shown else "")
-                         + (f" ({where})" if where else ""))
+            lines.append(line(loc, msg + (f" (got {e['input']!r})" if shown else ""), loc))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def _known_keys(raw: dict, section: tuple) -> list[str]:
+    """The keys the schema of ``raw``'s task takes in the mapping at ``section`` (a key path, ``error_paths``), for
+    suggesting one for an unknown key; empty where the schema there is not a model's."""
+    try:
+        kind = TASKS.entry(raw["task"]).config
+    except (ConfigError, KeyError, TypeError):
+        return []
+    for part in section:
+        kind = next((child for branch in _branches(kind) if (child := _child(branch, part)) is not None), None)
+    return sorted({name for branch in _branches(kind) if isinstance(branch, type) and issubclass(branch, BaseModel)
+                   for name in branch.model_fields})
+
+
+def _branches(kind: object) -> list:
+    """The types a field's annotation allows: itself, or each member of a union, without ``Annotated``."""
+    if get_origin(kind) is Annotated:
+        return _branches(get_args(kind)[0])
+    if get_origin(kind) in (Union, types.UnionType):
+        return [b for member in get_args(kind) for b in _branches(member)]
+    return [kind]
+
+
+def _child(kind: object, part: str | int) -> object | None:
+    """The annotation of the key or item ``part`` of a value of type ``kind`` (None: it has none)."""
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        field = kind.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field else None
+    args = get_args(kind)
+    if get_origin(kind) is dict and isinstance(part, str):
+        return args[1]
+    if get_origin(kind) is list and isinstance(part, int):
+        return args[0]
+    if get_origin(kind) is tuple and isinstance(part, int):
+        return args[0] if len(args) == 2 and args[1] is Ellipsis else args[part] if part < len(args) else None
+    return None
 
 
 def _migrated(raw: dict, *, source: str) -> dict:
@@ -479,7 +531,9 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
 
 
 def dump_config(config: BaseModel) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The config as YAML that ``load_config`` reads back to the same config (``dump_yaml``: a string the
+    loader would read as a number or a bool is quoted)."""
+    return dump_yaml(config.model_dump(mode="json"))
 
 
 Config = TaskConfig  # the config of a run, whatever its task

@@ -1,11 +1,14 @@
-"""Reading config YAML: the loader (each key once per mapping, ``1e-3`` a float as in YAML 1.2), a file
-that must hold a mapping, the ``base:`` chain of a run config (a file relative to it or ``preset:NAME``, its
-keys merged over the base's), and dotted ``a.b.c=value`` assignments to a raw config dict. Nothing here
-knows the schema: ``sanlab.config`` validates what these return, and re-exports every public name.
+"""Reading config YAML: the loader (each key once per mapping, ``1e-3`` a float as in YAML 1.2, a key that
+reads as a number kept as written), a file that must hold a mapping, the ``base:`` chain of a run config (a file
+relative to it or ``preset:NAME``, its keys merged over the base's), dotted ``a.b.c=value`` assignments to a raw
+config dict, the values YAML makes that a config does not take (dates, ``!!binary``, ``!!set``, keys that are not
+names), and the dumper whose files this loader reads back. Nothing here knows the schema: ``sanlab.config``
+validates what these return, and re-exports every public name.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 
@@ -26,6 +29,8 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" merges a mapping; SafeLoader handles it
             continue
+        if key_node.tag in (_INT, _FLOAT):  # a key is a name: `2016:` is the test set "2016", `0x10:` "0x10"
+            key_node.tag = _STR
         key = loader.construct_object(key_node, deep=True)
         try:
             if key in first_line:
@@ -44,14 +49,15 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 # (no dot) a string. Anyone writing a seed or a learning rate means 123, "1:30" and 0.001; the config is then
 # validated strictly, so what is not a number arrives as a string and is refused by name.
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_STR = "tag:yaml.org,2002:str"
 _UniqueKeyLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_UniqueKeyLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-                                       list("-+0123456789"))
-_UniqueKeyLoader.add_implicit_resolver(
-    _FLOAT, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
-                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+_NUMBERS = [(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")),
+            (_FLOAT, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+                                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))]
+for _tag, _regexp, _first in _NUMBERS:
+    _UniqueKeyLoader.add_implicit_resolver(_tag, _regexp, _first)
 
 
 def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
@@ -62,6 +68,21 @@ def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
 
 
 _UniqueKeyLoader.add_constructor(_INT, _construct_int)
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string this module's loader would read as something else (``1e5``, ``0o17``
+    and ``1_000`` are numbers here, not in PyYAML's YAML 1.1), so that a run's ``config.yaml`` reads back as
+    it was; and, keeping YAML 1.1's rules too, every string PyYAML's own loader would (``1:30``, base 60 there)."""
+
+
+for _tag, _regexp, _first in _NUMBERS:  # besides SafeDumper's (YAML 1.1) resolvers: a string either reads
+    ConfigDumper.add_implicit_resolver(_tag, _regexp, _first)  # as a number is quoted
+
+
+def dump_yaml(data: dict) -> str:
+    """``data`` as YAML that ``read_yaml_mapping`` reads back equal (keys in their order)."""
+    return yaml.dump(data, Dumper=ConfigDumper, sort_keys=False)
 
 
 def parse_value(text: str) -> object:
@@ -107,10 +128,26 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return str(err)
 
 
-def _merge(base: dict, over: dict) -> dict:
+def _replaces(old: dict, new: dict, *, empty_replaces: bool) -> bool:
+    """Whether the mapping ``new`` replaces the mapping ``old`` instead of merging into it: when it switches a
+    component's ``type`` (the old type's own keys, a muse mixer's ``kernel_sizes``, would be refused by the new
+    one), and with ``empty_replaces`` when it is ``{}`` (how ``--set`` empties a section, e.g. a recipe's test
+    sets; in a file, ``model: {}`` over a base adds nothing, as it always did)."""
+    if empty_replaces and new == {}:
+        return True
+    return "type" in new and "type" in old and new["type"] != old["type"]
+
+
+def merge_mapping(base: dict, over: dict, *, empty_replaces: bool = False) -> dict:
+    """``over``'s keys merged over ``base``'s, section by section (a copy): how a file is merged over its
+    ``base:`` and, ``empty_replaces``, a mapping given to ``--set`` (or a grid's ``set:``) over its section. A
+    mapping that ``_replaces`` the one there, and any other value (a list, a number), replaces it whole."""
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        old = out.get(key)
+        merges = isinstance(value, dict) and isinstance(old, dict) and \
+            not _replaces(old, value, empty_replaces=empty_replaces)
+        out[key] = merge_mapping(old, value, empty_replaces=empty_replaces) if merges else value
     return out
 
 
@@ -123,7 +160,7 @@ def merge_chain(chain: list[tuple[Path, dict]]) -> dict:
     """The config a ``load_chain`` describes: each file's keys merged over its base's."""
     merged: dict = {}
     for _, own in reversed(chain):
-        merged = _merge(merged, own)
+        merged = merge_mapping(merged, own)
     return merged
 
 
@@ -157,7 +194,7 @@ def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
             if isinstance(data, list) and part.isdigit() and int(part) < len(data):  # list items: name.0
                 data = data[int(part)]
             elif isinstance(data, dict) and part in (names := {str(k): k for k in data}):
-                data = data[names[part]]  # (a key YAML read as a number, ``3:``, is named "3" in the dotted path)
+                data = data[names[part]]  # (a key that is not a name, ``no:``, is named "False" in the path)
             else:
                 return False
         return True
@@ -175,22 +212,81 @@ def sets_key(names, key: str) -> bool:
 def key_line(path: Path, dotted: str) -> int | None:
     """The line (1-based) of ``path`` that sets the key ``a.b.c``, or of the nearest enclosing key it sets
     (a schema's location may end in names the file does not spell, e.g. a variant's type tag; list items count
-    as ``name.0``); None if the file sets none of it. The file is parsed again: this is for error messages."""
+    as ``name.0``; a key YAML reads as a bool, null or date is named as the value it reads as, ``False``);
+    None if the file sets none of it. The file is parsed again: this is for error messages."""
     try:
-        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        loader = _UniqueKeyLoader(Path(path).read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
+
+    def named(key: yaml.Node, part: str) -> bool:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            return False
+        if key.value == part:
+            return True
+        try:  # `no:` read as False, `2016-01-01:` as a date: the name the dotted path gives them
+            return key.tag not in (_STR, _INT, _FLOAT) and str(loader.construct_object(key)) == part
+        except yaml.YAMLError:
+            return False
+
     found = None
     for part in dotted.split("."):
         if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if k.value == part and k.tag != "tag:yaml.org,2002:merge"),
-                         None)
+            match = next(((k, v) for k, v in node.value if named(k, part)), None)
             if match is None:
                 continue  # a name the schema adds (a type tag): keep looking below the same node
             found, node = match[0].start_mark.line + 1, match[1]
         elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
             node = node.value[int(part)]
             found = node.start_mark.line + 1
+    return found
+
+
+# Values YAML makes that a config has no use for: a date or timestamp (``2016-01-01``, a file or test set name
+# unquoted), ``!!binary`` and ``!!set``. Validating through JSON would turn them into text of another spelling.
+_NOT_CONFIG_VALUES = {datetime.datetime: "a timestamp", datetime.date: "a date", bytes: "binary data (!!binary)",
+                      set: "a set (!!set)"}
+
+
+def _what(value: object) -> str | None:
+    """What YAML read ``value`` as, if a config does not take it."""
+    return next((what for kind, what in _NOT_CONFIG_VALUES.items() if isinstance(value, kind)), None)
+
+
+def _key_problem(key: object) -> str | None:
+    """Why the mapping key ``key`` is not a name, or None (a string)."""
+    if isinstance(key, str):
+        return None
+    if isinstance(key, bool):
+        return f"a key YAML reads as the boolean {str(key).lower()} (an unquoted yes, no, on, off, true or false)"
+    if key is None:
+        return "a key YAML reads as null (an unquoted ~ or null, or no key at all)"
+    return f"the key {key} is {_what(key) or type(key).__name__} in YAML, not a name"
+
+
+def unsupported_values(raw: object, path: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """``(dotted key, where it is shown, problem)`` for each key of ``raw`` that is not a string, shown at the
+    mapping that holds it, and each value a config does not take (``_NOT_CONFIG_VALUES``), so that validation
+    never renames or respells them. A key is named in the dotted key as ``str(key)`` (``False``), as
+    ``key_origin`` and ``key_line`` find it; a list item as its index."""
+    found = []
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            problem = _key_problem(key)
+            if problem:
+                found.append((".".join((*path, str(key))), ".".join(path), f"{problem}: write the name in quotes"))
+            found += unsupported_values(value, (*path, str(key)))
+    elif isinstance(raw, (list, tuple)):
+        for index, item in enumerate(raw):
+            found += unsupported_values(item, (*path, str(index)))
+    elif _what(raw):
+        dotted = ".".join(path)
+        found.append((dotted, dotted, f"YAML reads this value as {_what(raw)} ({raw}), which a config does not "
+                                      f"take: write it in quotes if it is a name or text"))
     return found
 
 
@@ -204,7 +300,7 @@ def apply_override(raw: dict, assignment: str) -> dict:
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
     try:
-        set_key(raw, key, value, merge=True)  # a mapping merges into its section, as a grid's `set:` does
+        set_key(raw, key, value, merge=True)  # a mapping merges into its section (merge_mapping), as a grid's `set:`
     except ConfigError as err:
         raise ConfigError(f"--set {err}") from None
     return raw
@@ -212,8 +308,9 @@ def apply_override(raw: dict, assignment: str) -> dict:
 
 def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
     """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections are created; a number
-    indexes an item of a list that is there (``model.encoder.attention.parts.0.size``). With ``merge``,
-    a mapping value is merged into a mapping already at ``key`` instead of replacing it."""
+    indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key of a
+    mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at ``key``
+    (``merge_mapping``: ``{}``, or another component ``type``, replaces it instead, there or below)."""
     node, parts = raw, key.strip().split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"{key!r}: an empty key name (expected a dotted key such as train.max_steps)")
@@ -226,17 +323,17 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
         elif not isinstance(node, dict):
             raise ConfigError(f"{key}: {where} is a value, not a section")
         if depth == len(parts) - 1:
-            if merge and isinstance(value, dict) and isinstance(node[part] if isinstance(node, list) else
-                                                                node.get(part), dict):
-                for sub, item in value.items():
-                    set_key(node[part], str(sub), item, merge=True)
-            else:
-                node[part] = value
+            old = node[part] if isinstance(node, list) else node.get(part)
+            merges = merge and isinstance(value, dict) and isinstance(old, dict) and \
+                not _replaces(old, value, empty_replaces=True)
+            node[part] = merge_mapping(old, value, empty_replaces=True) if merges else value
             return
         if isinstance(node, dict) and part not in node:
-            if parts[depth + 1].isdigit():
-                raise ConfigError(f"{key}: {'.'.join(parts[:depth + 1])} is not set in the file, so it has no item "
-                                  f"{parts[depth + 1]}; set the whole list instead")
+            if parts[depth + 1].isdigit():  # a list index or a mapping's key: the missing section could be either
+                section, name = ".".join(parts[:depth + 1]), parts[depth + 1]
+                raise ConfigError(f"{key}: {section} is not set in the file, so it has no item {name}: give the "
+                                  f"whole section ({section}=[...] for a list, {section}={{'{name}': ...}} for a "
+                                  "mapping)")
             node[part] = {}
         node = node[part]
 

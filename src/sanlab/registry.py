@@ -19,6 +19,7 @@ a model imports their builders. So the schema (``sanlab.config``) validates with
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 from dataclasses import dataclass
@@ -32,6 +33,43 @@ from sanlab.errors import ConfigError
 # Every config schema: unknown keys and non-finite numbers (.inf, .nan in YAML) are errors, and so is an
 # assignment that breaks a field's type or bounds.
 STRICT_SCHEMA = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def error_paths(err: ValidationError, data: object, *, root_tag: str | None = None) -> list[tuple[tuple, dict]]:
+    """``(key path, error)`` for pydantic's errors about ``data``: each location in ``data``'s own keys, without
+    the tags pydantic gives a union's branches (``ParallelFiles``, ``list[WeightedFiles]``, ``constrained-float``),
+    and without ``root_tag``, a discriminated union's tag, where the location starts with it. A branch's refusal
+    of the value's type (its location ends in its tag: "a valid array") is left out when another branch took the
+    value and names what is wrong inside it; with none inside, each branch's refusal stays, saying what it may be."""
+    found = []
+    for e in err.errors():
+        loc = e["loc"][1:] if root_tag is not None and e["loc"][:1] == (root_tag,) else e["loc"]
+        found.append((*_key_path(loc, data, missing=e["type"] == "missing"), e))
+    return [(path, e) for path, tagged, e in found
+            if not (tagged and any(len(other) > len(path) and other[:len(path)] == path for other, _, _ in found))]
+
+
+def _key_path(loc: tuple, data: object, *, missing: bool) -> tuple[tuple, bool]:
+    """The elements of ``loc`` that are keys of ``data`` (or list indices), and whether ``loc`` ended in one that
+    is not (a union branch's tag). A required key (``missing``) ends the path although ``data`` lacks it."""
+    path, node, tagged = [], data, False
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not (missing and i == len(loc) - 1):
+            tagged = i == len(loc) - 1
+            continue
+        path.append(part)
+    return tuple(path), tagged
+
+
+def did_you_mean(name: str, known) -> str:
+    """`` (did you mean lr?)`` for an unknown key ``name``, naming the ``known`` keys that are spelt much like it;
+    empty if none is."""
+    close = difflib.get_close_matches(name, list(known), n=2)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 class ComponentConfig(BaseModel):
@@ -171,7 +209,9 @@ class Registry:
         try:  # strict through JSON, as the run config (sanlab.config.validate): a quoted "11" is refused here too
             return cls.model_validate_json(json.dumps(value, default=str), strict=True)
         except ValidationError as err:  # re-raised plainly so the outer model reports the full path
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<value>'}: {e['msg']}" for e in err.errors())
+            problems = "; ".join(f"{'.'.join(map(str, path)) or '<value>'}: {e['msg']}"
+                                 + (did_you_mean(str(path[-1]), cls.model_fields) if e["type"] == "extra_forbidden"
+                                    else "") for path, e in error_paths(err, value))
             raise ValueError(f"{self.kind} {value['type']!r}: {problems}") from None
 
     def build(self, config: ComponentConfig, ctx: BuildContext, **kwargs):

@@ -158,6 +158,19 @@ def test_neighbor_sperber_is_query_independent(square, sigma):
     assert sum(p.numel() for p in part.parameters()) == 2  # one scalar per local head
 
 
+@pytest.mark.parametrize("sigma_init", [0, 0.0, -1.0])
+def test_neighbor_sperber_refuses_an_initial_width_not_above_zero(sigma_init):
+    """s = 0 is a zero width, -(i - j)^2 / 0: every score of the local heads NaN (squared or not); a negative s
+    is no width either. ``rand`` and a positive s give finite scores."""
+    with pytest.raises(ValueError, match=r"sigma_init\b.*: Input should be greater than 0"):
+        _build({"type": "neighbor", "neighbor_mode": "sperber", "sigma_init": sigma_init})
+    for sigma in ("rand", 0.5):
+        for square in (True, False):
+            part = _build({"type": "neighbor", "neighbor_mode": "sperber", "sigma_init": sigma,
+                           "square_sigma": square}).parts[0]
+            assert torch.isfinite(part.score(torch.zeros(1, 4, 5, 5), _ctx())).all()
+
+
 def test_local_soft_query_predicts_centre_and_width():
     part = LocalSoft(dim=16, heads=2, local_heads=2, head_dim=8, window="query", fixed_window=10.0)
     _fix_sigmoid(part.predict, [0.5, 0.5, 0.75, 0.75])  # first H_loc outputs: positions, then widths

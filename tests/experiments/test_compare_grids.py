@@ -36,7 +36,8 @@ def test_unknown_config_key_in_overrides_names_the_grid_variant_and_key(tmp_path
         load_grid(bad)
     message = str(err.value)
     assert str(bad) in message and "variant 'b'" in message and "model.encoder.atention: unknown key" in message
-    assert "model.encoder.atention: unknown key (from the overrides of variant 'b')" in message
+    assert ("model.encoder.atention: unknown key (did you mean attention or cross_attention?) (from the overrides "
+            "of variant 'b')") in message
 
 
 def test_a_variant_that_cannot_be_built_fails_when_the_grid_loads(tmp_path):
@@ -51,9 +52,9 @@ def test_a_variant_that_cannot_be_built_fails_when_the_grid_loads(tmp_path):
 
 
 @pytest.mark.parametrize("where, expected", [
-    ("recipe", "model.word_dimm: unknown key (set in {base}, line 3)"),
-    ("set", "model.word_dimm: unknown key (from the grid's set:)"),
-    ("cli", "model.word_dimm: unknown key (from --set)")])
+    ("recipe", "model.word_dimm: unknown key (did you mean word_dim?) (set in {base}, line 3)"),
+    ("set", "model.word_dimm: unknown key (did you mean word_dim?) (from the grid's set:)"),
+    ("cli", "model.word_dimm: unknown key (did you mean word_dim?) (from --set)")])
 def test_an_invalid_key_of_a_cell_is_traced_to_where_it_was_set(tmp_path, where, expected):
     """Down the recipe's base chain to its file and line, or to the grid's layer that set it."""
     write(tmp_path / "tagger.yaml", TAGGER)

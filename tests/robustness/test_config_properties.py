@@ -129,3 +129,26 @@ def test_component_fields_are_as_strict_as_the_rest(part, field):
     raw = {**BASE, "model": {"encoder": {"attention": {"parts": [part]}}}}
     with pytest.raises(ConfigError, match=field):
         validate(raw, source="t")
+
+
+# any text, and text spelt as a number, a bool or null in YAML 1.1 or 1.2 (1e5, 0o17, 0x1f, 1_000, 1:30, no, ~)
+STRINGS = st.one_of(
+    st.text(max_size=12),
+    st.tuples(st.integers(0, 99), st.integers(-9, 9)).map(lambda t: f"{t[0]}e{t[1]}"),
+    st.integers(0, 4095).map(lambda n: f"{n:#o}"), st.integers(0, 4095).map(lambda n: f"{n:#x}"),
+    st.integers(0, 10**6).map(lambda n: f"{n:_}"), st.floats(allow_nan=False).map(str),
+    st.sampled_from(["yes", "no", "on", "off", "null", "~", "1:30", ".inf", "-.5", "+1", ""]))
+
+
+@settings(FAST, max_examples=200)
+@given(STRINGS, STRINGS)
+def test_the_saved_config_reads_back_as_it_was(scratch, name, text):
+    """Whatever the strings of a config, its dump_config (a run's config.yaml) loads back to the same config:
+    every string the loader would read as a number, a bool or null is quoted."""
+    raw = yaml.safe_load(yaml.safe_dump(BASE))
+    raw["data"]["valid"] = {"src": text, "tgt": name}
+    raw["data"]["test"] = {name: {"src": text, "tgt": text}}
+    config = validate(raw, source="t")
+    path = scratch / f"c{next(_names)}.yaml"
+    path.write_text(dump_config(config), encoding="utf-8")
+    assert load_config(path).model_dump() == config.model_dump()

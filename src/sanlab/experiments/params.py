@@ -21,6 +21,10 @@ _ENC_PARTS = "encoder.attention.parts"
 _WU_KERNELS = [3, 7, 15, 31, 31, 31]  # Wu et al.'s kernel width per layer
 _DEC_PARTS = "decoder.attention.parts"
 
+# The presets the table is built over: plain Transformers. The others have a mixer of their own, which the
+# variants' keys are applied over (a dynamic_conv preset's six kernel widths in a 12-layer MUSE stack).
+TABLE_PRESETS = ("transformer_base", "transformer_big")
+
 # Each variant: dotted model keys -> value, applied over the preset (spec B.0-B.7 defaults).
 BASELINES: dict[str, dict[str, object]] = {
     "Transformer-Base": {},

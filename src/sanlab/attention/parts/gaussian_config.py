@@ -3,7 +3,7 @@ the parts and their builders are in ``gaussian.py``."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -26,7 +26,8 @@ class NeighborConfig(GaussianConfig):
     type: Literal["neighbor"] = "neighbor"
     builder = "sanlab.attention.parts.gaussian:build_neighbor"
     neighbor_mode: Literal["csan", "sperber"] = "csan"
-    sigma_init: float | Literal["rand"] = "rand"  # sperber: initial s (xnmt: a constant, or log-uniform in [1, 1000])
+    # sperber: initial s (xnmt: a constant, or log-uniform in [1, 1000]); s = 0 is a zero width, NaN scores
+    sigma_init: Annotated[float, Field(gt=0)] | Literal["rand"] = "rand"
     square_sigma: bool = True                     # sperber: sigma = s^2 (xnmt's square_mask_std)
 
     @classmethod
