@@ -94,3 +94,10 @@ def test_bleu_by_length_rejects_bad_input():
         bleu_by_length([HYP], [REF], [3], buckets=(20, 10))
     with pytest.raises(ValueError, match="upper edges >= 1"):  # 0 would count length-0 sentences twice
         bleu_by_length([HYP], [REF], [0], buckets=(0, 10))
+
+
+def test_one_string_is_not_a_list_of_references():
+    from sanlab.evaluation.bleu import corpus_scores
+
+    with pytest.raises(TypeError, match="not one string"):
+        corpus_scores(["x", "y"], "ab")

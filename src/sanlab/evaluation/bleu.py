@@ -28,6 +28,8 @@ def reference_streams(references: References, *, n_hypotheses: int) -> list[list
     """
     if n_hypotheses == 0:
         raise ValueError("cannot score an empty corpus: got 0 hypotheses")
+    if isinstance(references, str):  # it would be read as one reference per character
+        raise TypeError("references must be a list of reference strings (or of streams), not one string")
     if len(references) == 0:
         raise ValueError(f"got {n_hypotheses} hypotheses but no references")
     if isinstance(references[0], str):
@@ -70,7 +72,8 @@ class TranslationScores:
         return self.sys_len / self.ref_len if self.ref_len else 0.0
 
     def format(self, *, width: int = 2) -> str:
-        """The two one-liners ``sacrebleu -f text -m bleu chrf`` prints, signatures included."""
+        """The two one-liners ``sacrebleu -f text -m bleu chrf -w 2`` prints, signatures included (``width``:
+        the score's decimals, sacreBLEU's ``-w``, whose default is 1)."""
         prec = "/".join(f"{p:.1f}" for p in self.precisions)
         bleu_line = (
             f"BLEU|{self.bleu_signature} = {self.bleu:.{width}f} {prec} "
