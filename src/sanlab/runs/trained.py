@@ -11,7 +11,7 @@ from sanlab.config import Config
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
 from sanlab.training.checkpoint import (
-    META, STEP_PREFIX, WEIGHTS, CheckpointManager, checkpoint_names, load_weights, step_name,
+    META, STEP_PREFIX, WEIGHTS, CheckpointManager, check_vocabulary, checkpoint_names, load_weights, step_name,
 )
 from sanlab.training.layout import RunLayout
 from sanlab.runs.build import task_class
@@ -68,9 +68,11 @@ def load_checkpoint(run_dir: Path, *, checkpoint: str = "best", device: str = "c
     with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
         select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
     model, assets = task_for(config).load_model(config, run_dir)
+    vocabulary = task_for(config).vocabulary(assets)
     for attempt in range(3):
         try:
             path = select_checkpoint(run_dir, checkpoint, config)
+            check_vocabulary(path, vocabulary, run_dir=run_dir)
             load_weights(model, path)
             described = _describe_checkpoint(run_dir, path)
             if checkpoint in ("best", "last") and not (path / META).is_file():

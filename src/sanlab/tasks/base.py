@@ -92,6 +92,11 @@ class Task:
         """(model with untrained weights, assets such as vocabularies) of a run, without reading a corpus."""
         raise NotImplementedError
 
+    def vocabulary(self, assets) -> str | None:
+        """The digest of ``assets`` that its training task keeps in checkpoints as ``vocabulary``, so that weights
+        of another vocabulary are refused (``checkpoint.check_vocabulary``); None: not checked."""
+        return None
+
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
                  decode_overrides: dict | None) -> dict:
         """Scores of each held-out split (``sanlab evaluate``), writing what it scored into the run (by

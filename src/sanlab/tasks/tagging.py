@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -59,6 +61,11 @@ class TaggingVocab:
 
     def save(self, path: Path) -> None:
         write_json(path, {"words": self.words, "chars": self.chars, "tags": self.tags}, indent=None)
+
+    def digest(self) -> str:
+        """What a tagger trained with this vocabulary is tied to (its embedding rows and tag ids)."""
+        text = json.dumps([self.words, self.chars, self.tags], ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     @staticmethod
     def load(path: Path) -> "TaggingVocab":
@@ -134,6 +141,7 @@ class TaggingTask:
         else:
             self.vocab = build_vocab(config, train=train, dev=dev, test=test)
             self.vocab.save(vocab_path)
+        self.vocabulary = self.vocab.digest()  # in every checkpoint's meta.json (checkpoint.check_vocabulary)
         self.train_word_tags = word_tags([list(zip(s.words, s.tags)) for s in train])
         self.train, self.dev = chunk_sentences(train, t), chunk_sentences(dev, t)
         log.info(f"tagging: {len(train)} train sentences ({len(self.train)} chunks of <= {t}), "

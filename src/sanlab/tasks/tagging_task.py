@@ -62,6 +62,9 @@ class Tagging(Task):
 
         return load_tagging_model(config, run_dir)
 
+    def vocabulary(self, assets) -> str:
+        return assets.digest()
+
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
                  decode_overrides: dict | None, precision=None) -> dict:
         from sanlab.tasks.tagging import evaluate_tagging_splits

@@ -102,6 +102,7 @@ class TranslationTask:
             read_parallel(pair.src, pair.tgt, keep_empty=True)
         self.train = prepare_training_data(config, run_dir, log=log.info)
         self.spm = self.train.spm
+        self.vocabulary = self.spm.vocabulary()  # in every checkpoint's meta.json (checkpoint.check_vocabulary)
         lengths = self.train.lengths
         for files, corpus in zip(d.train_corpora, self.train.corpora):
             if not len(corpus):  # a cache entry written before the encoder refused an empty corpus

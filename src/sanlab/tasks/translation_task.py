@@ -47,6 +47,9 @@ class Translation(Task):
 
         return load_translation_model(config, run_dir)
 
+    def vocabulary(self, assets) -> str:
+        return assets.vocabulary()
+
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
                  decode_overrides: dict | None, precision=None) -> dict:
         from sanlab.tasks.translation import evaluate_translation

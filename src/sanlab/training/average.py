@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, staging_directory, write_json
-from sanlab.training.checkpoint import META, WEIGHTS, checksums, read_weights
+from sanlab.training.checkpoint import META, WEIGHTS, checksums, common_vocabulary, read_weights
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -73,13 +73,14 @@ def write_average(checkpoints: list[Path], output: Path, *, selection: str | Non
         raise ConfigError(f"{output}: an averaged checkpoint that also holds files sanlab did not write "
                           f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); refusing to replace it: "
                           "move them away, or choose a new --output")
+    vocabulary = common_vocabulary(checkpoints)
     weights = average_weights(checkpoints)  # (before anything is written: unreadable checkpoints fail here)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging_directory(output)
     try:
         save_file(weights, str(tmp / WEIGHTS))
         write_json(tmp / META, {"averaged": [Path(p).name for p in checkpoints], "selection": selection,
-                                "sha256": checksums(tmp)})
+                                **({"vocabulary": vocabulary} if vocabulary else {}), "sha256": checksums(tmp)})
         replace_directory(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # ours alone: made above under a new name

@@ -189,6 +189,29 @@ def _check_meta(meta: dict, path: Path, remedy: str) -> None:
     _checked_sha256(meta, path, remedy)
 
 
+def check_vocabulary(checkpoint: Path, vocabulary: str | None, *, run_dir: Path) -> None:
+    """Refuse weights trained with another vocabulary than ``run_dir``'s (``vocabulary``: its digest, None where
+    its task keeps none): rows of another subword model or word list would be read as this run's, and every
+    score would be of nonsense. A checkpoint that records none (written before it was kept) is taken."""
+    recorded = (read_json(Path(checkpoint) / META) or {}).get("vocabulary")
+    if vocabulary is None or recorded is None or recorded == vocabulary:
+        return
+    raise ConfigError(f"{checkpoint}: trained with another vocabulary (subword model or word list: {recorded}) than "
+                      f"the run {run_dir} ({vocabulary}); load it with the run it was trained in")
+
+
+def common_vocabulary(checkpoints: list[Path]) -> str | None:
+    """The vocabulary the ``checkpoints`` were trained with (None if none records one), for an average of them;
+    an error when they differ (their rows mean other pieces: an average would be nonsense)."""
+    found = {str(c): (read_json(Path(c) / META) or {}).get("vocabulary") for c in checkpoints}
+    kinds = {v for v in found.values() if v is not None}
+    if len(kinds) > 1:
+        listed = ", ".join(f"{c}: {v}" for c, v in found.items())
+        raise ConfigError(f"the checkpoints were trained with different vocabularies ({listed}); average checkpoints "
+                          "of one run")
+    return next(iter(kinds), None)
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
     """The checkpoint ``latest.json`` names; if it is gone, the newest complete one (or None). Reads only."""
     pointer = Path(directory) / LATEST

@@ -47,6 +47,8 @@ class TrainTask(Protocol):
     def loss(self, batch: Any, *, model: nn.Module | None = None) -> Tensor: ...
     # ^ summed over the batch's tokens; computed with ``model`` (the DDP wrapper) when given
     def validate(self) -> dict[str, float]: ...
+    # optional: ``vocabulary``, a digest of what the model's embeddings are tied to, kept in every checkpoint's
+    # meta.json so that weights are never loaded over another vocabulary (checkpoint.check_vocabulary)
 
 
 @dataclass
@@ -201,6 +203,8 @@ class Trainer:
             state["scaler"] = self.scaler.state_dict()
         meta = {"step": self.progress.step, "epoch": self.progress.epoch, "position": self.progress.position,
                 "metrics": metrics, "score": metrics.get(self.task.metric)}
+        if getattr(self.task, "vocabulary", None) is not None:
+            meta["vocabulary"] = self.task.vocabulary
         self.last_good = self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update

@@ -1,0 +1,85 @@
+"""Checkpoints record the vocabulary their weights were trained with (a digest of the subword model(s) or the
+tagger's word list): loading them into a run of another vocabulary, or averaging checkpoints of two, is refused
+instead of scoring nonsense; runs of one vocabulary (a grid's seeds) and checkpoints from before the record
+are taken."""
+
+import json
+import shutil
+
+import pytest
+
+from sanlab.config import validate
+from sanlab.errors import ConfigError
+from sanlab.runs import average_run, evaluate_run, train_run
+from sanlab.training.average import write_average
+from sanlab.training.checkpoint import CheckpointManager
+from training_fixtures import make_reverse_config, make_tagging_config
+
+
+def _with(config, **data):
+    raw = config.model_dump(mode="json")
+    raw["data"].update(data)
+    return validate(raw, source="test")
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """Two tiny translation runs of other subword vocabularies of one size and one of the first's vocabulary
+    (another seed)."""
+    monkeypatch.setenv("SANLAB_CACHE_DIR", str(tmp_path / "cache"))
+    # 36 pieces either way (the same shapes: only the vocabulary check tells the weights apart), other pieces
+    config = _with(make_reverse_config(tmp_path, max_steps=6), subword={"vocab_size": 36, "model_type": "unigram"})
+    other = _with(config, subword={"vocab_size": 36, "model_type": "bpe"})
+    seed = validate({**config.model_dump(mode="json"),
+                     "train": {**config.train.model_dump(mode="json"), "seed": 9}}, source="test")
+    made = {}
+    for name, c in (("a", config), ("b", other), ("a2", seed)):
+        train_run(c, tmp_path / name, quiet=True)
+        made[name] = tmp_path / name
+    return made
+
+
+def _checkpoint(run):
+    return CheckpointManager(run, keep_best=10, keep_last=10, higher_is_better=True).last(1)[0]
+
+
+def test_weights_of_another_vocabulary_are_refused(runs):
+    a, b = runs["a"], runs["b"]
+    assert json.loads((_checkpoint(a) / "meta.json").read_text())["vocabulary"]
+    with pytest.raises(ConfigError, match=f"{_checkpoint(a)}: trained with another vocabulary .* than the run {b}"):
+        evaluate_run(b, checkpoint=str(_checkpoint(a)))
+    assert not list(b.glob("eval-step-*.json"))
+    copy = a.parent / "from-a"   # (a name of its own: a step-N name would borrow a2's records)
+    shutil.copytree(_checkpoint(a), copy)
+    evaluate_run(runs["a2"], checkpoint=str(copy))  # one vocabulary (a grid's seeds): taken
+
+
+def test_an_average_records_the_vocabulary_and_refuses_two(runs, tmp_path):
+    a, b = runs["a"], runs["b"]
+    with pytest.raises(ConfigError, match="trained with different vocabularies"):
+        write_average([_checkpoint(a), _checkpoint(b)], tmp_path / "mixed")
+    assert not (tmp_path / "mixed").exists()
+    averaged = average_run(a, last=2)
+    assert json.loads((averaged / "meta.json").read_text())["vocabulary"] == \
+        json.loads((_checkpoint(a) / "meta.json").read_text())["vocabulary"]
+    with pytest.raises(ConfigError, match="trained with another vocabulary"):
+        evaluate_run(b, checkpoint=str(averaged))
+
+
+def test_a_checkpoint_from_before_the_record_is_taken(runs, tmp_path):
+    copy = tmp_path / "old-checkpoint"
+    shutil.copytree(_checkpoint(runs["a"]), copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    del meta["vocabulary"]
+    (copy / "meta.json").write_text(json.dumps(meta))
+    evaluate_run(runs["b"], checkpoint=str(copy))   # (nothing says which vocabulary it had)
+
+
+def test_a_tagger_records_its_word_list(tmp_path):
+    first = make_tagging_config(tmp_path, max_steps=2)
+    train_run(first, tmp_path / "t1", quiet=True)
+    other = validate({**first.model_dump(mode="json"),
+                      "data": {**first.data.model_dump(mode="json"), "vocab_fraction": 0.25}}, source="test")
+    train_run(other, tmp_path / "t2", quiet=True)
+    with pytest.raises(ConfigError, match="trained with another vocabulary"):
+        evaluate_run(tmp_path / "t2", checkpoint=str(_checkpoint(tmp_path / "t1")))
