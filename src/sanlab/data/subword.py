@@ -252,10 +252,11 @@ class SubwordPair:
         return self.src is self.tgt
 
     def vocabulary(self) -> str:
-        """What a model trained with these subword models is tied to (its embedding rows): their encoding
-        digests (``SubwordModel.encoding_digest``), one for a joint model."""
-        digests = [self.src.encoding_digest()] + ([] if self.joint else [self.tgt.encoding_digest()])
-        return "+".join(d[:16] for d in digests)
+        """What a model trained with these subword models is tied to (its embedding rows): their pieces and
+        scores (``SubwordModel.digest``), one for a joint model. Not ``encoding_digest``, which depends on
+        whether this machine's protobuf can read the model: a run trained on one machine must load on another."""
+        digests = [self.src.digest()] + ([] if self.joint else [self.tgt.digest()])
+        return "+".join(digests)
 
     def __repr__(self) -> str:
         return f"SubwordPair(joint={self.src!r})" if self.joint else f"SubwordPair(src={self.src!r}, tgt={self.tgt!r})"
