@@ -58,6 +58,7 @@ gpu-check:
 # the grid's recipe (the compare table marks them §)
 GPU_WHEELS := pydantic pydantic-core typing-inspection typing-extensions annotated-types conllu sentencepiece
 gpu-wheels: $(STAMP)
+	rm -rf .whl  # (a wheel of an earlier version beside the new one would stop the install there)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 		$(foreach p,$(GPU_WHEELS),$(p)==$$($(BIN)/python -m pip show $(p) | sed -n 's/^Version: //p'))

@@ -129,6 +129,24 @@ def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool, de
     return runner
 
 
+def optional_rows(cells: list[Cell], failed: list[str], build, kind: str) -> list[Runner]:
+    """The rows ``build`` makes of ``cells``; one that fails (a compiler error, an operator with no deterministic
+    form) is added to ``failed`` with its error and left out, so that the table of the others is still written."""
+    rows = []
+    for cell in cells:
+        try:
+            row = build(cell)
+            row.step()  # one update before the rounds: what fails only when it runs fails here
+            rows.append(row)
+        except Exception as err:  # noqa: BLE001  (any failure of an optional row: said, not fatal)
+            said = " ".join(str(err).split())[:300]
+            failed.append(f"{cell.variant} ({kind}): {type(err).__name__}: {said}")
+            print(f"gpu.py: the {kind} row of {cell.variant} failed, left out: {failed[-1]}", flush=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return rows
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -182,7 +200,8 @@ PRODUCTS = re.compile(r"mm|gemm|matmul|linear|xmma|cutlass|cublas|flash|attentio
 
 def profile_rows(runners: list[Runner], *, updates: int, device: torch.device, out_dir: Path,
                  trace: bool) -> list[str]:
-    """Each runner's breakdown under torch.profiler (after the timed rounds, so compilation is done)."""
+    """Each runner's breakdown under torch.profiler (after the timed rounds, so compilation is done), written to
+    ``out_dir/profile.md`` after every row: a lease that runs out keeps the rows profiled so far."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -211,6 +230,7 @@ def profile_rows(runners: list[Runner], *, updates: int, device: torch.device, o
             t = getattr(e, self_time)
             lines.append(f"| `{e.key[:90]}` | {e.count // updates} | {t / 1e3 / updates:.3f} | {100 * t / total:.1f}% |")
         lines.append("")
+        (out_dir / "profile.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
         if trace:
             path = out_dir / f"{re.sub(r'[^A-Za-z0-9]+', '-', runner.name).strip('-')}.trace.json"
             prof.export_chrome_trace(str(path))
@@ -268,12 +288,14 @@ def main() -> None:
     vocab = cells[0].config.data.subword.vocab_size
     batch = make_batch(vocab, tokens=args.tokens, length=args.length, device=device)
     runners = [prepare(c, args, device, batch, compiled=False) for c in cells]
+    failed: list[str] = []  # optional rows that could not be built: named under the table, the rest still timed
     if args.compile is not None:
-        runners += [prepare(c, args, device, batch, compiled=True) for c in cells
-                    if not args.compile or c.variant in args.compile]
+        runners += optional_rows([c for c in cells if not args.compile or c.variant in args.compile], failed,
+                                 lambda c: prepare(c, args, device, batch, compiled=True), "compiled")
     if args.deterministic is not None:
-        runners += [prepare(c, args, device, batch, compiled=False, deterministic=True) for c in cells
-                    if not args.deterministic or c.variant in args.deterministic]
+        runners += optional_rows([c for c in cells if not args.deterministic or c.variant in args.deterministic],
+                                 failed, lambda c: prepare(c, args, device, batch, compiled=False,
+                                                           deterministic=True), "deterministic")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} thread(s)"
     peak = peak_tflops(device, args.precision, args.peak_tflops)
     tokens = batch[0].shape[0] * args.length
@@ -285,7 +307,8 @@ def main() -> None:
                  *provenance("gpu.py", grid, args, cells,
                              f"{tokens:,} target tokens per update ({batch[0].shape[0]} x {args.length}), median "
                              f"of {done} rounds x {args.updates} updates; peak {peak or 'unknown'} TFLOP/s"),
-                 *table(runners, tokens=tokens, peak=peak)]
+                 *table(runners, tokens=tokens, peak=peak),
+                 *(["", "Rows that could not be built (not timed):", *(f"- {f}" for f in failed)] if failed else [])]
         print("\n".join(lines), flush=True)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
@@ -297,7 +320,6 @@ def main() -> None:
         args.profile.mkdir(parents=True, exist_ok=True)
         lines = profile_rows(runners, updates=args.profile_updates, device=device, out_dir=args.profile,
                              trace=args.profile_trace)
-        (args.profile / "profile.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
         print("\n".join(lines[:4] + [line for line in lines if line.startswith(("## ", "- device busy"))]), flush=True)
 
 

@@ -46,7 +46,7 @@
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
 #   vanilla 1D-CSAN); GPU_DETERMINISTIC: those it also times under deterministic algorithms (default vanilla
-#   Rel_Pos; set empty: none); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT: seconds per step
+#   Rel_Pos; set empty: none); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT, GPU_EVALUATE_TIMEOUT (the finished run's evaluate, default 150): seconds per step
 #   (0: none; the benches' default 540, GPU_BLOCK_TIMEOUT's 180: that step takes well under a minute); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
 #   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing;
 #   GPU_WINDOW_TIMEOUT's default, 540 s, leaves room for those eight compilations).
@@ -59,17 +59,21 @@
 #   its subword.model and its best checkpoint's model.safetensors and meta.json), then a second call while warm
 #   with six more cells (--jobs 6, TABLE1_MINUTES=6). Bring the cells back with `sanlab compare GRID --import`.
 #   The next lease (planned 2026-11-30, not run yet; CSAN Table 1 needs no more cells): here `make gpu-wheels` and
-#   the data in .gpu-data, carry [".whl", ".gpu-data"], GPU_DATA=.gpu-data, then
-#     call 1 (~4 min): the tests beside the Multi30k bf16 run, then its decode agreement (with the fp32 rescoring)
-#       (REPORT_DIR=$OUT/r GPU_STEPS=train,decode-agreement TRAIN_MINUTES=5 GPU_AGREEMENT_TIMEOUT=150 \
-#         bash scripts/gpu_check.sh) & REPORT_DIR=$OUT/a GPU_STEPS=env,tests GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240 \
-#         bash scripts/gpu_check.sh; wait
-#     call 2 (~6 min, alone on the GPU): the window plans with their compiled rows, every Table 1 variant's MFU
-#       and operators, vanilla and Rel_Pos under deterministic algorithms (what train.deterministic costs), and the
-#       profile of each row (where the MFU under 45% goes); call 1's tests include train.deterministic's and a real
-#       CUDA out-of-memory error's (session 56)
-#       REPORT_DIR=$OUT/b GPU_STEPS=window,gpubench,blocklayer GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=240 GPU_BENCH_TIMEOUT=280 \
-#         GPU_BLOCK_TIMEOUT=60 \
+#   the data in .gpu-data, carry [".whl", ".gpu-data"]; the commands below set GPU_DATA themselves. Check `status`
+#   (budget_left_s) before call 2: the steps' timeouts bound each call (call 1 <= ~6 min, call 2 <= ~8.5 min),
+#   and the device tool cuts a call to the time left, so call 2 runs the gpubench first (the MFU table and
+#   profile.md are written row by row and round by round) and the window plans last (printed length by length).
+#     call 1 (~4 min): the tests beside the Multi30k bf16 run, then its decode agreement (with the fp32 rescoring);
+#       it prints each invocation's exit status (a bare `wait` would hide the background one's)
+#       export GPU_DATA=.gpu-data; (REPORT_DIR=$OUT/r GPU_STEPS=train,decode-agreement TRAIN_MINUTES=4 \
+#         GPU_AGREEMENT_TIMEOUT=120 bash scripts/gpu_check.sh) & bg=$!; REPORT_DIR=$OUT/a GPU_STEPS=env,tests \
+#         GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240 bash scripts/gpu_check.sh; a=$?; wait $bg; echo "exit: tests $a, run $?"
+#     call 2 (~6 min, alone on the GPU): every Table 1 variant's MFU and operators, vanilla and Rel_Pos under
+#       deterministic algorithms (what train.deterministic costs), the profile of each row (where the MFU under 45%
+#       goes), one Block layer by path, then the window plans with their compiled rows; call 1's tests include
+#       train.deterministic's and a real CUDA out-of-memory error's (session 56)
+#       REPORT_DIR=$OUT/b GPU_STEPS=gpubench,blocklayer,window GPU_BENCH_TIMEOUT=260 GPU_BLOCK_TIMEOUT=45 \
+#         GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=200 \
 #         GPU_BENCH_ARGS="--rounds 2 --updates 5 --warmup 2 --profile-updates 2" bash scripts/gpu_check.sh
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
@@ -129,8 +133,11 @@ if wants env; then
 fi
 if wants tests; then
     section "pytest -m gpu"
-    timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -q -m gpu -p no:cacheprovider ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" | tail -n 30 \
-        | tee -a "$report"
+    # -v: one line a test in the log, so a step cut by its timeout still says what passed and what failed; a test
+    # that hangs is stopped at 120 s (pytest-timeout) instead of taking the step with it
+    timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -v -m gpu -p no:cacheprovider --timeout=120 \
+        ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" \
+        | grep -Ev " PASSED| SKIPPED" | tail -n 30 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" tests
     end_section
 fi
@@ -140,14 +147,6 @@ if wants trainstep; then
         $PY bench/train_step.py --device "$DEVICE" --precision "$precision" --batch 512 --repeats 10 2>&1 | tee -a "$report"
         failed_if "${PIPESTATUS[0]}" "trainstep $precision"
     done
-    end_section
-fi
-if wants window; then
-    section "bench/attention_window.py (B=8, H=8, D=64, M=11)"
-    timeout "${GPU_WINDOW_TIMEOUT:-540}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
-        --batch 8 --repeats "${GPU_WINDOW_REPEATS:-10}" ${GPU_WINDOW_COMPILE---compile} 2>&1 \
-        | tee -a "$report"
-    failed_if "${PIPESTATUS[0]}" window
     end_section
 fi
 if wants gpubench; then
@@ -166,6 +165,14 @@ if wants blocklayer; then
         --shape 100 256 8 \
         2>&1 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" blocklayer
+    end_section
+fi
+if wants window; then
+    section "bench/attention_window.py (B=8, H=8, D=64, M=11)"
+    timeout "${GPU_WINDOW_TIMEOUT:-540}" $PY bench/attention_window.py --device "$DEVICE" --lengths 512 2048 4096 8192 \
+        --batch 8 --repeats "${GPU_WINDOW_REPEATS:-10}" ${GPU_WINDOW_COMPILE---compile} 2>&1 \
+        | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" window
     end_section
 fi
 if wants decode; then
@@ -187,7 +194,8 @@ if wants train; then
     grep -E "device|finished|resumed" "$run/train.log" | tail -n 4 | tee -a "$report"
     grep '"speed"' "$run/metrics.jsonl" | tail -n 1 | tee -a "$report"
     if grep -q "finished at step 3000" "$run/train.log"; then
-        $PY -m sanlab evaluate --run "$run" --device "$DEVICE" 2>&1 | tee -a "$report"
+        timeout "${GPU_EVALUATE_TIMEOUT:-150}" $PY -m sanlab evaluate --run "$run" --device "$DEVICE" 2>&1 | tee -a "$report"
+        failed_if "${PIPESTATUS[0]}" "train's evaluate"
     else
         echo "not finished: run this step again (GPU_STEPS=train) to continue from the last checkpoint" \
             | tee -a "$report"

@@ -166,3 +166,29 @@ def test_block_layer_bench_times_every_path_against_the_reference():
     assert rows[0][3] == "1.00"  # the reference against itself
     assert int(rows[2][4]) < int(rows[0][4])  # both directions at once: fewer operators than per direction
     assert float(rows[1][5]) == float(rows[2][5]) < float(rows[0][5])  # fewer passes over the pair tensors
+
+
+def test_a_gpu_bench_row_that_cannot_be_built_is_named_and_the_others_kept(monkeypatch):
+    """A compiled or deterministic row that fails (a compiler error, an operator without a deterministic form on
+    CUDA) is named under the table; the rows of the other variants are still timed and written."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # (its own imports: grid_speed, op_count)
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu", gpu)  # (its dataclasses look their module up there)
+    spec.loader.exec_module(gpu)
+    steps = []
+
+    def build(cell):
+        if cell.variant == "Rel_Pos":
+            raise RuntimeError("scatter_add_cuda_kernel does not have a\ndeterministic implementation")
+        return SimpleNamespace(name=cell.variant, step=lambda: steps.append(cell.variant))
+
+    failed = []
+    rows = gpu.optional_rows([SimpleNamespace(variant=v) for v in ("vanilla", "Rel_Pos", "Block")], failed, build,
+                             "deterministic")
+    assert [r.name for r in rows] == ["vanilla", "Block"] and steps == ["vanilla", "Block"]
+    assert failed == ["Rel_Pos (deterministic): RuntimeError: scatter_add_cuda_kernel does not have a deterministic "
+                      "implementation"]
