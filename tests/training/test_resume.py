@@ -716,3 +716,13 @@ def test_the_stream_of_the_gpu_a_run_trained_on_goes_to_the_gpu_it_resumes_on(mo
     assert set_rng_state({**state, "cuda": streams[1:], "cuda_device": 0}, torch.device("cuda", 1)) is None
     assert restored == [(1, 1)]  # one GPU's stream, saved on cuda:0: continued on cuda:1, with no warning
     assert "computes on cpu" in set_rng_state(state, torch.device("cpu"))
+
+
+def test_a_cpu_run_resumed_on_a_gpu_says_its_dropout_draws_start_anew():
+    """A checkpoint of a run on the CPU has no CUDA stream: resumed on a GPU, dropout draws from a stream that run
+    never had, which the log says (the resume goes on)."""
+    from sanlab.training.checkpoint import set_rng_state
+
+    state = {"torch": torch.get_rng_state(), "python": __import__("random").getstate()}
+    assert set_rng_state(state, torch.device("cpu")) is None
+    assert "written by a run on the CPU and this run computes on cuda:0" in set_rng_state(state, torch.device("cuda", 0))

@@ -109,15 +109,16 @@ def rng_state(device: torch.device | None = None) -> dict:
 def set_rng_state(state: dict, device: torch.device | None = None) -> str | None:
     """Restore what ``rng_state`` saved. The stream of the GPU the run trained on goes to the GPU it resumes on
     (``device``); a checkpoint that does not say which GPU that was (written before ``cuda_device`` existed)
-    gives each GPU the stream of its index. What cannot be continued (a GPU run resumed on the CPU, or on a
-    GPU the checkpoint has no stream of) is returned as a sentence for the log, since the resume is then not
+    gives each GPU the stream of its index. What cannot be continued (a GPU run resumed on the CPU, a CPU run
+    on a GPU, or a GPU run on a GPU the checkpoint has no stream of) is returned as a sentence for the log, since the resume is then not
     the run it was."""
     torch.set_rng_state(state["torch"])
     random.setstate(_as_tuple(state["python"]))
     cuda = state.get("cuda")
-    if cuda is None:
-        return None
     device = torch.device(device) if device is not None else torch.device("cpu")
+    if cuda is None:  # written by a run on the CPU (a GPU run has begun CUDA's streams by its first checkpoint)
+        return None if device.type != "cuda" else (f"the checkpoint was written by a run on the CPU and this run "
+                                                   f"computes on {device}: its dropout draws start anew")
     own = state.get("cuda_device")
     if device.type == "cuda" and isinstance(own, int) and 0 <= own < len(cuda):
         torch.cuda.set_rng_state(cuda[own], _cuda_index(device))  # the stream dropout drew from, on this GPU
