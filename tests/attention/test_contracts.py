@@ -368,3 +368,21 @@ def test_two_parts_in_one_layer_keep_the_plan_and_cache_contracts(cfg_a, cfg_b, 
                     torch.testing.assert_close(_decode(attn, x, valid), out.detach(),
                                                msg=lambda m: f"cached decoding, plan {plan}: {m}")
         _assert_plans_agree(results, side)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("cfg", CASES)
+def test_a_row_of_padding_only_leaves_every_gradient_finite(cfg, side):
+    """A sentence of no token beside a real one (Attention used as a library may get one): its output is
+    masked, and its backward must not put NaN into the weights every sentence shares (Local_Soft's mean key
+    divided 0 by 0 there)."""
+    attn = _decoder_or_skip(cfg, side)
+    x, _ = _inputs()
+    valid = torch.zeros_like(_inputs()[1])
+    valid[0, :3] = True   # one short sentence; every other row is padding only
+    x.requires_grad_(True)
+    out = attn(x, positions=_positions(valid, side)).output
+    assert torch.isfinite(out).all()
+    out.pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert [n for n, p in attn.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()] == []

@@ -162,3 +162,16 @@ def test_presets_match_vaswani(tmp_path):
     assert round(expected / 1e6) == 63  # 65M in the paper counts its own vocabulary size
     big = _preset_params(tmp_path, "transformer_big", v)
     assert 200e6 < big < 215e6
+
+
+def test_the_default_cross_attention_chooses_its_own_plan():
+    """A decoder whose self-attention is pinned to the banded plan (its window parts) gets a part-less
+    cross-attention on plan auto, as an explicit cross_attention does: banded would send it to the dense plan
+    instead of the fused kernel."""
+    parts = [{"type": "window", "size": 3}]
+    decoder = StackConfig(layers=1, ffn_dim=48, attention={"heads": 4, "plan": "banded", "parts": parts})
+    cfg = Seq2SeqConfig(dim=32, dropout=0.0, encoder=StackConfig(layers=1, ffn_dim=48, attention={"heads": 4}),
+                        decoder=decoder)
+    layer = build_seq2seq(cfg, vocab_size=50, pad_id=0).decoder.layers[0]
+    assert layer.self_mixer.plan == "banded" and layer.cross_attention.plan == "auto"
+    assert list(layer.cross_attention.parts) == []

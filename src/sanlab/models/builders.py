@@ -60,7 +60,9 @@ def build_encoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, ma
 def build_decoder(stack: StackConfig, *, dim: int, norm: str, dropout: float, max_len: int) -> Decoder:
     if stack.pre_blocks:  # DecoderLayer has no pre-block slot (and no decoding cache for one)
         raise ValueError(f"pre_blocks are encoder-only; the decoder stack lists {[b.type for b in stack.pre_blocks]}")
-    cross_cfg = stack.cross_attention or stack.attention.model_copy(update={"parts": []})
+    # (plan too, as an explicit cross_attention does not inherit it: banded suits window parts, not part-less
+    # cross-attention, which would fall back to the dense plan instead of the fused kernel)
+    cross_cfg = stack.cross_attention or stack.attention.model_copy(update={"parts": [], "plan": "auto"})
     layers = []
     for n in range(stack.layers):
         ctx = _context(stack, dim=dim, index=n, side="decoder", max_len=max_len)

@@ -253,7 +253,9 @@ class LocalSoft(GaussianLocalness):
         """K-bar: mean of the full-width keys visible to each query (a prefix mean under causality)."""
         keys = ctx.k.transpose(1, 2).flatten(2).to(lengths.dtype)  # [b, j, h*d]
         visible = base_visibility(ctx)[:, 0].to(keys.dtype)  # [b|1, i, j]
-        return torch.matmul(visible, keys) / lengths[:, 0]  # [b, i, h*d]
+        # (a query with no visible key, a row of padding only: 0 / 1, not 0 / 0, whose backward would put NaN
+        # into every shared weight's gradient although the row's output is masked)
+        return torch.matmul(visible, keys) / lengths[:, 0].clamp_min(1)  # [b, i, h*d]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, window={self.window_mode!r}"
