@@ -135,7 +135,8 @@ if wants tests; then
     section "pytest -m gpu"
     # -v: one line a test in the log, so a step cut by its timeout still says what passed and what failed; a test
     # that hangs is stopped at 120 s (pytest-timeout) instead of taking the step with it
-    timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -v -m gpu -p no:cacheprovider --timeout=120 \
+    per_test=$($PY -c "import pytest_timeout" 2> /dev/null && echo --timeout=120)  # (where the image has it)
+    timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -v -m gpu -p no:cacheprovider $per_test \
         ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" \
         | grep -Ev " PASSED| SKIPPED" | tail -n 30 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" tests

@@ -538,3 +538,20 @@ def test_length_bucket_edges_are_checked_before_any_run_loads(edges, problem, ca
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "argument --buckets" in err and problem in err and "no-such-run" not in err
+
+
+def test_a_dotted_key_inside_a_set_mapping_is_a_path():
+    """`--set model={encoder.layers: 2}` sets model.encoder.layers (docs/compare.md: dotted keys allowed), at any
+    depth of the mapping, as a grid's set: and overrides: do."""
+    from sanlab.config import load_config
+
+    recipe = ROOT / "configs" / "multi30k-en-de-transformer.yaml"
+    config = load_config(recipe, ["model={encoder.layers: 2, decoder: {attention.heads: 2}}"])
+    assert (config.model.encoder.layers, config.model.decoder.attention.heads) == (2, 2)
+    assert config.model.dim == load_config(recipe).model.dim   # merged: the rest of model kept
+
+
+def test_a_device_may_be_both_input_and_output():
+    from sanlab.files import check_output_file
+
+    check_output_file("/dev/null", inputs=("/dev/null",))   # written in place, never replaced: nothing is lost

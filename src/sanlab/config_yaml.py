@@ -300,7 +300,7 @@ def apply_override(raw: dict, assignment: str) -> dict:
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
     try:
-        set_key(raw, key, value, merge=True)  # a mapping merges into its section (merge_mapping), as a grid's `set:`
+        set_key(raw, key, value, merge=True)  # a mapping merges into its section, as a grid's `set:`
     except ConfigError as err:
         raise ConfigError(f"--set {err}") from None
     return raw
@@ -309,8 +309,9 @@ def apply_override(raw: dict, assignment: str) -> dict:
 def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
     """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections are created; a number
     indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key of a
-    mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at ``key``
-    (``merge_mapping``: ``{}``, or another component ``type``, replaces it instead, there or below)."""
+    mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at ``key``,
+    key by key (a dotted key in it is a path, as on the command line); ``{}``, or another component ``type``,
+    replaces it instead, there or below (``_replaces``)."""
     node, parts = raw, key.strip().split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"{key!r}: an empty key name (expected a dotted key such as train.max_steps)")
@@ -326,7 +327,11 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
             old = node[part] if isinstance(node, list) else node.get(part)
             merges = merge and isinstance(value, dict) and isinstance(old, dict) and \
                 not _replaces(old, value, empty_replaces=True)
-            node[part] = merge_mapping(old, value, empty_replaces=True) if merges else value
+            if not merges:
+                node[part] = value
+                return
+            for sub, item in value.items():  # key by key, so that a dotted one (`{encoder.layers: 2}`) is a path
+                set_key(old, str(sub), item, merge=True)
             return
         if isinstance(node, dict) and part not in node:
             if parts[depth + 1].isdigit():  # a list index or a mapping's key: the missing section could be either

@@ -153,8 +153,9 @@ def check_output_file(path: Path | str | None, *, flag: str = "--output",
     parent = Path(path).parent
     if not parent.is_dir():
         raise ConfigError(f"{flag} {path}: the directory {parent} does not exist")
+    regular = os.path.isfile(path)  # (a terminal or /dev/null is written in place, never replaced)
     for source in inputs:
-        if source is not None and os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source):
+        if source is not None and regular and os.path.exists(source) and os.path.samefile(path, source):
             raise ConfigError(f"{flag} {path}: is the input file {source}, which the output would replace; "
                               "write the output to another file")
 

@@ -215,3 +215,15 @@ def test_old_mac_line_endings_are_named(tmp_path):
     with pytest.raises(DataError, match=r"mac.conllu:2: expected 10 tab-separated columns, found 19 \(the line holds "
                                         r"carriage returns: .* lone \\r, old Mac style"):  # some \r, some \n
         read_conllu(path)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("# text messages are fun .\nthe dog runs\n", False),   # plain text whose first word is "text"
+    ("# newdoc\n# sent_id = a\n1\tx\t_\t_\t_\t_\t_\t_\t_\t_\n", True),
+    ("# newdoc id = n01\n", True),
+    ("# newdocs are here\n", False),
+])
+def test_only_conllus_own_comments_make_a_file_conllu(text, expected):
+    from sanlab.data.conllu_io import looks_like_conllu
+
+    assert looks_like_conllu(text.splitlines()) is expected

@@ -93,3 +93,18 @@ def test_the_vocabulary_does_not_depend_on_this_machines_protobuf(runs, monkeypa
 
     monkeypatch.setattr(subword, "_model_proto_class", lambda: None)
     load_trained(runs["a"], checkpoint="last")
+
+
+def test_a_resume_over_another_vocabulary_is_refused(tmp_path):
+    """tagger-vocab.json changed under a run (rebuilt from changed data, as its own error advises after damage):
+    the resume refuses the checkpoint's rows instead of training them as other words."""
+    config = make_tagging_config(tmp_path, max_steps=2)
+    run = tmp_path / "t"
+    train_run(config, run, quiet=True)
+    vocab = json.loads((run / "tagger-vocab.json").read_text())
+    vocab["words"][2], vocab["words"][3] = vocab["words"][3], vocab["words"][2]
+    (run / "tagger-vocab.json").write_text(json.dumps(vocab))
+    more = validate({**config.model_dump(mode="json"), "train": {**config.train.model_dump(mode="json"),
+                                                                 "max_steps": 3}}, source="test")
+    with pytest.raises(ConfigError, match="trained with another vocabulary"):
+        train_run(more, run, quiet=True)

@@ -208,7 +208,8 @@ def with_tags(lines: Iterable[str], tags: Iterable[Sequence[str]], *, column: Ta
         yield "\n"
 
 
-_CONLLU_COMMENT = re.compile(r"#\s*(sent_id|text|newdoc|newpar|global\.columns)\b")
+# CoNLL-U's own comments: `# sent_id = 1`, `# text = ...`, `# newdoc` (with or without ` id = ...`)
+_CONLLU_COMMENT = re.compile(r"#\s*((sent_id|text|global\.columns)\s*=|(newdoc|newpar)(\s*$|\s+id\s*=))")
 
 
 def looks_like_conllu(lines: Iterable[str]) -> bool:

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
 from sanlab.errors import ConfigError, TrainingError
-from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, load_state, load_weights, read_meta,
-                                       rng_state, set_rng_state)
+from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, check_vocabulary, load_state,
+                                       load_weights, read_meta, rng_state, set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import Precision, check_loss_scale, describe_batch, out_of_memory_stops, to_device
 from sanlab.training.diagnostics import collect_diagnostics
@@ -170,6 +170,8 @@ class Trainer:
         for path in candidates:
             try:
                 state = load_state(path)  # checked before the weights: the model is changed only by a good one
+                # rows of another vocabulary (a tagger-vocab.json rebuilt from changed data) are refused, not trained on
+                check_vocabulary(path, getattr(self.task, "vocabulary", None), run_dir=self.run_dir)
                 load_weights(self.model, path)
                 return path, state
             except DamagedCheckpoint as err:
