@@ -146,16 +146,15 @@ class TokenBatchSampler:
         # (source, target) as one small integer: 16 bits, where it fits, sort by radix in linear time
         key = pairs[:, 0].astype(np.int64) * (int(pairs[:, 1].max()) + 1) + pairs[:, 1]
         self._sort_key = key.astype(np.min_scalar_type(int(key.max())))
-        self._n_batches: int | None = None
+        self._n_batches: tuple[int, int] | None = None  # (epoch, its batches), counted by __len__
 
     def __len__(self) -> int:
         """The batches of the epoch ``set_epoch`` chose. Of one corpus, every epoch has as many (equal-length
         permutations do not move cut points), counted once; weighted corpora draw other examples each epoch."""
-        if self.weights is not None:
-            return len(self.epoch_plan(self.epoch))
-        if self._n_batches is None:
-            self._n_batches = len(self.epoch_plan(0))
-        return self._n_batches
+        epoch = self.epoch if self.weights is not None else 0
+        if self._n_batches is None or self._n_batches[0] != epoch:  # (counted once per epoch: a plan is a sort)
+            self._n_batches = (epoch, len(self.epoch_plan(epoch)))
+        return self._n_batches[1]
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch that `__iter__` yields (DataLoader convention)."""
