@@ -9,6 +9,7 @@ on the ``meta`` device: shapes only, no memory, no initialisation cost.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -163,7 +164,9 @@ def format_recipe_rows(rows: list[tuple[str, int, str]]) -> str:
 def main(preset: str = "transformer_base") -> None:
     print(f"Parameters of Transformer variants ({preset}, shared 37k vocabulary; delta vs the first row; "
           "'paper': the CSAN table's added parameters; Dufter's P, R and Conv scale with t = model.max_positions)")
-    print(format_table(parameter_table(preset=preset)))
+    rows = parameter_table(preset=preset)
+    plain = {"transformer_base": "Transformer-Base", "transformer_big": "Transformer-Big"}[preset]
+    print(format_table([dataclasses.replace(r, variant=plain) if k == 0 else r for k, r in enumerate(rows)]))
 
 
 if __name__ == "__main__":
