@@ -57,6 +57,12 @@ def is_averaged_checkpoint(path: Path) -> bool:
         return False
 
 
+def foreign_in_average(directory: Path) -> list[str]:
+    """What an averaged checkpoint directory holds besides the files ``write_average`` writes (replacing it, or
+    ``--overwrite`` of its run, would delete them)."""
+    return sorted(n for n in os.listdir(directory) if n not in (WEIGHTS, META))
+
+
 def write_average(checkpoints: list[Path], output: Path, *, selection: str | None = None) -> Path:
     """Write the averaged weights to the checkpoint directory ``output`` (atomically). Its meta.json names the
     checkpoints by their directory names (however the run's path was spelled) and, as ``selection``, how they
@@ -68,7 +74,7 @@ def write_average(checkpoints: list[Path], output: Path, *, selection: str | Non
     if output.exists() and not is_averaged_checkpoint(output):  # it would be deleted and replaced
         raise ConfigError(f"{output}: exists and is not an averaged checkpoint (no meta.json naming the averaged "
                           "checkpoints); refusing to replace it: choose a new --output")
-    foreign = sorted(p.name for p in output.iterdir() if p.name not in (WEIGHTS, META)) if output.exists() else []
+    foreign = foreign_in_average(output) if output.exists() else []
     if foreign:  # replacing the directory would delete them
         raise ConfigError(f"{output}: an averaged checkpoint that also holds files sanlab did not write "
                           f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); refusing to replace it: "

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
-from sanlab.training.checkpoint import CHECKSUMMED, LATEST, META, WEIGHTS, is_step_name
+from sanlab.training.average import foreign_in_average
+from sanlab.training.checkpoint import CHECKSUMMED, LATEST, META, is_step_name
 from sanlab.training.layout import RunLayout
 
 RUN_MARKER = "sanlab_run"  # meta.json key: the run directory's format version, written when sanlab creates it
@@ -46,7 +47,7 @@ def foreign_entries(run_dir: Path) -> list[str]:
     copy ``checkpoints/step-00001000.bak``): they are deleted whole, so a known name is not enough."""
     run_dir, layout = Path(run_dir), RunLayout(run_dir)
     foreign = [n for n in entries(run_dir) if not is_known(n)]
-    inside = ((layout.checkpoints, _foreign_in_checkpoints), (layout.averaged, _foreign_in_averaged),
+    inside = ((layout.checkpoints, _foreign_in_checkpoints), (layout.averaged, foreign_in_average),
               (layout.tensorboard, _foreign_in_tensorboard))
     for directory, unknown in inside:
         if directory.is_dir() and not directory.is_symlink():  # (a link is deleted, not what it points to)
@@ -63,10 +64,6 @@ def _foreign_in_checkpoints(directory: Path) -> list[str]:
         elif entry.name != LATEST and not _is_temporary(entry.name):
             foreign.append(entry.name)
     return foreign
-
-
-def _foreign_in_averaged(directory: Path) -> list[str]:
-    return sorted(n for n in os.listdir(directory) if n not in (WEIGHTS, META))  # what write_average writes
 
 
 def _foreign_in_tensorboard(directory: Path) -> list[str]:
