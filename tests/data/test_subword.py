@@ -39,6 +39,16 @@ def test_decode_ignores_pad_bos_eos(joint):
     assert joint.decode([joint.bos_id, *ids, joint.eos_id, joint.pad_id, joint.pad_id]) == SRC[2]
 
 
+def test_decode_normalises_spaces_as_sentencepiece_normalises_input(joint):
+    # A model may emit word-start pieces back to back ("▁", "▁", "the"): the text has no runs of
+    # spaces and no edge spaces, as no normalised training sentence has.
+    space = joint.piece_to_id("\u2581")
+    assert space != joint.unk_id
+    hypothesis = [space, space, *joint.encode("the"), space, space, *joint.encode("dog"), space]
+    assert joint.decode(hypothesis) == "the dog"
+    assert joint.decode([space, space]) == ""
+
+
 def test_joint_vocabulary_covers_both_sides(joint):
     # A word seen only on the target side is encoded without unknown pieces.
     assert joint.unk_id not in joint.encode("strasse maenner baeume")

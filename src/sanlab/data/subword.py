@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -18,6 +19,9 @@ from typing import Literal
 import sentencepiece as spm
 
 from sanlab.errors import DataError
+
+# runs of the space SentencePiece decodes "▁" to (not other whitespace, which a piece may hold)
+_EXTRA_SPACES = re.compile(" {2,}")
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ModelType = Literal["unigram", "bpe"]
@@ -174,8 +178,14 @@ class SubwordModel:
         return self._sp.EncodeAsPieces(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of `ids`; pad, BOS and EOS ids are ignored wherever they occur."""
-        return self._sp.DecodeIds([int(i) for i in ids if int(i) not in self._specials])
+        """Text of `ids`; pad, BOS and EOS ids are ignored wherever they occur.
+
+        Spaces are normalised as SentencePiece normalises its input (`remove_extra_whitespaces`,
+        on in every model sanlab trains): a hypothesis that emits word-start pieces back to back
+        would otherwise read "a  dog " although no text the model learned from has such spaces.
+        """
+        text = self._sp.DecodeIds([int(i) for i in ids if int(i) not in self._specials])
+        return _EXTRA_SPACES.sub(" ", text).strip(" ")
 
     def id_to_piece(self, piece_id: int) -> str:
         if not 0 <= piece_id < self.vocab_size:
