@@ -221,3 +221,35 @@ def test_neighbor_refuses_cross_attention(part):
     with pytest.raises(ValueError, match=r"Neighbor .*centred on the query's position.*not defined for "
                                          r"cross-attention \(cross layer 0\)"):
         _build(part, "cross")
+
+
+TINY_WIDTHS = {  # widths whose square leaves fp32 (0/0 at the centre, or every key's bias -inf)
+    "neighbor-sperber": ({"type": "neighbor", "neighbor_mode": "sperber", "local_heads": "all"}, "sigma_init", 1e-20),
+    "neighbor-sperber-linear": ({"type": "neighbor", "neighbor_mode": "sperber", "square_sigma": False,
+                                 "local_heads": "all"}, "sigma_init", 1e-40),
+    "local_hard": ({"type": "local_hard", "local_heads": "all"}, "window", 1e-30),
+    "local_soft-fixed": ({"type": "local_soft", "window": "fixed"}, "fixed_window", 1e-30),
+}
+
+
+@pytest.mark.parametrize("name", TINY_WIDTHS)
+def test_a_vanishing_width_attends_to_the_nearest_key_without_nan(name):
+    """A width whose square underflows in fp32 (a learned s going to 0, or a configured D of 1e-30) gives what a
+    small width gives -- all weight on the key nearest the centre -- with finite gradients, not NaN scores."""
+    part, key, tiny = TINY_WIDTHS[name]
+    g = torch.Generator().manual_seed(3)
+    x, valid = _padded(LENGTHS, g)
+    x = x.float()
+    positions = Positions.self_attention(valid, length=x.shape[1], causal=False)
+    outputs = []
+    for width in (tiny, 1e-3):
+        torch.manual_seed(0)
+        attn = build_attention(AttentionConfig(heads=HEADS, parts=[{**part, key: width, "layers": None}]),
+                               _context("encoder"))
+        leaf = x.clone().requires_grad_(True)
+        out = attn(leaf, positions=positions).output
+        out[valid].sum().backward()
+        assert torch.isfinite(out).all() and torch.isfinite(leaf.grad).all()
+        assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+        outputs.append(out.detach())
+    torch.testing.assert_close(outputs[0][valid], outputs[1][valid])

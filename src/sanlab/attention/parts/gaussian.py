@@ -49,6 +49,10 @@ from sanlab.attention.parts_base import AttentionContext, AttentionPart
 from sanlab.registry import BuildContext
 
 WIDTH_FLOOR = 0.1         # the reference code adds 0.1 to predicted widths (no division by zero)
+# Smallest |w| used: below it (j - c)^2 / w^2 leaves fp32 for sentences of 10^4 positions, and a row whose every
+# bias is -inf (a centre between keys) or 0/0 (w = 0 at j = c) is a NaN softmax. A learned Sperber s, or a
+# configured D, that small means attention on the nearest key, which this width still gives.
+MIN_WIDTH = 1e-12
 
 
 def resolve_local_heads(value: int | str, heads: int) -> int:
@@ -108,7 +112,8 @@ class GaussianLocalness(AttentionPart):
             wide = masks.at_least_fp32(ctx.q_full.dtype)
             lengths = base_visibility(ctx).sum(-1, keepdim=True).to(wide)  # [b|1, 1, i, 1]
             with torch.autocast(device_type=ctx.q_full.device.type, enabled=False):
-                return self.centre_and_width(ctx, lengths)
+                centre, width = self.centre_and_width(ctx, lengths)
+            return centre, width.abs().clamp_min(MIN_WIDTH)  # only w^2 is used: |w| is the same width
 
         return ctx.memo.once(self, compute)
 
