@@ -21,7 +21,7 @@ Rows are labelled as `tests/experiments/test_committed_writeup.py` reads them ("
 markers (`scripts/csan_multi30k_facts.py`), the title's cell count and the README's (its row and its section on
 the grid); `--note VARIANT:SEED` prints a draft of a cell's landing note (`scripts/csan_multi30k_note.py`). The
 rest of the prose is the author's to update. `--check` writes nothing and exits 1 if anything would change.
-Needs the Multi30k files (`../shared/data/multi30k`).
+Needs the Multi30k files (`../shared/data/multi30k`, or `$SANLAB_SHARED_DATA/multi30k`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import csv
 import functools
 import gzip
 import json
+import os
 import re
 import statistics
 import sys
@@ -58,7 +59,7 @@ WRITEUP = ROOT / "results" / "csan-multi30k.md"
 README = ROOT / "README.md"
 README_ROW = "| CSAN Table 1 on Multi30k"
 README_SECTION = "### CSAN Table 1 on Multi30k"
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
+DATA = Path(os.environ.get("SANLAB_SHARED_DATA", ROOT.parent / "shared" / "data")) / "multi30k"  # as the tests read it
 PAPER_BASE = 27.31  # CSAN Table 1's Transformer-Base
 # § cells moved out of the grid once trained again with the grid's vocabulary (docs/compare.md), laid out as the
 # grid's runs_dir: the write-up sets each against its successor

@@ -26,9 +26,12 @@ from sanlab.experiments.grid import load_grid
 from sanlab.experiments.grid_state import cell_state
 from sanlab.files import read_json
 
+from conftest import SHARED_DATA
+
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "configs" / "compare" / "csan-table1-multi30k.yaml"
 WRITEUP = ROOT / "results" / "csan-multi30k.md"
+MULTI30K = SHARED_DATA / "multi30k"  # the tables script reads its references there too
 RERUN = ("a cell landed or went: `python scripts/csan_multi30k_analyses.py`, then "
          "`python scripts/csan_multi30k_tables.py` (the write-up's tables, counts and the README row's count)")
 # CSAN Table 1's rows written out, not imported from scripts/csan_multi30k_rows.py: the tests check the scripts' list
@@ -277,8 +280,8 @@ def test_title_and_readme_count_the_scored_rows_and_cells(evaluated):
         in section and counts in section, section
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "multi30k" / "val.de.gz").exists(),
-                    reason="needs the Multi30k dev references (../shared/data/multi30k, see its README) for the dev columns")
+@pytest.mark.skipif(not (MULTI30K / "val.de.gz").exists(),
+                    reason="needs the Multi30k dev references (../shared/data/multi30k or $SANLAB_SHARED_DATA/multi30k, see its README) for the dev columns")
 def test_the_tables_script_reproduces_the_committed_tables(evaluated):
     """`scripts/csan_multi30k_tables.py` writes the five tables, the counting sentences and the counts from the
     committed files: run on the committed write-up and README it changes nothing (its dev columns, which the tests
@@ -294,9 +297,9 @@ def test_the_tables_script_reproduces_the_committed_tables(evaluated):
     assert script.rewrite_readme(readme, written) == readme
 
 
-@pytest.mark.skipif(not all((ROOT.parent / "shared" / "data" / "multi30k" / name).exists()
+@pytest.mark.skipif(not all((MULTI30K / name).exists()
                             for name in ("test_2016_flickr.de.gz", "val.de.gz")),
-                    reason="needs the Multi30k test and dev references (../shared/data/multi30k, see its README)")
+                    reason="needs the Multi30k test and dev references (../shared/data/multi30k or $SANLAB_SHARED_DATA/multi30k, see its README)")
 def test_the_landing_note_draft_quotes_the_cell(evaluated):
     """`csan_multi30k_tables.py --note VARIANT:SEED` drafts a landing note from the cell's own files."""
     spec = importlib.util.spec_from_file_location("csan_tables", ROOT / "scripts" / "csan_multi30k_tables.py")
