@@ -877,6 +877,11 @@ def test_small_values_keep_significant_digits_in_the_markdown():
     assert [line.split(" | ")[1] for line in markdown.splitlines()[2:]] == ["0.0005", "0.0007", "0.001", "0.0125"]
     curves = A.curves_table({"a": [(1, 5e-4), (2, 0.25)], "b": [(1, 7e-4), (2, 0.0)]}).markdown()
     assert "| 1 | 0.0005 | 0.0007 |" in curves and "| 2 | 0.250 | 0.000 |" in curves
+    # a value that shows two digits once rounded keeps the column's decimals: 0.10, not 0.098 beside 0.10
+    deltas = A.curves_table({"a": [(1, 0.098), (2, -0.011), (3, 0.1)]}).markdown()
+    assert "| 1 | 0.098 |" in deltas  # (three decimals here: 0.098 shows two digits, as it is)
+    assert [A.Table(("d",), ((v,),)).markdown().splitlines()[2] for v in (0.098, -0.011, 0.1, 0.004)] == \
+        ["| 0.10 |", "| -0.011 |", "| 0.10 |", "| 0.004 |"]
 
 
 def test_learning_curves_name_a_record_without_a_number_and_skip_nan_for_the_best():

@@ -17,9 +17,10 @@ def _cell(value: Any, digits: int | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float) and digits is not None:
-        if 0 < abs(value) < 10 ** (1 - digits):  # where fewer than two digits would show (a learning rate of
-            return f"{value:.{max(digits, 2)}g}"   # 5e-4 is not 0.00 or 0.001): significant digits instead
-        return f"{value:.{digits}f}"
+        fixed = f"{value:.{digits}f}"
+        if value != 0 and abs(float(fixed)) < 10 ** (1 - digits):  # where fewer than two digits would show (a
+            return f"{value:.{max(digits, 2)}g}"  # learning rate of 5e-4 is not 0.00 or 0.001): significant digits
+        return fixed  # (0.098 at 2 decimals shows two: 0.10, as its neighbours in a column of deltas)
     return str(value)
 
 
