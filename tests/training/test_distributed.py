@@ -1,6 +1,7 @@
 """Data-parallel training (torchrun + DDP, gloo): two processes train what one process accumulating the
 same batches trains, and an interrupted two-process run resumes to the uninterrupted parameters."""
 
+import json
 import os
 import re
 
@@ -31,6 +32,21 @@ def test_two_processes_train_what_one_process_accumulating_their_batches_trains(
     for name in one:  # same update up to the order of the floating-point sums
         torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-6, msg=name)
     assert any(not torch.equal(one[n], moved[n]) for n in one)  # and training did change the weights
+
+
+def test_an_epochs_last_batch_fewer_than_the_processes_is_trained_as_one_process_trains_it(tmp_path,
+                                                                                          tiny_translation):
+    """5 batches an epoch (max_tokens 300) in updates of 4: every epoch ends with a group of 1, which rank 1 joins
+    at weight 0 (it used to be skipped: the two runs then parted at step 2)."""
+    make = no_model_dropout(tiny_translation)
+    two = train_processes(tmp_path, make, "two", nproc=2, max_steps=5, valid_every=5, accum_steps=2, eps=1.0,
+                          max_tokens=300)
+    one = train_processes(tmp_path, make, "one", nproc=1, max_steps=5, valid_every=5, accum_steps=4, eps=1.0,
+                          max_tokens=300)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-6, msg=name)
+    steps = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in steps) == 5 and "skipped" not in (tmp_path / "two" / "train.log").read_text()
 
 
 def test_only_rank_0_reports(tmp_path, tiny_translation, capfd):

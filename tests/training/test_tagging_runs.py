@@ -98,3 +98,27 @@ def test_predicted_tags_come_back_in_input_order_from_batches_sorted_by_length(t
     assert together == alone and [len(t) for t in together] == [len(s.words) for s in sents]
     lengths = [len(s.words) for group in batches for s in group]
     assert lengths == sorted(lengths) != [len(s.words) for s in sents] and len(batches) == 4
+
+
+def test_an_update_encodes_only_the_batches_this_process_trains(tmp_path, monkeypatch):
+    """An epoch's batches are chunk indices with their word counts until read: under DDP a process normalises by
+    every process's words but encodes only its share. Pending and encoded batches give the same loss."""
+    import torch
+
+    from sanlab.runs.build import make_task
+    from sanlab.tasks import tagging
+    from sanlab.training.logging import SilentLogger
+
+    run = tmp_path / "run"
+    run.mkdir()
+    task = make_task(make_tagging_config(tmp_path), run, SilentLogger(run))
+    encoded = []
+    real = tagging.encode_batch
+    monkeypatch.setattr(tagging, "encode_batch", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    task.model.eval()  # (no dropout: the two losses are of one function)
+    group = task.epoch_batches(0)[0:4]
+    assert encoded == [] and all(isinstance(b, tagging.PendingTagBatch) for b in group)
+    for pending in group:
+        batch = task.read(pending)
+        assert task.batch_tokens(pending) == batch.tokens == int(batch.tags.ne(-100).sum())
+        torch.testing.assert_close(task.loss(pending), task.loss(batch), rtol=0, atol=0)

@@ -33,15 +33,16 @@ def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(t
     """Issue 24: nothing in an update waits for the device; the loss, the gradient norm and fp16's skipped
     updates are read together every ``log_every`` updates (and at validation). On the CPU a read is free, so
     ``HostReads`` records the operations that would wait on a GPU. Left out, as they read host tensors only:
-    translation's collation of a batch (Python lists to CPU tensors, then copied to the device; the tagger's
-    batches are made before the update) and torch's unfused AdamW, which reads its CPU step counters (CUDA runs
-    the fused one, which reads nothing)."""
+    the tasks' reading of a batch (translation's collation, the tagger's encoding: Python lists to CPU tensors,
+    then copied to the device) and torch's unfused AdamW, which reads its CPU step counters (CUDA runs the fused
+    one, which reads nothing)."""
+    from sanlab.tasks.tagging import TaggingTask
     from sanlab.tasks.translation import TranslationTask
     from sanlab.training import loop
     from tests_helpers import HostReads
     from training_fixtures import make_tagging_config
 
-    update, settle, read = loop.Trainer.update, loop.Trainer.settle, TranslationTask.read
+    update, settle = loop.Trainer.update, loop.Trainer.settle
     seen, reads, settled = HostReads(), [], []
 
     def watched_update(self, group):
@@ -57,7 +58,8 @@ def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(t
         with seen.ignoring():
             return fn(*args, **kwargs)
 
-    monkeypatch.setattr(TranslationTask, "read", lambda self, batch: _ignored(read, self, batch))
+    for task_class in (TranslationTask, TaggingTask):
+        monkeypatch.setattr(task_class, "read", lambda self, batch, read=task_class.read: _ignored(read, self, batch))
     monkeypatch.setattr(loop.Trainer, "update", watched_update)
     monkeypatch.setattr(loop.Trainer, "settle", lambda self: settled.append(self.progress.step) or settle(self))
     make = tiny_translation if task == "translation" else lambda **train: make_tagging_config(tmp_path, **train)

@@ -89,6 +89,17 @@ class TagBatch:
         return f"{self.words.shape[0]} sentences padded to {self.words.shape[1]} words, {self.tokens:,} tokens"
 
 
+@dataclass(frozen=True)
+class PendingTagBatch:
+    """A training batch not encoded yet: its chunks and its words (counted from the chunks), so that an update is
+    normalised by every process's tokens while each process encodes only the batches it trains on."""
+    indices: tuple[int, ...]
+    tokens: int
+
+    def describe(self) -> str:
+        return f"{len(self.indices)} chunks, {self.tokens:,} tokens"
+
+
 PAD_WORD = "<PAD>"  # how the reference spells a padding word to its character CNN (spec C.10)
 
 
@@ -155,17 +166,21 @@ class TaggingTask:
         random.Random(self.config.train.seed * 1_000_003 + epoch).shuffle(order)
         size = self.config.train.batch_size
         return LazyBatches([order[k:k + size] for k in range(0, len(order), size)],
-                           lambda idx: encode_batch(self.vocab, [self.train[i] for i in idx],
-                                                    max_chars=self.config.model.max_word_chars,
-                                                    pad_to=self.model.pad_to,
-                                                    multiple=self.config.train.length_multiple,
-                                                    max_len=self.config.model.max_len))
+                           lambda idx: PendingTagBatch(tuple(idx), sum(len(self.train[i].words) for i in idx)))
 
-    def batch_tokens(self, batch: TagBatch) -> int:
+    def read(self, batch: PendingTagBatch) -> TagBatch:
+        """The batch's chunks, encoded."""
+        return encode_batch(self.vocab, [self.train[i] for i in batch.indices],
+                            max_chars=self.config.model.max_word_chars, pad_to=self.model.pad_to,
+                            multiple=self.config.train.length_multiple, max_len=self.config.model.max_len)
+
+    def batch_tokens(self, batch: TagBatch | PendingTagBatch) -> int:
         return batch.tokens
 
-    def loss(self, batch: TagBatch, *, model: torch.nn.Module | None = None,
+    def loss(self, batch: TagBatch | PendingTagBatch, *, model: torch.nn.Module | None = None,
              label_smoothing: float | None = None) -> Tensor:
+        if isinstance(batch, PendingTagBatch):
+            batch = self.read(batch)
         model = self.model if model is None else model
         batch = to_device(batch, model_device(model))  # validation's batches are built on the CPU
         logits = model(batch.words, batch.chars, char_words=batch.char_words)  # [b, t, tags]

@@ -222,6 +222,10 @@ class Trainer:
             g["lr"] = lr
         tokens = sum(self.task.batch_tokens(b) for b in group)
         mine = self.dist.shard(group)
+        # An epoch's last group may have fewer batches than processes: a process without one runs another's at
+        # weight 0, so that it joins the gradient all-reduce and the update is the one 1 process would make.
+        weight = 1.0 if mine else 0.0
+        mine = mine or group[:1]
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         # summed on the device in float64 (the same sum as Python floats); a non-finite loss makes the sum so
@@ -231,7 +235,7 @@ class Trainer:
                     self._out_of_memory_stops(batch, batches=len(mine), tokens=tokens):
                 batch = to_device(batch, self.device)  # (its pinned copy can run out too)
                 with self.precision.autocast():
-                    loss = self._loss(batch) / tokens
+                    loss = self._loss(batch) * (weight / tokens)
                 # DDP averages gradients over processes; scaling by their number makes that a sum.
                 scaled = loss * self.dist.world_size
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
@@ -444,12 +448,6 @@ class Trainer:
                                     f"{self.dist.world_size} processes: use fewer processes or smaller batches")
             while p.position < len(batches) and not stop:
                 group = batches[p.position: p.position + per_update]
-                if len(group) < self.dist.world_size:  # too few left for every process to take one
-                    self.log.info(f"epoch {p.epoch}: the last {len(group)} batch(es) skipped (fewer than the "
-                                  f"{self.dist.world_size} processes)")
-                    self.settle()  # the epoch ends here: an error names this epoch, not the next
-                    p.position = len(batches)
-                    break
                 t0 = time.monotonic()
                 _, tokens = self.update(group)
                 p.train_tokens += tokens
