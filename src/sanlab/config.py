@@ -455,7 +455,7 @@ def _known_keys(raw: dict, section: tuple) -> list[str]:
     except (ConfigError, KeyError, TypeError):
         return []
     for part in section:
-        kind = next((child for branch in _branches(kind) if (child := _child(branch, part)) is not None), None)
+        kind = next((child for branch in _branches(kind) if (child := annotation_at(branch, part)) is not None), None)
     return sorted({name for branch in _branches(kind) if isinstance(branch, type) and issubclass(branch, BaseModel)
                    for name in branch.model_fields})
 
@@ -469,7 +469,7 @@ def _branches(kind: object) -> list:
     return [kind]
 
 
-def _child(kind: object, part: str | int) -> object | None:
+def annotation_at(kind: object, part: str | int) -> object | None:
     """The annotation of the key or item ``part`` of a value of type ``kind`` (None: it has none)."""
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         field = kind.model_fields.get(part) if isinstance(part, str) else None

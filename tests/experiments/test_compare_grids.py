@@ -28,6 +28,18 @@ def test_unknown_variant_key_names_the_grid_and_the_variant(tmp_path):
     assert str(bad) in str(err.value) and "variant 'b' (variants[1]).overides: unknown key" in str(err.value)
 
 
+
+def test_grid_mistakes_name_their_line_suggest_a_key_and_name_an_unnamed_variant(tmp_path):
+    write(tmp_path / "tagger.yaml", TAGGER)
+    bad = write(tmp_path / "bad.yaml", "base: tagger.yaml\nseeds: [1]\nvariants:\n  - {name: a, overides: []}\n"
+                                        "  - {seeds: [1]}\nevals: {checkpoint: best}\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(bad)
+    message = str(err.value)
+    assert "variant 'a' (variants[0]).overides: unknown key (did you mean overrides?) (line 4)" in message
+    assert "the variant without a name (variants[1]).name: Field required (line 5)" in message
+    assert "evals: unknown key (did you mean eval?) (line 6)" in message and "None" not in message
+
 def test_unknown_config_key_in_overrides_names_the_grid_variant_and_key(tmp_path):
     write(tmp_path / "tagger.yaml", TAGGER)
     bad = write(tmp_path / "bad.yaml", "base: tagger.yaml\nseeds: [1]\nvariants:\n  - {name: a}\n"

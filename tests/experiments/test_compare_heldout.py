@@ -65,8 +65,9 @@ def test_a_datasets_file_replaces_the_grids_datasets(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("entry, message", [
-    ("  - {name: X, overides: {data.train: a}}", r"datasets file .*\n  dataset 'X' \(datasets\[0\]\)\.overides: "
-                                                 "unknown key"),
+    ("  - {name: X, overides: {data.train: a}}", r"datasets file \(a mapping with one key, datasets: a list of "
+     r"\{name, overrides, note, paper\}\)\n  dataset 'X' \(datasets\[0\]\)\.overides: unknown key \(did you mean "
+     r"overrides\?\) \(line 2\)"),
     ("  - {name: X, overrides: {model.dropout: 0.2}}", "dataset 'X': its overrides set no data.* key"),
     ("  - {name: X, overrides: ['model.dropout=0.2']}", "dataset 'X': its overrides set no data.* key"),
     ("  - {name: X, overrides: {data.train: missing.conllu}}", r"dataset 'X': data.train missing.conllu: no such file"),

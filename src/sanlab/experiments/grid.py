@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from sanlab.config import TASKS, Config, validate
+from sanlab.config import TASKS, Config, annotation_at, validate
 from sanlab.config_yaml import (
     apply_override,
     key_line,
@@ -56,6 +56,7 @@ from sanlab.experiments.grid_schema import (  # noqa: F401  (Cell, EvalSpec, Gri
     slug,
 )
 from sanlab.experiments.grid_state import cell_state, config_dict  # noqa: F401  (re-exported for tests)
+from sanlab.registry import did_you_mean
 from sanlab.runs import check_buildable
 from sanlab.tasks.base import Task, task_for, task_named
 
@@ -65,31 +66,46 @@ def _read_spec(path: Path) -> GridSpec:
     try:
         return GridSpec.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"{path}: invalid grid\n" + "\n".join(_describe(e, raw) for e in err.errors())) from None
+        raise ConfigError(f"{path}: invalid grid\n" + "\n".join(_describe(e, raw, path, GridSpec)
+                                                               for e in err.errors())) from None
 
 
-def _describe(error: dict, raw: dict) -> str:
-    """One validation error, naming the variant or dataset it belongs to."""
+def _describe(error: dict, raw: dict, path: Path, schema: type) -> str:
+    """One validation error: where (the variant or dataset by name, the file's line), what, and for an unknown
+    key the keys spelt like it that the schema takes there."""
     loc = list(error["loc"])
     where = ".".join(str(x) for x in loc) or "<root>"
     if len(loc) >= 2 and loc[0] in ("variants", "datasets") and isinstance(loc[1], int):
         entry = (raw.get(loc[0]) or [None] * (loc[1] + 1))[loc[1]]
         name = entry.get("name") if isinstance(entry, dict) else None
         kind = "variant" if loc[0] == "variants" else "dataset"
-        where = f"{kind} {name!r} ({loc[0]}[{loc[1]}])" + ("." + ".".join(map(str, loc[2:])) if loc[2:] else "")
-    msg = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-    return f"  {where}: {msg}"
+        label = f"{kind} {name!r}" if isinstance(name, str) else f"the {kind} without a name"
+        where = f"{label} ({loc[0]}[{loc[1]}])" + ("." + ".".join(map(str, loc[2:])) if loc[2:] else "")
+    msg = error["msg"]
+    if error["type"] == "extra_forbidden":
+        msg = "unknown key" + did_you_mean(str(loc[-1]), _known_keys(schema, loc[:-1]))
+    line = key_line(path, ".".join(map(str, loc)))
+    return f"  {where}: {msg}" + (f" (line {line})" if line is not None else "")
+
+
+def _known_keys(schema: type, loc: list) -> list[str]:
+    """The keys the grid schema takes in the mapping at ``loc`` (for suggesting one in place of an unknown key)."""
+    kind: object = schema
+    for part in loc:
+        kind = annotation_at(kind, part)
+    return sorted(kind.model_fields) if isinstance(kind, type) and issubclass(kind, BaseModel) else []
 
 
 def read_datasets_file(path: Path) -> list[DatasetSpec]:
     """The entries of a ``--datasets`` file (``datasets: [{name, overrides, note, paper}, ...]``), validated
-    as the grid's own; errors name the file and the entry."""
+    as the grid's own; errors name the file, the entry and its line."""
     raw = read_yaml_mapping(path, what="datasets file")
     try:
         return DatasetsFile.model_validate(raw).datasets
     except ValidationError as err:
         raise ConfigError(f"{path}: invalid datasets file (a mapping with one key, datasets: a list of {{name, "
-                          "overrides, note, paper}})\n" + "\n".join(_describe(e, raw) for e in err.errors())) from None
+                          "overrides, note, paper})\n" + "\n".join(_describe(e, raw, path, DatasetsFile)
+                                                                     for e in err.errors())) from None
 
 
 def _check_spec(spec: GridSpec, path: Path, *, datasets_from: Path | None = None) -> None:
