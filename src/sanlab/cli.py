@@ -27,6 +27,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def _cmd_train(args) -> int:
     from sanlab.config import dump_config, load_config
     from sanlab.runs import train_run
+    from sanlab.tasks.base import task_for
 
     from sanlab.training.device import DEVICE_SPEC
 
@@ -44,7 +45,8 @@ def _cmd_train(args) -> int:
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
                         allow_changed_data=args.allow_changed_data, source=args.config)
     if os.environ.get("RANK", "0") == "0":
-        print(f"done: step {summary['step']}, best {summary['best']}")
+        best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
+        print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
     return 0
 
 

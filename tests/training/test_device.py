@@ -5,6 +5,7 @@ raised here by hand) stopping a run with what to try."""
 
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
@@ -266,6 +267,7 @@ def test_cli_device_options(tmp_path, tiny_translation, capsys, monkeypatch):
     assert "device: cpu" in capsys.readouterr().out
     run = tmp_path / "run"
     assert main(["train", str(recipe), "--run", str(run), "--quiet"]) == 0
+    assert re.fullmatch(r"done: step 2, best bleu [0-9.e+-]{1,6}\n", capsys.readouterr().out)  # .4g, not every digit
     assert main(["evaluate", "--run", str(run), "--split", "valid", "--device", "cpu"]) == 0
     capsys.readouterr()
     assert main(["evaluate", "--run", str(run), "--split", "valid", "--device", "cuda"]) == 2

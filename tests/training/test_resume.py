@@ -205,6 +205,13 @@ def test_a_run_stopped_by_patience_does_not_train_on_when_rerun(tmp_path, tiny_t
     first = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
     again = train_run(tiny_translation(max_steps=30, lr=0.0, warmup_steps=0, patience=1), run, quiet=True)
     assert first["step"] == again["step"] == 6
+    # each session's log says why it stopped: patience, in its config key's words
+    stops = [line for line in (run / "train.log").read_text().splitlines() if "finished at step" in line]
+    assert len(stops) == 2 and all(line.endswith("stopped early, 1 validation without a better bleu "
+                                                 "(train.patience = 1)") for line in stops)
+    budget = train_run(tiny_translation(max_steps=3), tmp_path / "budget", quiet=True)
+    assert budget["step"] == 3
+    assert (tmp_path / "budget" / "train.log").read_text().rstrip().endswith("reached train.max_steps = 3")
 
 
 def test_raising_the_budget_on_resume_stops_where_a_straight_run_stops(tmp_path, tiny_translation):

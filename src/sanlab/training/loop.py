@@ -476,12 +476,24 @@ class Trainer:
             self._validate(on_schedule=False)  # never end a session with unsaved updates
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
-        self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {best} "
-                      f"({elapsed:.0f}s this session)")
+        self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {_shown(best)} "
+                      f"({elapsed:.0f}s this session): {self._why_stopped()}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on)
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
                 "train_seconds": p.train_seconds, "bad_validations": p.bad_validations}
+
+    def _why_stopped(self) -> str:
+        """Which budget ended training, in the words of its config key (a resumed run that had already stopped
+        says so again, so the log of every session tells)."""
+        cfg, p = self.config, self.progress
+        if self._patience_exhausted():
+            plural = "" if p.bad_validations == 1 else "s"
+            return (f"stopped early, {p.bad_validations} validation{plural} without a better {self.task.metric} "
+                    f"(train.patience = {cfg.patience})")
+        if p.step >= cfg.max_steps:
+            return f"reached train.max_steps = {cfg.max_steps}"
+        return f"reached train.max_epochs = {cfg.max_epochs}"
 
     def _best_saved(self) -> float | None:
         """The best validation score of the saved checkpoints (the best ones are always kept), an
@@ -491,6 +503,11 @@ class Trainer:
         if not scores:
             return self.progress.best
         return max(scores) if self.task.higher_is_better else min(scores)
+
+
+def _shown(score: float | None) -> str:
+    """A score as the validation lines show it (4 significant digits), not a float's every digit."""
+    return "none" if score is None else f"{score:.4g}"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
