@@ -192,9 +192,14 @@ def test_cells_scored_with_the_old_definitions_are_rescored_from_their_predictio
     assert in_vocab > 0  # the vocabulary counted on all splits holds test-only words of the generated corpus
     assert "| OOV in voc. |" in table and "of the OOV tokens" in table and "Word groups (test tokens): all" in table
     assert f"- datasets: {args['datasets_file']}" in table
-    # scored again with the same definitions: the same numbers
-    before = json.loads((cells[0].run_dir / "compare-eval.json").read_text())["scores"]
+    # scored again with the same definitions: the same numbers, and the record is left as it was (its previous
+    # scores are still the old definitions')
+    path = cells[0].run_dir / "compare-eval.json"
+    text, stat = path.read_text(), path.stat()
+    before = json.loads(text)["scores"]
     assert rescore_tagging_cell(cells[0], grid.spec.eval) == (before, before)
+    assert path.read_text() == text and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert json.loads(text)["rescored"]["previous"] == old[cells[0].variant]["scores"]
 
 
 def test_rescore_refuses_predictions_it_cannot_trust(scored):

@@ -289,9 +289,14 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
     if not _same(scores.all, old.get("all")):
         raise ConfigError(f"{run}: All accuracy from {record['evidence']} is {scores.all}, {EVAL_FILE} says "
                           f"{old.get('all')}")
-    _write_record(cell, spec, done=done, scores=scores.record(), evidence=record["evidence"],
-                  extra={"signature": record.get("signature"), "rescored": {"at": time.time(), "previous": old}})
-    return old, scores.record()
+    new = scores.record()
+    if old_key == key and new == old:  # nothing to change: the record (and when it was first re-scored) stays
+        return old, new
+    # ``previous``: the scores the cell had before its first re-scoring, which a later one keeps
+    first = (record.get("rescored") or {}).get("previous", old)
+    _write_record(cell, spec, done=done, scores=new, evidence=record["evidence"],
+                  extra={"signature": record.get("signature"), "rescored": {"at": time.time(), "previous": first}})
+    return old, new
 
 
 def _same(a: float | None, b: float | None) -> bool:
