@@ -85,6 +85,12 @@ def dump_yaml(data: dict) -> str:
     return yaml.dump(data, Dumper=ConfigDumper, sort_keys=False)
 
 
+def format_value(value: object) -> str:
+    """One value as ``--set`` takes it back (``false``, ``[1, 2]``, ``{size: 3}``): YAML's spelling, not Python's."""
+    text = yaml.dump(value, Dumper=ConfigDumper, default_flow_style=True, sort_keys=False, width=float("inf"))
+    return text.removesuffix("...\n").strip()
+
+
 def parse_value(text: str) -> object:
     """One YAML value as a config file reads it (``--set`` values)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)

@@ -222,6 +222,7 @@ def test_header_keeps_the_grids_set_apart_from_this_commands_set(finished):
     header = build_report(finished, command="t").header
     assert header["overrides for every cell (grid set:)"].startswith("model.word_dim=32 model.char_dim=16 ")
     assert "train.patience=0" in header["overrides for every cell (grid set:)"]
+    assert header["overrides for every cell (grid set:)"].endswith(" train.progress=false")  # as --set takes it
     assert header["--set of this command"] == " ".join(TINY)
 
 
@@ -896,6 +897,13 @@ def test_dry_run_estimates_the_updates_left_from_the_cells_trained_here(finished
         f.write(json.dumps({"split": "train", "step": 1_234, "time": 1_795_914_061.9, "loss": 1.0}) + "\n")
     line = describe_cells(longer, longer.cells).splitlines()[0]
     assert f"{cell.label}  training step 4 (its log has reached update 1,234, 2026-11-29 01:01 UTC)" in line, line
+
+
+def test_an_estimate_under_a_minute_says_so():
+    from sanlab.experiments.running import _about
+
+    assert [_about(s, "~") for s in (0.4, 29, 31, 90, 3900)] == [
+        "under a minute", "under a minute", "~1 min", "~2 min", "~1 h 05 min"]
 
 
 def test_dry_run_estimate_stops_at_max_epochs_prefers_cells_trained_alone_and_skips_damaged_ones(finished, tmp_path):

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from sanlab.config_yaml import format_value
 from sanlab.errors import ConfigError
 from sanlab.evaluation.significance import SignificanceResult, smallest_p_warning
 from sanlab.experiments.cells import CellResult, machine, read_failure, read_references, read_result
@@ -267,10 +268,10 @@ def failures(grid: Grid, dataset: str | None) -> dict[tuple[str, int], str]:
 
 
 def _assignments(tree: dict, prefix: str = "") -> list[str]:
-    """A nested override mapping as ``a.b=value`` strings (for the header)."""
+    """A nested override mapping as ``a.b=value`` strings, values spelt as ``--set`` takes them (for the header)."""
     out = []
     for key, value in tree.items():
-        out += _assignments(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={value}"]
+        out += _assignments(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={format_value(value)}"]
     return out
 
 

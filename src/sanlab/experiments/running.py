@@ -117,7 +117,7 @@ def _cell_estimate(left: _Left, cell: Cell) -> str:
     if cell.run_dir not in left.seconds:
         return ""
     bound = "at most " if cell.run_dir in left.early_stopping else ""
-    return f"  {bound}~{_duration(left.seconds[cell.run_dir])} of updates"
+    return f"  {bound}{_about(left.seconds[cell.run_dir], '~')} of updates"
 
 
 def _time_left_line(left: _Left) -> str | None:
@@ -127,7 +127,7 @@ def _time_left_line(left: _Left) -> str | None:
     bound = "at most " if left.early_stopping else ""
     how = "one at a time" if left.alone else "side by side (each slower than alone)"
     stops = "; early stopping (train.patience) may end cells sooner" if left.early_stopping else ""
-    return (f"{bound}about {_duration(sum(left.seconds.values()))} of updates left for {count} "
+    return (f"{bound}{_about(sum(left.seconds.values()), 'about ')} of updates left for {count} "
             f"cell{'s' if count > 1 else ''}, one at a time, at the speed of the {trained} "
             f"cell{'s' if trained > 1 else ''} trained {how} on this machine (by variant where there are some); "
             f"validation and evaluation come on top{stops}")
@@ -201,6 +201,12 @@ def _finished_cells(grid: Grid) -> list[_Finished]:
         found.append(_Finished(cell, speed["steps_per_s"] if speed and speed["steps_per_s"] > 0 else None,
                                conditions.startswith("1 job x"), per_epoch if per_epoch and per_epoch > 0 else None))
     return found
+
+
+def _about(seconds: float, approximately: str) -> str:
+    """``"~12 min"`` (with ``approximately="~"``), ``"1 h 05 min"``; ``"under a minute"``, not ``"~0 min"``, for a
+    smoke grid's cells."""
+    return "under a minute" if seconds < 30 else approximately + _duration(seconds)
 
 
 def _duration(seconds: float) -> str:
