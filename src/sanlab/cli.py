@@ -267,7 +267,9 @@ def _register_decoding(sub) -> None:
             p.add_argument("--batch-sentences", type=_positive, help="sentences decoded at a time (default: the "
                            "run's decode.batch_sentences); fewer need less device memory")
         if name == "translate":
-            p.add_argument("--length-penalty", type=float)
+            p.add_argument("--length-penalty", type=float, help="alpha of the length penalty, L ** alpha or GNMT's "
+                           "((5 + L) / 6) ** alpha by decode.length_penalty_style (default: the run's "
+                           "decode.length_penalty)")
             p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":
@@ -281,7 +283,7 @@ def _register_tools(sub) -> None:
     p.set_defaults(fn=_cmd_env)
 
     p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", required=True, help="trained run directory")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--last", type=_positive, help="average the last N checkpoints")
     group.add_argument("--best", type=_positive, help="average the N best checkpoints")
@@ -298,7 +300,8 @@ def _register_tools(sub) -> None:
     p.set_defaults(fn=_cmd_params)
 
     p = sub.add_parser("demo", help="generate synthetic data, train a tiny translator and tagger, report scores")
-    p.add_argument("--run", default="runs/demo", help="where the demo writes data and runs")
+    p.add_argument("--run", default="runs/demo", help="where the demo writes data and runs "
+                   "(default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test; scores will be low)")
     p.set_defaults(fn=_cmd_demo)
 

@@ -384,6 +384,23 @@ def test_eval_records_name_their_checkpoint_keep_other_splits_and_go_stale(corpu
     assert not (run / "hyp-best-valid.txt").exists()  # with their hypotheses
 
 
+def test_a_comparison_cells_score_is_read_from_its_compare_eval_record(tmp_path):
+    """Committed cells keep compare-eval.json, not checkpoints: --from eval reads it for its grid's checkpoint."""
+    import shutil
+
+    from pathlib import Path
+
+    cell = Path(__file__).resolve().parents[2] / "results/compare/csan-window-sweep-ud/m-3/seed-0"
+    run = tmp_path / "m-3"
+    shutil.copytree(cell, run)
+    scores = json.loads((run / "compare-eval.json").read_text())["scores"]
+    assert analyze.run_score(run, metric=None, score_from="eval", split=None, checkpoint="best") == \
+        (scores["all"], "compare-eval.json test all")
+    with pytest.raises(analyze.ConfigError, match=r"compare-eval.json scored checkpoint 'best', not 'last', and there "
+                                                  r"is no eval-last.json beside it: pass --checkpoint best"):
+        analyze.run_score(run, metric=None, score_from="eval", split=None, checkpoint="last")
+
+
 def test_an_eval_record_names_the_checkpoint_it_loaded_when_best_moves_meanwhile(corpus, tmp_path, monkeypatch):
     """A training process may save a new best while `evaluate` decodes: the record names the weights scored."""
     import sanlab.runs.trained as trained

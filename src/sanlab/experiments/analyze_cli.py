@@ -15,7 +15,7 @@ from sanlab.files import write_text
 
 
 def _common(p: argparse.ArgumentParser, *, runs: str) -> None:
-    p.add_argument("runs", nargs=runs, metavar="RUN", help="run directories")
+    p.add_argument("runs", nargs=runs, metavar="RUN", help="run directory" if runs is None else "run directories")
     p.add_argument("--out", required=True, type=_out_prefix, help="output prefix: writes OUT.md, OUT.csv and OUT.png")
 
 
@@ -159,12 +159,13 @@ def _add_pairwise(sub) -> None:
 def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="score against a config value swept across runs (CSAN Fig. 2)")
     _common(p, runs="+")
-    p.add_argument("--key", required=True, help="dotted config key, e.g. model.encoder.attention.parts.0.size")
+    p.add_argument("--key", required=True, help="dotted config key, e.g. model.encoder.attention.parts.0.window_size")
     p.add_argument("--metric", help="default: bleu (translation); accuracy (valid) / all (eval) for tagging")
     p.add_argument("--from", dest="score_from", choices=("valid", "eval"), default="valid",
-                   help="best validation record of metrics.jsonl (default) or eval-<checkpoint>.json")
+                   help="best validation record of metrics.jsonl (default) or eval-<checkpoint>.json (a "
+                   "comparison cell without one: its compare-eval.json)")
     p.add_argument("--split", help="with --from eval: the split (default: the first in the file)")
-    p.add_argument("--checkpoint", default="best", help="with --from eval: whose eval-<checkpoint>.json")
+    p.add_argument("--checkpoint", default="best", help="with --from eval: whose eval-<checkpoint>.json (default: best)")
     p.add_argument("--baseline", help="a run drawn as a dashed line")
     p.set_defaults(fn=lambda a: _report(analyze.sweep(a.runs, key=a.key, out=a.out, metric=a.metric, score_from=a.score_from,
                                               split=a.split, checkpoint=a.checkpoint, baseline=a.baseline)))
@@ -173,7 +174,8 @@ def _add_sweep(sub) -> None:
 def _add_gates_and_curves(sub) -> None:
     p = sub.add_parser("gates", help="MUSE kernel-gate weights per layer (MUSE Fig. 4)")
     _common(p, runs=None)
-    p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
+    p.add_argument("--checkpoint", default="best", help="best (default) | last | averaged | step-N | a checkpoint "
+                   "directory")
     _device_arg(p)
     p.set_defaults(fn=lambda a: _report(analyze.gates(a.runs, out=a.out, checkpoint=a.checkpoint, device=a.device)))
 
@@ -200,7 +202,8 @@ def _add_attention(sub) -> None:
     p.add_argument("--target", help="decoder sides: target text (default: the model's own translation)")
     p.add_argument("--stage", choices=("final", "weights", "weights_final", "scores"), default="final",
                    help="final (default): the weights applied to the values")
-    p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
+    p.add_argument("--checkpoint", default="best", help="best (default) | last | averaged | step-N | a checkpoint "
+                   "directory")
     _device_arg(p)
     p.set_defaults(fn=lambda a: _report(analyze.attention_map(a.runs, out=a.out, sentence=a.sentence, side=a.side,
                                                       layer=a.layer, head=a.head, target=a.target,

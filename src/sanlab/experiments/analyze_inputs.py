@@ -246,14 +246,31 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
 def eval_records(run_dir: PathLike, checkpoint: str) -> tuple[Path, dict]:
     """``eval-<checkpoint>.json`` of a run and its records by split: an error naming the file (and the command
     that writes it) where it is missing, damaged or holds no split."""
-    path = RunLayout(run_dir).eval_record(checkpoint)
+    layout = RunLayout(run_dir)
+    path = layout.eval_record(checkpoint)
     again = f"run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint}`"
     results = read_json(path, remedy=f"{again} again")
+    if results is None and layout.compare_eval.is_file():
+        return _compare_cell_records(layout.compare_eval, checkpoint)
     if results is None:
         raise ConfigError(f"{path} not found: {again} first")
     if not results:
         raise ConfigError(f"{path}: no split scored in it; {again}")
     return path, results
+
+
+def _compare_cell_records(path: Path, checkpoint: str) -> tuple[Path, dict]:
+    """A comparison cell's score (``compare-eval.json``, its grid's checkpoint and split) as ``eval_records``
+    gives an ``eval-<checkpoint>.json``'s: committed cells keep it, not their checkpoints, so ``evaluate`` cannot
+    write the other file there."""
+    record = read_json(path) or {}
+    key = record.get("key") or {}
+    if key.get("checkpoint") != checkpoint or key.get("average_last") or not isinstance(record.get("scores"), dict):
+        raise ConfigError(f"{path} scored checkpoint {key.get('checkpoint')!r}"
+                          + (f" (averaged over the last {key['average_last']})" if key.get("average_last") else "")
+                          + f", not {checkpoint!r}, and there is no eval-{checkpoint}.json beside it: pass "
+                          f"--checkpoint {key.get('checkpoint')}, or `sanlab evaluate` the run where its checkpoints are")
+    return path, {key.get("split") or "test": record["scores"]}
 
 
 def default_eval_split(run_dir: PathLike, checkpoint: str) -> str:
