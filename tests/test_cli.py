@@ -20,6 +20,19 @@ def test_help(command, capsys):
     assert "usage: sanlab " + command in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, usage, said", [
+    (["train", "c.yaml", "--foo", "1"], "usage: sanlab train ", "sanlab train: error: unrecognized arguments: --foo 1\n"),
+    (["evaluate", "--run", "r", "--splitt", "test"], "usage: sanlab evaluate ",
+     "unrecognized arguments: --splitt test (did you mean --split?)"),
+    (["analyze", "sweep", "r", "--key", "k", "--out", "o", "--froom=eval"], "usage: sanlab analyze sweep ",
+     "sanlab analyze sweep: error: unrecognized arguments: --froom=eval (did you mean --from?)")])
+def test_an_unknown_option_is_named_with_its_subcommands_usage(argv, usage, said, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(usage) and said in err
+
+
 def test_console_script_is_installed():
     from importlib.metadata import entry_points
 

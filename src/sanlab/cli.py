@@ -306,9 +306,25 @@ def _register_tools(sub) -> None:
     p.set_defaults(fn=_cmd_demo)
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the deepest subcommand ``args`` chose (``sanlab analyze sweep``'s for its options)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _chosen_parser(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # with the usage of the subcommand they were given to, not the top level's
+        chosen = _chosen_parser(parser, args)
+        from sanlab.registry import did_you_mean  # (here: it imports pydantic, which --help need not wait for)
+
+        flags = [f for a in chosen._actions for f in a.option_strings]
+        hints = "".join(did_you_mean(u.split("=")[0], flags) for u in unknown if u.startswith("--"))
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
     try:
         with invocation.running(argv):  # provenance records this command, also when called from Python
             return args.fn(args)
