@@ -21,6 +21,7 @@ from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.registry import PARTS
 from sanlab.registry import BuildContext
+from decoder_forms import CROSS_CAPABLE, DECODER_UNSAFE
 from tests_helpers import perturb
 
 DIM, HEADS = 16, 4
@@ -39,10 +40,6 @@ def _context(cfg, side: str) -> BuildContext:
     return BuildContext(dim=DIM, heads=HEADS, layer_index=layer, num_layers=layer + 2, side=side, max_len=MAX_LEN)
 
 
-# Parts with no decoder form (built causal_safe=False, refused by build_attention) and parts with a
-# cross-attention form. Fixed here so that a regression refusing a side fails instead of skipping.
-DECODER_UNSAFE = {"bi_direct"}
-CROSS_CAPABLE = {"abs_position", "local_hard", "local_soft", "rel_position", "temperature"}
 
 
 def _attention(cfg, side: str, plan: str = "dense", perturbed: bool = True) -> Attention:
@@ -249,6 +246,9 @@ def test_cached_cross_attention_equals_one_pass(cfg):
     torch.testing.assert_close(torch.cat(outs, dim=1), full)
 
 
+# parts whose cross-attention runs the fused SDPA plan (the others' biases need the dense one): pinned, so that a
+# part falling back to dense fails instead of skipping
+CROSS_FUSED = {"temperature"}
 CROSS_CASES = [pytest.param(None, id="no-parts")] + [c for c in CASES if c.values[0].type in CROSS_CAPABLE
                                                      or getattr(c.values[0], "cross", False)]
 
@@ -269,7 +269,9 @@ def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkey
         return attn
 
     dense = build("dense")
-    if dense.stage_parts.needs_dense():
+    fused = cfg is None or cfg.type in CROSS_FUSED
+    assert dense.stage_parts.needs_dense() != fused, "a part's cross-attention plan changed: update CROSS_FUSED"
+    if not fused:
         pytest.skip("no fast plan for this part in cross-attention: dense is its only plan")
     x, valid = _inputs()
     memory, _ = _inputs(length=MEMORY, seed=2)
