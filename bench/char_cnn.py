@@ -65,7 +65,9 @@ def main() -> int:
         task = make_task(config, Path(scratch), log)
         state = copy.deepcopy(task.model.state_dict())
         epoch = task.epoch_batches(0)  # built when read: take only the batches the rounds use
-        batches = [epoch[i] for i in range(min(len(epoch), 2 + args.rounds * args.updates))]
+        # an epoch's batches are pending (each process encodes only those it trains on): encode them here,
+        # outside the timed updates
+        batches = [task.read(epoch[i]) for i in range(min(len(epoch), 2 + args.rounds * args.updates))]
         trainers, groups = {}, {}
         for name, distinct in (("every slot", False), ("distinct words", True)):
             task.model.load_state_dict(state)
