@@ -305,6 +305,26 @@ def test_a_mapping_of_another_type_given_to_set_replaces_the_component():
     assert part.type == "neighbor" and part.layers == [0, 1, 2]  # the neighbor's own default, not the window's
 
 
+def test_setting_only_a_components_type_says_the_old_types_keys_stayed_and_how_to_replace_it():
+    """`--set ...parts.0.type=capsule` over a window part keeps the window's size, which capsule refuses: the error
+    says why (the old type's keys stayed) and gives the entry to pass whole; a new type the old keys fit is fine."""
+    from sanlab.config import load_config
+    from sanlab.errors import ConfigError
+
+    csan = ROOT / "configs/multi30k-en-de-csan1d.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(csan, ["model.encoder.attention.parts.0.type=capsule"])
+    assert "size: Extra inputs are not permitted" in str(err.value)
+    assert ("note: --set model.encoder.attention.parts.0.type=capsule changed the type of "
+            "model.encoder.attention.parts.0 ('window') and kept its other keys (size); to replace the entry, give it "
+            "whole: --set 'model.encoder.attention.parts.0={type: capsule, layers: [0, 1]}'") in str(err.value)
+    given = load_config(csan, ["model.encoder.attention.parts.0={type: capsule, layers: [0, 1]}"])
+    assert given.model.encoder.attention.parts[0].layers == [0, 1]
+    with pytest.raises(ConfigError) as err:  # another mistake, no retyping: no note
+        load_config(csan, ["model.encoder.attention.parts.0.size=x"])
+    assert "note:" not in str(err.value)
+
+
 def test_a_file_over_its_base_replaces_a_component_of_another_type(tmp_path):
     """The base: chain merges with the same function as --set: a child switching a mixer's type replaces it; a
     `{}` in a file adds nothing, as it always did (`model: {encoder: {}}` over a preset keeps the preset's)."""

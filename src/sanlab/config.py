@@ -24,6 +24,7 @@ from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is w
     PRESETS,
     apply_override,
     dump_yaml,
+    format_value,
     key_line,
     key_origin,
     load_chain,
@@ -510,7 +511,9 @@ def _typed_text(value: object) -> bool:
 def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
     chain = load_chain(path)  # read once: merged here, and traced in errors
     raw = merge_chain(chain)
+    retyped = []
     for assignment in overrides:
+        retyped += _retyped(raw, assignment)
         apply_override(raw, assignment)
     source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")
     overridden = {a.split("=", 1)[0].strip() for a in overrides}
@@ -527,7 +530,44 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
             return at
         return f"set in {found}" + (f", {at}" if at else "")
 
-    return validate(raw, source=source, origin=origin)
+    try:
+        return validate(raw, source=source, origin=origin)
+    except ConfigError as err:
+        if not retyped:
+            raise
+        raise ConfigError(f"{err}\n" + "\n".join(retyped)) from None
+
+
+def _retyped(raw: dict, assignment: str) -> list[str]:
+    """A note for ``--set X.type=NEW`` where ``X`` is a component (a part, a mixer) of another type with keys of
+    its own: the assignment changes the type only, so the old type's keys stay (window's ``size`` under capsule
+    is "unknown"); the note says so and how to replace the whole entry. Empty otherwise."""
+    key, _, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if parts[-1] != "type":
+        return []
+    node = raw
+    for part in parts[:-1]:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return []
+    try:
+        new = parse_value(text)
+    except yaml.YAMLError:
+        return []
+    if not isinstance(node, dict) or not isinstance(node.get("type"), str) or node["type"] == new:
+        return []
+    kept = [k for k in node if k not in ("type", "layers")]
+    if not kept:
+        return []
+    entry = ".".join(parts[:-1])
+    layers = f", layers: {format_value(node['layers'])}" if node.get("layers") is not None else ""
+    return [f"  note: --set {key.strip()}={text} changed the type of {entry} ({node['type']!r}) and kept its other "
+            f"keys ({', '.join(map(str, kept))}); to replace the entry, give it whole: "
+            f"--set '{entry}={{type: {new}{layers}}}'"]
 
 
 def dump_config(config: BaseModel) -> str:
