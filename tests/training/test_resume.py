@@ -622,6 +622,13 @@ def test_a_checkpoint_damaged_inside_its_tensors_is_caught_by_its_checksum(tmp_p
     weights.write_bytes(bytes(data))
     with pytest.raises(ConfigError, match=f"{weights}: damaged: its sha256 differs"):
         load_trained(run, checkpoint="last")
+    meta_path = weights.parent / "meta.json"  # the weights' checksum edited out of meta.json: not loaded unchecked
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "sha256": {"state.pt": meta["sha256"]["state.pt"]}}))
+    with pytest.raises(ConfigError, match=f"{meta_path}: damaged: \"sha256\" records no checksum of "
+                                          "model.safetensors"):
+        load_trained(run, checkpoint="last")
+    meta_path.write_text(json.dumps(meta))
     update = loop.Trainer.update
 
     def nan_at_four(self, group):

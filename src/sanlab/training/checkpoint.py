@@ -79,7 +79,12 @@ def verify(path: Path) -> None:
         meta = read_json(meta_path) or {}
     except ConfigError as err:
         raise DamagedCheckpoint(str(err)) from None
-    expected = _checked_sha256(meta, meta_path).get(path.name)
+    recorded = _checked_sha256(meta, meta_path)
+    expected = recorded.get(path.name)
+    if recorded and expected is None and path.name in CHECKSUMMED and path.exists():
+        # sanlab records every file it wrote: one left out was edited away, and would load unchecked
+        raise DamagedCheckpoint(f"{meta_path}: damaged: \"sha256\" records no checksum of {path.name}, which sanlab "
+                                "writes with the others")
     if expected is not None and path.exists() and file_sha256(path) != expected:
         raise DamagedCheckpoint(f"{path}: damaged: its sha256 differs from the one recorded when it was written")
 
