@@ -339,3 +339,37 @@ def test_bad_master_variables_are_named(monkeypatch):
     with pytest.raises(RuntimeError, match=r"MASTER_ADDR and MASTER_PORT must name .* MASTER_PORT='29500x'"):
         with from_environment():
             pass
+
+
+# The launcher of a loss that turns NaN at update 4 on every rank (each process's share of it).
+LOSS_TURNS_NAN = """
+import runpy, sys
+from sanlab.training import loop
+
+real = loop.Trainer._loss
+def nan_from_update_4(self, batch):
+    loss = real(self, batch)
+    return loss * float("nan") if self.progress.step + 1 >= 4 else loss
+loop.Trainer._loss = nan_from_update_4
+sys.argv[0] = "sanlab"
+runpy.run_module("sanlab", run_name="__main__")
+"""
+
+
+def test_every_rank_stopped_by_a_nan_names_the_checkpoint_rank_0_wrote_as_the_last_good_one(tmp_path,
+                                                                                              tiny_translation):
+    """Only rank 0 writes checkpoints: the others named None (or the one they resumed from) as the last good one."""
+    import sys
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=6, valid_every=2)))
+    launcher = tmp_path / "loss_turns_nan.py"
+    launcher.write_text(LOSS_TURNS_NAN)
+    run = tmp_path / "run"
+    ranks = _launch_by_hand([sys.executable, str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"],
+                            world_size=2)
+    errors = [err for _, err in ranks]
+    assert all(status != 0 for status, _ in ranks), errors
+    for err in errors:
+        assert "loss is nan at update 4" in err and f"Last good checkpoint: {run / 'checkpoints' / 'step-00000002'}" \
+            in err, err[-3000:]

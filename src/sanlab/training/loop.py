@@ -196,6 +196,10 @@ class Trainer:
                           f"{self.dist.world_size}: an update now takes {self.dist.world_size} x accum_steps batches "
                           f"instead of {saved} x, and the other processes' dropout streams are new")
 
+    def _last_good_name(self) -> str:
+        """The last good checkpoint as stop messages name it."""
+        return str(self.last_good) if self.last_good is not None else "none yet (no checkpoint was written)"
+
     def _save(self, metrics: dict[str, float], rngs: list[dict]) -> None:
         state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rngs[0],
                  "processes": self.dist.world_size, "since_log": asdict(self._since_log)}
@@ -253,8 +257,8 @@ class Trainer:
             self.settle()  # an earlier update that went non-finite is the one to name (every process is here)
             # a step size beyond float32 (e.g. train.lr=1e39): torch refuses it where a smaller one gives NaN
             raise TrainingError(f"the update at step {p.step + 1} overflows float32 (learning rate {lr:g}); stopping "
-                                f"without saving it. Last good checkpoint: {self.last_good}. Try a lower learning "
-                                "rate.") from None
+                                f"without saving it. Last good checkpoint: {self._last_good_name()}. Try a lower "
+                                "learning rate.") from None
         p.step += 1
         return summed, tokens
 
@@ -268,7 +272,7 @@ class Trainer:
             advice = ("Under fp16 a value past 65,504 in the forward pass gives this: try train.precision=bf16 "
                       "(fp32's range) first; else try" if self.scaler is not None else "Try")
             raise TrainingError(f"{what} is {value} at update {step} (epoch {p.epoch}); stopping without saving it. "
-                                f"Last good checkpoint: {self.last_good}. "
+                                f"Last good checkpoint: {self._last_good_name()}. "
                                 f"{advice} a lower learning rate, longer warm-up or --set train.clip_norm=1.0.")
         p.skipped_updates += settled.skipped
         self._since_log.loss_sum += settled.loss_sum
@@ -342,7 +346,7 @@ class Trainer:
                     f"the optimizer's step of update {step} (epoch {epoch}; its state is made at the first update)")
 
         return out_of_memory_stops(self.device, where=where, advice=lambda: (
-            f"Nothing of this update was saved; last good checkpoint: {self.last_good}. Try smaller batches "
+            f"Nothing of this update was saved; last good checkpoint: {self._last_good_name()}. Try smaller batches "
             "(train.max_tokens for translation, train.batch_size for tagging) with a larger train.accum_steps, "
             "which keeps the tokens per update (a new run: the batches follow them), train.precision=bf16, a "
             "lower data.max_len, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where torch reports much "
@@ -378,30 +382,32 @@ class Trainer:
                     raise
                 failure = err  # told to the others first: they wait for this process in the broadcast below
         if self.dist.enabled:
+            # the checkpoint process 0 wrote travels too: the others' stop messages name it as the last good one
             shared = self.dist.broadcast({"failed": f"{type(failure).__name__}: {failure}"} if failure
-                                         else self.progress.as_dict())
+                                         else {"progress": self.progress.as_dict(), "last_good": self.last_good})
             if failure is not None:
                 raise failure
             if "failed" in shared:  # (any launcher: torchrun would end this process, others may not)
                 raise TrainingError(f"process 0 stopped while validating after update {self.progress.step}: "
                                     f"{shared['failed']}")
-            for key, value in shared.items():  # in place: the loop holds a reference to it
+            for key, value in shared["progress"].items():  # in place: the loop holds a reference to it
                 setattr(self.progress, key, value)
+            self.last_good = shared["last_good"]
         return self._patience_exhausted()
 
     def _validate_and_save(self, rngs: list[dict], *, on_schedule: bool) -> None:
         """The main process's part of ``_validate``: score, log, update the early-stopping counters, save."""
         p = self.progress
         with out_of_memory_stops(self.device, where=f"validation after update {p.step}", advice=(
-                f"Update {p.step} was not saved; last good checkpoint: {self.last_good}. Validation scores its loss "
-                "64 sentences at a time and decodes decode.batch_sentences at a time (a translation run): free the "
-                "device of other processes, or lower decode.batch_sentences (a new run: validation picks the best "
+                f"Update {p.step} was not saved; last good checkpoint: {self._last_good_name()}. Validation scores its "
+                "loss 64 sentences at a time and decodes decode.batch_sentences at a time (a translation run): free "
+                "the device of other processes, or lower decode.batch_sentences (a new run: validation picks the best "
                 "checkpoint).")):
             metrics = self.task.validate()
         if not math.isfinite(metrics.get("loss", 0.0)):
             raise TrainingError(f"validation loss is {metrics['loss']} after update {p.step}: the model's outputs "
                                 f"are not finite; stopping without saving it. Last good checkpoint: "
-                                f"{self.last_good}. Try a lower learning rate or gradient clipping.")
+                                f"{self._last_good_name()}. Try a lower learning rate or gradient clipping.")
         rngs[0] = rng_state(self.device)  # after validation, as a single process always saved it
         score = metrics[self.task.metric]
         self.log.scalars("speed", p.speed(), step=p.step)
@@ -429,7 +435,7 @@ class Trainer:
         if bad:
             raise TrainingError(f"weights are not finite after update {self.progress.step} ({len(bad)} tensors, "
                                 f"e.g. {bad[0]}); stopping without saving them. Last good checkpoint: "
-                                f"{self.last_good}. Try a lower learning rate or gradient clipping.")
+                                f"{self._last_good_name()}. Try a lower learning rate or gradient clipping.")
 
     def _patience_exhausted(self) -> bool:
         return self.config.patience > 0 and self.progress.bad_validations >= self.config.patience
