@@ -55,13 +55,14 @@ def test_encoder_only_mixers_refuse_the_decoder_and_the_others_build():
 MIXER_NAMES = MIXERS.names()
 # every example of every mixer (its config's examples()) in every layer, and each mixer's first example in the
 # upper layer only (`layers`: the other layer keeps plain attention)
-MIXER_FORMS = [pytest.param({**cfg.model_dump(), "layers": layers}, id=f"{name}-{n}{'' if layers is None else '-upper'}")
+MIXER_FORMS = [pytest.param({**cfg.model_dump(), "layers": layers}, id=f"{name}-{n}" + ("-upper" if layers else ""))
                for name in MIXER_NAMES for n, cfg in enumerate(MIXERS.entry(name).config.examples())
                for layers in ((None,) if n else (None, [1]))]
 
 
 # every example of every pre-block type (the conv block's second is in the upper layer only)
-PRE_BLOCK_CONFIGS = [cfg.model_dump() for name in PRE_BLOCKS.names() for cfg in PRE_BLOCKS.entry(name).config.examples()]
+PRE_BLOCK_CONFIGS = [cfg.model_dump() for name in PRE_BLOCKS.names()
+                     for cfg in PRE_BLOCKS.entry(name).config.examples()]
 
 
 def test_every_mixer_and_pre_block_has_several_examples():
@@ -74,7 +75,8 @@ def test_every_mixer_and_pre_block_has_several_examples():
 
 
 @pytest.mark.parametrize("mixer, pre_blocks", [pytest.param(m.values[0], [], id=m.id) for m in MIXER_FORMS]
-                         + [pytest.param("attention", [block], id=f"pre-{n}") for n, block in enumerate(PRE_BLOCK_CONFIGS)])
+                         + [pytest.param("attention", [block], id=f"pre-{n}")
+                            for n, block in enumerate(PRE_BLOCK_CONFIGS)])
 def test_source_padding_invariance_and_finite_gradients(mixer, pre_blocks):
     # the mixer on both sides where it has a decoder form: its cross-attention branch (MUSE) must mask the
     # source padding too. 9 pad tokens (16 = max_positions): Block's automatic block length would change if
