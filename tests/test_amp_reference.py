@@ -59,6 +59,15 @@ class DetachedUnderAutocast(Correct):
         return self.outer(h)
 
 
+class GramEnergy(Correct):
+    """Adds the Gram matrix of its features, which fp16 autocast computes in fp16: 16 products of ~200^2 sum past
+    65504. Nothing in the module casts; autocast does (CUDA only: CPU autocast has no fp16 here)."""
+
+    def forward(self, x):
+        h = self.inner(x) * 200.0
+        return self.outer(h) + 1e-6 * (h @ h.transpose(-1, -2)).float().sum(-1, keepdim=True)
+
+
 def test_a_module_right_under_autocast_passes_and_was_rounded():
     torch.manual_seed(0)
     found = assert_matches_fp32(Correct(), (_x(),))
@@ -88,6 +97,16 @@ def test_positions_rounded_to_bf16_are_flagged_beyond_the_tolerance():
     assert found.errors["output"] > 3 * tolerance(torch.bfloat16)["output"]
     # the same module over positions bf16 holds exactly (< 256) is right: the helper does not flag rounding itself
     assert amp_mismatches(LowPositions(), (_x(length=200),)).ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not autocast_runs("cuda", torch.float16), reason="needs a CUDA device (torch sees none)")
+def test_an_fp16_autocast_overflow_is_flagged_on_cuda_and_bf16_passes():
+    torch.manual_seed(0)
+    module, x = GramEnergy().cuda(), _x().cuda()
+    found = amp_mismatches(module, (x,), device_type="cuda", dtype=torch.float16)
+    assert any("not finite under float16 autocast" in p for p in found.problems), found.problems
+    assert_matches_fp32(module, (x,), device_type="cuda", dtype=torch.bfloat16)  # bf16 has fp32's range
 
 
 def test_a_gradient_in_one_run_only_is_flagged():
