@@ -84,6 +84,26 @@ def test_attention_parts_under_autocast_match_fp32(cfg, side, device, dtype):
                         device_type=device, dtype=dtype)
 
 
+# parts that compute with positions as numbers: past 256 tokens bf16 cannot hold them (257 reads as 256), so these
+# must keep them in fp32. One sentence of 264 tokens, the default of each (the Gaussian widths D = 10: a width of 2
+# notices how far bf16's rounding of the query projection, the predictors' input, moves a centre: docs/variants.md,
+# "Choices shared by the three Gaussian parts").
+LONG_PARTS = ["abs_position", "local_hard", "local_soft", "neighbor", "rel_pos", "rel_position"]
+
+
+@pytest.mark.parametrize("device, dtype", DEVICES)
+@pytest.mark.parametrize("name", LONG_PARTS)
+def test_parts_over_positions_past_256_under_autocast_match_fp32(name, device, dtype):
+    cfg, length = PARTS.entry(name).config(), 264
+    torch.manual_seed(0)
+    ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=2, side="encoder", max_len=length)
+    attention = perturb(Attention(dim=DIM, heads=HEADS, parts=[PARTS.build(cfg, ctx)]), PERTURB).to(device).eval()
+    x = torch.randn(1, length, DIM, generator=torch.Generator().manual_seed(1)).to(device)
+    positions = Positions.self_attention(None, length=length, device=device)
+    assert_matches_fp32(attention, (x,), forward=lambda m, x: m(x, positions=positions).output,
+                        device_type=device, dtype=dtype)
+
+
 # ----------------------------------------------------------------------------- layers
 def _stack(mixer: dict | None = None, pre_blocks: list[dict] = ()) -> StackConfig:
     return StackConfig(layers=2, ffn_dim=2 * DIM, attention={"heads": HEADS}, mixer=mixer or {"type": "attention"},
