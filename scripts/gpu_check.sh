@@ -136,8 +136,11 @@ if wants tests; then
     # -v: one line a test in the log, so a step cut by its timeout still says what passed and what failed; a test
     # that hangs is stopped at 120 s (pytest-timeout) instead of taking the step with it
     per_test=$($PY -c "import pytest_timeout" 2> /dev/null && echo --timeout=120)  # (where the image has it)
+    # besides tests/gpu, the CUDA cases of the mixed-precision reference (every part, mixer, pre-block and whole
+    # models in bf16 and fp16 against fp32) and of the reference's own tests (an fp16 autocast overflow is flagged)
     timeout "${GPU_TEST_TIMEOUT:-480}" $PY -m pytest -v -m gpu -p no:cacheprovider $per_test \
-        ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu 2>&1 | tee "$REPORT_DIR/pytest-gpu.log" \
+        ${GPU_TEST_WORKERS:+-n "$GPU_TEST_WORKERS"} tests/gpu tests/test_mixed_precision.py tests/test_amp_reference.py \
+        2>&1 | tee "$REPORT_DIR/pytest-gpu.log" \
         | grep -Ev " PASSED| SKIPPED" | tail -n 30 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" tests
     end_section

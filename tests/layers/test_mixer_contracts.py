@@ -53,17 +53,30 @@ def test_encoder_only_mixers_refuse_the_decoder_and_the_others_build():
 
 
 MIXER_NAMES = MIXERS.names()
-# every mixer in every layer, and in the upper layer only (`layers`: the other layer keeps plain attention)
-MIXER_FORMS = [{"type": name, **form} for name in MIXER_NAMES for form in ({"layers": None}, {"layers": [1]})]
+# every example of every mixer (its config's examples()) in every layer, and each mixer's first example in the
+# upper layer only (`layers`: the other layer keeps plain attention)
+MIXER_FORMS = [pytest.param({**cfg.model_dump(), "layers": layers}, id=f"{name}-{n}" + ("-upper" if layers else ""))
+               for name in MIXER_NAMES for n, cfg in enumerate(MIXERS.entry(name).config.examples())
+               for layers in ((None,) if n else (None, [1]))]
 
 
-# every pre-block type in each of its forms
-PRE_BLOCK_CONFIGS = [{"type": name, **form} for name in PRE_BLOCKS.names()
-                     for form in ({}, {"conv_type": "full", "kernel": 3, "layers": [1]})]
+# every example of every pre-block type (the conv block's second is in the upper layer only)
+PRE_BLOCK_CONFIGS = [cfg.model_dump() for name in PRE_BLOCKS.names()
+                     for cfg in PRE_BLOCKS.entry(name).config.examples()]
 
 
-@pytest.mark.parametrize("mixer, pre_blocks", [(m, []) for m in MIXER_FORMS]
-                         + [("attention", [block]) for block in PRE_BLOCK_CONFIGS])
+def test_every_mixer_and_pre_block_has_several_examples():
+    """examples() is what enrols a form in these contracts: the default alone leaves its options unchecked."""
+    for registry in (MIXERS, PRE_BLOCKS):
+        for name in registry.names():
+            examples = registry.entry(name).config.examples()
+            assert len(examples) >= (1 if name == "attention" else 2), name  # (attention's forms are its parts')
+            assert all(example.type == name for example in examples), name
+
+
+@pytest.mark.parametrize("mixer, pre_blocks", [pytest.param(m.values[0], [], id=m.id) for m in MIXER_FORMS]
+                         + [pytest.param("attention", [block], id=f"pre-{n}")
+                            for n, block in enumerate(PRE_BLOCK_CONFIGS)])
 def test_source_padding_invariance_and_finite_gradients(mixer, pre_blocks):
     # the mixer on both sides where it has a decoder form: its cross-attention branch (MUSE) must mask the
     # source padding too. 9 pad tokens (16 = max_positions): Block's automatic block length would change if

@@ -19,3 +19,8 @@ class BlockMixerConfig(MixerConfig):
     block_mode: Literal["bibosan", "reference"] = "bibosan"
     # auto: ceil((2L)^(1/3)) for bibosan, 4 for reference
     block_len: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+
+    @classmethod
+    def examples(cls) -> list["BlockMixerConfig"]:
+        # a fixed block length of 2 leaves a partial last block and several blocks for the inter-block attention
+        return [cls(), cls(block_len=2), cls(block_mode="reference")]

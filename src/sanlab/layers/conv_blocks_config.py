@@ -19,3 +19,8 @@ class ConvBlockConfig(PreBlockConfig):
     count: int = Field(4, ge=1)     # n_conv
     kernel: int = Field(7, ge=1)    # k
     conv_type: Literal["separable", "full"] = "separable"
+
+    @classmethod
+    def examples(cls) -> list["ConvBlockConfig"]:
+        # the second in the upper layer only: the contract tests check that it is built there alone
+        return [cls(), cls(conv_type="full", kernel=3, count=2, layers=[1])]

@@ -39,6 +39,14 @@ class DynamicConvMixerConfig(MixerConfig):
             raise ValueError(f"{self.type}: kernel width must be >= 1, got {width} for layer {layer_index}")
         return width
 
+    @classmethod
+    def examples(cls) -> list["DynamicConvMixerConfig"]:
+        """Also LightConv's (``cls``). An even width (fairseq's left-heavy centring), fewer heads than the
+        attention's and no GLU, each algorithm by name. Not ``mask_padding: false``: its encoder output depends on
+        the padding by design, which the contracts refuse. No per-layer list: it fixes the stack's depth."""
+        return [cls(), cls(kernel_size=4, heads=2, glu=False, algorithm="unfold"),
+                cls(kernel_size=5, weight_dropout=0.0, algorithm="band")]
+
 
 class LightConvMixerConfig(DynamicConvMixerConfig):
     """Wu et al.'s LightConv block: the same, with one learned kernel per head instead of predicted ones."""

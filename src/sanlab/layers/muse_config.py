@@ -30,6 +30,10 @@ class MuseFFConfig(MixerConfig):
     def cross_branch(self) -> bool:
         return self.decoder_cross == "parallel"
 
+    @classmethod
+    def examples(cls) -> list["MuseFFConfig"]:
+        return [cls(), cls(decoder_cross="sequential", init="pytorch"), cls(unused_cross_norm=True)]
+
 
 class MuseConfig(MuseFFConfig):
     """MUSE: MUSE_FF plus gated dynamic-convolution cells on the shared value projection."""
@@ -40,3 +44,9 @@ class MuseConfig(MuseFFConfig):
     weight_dropout: float = Field(0.1, ge=0, lt=1)    # DropConnect on the normalised kernels (code: fixed 0.1)
     conv_mask_padding: bool = True    # zero V at padded positions before the convolutions (code: no)
     algorithm: Literal["auto", "unfold", "band"] = "auto"
+
+    @classmethod
+    def examples(cls) -> list["MuseConfig"]:
+        # not conv_mask_padding: false (the released runs'): the encoder's output then depends on its padding
+        return [cls(), cls(kernel_sizes=[3], decoder_cross="sequential", algorithm="unfold"),
+                cls(kernel_sizes=[5, 3], init="pytorch", algorithm="band")]

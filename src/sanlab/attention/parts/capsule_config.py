@@ -27,4 +27,5 @@ class CapsuleConfig(PartConfig):
     def examples(cls) -> list["CapsuleConfig"]:
         return [cls(),
                 cls(routing_input="probs", routing_iters=1, acceptance_init="identity", acceptance_act="sigmoid"),
-                cls(use_horizontal=False, routing_iters=2, routing_detach_logits=True)]
+                cls(use_horizontal=False, routing_iters=2, routing_detach_logits=True),
+                cls(acceptance_init="zeros")]  # Ver starts at 0: the unperturbed contracts run it so
