@@ -129,10 +129,12 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
 
 def _start_task(config: Config, run_dir: Path, log, dist):
     """The task's training side (``make_task``). The main process builds it first, writing the vocabulary /
-    subword model(s) into the run directory; the others then read those (``main=False``) and write nothing, once
-    they are found to hold the main process's bytes (``training.shared_files``: this gather is also where they
-    wait for the main process)."""
-    task = make_task(config, run_dir, log) if dist.is_main else None
+    subword model(s) into the run directory; the others wait for it, then read those (``main=False``) and write
+    nothing, once every process's copies are found to hold the main process's bytes (``training.shared_files``)."""
+    task = None
+    with dist.main_first():  # (the others hash the files only once the main process has written them)
+        if dist.is_main:
+            task = make_task(config, run_dir, log)
     check_same_files(dist, task_for(config).shared_files(config, run_dir))
     return task if dist.is_main else make_task(config, run_dir, log, main=False)
 
