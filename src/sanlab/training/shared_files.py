@@ -25,9 +25,9 @@ def check_same_files(dist, paths: list[Path]) -> None:
     them gather every process's digests, so all stop alike, none waits for another in a later collective).
     Called once the main process has written them, before the others read them; a collective of all
     processes (a no-op for one process)."""
-    found = dist.gather(digests(paths))
-    if not dist.enabled:
+    if not dist.enabled:  # (one process: its files are the main process's)
         return
+    found = dist.gather(digests(paths))
     main = found[0]
     problems = []
     for rank, files in enumerate(found):
