@@ -356,6 +356,37 @@ runpy.run_module("sanlab", run_name="__main__")
 """
 
 
+# A torchrun launcher that records, in a file per rank, every path the rank opens for writing, renames or copies
+# onto (a Python audit hook), and may give rank 1 another --run-dir than rank 0's: what a node without the shared
+# filesystem, or with a stale copy of an earlier run at the same path, sees.
+SHARED_FILES_LAUNCHER = """
+import os, runpy, sys
+
+rank = os.environ["RANK"]
+if rank == "1" and {other_run!r}:
+    sys.argv[sys.argv.index("--run-dir") + 1] = {other_run!r}
+record = open({record!r}.format(rank=rank), "w", buffering=1)
+WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def hook(event, args):
+    if event == "open":  # open(): (path, mode, flags); os.open(): (path, None, flags)
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & WRITES)
+    elif event in ("os.rename", "shutil.copyfile"):  # (source, destination, ...): os.replace is os.rename's
+        path, writes = args[1], True
+    else:
+        return
+    if writes and isinstance(path, (str, bytes, os.PathLike)):
+        record.write(os.path.abspath(os.fsdecode(path)) + "\\n")
+
+
+sys.addaudithook(hook)
+sys.argv[0] = "sanlab"
+runpy.run_module("sanlab", run_name="__main__")
+"""
+
+
 def test_every_rank_stopped_by_a_nan_names_the_checkpoint_rank_0_wrote_as_the_last_good_one(tmp_path,
                                                                                               tiny_translation):
     """Only rank 0 writes checkpoints: the others named None (or the one they resumed from) as the last good one."""
@@ -373,3 +404,63 @@ def test_every_rank_stopped_by_a_nan_names_the_checkpoint_rank_0_wrote_as_the_la
     for err in errors:
         assert "loss is nan at update 4" in err and f"Last good checkpoint: {run / 'checkpoints' / 'step-00000002'}" \
             in err, err[-3000:]
+
+
+def _launch_recording(tmp_path, config, run, *, other_run=None):
+    """``sanlab train CONFIG --run-dir RUN`` under torchrun with 2 processes and SHARED_FILES_LAUNCHER; (the
+    finished process, each rank's written paths)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    launcher, record = tmp_path / "recording.py", tmp_path / "written-by-rank-{rank}.txt"
+    launcher.write_text(SHARED_FILES_LAUNCHER.format(other_run=str(other_run or ""), record=str(record)))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=RANK_TIMEOUT_S)
+    written = [Path(str(record).format(rank=r)).read_text().splitlines() for r in (0, 1)]
+    return done, [[Path(p) for p in paths] for paths in written]
+
+
+@pytest.mark.parametrize("task", ["translation", "tagging"])
+def test_only_rank_0_writes_the_vocabulary_and_rank_1_writes_nothing_in_the_run(tmp_path, tiny_translation, task):
+    """Rank 1 reads rank 0's subword model / tagger-vocab.json from the run directory: it neither trains, copies
+    nor builds one (there, in the data cache or anywhere), and writes nothing into the run directory at all."""
+    from training_fixtures import make_tagging_config
+
+    made = tiny_translation(max_steps=2, valid_every=2) if task == "translation" else \
+        make_tagging_config(tmp_path, max_steps=2, valid_every=2)
+    config, run = tmp_path / "run.yaml", (tmp_path / "run").resolve()
+    config.write_text(dump_config(made))
+    done, (rank0, rank1) = _launch_recording(tmp_path, config, run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    vocabulary = "subword.model" if task == "translation" else "tagger-vocab.json"
+    assert run / vocabulary in rank0  # (the hook sees the writes: rank 0's is there)
+    assert [p for p in rank1 if p.is_relative_to(run)] == []
+    assert [p for p in rank1 if p.name.startswith(("subword", ".subword", "tagger-vocab", ".tagger-vocab"))] == []
+    assert (run / "checkpoints" / "step-00000002").is_dir()
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_rank_that_sees_a_missing_or_stale_subword_model_stops_every_rank_naming_it(tmp_path, tiny_translation,
+                                                                                      stale):
+    """Rank 1 started on another directory (a node without the shared filesystem): with no subword model there, or
+    a stale one of an earlier run (another vocabulary), both ranks stop before training, naming rank 1's file."""
+    from sanlab.data.subword import SubwordModel
+
+    config, run, elsewhere = tmp_path / "run.yaml", tmp_path / "run", tmp_path / "elsewhere"
+    config.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2)))
+    elsewhere.mkdir()
+    if stale:
+        texts = (tmp_path / "train.src").read_text().splitlines()
+        SubwordModel.train(texts, model_path=elsewhere / "subword", vocab_size=30)
+    done, (_, rank1) = _launch_recording(tmp_path, config, run, other_run=elsewhere)
+    assert done.returncode != 0
+    if stale:
+        assert re.search(rf"rank 1's {re.escape(str(elsewhere / 'subword.model'))} \(sha256 \w+\) differs from rank "
+                         rf"0's {re.escape(str(run / 'subword.model'))}", done.stderr), done.stderr[-3000:]
+    else:
+        assert f"rank 1 has no {elsewhere / 'subword.model'}" in done.stderr, done.stderr[-3000:]
+    assert "every process must see the same run directory" in done.stderr
+    assert not (run / "checkpoints").exists() and not (elsewhere / "checkpoints").exists()
+    assert [p for p in rank1 if p.name.startswith(("subword", ".subword"))] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import torch
@@ -18,9 +19,19 @@ def task_class(config: Config) -> type:
     return type(task_for(config))
 
 
-def make_task(config: Config, run_dir: Path, log: RunLogger):
-    """The training side of the task (``training.loop.TrainTask``): reads the data, builds the model."""
-    return task_for(config).trainer(config, run_dir, log)
+def make_task(config: Config, run_dir: Path, log: RunLogger, *, main: bool = True):
+    """The training side of the task (``training.loop.TrainTask``): reads the data, builds the model. ``main``:
+    False in a distributed run's other processes, which read the vocabulary / subword model(s) the main process
+    wrote into ``run_dir`` instead of building and writing them (``Task.shared_files``)."""
+    task = task_for(config)
+    if main or not _takes_main(task.trainer):  # (a task of another package may predate ``main``: nothing shared)
+        return task.trainer(config, run_dir, log)
+    return task.trainer(config, run_dir, log, main=False)
+
+
+def _takes_main(trainer) -> bool:
+    parameters = inspect.signature(trainer).parameters
+    return "main" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def check_buildable(config: Config, *, source: str | None = None) -> None:

@@ -13,9 +13,11 @@ import torch
 
 from sanlab.config import Config
 from sanlab.errors import SanlabError
+from sanlab.tasks.base import task_for
 from sanlab.training import rundir
 from sanlab.training.logging import RunLogger
 from sanlab.training.rundir import run_lock
+from sanlab.training.shared_files import check_same_files
 from sanlab.runs.build import check_buildable, make_task
 from sanlab.runs.provenance import record_session, threads_change
 from sanlab.runs.resume import check_training_data, prepare_run_dir
@@ -99,14 +101,13 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
                  f"{config.train.accum_steps * dist.world_size} batches per update")
     for change in start.data_changes:
         log.info(f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {change}")
-    with dist.main_first():  # the main process writes the vocabulary / subword model, the others read it
-        try:
-            task = make_task(config, run_dir, log)
-        except SanlabError:  # bad data or settings found at the start: no half-made run is left behind
-            if start.new:
-                log.close()
-                rundir.undo_start(run_dir, before=start.before)
-            raise
+    try:
+        task = _start_task(config, run_dir, log, dist)
+    except SanlabError:  # bad data or settings found at the start: no half-made run is left behind
+        if start.new and dist.is_main:
+            log.close()
+            rundir.undo_start(run_dir, before=start.before)
+        raise
     if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
         torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
     trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
@@ -124,6 +125,18 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
         return trainer.fit()
     finally:
         log.close()
+
+
+def _start_task(config: Config, run_dir: Path, log, dist):
+    """The task's training side (``make_task``). The main process builds it first, writing the vocabulary /
+    subword model(s) into the run directory; the others wait for it, then read those (``main=False``) and write
+    nothing, once every process's copies are found to hold the main process's bytes (``training.shared_files``)."""
+    task = None
+    with dist.main_first():  # (the others hash the files only once the main process has written them)
+        if dist.is_main:
+            task = make_task(config, run_dir, log)
+    check_same_files(dist, task_for(config).shared_files(config, run_dir))
+    return task if dist.is_main else make_task(config, run_dir, log, main=False)
 
 
 def _warn_of_other_threads(run_dir: Path, log, *, step: int) -> None:

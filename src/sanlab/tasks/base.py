@@ -67,9 +67,18 @@ class Task:
                               f"not {precision}")
 
     # ----------------------------------------------------------------- training
-    def trainer(self, config, run_dir: Path, log):
-        """The training side (``training.loop.TrainTask``): data, model, loss, validation."""
+    def trainer(self, config, run_dir: Path, log, *, main: bool = True):
+        """The training side (``training.loop.TrainTask``): data, model, loss, validation. ``main``: False in a
+        distributed run's other processes, which read the files the main process wrote into ``run_dir`` when it
+        started (``shared_files``) and write none. (A task without files of its own there may leave ``main``
+        out of its signature: ``runs.build.make_task`` passes it only to a trainer that takes it.)"""
         raise NotImplementedError
+
+    def shared_files(self, config, run_dir: Path) -> list[Path]:
+        """The files the main process writes into ``run_dir`` when training starts (vocabularies) and the other
+        processes of a distributed run read: before they read them, ``runs.train`` compares each process's copy
+        with the main one's by sha256 (``training.shared_files``). None by default."""
+        return []
 
     def check_buildable(self, config) -> None:
         """Build the model on the meta device: a ValueError for an impossible combination of settings."""

@@ -16,7 +16,7 @@ from torch import Tensor
 from sanlab.config import TaggingConfig
 from sanlab.data.batching import LazyBatches, padded_width
 from sanlab.data.conllu_io import TaggedSentence, chunk_sentences, read_conllu
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
@@ -137,7 +137,9 @@ class TaggingTask:
 
     metric, higher_is_better = "accuracy", True
 
-    def __init__(self, config: TaggingConfig, run_dir: Path, log: RunLogger):
+    def __init__(self, config: TaggingConfig, run_dir: Path, log: RunLogger, *, main: bool = True):
+        """``main=False``: a distributed run's other processes, which read the vocabulary the main process wrote
+        into ``run_dir`` and write none (``shared_vocab``)."""
         self.config, self.log = config, log
         d, t = config.data, config.model.max_len
         train = read_conllu(d.train, column=d.column)
@@ -147,7 +149,9 @@ class TaggingTask:
         vocab_path = layout.tagger_vocab
         # a resume keeps the vocabulary its checkpoints were trained with; a run with none yet (killed before its
         # first) starts again from step 0, so it builds it again from the data as it is now (it may have changed)
-        if vocab_path.exists() and CheckpointManager.has_checkpoints(run_dir):
+        if not main:
+            self.vocab = shared_vocab(run_dir)
+        elif vocab_path.exists() and CheckpointManager.has_checkpoints(run_dir):
             self.vocab = TaggingVocab.load(vocab_path)
         else:
             self.vocab = build_vocab(config, train=train, dev=dev, test=test)
@@ -252,6 +256,18 @@ def build_vocab(config: TaggingConfig, *, train: list[TaggedSentence], dev: list
     d = config.data
     counted = train + dev + test if d.vocab_from_all_splits else train
     return TaggingVocab.build(train, counted, fraction=d.vocab_fraction, max_size=d.vocab_max)
+
+
+def shared_vocab(run_dir: Path) -> TaggingVocab:
+    """The vocabulary the main process of a distributed run wrote into ``run_dir`` (built, or kept on a resume),
+    read by the other processes, which build and write none: a clear error naming the file where it is not there.
+    That it is the main process's file, not a stale one, is checked before (``training.shared_files``)."""
+    path = RunLayout(run_dir).tagger_vocab
+    if not path.is_file():
+        raise DataError("no tagging vocabulary here, where the main process (rank 0) writes it when training starts "
+                        "and the other processes read it: every process must see the same run directory (on several "
+                        "nodes, a shared filesystem at the same path)", path=str(path))
+    return TaggingVocab.load(path)
 
 
 def run_vocab(config: TaggingConfig, run_dir: Path) -> TaggingVocab:

@@ -38,10 +38,15 @@ class Tagging(Task):
     precisions = ("fp32", "bf16")
 
     # ----------------------------------------------------------------- training
-    def trainer(self, config, run_dir: Path, log):
+    def trainer(self, config, run_dir: Path, log, *, main: bool = True):
         from sanlab.tasks.tagging import TaggingTask
 
-        return TaggingTask(config, run_dir, log)
+        return TaggingTask(config, run_dir, log, main=main)
+
+    def shared_files(self, config, run_dir: Path) -> list[Path]:
+        from sanlab.training.layout import RunLayout
+
+        return [RunLayout(run_dir).tagger_vocab]
 
     def check_buildable(self, config) -> None:
         from sanlab.models.builders import build_tagger

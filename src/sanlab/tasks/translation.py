@@ -95,12 +95,14 @@ class TranslationTask:
 
     metric, higher_is_better = "bleu", True
 
-    def __init__(self, config: TranslationConfig, run_dir: Path, log: RunLogger):
+    def __init__(self, config: TranslationConfig, run_dir: Path, log: RunLogger, *, main: bool = True):
+        """``main=False``: a distributed run's other processes, which read the subword model(s) the main process
+        wrote into ``run_dir`` and write none (``translation_data.subwords``)."""
         self.config, self.log = config, log
         d = config.data
         for pair in d.test.values():  # a missing or misaligned test set is found now, not by `evaluate` after training
             read_parallel(pair.src, pair.tgt, keep_empty=True)
-        self.train = prepare_training_data(config, run_dir, log=log.info)
+        self.train = prepare_training_data(config, run_dir, log=log.info, main=main)
         self.spm = self.train.spm
         self.vocabulary = self.spm.vocabulary()  # in every checkpoint's meta.json (checkpoint.check_vocabulary)
         lengths = self.train.lengths

@@ -6,6 +6,8 @@
 * ``subword-<key>/``: the sentencepiece model(s), keyed by the training files' fingerprints, the
   ``data.subword`` settings and ``data.skip_empty`` (which decides the texts it learns from). A run
   copies them into its directory, as before; a run that has its own already (a resumed run) keeps them.
+  Of a distributed run's processes only the main one does (``main=True``); the others read the copy it
+  made in the run directory and write nothing there (``shared_subwords``).
 * ``corpus-<key>/``: the training pairs encoded with those models and filtered (``data.max_len``,
   ``data.max_ratio``, ``data.skip_empty``), a ``BinarizedCorpus``, keyed by the files' fingerprints,
   the subword models' sha256 (runs with other subwords never share ids) and the filters.
@@ -126,11 +128,33 @@ def _copy_atomic(source: Path, target: Path) -> None:
         shutil.copyfile(source, tmp)
 
 
-def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str], None]) -> SubwordPair:
+def shared_subwords(config: TranslationConfig, run_dir: Path) -> SubwordPair:
+    """The subword model(s) the main process of a distributed run put into ``run_dir`` (``subwords``), read by
+    the other processes, which neither train nor copy one: a clear error naming the file where it is not there
+    (the main process writes it before the others start reading; a process that does not find it sees another
+    directory than the main one's). That it is the main process's file, not a stale one of the same name, is
+    checked before (``training.shared_files``, by sha256)."""
+    joint = config.data.subword.joint
+    for path in RunLayout(run_dir).subword_models(joint=joint):
+        if not path.is_file():
+            raise DataError("no subword model here, where the main process (rank 0) writes it when training starts "
+                            "and the other processes read it: every process must see the same run directory (on "
+                            "several nodes, a shared filesystem at the same path)", path=str(path))
+    return load_subwords(run_dir, joint=joint)
+
+
+def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str], None], *,
+             main: bool = True) -> SubwordPair:
     """The run's subword model(s): its own if it has them and a checkpoint trained with them (a resumed run),
     else the cache's (trained there once), copied into ``run_dir`` (``.vocab`` first, ``.model`` last: the model
     marks them done). A run killed before its first checkpoint starts again from step 0 on the data as it is
-    now, so it takes the cache's model for that data, not the one it copied before (the data may have changed)."""
+    now, so it takes the cache's model for that data, not the one it copied before (the data may have changed).
+    ``main=False`` (a distributed run's other processes): the main process's copy in ``run_dir``, read only
+    (``shared_subwords``)."""
+    if not main:
+        if run_dir is None:
+            raise ValueError("only the main process prepares subword models outside a run directory")
+        return shared_subwords(config, run_dir)
     joint = config.data.subword.joint
     if run_dir is not None and all(p.exists() for p in RunLayout(run_dir).subword_models(joint=joint)) \
             and CheckpointManager.has_checkpoints(run_dir):
@@ -255,9 +279,11 @@ class TrainingData:
 
 
 def prepare(config: TranslationConfig, run_dir: Path | None, *, log: Callable[[str], None],
-            workers: int | None = None) -> TrainingData:
-    """Subword model(s) and encoded training corpora, from the cache or built into it."""
-    spm = subwords(config, run_dir, log)
+            workers: int | None = None, main: bool = True) -> TrainingData:
+    """Subword model(s) and encoded training corpora, from the cache or built into it. ``main=False``: a
+    distributed run's other processes, which read the main process's subword model(s) from ``run_dir``
+    (``subwords``); by then the main process has encoded the corpora into the cache, where they find them."""
+    spm = subwords(config, run_dir, log, main=main)
     return TrainingData(spm, [encoded_corpus(config, c, spm, log=log, workers=workers)
                               for c in config.data.train_corpora])
 

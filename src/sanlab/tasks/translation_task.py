@@ -19,10 +19,15 @@ class Translation(Task):
     precisions = ("fp32", "bf16")
 
     # ----------------------------------------------------------------- training
-    def trainer(self, config, run_dir: Path, log):
+    def trainer(self, config, run_dir: Path, log, *, main: bool = True):
         from sanlab.tasks.translation import TranslationTask
 
-        return TranslationTask(config, run_dir, log)
+        return TranslationTask(config, run_dir, log, main=main)
+
+    def shared_files(self, config, run_dir: Path) -> list[Path]:
+        from sanlab.training.layout import RunLayout
+
+        return RunLayout(run_dir).subword_models(joint=config.data.subword.joint)
 
     def check_buildable(self, config) -> None:
         from sanlab.models.builders import build_seq2seq
