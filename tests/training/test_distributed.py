@@ -339,3 +339,32 @@ def test_bad_master_variables_are_named(monkeypatch):
     with pytest.raises(RuntimeError, match=r"MASTER_ADDR and MASTER_PORT must name .* MASTER_PORT='29500x'"):
         with from_environment():
             pass
+
+
+def test_a_process_with_world_size_but_no_rank_is_told_what_torchrun_sets(monkeypatch, tmp_path, tiny_translation,
+                                                                            capsys):
+    """Processes started half-way by hand (WORLD_SIZE exported, RANK forgotten) stopped with KeyError: 'RANK'."""
+    from sanlab.errors import SanlabError
+    from sanlab.training.distributed import from_environment
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SanlabError, match=r"WORLD_SIZE=2 in the environment but no RANK: a process of a data-parallel "
+                                          r"run needs RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"):
+        with from_environment():
+            pass
+    for name, value, said in (("RANK", "2", r"RANK=2 in the environment but WORLD_SIZE=2: ranks run from 0 to 1"),
+                              ("RANK", "one", r"RANK=one in the environment: expected a whole number"),
+                              ("WORLD_SIZE", "2x", r"WORLD_SIZE=2x in the environment: expected a whole number")):
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SanlabError, match=said):
+            with from_environment():
+                pass
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK")  # and the command says it as a message, before touching the run directory
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1)))
+    assert main(["train", str(config), "--run", str(tmp_path / "run")]) == 2
+    assert "sanlab train: error: WORLD_SIZE=2 in the environment but no RANK" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
