@@ -138,14 +138,30 @@ class Distributed:
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
-        """Run the block on the main process first (it writes shared files: the run directory, the
-        vocabulary, the subword model), then on the others, which then find and read those files.
-        If the main process fails inside the block, torchrun stops the waiting ones."""
+        """Run the block on the main process first (it decides the start: locks and prepares the run directory,
+        checks a resume, writes the vocabulary and the subword model), then on the others, which then find and read
+        those files. The others wait for the main process's outcome in a broadcast: if it fails inside the block,
+        they stop too, under any launcher (by hand, srun and mpirun stop no process; torchrun's agent would, with a
+        "connection closed" traceback from each): a SanlabError with the main process's own message, and any other
+        error as "process 0 stopped while starting: TYPE: MESSAGE"."""
+        if not self.enabled:
+            yield
+            return
         if not self.is_main:
-            self.barrier()
-        yield
-        if self.is_main:
-            self.barrier()
+            failed = self.broadcast(None)
+            if failed is not None:
+                raise SanlabError(failed)
+            yield
+            return
+        try:
+            yield
+        except SanlabError as err:
+            self.broadcast(str(err))
+            raise
+        except Exception as err:
+            self.broadcast(f"process 0 stopped while starting: {type(err).__name__}: {err}")
+            raise
+        self.broadcast(None)
 
 
 @contextlib.contextmanager
