@@ -112,3 +112,22 @@ def test_a_failure_that_is_not_a_sanlab_error_keeps_torchruns_status(tmp_path):
     launcher = _launch(tmp_path, action="sys.exit(1)")
     err = launcher.communicate(timeout=120)[1]
     assert launcher.returncode == 1 and "error" not in err, err
+
+
+def test_a_second_ctrl_c_is_not_passed_on(tmp_path):
+    """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one would cut that short and
+    leave them running."""
+    action = ("def count(signum, frame):\n"
+              "    with open(out / 'signals', 'a') as f:\n"
+              "        f.write(signal.Signals(signum).name + '\\n')\n"
+              "    signal.alarm(3)  # as torchrun, it takes a while to end its workers\n"
+              "signal.signal(signal.SIGINT, count)\n"
+              "signal.signal(signal.SIGALRM, lambda *a: sys.exit(130))")
+    launcher = _launch(tmp_path, action=action)
+    _wait_for(tmp_path / "session", launcher)
+    launcher.send_signal(signal.SIGINT)
+    _wait_for(tmp_path / "signals", launcher)
+    launcher.send_signal(signal.SIGINT)
+    err = launcher.communicate(timeout=120)[1]
+    assert launcher.returncode == 130 and err.count("interrupted") == 1, err
+    assert (tmp_path / "signals").read_text() == "SIGINT\n"

@@ -56,6 +56,8 @@ def launch(command: list[str]) -> int:
     child: subprocess.Popen | None = None
     with tempfile.TemporaryDirectory(prefix="sanlab-launch-") as where:
         def forward(signum, frame) -> None:
+            if signum in received:  # once: a second SIGINT would cut torchrun's shutdown of its workers short,
+                return  # leaving them running (it ends them with SIGKILL itself if they take over 30 s)
             if not received:  # (what torchrun says from now on is left out: _torchrun_main)
                 Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)
             received.append(signum)
