@@ -70,8 +70,8 @@ def local_rank() -> int:
 def local_world_size() -> int:
     """How many processes of this job run on this node: LOCAL_WORLD_SIZE (torchrun), else SLURM_NTASKS_PER_NODE
     (srun), else OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); without any of them, WORLD_SIZE (all may share the node)."""
-    found = _first_set(LOCAL_WORLD_SIZE_VARIABLES)
-    return int(os.environ.get("WORLD_SIZE", "1")) if found is None else found[1]
+    found = _first_set(LOCAL_WORLD_SIZE_VARIABLES) or _first_set(("WORLD_SIZE",))
+    return 1 if found is None else found[1]
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -84,7 +84,8 @@ def resolve_device(spec: str = "auto") -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"device {spec!r}: this torch ({torch.__version__}) sees no CUDA device; use cpu or auto")
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # (a batch job's Slurm variables alone are not)
+    world = _first_set(("WORLD_SIZE",))
+    distributed = world is not None and world[1] > 1  # (a batch job's Slurm variables alone are not)
     if spec != "cuda" and distributed and local_world_size() > 1:  # (one process per node may pick its GPU)
         raise ConfigError(f"device {spec!r} with {local_world_size()} processes on this node: every one would use "
                           "that one GPU; use cuda (each process takes cuda:LOCAL_RANK)")
