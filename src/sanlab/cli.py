@@ -66,15 +66,11 @@ def _cmd_prepare(args) -> int:
 
 
 def _launch_torchrun(args) -> int:
-    """``sanlab train --nproc N`` = ``torchrun --standalone --nproc_per_node N -m sanlab train ...``."""
-    import subprocess
+    """``sanlab train --nproc N`` = ``torchrun --standalone --nproc_per_node N -m sanlab train ...``, watched by this
+    process (``training/launch.py``: signals, a worker's error)."""
+    from sanlab.training.launch import launch, torchrun_command
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               "-m", "sanlab", "train", args.config, "--run-dir", args.run]
-    command += [x for o in args.overrides for x in ("--set", o)] + (["--device", args.device] if args.device else [])
-    command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet),
-                                      ("--allow-changed-data", args.allow_changed_data)) if on]
-    return subprocess.run(command).returncode
+    return launch(torchrun_command(args))
 
 
 def _cmd_translate(args) -> int:
@@ -329,10 +325,16 @@ def main(argv: list[str] | None = None) -> int:
         with invocation.running(argv):  # provenance records this command, also when called from Python
             return args.fn(args)
     except SanlabError as err:
-        print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
+        from sanlab.training.launch import tell_launcher  # (a worker of `train --nproc`: its launcher says it)
+
+        if not tell_launcher(str(err)):
+            print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"sanlab {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+        from sanlab.training.launch import launched
+
+        if not launched():  # (a worker of `train --nproc`: its launcher says it, once for all)
+            print(f"sanlab {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of standard output went away (`sanlab translate ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again

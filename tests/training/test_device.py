@@ -40,8 +40,54 @@ def test_cuda_names_on_a_machine_with_two_gpus(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert resolve_device("cuda") == torch.device("cuda", 1)  # one GPU per torchrun process
-    with pytest.raises(ConfigError, match="every process would use that one GPU"):
+    with pytest.raises(ConfigError, match="with 2 processes on this node: every one would use that one GPU"):
         resolve_device("cuda:0")
+
+
+@pytest.mark.parametrize("variable", ["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"])
+def test_cuda_is_the_gpu_of_the_processs_place_on_its_node_under_any_launcher(monkeypatch, variable):
+    """torchrun sets LOCAL_RANK, srun SLURM_LOCALID, mpirun OMPI_COMM_WORLD_LOCAL_RANK: without the fallbacks every
+    process that srun or mpirun started took cuda:0."""
+    for name in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv(variable, "3")
+    assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 3)
+    monkeypatch.setenv(variable, "5")
+    with pytest.raises(ConfigError, match=rf"device cuda:5 \(cuda, for the process with {variable}=5\): this machine "
+                                          r"has 4 CUDA device"):
+        resolve_device("cuda")
+    if variable != "LOCAL_RANK":  # torchrun's variable counts first
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        assert resolve_device("cuda") == torch.device("cuda", 1)
+
+
+def test_an_explicit_gpu_is_refused_only_where_processes_share_a_node(monkeypatch):
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="with 4 processes on this node"):  # nothing says how many: all of them
+        resolve_device("cuda:1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 4 nodes of one process each: each may pick its GPU
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    for variable in ("SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.setenv(variable, "2")
+        with pytest.raises(ConfigError, match="with 2 processes on this node: every one would use that one GPU"):
+            resolve_device("cuda:1")
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")  # a batch job's setting, but one process: not distributed
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x3)")
+    with pytest.raises(ConfigError, match=r"SLURM_NTASKS_PER_NODE=2\(x3\) in the environment: expected a whole number"):
+        resolve_device("cuda:1")
 
 
 def test_the_config_checks_the_device_spelling(tiny_translation):

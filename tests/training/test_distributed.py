@@ -229,8 +229,8 @@ def _launch_by_hand(command: list[str], world_size: int, attempts: int = 3) -> l
             first = procs[0].communicate(timeout=RANK_TIMEOUT_S)[1]  # rank 0 first: a lost port ends it at once
             if procs[0].returncode != 0 and "address already in use" in first.lower():  # (EADDRINUSE, any wording)
                 continue  # (the finally below ends the others)
-            return [(procs[0].returncode, first)] + [(p.returncode, p.communicate(timeout=RANK_TIMEOUT_S)[1])
-                                                     for p in procs[1:]]
+            rest = [p.communicate(timeout=RANK_TIMEOUT_S)[1] for p in procs[1:]]  # (before their returncode: set then)
+            return [(procs[0].returncode, first)] + [(p.returncode, err) for p, err in zip(procs[1:], rest)]
         finally:
             for p in procs:
                 p.kill()
@@ -464,3 +464,58 @@ def test_a_rank_that_sees_a_missing_or_stale_subword_model_stops_every_rank_nami
     assert "every process must see the same run directory" in done.stderr
     assert not (run / "checkpoints").exists() and not (elsewhere / "checkpoints").exists()
     assert [p for p in rank1 if p.name.startswith(("subword", ".subword"))] == []
+
+
+def test_a_process_with_world_size_but_no_rank_is_told_what_torchrun_sets(monkeypatch, tmp_path, tiny_translation,
+                                                                            capsys):
+    """Processes started half-way by hand (WORLD_SIZE exported, RANK forgotten) stopped with KeyError: 'RANK'."""
+    from sanlab.errors import SanlabError
+    from sanlab.training.distributed import from_environment
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SanlabError, match=r"WORLD_SIZE=2 in the environment but no RANK: a process of a data-parallel "
+                                          r"run needs RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"):
+        with from_environment():
+            pass
+    for name, value, said in (("RANK", "2", r"RANK=2 in the environment but WORLD_SIZE=2: ranks run from 0 to 1"),
+                              ("RANK", "one", r"RANK=one in the environment: expected a whole number"),
+                              ("WORLD_SIZE", "2x", r"WORLD_SIZE=2x in the environment: expected a whole number")):
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SanlabError, match=said):
+            with from_environment():
+                pass
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK")  # and the command says it as a message, before touching the run directory
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1)))
+    assert main(["train", str(config), "--run", str(tmp_path / "run")]) == 2
+    assert "sanlab train: error: WORLD_SIZE=2 in the environment but no RANK" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_start_on_rank_0_stops_every_rank_with_its_message(tmp_path, tiny_translation, capfd):
+    """Rank 0 alone locks the run directory: with the run locked by another process (this test) its start fails.
+    Started by hand, rank 1 waited for it in a barrier for hours; under `sanlab train --nproc` it died with gloo's
+    "Connection closed by peer" traceback beside rank 0's message and torchrun's failure summary. Now rank 0 sends
+    its outcome where the others wait, and the launcher prints the message once, with status 2."""
+    import sys
+
+    from sanlab.training.rundir import run_lock
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2)))
+    run = tmp_path / "run"
+    locked = f"{run} is being trained or evaluated by another process (pid {os.getpid()})"
+    with run_lock(run):
+        ranks = _launch_by_hand([sys.executable, "-m", "sanlab", "train", str(config), "--run-dir", str(run),
+                                 "--quiet"], world_size=2)
+        for rank, (status, err) in enumerate(ranks):
+            assert status == 2 and f"sanlab train: error: {locked}" in err and "Traceback" not in err, (rank, err)
+        capfd.readouterr()
+        assert main(["train", str(config), "--run", str(run), "--nproc", "2", "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert err.count(locked) == 1 and f"sanlab train: error: {locked}" in err, err
+    assert "Failures:" not in err and "Traceback" not in err and "exitcode" not in err, err
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing of the run was written

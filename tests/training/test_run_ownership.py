@@ -298,19 +298,21 @@ def test_translate_refuses_a_plain_string_and_more_hypotheses_than_the_beam(tmp_
 def test_allow_changed_data_reaches_torchrun_workers_and_grid_cells(tmp_path, monkeypatch):
     """`train --nproc 2` passes the flag to its torchrun command; `compare` sets it for its worker processes,
     and only while it runs."""
-    import subprocess
+    import sys
 
     from sanlab.experiments import compare
     from sanlab.runs import ALLOW_CHANGED_DATA_ENV
+    from sanlab.training import launch
 
-    launched, seen = [], []
-    monkeypatch.setattr(subprocess, "run", lambda command, **kw: launched.append(command)
-                        or subprocess.CompletedProcess(command, 0))
+    seen = []
+    stub = tmp_path / "torchrun.py"  # torchrun's stand-in: writes down the arguments it was given
+    stub.write_text(f"import sys\nopen({str(tmp_path / 'argv')!r}, 'w').write('\\n'.join(sys.argv[1:]))\n")
+    monkeypatch.setattr(launch, "TORCHRUN", (sys.executable, str(stub)))
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     recipe = tmp_path / "c.yaml"
     recipe.write_text("task: tagging\ndata: {train: a, dev: b}\n")
     assert main(["train", str(recipe), "--run", str(tmp_path / "r"), "--nproc", "2", "--allow-changed-data"]) == 0
-    assert "--allow-changed-data" in launched[0]
+    assert "--allow-changed-data" in (tmp_path / "argv").read_text().splitlines()
     monkeypatch.delenv(ALLOW_CHANGED_DATA_ENV, raising=False)
     monkeypatch.setattr(compare, "run_compare", lambda *a, **kw: seen.append(os.environ.get(ALLOW_CHANGED_DATA_ENV)) or 0)
     assert main(["compare", "grid.yaml", "--allow-changed-data"]) == 0

@@ -33,6 +33,7 @@ from sanlab.runs import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, average_run, eva
                          load_run_config, load_trained, refuse_changed_scored_files, run_lock, train_run)
 from sanlab.tasks.base import CellRun, task_for
 from sanlab.tasks.tagging_task import read_tagged  # noqa: F401  (re-exported)
+from sanlab.training.launch import die_with_parent
 from sanlab.training.layout import RunLayout
 from sanlab.training.loop import read_metrics
 
@@ -381,23 +382,6 @@ def init_worker(threads: int, jobs: int, parent: int) -> None:
     die_with_parent(parent)
     torch.set_num_threads(threads)
     os.environ[GRID_JOBS_ENV] = str(jobs)
-
-
-def die_with_parent(parent: int) -> None:
-    """Linux: the kernel sends this process SIGTERM when the grid process dies, however it dies (``kill``,
-    the OOM killer), so no orphan goes on training a cell that a rerun would then find locked. A checkpoint
-    being written is not damaged (they are renamed into place) and the run's lock goes with the process."""
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, signal.SIGTERM) != 0:  # 1 = PR_SET_PDEATHSIG
-            return
-    except (OSError, AttributeError):  # not Linux: workers outlive a killed grid process there
-        return
-    if os.getppid() != parent:  # the parent died before the request: nothing will signal
-        os._exit(1)
 
 
 def run_cell_job(job: tuple[Cell, EvalSpec, bool, int]) -> CellOutcome:

@@ -47,12 +47,13 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     if config.train.deterministic and device.type == "cuda":
         check_cublas_setting()  # before the run directory is touched
     with from_environment(device) as dist:
-        # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
-        # must never touch a run another process is writing
-        with run_lock(run_dir) if dist.is_main else contextlib.nullcontext():
+        with contextlib.ExitStack() as held:  # the main process's lock on the run, for the whole session
             start = _Start()
-            with dist.main_first():
+            with dist.main_first():  # (a failure here stops every process with the main process's message)
                 if dist.is_main:
+                    # the lock is taken before the directory is prepared: --overwrite and a resume's config rewrite
+                    # must never touch a run another process is writing
+                    held.enter_context(run_lock(run_dir))
                     if before_start is not None:
                         before_start()
                     start = _Start(new=overwrite or not rundir.is_run(run_dir),

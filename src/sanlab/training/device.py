@@ -4,7 +4,8 @@ branch on the device; the trainer moves the model and each batch here, and runs 
 ``Precision.autocast``.
 
     device         auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; under torchrun, ``cuda``
-                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process
+                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process (``local_rank``: srun's and mpirun's
+                   variables where LOCAL_RANK is unset)
     precision      fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
                    on the CPU too where torch supports it, for tests)
     deterministic  torch's deterministic algorithms for the run (``deterministic_algorithms``)
@@ -39,23 +40,60 @@ OUT_OF_MEMORY = re.compile(r"STATUS_ALLOC_FAILED|CUDA error: out of memory|Defau
 MIN_LOSS_SCALE = 1e-4
 
 
+# Where a process's rank on its node is, by launcher: torchrun, srun (Slurm), mpirun (Open MPI). The first one set
+# counts; srun and mpirun set only their own.
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+# and how many processes share the node
+LOCAL_WORLD_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def _first_set(names: tuple[str, ...]) -> tuple[str, int] | None:
+    """The first of ``names`` set in the environment, with its value as a number (a ConfigError naming it if that
+    is not a whole number)."""
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None and value.strip():
+            if not value.strip().isdigit():
+                raise ConfigError(f"{name}={value} in the environment: expected a whole number (the launcher "
+                                  "of the processes sets it)")
+            return name, int(value)
+    return None
+
+
+def local_rank() -> int:
+    """This process's index among the processes of its node: LOCAL_RANK (torchrun), else SLURM_LOCALID (srun),
+    else OMPI_COMM_WORLD_LOCAL_RANK (mpirun); 0 without any of them."""
+    found = _first_set(LOCAL_RANK_VARIABLES)
+    return 0 if found is None else found[1]
+
+
+def local_world_size() -> int:
+    """How many processes of this job run on this node: LOCAL_WORLD_SIZE (torchrun), else SLURM_NTASKS_PER_NODE
+    (srun), else OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); without any of them, WORLD_SIZE (all may share the node)."""
+    found = _first_set(LOCAL_WORLD_SIZE_VARIABLES) or _first_set(("WORLD_SIZE",))
+    return 1 if found is None else found[1]
+
+
 def resolve_device(spec: str = "auto") -> torch.device:
     """The ``torch.device`` a ``train.device`` value names on this machine (a clear error if it has none)."""
     if not DEVICE_SPEC.match(spec):
         raise ConfigError(f"device {spec!r}: expected auto, cpu, cuda or cuda:N")
-    world_size, local_rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"device {spec!r}: this torch ({torch.__version__}) sees no CUDA device; use cpu or auto")
-    if spec != "cuda" and world_size > 1:
-        raise ConfigError(f"device {spec!r} under torchrun: every process would use that one GPU; use cuda "
-                          "(each process takes cuda:LOCAL_RANK)")
-    index = local_rank if spec == "cuda" else int(spec.split(":")[1])
+    world = _first_set(("WORLD_SIZE",))
+    distributed = world is not None and world[1] > 1  # (a batch job's Slurm variables alone are not)
+    if spec != "cuda" and distributed and local_world_size() > 1:  # (one process per node may pick its GPU)
+        raise ConfigError(f"device {spec!r} with {local_world_size()} processes on this node: every one would use "
+                          "that one GPU; use cuda (each process takes cuda:LOCAL_RANK)")
+    index = local_rank() if spec == "cuda" else int(spec.split(":")[1])
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"device cuda:{index}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        found = _first_set(LOCAL_RANK_VARIABLES) if spec == "cuda" else None
+        why = f" (cuda, for the process with {found[0]}={found[1]})" if found else ""
+        raise ConfigError(f"device cuda:{index}{why}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sanlab.errors import SanlabError
 from sanlab.torch_release import TORCH
 
 T = TypeVar("T")
@@ -137,14 +138,30 @@ class Distributed:
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
-        """Run the block on the main process first (it writes shared files: the run directory, the
-        vocabulary, the subword model), then on the others, which then find and read those files.
-        If the main process fails inside the block, torchrun stops the waiting ones."""
+        """Run the block on the main process first (it decides the start: locks and prepares the run directory,
+        checks a resume, writes the vocabulary and the subword model), then on the others, which then find and read
+        those files. The others wait for the main process's outcome in a broadcast: if it fails inside the block,
+        they stop too, under any launcher (by hand, srun and mpirun stop no process; torchrun's agent would, with a
+        "connection closed" traceback from each): a SanlabError with the main process's own message, and any other
+        error as "process 0 stopped while starting: TYPE: MESSAGE"."""
+        if not self.enabled:
+            yield
+            return
         if not self.is_main:
-            self.barrier()
-        yield
-        if self.is_main:
-            self.barrier()
+            failed = self.broadcast(None)
+            if failed is not None:
+                raise SanlabError(failed)
+            yield
+            return
+        try:
+            yield
+        except SanlabError as err:
+            self.broadcast(str(err))
+            raise
+        except Exception as err:
+            self.broadcast(f"process 0 stopped while starting: {type(err).__name__}: {err}")
+            raise
+        self.broadcast(None)
 
 
 @contextlib.contextmanager
@@ -154,11 +171,10 @@ def from_environment(device: torch.device = torch.device("cpu"),
     set up for the block and torn down after it; a single process without those variables. ``device`` is this
     process's (``training.device.resolve_device``): NCCL for CUDA, gloo for the CPU. Processes started by hand
     with those variables must all meet within ``rendezvous_timeout``."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size, rank = _world_and_rank()
     if world_size <= 1:
         yield Distributed(device=device)
         return
-    rank = int(os.environ["RANK"])
     owns_group = not dist.is_initialized()
     if owns_group:
         _release_retired_groups()
@@ -175,6 +191,34 @@ def from_environment(device: torch.device = torch.device("cpu"),
     finally:
         if owns_group:
             _tear_down()
+
+
+# what torchrun sets in every process it starts; a launch by hand (srun, mpirun, a shell per rank) must set them too
+TORCHRUN_VARIABLES = "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"
+
+
+def _world_and_rank() -> tuple[int, int]:
+    """WORLD_SIZE and RANK from the environment ((1, 0) without WORLD_SIZE); a SanlabError naming the variables when
+    they are not whole numbers, or WORLD_SIZE says several processes and RANK is missing (processes started half-way
+    by hand, which would otherwise stop with a bare KeyError: 'RANK')."""
+    def number(name: str, value: str) -> int:
+        if not value.strip().isdigit():
+            raise SanlabError(f"{name}={value} in the environment: expected a whole number ({TORCHRUN_VARIABLES} "
+                              "describe the processes of a data-parallel run; torchrun sets them)")
+        return int(value)
+
+    world_size = number("WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return world_size, 0
+    if "RANK" not in os.environ:
+        raise SanlabError(f"WORLD_SIZE={world_size} in the environment but no RANK: a process of a data-parallel run "
+                          f"needs {TORCHRUN_VARIABLES}, as torchrun sets them (`sanlab train --nproc N` or torchrun "
+                          "starts the processes for you; unset WORLD_SIZE for one process)")
+    rank = number("RANK", os.environ["RANK"])
+    if rank >= world_size:
+        raise SanlabError(f"RANK={rank} in the environment but WORLD_SIZE={world_size}: ranks run from 0 to "
+                          f"{world_size - 1}")
+    return world_size, rank
 
 
 def _tear_down() -> None:

@@ -1,0 +1,179 @@
+"""How ``sanlab train --nproc N`` starts its processes: torchrun, as a child this process watches.
+
+* torchrun runs in a session of its own, so the terminal's Ctrl-C reaches this process alone; this process
+  forwards SIGINT and SIGTERM to torchrun, which passes them to its workers and waits for them (``launch``). The
+  command then says "interrupted" once, not once per process.
+* torchrun's process dies with this one, however this one dies (``die_with_parent``), so no orphan goes on
+  training a run that a rerun would find locked.
+* A sanlab error in a worker (a user's mistake: a bad data file, a locked run) ends the command as it would end one
+  process: its message, exit status 2. The worker writes the message into a file in ``LAUNCH_DIR_ENV``'s directory
+  instead of printing it (``tell_launcher``); torchrun's account of the failure (its log lines and "Failures:"
+  summary, written for crashes) is left out then (``_torchrun_main``). Any other failure is reported as torchrun
+  reports it, the worker's traceback in its summary (``sanlab/__main__.py``).
+
+Nothing here imports torch until torchrun's process runs: parsing ``sanlab``'s command line stays quick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sanlab.errors import SanlabError
+
+# a directory the launcher makes for one launch, named in the environment of torchrun and its workers
+LAUNCH_DIR_ENV = "SANLAB_LAUNCH_DIR"
+# the launcher's pid, for torchrun's process (``die_with_parent``)
+PARENT_ENV = "SANLAB_LAUNCH_PARENT"
+ERROR_FILE = "error"  # a worker's sanlab error message (the first worker's, if several fail)
+SIGNAL_FILE = "signal"  # the launcher forwarded a signal: what torchrun says after it is noise too
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+# torchrun's process: torch's own launcher run through ``_torchrun_main`` below (tests put a stub script here)
+TORCHRUN = (sys.executable, "-m", "sanlab.training.launch")
+
+
+def torchrun_command(args) -> list[str]:
+    """``sanlab train``'s arguments as a torchrun command for ``args.nproc`` processes on this machine."""
+    command = [*TORCHRUN, "--standalone", f"--nproc_per_node={args.nproc}", "-m", "sanlab", "train", args.config,
+               "--run-dir", args.run]
+    command += [x for o in args.overrides for x in ("--set", o)] + (["--device", args.device] if args.device else [])
+    command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet),
+                                      ("--allow-changed-data", args.allow_changed_data)) if on]
+    return command
+
+
+def launch(command: list[str]) -> int:
+    """Run ``command`` (torchrun) to its end and return its exit status. Raises KeyboardInterrupt when a SIGINT
+    was forwarded to it (the CLI says "interrupted" once), and a worker's sanlab error as a SanlabError with the
+    worker's message. SIGTERM: forwarded, and the status is 143, as for a process SIGTERM ended."""
+    received: list[int] = []
+    child: subprocess.Popen | None = None
+    with tempfile.TemporaryDirectory(prefix="sanlab-launch-") as where:
+        def forward(signum, frame) -> None:
+            if signum in received:  # once: a second SIGINT would cut torchrun's shutdown of its workers short,
+                return  # leaving them running (it ends them with SIGKILL itself if they take over 30 s)
+            if not received:  # (what torchrun says from now on is left out: _torchrun_main)
+                Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)
+            received.append(signum)
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError):  # (it may have just ended)
+                    os.kill(child.pid, signum)
+
+        before = {}
+        with contextlib.suppress(ValueError):  # (outside the main thread no handler can be set: nothing forwarded)
+            before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        try:
+            env = {**os.environ, LAUNCH_DIR_ENV: where, PARENT_ENV: str(os.getpid())}
+            child = subprocess.Popen(command, env=env, start_new_session=True)
+            if received:  # a signal came before torchrun had a pid to send it to
+                os.kill(child.pid, received[-1])
+            status = child.wait()
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+        message = _read(Path(where, ERROR_FILE))
+    if signal.SIGINT in received:
+        raise KeyboardInterrupt
+    if received:
+        return 128 + received[-1]
+    if message is not None and status != 0:
+        raise SanlabError(message)
+    return status
+
+
+def launched() -> bool:
+    """Whether this process is a worker of ``launch`` (its launcher reports errors and interruptions)."""
+    return LAUNCH_DIR_ENV in os.environ and "WORLD_SIZE" in os.environ
+
+
+def tell_launcher(message: str) -> bool:
+    """A worker's sanlab error for its launcher to print (the first worker's wins: the others' are most often the
+    same error, told them by process 0). False where no launcher listens, or the file cannot be written: then the
+    worker prints it itself."""
+    if not launched():
+        return False
+    try:
+        fd = os.open(Path(os.environ[LAUNCH_DIR_ENV], ERROR_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return True
+    except OSError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(message)
+    return True
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8") or None
+    except OSError:  # (none written: no sanlab error)
+        return None
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: the kernel sends this process SIGTERM when its parent ``parent`` dies, however it dies (``kill``, the
+    OOM killer), so no orphan goes on training a run (a grid's cell, a torchrun launch) that a rerun would then
+    find locked. A checkpoint being written is not damaged (they are renamed into place) and the run's lock goes
+    with the process. (The kernel signals when the thread that started this process ends: start it from a
+    thread that lives as long as the parent, its main thread.)"""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGTERM) != 0:  # 1 = PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):  # not Linux: children outlive a killed parent there
+        return
+    if os.getppid() != parent:  # the parent died before the request: nothing will signal
+        os._exit(1)
+
+
+class _AfterTheStop(logging.Filter):
+    """Leaves out torchrun's own log lines once a worker has told the launcher a sanlab error or the launcher
+    forwarded a signal: "failed (exitcode: 2)", "Sending process ... closing signal", "Received SIGINT death
+    signal": the launcher says what happened."""
+
+    def __init__(self, where: Path):
+        super().__init__()
+        self.where = where
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("torch.distributed.elastic"):
+            return True
+        return not ((self.where / ERROR_FILE).exists() or (self.where / SIGNAL_FILE).exists())
+
+
+def _torchrun_main(argv: list[str]) -> int:
+    """torchrun's process: ``torch.distributed.run`` with ``argv``, which ends quietly (status 2) when a worker
+    told the launcher a sanlab error, or 128 + the signal forwarded to it; any other failure as torchrun says it."""
+    if PARENT_ENV in os.environ:
+        die_with_parent(int(os.environ[PARENT_ENV]))
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    where = Path(os.environ[LAUNCH_DIR_ENV]) if LAUNCH_DIR_ENV in os.environ else None  # (None: run by hand)
+    if where is not None:
+        quiet = _AfterTheStop(where)
+        for name in ("torch.distributed", "torch", ""):  # where torch's loggers have their handlers
+            for handler in logging.getLogger(name).handlers:
+                handler.addFilter(quiet)
+    try:
+        torchrun(argv)
+    except ChildFailedError:
+        if where is not None and _read(where / ERROR_FILE) is not None:
+            return 2  # the launcher prints the message
+        raise
+    except SignalException as err:
+        return 128 + int(err.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_torchrun_main(sys.argv[1:]))

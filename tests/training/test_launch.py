@@ -1,0 +1,133 @@
+"""``sanlab train --nproc N``'s launcher (``training/launch.py``), with torchrun replaced by a stub script: signals
+reach torchrun, which runs in its own session; torchrun dies with the launcher; a worker's sanlab error ends the
+command with its message and status 2. (tests/training/test_distributed.py launches real torchrun jobs.)"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+# `sanlab train --nproc 2` with torchrun replaced by the stub (launch.TORCHRUN)
+LAUNCHER = """
+import sys
+from sanlab.training import launch
+launch.TORCHRUN = (sys.executable, sys.argv.pop(1))
+from sanlab.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+# torchrun's stand-in: says where it runs, then waits for a signal and writes down which one came. ACTION: what it
+# does first (asks for the launcher's death signal, as torchrun's process does; tells the launcher an error)
+STUB = """
+import os, signal, sys, time
+from pathlib import Path
+from sanlab.training import launch
+
+out = Path(os.environ["STUB_OUT"])
+def stop(signum, frame):
+    (out / "signal").write_text(signal.Signals(signum).name)
+    sys.exit(128 + signum)
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, stop)
+{action}
+(out / "session").write_text(f"{{os.getpid()}} {{os.getsid(0)}}")
+time.sleep(120)
+"""
+
+
+def _launch(tmp_path, action: str = "") -> subprocess.Popen:
+    stub = tmp_path / "torchrun.py"
+    stub.write_text(STUB.format(action=action))
+    recipe = tmp_path / "c.yaml"
+    recipe.write_text("task: tagging\ndata: {train: a, dev: b}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    return subprocess.Popen([sys.executable, "-c", LAUNCHER, str(stub), "train", str(recipe), "--run",
+                             str(tmp_path / "run"), "--nproc", "2"], stderr=subprocess.PIPE, text=True,
+                            env={**env, "STUB_OUT": str(tmp_path)})
+
+
+def _wait_for(path, process: subprocess.Popen, timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() or not path.read_text():
+        assert process.poll() is None or path.exists(), process.communicate()[1]
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_the_launcher_reaches_torchrun_in_its_own_session(tmp_path, sig, status):
+    """Ctrl-C reaches the terminal's process group: torchrun is not in it (its workers would otherwise get SIGINT
+    twice, from the terminal and from torchrun), so the launcher passes the signal on and waits for it; it says
+    "interrupted" once, for all processes (it was said once per process)."""
+    launcher = _launch(tmp_path)
+    pid, session = map(int, _wait_for(tmp_path / "session", launcher).split())
+    assert session == pid != os.getsid(launcher.pid)  # a session of its own
+    launcher.send_signal(sig)
+    err = launcher.communicate(timeout=120)[1]
+    assert (tmp_path / "signal").read_text() == sig.name
+    assert launcher.returncode == status, err
+    assert err.count("interrupted") == (1 if sig == signal.SIGINT else 0), err
+    if sig == signal.SIGINT:
+        assert "sanlab train: interrupted; rerun the same command to resume" in err
+
+
+def test_torchrun_dies_with_its_launcher(tmp_path):
+    """A launcher killed outright (SIGKILL, the OOM killer) forwards nothing: the kernel sends torchrun's process
+    SIGTERM (``die_with_parent``, which torchrun passes on to its workers), so no orphan trains on."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    launcher = _launch(tmp_path, action="launch.die_with_parent(int(os.environ[launch.PARENT_ENV]))")
+    _wait_for(tmp_path / "session", launcher)
+    launcher.kill()
+    launcher.communicate(timeout=120)
+    assert _wait_for(tmp_path / "signal", launcher) == "SIGTERM"
+
+
+def test_a_workers_sanlab_error_ends_the_launch_with_its_message_and_status_2(tmp_path):
+    """What a worker tells the launcher (the first worker: a second one's message is dropped) is printed as
+    one process's error would be, and the command ends with status 2 whatever torchrun's status."""
+    action = ("os.environ['WORLD_SIZE'] = '2'\n"
+              "assert launch.tell_launcher('data.train: a: no such file') and launch.tell_launcher('another')\n"
+              "sys.exit(1)")
+    launcher = _launch(tmp_path, action=action)
+    err = launcher.communicate(timeout=120)[1]
+    assert launcher.returncode == 2
+    assert err.strip().splitlines()[-1] == "sanlab train: error: data.train: a: no such file", err
+    assert "another" not in err
+
+
+def test_without_a_launcher_a_worker_prints_its_own_error(monkeypatch):
+    from sanlab.training import launch
+
+    monkeypatch.delenv(launch.LAUNCH_DIR_ENV, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (a worker of torchrun started by hand)
+    assert not launch.launched() and not launch.tell_launcher("a message")
+
+
+def test_a_failure_that_is_not_a_sanlab_error_keeps_torchruns_status(tmp_path):
+    launcher = _launch(tmp_path, action="sys.exit(1)")
+    err = launcher.communicate(timeout=120)[1]
+    assert launcher.returncode == 1 and "error" not in err, err
+
+
+def test_a_second_ctrl_c_is_not_passed_on(tmp_path):
+    """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one would cut that short and
+    leave them running."""
+    action = ("def count(signum, frame):\n"
+              "    with open(out / 'signals', 'a') as f:\n"
+              "        f.write(signal.Signals(signum).name + '\\n')\n"
+              "    signal.alarm(3)  # as torchrun, it takes a while to end its workers\n"
+              "signal.signal(signal.SIGINT, count)\n"
+              "signal.signal(signal.SIGALRM, lambda *a: sys.exit(130))")
+    launcher = _launch(tmp_path, action=action)
+    _wait_for(tmp_path / "session", launcher)
+    launcher.send_signal(signal.SIGINT)
+    _wait_for(tmp_path / "signals", launcher)
+    launcher.send_signal(signal.SIGINT)
+    err = launcher.communicate(timeout=120)[1]
+    assert launcher.returncode == 130 and err.count("interrupted") == 1, err
+    assert (tmp_path / "signals").read_text() == "SIGINT\n"
