@@ -192,3 +192,24 @@ def test_a_gpu_bench_row_that_cannot_be_built_is_named_and_the_others_kept(monke
     assert [r.name for r in rows] == ["vanilla", "Block"] and steps == ["vanilla", "Block"]
     assert failed == ["Rel_Pos (deterministic): RuntimeError: scatter_add_cuda_kernel does not have a deterministic "
                       "implementation"]
+
+
+def _bench(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_variant_smoke_only_runs_the_recipe_named_exactly(tmp_path):
+    """--only ud-ewt-p used to run every recipe whose name holds it (ud-ewt-pe-con, ud-ewt-pr as well)."""
+    out = tmp_path / "smoke.md"
+    out.write_text("| ud-ewt-san.yaml | 300 | 2.0 | 1.0 | yes | yes | 9 |\n")  # a row of an earlier run: kept
+    done = _bench("variant_smoke.py", "--only", "ud-ewt-p", "--steps", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1].strip() for line in out.read_text().splitlines() if ".yaml |" in line]
+    assert rows == ["ud-ewt-p.yaml", "ud-ewt-san.yaml"]  # in the recipes' order
+
+
+def test_variant_smoke_refuses_an_unknown_recipe_naming_the_known_ones(tmp_path):
+    done = _bench("variant_smoke.py", "--only", "muse", "--steps", "2", "--out", str(tmp_path / "smoke.md"))
+    assert done.returncode == 2 and "no recipe named 'muse'" in done.stderr
+    assert "ud-ewt-muse-ff, ud-ewt-muse," in done.stderr and not (tmp_path / "smoke.md").exists()
