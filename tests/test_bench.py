@@ -213,3 +213,37 @@ def test_variant_smoke_refuses_an_unknown_recipe_naming_the_known_ones(tmp_path)
     done = _bench("variant_smoke.py", "--only", "muse", "--steps", "2", "--out", str(tmp_path / "smoke.md"))
     assert done.returncode == 2 and "no recipe named 'muse'" in done.stderr
     assert "ud-ewt-muse-ff, ud-ewt-muse," in done.stderr and not (tmp_path / "smoke.md").exists()
+
+
+@pytest.mark.slow  # two tiny taggers trained for 2 updates each
+def test_ud_conv2d_check_compares_two_tagging_runs_on_their_test_set(tmp_path):
+    from sanlab.config import validate
+    from sanlab.data.synthetic import write_tagging_corpus
+    from sanlab.runs import train_run
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 40, "dev": 10, "test": 10})
+    runs = []
+    for seed in (1, 2):
+        config = validate({"task": "tagging", "data": {"train": str(data / "train.conllu"),
+                                                       "dev": str(data / "dev.conllu"),
+                                                       "test": str(data / "test.conllu")},
+                           "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                                     "encoder": {"layers": 1}},
+                           "train": {"progress": False, "batch_size": 8, "max_steps": 2, "seed": seed}},
+                          source="test")
+        runs.append(tmp_path / f"run-{seed}")
+        train_run(config, runs[-1], quiet=True)
+    done = _bench("ud_conv2d_check.py", *map(str, runs), "--samples", "50", "--seed", "7")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[0].strip("| ") for line in done.stdout.splitlines() if line.startswith("| SAN")]
+    assert rows == ["SAN+PE[add]", "SAN+PE[add]+Conv2d"]
+    assert "paired bootstrap over test sentences (50 samples, seed 7): delta " in done.stdout
+
+
+def test_ud_conv2d_check_says_its_usage():
+    """It read sys.argv[1] and [2] at import: a missing run was an IndexError traceback."""
+    assert "RUN_PE_ADD RUN_CONV2D" in _bench("ud_conv2d_check.py", "--help").stdout
+    done = _bench("ud_conv2d_check.py", "runs/only-one")
+    assert done.returncode == 2 and "the following arguments are required: RUN_CONV2D" in done.stderr
+    assert "Traceback" not in done.stderr
