@@ -20,7 +20,8 @@
 #   5. decode-agreement                that run (or DECODE_RUN, any trained Multi30k run) decoded on
 #                                      test_2016_flickr in fp32 and in bf16 (scripts/decode_agreement.py): the
 #                                      share of identical hypotheses (issue 24 asks >= 99%), BLEU and wall time of
-#                                      each, in $REPORT_DIR/decode-agreement.md
+#                                      each (the median of GPU_AGREEMENT_ROUNDS rounds, default 3, the order of the
+#                                      two alternating), in $REPORT_DIR/decode-agreement.md
 #   6. table1 (only when named)        CSAN Table 1 cells the CPU has not trained yet (issue 26), on cuda in fp32
 #                                      as the grid's recipe says: its pending cells in the grid's order, less
 #                                      those begun elsewhere (or TABLE1_ARGS, e.g. "--only Block"), within
@@ -66,7 +67,7 @@
 #     call 1 (~4 min): the tests beside the Multi30k bf16 run, then its decode agreement (with the fp32 rescoring);
 #       it prints each invocation's exit status (a bare `wait` would hide the background one's)
 #       export GPU_DATA=.gpu-data; (REPORT_DIR=$OUT/r GPU_STEPS=train,decode-agreement TRAIN_MINUTES=4 \
-#         GPU_AGREEMENT_TIMEOUT=120 bash scripts/gpu_check.sh) & bg=$!; REPORT_DIR=$OUT/a GPU_STEPS=env,tests \
+#         GPU_AGREEMENT_ROUNDS=2 GPU_AGREEMENT_TIMEOUT=180 bash scripts/gpu_check.sh) & bg=$!; REPORT_DIR=$OUT/a GPU_STEPS=env,tests \
 #         GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240 bash scripts/gpu_check.sh; a=$?; wait $bg; echo "exit: tests $a, run $?"
 #     call 2 (~6 min, alone on the GPU): every Table 1 variant's MFU and operators, vanilla and Rel_Pos under
 #       deterministic algorithms (what train.deterministic costs), the profile of each row (where the MFU under 45%
@@ -211,7 +212,7 @@ if wants decode-agreement; then
     if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
         timeout "${GPU_AGREEMENT_TIMEOUT:-540}" $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
             --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
-            --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' | tee -a "$report"
+            --rounds "${GPU_AGREEMENT_ROUNDS:-3}" --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' | tee -a "$report"
         failed_if "${PIPESTATUS[0]}" decode-agreement
     else
         echo "no trained run: $run has not finished (run GPU_STEPS=train until it has, or set DECODE_RUN)" \

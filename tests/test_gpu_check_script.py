@@ -74,3 +74,36 @@ def test_a_failed_step_is_named_and_the_call_exits_1(tmp_path, works):
         assert "Failed" not in report and "torch" in report  # sanlab env's lines
     else:
         assert done.returncode == 1 and "Failed: env (exit 3)" in report and "no torch here" in report
+
+
+def _recording_python(tmp_path, *, status: int = 0) -> Path:
+    """A stand-in python that writes its arguments (one call a line) to calls.log and exits with ``status``."""
+    python = tmp_path / "recording-python"
+    python.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls.log"\nexit {status}\n')
+    python.chmod(0o755)
+    return python
+
+
+def _data(tmp_path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "train.en.gz").write_bytes(b"")
+    return data
+
+
+@pytest.mark.parametrize("rounds", [None, "2"])
+def test_decode_agreement_is_timed_in_rounds(tmp_path, rounds):
+    """The agreement step passes --rounds (GPU_AGREEMENT_ROUNDS, default 3): the two precisions alternate in
+    running first, and the report gives the median of the rounds."""
+    repo = _bare_copy(tmp_path)
+    env = {**os.environ, "GPU_STEPS": "decode-agreement", "GPU_DATA": str(_data(tmp_path)),
+           "REPORT_DIR": str(tmp_path / "r"), "GPU_DEVICE": "cpu", "DECODE_RUN": "runs/trained",
+           "PYTHON": str(_recording_python(tmp_path))}
+    if rounds:
+        env["GPU_AGREEMENT_ROUNDS"] = rounds
+    done = subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [call] = (tmp_path / "calls.log").read_text().splitlines()
+    assert call.startswith("scripts/decode_agreement.py --run runs/trained ")
+    assert f"--rounds {rounds or 3} " in call
