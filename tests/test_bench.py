@@ -95,7 +95,7 @@ def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
                     "--out", str(out), "--profile", str(tmp_path / "prof"), "--profile-updates", "2",
                     "--profile-trace"], cwd=ROOT, check=True, capture_output=True)
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
-    assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0], "1D-CSAN (deterministic)"]
+    assert [r[0] for r in rows] == ["vanilla (baseline)", "1D-CSAN", rows[2][0], "1D-CSAN (deterministic)"]
     assert rows[2][0].startswith("vanilla (compiled)")
     assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
     # operators of an eager forward and backward (kernel launches on a GPU); a compiled row has none to count
@@ -247,3 +247,24 @@ def test_ud_conv2d_check_says_its_usage():
     done = _bench("ud_conv2d_check.py", "runs/only-one")
     assert done.returncode == 2 and "the following arguments are required: RUN_CONV2D" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_gpu_bench_compares_with_the_declared_baseline_not_the_first_row(tmp_path):
+    """A grid's `baseline: true` variant need not be its first: the ratios were to whichever row came first."""
+    _tiny_translation_grid(tmp_path, vocab=50, variant="{name: plain, baseline: true}")
+    out = tmp_path / "gpu.md"
+    done = _bench("gpu.py", str(tmp_path / "grid.yaml"), "--device", "cpu", "--precision", "fp32", "--quick",
+                  "--threads", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["vanilla", "plain (baseline)"] and rows[1][4] == "1.00"
+
+
+@pytest.mark.parametrize("option", ["--only", "--compile", "--deterministic"])
+def test_gpu_bench_refuses_a_variant_the_grid_has_not(tmp_path, option):
+    """An unknown name was left out silently (a typo timed nothing but the baseline, or no compiled row)."""
+    _tiny_translation_grid(tmp_path, vocab=50, variant="{name: 1D-CSAN}")
+    done = _bench("gpu.py", str(tmp_path / "grid.yaml"), "--device", "cpu", "--quick", option, "1d-csan")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (f"gpu.py: error: {option}: no variant named '1d-csan' in {tmp_path / 'grid.yaml'}; its variants are: "
+            "vanilla, 1D-CSAN") in done.stderr
