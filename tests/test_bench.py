@@ -1,6 +1,8 @@
 """The bench scripts run end to end on small inputs and report against their baseline (the numbers
 themselves are measurements, never asserted)."""
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -268,3 +270,67 @@ def test_gpu_bench_refuses_a_variant_the_grid_has_not(tmp_path, option):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert (f"gpu.py: error: {option}: no variant named '1d-csan' in {tmp_path / 'grid.yaml'}; its variants are: "
             "vanilla, 1D-CSAN") in done.stderr
+
+
+def _data_scale(monkeypatch, multi30k: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_data_scale", ROOT / "bench" / "data_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "MULTI30K", multi30k)
+    return module
+
+
+def _fake_multi30k(root: Path) -> Path:
+    """A few hundred Multi30k-like pairs: train and val, English and German."""
+    import gzip
+    import random
+
+    rng = random.Random(0)
+    words = {"en": "a man dog runs in the park with red ball two women sit on bench near water".split(),
+             "de": "ein mann hund läuft im park mit rotem ball zwei frauen sitzen auf bank nahe wasser".split()}
+    root.mkdir()
+    for split, n in (("train", 300), ("val", 20)):
+        lengths = [rng.randint(3, 9) for _ in range(n)]
+        for side, vocab in words.items():
+            with gzip.open(root / f"{split}.{side}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(" ".join(rng.choice(vocab) for _ in range(k)) + "\n" for k in lengths)
+    return root
+
+
+def test_data_scale_regenerates_its_corpus_for_other_pairs(tmp_path, monkeypatch):
+    """The corpus under --work was kept whenever train.de existed: another --pairs measured the old corpus under
+    the new count. corpus.json (written last) says what the files hold."""
+    scale = _data_scale(monkeypatch, _fake_multi30k(tmp_path / "multi30k"))
+    work = tmp_path / "work"
+    assert scale.generate(work, 50)
+    assert len((work / "train.de").read_text().splitlines()) == 50
+    assert json.loads((work / "corpus.json").read_text())["pairs"] == 50
+    before = (work / "train.en").stat().st_mtime_ns
+    assert not scale.generate(work, 50)
+    assert (work / "train.en").stat().st_mtime_ns == before  # the same corpus: kept
+    scale.generate(work, 30)
+    assert len((work / "train.en").read_text().splitlines()) == 30 == len((work / "train.de").read_text().splitlines())
+    (work / "corpus.json").unlink()  # a generation killed before its end: made again
+    (work / "valid.de").unlink()
+    scale.generate(work, 30)
+    assert (work / "valid.de").exists() and (work / "corpus.json").exists()
+
+
+@pytest.mark.slow  # two `sanlab prepare` calls on a tiny corpus
+def test_data_scale_reads_the_encoding_time_and_tells_a_cached_corpus_apart(tmp_path, monkeypatch):
+    """Its regex looked for "process(es), N s", which prepare's log never says; and "re-encoded anything" tested
+    for the word "encoded", which the line of a corpus taken from the cache holds too."""
+    scale = _data_scale(monkeypatch, _fake_multi30k(tmp_path / "multi30k"))
+    work = tmp_path / "work"
+    scale.generate(work, 200)
+    config = scale.write_config(work, "tiny", work / "train.en", work / "train.de")
+    env = {**os.environ, "SANLAB_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src")}
+    sets = ["--set", "data.subword.vocab_size=60", "--workers", "1"]
+    _, _, first = scale.run(scale.sanlab("prepare", str(config), *sets), env)
+    assert scale.encode_seconds(first) >= 0 and scale.encoded_anything(first)
+    _, _, again = scale.run(scale.sanlab("prepare", str(config), *sets), env)
+    assert "encoded earlier, from the cache" in again and not scale.encoded_anything(again)
+    with pytest.raises(RuntimeError, match="no 'encoded ... with N process"):
+        scale.encode_seconds(again)
