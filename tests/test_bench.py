@@ -334,3 +334,19 @@ def test_data_scale_reads_the_encoding_time_and_tells_a_cached_corpus_apart(tmp_
     assert "encoded earlier, from the cache" in again and not scale.encoded_anything(again)
     with pytest.raises(RuntimeError, match="no 'encoded ... with N process"):
         scale.encode_seconds(again)
+
+
+def test_another_revisions_file_is_read_from_this_checkout_whatever_the_directory(tmp_path, monkeypatch, capsys):
+    """git ran in the working directory (outside the checkout: 'not a git repository', a traceback), and an unknown
+    revision was a CalledProcessError traceback."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from revisions import module_at_revision
+
+    monkeypatch.chdir(tmp_path)
+    old = module_at_revision("HEAD", "src/sanlab/decoding/search.py", "search_at_head_for_test")
+    monkeypatch.delitem(sys.modules, "search_at_head_for_test")
+    assert callable(old.beam_search) and Path(old.__file__).read_text().startswith('"""')
+    with pytest.raises(SystemExit) as stopped:
+        module_at_revision("no-such-revision", "src/sanlab/decoding/search.py", "never_loaded")
+    assert stopped.value.code == 2
+    assert "error: no src/sanlab/decoding/search.py at revision 'no-such-revision'" in capsys.readouterr().err
