@@ -233,7 +233,8 @@ if wants decode-agreement; then
     if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
         timeout "${GPU_AGREEMENT_TIMEOUT:-540}" $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
             --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
-            --rounds "${GPU_AGREEMENT_ROUNDS:-3}" --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' | tee -a "$report"
+            --rounds "${GPU_AGREEMENT_ROUNDS:-3}" --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' \
+            | tee -a "$report"
         failed_if "${PIPESTATUS[0]}" decode-agreement
     else
         echo "no trained run: $run has not finished (run GPU_STEPS=train until it has, or set DECODE_RUN)" \
