@@ -1,9 +1,11 @@
 """The prepared-data path at WMT14 size: prepare time with 1 and N workers, cache size, peak memory of
 training against Multi30k's, and the time from a resumed `sanlab train` to its first update.
 
-The corpus: Multi30k's training pairs (../shared/data/multi30k), each line of the large corpus 1 to 3
-random pairs joined (source with source, target with target), so lengths spread around WMT14's mean
-(~25 words) with real vocabulary; 4.5M lines by default. It is written under --work (never committed).
+The corpus: Multi30k's training pairs (../shared/data/multi30k beside the checkout, or
+$SANLAB_SHARED_DATA/multi30k), each line of the large corpus 1 to 3 random pairs joined (source with source,
+target with target), so lengths spread around WMT14's mean (~25 words) with real vocabulary; 4.5M lines by
+default. It is written under --work (never committed), with --work/corpus.json saying what it holds: a later
+call with the same --pairs reuses it, one with other --pairs generates it again.
 
     python bench/data_scale.py --work /tmp/sanlab-scale --pairs 4500000 --out results/data-scale.md
 
@@ -27,7 +29,8 @@ import numpy as np
 import sentencepiece
 import torch
 
-MULTI30K = Path("../shared/data/multi30k")
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = Path(os.environ.get("SANLAB_SHARED_DATA", ROOT.parent / "shared" / "data")) / "multi30k"
 TINY_MODEL = ["model.dim=64", "model.encoder.layers=2", "model.decoder.layers=2", "model.encoder.ffn_dim=256",
               "model.decoder.ffn_dim=256", "model.encoder.attention.heads=4", "model.decoder.attention.heads=4",
               "train.max_tokens=2048", "train.valid_max_sentences=20", "train.patience=0", "train.threads=1",
@@ -39,11 +42,17 @@ def multi30k(name: str) -> list[str]:
         return f.read().splitlines()
 
 
-def generate(work: Path, pairs: int, seed: int = 0) -> None:
-    """train.{en,de} of ``pairs`` lines (1-3 Multi30k pairs each), valid.{en,de} = Multi30k's first 200 val."""
-    if (work / "train.de").exists():
-        return
+def generate(work: Path, pairs: int, seed: int = 0) -> bool:
+    """train.{en,de} of ``pairs`` lines (1-3 Multi30k pairs each), valid.{en,de} = Multi30k's first 200 val;
+    ``work/corpus.json`` (written last) says what they hold. Kept when it says ``pairs`` and ``seed``: it was
+    kept whenever train.de existed, so a call with other --pairs measured the old corpus under the new count,
+    and a generation killed before the valid files were written was taken as whole. True: generated now."""
+    made = {"pairs": pairs, "seed": seed, "from": str(MULTI30K.resolve())}
+    record = work / "corpus.json"
+    if record.exists() and json.loads(record.read_text()) == made:
+        return False
     work.mkdir(parents=True, exist_ok=True)
+    record.unlink(missing_ok=True)  # until the new files are whole
     en, de = multi30k("train.en.gz"), multi30k("train.de.gz")
     rng = np.random.default_rng(seed)
     with open(work / "train.en.tmp", "w") as fe, open(work / "train.de.tmp", "w") as fd:
@@ -57,11 +66,13 @@ def generate(work: Path, pairs: int, seed: int = 0) -> None:
     for side in ("en", "de"):
         os.replace(work / f"train.{side}.tmp", work / f"train.{side}")
         (work / f"valid.{side}").write_text("\n".join(multi30k(f"val.{side}.gz")[:200]) + "\n")
+    record.write_text(json.dumps(made) + "\n")
+    return True
 
 
 def write_config(work: Path, name: str, src: Path, tgt: Path) -> Path:
     path = work / f"{name}.yaml"
-    path.write_text(f"base: {Path('configs/multi30k-en-de-transformer.yaml').resolve()}\n"
+    path.write_text(f"base: {ROOT / 'configs' / 'multi30k-en-de-transformer.yaml'}\n"
                     f"data:\n  train: {{src: {src}, tgt: {tgt}}}\n"
                     f"  valid: {{src: {work / 'valid.en'}, tgt: {work / 'valid.de'}}}\n  test: {{}}\n")
     return path
@@ -81,8 +92,24 @@ def run(command: list[str], env: dict) -> tuple[float, int, str]:
     return time.monotonic() - start, peak // 1024, out
 
 
+# what translation_data._encode_corpus logs when it encodes a corpus ("encoded A / B with 4 process(es) in 12.3 s");
+# a corpus taken from the cache is "...; encoded earlier, from the cache (...)" instead
+ENCODED = re.compile(r"\bencoded .+ with (\d+) process\(es\) in ([\d.]+) s")
+
+
 def encode_seconds(log: str) -> float:
-    return float(re.search(r"process\(es\), ([\d.]+) s", log).group(1))
+    """The encoding's seconds in a `sanlab prepare` log (the regex looked for "process(es), N s", which the log
+    never said: every call failed)."""
+    found = ENCODED.search(log)
+    if not found:
+        raise RuntimeError(f"no 'encoded ... with N process(es) in S s' line in the log:\n{log}")
+    return float(found[2])
+
+
+def encoded_anything(log: str) -> bool:
+    """Whether a log says a corpus was encoded (not taken from the cache: its line "encoded earlier, from the
+    cache" holds "encoded" too, so a plain substring test said yes every time)."""
+    return ENCODED.search(log) is not None
 
 
 def sanlab(*args: str) -> list[str]:
@@ -126,8 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work.resolve()
     t0 = time.monotonic()
-    generate(work, args.pairs)
-    generated = time.monotonic() - t0
+    generated = time.monotonic() - t0 if generate(work, args.pairs) else None
     big = write_config(work, "big", work / "train.en", work / "train.de")
     small = write_config(work, "multi30k", (MULTI30K / "train.en.gz").resolve(), (MULTI30K / "train.de.gz").resolve())
     for side in ("en", "de"):  # the large corpus's head: its lengths, Multi30k's size
@@ -192,10 +218,10 @@ def ddp_share(work: Path, big: Path, sets: list[str], env: dict, rows: dict) -> 
     rows["DDP 2 processes x 1 thread, 20 updates from scratch, warm cache (s)"] = run(
         sanlab("train", str(big), "--run", str(ddp), "--quiet", "--nproc", "2", *sets,
                "--set", "train.max_steps=20", "--set", "train.valid_every=20"), env)[0]
-    rows["DDP run re-encoded anything"] = "encoded" in (ddp / "train.log").read_text()
+    rows["DDP run re-encoded anything"] = encoded_anything((ddp / "train.log").read_text())
 
 
-def write_report(args, rows: dict, generated: float) -> None:
+def write_report(args, rows: dict, generated: float | None) -> None:
     fmt = lambda v: v if isinstance(v, (bool, str)) else f"{v:,.1f}"  # noqa: E731
     lines = [
         "# Prepared data at WMT14 size (issue 25)", "",
@@ -205,8 +231,9 @@ def write_report(args, rows: dict, generated: float) -> None:
         f"torch {torch.__version__}, numpy {np.__version__}, sentencepiece {sentencepiece.__version__}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         f"Beside it: {args.note or 'nothing else (idle machine)'}.", "",
-        f"Corpus: {args.pairs:,} lines, each 1-3 random Multi30k training pairs joined (generated in "
-        f"{generated:.0f} s, not committed); the Multi30k recipe's data settings (joint unigram subwords, "
+        f"Corpus: {args.pairs:,} lines, each 1-3 random Multi30k training pairs joined ("
+        f"{f'generated in {generated:.0f} s' if generated is not None else 'generated by an earlier call'}, "
+        "not committed); the Multi30k recipe's data settings (joint unigram subwords, "
         "vocabulary 8,000, max_len 100); a tiny model (dim 64, 2+2 layers, max_tokens 2,048), one thread per process.",
         "", "| measurement | value |", "|---|---|",
         *[f"| {k} | {fmt(v)} |" for k, v in rows.items()], ""]

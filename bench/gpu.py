@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grid_speed import add_grid_arguments, bench_cells, provenance
+from grid_speed import add_grid_arguments, bench_cells, provenance, refuse_unknown_variants
 from op_count import accelerator_paths, count_ops
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
@@ -64,6 +64,7 @@ class Runner:
     ops: int | None = None  # operators of one forward and backward, eager (None: a compiled row)
     compile_seconds: float | None = None
     seconds: list[float] = field(default_factory=list)
+    baseline: bool = False  # the grid's baseline, eager: the row the others' ratios are to
 
 
 def make_batch(vocab: int, *, tokens: int, length: int, device: torch.device, seed: int = 0):
@@ -105,7 +106,8 @@ def count_flops(step) -> float:
     return float(counter.get_total_flops())
 
 
-def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool, deterministic: bool = False) -> Runner:
+def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool, deterministic: bool = False,
+            baseline: bool = False) -> Runner:
     config = cell.config
     torch.manual_seed(config.train.seed)
     sw = config.data.subword
@@ -114,7 +116,7 @@ def prepare(cell: Cell, args, device: torch.device, batch, *, compiled: bool, de
     name = cell.variant + (" (compiled)" if compiled else "") + (" (deterministic)" if deterministic else "")
     runner = Runner(name, model, make_step(model, batch, args.precision, device, compiled=compiled,
                                            backend=args.backend, deterministic=deterministic),
-                    count_parameters(model))
+                    count_parameters(model), baseline=baseline)
     if compiled:  # the first calls compile (forward, backward): timed apart, never in the rounds
         start = time.perf_counter()
         for _ in range(2):
@@ -178,7 +180,8 @@ def measure(runners: list[Runner], *, rounds: int, updates: int, warmup: int, de
 
 
 def table(runners: list[Runner], *, tokens: int, peak: float | None) -> list[str]:
-    base = runners[0]
+    # declared, not assumed first: a grid's `baseline: true` variant need not be its first
+    [base] = [r for r in runners if r.baseline]
     lines = ["| variant | params | ms / update | target tokens / s | vs baseline | GFLOP / update | MFU | ops |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runners:
@@ -187,7 +190,7 @@ def table(runners: list[Runner], *, tokens: int, peak: float | None) -> list[str
         achieved = r.flops / (ms / 1e3) / 1e12
         mfu = f"{100 * achieved / peak:.1f}%" if peak else "n/a"
         compile_note = f" (compile {r.compile_seconds:.0f} s)" if r.compile_seconds is not None else ""
-        lines.append(f"| {r.name}{compile_note} | {r.params:,} | {ms:.1f} | {tokens / (ms / 1e3):,.0f} | "
+        lines.append(f"| {r.name}{' (baseline)' if r is base else ''}{compile_note} | {r.params:,} | {ms:.1f} | {tokens / (ms / 1e3):,.0f} | "
                      f"{ratio:.2f} | {r.flops / 1e9:,.4g} | {mfu} | {r.ops if r.ops is not None else '—'} |")
     lines += ["", "ops: the operators one forward and backward dispatches in eager mode, views and the optimizer "
                   "left out (bench/op_count.py): on a GPU, kernel launches"]
@@ -285,9 +288,11 @@ def main() -> None:
     device = torch.device(args.device)
     grid = load_grid(args.grid, overrides=args.set)
     cells = bench_cells(grid, args)
+    refuse_unknown_variants(grid, "--compile", args.compile)
+    refuse_unknown_variants(grid, "--deterministic", args.deterministic)
     vocab = cells[0].config.data.subword.vocab_size
     batch = make_batch(vocab, tokens=args.tokens, length=args.length, device=device)
-    runners = [prepare(c, args, device, batch, compiled=False) for c in cells]
+    runners = [prepare(c, args, device, batch, compiled=False, baseline=c.variant == grid.baseline) for c in cells]
     failed: list[str] = []  # optional rows that could not be built: named under the table, the rest still timed
     if args.compile is not None:
         runners += optional_rows([c for c in cells if not args.compile or c.variant in args.compile], failed,

@@ -98,8 +98,20 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
 
 
+def refuse_unknown_variants(grid: Grid, option: str, names: list[str] | None) -> None:
+    """Stop (status 2, as a usage error) when ``names`` holds a variant the grid has not, naming the grid's: an
+    unknown name used to be left out silently, and the bench timed the others as if it had been asked to."""
+    known = [v.name for v in grid.spec.variants]
+    unknown = [name for name in names or [] if name not in known]
+    if unknown:
+        print(f"{Path(sys.argv[0]).name}: error: {option}: no variant named {', '.join(map(repr, unknown))} in "
+              f"{grid.path}; its variants are: {', '.join(known)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def bench_cells(grid: Grid, args: argparse.Namespace) -> list[Cell]:
     """The first seed's cell of every variant asked for (``--only``, always with the baseline)."""
+    refuse_unknown_variants(grid, "--only", args.only)
     return [c for c in first_seed_cells(grid, args.dataset)
             if not args.only or c.variant in args.only or c.variant == grid.baseline]
 

@@ -3,20 +3,31 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def module_at_revision(rev: str, path: str, name: str) -> ModuleType:
     """``path`` (e.g. ``src/sanlab/decoding/search.py``) as it is at ``rev``, imported as module ``name``; its own
     imports of the package resolve to the package as it is now."""
-    source = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
-    file = Path(tempfile.mkdtemp()) / f"{name}.py"
-    file.write_text(source)
+    # git runs in this checkout whatever the working directory (it ran where the bench was started from)
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+    if shown.returncode != 0:  # an unknown revision, or a file that revision lacks: said, not a traceback
+        print(f"{Path(sys.argv[0]).name}: error: no {path} at revision {rev!r} of {ROOT}: {shown.stderr.strip()}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # kept while the process runs: tracebacks read it
+    file = folder / f"{name}.py"
+    file.write_text(shown.stdout)
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the class is made

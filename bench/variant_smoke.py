@@ -1,7 +1,8 @@
 """Train every variant recipe for a few hundred steps on the synthetic corpora; write a results table.
 
     python bench/variant_smoke.py --steps 300 --out results/variant-smoke.md
-    python bench/variant_smoke.py --steps 300 --only lightconv --only muse-ff   # (re)run some rows, keep the rest
+    python bench/variant_smoke.py --steps 300 --only multi30k-en-de-lightconv --only ud-ewt-muse-ff.yaml
+        # (re)run some rows, keep the rest; --only takes a recipe's exact name, with or without .yaml
 """
 
 import argparse
@@ -21,14 +22,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/variant-smoke.md"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", action="append", default=[],
-                        help="substring of the recipe names to run (repeatable); rows of the others already in "
-                             "--out are kept")
+                        help="a recipe to run, by its exact name (e.g. ud-ewt-muse-ff or ud-ewt-muse-ff.yaml; "
+                             "repeatable); rows of the others already in --out are kept")
     args = parser.parse_args()
+    chosen = _chosen(parser, args.only)
     torch.set_num_threads(args.threads)
     rows = _kept_rows(args.out) if args.only else {}
     with tempfile.TemporaryDirectory() as work:
         for recipe in recipes():
-            if args.only and not any(part in recipe.name for part in args.only):
+            if args.only and recipe.name not in chosen:
                 continue
             r = smoke_train(recipe, work=Path(work), steps=args.steps)
             rows[r.recipe] = (f"| {r.recipe} | {r.steps} | {r.first_loss:.3f} | {r.last_loss:.3f} | "
@@ -48,6 +50,23 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(header + rows) + "\n")
     print(f"wrote {args.out}")
+
+
+def _chosen(parser: argparse.ArgumentParser, only: list[str]) -> set[str]:
+    """The recipe file names ``--only`` names, exactly (a substring matched too much: "muse" ran muse-ff too);
+    an unknown name is refused with the known ones, before anything trains."""
+    known = [recipe.name for recipe in recipes()]
+    chosen, unknown = set(), []
+    for name in only:
+        file = name if name.endswith(".yaml") else f"{name}.yaml"
+        if file in known:
+            chosen.add(file)
+        else:
+            unknown.append(name)
+    if unknown:
+        parser.error(f"--only: no recipe named {', '.join(map(repr, unknown))}; the recipes are: "
+                     f"{', '.join(Path(k).stem for k in known)}")
+    return chosen
 
 
 def _kept_rows(path: Path) -> dict[str, str]:

@@ -3,7 +3,7 @@
 sentences").
 
     python scripts/decode_agreement.py --run RUN [--split test_2016_flickr] [--device cuda] [--checkpoint best]
-                                       [--beam N] [--output report.md]
+                                       [--beam N] [--rounds N] [--output report.md]
 
 Both passes load the same checkpoint once and decode with the run's ``decode`` settings (``--beam`` overrides
 the beam; one hypothesis per sentence, as ``sanlab evaluate`` scores). bf16 is ``sanlab translate --precision
@@ -11,8 +11,10 @@ bf16``: the model's forward steps under autocast; the output projection, log-pro
 fp32; the choice among the search's finished hypotheses by their fp32 scores. The report gives
 the share of sentences whose hypotheses are identical (string equality of the detokenised output), BLEU and
 chrF of each pass (sacreBLEU, against the split's references), the wall time of each pass (after a warm-up on a
-few sentences in both precisions, so neither pays the first call's costs), the machine and the command, and the
-first sentences that differ. It writes nothing into the run directory. ``--src``/``--ref`` point the split at
+few sentences in both precisions, so neither pays the first call's costs; with ``--rounds N`` the median of N
+passes each, in an order that alternates from round to round, so that neither precision always runs first and a
+change of load hits both alike, as in bench/char_cnn.py), the machine and the command, and the first sentences
+that differ (the hypotheses are the first round's). It writes nothing into the run directory. ``--src``/``--ref`` point the split at
 other files (a run whose config names data paths that this machine lays out elsewhere).
 """
 
@@ -23,6 +25,7 @@ import datetime
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,9 +56,15 @@ def _timed(fn, device) -> tuple[object, float]:
     return result, time.perf_counter() - start
 
 
+def pass_order(names: list[str], round_: int) -> list[str]:
+    """The order of the passes in round ``round_`` (0-based): as given in even rounds, reversed in odd ones."""
+    return list(names) if round_ % 2 == 0 else list(names)[::-1]
+
+
 def measure(run: Path, *, split: str | None = None, device: str = "auto", checkpoint: str = "best",
-            beam: int | None = None, src: str | None = None, ref: str | None = None) -> dict:
-    """fp32 and bf16 hypotheses of ``split``, their scores and wall times, and what produced them."""
+            beam: int | None = None, src: str | None = None, ref: str | None = None, rounds: int = 1) -> dict:
+    """fp32 and bf16 hypotheses of ``split``, their scores and wall times (the median of ``rounds`` passes each,
+    in alternating order), and what produced them."""
     import torch
 
     from sanlab.data.parallel import read_parallel
@@ -81,15 +90,20 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
     precisions = {name: decoding_precision(name, where) for name in DECODE_PRECISIONS}
     for precision in precisions.values():  # warm-up: allocations, kernels, autocast's first casts
         translate(model, spm, sources[:WARMUP_SENTENCES], decode=decode, precision=precision)
-    passes = {}
-    for name, precision in precisions.items():
-        hyps, seconds = _timed(lambda p=precision: translate(model, spm, sources, decode=decode,
-                                                             source=str(src_path), precision=p), where)
-        passes[name] = {"hypotheses": hyps, "seconds": seconds, "scores": corpus_scores(hyps, refs)}
+    passes = {name: {"rounds": []} for name in precisions}
+    for r in range(rounds):
+        for name in pass_order(list(precisions), r):
+            hyps, seconds = _timed(lambda p=precisions[name]: translate(model, spm, sources, decode=decode,
+                                                                        source=str(src_path), precision=p), where)
+            passes[name]["rounds"].append(seconds)
+            passes[name].setdefault("hypotheses", hyps)  # the first round's: scored and compared
+    for found in passes.values():
+        found["seconds"] = statistics.median(found["rounds"])
+        found["scores"] = corpus_scores(found["hypotheses"], refs)
     env = environment(where)
     return {"run": str(run), "which": checkpoint, **scored, "split": split,
             "src": str(src_path), "ref": str(ref_path), "sources": sources, "decode": decode.model_dump(),
-            "passes": passes, "device": str(where), "device_name": env.get("device_name") or _cpu_name(),
+            "passes": passes, "rounds": rounds, "device": str(where), "device_name": env.get("device_name") or _cpu_name(),
             "torch": env["torch"], "cuda": env["cuda"], "threads": torch.get_num_threads(),
             "identical": sum(a == b for a, b in zip(passes["fp32"]["hypotheses"], passes["bf16"]["hypotheses"]))}
 
@@ -112,7 +126,8 @@ def report(found: dict, *, command: str, examples: int = 5) -> str:
         "|---|---:|---:|",
         f"| BLEU | {fp32['scores'].bleu:.2f} | {bf16['scores'].bleu:.2f} |",
         f"| chrF | {fp32['scores'].chrf:.2f} | {bf16['scores'].chrf:.2f} |",
-        f"| wall time, s | {fp32['seconds']:.1f} | {bf16['seconds']:.1f} |",
+        f"| wall time, s{' (median)' if found['rounds'] > 1 else ''} | {fp32['seconds']:.1f} | "
+        f"{bf16['seconds']:.1f} |",
         f"| sentences/s | {n / max(fp32['seconds'], 1e-9):.1f} | {n / max(bf16['seconds'], 1e-9):.1f} |",
         "",
         f"- Run: `{found['run']}`, checkpoint {found['which']} (`{found['checkpoint']}`, update {found['step']}); "
@@ -125,7 +140,11 @@ def report(found: dict, *, command: str, examples: int = 5) -> str:
         "(`sanlab translate --precision bf16`)",
         f"- BLEU: sacreBLEU `{fp32['scores'].bleu_signature}`",
         f"- Wall time: decoding only (no loading, no scoring), after a warm-up on {WARMUP_SENTENCES} sentences in "
-        "each precision",
+        "each precision" + (f"; the median of {found['rounds']} rounds, fp32 first in the odd rounds and bf16 "
+                            "first in the even ones (seconds per round: fp32 "
+                            f"{', '.join(f'{t:.1f}' for t in fp32['rounds'])}; bf16 "
+                            f"{', '.join(f'{t:.1f}' for t in bf16['rounds'])})"
+                            if found["rounds"] > 1 else ""),
         f"- Machine: {found['device']} ({found['device_name']}), torch {found['torch']}"
         + (f", CUDA {found['cuda']}" if found["device"].startswith("cuda") else "")
         + f", {found['threads']} CPU thread(s)",
@@ -155,15 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
     parser.add_argument("--src", help="the split's source file (default: the one the run's config names)")
     parser.add_argument("--ref", help="the split's reference file (default: the one the run's config names)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="timed passes of each precision, in alternating order; the median is reported "
+                             "(default 1)")
     parser.add_argument("--examples", type=int, default=5, help="differing sentences to show (default 5)")
     parser.add_argument("--output", help="write the Markdown report here too (it is always printed)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
 
     from sanlab.errors import SanlabError
 
     try:
         found = measure(Path(args.run), split=args.split, device=args.device, checkpoint=args.checkpoint,
-                        beam=args.beam, src=args.src, ref=args.ref)
+                        beam=args.beam, src=args.src, ref=args.ref, rounds=args.rounds)
     except SanlabError as err:
         print(f"decode_agreement: error: {err}", file=sys.stderr)
         return 2

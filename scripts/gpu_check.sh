@@ -20,7 +20,8 @@
 #   5. decode-agreement                that run (or DECODE_RUN, any trained Multi30k run) decoded on
 #                                      test_2016_flickr in fp32 and in bf16 (scripts/decode_agreement.py): the
 #                                      share of identical hypotheses (issue 24 asks >= 99%), BLEU and wall time of
-#                                      each, in $REPORT_DIR/decode-agreement.md
+#                                      each (the median of GPU_AGREEMENT_ROUNDS rounds, default 3, the order of the
+#                                      two alternating), in $REPORT_DIR/decode-agreement.md
 #   6. table1 (only when named)        CSAN Table 1 cells the CPU has not trained yet (issue 26), on cuda in fp32
 #                                      as the grid's recipe says: its pending cells in the grid's order, less
 #                                      those begun elsewhere (or TABLE1_ARGS, e.g. "--only Block"), within
@@ -33,20 +34,25 @@
 #                                      unfinished cell is lost
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it;
 # a step that fails does not stop the others, and the call then exits 1 with the failed steps named at the end of the
-# report (a training slice that ran out of TRAIN_MINUTES has not failed; table1 reports its cells itself). What a
+# report (a training slice that ran out of TRAIN_MINUTES has not failed, nor has a table1 cell cut off by
+# TABLE1_MINUTES: the report says so; a table1 cell, dev decode or table that fails has). Exit status: 0 every step
+# ran well, 1 a step failed, 2 nothing ran: a usage error (an unknown GPU_STEPS name, minutes that are not a
+# whole number above 0) or what a step needs is missing (the data, the grid's sentencepiece). Every command reads
+# /dev/null, never the caller's standard input (nor, in the table1 loop, the list of cells it reads). What a
 # lease measured is committed by hand, as results/gpu.md and results/gpu/ (the report holds logs and partial tables,
 # not a write-up).
 #
 # On a machine that cannot reach PyPI, carry the packages its image lacks as wheels (`make gpu-wheels` here puts
 # them in .whl/, with this checkout's sentencepiece: the table1 cells must train the grid's subword vocabulary,
 # and another sentencepiece version trains another one; cells of 2026-11-27 did, and the table marks them §) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
-#   GPU_STEPS=all|env|tests|bench|gpubench|blocklayer|decode|train|decode-agreement|table1   which parts (default all, which
-#   leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
+#   GPU_STEPS=all|env|tests|bench|trainstep|window|gpubench|blocklayer|decode|train|decode-agreement|table1   which parts
+#   (default all, which leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
-#   vanilla 1D-CSAN); GPU_DETERMINISTIC: those it also times under deterministic algorithms (default vanilla
-#   Rel_Pos; set empty: none); GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT, GPU_EVALUATE_TIMEOUT (the finished run's evaluate, default 150): seconds per step
+#   vanilla 1D-CSAN; set empty: none); GPU_DETERMINISTIC: those it also times under deterministic algorithms (default
+#   vanilla Rel_Pos; set empty: none); GPU_ENV_TIMEOUT (default 120), GPU_TRAINSTEP_TIMEOUT (default 300, per
+#   precision), GPU_TEST_TIMEOUT, GPU_WINDOW_TIMEOUT, GPU_BENCH_TIMEOUT, GPU_DECODE_TIMEOUT, GPU_AGREEMENT_TIMEOUT, GPU_BLOCK_TIMEOUT, GPU_EVALUATE_TIMEOUT (the finished run's evaluate, default 150): seconds per step
 #   (0: none; the benches' default 540, GPU_BLOCK_TIMEOUT's 180: that step takes well under a minute); GPU_WINDOW_REPEATS (default 10); GPU_WINDOW_COMPILE= (set empty) leaves out
 #   the window bench's compiled banded rows (each length compiles the 1D and the 2D plan once, before the timing;
 #   GPU_WINDOW_TIMEOUT's default, 540 s, leaves room for those eight compilations).
@@ -66,7 +72,7 @@
 #     call 1 (~4 min): the tests beside the Multi30k bf16 run, then its decode agreement (with the fp32 rescoring);
 #       it prints each invocation's exit status (a bare `wait` would hide the background one's)
 #       export GPU_DATA=.gpu-data; (REPORT_DIR=$OUT/r GPU_STEPS=train,decode-agreement TRAIN_MINUTES=4 \
-#         GPU_AGREEMENT_TIMEOUT=120 bash scripts/gpu_check.sh) & bg=$!; REPORT_DIR=$OUT/a GPU_STEPS=env,tests \
+#         GPU_AGREEMENT_ROUNDS=2 GPU_AGREEMENT_TIMEOUT=180 bash scripts/gpu_check.sh) & bg=$!; REPORT_DIR=$OUT/a GPU_STEPS=env,tests \
 #         GPU_TEST_WORKERS=8 GPU_TEST_TIMEOUT=240 bash scripts/gpu_check.sh; a=$?; wait $bg; echo "exit: tests $a, run $?"
 #     call 2 (~6 min, alone on the GPU): every Table 1 variant's MFU and operators, vanilla and Rel_Pos under
 #       deterministic algorithms (what train.deterministic costs), the profile of each row (where the MFU under 45%
@@ -84,8 +90,18 @@ DATA=${GPU_DATA:-../shared/data/multi30k}
 STEPS=${GPU_STEPS:-all}
 PY=${PYTHON:-python3}
 DEVICE=${GPU_DEVICE:-cuda}  # cpu: a dry run of this script where there is no GPU (slow, but every step starts)
-mkdir -p "$REPORT_DIR"
-report="$REPORT_DIR/gpu.md"
+exec < /dev/null  # no command waits on (or eats) the caller's input: a terminal, the device tool's pipe
+
+usage() { echo "gpu_check: $*" >&2; exit 2; }
+known_steps=(all env tests bench trainstep window gpubench blocklayer decode train decode-agreement table1)
+IFS=, read -ra asked <<< "$STEPS"
+for step in "${asked[@]}"; do  # a misspelt step ran nothing and the call exited 0
+    [[ " ${known_steps[*]} " == *" $step "* ]] || usage "GPU_STEPS: no step named '$step'; the steps: ${known_steps[*]}"
+done
+for minutes in TRAIN_MINUTES TABLE1_MINUTES; do  # 0 was `timeout 0`: no limit at all
+    value=${!minutes:-8}
+    [[ "$value" =~ ^[1-9][0-9]*$ ]] || usage "$minutes must be a whole number of minutes above 0, not '$value'"
+done
 
 wants() { { [ "$STEPS" = all ] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
                                                                    [[ "$1" == trainstep || "$1" == window ]]; }; }
@@ -96,6 +112,8 @@ for step in decode train decode-agreement table1; do  # before anything runs: a 
         exit 2
     fi
 done
+mkdir -p "$REPORT_DIR"
+report="$REPORT_DIR/gpu.md"
 
 SITE=/tmp/sanlab-site
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -127,7 +145,8 @@ printf '# sanlab on a GPU (scripts/gpu_check.sh, %s)\n\nCommit: %s\n' "$(date -u
 
 if wants env; then
     section "sanlab env"
-    $PY -m sanlab env --device "$DEVICE" 2>&1 | tee -a "$report"; failed_if "${PIPESTATUS[0]}" env
+    timeout "${GPU_ENV_TIMEOUT:-120}" $PY -m sanlab env --device "$DEVICE" 2>&1 | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" env
     nvidia-smi -L 2>&1 | tee -a "$report"
     end_section
 fi
@@ -148,16 +167,19 @@ fi
 if wants trainstep; then
     section "bench/train_step.py (d=256 3+3 recipe size, 512 x 30 tokens)"
     for precision in fp32 bf16; do
-        $PY bench/train_step.py --device "$DEVICE" --precision "$precision" --batch 512 --repeats 10 2>&1 | tee -a "$report"
+        timeout "${GPU_TRAINSTEP_TIMEOUT:-300}" $PY bench/train_step.py --device "$DEVICE" --precision "$precision" \
+            --batch 512 --repeats 10 2>&1 | tee -a "$report"
         failed_if "${PIPESTATUS[0]}" "trainstep $precision"
     done
     end_section
 fi
 if wants gpubench; then
     section "bench/gpu.py: CSAN Table 1 at Transformer-Base size, bf16, ~25k tokens per update, MFU"
-    deterministic=${GPU_DETERMINISTIC-vanilla Rel_Pos}
+    # set but empty: none (`--compile` with no names would compile every variant)
+    compile=${GPU_COMPILE-vanilla 1D-CSAN} deterministic=${GPU_DETERMINISTIC-vanilla Rel_Pos}
+    # shellcheck disable=SC2086  # lists of variants
     timeout "${GPU_BENCH_TIMEOUT:-540}" $PY bench/gpu.py configs/compare/csan-table1-wmt14.yaml --device "$DEVICE" --precision bf16 \
-        --compile ${GPU_COMPILE:-vanilla 1D-CSAN} ${deterministic:+--deterministic $deterministic} \
+        ${compile:+--compile $compile} ${deterministic:+--deterministic $deterministic} \
         --out "$REPORT_DIR/gpu-train-speed.md" \
         --profile "$REPORT_DIR/gpu-profile" ${GPU_BENCH_ARGS:-} 2>&1 | tail -n 60 | tee -a "$report"
     failed_if "${PIPESTATUS[0]}" gpubench
@@ -214,7 +236,8 @@ if wants decode-agreement; then
     if [ -n "${DECODE_RUN:-}" ] || grep -qs "finished at step 3000" "$run/train.log"; then
         timeout "${GPU_AGREEMENT_TIMEOUT:-540}" $PY scripts/decode_agreement.py --run "$run" --split test_2016_flickr --device "$DEVICE" \
             --checkpoint best --src "$DATA/test_2016_flickr.en.gz" --ref "$DATA/test_2016_flickr.de.gz" \
-            --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' | tee -a "$report"
+            --rounds "${GPU_AGREEMENT_ROUNDS:-3}" --output "$REPORT_DIR/decode-agreement.md" 2>&1 | sed -n '1,16p' \
+            | tee -a "$report"
         failed_if "${PIPESTATUS[0]}" decode-agreement
     else
         echo "no trained run: $run has not finished (run GPU_STEPS=train until it has, or set DECODE_RUN)" \
@@ -252,11 +275,19 @@ EOF
         # shellcheck disable=SC2086  # a list of arguments
         timeout "$(( deadline - $(date +%s) ))" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet $TABLE1_ARGS \
             2>&1 | tail -n 20 | tee -a "$report"
+        status=${PIPESTATUS[0]}
+        if [ "$status" -eq 124 ]; then
+            echo "TABLE1_MINUTES ran out: its unfinished cell is lost" | tee -a "$report"
+        else
+            failed_if "$status" table1
+        fi
     else
         # the grid's pending cells, in its run order, less those begun elsewhere (a config.yaml without
         # checkpoints: the machine that is training them keeps their checkpoints); one "variant<TAB>seed" a line
         need=${TABLE1_CELL_SECONDS:-240}  # a cell's wall time on this device, until one has been timed here
-        $PY - "$grid" "${TABLE1_ORDER:-start}" 2>&1 <<'EOF' | while IFS=$'\t' read -r name seed; do
+        # the loop runs in a subshell of the pipeline: a failure recorded in it (failed_if) would be lost with it, so
+        # it ends with the status of its cells (1 if one failed) and the pipeline's statuses say what failed
+        $PY - "$grid" "${TABLE1_ORDER:-start}" 2>&1 <<'EOF' | { bad=0; while IFS=$'\t' read -r name seed; do
 import sys
 from sanlab.experiments.grid import load_grid
 from sanlab.experiments.grid_state import cell_state
@@ -274,10 +305,21 @@ EOF
             # an unfinished cell is lost (its checkpoints stay here): start one only if it can end in time
             [ "$left" -gt "$need" ] || { echo "out of time before $name seed $seed (${left} s left, a cell takes ~${need} s)"; break; }
             began=$(date +%s)
-            timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --only "$name" --seed "$seed" 2>&1 \
-                | tail -n 3
+            # < /dev/null: the loop's input is the list of cells, which the command would otherwise read from
+            timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --only "$name" --seed "$seed" \
+                < /dev/null 2>&1 | tail -n 3
+            status=${PIPESTATUS[0]}
+            if [ "$status" -eq 124 ]; then
+                echo "TABLE1_MINUTES ran out during $name seed $seed: that cell is lost"
+            elif [ "$status" -ne 0 ]; then
+                echo "table1: $name seed $seed failed (exit $status)"
+                bad=1
+            fi
             need=$(( ( $(date +%s) - began ) * 6 / 5 ))
-        done | tee -a "$report"
+        done; exit "$bad"; } | tee -a "$report"
+        statuses=("${PIPESTATUS[@]}")
+        failed_if "${statuses[0]}" "table1 (listing the grid's cells)"
+        failed_if "${statuses[1]}" "table1 (a cell)"
     fi
     # cells finished and scored in this step: their tracked files (results/compare/.gitignore), no checkpoints
     mapfile -t scored < <(find "$cells" -name compare-eval.json -newer "$stamp" -printf '%h\n' | sort)
@@ -290,12 +332,19 @@ EOF
     if [ "${#scored[@]}" -gt 0 ]; then
         pack
         {  # the dev hypotheses the report's n-gram gap reads (the grid scores test only), side by side: the GPU
-           # has room, and the call's minutes are few
+           # has room, and the call's minutes are few; each waited for by its pid (a bare `wait` says 0 whatever
+           # they said), and the group, a subshell of the pipeline, ends with 1 if one failed
+            pids=() bad=0
             for cell in "${scored[@]}"; do
                 timeout 120 $PY -m sanlab evaluate --run "$cell" --split valid --device "$DEVICE" 2>&1 | tail -n 1 &
+                pids+=($!)
             done
-            wait
+            for k in "${!pids[@]}"; do
+                wait "${pids[$k]}" || { echo "table1: the dev decode of ${scored[$k]} failed (exit $?)"; bad=1; }
+            done
+            exit "$bad"
         } | tee -a "$report"
+        failed_if "${PIPESTATUS[0]}" "table1 (dev decodes)"
         pack
         echo "scored here, in $REPORT_DIR/table1-cells.tar.gz (sanlab compare $grid --import it): ${scored[*]}" \
             | tee -a "$report"
@@ -303,6 +352,7 @@ EOF
         echo "no cell finished within ${TABLE1_MINUTES:-8} minutes" | tee -a "$report"
     fi
     $PY -m sanlab compare "$grid" --table-only 2>&1 | tail -n 30 | tee -a "$report"
+    failed_if "${PIPESTATUS[0]}" "table1 (the table)"
     end_section
 fi
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -2,6 +2,8 @@
 temporary directory; print one line per command: ``ok`` or ``FAIL``, the command, and what sanlab said.
 
     python scripts/probe_misuse.py          # exit status 1 if any line is FAIL
+    python scripts/probe_misuse.py --list   # the checks' names
+    python scripts/probe_misuse.py --only run_dot --only huge_learning_rate   # these checks alone
 
 Each command must give a clear one-line error (exit status 2, no traceback) or the right result, and leave
 everything outside a sanlab run directory as it was. `tests/test_probe_misuse.py` runs it (`make test`).
@@ -9,6 +11,7 @@ everything outside a sanlab run directory as it was. `tests/test_probe_misuse.py
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -307,11 +310,31 @@ def metrics_after_a_crash(ws):
     return steps == [1, 2, 3, 4], "(crash after update 4) sanlab train ... --run crash (again)", f"train records {steps}"
 
 
-def main() -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="Exit status: 0 when every check is as expected, 1 when one is not, "
+                                            "2 for a usage error.")
+    parser.add_argument("--list", action="store_true", help="print the checks' names and exit")
+    parser.add_argument("--only", action="append", default=[], metavar="CHECK",
+                        help="run this check alone, by its exact name (repeatable; see --list)")
+    args = parser.parse_args(argv)
+    known = [probe.__name__ for probe in CHECKS]
+    unknown = [name for name in args.only if name not in known]
+    if unknown:
+        parser.error(f"--only: no check named {', '.join(map(repr, unknown))}; the checks are: {', '.join(known)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.list:
+        print("\n".join(probe.__name__ for probe in CHECKS))
+        return 0
+    chosen = [probe for probe in CHECKS if not args.only or probe.__name__ in args.only]
     failed = 0
     with tempfile.TemporaryDirectory(prefix="sanlab-probe-") as tmp:
         ws = Workspace(Path(tmp))
-        for probe in CHECKS:
+        for probe in chosen:
             try:
                 ok, command, said = probe(ws)
             except Exception as err:  # noqa: BLE001  (a traceback is a failed probe, reported on its line)
@@ -319,7 +342,7 @@ def main() -> int:
             failed += not ok
             said = said[said.find("sanlab "):] if "sanlab " in said else said  # the message, not the log before it
             print(f"{'ok  ' if ok else 'FAIL'}  {command}  ->  {' '.join(said.split())[:160]}", flush=True)
-    print(f"{len(CHECKS) - failed} of {len(CHECKS)} as expected")
+    print(f"{len(chosen) - failed} of {len(chosen)} as expected")
     return 1 if failed else 0
 
 

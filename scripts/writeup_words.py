@@ -12,6 +12,8 @@ _TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty"}
 
 def number(n: int, *, capital: bool = False) -> str:
     """0-59 in words ("twenty-two"), as the write-up spells counts."""
+    if n < 0:  # (a negative index into _WORDS gave "nineteen" for -1)
+        raise ValueError(f"no word for {n}")
     if n < 20:
         word = _WORDS[n]
     elif n < 60:
@@ -34,6 +36,8 @@ def ordinal(n: int) -> str:
 
 def listing(items: list[str]) -> str:
     """"a", "a and b", "a, b and c"."""
+    if not items:  # an IndexError otherwise; prose about nothing needs its own sentence, which the caller knows
+        raise ValueError("an empty list has no listing")
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -57,8 +61,9 @@ def seeds_phrase(seeds: tuple[int, ...]) -> str:
 
 
 def minus(text: str) -> str:
-    """The write-up's typographic minus before digits."""
-    return re.sub(r"-(?=\d)", "−", text)
+    """The write-up's typographic minus before digits: a sign ("-0.37", "(-0.37", "| -0.37"), not a hyphen after a
+    letter or a digit ("seed-1", "updates 1,001-2,000", "2026-11-27"), which stays a hyphen."""
+    return re.sub(r"(?<!\w)-(?=\d)", "−", text)
 
 
 def how_many(n: int, *, capital: bool = False) -> str:
@@ -70,6 +75,9 @@ def p_prose(p: float, *, digits: int | None = None) -> str:
     """p as the write-up's prose gives it: 2 digits, 3 below 0.1 (or ``digits``), and sanlab's ``p_text`` where
     rounding would put it on a mark's threshold (0.04995 is not "0.05") or at zero."""
     from sanlab.evaluation.significance import p_text
+
+    if not 0 <= p <= 1:  # (NaN too): a p value outside [0, 1] is a bug upstream, not a number to print
+        raise ValueError(f"p = {p} is not a probability")
 
     text = f"{p:.{digits or (2 if p >= 0.0995 else 3)}f}"
     return p_text(p) if float(text) == 0 or any(p < th <= float(text) for th in (0.01, 0.05)) else text

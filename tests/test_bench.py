@@ -1,6 +1,8 @@
 """The bench scripts run end to end on small inputs and report against their baseline (the numbers
 themselves are measurements, never asserted)."""
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -95,7 +97,7 @@ def test_gpu_bench_reports_flops_and_ratios_on_the_cpu(tmp_path):
                     "--out", str(out), "--profile", str(tmp_path / "prof"), "--profile-updates", "2",
                     "--profile-trace"], cwd=ROOT, check=True, capture_output=True)
     rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
-    assert [r[0] for r in rows] == ["vanilla", "1D-CSAN", rows[2][0], "1D-CSAN (deterministic)"]
+    assert [r[0] for r in rows] == ["vanilla (baseline)", "1D-CSAN", rows[2][0], "1D-CSAN (deterministic)"]
     assert rows[2][0].startswith("vanilla (compiled)")
     assert rows[0][4] == "1.00" and all(float(r[5]) > 0 for r in rows) and rows[0][6] == "n/a"
     # operators of an eager forward and backward (kernel launches on a GPU); a compiled row has none to count
@@ -192,3 +194,159 @@ def test_a_gpu_bench_row_that_cannot_be_built_is_named_and_the_others_kept(monke
     assert [r.name for r in rows] == ["vanilla", "Block"] and steps == ["vanilla", "Block"]
     assert failed == ["Rel_Pos (deterministic): RuntimeError: scatter_add_cuda_kernel does not have a deterministic "
                       "implementation"]
+
+
+def _bench(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_variant_smoke_only_runs_the_recipe_named_exactly(tmp_path):
+    """--only ud-ewt-p used to run every recipe whose name holds it (ud-ewt-pe-con, ud-ewt-pr as well)."""
+    out = tmp_path / "smoke.md"
+    out.write_text("| ud-ewt-san.yaml | 300 | 2.0 | 1.0 | yes | yes | 9 |\n")  # a row of an earlier run: kept
+    done = _bench("variant_smoke.py", "--only", "ud-ewt-p", "--steps", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1].strip() for line in out.read_text().splitlines() if ".yaml |" in line]
+    assert rows == ["ud-ewt-p.yaml", "ud-ewt-san.yaml"]  # in the recipes' order
+
+
+def test_variant_smoke_refuses_an_unknown_recipe_naming_the_known_ones(tmp_path):
+    done = _bench("variant_smoke.py", "--only", "muse", "--steps", "2", "--out", str(tmp_path / "smoke.md"))
+    assert done.returncode == 2 and "no recipe named 'muse'" in done.stderr
+    assert "ud-ewt-muse-ff, ud-ewt-muse," in done.stderr and not (tmp_path / "smoke.md").exists()
+
+
+@pytest.mark.slow  # two tiny taggers trained for 2 updates each
+def test_ud_conv2d_check_compares_two_tagging_runs_on_their_test_set(tmp_path):
+    from sanlab.config import validate
+    from sanlab.data.synthetic import write_tagging_corpus
+    from sanlab.runs import train_run
+
+    data = tmp_path / "data"
+    write_tagging_corpus(data, seed=2, sizes={"train": 40, "dev": 10, "test": 10})
+    runs = []
+    for seed in (1, 2):
+        config = validate({"task": "tagging", "data": {"train": str(data / "train.conllu"),
+                                                       "dev": str(data / "dev.conllu"),
+                                                       "test": str(data / "test.conllu")},
+                           "model": {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_layers": 1,
+                                     "encoder": {"layers": 1}},
+                           "train": {"progress": False, "batch_size": 8, "max_steps": 2, "seed": seed}},
+                          source="test")
+        runs.append(tmp_path / f"run-{seed}")
+        train_run(config, runs[-1], quiet=True)
+    done = _bench("ud_conv2d_check.py", *map(str, runs), "--samples", "50", "--seed", "7")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[0].strip("| ") for line in done.stdout.splitlines() if line.startswith("| SAN")]
+    assert rows == ["SAN+PE[add]", "SAN+PE[add]+Conv2d"]
+    assert "paired bootstrap over test sentences (50 samples, seed 7): delta " in done.stdout
+
+
+def test_ud_conv2d_check_says_its_usage():
+    """It read sys.argv[1] and [2] at import: a missing run was an IndexError traceback."""
+    assert "RUN_PE_ADD RUN_CONV2D" in _bench("ud_conv2d_check.py", "--help").stdout
+    done = _bench("ud_conv2d_check.py", "runs/only-one")
+    assert done.returncode == 2 and "the following arguments are required: RUN_CONV2D" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_gpu_bench_compares_with_the_declared_baseline_not_the_first_row(tmp_path):
+    """A grid's `baseline: true` variant need not be its first: the ratios were to whichever row came first."""
+    _tiny_translation_grid(tmp_path, vocab=50, variant="{name: plain, baseline: true}")
+    out = tmp_path / "gpu.md"
+    done = _bench("gpu.py", str(tmp_path / "grid.yaml"), "--device", "cpu", "--precision", "fp32", "--quick",
+                  "--threads", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["vanilla", "plain (baseline)"] and rows[1][4] == "1.00"
+
+
+@pytest.mark.parametrize("option", ["--only", "--compile", "--deterministic"])
+def test_gpu_bench_refuses_a_variant_the_grid_has_not(tmp_path, option):
+    """An unknown name was left out silently (a typo timed nothing but the baseline, or no compiled row)."""
+    _tiny_translation_grid(tmp_path, vocab=50, variant="{name: 1D-CSAN}")
+    done = _bench("gpu.py", str(tmp_path / "grid.yaml"), "--device", "cpu", "--quick", option, "1d-csan")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (f"gpu.py: error: {option}: no variant named '1d-csan' in {tmp_path / 'grid.yaml'}; its variants are: "
+            "vanilla, 1D-CSAN") in done.stderr
+
+
+def _data_scale(monkeypatch, multi30k: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_data_scale", ROOT / "bench" / "data_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "MULTI30K", multi30k)
+    return module
+
+
+def _fake_multi30k(root: Path) -> Path:
+    """A few hundred Multi30k-like pairs: train and val, English and German."""
+    import gzip
+    import random
+
+    rng = random.Random(0)
+    words = {"en": "a man dog runs in the park with red ball two women sit on bench near water".split(),
+             "de": "ein mann hund läuft im park mit rotem ball zwei frauen sitzen auf bank nahe wasser".split()}
+    root.mkdir()
+    for split, n in (("train", 300), ("val", 20)):
+        lengths = [rng.randint(3, 9) for _ in range(n)]
+        for side, vocab in words.items():
+            with gzip.open(root / f"{split}.{side}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(" ".join(rng.choice(vocab) for _ in range(k)) + "\n" for k in lengths)
+    return root
+
+
+def test_data_scale_regenerates_its_corpus_for_other_pairs(tmp_path, monkeypatch):
+    """The corpus under --work was kept whenever train.de existed: another --pairs measured the old corpus under
+    the new count. corpus.json (written last) says what the files hold."""
+    scale = _data_scale(monkeypatch, _fake_multi30k(tmp_path / "multi30k"))
+    work = tmp_path / "work"
+    assert scale.generate(work, 50)
+    assert len((work / "train.de").read_text().splitlines()) == 50
+    assert json.loads((work / "corpus.json").read_text())["pairs"] == 50
+    before = (work / "train.en").stat().st_mtime_ns
+    assert not scale.generate(work, 50)
+    assert (work / "train.en").stat().st_mtime_ns == before  # the same corpus: kept
+    scale.generate(work, 30)
+    assert len((work / "train.en").read_text().splitlines()) == 30 == len((work / "train.de").read_text().splitlines())
+    (work / "corpus.json").unlink()  # a generation killed before its end: made again
+    (work / "valid.de").unlink()
+    scale.generate(work, 30)
+    assert (work / "valid.de").exists() and (work / "corpus.json").exists()
+
+
+@pytest.mark.slow  # two `sanlab prepare` calls on a tiny corpus
+def test_data_scale_reads_the_encoding_time_and_tells_a_cached_corpus_apart(tmp_path, monkeypatch):
+    """Its regex looked for "process(es), N s", which prepare's log never says; and "re-encoded anything" tested
+    for the word "encoded", which the line of a corpus taken from the cache holds too."""
+    scale = _data_scale(monkeypatch, _fake_multi30k(tmp_path / "multi30k"))
+    work = tmp_path / "work"
+    scale.generate(work, 200)
+    config = scale.write_config(work, "tiny", work / "train.en", work / "train.de")
+    env = {**os.environ, "SANLAB_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src")}
+    sets = ["--set", "data.subword.vocab_size=60", "--workers", "1"]
+    _, _, first = scale.run(scale.sanlab("prepare", str(config), *sets), env)
+    assert scale.encode_seconds(first) >= 0 and scale.encoded_anything(first)
+    _, _, again = scale.run(scale.sanlab("prepare", str(config), *sets), env)
+    assert "encoded earlier, from the cache" in again and not scale.encoded_anything(again)
+    with pytest.raises(RuntimeError, match="no 'encoded ... with N process"):
+        scale.encode_seconds(again)
+
+
+def test_another_revisions_file_is_read_from_this_checkout_whatever_the_directory(tmp_path, monkeypatch, capsys):
+    """git ran in the working directory (outside the checkout: 'not a git repository', a traceback), and an unknown
+    revision was a CalledProcessError traceback."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from revisions import module_at_revision
+
+    monkeypatch.chdir(tmp_path)
+    old = module_at_revision("HEAD", "src/sanlab/decoding/search.py", "search_at_head_for_test")
+    monkeypatch.delitem(sys.modules, "search_at_head_for_test")
+    assert callable(old.beam_search) and Path(old.__file__).read_text().startswith('"""')
+    with pytest.raises(SystemExit) as stopped:
+        module_at_revision("no-such-revision", "src/sanlab/decoding/search.py", "never_loaded")
+    assert stopped.value.code == 2
+    assert "error: no src/sanlab/decoding/search.py at revision 'no-such-revision'" in capsys.readouterr().err

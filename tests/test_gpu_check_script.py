@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh around its steps: it refuses at once, before anything runs on the device, when a step needs
 the Multi30k files and they are not where GPU_DATA says (the device tool carries only the checkout: a missing data
 folder used to surface minutes later, or as a self-referencing link under ../shared), and a failed step makes the
-call fail, named in the report."""
+call fail, named in the report. What runs without a GPU: the exit statuses (0, 1, 2), the arguments the steps pass
+(with stand-in pythons), timeouts, and the table1 loop's cells, failures and dev decodes."""
 
 import os
 import sys
@@ -74,3 +75,131 @@ def test_a_failed_step_is_named_and_the_call_exits_1(tmp_path, works):
         assert "Failed" not in report and "torch" in report  # sanlab env's lines
     else:
         assert done.returncode == 1 and "Failed: env (exit 3)" in report and "no torch here" in report
+
+
+def _recording_python(tmp_path, *, status: int = 0) -> Path:
+    """A stand-in python that writes its arguments (one call a line) to calls.log and exits with ``status``."""
+    python = tmp_path / "recording-python"
+    python.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls.log"\nexit {status}\n')
+    python.chmod(0o755)
+    return python
+
+
+def _data(tmp_path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "train.en.gz").write_bytes(b"")
+    return data
+
+
+@pytest.mark.parametrize("rounds", [None, "2"])
+def test_decode_agreement_is_timed_in_rounds(tmp_path, rounds):
+    """The agreement step passes --rounds (GPU_AGREEMENT_ROUNDS, default 3): the two precisions alternate in
+    running first, and the report gives the median of the rounds."""
+    repo = _bare_copy(tmp_path)
+    env = {**os.environ, "GPU_STEPS": "decode-agreement", "GPU_DATA": str(_data(tmp_path)),
+           "REPORT_DIR": str(tmp_path / "r"), "GPU_DEVICE": "cpu", "DECODE_RUN": "runs/trained",
+           "PYTHON": str(_recording_python(tmp_path))}
+    if rounds:
+        env["GPU_AGREEMENT_ROUNDS"] = rounds
+    done = subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [call] = (tmp_path / "calls.log").read_text().splitlines()
+    assert call.startswith("scripts/decode_agreement.py --run runs/trained ")
+    assert f"--rounds {rounds or 3} " in call
+
+
+def _gpu_check(repo: Path, tmp_path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "REPORT_DIR": str(tmp_path / "r"), "GPU_DEVICE": "cpu",
+                                            **env})
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"GPU_STEPS": "env,tets"}, "GPU_STEPS: no step named 'tets'; the steps: all env tests bench"),
+    ({"GPU_STEPS": "train", "TRAIN_MINUTES": "0"}, "TRAIN_MINUTES must be a whole number of minutes above 0, not '0'"),
+    ({"GPU_STEPS": "env", "TABLE1_MINUTES": "1.5"}, "TABLE1_MINUTES must be a whole number of minutes above 0"),
+])
+def test_a_usage_error_exits_2_before_anything_runs(tmp_path, env, said):
+    """A misspelt step ran nothing and exited 0; TRAIN_MINUTES=0 was `timeout 0`, which is no limit at all."""
+    repo = _bare_copy(tmp_path)
+    done = _gpu_check(repo, tmp_path, PYTHON=str(_recording_python(tmp_path)), **env)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert not (tmp_path / "calls.log").exists() and not (tmp_path / "r" / "gpu.md").exists()
+
+
+@pytest.mark.parametrize("compile_, deterministic, expected", [
+    (None, None, "--compile vanilla 1D-CSAN --deterministic vanilla Rel_Pos --out"),
+    ("", "", "--precision bf16 --out"),  # set empty: no compiled row, none under deterministic algorithms
+    ("Block", "", "--precision bf16 --compile Block --out"),
+])
+def test_the_gpu_bench_compiles_what_gpu_compile_names(tmp_path, compile_, deterministic, expected):
+    """GPU_COMPILE= (empty) gave the default list again (`:-`), so compiled rows could not be left out."""
+    repo = _bare_copy(tmp_path)
+    env = {"GPU_STEPS": "gpubench", "PYTHON": str(_recording_python(tmp_path))}
+    env.update({k: v for k, v in (("GPU_COMPILE", compile_), ("GPU_DETERMINISTIC", deterministic)) if v is not None})
+    done = _gpu_check(repo, tmp_path, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [call] = (tmp_path / "calls.log").read_text().splitlines()
+    assert call.startswith("bench/gpu.py configs/compare/csan-table1-wmt14.yaml") and expected in call, call
+
+
+def test_the_env_steps_timeout_is_overridable_and_a_timeout_fails_the_call(tmp_path):
+    python = tmp_path / "slow-python"
+    python.write_text("#!/bin/sh\nsleep 30\n")
+    python.chmod(0o755)
+    repo = _bare_copy(tmp_path)
+    done = _gpu_check(repo, tmp_path, GPU_STEPS="env", PYTHON=str(python), GPU_ENV_TIMEOUT="1")
+    assert done.returncode == 1 and "Failed: env (exit 124)" in (tmp_path / "r" / "gpu.md").read_text()
+
+
+def _table1_python(tmp_path, *, cell_status: int, evaluate_status: int = 0) -> Path:
+    """A stand-in python for the table1 step: lists two pending cells, says the grid's sentencepiece version,
+    'trains' a cell by reading its standard input, scoring it (its compare-eval.json) and exiting with
+    ``cell_status``, and decodes a cell's dev set exiting with ``evaluate_status``."""
+    python = tmp_path / "table1-python"
+    python.write_text(f"""#!/bin/bash
+echo "$*" >> "{tmp_path}/calls.log"
+case "$*" in
+  "- "*" start") printf 'vanilla\\t1\\nBlock\\t1\\n' ;;
+  "-c "*) echo 0.2.3 ;;
+  *"--only"*) cat > /dev/null; cell=results/compare/csan-table1-multi30k/${9}/seed-1; mkdir -p $cell
+             echo '{{}}' > $cell/compare-eval.json; echo "cell done"; exit {cell_status} ;;
+  *" evaluate "*) exit {evaluate_status} ;;
+esac
+exit 0
+""")
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.parametrize("cell_status", [0, 3])
+def test_a_failed_table1_cell_fails_the_call_and_no_cell_eats_the_list(tmp_path, cell_status):
+    """The cells were trained in a `... | while read` loop: a command reading its standard input took the rest of
+    the list (one cell trained, the others never), and a failure recorded in the loop's subshell was lost: the
+    call exited 0."""
+    repo = _bare_copy(tmp_path)
+    done = _gpu_check(repo, tmp_path, GPU_STEPS="table1", GPU_DATA=str(_data(tmp_path)),
+                      PYTHON=str(_table1_python(tmp_path, cell_status=cell_status)))
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    trained = [c.split("--only ")[1] for c in calls if "--only" in c]
+    assert trained == ["vanilla --seed 1", "Block --seed 1"], calls
+    report = (tmp_path / "r" / "gpu.md").read_text()
+    if cell_status == 0:
+        assert done.returncode == 0 and "Failed" not in report, done.stdout + done.stderr
+    else:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "table1: vanilla seed 1 failed (exit 3)" in report and "Failed: table1 (a cell) (exit 1)" in report
+
+
+def test_a_failed_dev_decode_of_a_table1_cell_fails_the_call(tmp_path):
+    """The dev decodes run side by side, and a bare `wait` said 0 whatever they said: each is waited for by its
+    pid now."""
+    repo = _bare_copy(tmp_path)
+    done = _gpu_check(repo, tmp_path, GPU_STEPS="table1", GPU_DATA=str(_data(tmp_path)),
+                      PYTHON=str(_table1_python(tmp_path, cell_status=0, evaluate_status=4)))
+    report = (tmp_path / "r" / "gpu.md").read_text()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the dev decode of results/compare/csan-table1-multi30k/Block/seed-1 failed (exit 4)" in report
+    assert "Failed: table1 (dev decodes) (exit 1)" in report and (tmp_path / "r" / "table1-cells.tar.gz").exists()

@@ -49,6 +49,27 @@ def test_counts_are_spelled_as_the_writeup_spells_them(n, word):
     assert words.number(n, capital=True) == word[0].upper() + word[1:]
 
 
+def test_a_count_without_a_word_is_refused():
+    """-1 indexed the word list from its end: "nineteen"."""
+    for n in (-1, 60):
+        with pytest.raises(ValueError, match=f"no word for {n}"):
+            words.number(n)
+
+
+def test_an_empty_list_is_refused_not_an_index_error():
+    for spell in (words.listing, words.listing_groups, words.seeds_phrase):
+        with pytest.raises(ValueError, match="an empty list has no listing"):
+            spell([] if spell is not words.seeds_phrase else ())
+    assert words.listing(["a"]) == "a" and words.listing(["a", "b", "c"]) == "a, b and c"
+
+
+def test_minus_turns_signs_into_minus_signs_and_leaves_hyphens():
+    assert words.minus("-0.37 (-1.84 to +0.68), | -0.5 |, Δ -2") == "−0.37 (−1.84 to +0.68), | −0.5 |, Δ −2"
+    # a hyphen after a letter or a digit is not a sign: a run's name, a range, a date
+    text = "bi-direct/seed-1, updates 1,001-2,000 on 2026-11-27"
+    assert words.minus(text) == text
+
+
 def test_ranks_are_spelled_as_the_writeup_spells_them():
     assert [words.ordinal(n) for n in (1, 2, 9, 15)] == ["first", "second", "ninth", "fifteenth"]
     with pytest.raises(ValueError, match="no ordinal word for 0"):
@@ -228,6 +249,12 @@ def test_a_complete_grid_says_so_in_the_readme():
                                              (0.0004, None, "0.0004")])
 def test_p_values_in_prose_never_sit_on_a_threshold(p, digits, text):
     assert words.p_prose(p, digits=digits) == text
+
+
+@pytest.mark.parametrize("p", [-0.01, 1.5, float("nan")])
+def test_a_p_value_outside_0_and_1_is_refused(p):
+    with pytest.raises(ValueError, match="is not a probability"):
+        words.p_prose(p)
 
 
 def test_vocabularies_compares_the_special_cells_with_the_others():

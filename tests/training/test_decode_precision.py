@@ -3,6 +3,7 @@
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,19 @@ def test_the_agreement_script_refuses_a_tagging_run_and_an_unknown_split(legacy,
     assert "sanlab translate` needs a translation run" in capsys.readouterr().err
     assert script.main(["--run", "translation", "--device", "cpu", "--split", "nope"]) == 2
     assert "unknown split 'nope'" in capsys.readouterr().err
+
+
+def test_the_agreement_scripts_rounds_alternate_which_precision_runs_first(legacy, tmp_path, capsys):
+    """One timed pass each, fp32 always first: whichever ran second met a warmer (or busier) machine."""
+    script = _script()
+    assert [script.pass_order(["fp32", "bf16"], r) for r in range(3)] == [["fp32", "bf16"], ["bf16", "fp32"],
+                                                                        ["fp32", "bf16"]]
+    report = tmp_path / "agreement.md"
+    assert script.main(["--run", "translation", "--device", "cpu", "--rounds", "3", "--output", str(report)]) == 0
+    text = report.read_text(encoding="utf-8")
+    assert "| wall time, s (median) |" in text and "the median of 3 rounds, fp32 first in the odd rounds" in text
+    per_round = re.search(r"seconds per round: fp32 ([\d., ]+); bf16 ([\d., ]+)\)", text)
+    assert per_round and all(len(times.split(", ")) == 3 for times in per_round.groups())
+    with pytest.raises(SystemExit) as usage:
+        script.main(["--run", "translation", "--device", "cpu", "--rounds", "0"])
+    assert usage.value.code == 2 and "--rounds must be at least 1, not 0" in capsys.readouterr().err
