@@ -107,6 +107,9 @@ def test_spy_plans_records_each_call_in_order_and_puts_the_plans_back():
         attn(x, positions=positions, need_trace=True)  # a trace needs the dense matrix
     assert ran == ["sdpa", "dense"]
     assert (plans.dense, plans.sdpa, banded.attend, flex.attend) == tuple(real.values())
+    with pytest.raises(ValueError, match="divisible"), spy_plans(), spy_conv_algorithms():
+        Attention(dim=15, heads=4)  # an exception inside: the plans (and algorithms) are put back all the same
+    assert (plans.dense, plans.sdpa, banded.attend, flex.attend) == tuple(real.values())
 
 
 def test_fast_plans_are_the_runnable_plans_besides_dense():

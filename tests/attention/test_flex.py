@@ -144,7 +144,10 @@ def test_plan_flex_refuses_what_it_cannot_run():
     window = PARTS.build(PARTS.entry("window").config.examples()[0], ctx)
     with pytest.raises(ValueError, match="plan 'flex' has no attention dropout"):
         Attention(dim=DIM, heads=HEADS, parts=[window], plan="flex", dropout=0.1)
-    Attention(dim=DIM, heads=HEADS, plan="flex")  # nothing to mask: such layers run what 'auto' runs
+    plain = Attention(dim=DIM, heads=HEADS, plan="flex")  # nothing to mask: such layers run what 'auto' runs
+    with spy_plans() as ran:
+        plain(torch.randn(1, 3, DIM), positions=Positions.self_attention(None, length=3))
+    assert ran == ["sdpa"]
 
 
 def test_without_flexattention_the_plan_is_not_offered(monkeypatch):
