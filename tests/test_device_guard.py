@@ -29,8 +29,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sanlab.attention import flex, plans
-from sanlab.attention.plans import StageParts
+from sanlab.attention import Attention
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
 from sanlab.decoding.search import beam_search
@@ -39,6 +38,7 @@ from sanlab.layers.mixers import MIXERS
 from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.models.builders import build_seq2seq, build_tagger
 from sanlab.registry import BuildContext
+from tests_helpers import fast_plans, spy_plans
 
 DIM, HEADS, VOCAB = 16, 4, 30
 
@@ -148,8 +148,7 @@ def _plans_besides_dense(part: dict) -> list[str]:
         built = PARTS.build(PARTS.parse(part), ctx)
     except (ValueError, ConfigError):
         return []
-    can = plans.runnable(StageParts.sort([built]), head_dim=DIM // HEADS)
-    return [plan for plan in can if plan != "dense" and (plan != "flex" or flex.AVAILABLE)]
+    return fast_plans(Attention(dim=DIM, heads=HEADS, parts=[built]))
 
 
 PLAN_CASES = [pytest.param(cfg, plan, id=f"{name}-{n}-{plan}",  # flex on the CPU traces its mods at every call
@@ -170,7 +169,10 @@ def test_every_plan_of_a_part_creates_no_tensor_on_the_default_device(cfg, plan)
             model = _seq2seq(encoder, decoder)
         except (ValueError, ConfigError):
             continue
-        _run_seq2seq_on_meta_default(model, watch=plan != "flex")
+        with spy_plans() as plans_run:
+            _run_seq2seq_on_meta_default(model, watch=plan != "flex")
+        # the plan guarded ran (the other attentions run theirs): the guard did not watch dense in its place
+        assert plan in plans_run, f"plan {plan} never ran; these did: {sorted(set(plans_run))}"
         ran += 1
     assert ran  # (every case has at least its encoder form)
 

@@ -16,7 +16,7 @@ from sanlab.decoding.search import beam_search
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_seq2seq
 from decoder_forms import build_or_skip_refused
-from tests_helpers import HostReads, perturb
+from tests_helpers import HostReads, perturb, spy_plans
 
 DIM, HEADS, VOCAB = 16, 4, 30
 PLAIN = {"heads": HEADS}
@@ -52,12 +52,14 @@ def test_a_decoder_step_reads_nothing_on_the_host(decoder):
     model = build_or_skip_refused(_model, decoder)
     tokens = torch.randint(4, VOCAB, (3, 4), generator=torch.Generator().manual_seed(2))
     reads = HostReads()
-    with torch.no_grad():
+    with torch.no_grad(), spy_plans() as ran:
         state = model.start_decoding(_source())
         for t in range(tokens.shape[1]):  # the first step and the cached ones
             with reads:
                 _, state = model.decode_step(tokens[:, t:t + 1], state)
     assert reads.reads() == []
+    plan = decoder.get("attention", {}).get("plan")
+    assert plan is None or plan in ran, f"the steps never ran plan {plan}: the reads checked were another plan's"
 
 
 def test_beam_search_over_a_model_reads_the_host_once_per_step():

@@ -1,10 +1,16 @@
 """Small builders shared by tests (imported as ``tests_helpers``; tests/ is on sys.path via conftest)."""
 
 import contextlib
+import dataclasses
+import functools
+import inspect
+import typing
 
 import torch
 
 import sanlab.decoding.search as search
+import sanlab.layers.dynamic_conv as dynamic_conv
+from sanlab.attention import banded, flex, plans
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.models.builders import build_seq2seq
 
@@ -20,12 +26,103 @@ def tiny_seq2seq(*, dim=32, heads=4, layers=2, vocab=50, norm="pre", eos_bias=Fa
     return model
 
 
-def count_calls(monkeypatch, module, name: str) -> list:
-    """Wrap ``module.name`` so each call appends 1 to the returned list (and still runs it): a test can
-    then assert which code path ran, not only that two paths agree."""
-    calls, real = [], getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    return calls
+@dataclasses.dataclass
+class Call:
+    """One call a spy saw: its arguments and what it returned (None while it runs, or if it raised)."""
+
+    args: tuple
+    kwargs: dict
+    result: object = None
+
+
+@contextlib.contextmanager
+def _replaced(obj, name: str, make):
+    """``obj.name`` replaced by ``make(real)`` inside the block and put back on exit, also after an exception.
+
+    ``obj``: a module, a class or an instance. A name ``obj`` inherits (a class's method seen from an instance, a
+    base class's from a subclass) is deleted on exit, so that the inherited one shows through again; a static or
+    class method stays one (its replacement calls it bound as it was)."""
+    raw = inspect.getattr_static(obj, name)  # the stored attribute, descriptor and all
+    owned = name in vars(obj)
+    real = getattr(obj, name)
+    new = functools.wraps(real)(make(real))
+    setattr(obj, name, staticmethod(new) if isinstance(raw, (staticmethod, classmethod)) else new)
+    try:
+        yield
+    finally:
+        if owned:
+            setattr(obj, name, raw)
+        else:
+            delattr(obj, name)
+
+
+@contextlib.contextmanager
+def spy_calls(obj, name: str):
+    """Inside the block, ``obj.name`` records each call as a ``Call`` in the list it yields, and still runs (the
+    result passes through): a test can assert which code ran, not only that two paths agree.
+
+    Only calls that look the name up on ``obj`` are seen (``module.f(...)``, not a copy made by ``from module import
+    f`` before the block): spy on the attribute the code under test calls through."""
+    calls: list[Call] = []
+
+    def make(real):
+        def spy(*args, **kwargs):
+            call = Call(args, kwargs)
+            calls.append(call)  # before running: a call that raises is recorded too
+            call.result = real(*args, **kwargs)
+            return call.result
+        return spy
+
+    with _replaced(obj, name, make):
+        yield calls
+
+
+@contextlib.contextmanager
+def _spy_labelled(targets: dict[str, tuple[object, str]]):
+    """Yields one list that receives the label of each target (label -> (obj, name)) as it is called, in order."""
+    ran: list[str] = []
+
+    def recorder(label):
+        def make(real):
+            def spy(*args, **kwargs):
+                ran.append(label)
+                return real(*args, **kwargs)
+            return spy
+        return make
+
+    with contextlib.ExitStack() as stack:
+        for label, (obj, name) in targets.items():
+            stack.enter_context(_replaced(obj, name, recorder(label)))
+        yield ran
+
+
+# the function that runs each plan (what ``Attention._attend`` calls once ``plans.choose`` has picked)
+PLAN_FUNCTIONS = {"dense": (plans, "dense"), "sdpa": (plans, "sdpa"), "banded": (banded, "attend"),
+                  "flex": (flex, "attend")}
+# a plan added to ``plans.Plan`` needs its function here, or spy_plans would not see it run
+assert set(PLAN_FUNCTIONS) == set(typing.get_args(plans.Plan)), "tests_helpers.PLAN_FUNCTIONS lacks a plan"
+# the plans besides the dense reference: each must equal dense, and a test of one must check that it ran
+FAST_PLANS = tuple(plan for plan in typing.get_args(plans.Plan) if plan != "dense")
+
+
+def spy_plans():
+    """A context manager yielding the list of the attention plans that run inside it, one name per call of a plan
+    (``"dense"``, ``"sdpa"``, ``"banded"``, ``"flex"``), in order: a test of a fast plan asserts it ran, where
+    ``plans.choose`` falling back to dense would otherwise compare dense with itself."""
+    return _spy_labelled(PLAN_FUNCTIONS)
+
+
+def fast_plans(attention) -> list[str]:
+    """The fast plans (``FAST_PLANS``) an ``Attention`` can run for its parts and heads, in ``plans.runnable``'s
+    order; flex only where this torch has FlexAttention."""
+    return [plan for plan in attention.runnable_plans if plan in FAST_PLANS]
+
+
+def spy_conv_algorithms():
+    """A context manager yielding the list of the dynamic/light convolution algorithms that run inside it
+    (``"band"``, ``"unfold"``; one per full-sequence call, in order). Cached decoding steps weigh their windows
+    directly, with neither."""
+    return _spy_labelled({"band": (dynamic_conv, "band_conv"), "unfold": (dynamic_conv, "unfold_conv")})
 
 
 def reorder_whole_caches(monkeypatch) -> None:
@@ -41,7 +138,8 @@ def perturb(module: torch.nn.Module, scale: float = 0.3, seed: int = 3) -> torch
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            # drawn on the CPU (the same noise whatever the device), then moved to the parameter's device
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device))
     return module
 
 

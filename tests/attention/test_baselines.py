@@ -227,20 +227,19 @@ def test_bi_direct_is_encoder_only_and_parameter_free():
         _build({"type": "bi_direct", "pairs": 3})
 
 
-def test_bi_direct_runs_on_the_fused_plan_and_equals_dense(monkeypatch):
-    from sanlab.attention import plans
-    from tests_helpers import count_calls
+def test_bi_direct_runs_on_the_fused_plan_and_equals_dense():
+    from tests_helpers import spy_plans
 
-    calls = count_calls(monkeypatch, plans, "sdpa")
     torch.manual_seed(0)
     dense = _build({"type": "bi_direct", "pairs": 1}).double().eval()
     x = torch.randn(2, 6, 16, dtype=torch.double)
     valid = torch.ones(2, 6, dtype=torch.bool)
     valid[0, 4:] = False
     pos = Positions.self_attention(valid, length=6)
-    fused = dense(x, positions=pos).output  # auto -> SDPA: the part only masks
-    assert calls == [1]
-    traced = dense(x, positions=pos, need_trace=True)  # a trace forces the dense plan
+    with spy_plans() as ran:
+        fused = dense(x, positions=pos).output  # auto -> SDPA: the part only masks
+        traced = dense(x, positions=pos, need_trace=True)  # a trace forces the dense plan
+    assert ran == ["sdpa", "dense"]
     torch.testing.assert_close(fused, traced.output)
     assert torch.all(traced.trace["weights"][:, 2].triu(1) == 0)  # forward head: nothing above the diagonal
 

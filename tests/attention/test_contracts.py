@@ -16,13 +16,13 @@ when the part is ``causal_safe``, on the decoder side. A new part is enrolled by
 import pytest
 import torch
 
-from sanlab.attention import Attention, Positions, banded, flex, plans
+from sanlab.attention import Attention, Positions, banded, flex
 from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.registry import PARTS
 from sanlab.registry import BuildContext
 from decoder_forms import CROSS_CAPABLE, DECODER_UNSAFE
-from tests_helpers import perturb
+from tests_helpers import fast_plans, perturb, spy_plans
 
 DIM, HEADS = 16, 4
 LENGTHS = (9, 6, 3)        # real lengths of the batch rows; the padded length is 9 (odd)
@@ -69,7 +69,8 @@ def _positions(valid: torch.Tensor, side: str) -> Positions:
 
 CASE_ID = {id(case.values[0]): case.id for case in CASES}
 # The fast plans each case must have, pinned here: the contract below derives them from the parts
-# (``plans.runnable``), so a regression there would otherwise skip the comparison silently.
+# (``plans.runnable``, through ``tests_helpers.fast_plans``), so a regression there would otherwise skip the
+# comparison silently.
 EXPECTED_FAST_PLANS = {
     "bi_direct-0": {"encoder": ["sdpa"]}, "bi_direct-1": {"encoder": ["sdpa"]},
     "capsule-2": {"decoder": ["sdpa"]},  # vertical routing only, which the decoder form drops
@@ -83,10 +84,6 @@ if flex.AVAILABLE:  # the masks and score biases that parts offer FlexAttention 
     for case in ("neighbor-0", "neighbor-1", "local_hard-0", "local_hard-2", "local_soft-0", "local_soft-1",
                  "local_soft-2"):
         EXPECTED_FAST_PLANS[case] = {"encoder": ["flex"], "decoder": ["flex"]}
-
-
-def _fast_plans(attn: Attention) -> list[str]:
-    return [plan for plan in plans.runnable(attn.stage_parts) if plan != "dense"]
 
 
 @pytest.mark.parametrize("side", SIDES)
@@ -111,7 +108,7 @@ def test_shapes_finite_and_padded_rows_zero(cfg, side, perturbed):
 @pytest.mark.parametrize("cfg", CASES)
 def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
     dense = _decoder_or_skip(cfg, side)
-    fast = _fast_plans(dense)
+    fast = fast_plans(dense)
     assert fast == EXPECTED_FAST_PLANS.get(CASE_ID[id(cfg)], {}).get(side, [])
     if not fast:
         pytest.skip("no fast plan for this part: dense is its only plan")
@@ -119,13 +116,15 @@ def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
     x, valid = _inputs()
     probe = torch.randn(len(LENGTHS), max(LENGTHS), DIM, dtype=torch.float64)
     results = []
-    for plan in ["dense", *fast]:
-        attn = _attention(cfg, side, plan)
-        attn.load_state_dict(dense.state_dict())
-        xi = x.clone().requires_grad_(True)
-        out = attn(xi, positions=_positions(valid, side)).output
-        (out * probe).sum().backward()
-        results.append((plan, out, xi.grad, [p.grad for p in attn.parameters()]))
+    with spy_plans() as ran:
+        for plan in ["dense", *fast]:
+            attn = _attention(cfg, side, plan)
+            attn.load_state_dict(dense.state_dict())
+            xi = x.clone().requires_grad_(True)
+            out = attn(xi, positions=_positions(valid, side)).output
+            (out * probe).sum().backward()
+            results.append((plan, out, xi.grad, [p.grad for p in attn.parameters()]))
+    assert ran == ["dense", *fast]  # each plan compared ran: none fell back to dense
     _assert_plans_agree(results, side)
 
 
@@ -163,10 +162,13 @@ def test_cached_decoding_equals_full_causal_forward(cfg, padded, monkeypatch):
     valid = valid if padded else torch.ones_like(valid)
     assert sum(CHUNKS) == x.shape[1]
     full = dense(x, positions=_positions(valid, "decoder")).output
-    for plan in ["dense", *_fast_plans(dense)]:
+    for plan in ["dense", *fast_plans(dense)]:
         attn = _attention(cfg, "decoder", plan)
         attn.load_state_dict(dense.state_dict())
-        torch.testing.assert_close(_decode(attn, x, valid), full, msg=lambda m: f"plan {plan}: {m}")
+        with spy_plans() as ran:
+            decoded = _decode(attn, x, valid)
+        assert ran == [plan] * len(CHUNKS), f"plan {plan} decoding ran {ran}"
+        torch.testing.assert_close(decoded, full, msg=lambda m: f"plan {plan}: {m}")
 
 
 @pytest.mark.parametrize("cfg", CASES)
@@ -254,13 +256,8 @@ CROSS_CASES = [pytest.param(None, id="no-parts")] + [c for c in CASES if c.value
 
 
 @pytest.mark.parametrize("cfg", CROSS_CASES)
-def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkeypatch):
+def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg):
     """Every translation model's cross-attention runs the fused SDPA plan (non-square, padded memory)."""
-    from sanlab.attention import plans
-    from tests_helpers import count_calls
-
-    calls = count_calls(monkeypatch, plans, "sdpa")
-
     def build(plan: str) -> Attention:
         torch.manual_seed(0)
         parts = [] if cfg is None else [PARTS.build(cfg, _context(cfg, "cross"))]
@@ -279,14 +276,15 @@ def test_cross_attention_fast_plan_equals_dense_values_and_gradients(cfg, monkey
     positions = Positions.cross_attention(_positions(valid, "decoder"), memory_valid, memory_length=MEMORY)
     probe = torch.randn(len(LENGTHS), max(LENGTHS), DIM, dtype=torch.float64)
     results = []
-    for plan in ("dense", "sdpa"):
-        attn = build(plan)
-        attn.load_state_dict(dense.state_dict())
-        xi, mi = x.clone().requires_grad_(True), memory.clone().requires_grad_(True)
-        out = attn(xi, positions=positions, memory=mi).output
-        (out * probe).sum().backward()
-        results.append((out, xi.grad, mi.grad, [p.grad for p in attn.parameters()]))
-    assert calls == [1]  # the sdpa plan ran the fused kernel, so dense is not compared with itself
+    with spy_plans() as ran:
+        for plan in ("dense", "sdpa"):
+            attn = build(plan)
+            attn.load_state_dict(dense.state_dict())
+            xi, mi = x.clone().requires_grad_(True), memory.clone().requires_grad_(True)
+            out = attn(xi, positions=positions, memory=mi).output
+            (out * probe).sum().backward()
+            results.append((out, xi.grad, mi.grad, [p.grad for p in attn.parameters()]))
+    assert ran == ["dense", "sdpa"]  # the sdpa plan ran the fused kernel, so dense is not compared with itself
     (ref, ref_dx, ref_dm, ref_dp), (out, dx, dm, dp) = results
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(dx, ref_dx)
@@ -358,17 +356,20 @@ def test_two_parts_in_one_layer_keep_the_plan_and_cache_contracts(cfg_a, cfg_b, 
     for side in sides:
         dense = _pair(cfg_a, cfg_b, side)
         results = []
-        for plan in ["dense", *_fast_plans(dense)]:
+        for plan in ["dense", *fast_plans(dense)]:
             attn = _pair(cfg_a, cfg_b, side, plan)
             attn.load_state_dict(dense.state_dict())
             xi = x.clone().requires_grad_(True)
-            out = attn(xi, positions=_positions(valid, side)).output
+            with spy_plans() as ran:
+                out = attn(xi, positions=_positions(valid, side)).output
+            assert ran == [plan], f"{side}, plan {plan} ran {ran}"
             (out * probe).sum().backward()
             results.append((plan, out.detach(), xi.grad, [p.grad for p in attn.parameters()]))
             if side == "decoder":
-                with torch.no_grad():
-                    torch.testing.assert_close(_decode(attn, x, valid), out.detach(),
-                                               msg=lambda m: f"cached decoding, plan {plan}: {m}")
+                with torch.no_grad(), spy_plans() as ran:
+                    decoded = _decode(attn, x, valid)
+                assert ran == [plan] * len(CHUNKS), f"cached decoding, plan {plan} ran {ran}"
+                torch.testing.assert_close(decoded, out.detach(), msg=lambda m: f"cached decoding, plan {plan}: {m}")
         _assert_plans_agree(results, side)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from sanlab.attention import Attention, AttentionPart, Positions, PrefixState
 from sanlab.attention.masks import masked_softmax
-from tests_helpers import perturb
+from tests_helpers import perturb, spy_plans
 
 
 def _inputs(b=3, t=7, dim=16, seed=0):
@@ -26,7 +26,9 @@ def test_sdpa_plan_equals_dense_values_and_gradients(causal):
     sdpa.load_state_dict(dense.state_dict())
     pos = Positions.self_attention(valid, length=7, causal=causal)
     xs = [x.double().clone().requires_grad_(True) for _ in range(2)]
-    outs = [m(xi, positions=pos).output for m, xi in zip((dense, sdpa), xs)]
+    with spy_plans() as ran:
+        outs = [m(xi, positions=pos).output for m, xi in zip((dense, sdpa), xs)]
+    assert ran == ["dense", "sdpa"]
     torch.testing.assert_close(outs[0], outs[1])
     for out in outs:
         (out * valid[..., None]).pow(2).sum().backward()

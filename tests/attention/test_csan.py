@@ -19,6 +19,7 @@ from sanlab.attention.parts.window_config import WindowConfig
 from sanlab.config import load_config
 from sanlab.models.builders import build_seq2seq, build_tagger, count_parameters
 from sanlab.registry import BuildContext
+from tests_helpers import spy_plans
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ENCODER = BuildContext(dim=16, heads=4, layer_index=0, num_layers=1, side="encoder", max_len=32)
@@ -103,7 +104,9 @@ def test_2d_with_one_head_equals_1d(plan, causal):
     two = Attention(dim=16, heads=4, parts=[build_csan2d(Csan2dConfig(size=5, heads_area=1), ENCODER)],
                     plan=plan).double()
     two.load_state_dict(one.state_dict())
-    torch.testing.assert_close(two(x, positions=pos).output, one(x, positions=pos).output)
+    with spy_plans() as ran:
+        torch.testing.assert_close(two(x, positions=pos).output, one(x, positions=pos).output)
+    assert ran == [plan, plan]
 
 
 @pytest.mark.parametrize("plan", ["dense", "banded"])
@@ -118,7 +121,9 @@ def test_window_covering_the_sentence_equals_vanilla_attention(config, plan):
     part = build_window(config, ENCODER) if config.type == "window" else build_csan2d(config, ENCODER)
     local = Attention(dim=16, heads=4, parts=[part], plan=plan).double()
     local.load_state_dict(vanilla.state_dict())
-    torch.testing.assert_close(local(x, positions=pos).output, vanilla(x, positions=pos).output)
+    with spy_plans() as ran:
+        torch.testing.assert_close(local(x, positions=pos).output, vanilla(x, positions=pos).output)
+    assert ran == [plan, "dense"]
 
 
 def test_head_sources_at_the_edges_of_three_heads():
@@ -190,11 +195,13 @@ def test_decoder_cached_steps_equal_full_forward(config, plan):
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     full = attn(x, positions=Positions.self_attention(None, length=7, causal=True)).output
     cache, steps = None, []
-    for t in range(7):
-        r = attn(x[:, t:t + 1], positions=Positions.self_attention(None, length=1, offset=t, causal=True),
-                 cache=cache, use_cache=True)
-        cache = r.cache
-        steps.append(r.output)
+    with spy_plans() as ran:
+        for t in range(7):
+            r = attn(x[:, t:t + 1], positions=Positions.self_attention(None, length=1, offset=t, causal=True),
+                     cache=cache, use_cache=True)
+            cache = r.cache
+            steps.append(r.output)
+    assert ran == [plan] * 7
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 

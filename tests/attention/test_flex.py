@@ -13,6 +13,7 @@ from sanlab.attention.plans import StageParts
 from sanlab.attention.registry import PARTS
 from sanlab.errors import ConfigError
 from sanlab.registry import BuildContext
+from tests_helpers import spy_plans
 
 pytestmark = pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no usable FlexAttention (torch < 2.6)")
 
@@ -74,8 +75,10 @@ def test_flex_equals_dense_in_values_and_gradients(cfg, side):
         memory = torch.randn(len(LENGTHS), 5, DIM, generator=g, dtype=torch.float64)
         memory_valid = _valid((5, 2, 3))
         kw = dict(positions=Positions.cross_attention(positions, memory_valid, memory_length=5), memory=memory)
-    out_d, dx_d, dp_d = _run(dense, x, probe, **kw)
-    out_f, dx_f, dp_f = _run(fast, x, probe, **kw)
+    with spy_plans() as ran:
+        out_d, dx_d, dp_d = _run(dense, x, probe, **kw)
+        out_f, dx_f, dp_f = _run(fast, x, probe, **kw)
+    assert ran == ["dense", "flex"]  # a part whose cross form had nothing for flex would run what auto runs
     torch.testing.assert_close(out_f, out_d)
     torch.testing.assert_close(dx_f, dx_d)
     assert len(dp_f) == len(dp_d)
@@ -94,11 +97,13 @@ def test_cached_decoding_with_flex_equals_the_full_dense_forward(name, n):
     with torch.no_grad():
         full = dense(x, positions=Positions.self_attention(valid, length=7, causal=True)).output
         cache, steps, start = None, [], 0
-        for size in (3, 1, 2, 1):  # a prompt at positions 0..2, then steps whose queries sit after the cache
-            pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True)
-            result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
-            cache, start = result.cache, start + size
-            steps.append(result.output)
+        with spy_plans() as ran:
+            for size in (3, 1, 2, 1):  # a prompt at positions 0..2, then steps whose queries sit after the cache
+                pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True)
+                result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
+                cache, start = result.cache, start + size
+                steps.append(result.output)
+    assert ran == ["flex"] * 4
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
@@ -113,7 +118,9 @@ def test_one_process_runs_local_hard_windows_of_different_widths():
         dense = _build(cfg, "encoder", "dense")
         fast = _build(cfg, "encoder", "flex")
         fast.load_state_dict(dense.state_dict())
-        torch.testing.assert_close(fast(x, positions=positions).output, dense(x, positions=positions).output)
+        with spy_plans() as ran:
+            torch.testing.assert_close(fast(x, positions=positions).output, dense(x, positions=positions).output)
+        assert ran == ["flex", "dense"]
 
 
 def test_rows_without_visible_keys_are_zero_with_finite_gradients():
@@ -137,7 +144,10 @@ def test_plan_flex_refuses_what_it_cannot_run():
     window = PARTS.build(PARTS.entry("window").config.examples()[0], ctx)
     with pytest.raises(ValueError, match="plan 'flex' has no attention dropout"):
         Attention(dim=DIM, heads=HEADS, parts=[window], plan="flex", dropout=0.1)
-    Attention(dim=DIM, heads=HEADS, plan="flex")  # nothing to mask: such layers run what 'auto' runs
+    plain = Attention(dim=DIM, heads=HEADS, plan="flex")  # nothing to mask: such layers run what 'auto' runs
+    with spy_plans() as ran:
+        plain(torch.randn(1, 3, DIM), positions=Positions.self_attention(None, length=3))
+    assert ran == ["sdpa"]
 
 
 def test_without_flexattention_the_plan_is_not_offered(monkeypatch):

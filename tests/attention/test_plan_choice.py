@@ -12,6 +12,7 @@ from sanlab.attention.parts.gaussian import LocalHard, NeighborSperber
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.plans import StageParts
 from sanlab.errors import ConfigError
+from tests_helpers import spy_calls, spy_plans
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 SHORT, LONG = banded.MIN_KEYS - 1, banded.MIN_KEYS
@@ -147,23 +148,23 @@ def test_impossible_requests_are_refused_when_the_attention_is_built():
     plans.check("sdpa", [WINDOW])
 
 
-def test_every_call_asks_choose_with_the_keys_it_attends_to(monkeypatch):
-    asked, real = [], plans.choose
-    monkeypatch.setattr(plans, "choose", lambda parts, **kw: asked.append(kw) or real(parts, **kw))
+def test_every_call_asks_choose_with_the_keys_it_attends_to():
     attn = Attention(dim=16, heads=4, parts=[WindowMask(half_width=1)]).eval()
     x = torch.randn(1, 4, 16)
-    first = attn(x[:, :3], positions=Positions.self_attention(None, length=3, causal=True), use_cache=True)
-    attn(x[:, 3:], positions=Positions.self_attention(None, length=1, offset=3, causal=True), cache=first.cache,
-         use_cache=True, need_trace=True)
-    assert [(kw["requested"], kw["key_length"], kw["need_trace"], kw["device"], kw["dropout"]) for kw in asked] == [
-        ("auto", 3, False, CPU, False), ("auto", 4, True, CPU, False)]  # cached keys count
+    with spy_calls(plans, "choose") as asked, spy_plans() as ran:
+        first = attn(x[:, :3], positions=Positions.self_attention(None, length=3, causal=True), use_cache=True)
+        attn(x[:, 3:], positions=Positions.self_attention(None, length=1, offset=3, causal=True), cache=first.cache,
+             use_cache=True, need_trace=True)
+    assert [(c.kwargs["requested"], c.kwargs["key_length"], c.kwargs["need_trace"], c.kwargs["device"],
+             c.kwargs["dropout"]) for c in asked] == [("auto", 3, False, CPU, False),
+                                                      ("auto", 4, True, CPU, False)]  # cached keys count
+    assert [c.result for c in asked] == ran == ["sdpa", "dense"]  # what it chose ran
 
 
-def test_attention_dropout_is_active_only_in_training(monkeypatch):
-    asked, real = [], plans.choose
-    monkeypatch.setattr(plans, "choose", lambda parts, **kw: asked.append(kw["dropout"]) or real(parts, **kw))
+def test_attention_dropout_is_active_only_in_training():
     attn = Attention(dim=16, heads=4, dropout=0.1)
     positions = Positions.self_attention(None, length=3)
-    attn.train()(torch.randn(1, 3, 16), positions=positions)
-    attn.eval()(torch.randn(1, 3, 16), positions=positions)
-    assert asked == [True, False]
+    with spy_calls(plans, "choose") as asked:
+        attn.train()(torch.randn(1, 3, 16), positions=positions)
+        attn.eval()(torch.randn(1, 3, 16), positions=positions)
+    assert [c.kwargs["dropout"] for c in asked] == [True, False]

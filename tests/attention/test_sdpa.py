@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from sanlab.attention import Attention, AttentionContext, Positions, plans
 from sanlab.attention.plans import StageParts
+from tests_helpers import spy_plans
 
 B, HEADS, DIM = 3, 4, 16
 
@@ -109,12 +110,14 @@ def test_cached_decoding_with_sdpa_equals_the_full_dense_forward():
         with torch.no_grad():
             full = dense(x, positions=Positions.self_attention(valid, length=7, causal=True)).output
             cache, steps, start = None, [], 0
-            for size in (3, 1, 2, 1):
-                keys = None if valid is None else valid[:, :start + size]
-                pos = Positions.self_attention(keys, length=size, offset=start, causal=True)
-                result = fused(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
-                cache, start = result.cache, start + size
-                steps.append(result.output)
+            with spy_plans() as ran:
+                for size in (3, 1, 2, 1):
+                    keys = None if valid is None else valid[:, :start + size]
+                    pos = Positions.self_attention(keys, length=size, offset=start, causal=True)
+                    result = fused(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
+                    cache, start = result.cache, start + size
+                    steps.append(result.output)
+        assert ran == ["sdpa"] * 4
         torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 

@@ -20,23 +20,13 @@ from sanlab.attention.parts import rel_pos
 from sanlab.registry import BuildContext
 from sanlab.torch_release import TORCH
 from sanlab.traceable import replace
+from tests_helpers import spy_calls, spy_plans
 
 B, HEADS, DIM, LENGTH = 3, 4, 16, 6
 
 
 def _valid(lengths) -> torch.Tensor:
     return torch.arange(LENGTH)[None] < torch.tensor(lengths)[:, None]  # [b, j]
-
-
-def _counting(monkeypatch, module, name) -> list:
-    calls, real = [], getattr(module, name)
-
-    def counted(*args, **kwargs):
-        calls.append(name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
 
 
 def _layers(n, *, plan="auto", parts=None, side="encoder"):
@@ -68,13 +58,13 @@ POSITIONS = {
 
 @pytest.mark.parametrize("plan", ["sdpa", "dense"])
 @pytest.mark.parametrize("case", POSITIONS)
-def test_three_layers_over_the_same_positions_make_the_mask_once_and_equal_fresh_calls(case, plan, monkeypatch):
+def test_three_layers_over_the_same_positions_make_the_mask_once_and_equal_fresh_calls(case, plan):
     layers, x = _layers(3, plan=plan), torch.randn(B, LENGTH, DIM)
     want = _fresh(layers, x, POSITIONS[case])
-    made = _counting(monkeypatch, plans, "visibility" if plan == "dense" or case == "decoder-padded" else
-                     "_padding_mask")
-    query_masks = _counting(monkeypatch, torch.Tensor, "to")
-    got = _run(layers, x, POSITIONS[case]())
+    mask_maker = "visibility" if plan == "dense" or case == "decoder-padded" else "_padding_mask"
+    with spy_calls(plans, mask_maker) as made, spy_calls(torch.Tensor, "to") as query_masks, spy_plans() as ran:
+        got = _run(layers, x, POSITIONS[case]())
+    assert ran == [plan] * 3
     assert len(made) == 1, f"{plan}: the mask was made {len(made)} times for 3 layers"
     # the float query mask: once where queries are padded (self-attention), never where they are not (cross here)
     assert len(query_masks) == (0 if case == "cross-padded" else 1), f"{len(query_masks)} conversions for 3 layers"
@@ -82,16 +72,16 @@ def test_three_layers_over_the_same_positions_make_the_mask_once_and_equal_fresh
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_the_kernels_mask_serves_every_dtype_and_the_query_mask_is_made_per_dtype(monkeypatch):
+def test_the_kernels_mask_serves_every_dtype_and_the_query_mask_is_made_per_dtype():
     """The fused kernel's mask stays boolean (torch makes each backend's additive form); the float query mask is
     made per dtype."""
     layer, positions = _layers(1, plan="sdpa")[0], POSITIONS["encoder-padded"]()
     x = torch.randn(B, LENGTH, DIM)
-    made = _counting(monkeypatch, plans, "_padding_mask")
-    fp32 = layer(x, positions=positions).output
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = layer(x, positions=positions).output
-        fresh = layer(x, positions=POSITIONS["encoder-padded"]()).output
+    with spy_calls(plans, "_padding_mask") as made:
+        fp32 = layer(x, positions=positions).output
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = layer(x, positions=positions).output
+            fresh = layer(x, positions=POSITIONS["encoder-padded"]()).output
     assert len(made) == 2  # once for fp32 and bf16 over the same positions, then the fresh positions' own
     assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16 and torch.equal(bf16, fresh)
     assert {key[1] for key in positions.derived if key[0] == "query mask"} == {torch.float32, torch.bfloat16}
@@ -138,19 +128,19 @@ def test_the_memo_adds_no_recompile_to_a_dynamically_compiled_model(monkeypatch)
         assert with_memo == 1
 
 
-def test_a_parts_own_mask_is_made_at_every_call(monkeypatch):
+def test_a_parts_own_mask_is_made_at_every_call():
     layers = _layers(3, plan="dense", parts=[{"type": "window", "half_width": 1, "layers": None}])
-    made = _counting(monkeypatch, plans, "visibility")
-    _run(layers, torch.randn(B, LENGTH, DIM), POSITIONS["encoder-padded"]())
+    with spy_calls(plans, "visibility") as made:
+        _run(layers, torch.randn(B, LENGTH, DIM), POSITIONS["encoder-padded"]())
     assert len(made) == 3  # a window part's mask may depend on more than the positions: never shared
 
 
-def test_rel_pos_makes_its_relative_index_once_per_positions(monkeypatch):
+def test_rel_pos_makes_its_relative_index_once_per_positions():
     layers = [layer.double() for layer in _layers(3, parts=[{"type": "rel_pos", "max_distance": 2}])]
     x = torch.randn(B, LENGTH, DIM, dtype=torch.float64)
     want = _fresh(layers, x, POSITIONS["encoder-padded"])
-    made = _counting(monkeypatch, rel_pos, "relative_index")
-    got = _run(layers, x, POSITIONS["encoder-padded"]())
+    with spy_calls(rel_pos, "relative_index") as made:
+        got = _run(layers, x, POSITIONS["encoder-padded"]())
     assert len(made) == 1  # the score and the value term of 3 layers: one index
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
@@ -166,7 +156,7 @@ def test_the_constructors_give_a_memo_and_no_copy_inherits_it():
         assert copy.once("k", lambda: 2) == 2 and copy.once("k", lambda: 3) == 3  # no memo: made at every call
 
 
-def test_decoding_steps_over_one_memory_make_its_key_mask_once_and_again_when_rows_leave(monkeypatch):
+def test_decoding_steps_over_one_memory_make_its_key_mask_once_and_again_when_rows_leave():
     """The cross-attention's key-padding mask depends on the memory alone: ``DecodeState.memory_keys`` carries it
     from step to step (every cross-attention of every step reads one), and a reorder that drops a sentence (a new
     ``memory_valid``) makes it anew. The steps decode what steps without the carried keys decode, bit for bit;
@@ -202,15 +192,16 @@ def test_decoding_steps_over_one_memory_make_its_key_mask_once_and_again_when_ro
         return outputs
 
     plain = model([])
-    made = _counting(monkeypatch, plans, "_padding_mask")
-    carried = decode(plain, carried=True)
+    with spy_calls(plans, "_padding_mask") as made:
+        carried = decode(plain, carried=True)
     assert len(made) == 1 + 2  # the encoder's, then steps 0 and 2: two cross-attentions in four steps read two
-    made.clear()
-    for got, want in zip(carried, decode(plain, carried=False)):
+    with spy_calls(plans, "_padding_mask") as made:
+        fresh = decode(plain, carried=False)
+    for got, want in zip(carried, fresh):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert len(made) == 1 + 4  # without the carried keys: one per step
 
     cross_rel_pos = model([{"type": "rel_pos", "max_distance": 2, "cross": True}])
-    index = _counting(monkeypatch, rel_pos, "relative_index")
-    decode(cross_rel_pos, carried=True)
+    with spy_calls(rel_pos, "relative_index") as index:
+        decode(cross_rel_pos, carried=True)
     assert len(index) == 4  # once per step (two cross-attentions read it)

@@ -22,7 +22,7 @@ import warnings
 import pytest
 import torch
 
-from sanlab.attention import Attention, Positions, banded, plans
+from sanlab.attention import Attention, Positions, plans
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, validate
 from sanlab.decoding.search import beam_search
@@ -32,7 +32,7 @@ from sanlab.registry import BuildContext
 from sanlab.runs import train_run
 from sanlab.training.compile import FAIL_SETTINGS, raised_limit
 from sanlab.training.device import deterministic_algorithms
-from tests_helpers import assert_close_in_norm, reorder_whole_caches, weight_grads
+from tests_helpers import assert_close_in_norm, fast_plans, reorder_whole_caches, spy_plans, weight_grads
 from training_fixtures import final_weights, make_tagging_config, no_model_dropout, train_processes
 
 pytestmark = [pytest.mark.gpu,
@@ -52,11 +52,6 @@ def _attention(cfg, side: str, plan: str) -> Attention:
     return Attention(dim=DIM, heads=HEADS, parts=[PARTS.build(cfg, ctx)], plan=plan).to(CUDA)
 
 
-def _fast_plans(attn: Attention) -> list[str]:
-    return ([] if attn.stage_parts.needs_dense() else ["sdpa"]) + (["banded"] if banded.supports(attn.stage_parts)
-                                                                  else [])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
 @pytest.mark.parametrize("cfg", CASES)
@@ -65,8 +60,8 @@ def test_fast_plans_equal_dense_on_cuda(cfg, side, dtype):
         dense = _attention(cfg, side, "dense")
     except (ValueError, ConfigError) as err:  # no decoder form (the CPU contracts check the refusal)
         pytest.skip(str(err))
-    plans = _fast_plans(dense)
-    if not plans:
+    fast = [plan for plan in fast_plans(dense) if plan != "flex"]  # flex: tests/gpu/test_flex_plans.py
+    if not fast:
         pytest.skip("dense is this part's only plan")
     g = torch.Generator(device=CUDA).manual_seed(1)
     x = torch.randn(len(LENGTHS), max(LENGTHS), DIM, generator=g, device=CUDA)
@@ -74,14 +69,16 @@ def test_fast_plans_equal_dense_on_cuda(cfg, side, dtype):
     positions = Positions.self_attention(valid, length=valid.shape[1], causal=side == "decoder", device=CUDA)
     probe = torch.randn(x.shape, generator=g, device=CUDA)
     results = []
-    for plan in ["dense", *plans]:
-        attn = _attention(cfg, side, plan)
-        attn.load_state_dict(dense.state_dict())
-        xi = x.clone().requires_grad_(True)
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
-            out = attn(xi, positions=positions).output
-        (out.float() * probe).sum().backward()
-        results.append((plan, out.float(), xi.grad, weight_grads(attn)))
+    with spy_plans() as ran:
+        for plan in ["dense", *fast]:
+            attn = _attention(cfg, side, plan)
+            attn.load_state_dict(dense.state_dict())
+            xi = x.clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+                out = attn(xi, positions=positions).output
+            (out.float() * probe).sum().backward()
+            results.append((plan, out.float(), xi.grad, weight_grads(attn)))
+    assert ran == ["dense", *fast]  # each plan compared ran on CUDA: none fell back to dense
     _, want, want_grad, want_params = results[0]
     for plan, out, grad, params in results[1:]:
         torch.testing.assert_close(out, want, **TOLERANCE[dtype], msg=lambda m: f"{plan} values: {m}")
@@ -407,8 +404,10 @@ def test_deterministic_algorithms_give_the_same_gradients_twice_on_cuda(encoder)
         model(src, tgt).float().square().mean().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    with deterministic_algorithms(True, CUDA):
+    with deterministic_algorithms(True, CUDA), spy_plans() as ran:
         first, second = gradients(), gradients()
+    plan = encoder.get("attention", {}).get("plan")
+    assert plan is None or plan in ran, f"plan {plan} never ran under deterministic algorithms; these did: {set(ran)}"
     assert first and first.keys() == second.keys()
     differ = [n for n in first if not torch.equal(first[n], second[n])]
     assert not differ, f"gradients that differ between two identical passes: {differ[:5]}"

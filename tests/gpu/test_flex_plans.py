@@ -13,7 +13,7 @@ from sanlab.attention.plans import StageParts
 from sanlab.attention.registry import PARTS
 from sanlab.errors import ConfigError
 from sanlab.registry import BuildContext
-from tests_helpers import assert_close_in_norm, weight_grads
+from tests_helpers import assert_close_in_norm, spy_plans, weight_grads
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"),
@@ -71,12 +71,14 @@ def _compare(cfg, side: str, plan: str, dtype, *, lengths=LENGTHS, no_padding=Fa
         pos = kw["positions"]
         kw["positions"] = Positions.self_attention(None, length=x.shape[1], causal=pos.causal, device=CUDA)
     results = []
-    for attn in (dense, fast):
-        xi = x.clone().requires_grad_(True)
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
-            out = attn(xi, **kw).output
-        (out.float() * probe).sum().backward()
-        results.append((out.float(), xi.grad, weight_grads(attn)))
+    with spy_plans() as ran:
+        for attn in (dense, fast):
+            xi = x.clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+                out = attn(xi, **kw).output
+            (out.float() * probe).sum().backward()
+            results.append((out.float(), xi.grad, weight_grads(attn)))
+    assert ran == ["dense", plan]  # the plan compared ran: a fallback to dense would compare dense with itself
     (out_d, grad_d, params_d), (out_f, grad_f, params_f) = results
     torch.testing.assert_close(out_f, out_d, **TOLERANCE[dtype], msg=lambda m: f"{plan} values: {m}")
     torch.testing.assert_close(grad_f, grad_d, **TOLERANCE[dtype], msg=lambda m: f"{plan} gradients: {m}")
@@ -99,16 +101,14 @@ def test_sdpa_without_materialised_masks_equals_dense_on_cuda(side, no_padding, 
     _compare(None, side, "sdpa", dtype, no_padding=no_padding)
 
 
-def test_auto_takes_flex_on_cuda_from_its_threshold_on(monkeypatch):
+def test_auto_takes_flex_on_cuda_from_its_threshold_on():
     cfg = PARTS.entry("bi_direct").config.examples()[0]  # a mask the banded plan cannot run
     attn = _build(cfg, "encoder", "auto").eval()
-    ran, real = [], flex.attend
-    monkeypatch.setattr(flex, "attend", lambda *a, **kw: ran.append(a[0].shape[2]) or real(*a, **kw))
-    for length in (flex.MIN_KEYS - 1, flex.MIN_KEYS):
-        with torch.no_grad():
+    with spy_plans() as ran, torch.no_grad():
+        for length in (flex.MIN_KEYS - 1, flex.MIN_KEYS):
             attn(torch.randn(2, length, DIM, device=CUDA), positions=Positions.self_attention(None, length=length,
                                                                                               device=CUDA))
-    assert ran == [flex.MIN_KEYS]
+    assert ran == ["sdpa", "flex"]  # below the threshold the fused kernel takes the mask
 
 
 @pytest.mark.parametrize("plan", ["flex", "sdpa"])
@@ -128,10 +128,12 @@ def test_cached_decoding_equals_the_full_dense_forward_on_cuda(name, n, plan):
     with torch.no_grad():
         full = dense(x, positions=Positions.self_attention(valid, length=140, causal=True, device=CUDA)).output
         cache, steps, start = None, [], 0
-        for size in (130, 1, 1, 8):  # a prompt across a block boundary, then steps after the cache
-            pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True,
-                                           device=CUDA)
-            result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
-            cache, start = result.cache, start + size
-            steps.append(result.output)
+        with spy_plans() as ran:
+            for size in (130, 1, 1, 8):  # a prompt across a block boundary, then steps after the cache
+                pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True,
+                                               device=CUDA)
+                result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
+                cache, start = result.cache, start + size
+                steps.append(result.output)
+    assert ran == [plan] * 4
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-4, rtol=2e-4)

@@ -12,6 +12,7 @@ from sanlab.decoding.cache import reorder
 from sanlab.layers import dynamic_conv as dc
 from sanlab.layers.dynamic_conv import ConvState, DynamicConv, PredictedKernels, SharedKernels, band_conv, unfold_conv
 from sanlab.models.builders import build_seq2seq
+from tests_helpers import spy_conv_algorithms
 
 
 def loop_conv(x, weights, *, first_offset):
@@ -97,7 +98,9 @@ def test_band_equals_unfold_in_values_and_gradients_with_dropconnect(kind, causa
     for alg, conv in convs.items():
         xi = x.clone().requires_grad_(True)
         torch.manual_seed(1)  # the same DropConnect mask for both algorithms
-        outs[alg] = conv(xi)[0]
+        with spy_conv_algorithms() as ran:
+            outs[alg] = conv(xi)[0]
+        assert ran == [alg]
         outs[alg].pow(2).sum().backward()
         grads[alg] = (xi.grad, *(w.grad for w in conv.kernels.parameters()))
     torch.testing.assert_close(outs["band"], outs["unfold"])
@@ -105,14 +108,12 @@ def test_band_equals_unfold_in_values_and_gradients_with_dropconnect(kind, causa
         torch.testing.assert_close(g_band, g_unfold)
 
 
-def test_auto_picks_band_for_short_and_unfold_for_long_inputs(monkeypatch):
+def test_auto_picks_band_for_short_and_unfold_for_long_inputs():
     conv = DynamicConv(kernels=PredictedKernels(dim=8, heads=2, kernel_size=3), causal=False, band_max_len=4).eval()
-    called = []
-    monkeypatch.setattr(dc, "band_conv", lambda *a, **k: called.append("band") or unfold_conv(*a, **k))
-    monkeypatch.setattr(dc, "unfold_conv", lambda *a, **k: called.append("unfold") or band_conv(*a, **k))
-    conv(torch.randn(1, 4, 8))
-    conv(torch.randn(1, 5, 8))
-    assert called == ["band", "unfold"]
+    with spy_conv_algorithms() as ran:
+        conv(torch.randn(1, 4, 8))
+        conv(torch.randn(1, 5, 8))
+    assert ran == ["band", "unfold"]
 
 
 @pytest.mark.parametrize("kernel", [1, 3, 6])

@@ -16,7 +16,7 @@ from sanlab.decoding.cache import reorder
 from sanlab.layers.mixers import MIXERS
 from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.models.builders import build_seq2seq
-from tests_helpers import perturb
+from tests_helpers import perturb, spy_conv_algorithms
 
 import sanlab.config  # noqa: F401  (imports every mixer module, so the registry is complete)
 
@@ -170,7 +170,9 @@ def test_algorithms_agree_in_values_and_gradients(mixer, decoder):
     outputs, grads = [], []
     for algorithm in ("band", "unfold"):
         model = _model({"type": mixer, "algorithm": algorithm}, decoder=decoder).train()  # same seed: same weights
-        out = model(src, tgt)
+        with spy_conv_algorithms() as ran:
+            out = model(src, tgt)
+        assert ran and set(ran) == {algorithm}, f"algorithm {algorithm}: {ran} ran"
         out.pow(2).sum().backward()
         outputs.append(out.detach())
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
