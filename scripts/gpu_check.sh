@@ -103,8 +103,9 @@ for minutes in TRAIN_MINUTES TABLE1_MINUTES; do  # 0 was `timeout 0`: no limit a
     [[ "$value" =~ ^[1-9][0-9]*$ ]] || usage "$minutes must be a whole number of minutes above 0, not '$value'"
 done
 
-wants() { { [ "$STEPS" = all ] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] || { [[ ",$STEPS," == *",bench,"* ]] &&
-                                                                   [[ "$1" == trainstep || "$1" == window ]]; }; }
+# all: every step but table1, also beside other names (GPU_STEPS=all,table1 ran table1 alone)
+wants() { { [[ ",$STEPS," == *",all,"* ]] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] ||
+          { [[ ",$STEPS," == *",bench,"* ]] && [[ "$1" == trainstep || "$1" == window ]]; }; }
 for step in decode train decode-agreement table1; do  # before anything runs: a missing file ends the call at once
     if wants "$step" && [ ! -f "$DATA/train.en.gz" ]; then
         echo "gpu_check: step $step needs the Multi30k files in $DATA (GPU_DATA), and $DATA/train.en.gz is not there:" \
@@ -131,6 +132,25 @@ else
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+grid=configs/compare/csan-table1-multi30k.yaml cells=results/compare/csan-table1-multi30k
+if wants table1; then  # checked before any step runs: its exit 2 says that nothing ran
+    # The cells must train the grid's subword vocabulary: another sentencepiece version trains another one from
+    # the same texts (0.2.2 on an H200 image did, 2026-11-27). Stop unless this one is what most cells used.
+    wanted=$($PY - "$cells" <<'EOF'
+import collections, glob, json, sys
+seen = collections.Counter()
+for meta in glob.glob(f"{sys.argv[1]}/*/seed-*/meta.json"):
+    seen[(json.load(open(meta)).get("versions") or {}).get("sentencepiece")] += 1
+print(seen.most_common(1)[0][0] if seen else "")
+EOF
+)
+    have=$($PY -c "import sentencepiece; print(sentencepiece.__version__)")
+    if [ -n "$wanted" ] && [ "$have" != "$wanted" ] && [ -z "${TABLE1_ANY_SENTENCEPIECE:-}" ]; then
+        echo "table1: sentencepiece $have here, but the grid's cells used $wanted: they would train another subword" \
+             "vocabulary. Carry its wheel (make gpu-wheels) or set TABLE1_ANY_SENTENCEPIECE=1; nothing ran" >&2
+        exit 2
+    fi
+fi
 files=(--set "data.train.src=$DATA/train.en.gz" --set "data.train.tgt=$DATA/train.de.gz"
        --set "data.valid.src=$DATA/val.en.gz" --set "data.valid.tgt=$DATA/val.de.gz"
        --set "data.test.test_2016_flickr.src=$DATA/test_2016_flickr.en.gz"
@@ -247,28 +267,10 @@ if wants decode-agreement; then
 fi
 if wants table1; then
     section "CSAN Table 1 cells on $DEVICE (configs/compare/csan-table1-multi30k.yaml, fp32 as on the CPU)"
-    grid=configs/compare/csan-table1-multi30k.yaml cells=results/compare/csan-table1-multi30k
     # A cell's config holds the recipe's data paths (../shared/data/multi30k/...): the same paths here, so that
     # the cells are the grid's own and a clone scores them, not trains them again. Only a link is added.
     if [ ! -e ../shared/data/multi30k ]; then
         mkdir -p ../shared/data && ln -s "$(realpath "$DATA")" ../shared/data/multi30k
-    fi
-    # The cells must train the grid's subword vocabulary: another sentencepiece version trains another one from
-    # the same texts (0.2.2 on an H200 image did, 2026-11-27). Stop unless this one is what most cells used.
-    wanted=$($PY - "$cells" <<'EOF'
-import collections, glob, json, sys
-seen = collections.Counter()
-for meta in glob.glob(f"{sys.argv[1]}/*/seed-*/meta.json"):
-    seen[(json.load(open(meta)).get("versions") or {}).get("sentencepiece")] += 1
-print(seen.most_common(1)[0][0] if seen else "")
-EOF
-)
-    have=$($PY -c "import sentencepiece; print(sentencepiece.__version__)")
-    if [ -n "$wanted" ] && [ "$have" != "$wanted" ] && [ -z "${TABLE1_ANY_SENTENCEPIECE:-}" ]; then
-        echo "table1: sentencepiece $have here, but the grid's cells used $wanted: they would train another subword" \
-             "vocabulary. Carry its wheel (make gpu-wheels) or set TABLE1_ANY_SENTENCEPIECE=1" | tee -a "$report"
-        end_section
-        exit 2
     fi
     stamp=$(mktemp) deadline=$(( $(date +%s) + ${TABLE1_MINUTES:-8} * 60 ))
     if [ -n "${TABLE1_ARGS:-}" ]; then
@@ -336,7 +338,9 @@ EOF
            # they said), and the group, a subshell of the pipeline, ends with 1 if one failed
             pids=() bad=0
             for cell in "${scored[@]}"; do
-                timeout 120 $PY -m sanlab evaluate --run "$cell" --split valid --device "$DEVICE" 2>&1 | tail -n 1 &
+                # a group, not a bare pipeline: its status is the pipeline's (pipefail); a bare `a | tail &` that had
+                # ended before its wait said tail's 0 under `bash -c` (bash 5.2), hiding a failed decode
+                { timeout 120 $PY -m sanlab evaluate --run "$cell" --split valid --device "$DEVICE" 2>&1 | tail -n 1; } &
                 pids+=($!)
             done
             for k in "${!pids[@]}"; do
