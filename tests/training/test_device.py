@@ -30,17 +30,31 @@ def test_device_names(monkeypatch):
         resolve_device("gpu")
 
 
-def test_cuda_names_on_a_machine_with_two_gpus(monkeypatch):
+# what torchrun, mpirun and srun set about a process's place (cleared before a test sets its own)
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                      "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def _gpus(monkeypatch, count: int) -> None:
+    """A machine whose torch sees ``count`` GPUs, and a process no launcher started."""
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_cuda_names_on_a_machine_with_two_gpus(monkeypatch):
+    _gpus(monkeypatch, 2)
     assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 0)
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
-    with pytest.raises(ConfigError, match="has 2 CUDA device"):
+    with pytest.raises(ConfigError, match=r"device cuda:2: this process sees 2 CUDA device\(s\)$"):
         resolve_device("cuda:2")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert resolve_device("cuda") == torch.device("cuda", 1)  # one GPU per torchrun process
-    with pytest.raises(ConfigError, match="with 2 processes on this node: every one would use that one GPU"):
+    with pytest.raises(ConfigError, match=r"with 2 processes on this node \(LOCAL_WORLD_SIZE=2\): every one would "
+                                          "use that one GPU"):
         resolve_device("cuda:0")
 
 
@@ -48,41 +62,106 @@ def test_cuda_names_on_a_machine_with_two_gpus(monkeypatch):
 def test_cuda_is_the_gpu_of_the_processs_place_on_its_node_under_any_launcher(monkeypatch, variable):
     """torchrun sets LOCAL_RANK, srun SLURM_LOCALID, mpirun OMPI_COMM_WORLD_LOCAL_RANK: without the fallbacks every
     process that srun or mpirun started took cuda:0."""
-    for name in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                 "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    _gpus(monkeypatch, 4)
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv(variable, "3")
     assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 3)
     monkeypatch.setenv(variable, "5")
-    with pytest.raises(ConfigError, match=rf"device cuda:5 \(cuda, for the process with {variable}=5\): this machine "
-                                          r"has 4 CUDA device"):
+    advice = "" if variable == "LOCAL_RANK" else r"; give each process one GPU \(srun --gpus-per-task=1: it takes " \
+                                                 r"cuda:0\) or start at most 4 processes per node"
+    with pytest.raises(ConfigError, match=rf"^device cuda:5 \(cuda, for the process with {variable}=5\): this process "
+                                          rf"sees 4 CUDA device\(s\){advice}$"):
         resolve_device("cuda")
     if variable != "LOCAL_RANK":  # torchrun's variable counts first
         monkeypatch.setenv("LOCAL_RANK", "1")
         assert resolve_device("cuda") == torch.device("cuda", 1)
+        monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv(variable, "²")  # a digit to str.isdigit(), not to int()
+    with pytest.raises(ConfigError, match=f"{variable}=² in the environment: expected a whole number"):
+        resolve_device("cuda")
+
+
+def test_mpiruns_variable_counts_before_sruns(monkeypatch):
+    """mpirun inside a Slurm job may start its processes through srun: they carry srun's variables too."""
+    _gpus(monkeypatch, 4)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    assert resolve_device("cuda") == torch.device("cuda", 2)
+    with pytest.raises(ConfigError, match=r"with 4 processes on this node \(OMPI_COMM_WORLD_LOCAL_SIZE=4\)"):
+        resolve_device("cuda:2")
+
+
+@pytest.mark.parametrize("world_size", [None, "1"])
+def test_srun_and_mpirun_variables_name_no_gpu_outside_a_data_parallel_run(monkeypatch, world_size):
+    """`srun -n2 sanlab evaluate ...` runs two independent processes: each one's SLURM_LOCALID is no GPU index (the
+    task with SLURM_LOCALID=1 was refused "device cuda:1 ...: this machine has 1 CUDA device(s)"). torchrun's
+    LOCAL_RANK keeps its meaning."""
+    _gpus(monkeypatch, 1)
+    if world_size is not None:
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+    for variable in ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.setenv(variable, "1")
+        assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # the node's two GPUs, both visible
+        assert resolve_device("cuda") == torch.device("cuda", 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"device cuda:1 \(cuda, for the process with LOCAL_RANK=1\): this process "
+                                          r"sees 1 CUDA device\(s\)$"):
+        resolve_device("cuda")
+
+
+def test_a_process_that_sees_one_gpu_takes_it_under_srun_and_mpirun(monkeypatch):
+    """`srun --gpus-per-task=1` (or a scheduler's CUDA_VISIBLE_DEVICES) shows each process its own GPU alone, as
+    cuda:0, whatever its place on the node. torchrun shows every process all of the node's GPUs: LOCAL_RANK beyond
+    them is a mistake, said."""
+    _gpus(monkeypatch, 1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for variable in ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.setenv(variable, "1")
+        assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 0)
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"device cuda:1 \(cuda, for the process with LOCAL_RANK=1\): this process "
+                                          r"sees 1 CUDA device\(s\)$"):
+        resolve_device("cuda")
 
 
 def test_an_explicit_gpu_is_refused_only_where_processes_share_a_node(monkeypatch):
-    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    _gpus(monkeypatch, 2)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(ConfigError, match="with 4 processes on this node"):  # nothing says how many: all of them
-        resolve_device("cuda:1")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 4 nodes of one process each: each may pick its GPU
+    # nothing says how many share the node (processes started by hand, one per machine): each may pick its GPU
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 4 nodes of one process each
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    for variable in ("SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+    for variable in ("SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE"):
         monkeypatch.setenv(variable, "2")
-        with pytest.raises(ConfigError, match="with 2 processes on this node: every one would use that one GPU"):
+        with pytest.raises(ConfigError, match=rf"with 2 processes on this node \({variable}=2\): every one would use "
+                                              "that one GPU"):
             resolve_device("cuda:1")
         monkeypatch.delenv(variable)
-    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")  # a batch job's setting, but one process: not distributed
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    # srun without --ntasks-per-node, one task on each of two nodes (it was refused: "4 processes on this node")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")  # the batch job's request: the step's layout counts
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3)")
+    with pytest.raises(ConfigError, match=r"with 2 processes on this node \(SLURM_STEP_TASKS_PER_NODE=2\(x3\)\)"):
+        resolve_device("cuda:1")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2),3,1")  # uneven: the most on any node
+    with pytest.raises(ConfigError, match=r"with 3 processes on a node \(SLURM_STEP_TASKS_PER_NODE=1\(x2\),3,1\)"):
+        resolve_device("cuda:1")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x")
+    with pytest.raises(ConfigError, match=r"SLURM_STEP_TASKS_PER_NODE=2\(x in the environment: expected Slurm's "
+                                          r"tasks per node, counts with repeats such as 2\(x3\),1"):
+        resolve_device("cuda:1")
+    monkeypatch.delenv("SLURM_STEP_TASKS_PER_NODE")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a batch job's setting, but one process: not distributed
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x3)")

@@ -480,7 +480,8 @@ def test_a_process_with_world_size_but_no_rank_is_told_what_torchrun_sets(monkey
             pass
     for name, value, said in (("RANK", "2", r"RANK=2 in the environment but WORLD_SIZE=2: ranks run from 0 to 1"),
                               ("RANK", "one", r"RANK=one in the environment: expected a whole number"),
-                              ("WORLD_SIZE", "2x", r"WORLD_SIZE=2x in the environment: expected a whole number")):
+                              ("WORLD_SIZE", "2x", r"WORLD_SIZE=2x in the environment: expected a whole number"),
+                              ("WORLD_SIZE", "²", r"WORLD_SIZE=² in the environment: expected a whole number")):
         monkeypatch.setenv("RANK", "0")
         monkeypatch.setenv(name, value)
         with pytest.raises(SanlabError, match=said):

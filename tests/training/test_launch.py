@@ -2,6 +2,7 @@
 reach torchrun, which runs in its own session; torchrun dies with the launcher; a worker's sanlab error ends the
 command with its message and status 2. (tests/training/test_distributed.py launches real torchrun jobs.)"""
 
+import inspect
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ out = Path(os.environ["STUB_OUT"])
 def stop(signum, frame):
     (out / "signal").write_text(signal.Signals(signum).name)
     sys.exit(128 + signum)
-for sig in (signal.SIGINT, signal.SIGTERM):
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, stop)
 {action}
 (out / "session").write_text(f"{{os.getpid()}} {{os.getsid(0)}}")
@@ -58,7 +59,7 @@ def _wait_for(path, process: subprocess.Popen, timeout_s: float = 120) -> str:
     return path.read_text()
 
 
-@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_to_the_launcher_reaches_torchrun_in_its_own_session(tmp_path, sig, status):
     """Ctrl-C reaches the terminal's process group: torchrun is not in it (its workers would otherwise get SIGINT
     twice, from the terminal and from torchrun), so the launcher passes the signal on and waits for it; it says
@@ -114,20 +115,129 @@ def test_a_failure_that_is_not_a_sanlab_error_keeps_torchruns_status(tmp_path):
     assert launcher.returncode == 1 and "error" not in err, err
 
 
-def test_a_second_ctrl_c_is_not_passed_on(tmp_path):
-    """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one would cut that short and
-    leave them running."""
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_is_not_passed_on(tmp_path, second):
+    """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one, a Ctrl-C or a scheduler's
+    SIGTERM after it, would cut that short and leave them running. The first decides the status."""
     action = ("def count(signum, frame):\n"
               "    with open(out / 'signals', 'a') as f:\n"
               "        f.write(signal.Signals(signum).name + '\\n')\n"
               "    signal.alarm(3)  # as torchrun, it takes a while to end its workers\n"
-              "signal.signal(signal.SIGINT, count)\n"
+              "for sig in (signal.SIGINT, signal.SIGTERM):\n"
+              "    signal.signal(sig, count)\n"
               "signal.signal(signal.SIGALRM, lambda *a: sys.exit(130))")
     launcher = _launch(tmp_path, action=action)
     _wait_for(tmp_path / "session", launcher)
     launcher.send_signal(signal.SIGINT)
     _wait_for(tmp_path / "signals", launcher)
-    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(second)
     err = launcher.communicate(timeout=120)[1]
     assert launcher.returncode == 130 and err.count("interrupted") == 1, err
     assert (tmp_path / "signals").read_text() == "SIGINT\n"
+
+
+class _Torchrun:
+    """subprocess.Popen's stand-in for ``launch`` in this process: ``started`` runs as it starts, ``waiting`` as
+    the launcher waits for it, which then gets ``status``."""
+
+    pid = 2**22 + 1  # (no process: os.kill is recorded, not called)
+
+    def __init__(self, started=None, waiting=None, status=0):
+        self.started, self.waiting, self.status = started, waiting, status
+
+    def __call__(self, command, **kwargs):
+        if self.started:
+            self.started()
+        return self
+
+    def wait(self):
+        if self.waiting:
+            self.waiting()
+        return self.status
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The signals ``launch`` sends (os.kill recorded; the tests raise their signals with signal.raise_signal)."""
+    from sanlab.training import launch
+
+    calls = []
+    monkeypatch.setattr(launch.os, "kill", lambda pid, sig: calls.append((pid, signal.Signals(sig))))
+    return calls
+
+
+def _raise(*signals):
+    return lambda: [signal.raise_signal(s) for s in signals]
+
+
+def test_a_signal_before_torchrun_has_a_pid_is_sent_once_it_has(monkeypatch, sent):
+    from sanlab.training import launch
+
+    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(started=_raise(signal.SIGTERM), status=143))
+    assert launch.launch(["torchrun"]) == 143
+    assert sent == [(_Torchrun.pid, signal.SIGTERM)]
+
+
+def test_a_signal_just_after_torchrun_started_is_sent_once(monkeypatch, sent):
+    """The signal comes after torchrun has a pid and before the launcher looks for one that came earlier: the
+    handler sends it, and the launcher must not send it again (torchrun took a second signal as a second Ctrl-C)."""
+    from sanlab.training import launch
+
+    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(status=143))
+    check = "if received and not sent:"
+    line = next(n for n, text in enumerate(inspect.getsourcelines(launch.launch)[0],
+                                           start=launch.launch.__code__.co_firstlineno) if check in text)
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not launch.launch.__code__:
+            return None
+        def on_line(frame, event, arg):
+            if event == "line" and frame.f_lineno == line:
+                signal.raise_signal(signal.SIGTERM)  # (its handler runs before the line does)
+            return on_line
+        return on_line
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        assert launch.launch(["torchrun"]) == 143
+    finally:
+        sys.settrace(before)
+    assert sent == [(_Torchrun.pid, signal.SIGTERM)]
+
+
+def test_only_the_first_signal_is_sent_and_decides(monkeypatch, sent):
+    from sanlab.training import launch
+
+    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(waiting=_raise(signal.SIGINT, signal.SIGTERM,
+                                                                             signal.SIGINT), status=130))
+    with pytest.raises(KeyboardInterrupt):
+        launch.launch(["torchrun"])
+    assert sent == [(_Torchrun.pid, signal.SIGINT)]
+    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(waiting=_raise(signal.SIGTERM, signal.SIGINT),
+                                                              status=143))
+    assert launch.launch(["torchrun"]) == 143
+    assert sent[1:] == [(_Torchrun.pid, signal.SIGTERM)]
+
+
+def test_a_run_that_ended_well_before_the_signal_reached_it_says_so(monkeypatch, sent):
+    """torchrun ended with status 0 as the Ctrl-C came: the run finished, and the command says so."""
+    from sanlab.training import launch
+
+    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(waiting=_raise(signal.SIGINT), status=0))
+    assert launch.launch(["torchrun"]) == 0
+    assert sent == [(_Torchrun.pid, signal.SIGINT)]
+
+
+def test_an_ignored_signal_stays_ignored(monkeypatch, sent):
+    """Under nohup SIGHUP is ignored: a closed terminal must not stop the run through the launcher."""
+    from sanlab.training import launch
+
+    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(waiting=_raise(signal.SIGHUP), status=0))
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert launch.launch(["torchrun"]) == 0
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert sent == []

@@ -4,8 +4,8 @@ branch on the device; the trainer moves the model and each batch here, and runs 
 ``Precision.autocast``.
 
     device         auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; under torchrun, ``cuda``
-                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process (``local_rank``: srun's and mpirun's
-                   variables where LOCAL_RANK is unset)
+                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process (``local_rank``: in a data-parallel
+                   run, mpirun's and srun's variables where LOCAL_RANK is unset)
     precision      fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
                    on the CPU too where torch supports it, for tests)
     deterministic  torch's deterministic algorithms for the run (``deterministic_algorithms``)
@@ -40,11 +40,24 @@ OUT_OF_MEMORY = re.compile(r"STATUS_ALLOC_FAILED|CUDA error: out of memory|Defau
 MIN_LOSS_SCALE = 1e-4
 
 
-# Where a process's rank on its node is, by launcher: torchrun, srun (Slurm), mpirun (Open MPI). The first one set
-# counts; srun and mpirun set only their own.
-LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
-# and how many processes share the node
-LOCAL_WORLD_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+# Where a process's rank on its node is: LOCAL_RANK (torchrun's, and what processes started by hand set) counts
+# whenever it is set; in a data-parallel run without it, mpirun's (Open MPI) or srun's (Slurm) variable. mpirun's
+# first: mpirun inside a Slurm job may start its processes through srun, whose variables they then inherit.
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+# and how many processes share the node, by the same launchers: srun's step layout (SLURM_STEP_TASKS_PER_NODE,
+# "2(x3),1") before SLURM_NTASKS_PER_NODE, a request that srun sets only when asked and a batch job passes on
+LOCAL_WORLD_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE",
+                              "SLURM_NTASKS_PER_NODE")
+# one entry of a Slurm tasks-per-node list: a count, and how many nodes in a row have it
+SLURM_TASKS = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
+
+
+def _whole_number(name: str, value: str) -> int:
+    # (str.isdigit() takes "²", which int() refuses)
+    if not re.fullmatch(r"[0-9]+", value.strip()):
+        raise ConfigError(f"{name}={value} in the environment: expected a whole number (the launcher of the "
+                          "processes sets it)")
+    return int(value)
 
 
 def _first_set(names: tuple[str, ...]) -> tuple[str, int] | None:
@@ -53,24 +66,65 @@ def _first_set(names: tuple[str, ...]) -> tuple[str, int] | None:
     for name in names:
         value = os.environ.get(name)
         if value is not None and value.strip():
-            if not value.strip().isdigit():
-                raise ConfigError(f"{name}={value} in the environment: expected a whole number (the launcher "
-                                  "of the processes sets it)")
-            return name, int(value)
+            return name, _whole_number(name, value)
     return None
 
 
+def _data_parallel() -> bool:
+    """Whether WORLD_SIZE says several processes (a batch job's Slurm variables alone do not: ``srun -n2 sanlab
+    evaluate`` runs two independent processes)."""
+    world = _first_set(("WORLD_SIZE",))
+    return world is not None and world[1] > 1
+
+
+def _rank_on_node() -> tuple[str, int] | None:
+    """The variable that gives this process's index on its node, and its value (``LOCAL_RANK_VARIABLES``): None
+    where none counts."""
+    if _data_parallel():
+        return _first_set(LOCAL_RANK_VARIABLES)
+    return _first_set(LOCAL_RANK_VARIABLES[:1])
+
+
 def local_rank() -> int:
-    """This process's index among the processes of its node: LOCAL_RANK (torchrun), else SLURM_LOCALID (srun),
-    else OMPI_COMM_WORLD_LOCAL_RANK (mpirun); 0 without any of them."""
-    found = _first_set(LOCAL_RANK_VARIABLES)
+    """This process's index among the processes of its node: LOCAL_RANK (torchrun), else in a data-parallel run
+    (WORLD_SIZE above 1) OMPI_COMM_WORLD_LOCAL_RANK (mpirun), else SLURM_LOCALID (srun); 0 without any of them."""
+    found = _rank_on_node()
     return 0 if found is None else found[1]
 
 
+def _slurm_tasks_per_node(name: str, value: str) -> tuple[int, bool]:
+    """The most tasks a Slurm tasks-per-node list (``"2(x3),1"``) puts on one node, and whether every node has
+    that many (then it is this node's count too)."""
+    counts = set()
+    for part in value.split(","):
+        found = SLURM_TASKS.fullmatch(part.strip())
+        if found is None:
+            raise ConfigError(f"{name}={value} in the environment: expected Slurm's tasks per node, counts with "
+                              "repeats such as 2(x3),1 (srun sets it)")
+        counts.add(int(found[1]))
+    return max(counts), len(counts) == 1
+
+
+def _processes_on_node() -> tuple[str, int, bool] | None:
+    """The variable that says how many processes run on this node (``LOCAL_WORLD_SIZE_VARIABLES``), the count,
+    and whether it is this node's own (False: the most on any node of the job, srun's uneven layouts); None where
+    none is set."""
+    for name in LOCAL_WORLD_SIZE_VARIABLES:
+        value = os.environ.get(name, "")
+        if not value.strip():
+            continue
+        if name == "SLURM_STEP_TASKS_PER_NODE":
+            return name, *_slurm_tasks_per_node(name, value)
+        return name, _whole_number(name, value), True
+    return None
+
+
 def local_world_size() -> int:
-    """How many processes of this job run on this node: LOCAL_WORLD_SIZE (torchrun), else SLURM_NTASKS_PER_NODE
-    (srun), else OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); without any of them, WORLD_SIZE (all may share the node)."""
-    found = _first_set(LOCAL_WORLD_SIZE_VARIABLES) or _first_set(("WORLD_SIZE",))
+    """How many processes of this job run on this node: LOCAL_WORLD_SIZE (torchrun), else OMPI_COMM_WORLD_LOCAL_SIZE
+    (mpirun), else srun's SLURM_STEP_TASKS_PER_NODE (the most on any node, where srun's layout is uneven) or
+    SLURM_NTASKS_PER_NODE; 1 without any of them (nothing known: WORLD_SIZE's processes may be on as many
+    machines)."""
+    found = _processes_on_node()
     return 1 if found is None else found[1]
 
 
@@ -84,16 +138,27 @@ def resolve_device(spec: str = "auto") -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"device {spec!r}: this torch ({torch.__version__}) sees no CUDA device; use cpu or auto")
-    world = _first_set(("WORLD_SIZE",))
-    distributed = world is not None and world[1] > 1  # (a batch job's Slurm variables alone are not)
-    if spec != "cuda" and distributed and local_world_size() > 1:  # (one process per node may pick its GPU)
-        raise ConfigError(f"device {spec!r} with {local_world_size()} processes on this node: every one would use "
-                          "that one GPU; use cuda (each process takes cuda:LOCAL_RANK)")
-    index = local_rank() if spec == "cuda" else int(spec.split(":")[1])
-    if index >= torch.cuda.device_count():
-        found = _first_set(LOCAL_RANK_VARIABLES) if spec == "cuda" else None
+    shared = _processes_on_node() if spec != "cuda" and _data_parallel() else None
+    if shared is not None and shared[1] > 1:  # (one process per node may pick its GPU)
+        name, count, own = shared
+        where = "this node" if own else "a node"
+        raise ConfigError(f"device {spec!r} with {count} processes on {where} ({name}={os.environ[name]}): every "
+                          "one would use that one GPU; use cuda (each process takes cuda:LOCAL_RANK)")
+    count = torch.cuda.device_count()
+    found = _rank_on_node() if spec == "cuda" else None
+    if spec != "cuda":
+        index = int(spec.split(":")[1])
+    else:
+        index = 0 if found is None else found[1]
+    if found is not None and found[0] != "LOCAL_RANK" and index >= count == 1:
+        # srun --gpus-per-task=1, or a scheduler's CUDA_VISIBLE_DEVICES: each process sees its own GPU alone, as
+        # cuda:0 (torchrun's LOCAL_RANK counts the node's GPUs: it keeps its meaning, and its error below)
+        index = 0
+    if index >= count:
         why = f" (cuda, for the process with {found[0]}={found[1]})" if found else ""
-        raise ConfigError(f"device cuda:{index}{why}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        advice = ("; give each process one GPU (srun --gpus-per-task=1: it takes cuda:0) or start at most "
+                  f"{count} processes per node") if found is not None and found[0] != "LOCAL_RANK" else ""
+        raise ConfigError(f"device cuda:{index}{why}: this process sees {count} CUDA device(s){advice}")
     return torch.device("cuda", index)
 
 

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import inspect
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator, Sequence, TypeVar
@@ -202,7 +203,7 @@ def _world_and_rank() -> tuple[int, int]:
     they are not whole numbers, or WORLD_SIZE says several processes and RANK is missing (processes started half-way
     by hand, which would otherwise stop with a bare KeyError: 'RANK')."""
     def number(name: str, value: str) -> int:
-        if not value.strip().isdigit():
+        if not re.fullmatch(r"[0-9]+", value.strip()):  # (str.isdigit() takes "²", which int() refuses)
             raise SanlabError(f"{name}={value} in the environment: expected a whole number ({TORCHRUN_VARIABLES} "
                               "describe the processes of a data-parallel run; torchrun sets them)")
         return int(value)

@@ -1,8 +1,8 @@
 """How ``sanlab train --nproc N`` starts its processes: torchrun, as a child this process watches.
 
 * torchrun runs in a session of its own, so the terminal's Ctrl-C reaches this process alone; this process
-  forwards SIGINT and SIGTERM to torchrun, which passes them to its workers and waits for them (``launch``). The
-  command then says "interrupted" once, not once per process.
+  forwards the first SIGINT, SIGTERM or SIGHUP to torchrun, which passes it to its workers and waits for them
+  (``launch``). The command then says "interrupted" once, not once per process.
 * torchrun's process dies with this one, however this one dies (``die_with_parent``), so no orphan goes on
   training a run that a rerun would find locked.
 * A sanlab error in a worker (a user's mistake: a bad data file, a locked run) ends the command as it would end one
@@ -33,7 +33,8 @@ LAUNCH_DIR_ENV = "SANLAB_LAUNCH_DIR"
 PARENT_ENV = "SANLAB_LAUNCH_PARENT"
 ERROR_FILE = "error"  # a worker's sanlab error message (the first worker's, if several fail)
 SIGNAL_FILE = "signal"  # the launcher forwarded a signal: what torchrun says after it is noise too
-FORWARDED = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP: a closed terminal (torchrun, in its own session, hears nothing of it), handled as torchrun handles it
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # torchrun's process: torch's own launcher run through ``_torchrun_main`` below (tests put a stub script here)
 TORCHRUN = (sys.executable, "-m", "sanlab.training.launch")
 
@@ -51,37 +52,48 @@ def torchrun_command(args) -> list[str]:
 def launch(command: list[str]) -> int:
     """Run ``command`` (torchrun) to its end and return its exit status. Raises KeyboardInterrupt when a SIGINT
     was forwarded to it (the CLI says "interrupted" once), and a worker's sanlab error as a SanlabError with the
-    worker's message. SIGTERM: forwarded, and the status is 143, as for a process SIGTERM ended."""
-    received: list[int] = []
+    worker's message. SIGTERM and SIGHUP (a closed terminal): forwarded, and the status is 128 + the signal, as for
+    a process that signal ended. Only the first signal is forwarded, and it decides; if torchrun had already ended
+    with status 0 when it came, the run finished: 0."""
+    received: list[int] = []  # the first signal that came
+    sent = False  # whether torchrun has it
     child: subprocess.Popen | None = None
     with tempfile.TemporaryDirectory(prefix="sanlab-launch-") as where:
         def forward(signum, frame) -> None:
-            if signum in received:  # once: a second SIGINT would cut torchrun's shutdown of its workers short,
-                return  # leaving them running (it ends them with SIGKILL itself if they take over 30 s)
-            if not received:  # (what torchrun says from now on is left out: _torchrun_main)
-                Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)
+            nonlocal sent
+            if received:  # only the first, of any kind: a second Ctrl-C, or a scheduler's SIGTERM after one, would
+                return  # cut torchrun's shutdown of its workers short, leaving them running (it ends them with
+                # SIGKILL itself if they take over 30 s)
+            Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)  # (torchrun's lines are left out now)
             received.append(signum)
             if child is not None:
+                sent = True
                 with contextlib.suppress(ProcessLookupError):  # (it may have just ended)
                     os.kill(child.pid, signum)
 
         before = {}
         with contextlib.suppress(ValueError):  # (outside the main thread no handler can be set: nothing forwarded)
-            before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+            for sig in FORWARDED:
+                if signal.getsignal(sig) != signal.SIG_IGN:  # (nohup's SIGHUP, a background job's SIGINT: kept)
+                    before[sig] = signal.signal(sig, forward)
         try:
             env = {**os.environ, LAUNCH_DIR_ENV: where, PARENT_ENV: str(os.getpid())}
             child = subprocess.Popen(command, env=env, start_new_session=True)
-            if received:  # a signal came before torchrun had a pid to send it to
-                os.kill(child.pid, received[-1])
+            # a signal that came before torchrun had a pid: the handler could not send it. Only the first signal's
+            # handler sends, and only once ``child`` is set; so here either it has sent (``sent``), or it ran
+            # before and this sends, or it has not run yet (``received`` is empty) and will send
+            if received and not sent:
+                sent = True
+                os.kill(child.pid, received[0])
             status = child.wait()
         finally:
             for sig, handler in before.items():
                 signal.signal(sig, handler)
         message = _read(Path(where, ERROR_FILE))
-    if signal.SIGINT in received:
-        raise KeyboardInterrupt
-    if received:
-        return 128 + received[-1]
+    if received and status != 0:
+        if received[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        return 128 + received[0]
     if message is not None and status != 0:
         raise SanlabError(message)
     return status
