@@ -310,6 +310,14 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
+def _relayed_crash(err: SanlabError) -> bool:
+    """Whether ``err`` stops this process for another process's crash (``training.distributed.RelayedCrash``). Not
+    a user's mistake, so not for the launcher to print as one: that would hide torchrun's report of the crash."""
+    from sanlab.training.distributed import RelayedCrash  # (imports torch: asked only of a worker, which has it)
+
+    return isinstance(err, RelayedCrash)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
@@ -325,8 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         with invocation.running(argv):  # provenance records this command, also when called from Python
             return args.fn(args)
     except SanlabError as err:
-        from sanlab.training.launch import tell_launcher  # (a worker of `train --nproc`: its launcher says it)
+        # (a worker of `train --nproc`: its launcher says it)
+        from sanlab.training.launch import launched, tell_launcher
 
+        if launched() and _relayed_crash(err):  # another process crashed: torchrun's summary names it as root cause
+            return 2  # (with its traceback; this process, stopped by it, has nothing to add)
         if not tell_launcher(str(err)):
             print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
         return 2

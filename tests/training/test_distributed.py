@@ -520,3 +520,181 @@ def test_a_failed_start_on_rank_0_stops_every_rank_with_its_message(tmp_path, ti
     assert err.count(locked) == 1 and f"sanlab train: error: {locked}" in err, err
     assert "Failures:" not in err and "Traceback" not in err and "exitcode" not in err, err
     assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing of the run was written
+
+
+class _FakeCollectives:
+    """Distributed's collectives as another rank would answer them (no process group): ``gather`` returns ``others``
+    with this rank's value put in at its place, ``broadcast`` returns process 0's ``sent``."""
+
+    def __init__(self, monkeypatch, *, others=None, sent=None):
+        from sanlab.training.distributed import Distributed
+
+        self.gathered = []
+
+        def gather(dist, value):
+            self.gathered.append(value)
+            found = list(others)
+            found[dist.rank] = value
+            return found
+
+        monkeypatch.setattr(Distributed, "gather", gather)
+        monkeypatch.setattr(Distributed, "broadcast", lambda dist, value: sent if not dist.is_main else value)
+
+
+def test_all_or_none_names_the_ranks_that_failed_on_every_rank(monkeypatch):
+    """A sanlab error on some ranks: every rank raises the same TrainingError naming them (so the launcher's one
+    message is the same whichever rank tells it first), ranks with the same error together; a crash (not a
+    SanlabError) on another rank is a RelayedCrash, and the crashed rank raises its own error again."""
+    from sanlab.errors import DataError, SanlabError, TrainingError
+    from sanlab.training.distributed import Distributed, RelayedCrash, failure_report
+
+    missing = failure_report(DataError("no such file", path="data/test.de"))
+    _FakeCollectives(monkeypatch, others=[None, missing, missing, None])
+    for rank in range(4):
+        with pytest.raises(TrainingError) as raised:
+            with Distributed(rank=rank, world_size=4).all_or_none("starting"):
+                if rank in (1, 2):
+                    raise DataError("no such file", path="data/test.de")
+        assert str(raised.value) == "processes 1, 2 stopped while starting: data/test.de: no such file"
+        assert not isinstance(raised.value, RelayedCrash)
+    _FakeCollectives(monkeypatch, others=[None] * 4)
+    with Distributed(rank=0, world_size=4).all_or_none("starting"):  # every rank's block went through: nothing
+        pass
+
+    crash = failure_report(KeyError("vocab"))
+    _FakeCollectives(monkeypatch, others=[None, crash, failure_report(SanlabError("a user's mistake"))])
+    with pytest.raises(RelayedCrash, match=r"^process 1 stopped while starting: KeyError: 'vocab'; process 2 stopped "
+                                           r"while starting: a user's mistake$"):
+        with Distributed(rank=0, world_size=3).all_or_none("starting"):
+            pass
+    with pytest.raises(KeyError, match="vocab"):  # (its traceback: torchrun's root cause)
+        with Distributed(rank=1, world_size=3).all_or_none("starting"):
+            raise KeyError("vocab")
+
+
+def test_main_first_relays_a_sanlab_error_as_it_is_and_a_crash_as_a_relayed_crash(monkeypatch):
+    from sanlab.errors import DataError, SanlabError
+    from sanlab.training.distributed import Distributed, RelayedCrash, failure_report
+
+    rank_1 = Distributed(rank=1, world_size=2)
+    _FakeCollectives(monkeypatch, sent=failure_report(DataError("no such file", path="data/train.de")))
+    with pytest.raises(SanlabError, match=r"^data/train.de: no such file$") as raised:
+        with rank_1.main_first():
+            pass
+    assert not isinstance(raised.value, RelayedCrash)
+    _FakeCollectives(monkeypatch, sent=failure_report(OSError(28, "No space left on device")))
+    with pytest.raises(RelayedCrash, match=r"^process 0 stopped while starting: OSError: \[Errno 28\] No space left "
+                                           r"on device$"):
+        with rank_1.main_first():
+            pass
+
+
+def test_a_worker_stopped_by_another_process_crash_leaves_it_to_torchrun(monkeypatch, tmp_path, tiny_translation,
+                                                                        capsys):
+    """Under `sanlab train --nproc` a RelayedCrash is not written for the launcher (which would print it as a
+    user's error, status 2, and leave out torchrun's summary with the crash's traceback), nor printed: the crashed
+    process's own report is the one. A relayed sanlab error is written for the launcher as before; started by
+    hand (no launcher) a RelayedCrash is printed as a message."""
+    import sanlab.runs
+    from sanlab.errors import SanlabError
+    from sanlab.training import launch
+    from sanlab.training.distributed import RelayedCrash
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1)))
+    where = tmp_path / "launch"
+    where.mkdir()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(launch.LAUNCH_DIR_ENV, str(where))
+    for error in (RelayedCrash("process 0 stopped while starting: KeyError: 'vocab'"), SanlabError("run locked")):
+        def failing(*args, error=error, **kwargs):
+            raise error
+        monkeypatch.setattr(sanlab.runs, "train_run", failing)
+        assert main(["train", str(config), "--run", str(tmp_path / "run")]) == 2
+        assert capsys.readouterr().err == ""
+    assert (where / launch.ERROR_FILE).read_text() == "run locked"  # (the crash wrote nothing before it)
+    monkeypatch.delenv(launch.LAUNCH_DIR_ENV)
+    monkeypatch.setattr(sanlab.runs, "train_run", lambda *a, **k: (_ for _ in ()).throw(RelayedCrash("crashed")))
+    assert main(["train", str(config), "--run", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == "sanlab train: error: crashed\n"
+
+
+# make_task made to fail on one rank: on rank 0 (which builds first) or on the others (which read its files)
+START_FAILS = """
+import os, runpy, sys
+from sanlab.errors import DataError
+from sanlab.runs import train
+
+real = train.make_task
+def failing(config, run_dir, log, *, main=True):
+    if os.environ.get("RANK") == "{rank}":
+        raise {error}
+    return real(config, run_dir, log, main=main)
+train.make_task = failing
+sys.argv[0] = "sanlab"
+runpy.run_module("sanlab", run_name="__main__")
+"""
+
+
+def test_a_failed_start_on_rank_1_stops_every_rank_naming_it(tmp_path, tiny_translation, capfd):
+    """Rank 1's make_task fails after rank 0 built its task (its node lacks the test set): rank 0 went on into DDP's
+    set-up, dying with gloo's "connection closed" (under NCCL, started by hand, waiting 4 hours). Now every rank
+    stops with the same message naming rank 1, by hand and under `sanlab train --nproc` (once, status 2)."""
+    import sys
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2)))
+    launcher = tmp_path / "start_fails.py"
+    launcher.write_text(START_FAILS.format(rank=1, error='DataError("no such file", path="data/test.de")'))
+    said = "process 1 stopped while starting: data/test.de: no such file"
+    ranks = _launch_by_hand([sys.executable, str(launcher), "train", str(config), "--run-dir", str(tmp_path / "run"),
+                             "--quiet"], world_size=2)
+    for rank, (status, err) in enumerate(ranks):
+        assert status == 2 and f"sanlab train: error: {said}" in err and "Traceback" not in err, (rank, err)
+    assert not (tmp_path / "run").exists()  # a new run's failed start is taken back
+    capfd.readouterr()
+    assert _main_with_launcher(launcher, ["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2",
+                                          "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert err.count(said) == 1 and f"sanlab train: error: {said}" in err, err
+    assert "Failures:" not in err and "Traceback" not in err, err
+
+
+def _main_with_launcher(launcher, argv: list[str]) -> int:
+    """``main(argv)`` (``sanlab train --nproc``) with each worker run by ``launcher`` instead of ``-m sanlab``."""
+    from sanlab.training import launch
+
+    made = launch.torchrun_command
+    with pytest.MonkeyPatch.context() as patch:
+        def command(args):
+            parts = made(args)
+            at = parts.index("-m", len(launch.TORCHRUN))  # torchrun's "-m sanlab", after its own "-m ..."
+            return parts[:at] + [str(launcher)] + parts[at + 2:]
+        patch.setattr(launch, "torchrun_command", command)
+        return main(argv)
+
+
+def test_a_crash_of_rank_0_while_starting_is_reported_by_torchrun(tmp_path, tiny_translation, capfd):
+    """Rank 0's make_task raises a KeyError (a bug): under `sanlab train --nproc` rank 1 relayed it as a sanlab
+    error, which the launcher printed as "process 0 stopped while starting: KeyError" with status 2, leaving out
+    torchrun's summary and so the traceback. Now torchrun reports it, rank 0's traceback as the root cause; started
+    by hand, rank 1 says what stopped it."""
+    import sys
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2)))
+    launcher = tmp_path / "start_fails.py"
+    launcher.write_text(START_FAILS.format(rank=0, error='KeyError("a bug on purpose")'))
+    capfd.readouterr()
+    status = _main_with_launcher(launcher, ["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2",
+                                            "--quiet"])
+    err = capfd.readouterr().err
+    assert status not in (0, 2), err
+    assert "sanlab train: error" not in err and "stopped while starting" not in err, err
+    root = err[err.index("Root Cause"):]
+    assert "rank      : 0 " in root and "KeyError: 'a bug on purpose'" in root and "Traceback" in root, root
+    ranks = _launch_by_hand([sys.executable, str(launcher), "train", str(config), "--run-dir", str(tmp_path / "hand"),
+                             "--quiet"], world_size=2)
+    assert "KeyError: 'a bug on purpose'" in ranks[0][1] and "Traceback" in ranks[0][1], ranks[0][1]
+    assert ranks[1][0] == 2 and ("sanlab train: error: process 0 stopped while starting: KeyError: 'a bug on "
+                                 "purpose'") in ranks[1][1], ranks[1][1]

@@ -131,13 +131,19 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
 def _start_task(config: Config, run_dir: Path, log, dist):
     """The task's training side (``make_task``). The main process builds it first, writing the vocabulary /
     subword model(s) into the run directory; the others wait for it, then read those (``main=False``) and write
-    nothing, once every process's copies are found to hold the main process's bytes (``training.shared_files``)."""
+    nothing, once every process's copies are found to hold the main process's bytes (``training.shared_files``).
+    Another process's failure there (its node lacks the test set) stops every process, naming it."""
     task = None
     with dist.main_first():  # (the others hash the files only once the main process has written them)
         if dist.is_main:
             task = make_task(config, run_dir, log)
     check_same_files(dist, task_for(config).shared_files(config, run_dir))
-    return task if dist.is_main else make_task(config, run_dir, log, main=False)
+    # every process learns whether the others built theirs: one failing alone left the main process going on into
+    # DDP's set-up, where the others waited for it (gloo's "connection closed"; NCCL by hand: 4 hours)
+    with dist.all_or_none("starting"):
+        if not dist.is_main:
+            task = make_task(config, run_dir, log, main=False)
+    return task
 
 
 def _warn_of_other_threads(run_dir: Path, log, *, step: int) -> None:

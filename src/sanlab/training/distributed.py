@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sanlab.errors import SanlabError
+from sanlab.errors import SanlabError, TrainingError
 from sanlab.torch_release import TORCH
 
 T = TypeVar("T")
@@ -144,25 +144,84 @@ class Distributed:
         those files. The others wait for the main process's outcome in a broadcast: if it fails inside the block,
         they stop too, under any launcher (by hand, srun and mpirun stop no process; torchrun's agent would, with a
         "connection closed" traceback from each): a SanlabError with the main process's own message, and any other
-        error as "process 0 stopped while starting: TYPE: MESSAGE"."""
+        error as a ``RelayedCrash`` "process 0 stopped while starting: TYPE: MESSAGE"."""
         if not self.enabled:
             yield
             return
         if not self.is_main:
             failed = self.broadcast(None)
             if failed is not None:
-                raise SanlabError(failed)
+                raise relayed(failed, "process 0 stopped while starting")
             yield
             return
         try:
             yield
-        except SanlabError as err:
-            self.broadcast(str(err))
-            raise
         except Exception as err:
-            self.broadcast(f"process 0 stopped while starting: {type(err).__name__}: {err}")
+            self.broadcast(failure_report(err))
             raise
         self.broadcast(None)
+
+    @contextlib.contextmanager
+    def all_or_none(self, doing: str) -> Iterator[None]:
+        """Run the block on every process, then gather their outcomes: if it failed on any, every process stops,
+        naming the ranks that failed and their errors (``doing``: "starting", what they were doing). Without it a
+        rank failing alone left the others going on to their next collective, where torchrun ends them with a
+        "connection closed" traceback and a launch by hand (srun, mpirun) waits for hours (COLLECTIVE_TIMEOUT). A
+        failed rank raises its own error again where it is not a SanlabError (its traceback: torchrun's root
+        cause); otherwise every rank raises the same TrainingError, or a ``RelayedCrash`` where another rank
+        crashed."""
+        if not self.enabled:
+            yield
+            return
+        own: Exception | None = None
+        try:
+            yield
+        except Exception as err:
+            own = err
+        reports = self.gather(None if own is None else failure_report(own))
+        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+        if not failed:
+            return
+        if own is not None and not isinstance(own, SanlabError):
+            raise own
+        # ranks with the same error (every node missing the same file) are named together
+        by_message: dict[str, list[int]] = {}
+        for rank, report in failed:
+            by_message.setdefault(_described(report), []).append(rank)
+        said = "; ".join(f"{_ranks(ranks)} stopped while {doing}: {message}" for message, ranks in by_message.items())
+        if any(not report["sanlab"] for _, report in failed):
+            raise RelayedCrash(said) from own
+        raise TrainingError(said) from own
+
+
+class RelayedCrash(TrainingError):
+    """Another process failed with an error that is not a SanlabError (a bug, the machine's OSError), and this one
+    stops with it. Not a user's mistake: the CLI leaves it to torchrun to report under ``sanlab train --nproc``
+    (its failure summary, with the failed process's traceback as the root cause) instead of handing it to the
+    launcher as a sanlab error; a process started by hand prints it as a message."""
+
+
+def failure_report(err: Exception) -> dict:
+    """What a failed process tells the others: its message, and whether it is a SanlabError (a user's mistake, said
+    in its own words; anything else is a crash, relayed as a ``RelayedCrash`` with its type)."""
+    crash = not isinstance(err, SanlabError) or isinstance(err, RelayedCrash)
+    return {"sanlab": not crash, "message": str(err), "type": type(err).__name__}
+
+
+def _described(report: dict) -> str:
+    return report["message"] if report["sanlab"] else f"{report['type']}: {report['message']}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"process {ranks[0]}" if len(ranks) == 1 else f"processes {', '.join(map(str, ranks))}"
+
+
+def relayed(report: dict, prefix: str) -> SanlabError:
+    """The error a process raises for another's ``failure_report``: a SanlabError's own message as it is, any
+    other error as a ``RelayedCrash`` "PREFIX: TYPE: MESSAGE"."""
+    if report["sanlab"]:
+        return SanlabError(report["message"])
+    return RelayedCrash(f"{prefix}: {report['type']}: {report['message']}")
 
 
 @contextlib.contextmanager

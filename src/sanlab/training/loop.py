@@ -30,7 +30,7 @@ from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, ch
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import Precision, check_loss_scale, describe_batch, out_of_memory_stops, to_device
 from sanlab.training.diagnostics import collect_diagnostics
-from sanlab.training.distributed import Distributed
+from sanlab.training.distributed import Distributed, RelayedCrash, failure_report
 from sanlab.training.interval import DeviceInterval, Settled
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
@@ -383,13 +383,16 @@ class Trainer:
                 failure = err  # told to the others first: they wait for this process in the broadcast below
         if self.dist.enabled:
             # the checkpoint process 0 wrote travels too: the others' stop messages name it as the last good one
-            shared = self.dist.broadcast({"failed": f"{type(failure).__name__}: {failure}"} if failure
+            shared = self.dist.broadcast({"failed": failure_report(failure)} if failure
                                          else {"progress": self.progress.as_dict(), "last_good": self.last_good})
             if failure is not None:
                 raise failure
             if "failed" in shared:  # (any launcher: torchrun would end this process, others may not)
-                raise TrainingError(f"process 0 stopped while validating after update {self.progress.step}: "
-                                    f"{shared['failed']}")
+                report = shared["failed"]
+                # process 0's crash (not a SanlabError) is a RelayedCrash, which torchrun reports, not the launcher
+                stopped = TrainingError if report["sanlab"] else RelayedCrash
+                raise stopped(f"process 0 stopped while validating after update {self.progress.step}: "
+                              f"{report['type']}: {report['message']}")
             for key, value in shared["progress"].items():  # in place: the loop holds a reference to it
                 setattr(self.progress, key, value)
             self.last_good = shared["last_good"]
