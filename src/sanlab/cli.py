@@ -310,12 +310,13 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
-def _relayed_crash(err: SanlabError) -> bool:
-    """Whether ``err`` stops this process for another process's crash (``training.distributed.RelayedCrash``). Not
-    a user's mistake, so not for the launcher to print as one: that would hide torchrun's report of the crash."""
-    from sanlab.training.distributed import RelayedCrash  # (imports torch: asked only of a worker, which has it)
+def _relayed(err: SanlabError) -> bool:
+    """Whether ``err`` stops this process for another process's failure (``training.distributed``'s RelayedCrash
+    or RelayedError), which is not this process's to tell the launcher: a crash is torchrun's to report (its
+    summary, with the crashed process's traceback), and a sanlab error the process that found it tells itself."""
+    from sanlab.training.distributed import RelayedCrash, RelayedError  # (imports torch: asked only of a worker)
 
-    return isinstance(err, RelayedCrash)
+    return isinstance(err, (RelayedCrash, RelayedError))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         # (a worker of `train --nproc`: its launcher says it)
         from sanlab.training.launch import launched, tell_launcher
 
-        if launched() and _relayed_crash(err):  # another process crashed: torchrun's summary names it as root cause
-            return 2  # (with its traceback; this process, stopped by it, has nothing to add)
+        if launched() and _relayed(err):  # another process failed: it, or torchrun's summary, says how
+            return 2  # (this process, stopped by it, has nothing to add)
         if not tell_launcher(str(err)):
             print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -573,12 +573,13 @@ def test_all_or_none_names_the_ranks_that_failed_on_every_rank(monkeypatch):
 
 
 def test_main_first_relays_a_sanlab_error_as_it_is_and_a_crash_as_a_relayed_crash(monkeypatch):
-    from sanlab.errors import DataError, SanlabError
-    from sanlab.training.distributed import Distributed, RelayedCrash, failure_report
+    """A sanlab error in its own words, as a RelayedError (process 0 tells the launcher; the others add nothing)."""
+    from sanlab.errors import DataError
+    from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError, failure_report
 
     rank_1 = Distributed(rank=1, world_size=2)
     _FakeCollectives(monkeypatch, sent=failure_report(DataError("no such file", path="data/train.de")))
-    with pytest.raises(SanlabError, match=r"^data/train.de: no such file$") as raised:
+    with pytest.raises(RelayedError, match=r"^data/train.de: no such file$") as raised:
         with rank_1.main_first():
             pass
     assert not isinstance(raised.value, RelayedCrash)
@@ -593,12 +594,13 @@ def test_a_worker_stopped_by_another_process_crash_leaves_it_to_torchrun(monkeyp
                                                                         capsys):
     """Under `sanlab train --nproc` a RelayedCrash is not written for the launcher (which would print it as a
     user's error, status 2, and leave out torchrun's summary with the crash's traceback), nor printed: the crashed
-    process's own report is the one. A relayed sanlab error is written for the launcher as before; started by
-    hand (no launcher) a RelayedCrash is printed as a message."""
+    process's own report is the one. Nor is a RelayedError (another process's sanlab error, which that process
+    writes in its own words); this process's own sanlab error is written for the launcher; started by hand (no
+    launcher) a RelayedCrash is printed as a message."""
     import sanlab.runs
     from sanlab.errors import SanlabError
     from sanlab.training import launch
-    from sanlab.training.distributed import RelayedCrash
+    from sanlab.training.distributed import RelayedCrash, RelayedError
 
     config = tmp_path / "tiny.yaml"
     config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1)))
@@ -606,13 +608,15 @@ def test_a_worker_stopped_by_another_process_crash_leaves_it_to_torchrun(monkeyp
     where.mkdir()
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv(launch.LAUNCH_DIR_ENV, str(where))
-    for error in (RelayedCrash("process 0 stopped while starting: KeyError: 'vocab'"), SanlabError("run locked")):
+    for error in (RelayedCrash("process 0 stopped while starting: KeyError: 'vocab'"),
+                  RelayedError("process 0 stopped while validating after update 2: the validation loss is nan"),
+                  SanlabError("run locked")):
         def failing(*args, error=error, **kwargs):
             raise error
         monkeypatch.setattr(sanlab.runs, "train_run", failing)
         assert main(["train", str(config), "--run", str(tmp_path / "run")]) == 2
         assert capsys.readouterr().err == ""
-    assert (where / launch.ERROR_FILE).read_text() == "run locked"  # (the crash wrote nothing before it)
+    assert (where / launch.ERROR_FILE).read_text() == "run locked"  # (the relayed ones wrote nothing before it)
     monkeypatch.delenv(launch.LAUNCH_DIR_ENV)
     monkeypatch.setattr(sanlab.runs, "train_run", lambda *a, **k: (_ for _ in ()).throw(RelayedCrash("crashed")))
     assert main(["train", str(config), "--run", str(tmp_path / "run")]) == 2

@@ -194,6 +194,12 @@ class Distributed:
         raise TrainingError(said) from own
 
 
+class RelayedError(TrainingError):
+    """Another process's sanlab error (a user's mistake), which this process stops with. Under ``sanlab train
+    --nproc`` the process that found it tells the launcher in its own words; this one adds nothing (two messages
+    for one mistake, and which one the launcher printed was a race)."""
+
+
 class RelayedCrash(TrainingError):
     """Another process failed with an error that is not a SanlabError (a bug, the machine's OSError), and this one
     stops with it. Not a user's mistake: the CLI leaves it to torchrun to report under ``sanlab train --nproc``
@@ -220,7 +226,7 @@ def relayed(report: dict, prefix: str) -> SanlabError:
     """The error a process raises for another's ``failure_report``: a SanlabError's own message as it is, any
     other error as a ``RelayedCrash`` "PREFIX: TYPE: MESSAGE"."""
     if report["sanlab"]:
-        return SanlabError(report["message"])
+        return RelayedError(report["message"])
     return RelayedCrash(f"{prefix}: {report['type']}: {report['message']}")
 
 

@@ -30,7 +30,7 @@ from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, ch
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import Precision, check_loss_scale, describe_batch, out_of_memory_stops, to_device
 from sanlab.training.diagnostics import collect_diagnostics
-from sanlab.training.distributed import Distributed, RelayedCrash, failure_report
+from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError, failure_report
 from sanlab.training.interval import DeviceInterval, Settled
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
@@ -389,10 +389,11 @@ class Trainer:
                 raise failure
             if "failed" in shared:  # (any launcher: torchrun would end this process, others may not)
                 report = shared["failed"]
-                # process 0's crash (not a SanlabError) is a RelayedCrash, which torchrun reports, not the launcher
-                stopped = TrainingError if report["sanlab"] else RelayedCrash
-                raise stopped(f"process 0 stopped while validating after update {self.progress.step}: "
-                              f"{report['type']}: {report['message']}")
+                # process 0's crash (not a SanlabError) is a RelayedCrash, which torchrun reports, not the launcher;
+                # its sanlab error a RelayedError, which process 0 tells the launcher itself
+                stopped, what = ((RelayedError, report["message"]) if report["sanlab"]
+                                 else (RelayedCrash, f"{report['type']}: {report['message']}"))
+                raise stopped(f"process 0 stopped while validating after update {self.progress.step}: {what}")
             for key, value in shared["progress"].items():  # in place: the loop holds a reference to it
                 setattr(self.progress, key, value)
             self.last_good = shared["last_good"]
