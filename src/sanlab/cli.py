@@ -310,13 +310,14 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
-def _relayed(err: SanlabError) -> bool:
-    """Whether ``err`` stops this process for another process's failure (``training.distributed``'s RelayedCrash
-    or RelayedError), which is not this process's to tell the launcher: a crash is torchrun's to report (its
-    summary, with the crashed process's traceback), and a sanlab error the process that found it tells itself."""
+def _relayed(err: SanlabError) -> str | None:
+    """"crash" or "error" where ``err`` stops this process for another process's failure (``training.distributed``'s
+    RelayedCrash or RelayedError), which is not this process's to tell the launcher: a crash is torchrun's to report
+    (its summary, with the crashed process's traceback), and a sanlab error the process that found it tells
+    itself; None where the error is this process's own."""
     from sanlab.training.distributed import RelayedCrash, RelayedError  # (imports torch: asked only of a worker)
 
-    return isinstance(err, (RelayedCrash, RelayedError))
+    return "crash" if isinstance(err, RelayedCrash) else "error" if isinstance(err, RelayedError) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,10 +336,12 @@ def main(argv: list[str] | None = None) -> int:
             return args.fn(args)
     except SanlabError as err:
         # (a worker of `train --nproc`: its launcher says it)
-        from sanlab.training.launch import launched, tell_launcher
+        from sanlab.training.launch import launched, stand_by, tell_launcher
 
-        if launched() and _relayed(err):  # another process failed: it, or torchrun's summary, says how
-            return 2  # (this process, stopped by it, has nothing to add)
+        relayed = launched() and _relayed(err)
+        if relayed:  # another process failed: it, or torchrun's summary, says how; this one waits for torchrun to
+            stand_by(str(err), crash=relayed == "crash")  # end it, so that the failed one is the one it names
+            return 2
         if not tell_launcher(str(err)):
             print(f"sanlab {args.command}: error: {err}", file=sys.stderr)
         return 2

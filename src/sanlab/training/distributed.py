@@ -189,9 +189,9 @@ class Distributed:
         for rank, report in failed:
             by_message.setdefault(_described(report), []).append(rank)
         said = "; ".join(f"{_ranks(ranks)} stopped while {doing}: {message}" for message, ranks in by_message.items())
-        if any(not report["sanlab"] for _, report in failed):
-            raise RelayedCrash(said) from own
-        raise TrainingError(said) from own
+        if own is None and any(not report["sanlab"] for _, report in failed):
+            raise RelayedCrash(said)
+        raise TrainingError(said) from own  # (a rank with a sanlab error of its own says it, crashes or not)
 
 
 class RelayedError(TrainingError):

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from sanlab.errors import SanlabError
@@ -119,6 +120,22 @@ def tell_launcher(message: str) -> bool:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(message)
     return True
+
+
+# how long a worker stopped by another's failure waits for torchrun to end it (``stand_by``)
+STAND_BY_S = 60.0
+
+
+def stand_by(message: str, *, crash: bool) -> None:
+    """A worker stopped by another process's failure (``training.distributed``'s RelayedError or RelayedCrash) waits
+    for torchrun to end it. torchrun ends every worker once one has exited with an error, and its summary names the
+    first: exiting at once raced the failed process, still unwinding (releasing the run's lock, removing a run it had
+    just begun) and about to write its message or traceback, which torchrun could then end before it had. Where
+    torchrun has not ended this worker within STAND_BY_S (the failed process hangs, or is on another node), a
+    relayed sanlab error is told to the launcher (unless the failed process told it first), and the worker ends."""
+    time.sleep(STAND_BY_S)
+    if not crash:
+        tell_launcher(message)
 
 
 def _read(path: Path) -> str | None:
