@@ -2,7 +2,6 @@
 reach torchrun, which runs in its own session; torchrun dies with the launcher; a worker's sanlab error ends the
 command with its message and status 2. (tests/training/test_distributed.py launches real torchrun jobs.)"""
 
-import inspect
 import os
 import signal
 import subprocess
@@ -180,29 +179,22 @@ def test_a_signal_before_torchrun_has_a_pid_is_sent_once_it_has(monkeypatch, sen
 
 def test_a_signal_just_after_torchrun_started_is_sent_once(monkeypatch, sent):
     """The signal comes after torchrun has a pid and before the launcher looks for one that came earlier: the
-    handler sends it, and the launcher must not send it again (torchrun took a second signal as a second Ctrl-C)."""
+    handler sends it, and the launcher must not send it again (torchrun took a second signal as a second Ctrl-C).
+    Popen's stand-in hands the launcher's handler the child it is about to return (as the assignment would) and
+    raises the signal: its handler runs before the launcher's check does."""
     from sanlab.training import launch
 
-    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(status=143))
-    check = "if received and not sent:"
-    line = next(n for n, text in enumerate(inspect.getsourcelines(launch.launch)[0],
-                                           start=launch.launch.__code__.co_firstlineno) if check in text)
+    torchrun = _Torchrun(status=143)
 
-    def tracer(frame, event, arg):
-        if frame.f_code is not launch.launch.__code__:
-            return None
-        def on_line(frame, event, arg):
-            if event == "line" and frame.f_lineno == line:
-                signal.raise_signal(signal.SIGTERM)  # (its handler runs before the line does)
-            return on_line
-        return on_line
+    def started():
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler.__qualname__ == "launch.<locals>.forward", handler
+        handler.__closure__[handler.__code__.co_freevars.index("child")].cell_contents = torchrun
+        signal.raise_signal(signal.SIGTERM)
 
-    before = sys.gettrace()
-    sys.settrace(tracer)
-    try:
-        assert launch.launch(["torchrun"]) == 143
-    finally:
-        sys.settrace(before)
+    torchrun.started = started
+    monkeypatch.setattr(launch.subprocess, "Popen", torchrun)
+    assert launch.launch(["torchrun"]) == 143
     assert sent == [(_Torchrun.pid, signal.SIGTERM)]
 
 
