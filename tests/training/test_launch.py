@@ -117,19 +117,24 @@ def test_a_failure_that_is_not_a_sanlab_error_keeps_torchruns_status(tmp_path):
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_is_not_passed_on(tmp_path, second):
     """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one, a Ctrl-C or a scheduler's
-    SIGTERM after it, would cut that short and leave them running. The first decides the status."""
+    SIGTERM after it, would cut that short and leave them running. The first decides the status. The stub, as
+    torchrun ending its workers, writes down each signal and ends only once the test has sent the second one (a
+    stub that ended on a timer could end first: nothing tested, or the launcher's own handlers gone)."""
     action = ("def count(signum, frame):\n"
               "    with open(out / 'signals', 'a') as f:\n"
               "        f.write(signal.Signals(signum).name + '\\n')\n"
-              "    signal.alarm(3)  # as torchrun, it takes a while to end its workers\n"
+              "    deadline = time.monotonic() + 120  # (a safety net: the test creates 'sent')\n"
+              "    while not (out / 'sent').exists() and time.monotonic() < deadline:\n"
+              "        time.sleep(0.05)\n"
+              "    sys.exit(130 if (out / 'sent').exists() else 1)\n"
               "for sig in (signal.SIGINT, signal.SIGTERM):\n"
-              "    signal.signal(sig, count)\n"
-              "signal.signal(signal.SIGALRM, lambda *a: sys.exit(130))")
+              "    signal.signal(sig, count)")
     launcher = _launch(tmp_path, action=action)
     _wait_for(tmp_path / "session", launcher)
     launcher.send_signal(signal.SIGINT)
     _wait_for(tmp_path / "signals", launcher)
     launcher.send_signal(second)
+    (tmp_path / "sent").touch()
     err = launcher.communicate(timeout=120)[1]
     assert launcher.returncode == 130 and err.count("interrupted") == 1, err
     assert (tmp_path / "signals").read_text() == "SIGINT\n"
