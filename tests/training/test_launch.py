@@ -58,6 +58,7 @@ def _wait_for(path, process: subprocess.Popen, timeout_s: float = 120) -> str:
     return path.read_text()
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun: two python processes (~5 s)
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_to_the_launcher_reaches_torchrun_in_its_own_session(tmp_path, sig, status):
     """Ctrl-C reaches the terminal's process group: torchrun is not in it (its workers would otherwise get SIGINT
@@ -75,6 +76,7 @@ def test_a_signal_to_the_launcher_reaches_torchrun_in_its_own_session(tmp_path, 
         assert "sanlab train: interrupted; rerun the same command to resume" in err
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 def test_torchrun_dies_with_its_launcher(tmp_path):
     """A launcher killed outright (SIGKILL, the OOM killer) forwards nothing: the kernel sends torchrun's process
     SIGTERM (``die_with_parent``, which torchrun passes on to its workers), so no orphan trains on."""
@@ -87,6 +89,7 @@ def test_torchrun_dies_with_its_launcher(tmp_path):
     assert _wait_for(tmp_path / "signal", launcher) == "SIGTERM"
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 def test_a_workers_sanlab_error_ends_the_launch_with_its_message_and_status_2(tmp_path):
     """What a worker tells the launcher (the first worker: a second one's message is dropped) is printed as
     one process's error would be, and the command ends with status 2 whatever torchrun's status."""
@@ -108,12 +111,14 @@ def test_without_a_launcher_a_worker_prints_its_own_error(monkeypatch):
     assert not launch.launched() and not launch.tell_launcher("a message")
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 def test_a_failure_that_is_not_a_sanlab_error_keeps_torchruns_status(tmp_path):
     launcher = _launch(tmp_path, action="sys.exit(1)")
     err = launcher.communicate(timeout=120)[1]
     assert launcher.returncode == 1 and "error" not in err, err
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_is_not_passed_on(tmp_path, second):
     """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one, a Ctrl-C or a scheduler's
