@@ -201,6 +201,7 @@ def _bench(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # trains a recipe for 2 updates
 def test_variant_smoke_only_runs_the_recipe_named_exactly(tmp_path):
     """--only ud-ewt-p used to run every recipe whose name holds it (ud-ewt-pe-con, ud-ewt-pr as well)."""
     out = tmp_path / "smoke.md"
@@ -211,6 +212,7 @@ def test_variant_smoke_only_runs_the_recipe_named_exactly(tmp_path):
     assert rows == ["ud-ewt-p.yaml", "ud-ewt-san.yaml"]  # in the recipes' order
 
 
+@pytest.mark.slow  # the script imports torch before it parses its arguments (~4 s)
 def test_variant_smoke_refuses_an_unknown_recipe_naming_the_known_ones(tmp_path):
     done = _bench("variant_smoke.py", "--only", "muse", "--steps", "2", "--out", str(tmp_path / "smoke.md"))
     assert done.returncode == 2 and "no recipe named 'muse'" in done.stderr
@@ -251,6 +253,7 @@ def test_ud_conv2d_check_says_its_usage():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # runs the bench on the CPU
 def test_gpu_bench_compares_with_the_declared_baseline_not_the_first_row(tmp_path):
     """A grid's `baseline: true` variant need not be its first: the ratios were to whichever row came first."""
     _tiny_translation_grid(tmp_path, vocab=50, variant="{name: plain, baseline: true}")
@@ -262,6 +265,7 @@ def test_gpu_bench_compares_with_the_declared_baseline_not_the_first_row(tmp_pat
     assert [r[0] for r in rows] == ["vanilla", "plain (baseline)"] and rows[1][4] == "1.00"
 
 
+@pytest.mark.slow  # the bench imports torch and reads the grid before it refuses (~5 s each)
 @pytest.mark.parametrize("option", ["--only", "--compile", "--deterministic"])
 def test_gpu_bench_refuses_a_variant_the_grid_has_not(tmp_path, option):
     """An unknown name was left out silently (a typo timed nothing but the baseline, or no compiled row)."""

@@ -26,9 +26,13 @@ def _probe(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-def test_list_names_the_checks_and_only_runs_those_named():
+def test_list_names_the_checks():
     names = _probe("--list").stdout.split()
     assert len(names) >= 18 and "run_below_a_file" in names and "huge_learning_rate" in names
+
+
+@pytest.mark.slow  # a sanlab train and two more processes
+def test_only_runs_the_checks_named():
     done = _probe("--only", "run_below_a_file", "--only", "huge_learning_rate")
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and lines[-1] == "2 of 2 as expected", done.stdout + done.stderr

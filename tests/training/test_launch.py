@@ -2,7 +2,6 @@
 reach torchrun, which runs in its own session; torchrun dies with the launcher; a worker's sanlab error ends the
 command with its message and status 2. (tests/training/test_distributed.py launches real torchrun jobs.)"""
 
-import inspect
 import os
 import signal
 import subprocess
@@ -59,6 +58,7 @@ def _wait_for(path, process: subprocess.Popen, timeout_s: float = 120) -> str:
     return path.read_text()
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun: two python processes (~5 s)
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_to_the_launcher_reaches_torchrun_in_its_own_session(tmp_path, sig, status):
     """Ctrl-C reaches the terminal's process group: torchrun is not in it (its workers would otherwise get SIGINT
@@ -76,6 +76,7 @@ def test_a_signal_to_the_launcher_reaches_torchrun_in_its_own_session(tmp_path, 
         assert "sanlab train: interrupted; rerun the same command to resume" in err
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 def test_torchrun_dies_with_its_launcher(tmp_path):
     """A launcher killed outright (SIGKILL, the OOM killer) forwards nothing: the kernel sends torchrun's process
     SIGTERM (``die_with_parent``, which torchrun passes on to its workers), so no orphan trains on."""
@@ -88,6 +89,7 @@ def test_torchrun_dies_with_its_launcher(tmp_path):
     assert _wait_for(tmp_path / "signal", launcher) == "SIGTERM"
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 def test_a_workers_sanlab_error_ends_the_launch_with_its_message_and_status_2(tmp_path):
     """What a worker tells the launcher (the first worker: a second one's message is dropped) is printed as
     one process's error would be, and the command ends with status 2 whatever torchrun's status."""
@@ -109,28 +111,35 @@ def test_without_a_launcher_a_worker_prints_its_own_error(monkeypatch):
     assert not launch.launched() and not launch.tell_launcher("a message")
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 def test_a_failure_that_is_not_a_sanlab_error_keeps_torchruns_status(tmp_path):
     launcher = _launch(tmp_path, action="sys.exit(1)")
     err = launcher.communicate(timeout=120)[1]
     assert launcher.returncode == 1 and "error" not in err, err
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_is_not_passed_on(tmp_path, second):
     """torchrun ends its workers on the first signal (SIGKILL after 30 s); a second one, a Ctrl-C or a scheduler's
-    SIGTERM after it, would cut that short and leave them running. The first decides the status."""
+    SIGTERM after it, would cut that short and leave them running. The first decides the status. The stub, as
+    torchrun ending its workers, writes down each signal and ends only once the test has sent the second one (a
+    stub that ended on a timer could end first: nothing tested, or the launcher's own handlers gone)."""
     action = ("def count(signum, frame):\n"
               "    with open(out / 'signals', 'a') as f:\n"
               "        f.write(signal.Signals(signum).name + '\\n')\n"
-              "    signal.alarm(3)  # as torchrun, it takes a while to end its workers\n"
+              "    deadline = time.monotonic() + 120  # (a safety net: the test creates 'sent')\n"
+              "    while not (out / 'sent').exists() and time.monotonic() < deadline:\n"
+              "        time.sleep(0.05)\n"
+              "    sys.exit(130 if (out / 'sent').exists() else 1)\n"
               "for sig in (signal.SIGINT, signal.SIGTERM):\n"
-              "    signal.signal(sig, count)\n"
-              "signal.signal(signal.SIGALRM, lambda *a: sys.exit(130))")
+              "    signal.signal(sig, count)")
     launcher = _launch(tmp_path, action=action)
     _wait_for(tmp_path / "session", launcher)
     launcher.send_signal(signal.SIGINT)
     _wait_for(tmp_path / "signals", launcher)
     launcher.send_signal(second)
+    (tmp_path / "sent").touch()
     err = launcher.communicate(timeout=120)[1]
     assert launcher.returncode == 130 and err.count("interrupted") == 1, err
     assert (tmp_path / "signals").read_text() == "SIGINT\n"
@@ -180,29 +189,22 @@ def test_a_signal_before_torchrun_has_a_pid_is_sent_once_it_has(monkeypatch, sen
 
 def test_a_signal_just_after_torchrun_started_is_sent_once(monkeypatch, sent):
     """The signal comes after torchrun has a pid and before the launcher looks for one that came earlier: the
-    handler sends it, and the launcher must not send it again (torchrun took a second signal as a second Ctrl-C)."""
+    handler sends it, and the launcher must not send it again (torchrun took a second signal as a second Ctrl-C).
+    Popen's stand-in hands the launcher's handler the child it is about to return (as the assignment would) and
+    raises the signal: its handler runs before the launcher's check does."""
     from sanlab.training import launch
 
-    monkeypatch.setattr(launch.subprocess, "Popen", _Torchrun(status=143))
-    check = "if received and not sent:"
-    line = next(n for n, text in enumerate(inspect.getsourcelines(launch.launch)[0],
-                                           start=launch.launch.__code__.co_firstlineno) if check in text)
+    torchrun = _Torchrun(status=143)
 
-    def tracer(frame, event, arg):
-        if frame.f_code is not launch.launch.__code__:
-            return None
-        def on_line(frame, event, arg):
-            if event == "line" and frame.f_lineno == line:
-                signal.raise_signal(signal.SIGTERM)  # (its handler runs before the line does)
-            return on_line
-        return on_line
+    def started():
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler.__qualname__ == "launch.<locals>.forward", handler
+        handler.__closure__[handler.__code__.co_freevars.index("child")].cell_contents = torchrun
+        signal.raise_signal(signal.SIGTERM)
 
-    before = sys.gettrace()
-    sys.settrace(tracer)
-    try:
-        assert launch.launch(["torchrun"]) == 143
-    finally:
-        sys.settrace(before)
+    torchrun.started = started
+    monkeypatch.setattr(launch.subprocess, "Popen", torchrun)
+    assert launch.launch(["torchrun"]) == 143
     assert sent == [(_Torchrun.pid, signal.SIGTERM)]
 
 
