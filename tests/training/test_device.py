@@ -94,6 +94,14 @@ def test_mpiruns_variable_counts_before_sruns(monkeypatch):
         resolve_device("cuda:2")
 
 
+def _local_rank_beyond_the_gpus_is_refused(monkeypatch) -> None:
+    """torchrun's LOCAL_RANK counts the node's GPUs, all visible to every process: one beyond them is a mistake."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"device cuda:1 \(cuda, for the process with LOCAL_RANK=1\): this process "
+                                          r"sees 1 CUDA device\(s\)$"):
+        resolve_device("cuda")
+
+
 @pytest.mark.parametrize("world_size", [None, "1"])
 def test_srun_and_mpirun_variables_name_no_gpu_outside_a_data_parallel_run(monkeypatch, world_size):
     """`srun -n2 sanlab evaluate ...` runs two independent processes: each one's SLURM_LOCALID is no GPU index (the
@@ -109,10 +117,7 @@ def test_srun_and_mpirun_variables_name_no_gpu_outside_a_data_parallel_run(monke
         assert resolve_device("cuda") == torch.device("cuda", 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
         monkeypatch.delenv(variable)
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    with pytest.raises(ConfigError, match=r"device cuda:1 \(cuda, for the process with LOCAL_RANK=1\): this process "
-                                          r"sees 1 CUDA device\(s\)$"):
-        resolve_device("cuda")
+    _local_rank_beyond_the_gpus_is_refused(monkeypatch)
 
 
 def test_a_process_that_sees_one_gpu_takes_it_under_srun_and_mpirun(monkeypatch):
@@ -125,10 +130,7 @@ def test_a_process_that_sees_one_gpu_takes_it_under_srun_and_mpirun(monkeypatch)
         monkeypatch.setenv(variable, "1")
         assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 0)
         monkeypatch.delenv(variable)
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    with pytest.raises(ConfigError, match=r"device cuda:1 \(cuda, for the process with LOCAL_RANK=1\): this process "
-                                          r"sees 1 CUDA device\(s\)$"):
-        resolve_device("cuda")
+    _local_rank_beyond_the_gpus_is_refused(monkeypatch)
 
 
 def test_an_explicit_gpu_is_refused_only_where_processes_share_a_node(monkeypatch):
