@@ -4,7 +4,7 @@ branch on the device; the trainer moves the model and each batch here, and runs 
 ``Precision.autocast``.
 
     device         auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; under torchrun, ``cuda``
-                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process (``local_rank``: in a data-parallel
+                   and ``auto`` mean cuda:LOCAL_RANK, one GPU per process (``_rank_on_node``: in a data-parallel
                    run, mpirun's and srun's variables where LOCAL_RANK is unset)
     precision      fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast + dynamic loss scaling, CUDA;
                    on the CPU too where torch supports it, for tests)
@@ -85,13 +85,6 @@ def _rank_on_node() -> tuple[str, int] | None:
     return _first_set(LOCAL_RANK_VARIABLES[:1])
 
 
-def local_rank() -> int:
-    """This process's index among the processes of its node: LOCAL_RANK (torchrun), else in a data-parallel run
-    (WORLD_SIZE above 1) OMPI_COMM_WORLD_LOCAL_RANK (mpirun), else SLURM_LOCALID (srun); 0 without any of them."""
-    found = _rank_on_node()
-    return 0 if found is None else found[1]
-
-
 def _slurm_tasks_per_node(name: str, value: str) -> tuple[int, bool]:
     """The most tasks a Slurm tasks-per-node list (``"2(x3),1"``) puts on one node, and whether every node has
     that many (then it is this node's count too)."""
@@ -117,15 +110,6 @@ def _processes_on_node() -> tuple[str, int, bool] | None:
             return name, *_slurm_tasks_per_node(name, value)
         return name, _whole_number(name, value), True
     return None
-
-
-def local_world_size() -> int:
-    """How many processes of this job run on this node: LOCAL_WORLD_SIZE (torchrun), else OMPI_COMM_WORLD_LOCAL_SIZE
-    (mpirun), else srun's SLURM_STEP_TASKS_PER_NODE (the most on any node, where srun's layout is uneven) or
-    SLURM_NTASKS_PER_NODE; 1 without any of them (nothing known: WORLD_SIZE's processes may be on as many
-    machines)."""
-    found = _processes_on_node()
-    return 1 if found is None else found[1]
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
