@@ -125,3 +125,115 @@ def test_a_worker_stopped_by_another_process_waits_for_torchrun_and_leaves_the_t
     monkeypatch.delenv(launch.LAUNCH_DIR_ENV)
     assert stopped_by(RelayedCrash("crashed")) == 2 and len(stood_by) == 3
     assert capsys.readouterr().err == "sanlab train: error: crashed\n"
+
+
+def _mirrored(monkeypatch, *, world_size=2, failing=None):
+    """Distributed's collectives as if every other rank did what this one did, except rank ``failing`` (rank,
+    exception), which fails in the first ``all_or_none`` block; returns the values this rank gathered."""
+    from sanlab.training.distributed import Distributed, failure_report
+
+    gathered = []
+
+    def gather(dist, value):
+        gathered.append(value)
+        found = [value] * world_size
+        if failing is not None and isinstance(value, (dict, type(None))) and len(gathered) == 1:
+            found[failing[0]] = failure_report(failing[1])
+        return found
+
+    monkeypatch.setattr(Distributed, "gather", gather)
+    monkeypatch.setattr(Distributed, "broadcast", lambda dist, value: value)
+    monkeypatch.setattr(Distributed, "wrap", lambda dist, model, **kw: wrapped.append(model) or model)
+    wrapped = []
+    return gathered, wrapped
+
+
+def _trainer(tmp_path, config, dist):
+    from sanlab.runs import make_task
+    from sanlab.training.logging import SilentLogger
+    from sanlab.training.loop import Trainer
+
+    run = tmp_path / "run"
+    task = make_task(config, run, SilentLogger(run))
+    return Trainer(task=task, config=config.train, run_dir=run, logger=SilentLogger(run), dist=dist)
+
+
+def test_a_model_that_does_not_fit_one_ranks_device_stops_every_rank_before_ddps_set_up(tmp_path, tiny_translation,
+                                                                                        monkeypatch):
+    """Moving the model to the device is the first thing a rank can fail at alone (its GPU full: another job on it);
+    the others must learn of it before DDP's set-up, a collective where they would wait for it. The failed rank says
+    the model's size, what torch reported and what to try; the others name it."""
+    import torch
+    from torch import nn
+
+    from sanlab.errors import TrainingError
+    from sanlab.training.distributed import Distributed
+
+    config = tiny_translation(max_steps=1)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 1 has a total capacity of "
+                                 "79.19 GiB of which 1.00 MiB is free.")
+    with pytest.raises(TrainingError) as raised:  # rank 1's model does not fit; rank 0 is told
+        gathered, wrapped = _mirrored(monkeypatch, failing=(1, TrainingError("moving the model ran out of memory")))
+        _trainer(tmp_path, config, Distributed(rank=0, world_size=2))
+    assert str(raised.value) == "process 1 stopped while starting: moving the model ran out of memory"
+    assert wrapped == []  # never reached DDP's set-up
+
+    def no_room(module, *args, **kwargs):
+        raise oom
+
+    monkeypatch.setattr(nn.Module, "to", no_room)
+    gathered, wrapped = _mirrored(monkeypatch)
+    with pytest.raises(TrainingError) as raised:  # rank 1's own: said with the model's size and what to try
+        _trainer(tmp_path, config, Distributed(rank=1, world_size=2))
+    message = str(raised.value)
+    assert message.startswith("processes 0, 1 stopped while starting: moving the model (") and wrapped == []
+    assert " parameters, " in message and "to the device ran out of memory on cpu: CUDA out of memory. " in message
+    assert message.endswith("Free the device of other processes (nvidia-smi lists them), or train a smaller model.")
+    assert gathered[0]["sanlab"] and gathered[0]["message"] in message  # what the others are told
+    with pytest.raises(TrainingError, match=r"^moving the model \(.* parameters, .* MiB\) to the device ran out of "
+                                            r"memory on cpu: CUDA out of memory"):  # one process: no ranks named
+        _trainer(tmp_path, config, Distributed.single())
+
+
+def test_a_rank_that_cannot_resume_stops_every_rank_naming_it(tmp_path, tiny_translation, monkeypatch):
+    """A rank whose checkpoints are all damaged (a node's stale copy of the run directory) stops the others, which
+    would otherwise wait for it in the check that every rank resumes from the same checkpoint."""
+    from sanlab.errors import TrainingError
+    from sanlab.training.checkpoint import DamagedCheckpoint
+    from sanlab.training.distributed import Distributed
+    from sanlab.runs.train import train_run
+
+    config = tiny_translation(max_steps=2, valid_every=2)
+    train_run(config, tmp_path / "run", quiet=True)
+    damaged = DamagedCheckpoint("no intact checkpoint to resume from: step-00000002: model.safetensors differs")
+    _mirrored(monkeypatch)
+    trainer = _trainer(tmp_path, config, Distributed(rank=0, world_size=2))
+    gathered, _ = _mirrored(monkeypatch, failing=(1, damaged))
+    with pytest.raises(TrainingError, match=r"^process 1 stopped while resuming: no intact checkpoint to resume "
+                                            r"from: step-00000002: model.safetensors differs$"):
+        trainer.resume()
+    assert len(gathered) == 1  # stopped at the outcomes of loading, before the comparison of checkpoints
+
+
+def test_the_main_processs_records_failing_at_the_start_stop_every_rank(tmp_path, tiny_translation, monkeypatch):
+    """The main process writes the session into meta.json while the others go on to the first update's all-reduce,
+    where they would wait for it: its failure there (a full disk) is gathered with the others' outcomes, and it
+    raises its own error (torchrun's root cause)."""
+    import contextlib
+
+    import sanlab.runs.train as train_module
+    import sanlab.training.distributed as distributed
+    from sanlab.training.distributed import Distributed
+
+    gathered, _ = _mirrored(monkeypatch)
+    monkeypatch.setattr(distributed, "from_environment",
+                        lambda device: contextlib.nullcontext(Distributed(rank=0, world_size=2, device=device)))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module, "record_session", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        train_module.train_run(tiny_translation(max_steps=1), tmp_path / "run", quiet=True)
+    reports = [value for value in gathered if isinstance(value, dict)]
+    assert reports == [{"sanlab": False, "message": "[Errno 28] No space left on device", "type": "OSError"}]

@@ -80,52 +80,71 @@ class _Start:
 
 def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist,
                   warning: str | None = None) -> dict:
-    from sanlab.training.device import describe_environment
     from sanlab.training.loop import Trainer
     from sanlab.training.logging import SilentLogger
 
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet) if dist.is_main else SilentLogger(run_dir)
-    if dist.is_main and dist.enabled and torch.get_num_threads() * dist.world_size > (os.cpu_count() or 1):
+    # Every failure from here to the first update stops every process alike (``Distributed.all_or_none``): the others
+    # wait for the main process in what follows, so its train.log failing to be written must stop them too.
+    with dist.all_or_none("starting"):
+        log = RunLogger(run_dir, progress=config.train.progress, quiet=quiet) if dist.is_main else SilentLogger(run_dir)
+        if dist.is_main:
+            _log_start(log, config, dist, start, warning)
+    try:
+        try:
+            task = _start_task(config, run_dir, log, dist)
+            if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
+                torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
+            trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
+        except SanlabError:  # bad data or settings found at the start, a full GPU: no half-made run is left behind
+            if start.new and dist.is_main:
+                log.close()
+                rundir.undo_start(run_dir, before=start.before)
+            raise
+        resumed = start.resuming and trainer.resume()
+        with dist.all_or_none("starting"):  # the main process's records of this session
+            if dist.is_main:
+                _record_start(run_dir, config, log, start, resumed=resumed, step=trainer.progress.step,
+                              device=dist.device)
+        return trainer.fit()
+    finally:
+        log.close()
+
+
+def _log_start(log, config: Config, dist, start: _Start, warning: str | None) -> None:
+    """train.log's first lines of a session (main process): what runs it, and what it was warned of."""
+    from sanlab.training.device import describe_environment
+
+    if dist.enabled and torch.get_num_threads() * dist.world_size > (os.cpu_count() or 1):
         log.info(f"WARNING: {dist.world_size} processes x {torch.get_num_threads()} threads on {os.cpu_count()} "
                  "cores: oversubscribed (train.threads is per process)")
-    if dist.is_main:
-        log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size,
-                                      compiled=config.train.compile_backend if config.train.compile else None,
-                                      deterministic=config.train.deterministic))
-        if warning:
-            log.info(f"WARNING: {warning}")
-    if dist.is_main and dist.enabled:
+    log.info(describe_environment(dist.device, precision=config.train.precision, processes=dist.world_size,
+                                  compiled=config.train.compile_backend if config.train.compile else None,
+                                  deterministic=config.train.deterministic))
+    if warning:
+        log.info(f"WARNING: {warning}")
+    if dist.enabled:
         backend = "nccl" if dist.device.type == "cuda" else "gloo"
         log.info(f"distributed data parallel: {dist.world_size} processes ({backend}), "
                  f"{config.train.accum_steps * dist.world_size} batches per update")
     for change in start.data_changes:
         log.info(f"WARNING: training data changed since this run last trained on it (--allow-changed-data): {change}")
-    try:
-        task = _start_task(config, run_dir, log, dist)
-    except SanlabError:  # bad data or settings found at the start: no half-made run is left behind
-        if start.new and dist.is_main:
-            log.close()
-            rundir.undo_start(run_dir, before=start.before)
-        raise
-    if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
-        torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
-    trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
-    if start.resuming:
-        if trainer.resume() and dist.is_main and dist.device.type == "cpu":  # (a GPU's sums do not use them)
-            _warn_of_other_threads(run_dir, log, step=trainer.progress.step)
-    elif dist.is_main:  # a session killed before its first checkpoint logged updates that this one repeats
+
+
+def _record_start(run_dir: Path, config: Config, log, start: _Start, *, resumed: bool, step: int,
+                  device: torch.device) -> None:
+    """The main process's records of a session about to train: the session in meta.json, and in train.log what a
+    resume changed (other CPU threads) or what a new start replaces (records of a session killed before its first
+    checkpoint)."""
+    if resumed and device.type == "cpu":  # (a GPU's sums do not use the threads)
+        _warn_of_other_threads(run_dir, log, step=step)
+    if not start.resuming:
         reached = log.truncate_after(0)
         if reached is not None:
             log.info(f"an interrupted session had logged updates up to {reached:,} before its first checkpoint: "
                      "training starts again from update 0 and replaces their records")
-    if dist.is_main:
-        record_session(run_dir, config, step=trainer.progress.step)
-    try:
-        return trainer.fit()
-    finally:
-        log.close()
+    record_session(run_dir, config, step=step)
 
 
 def _start_task(config: Config, run_dir: Path, log, dist):

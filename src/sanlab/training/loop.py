@@ -105,7 +105,14 @@ class Trainer:
         self.device = self.dist.device
         self.precision = Precision(config.precision, self.device)
         self.scaler = self.precision.scaler()
-        self.model = task.model.to(self.device)  # in place: the task validates the same module
+        # Every process learns whether the others' models reached their devices before DDP's set-up, a collective: one
+        # whose GPU is full (another job on it) stopping alone left the others waiting there (torchrun ends them with
+        # "connection closed"; a launch by hand waited for hours)
+        with self.dist.all_or_none("starting"):
+            with out_of_memory_stops(self.device, where=f"moving the model ({_parameters(task.model)}) to the device",
+                                     advice="Free the device of other processes (nvidia-smi lists them), or train a "
+                                            "smaller model."):
+                self.model = task.model.to(self.device)  # in place: the task validates the same module
         self.train_model = self.dist.wrap(self.model, find_unused_parameters=config.find_unused_parameters)
         # the forward of training steps; validation and checkpoints use self.model, the same weights
         self.forward_model, self.graphs = self._compiled(config)
@@ -121,39 +128,41 @@ class Trainer:
     def resume(self) -> bool:
         """Continue from the latest checkpoint, if there is one. Returns True if it did."""
         candidates = self.checkpoints.resume_candidates()
-        try:
-            latest, state = self._load_newest_good(candidates) if candidates else (None, None)
-        except DamagedCheckpoint as err:  # told to the others first: they would wait for this process in the check
-            self._check_every_process_resumes_alike(f"none intact ({err})")
-            raise
+        latest, state = None, None
+        # a process that fails here alone (no intact checkpoint on its node, another vocabulary) tells the others,
+        # which would otherwise wait for it in the checks below; the same goes for the main process's clean-up after
+        with self.dist.all_or_none("resuming"):
+            if candidates:
+                latest, state = self._load_newest_good(candidates)
         self._check_every_process_resumes_alike(latest)
         if latest is None:
             return False
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and "scaler" in state:  # fp16's loss scale and its growth counter
-            self.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress(**state["progress"])
-        # the updates since the last "train" record (absent in older checkpoints): a checkpoint between two
-        # records must not make the next record average fewer updates than the uninterrupted run's
-        self._since_log = SinceLog(**state.get("since_log", {}))
-        self._restore_rng(state)
         reached = None
-        if self.dist.is_main:
-            # written after `latest` by a run that then crashed, or damaged: training on replaces them
-            self.checkpoints.discard_after(self.progress.step)
-            reached = self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
+        with self.dist.all_or_none("resuming"):
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and "scaler" in state:  # fp16's loss scale and its growth counter
+                self.scaler.load_state_dict(state["scaler"])
+            self.progress = Progress(**state["progress"])
+            # the updates since the last "train" record (absent in older checkpoints): a checkpoint between two
+            # records must not make the next record average fewer updates than the uninterrupted run's
+            self._since_log = SinceLog(**state.get("since_log", {}))
+            self._restore_rng(state)
+            if self.dist.is_main:
+                # written after `latest` by a run that then crashed, or damaged: training on replaces them
+                self.checkpoints.discard_after(self.progress.step)
+                reached = self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
         self.last_good = latest
         redone = ("" if reached is None else f"; the interrupted session had logged updates up to {reached:,}: those "
                   f"after {self.progress.step:,} are done again and their records replaced")
         self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch}){redone}")
         return True
 
-    def _check_every_process_resumes_alike(self, latest: Path | str | None) -> None:
+    def _check_every_process_resumes_alike(self, latest: Path | None) -> None:
         """Every process reads the checkpoints itself: one that saw another run directory (a node without the shared
         filesystem, or with a stale copy) would start from other weights and optimizer state, and DDP, which makes
         the weights equal only when it wraps the model, would not notice. Compared by the files' checksums (a copy
-        trained apart has the same checkpoint names); ``latest`` may be what went wrong instead, for the others."""
-        mine = (latest, None) if not isinstance(latest, Path) else (latest.name, read_meta(latest).get("sha256"))
+        trained apart has the same checkpoint names)."""
+        mine = (None, None) if latest is None else (latest.name, read_meta(latest).get("sha256"))
         starts = self.dist.gather(mine)
         if any(start != starts[0] for start in starts):
             first_name, first_files = starts[0]
@@ -513,6 +522,13 @@ class Trainer:
         if not scores:
             return self.progress.best
         return max(scores) if self.task.higher_is_better else min(scores)
+
+
+def _parameters(model: nn.Module) -> str:
+    """A model's size for a message: its parameter count and their bytes."""
+    params = list(model.parameters())
+    size = sum(q.numel() * q.element_size() for q in params)
+    return f"{sum(q.numel() for q in params):,} parameters, {size / 2**20:,.0f} MiB"
 
 
 def _shown(score: float | None) -> str:
