@@ -237,3 +237,21 @@ def test_the_main_processs_records_failing_at_the_start_stop_every_rank(tmp_path
         train_module.train_run(tiny_translation(max_steps=1), tmp_path / "run", quiet=True)
     reports = [value for value in gathered if isinstance(value, dict)]
     assert reports == [{"sanlab": False, "message": "[Errno 28] No space left on device", "type": "OSError"}]
+
+
+def test_a_new_run_whose_model_does_not_fit_is_taken_back(tmp_path, tiny_translation, monkeypatch):
+    """A fresh run that stops before training (its model does not fit the device) leaves no half-made run directory:
+    the same command later starts it anew, not as a resume of nothing."""
+    import torch
+    from torch import nn
+
+    from sanlab.errors import TrainingError
+    from sanlab.runs.train import train_run
+
+    def no_room(module, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+
+    monkeypatch.setattr(nn.Module, "to", no_room)
+    with pytest.raises(TrainingError, match="to the device ran out of memory"):
+        train_run(tiny_translation(max_steps=1), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
