@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from sanlab.training.loop import read_metrics
+from sanlab.training.logging import read_metrics
 
 
 def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, updates: int) -> dict:

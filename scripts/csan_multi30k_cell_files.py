@@ -56,7 +56,7 @@ def validations_at(run_dir) -> dict[int, float]:
     may, counts once with its last record). An unscheduled validation, which a session that ends between
     scheduled ones adds, counts like the others: its checkpoint could be the one kept. An evaluated cell without
     validations is an error: it would silently drop out of the counts."""
-    from sanlab.training.loop import read_metrics  # (a torn last line skipped, other damage named by line)
+    from sanlab.training.logging import read_metrics  # (a torn last line skipped, other damage named by line)
 
     out = {int(r["step"]): r["bleu"] for r in read_metrics(run_dir)
            if r.get("split") == "valid" and r.get("bleu") is not None}

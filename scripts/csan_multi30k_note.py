@@ -20,7 +20,7 @@ def cell_note(c, variant: str, seed: int, test_refs: list[str]) -> str:
     import sacrebleu
 
     from sanlab.experiments.cells import speed_conditions
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     if variant == "vanilla":
         raise ValueError("vanilla is the baseline the notes test against: draft a note for another row's cell")

@@ -446,7 +446,7 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_transla
 
 def test_an_fp16_overflow_skips_the_update_halves_the_scale_and_is_logged(tmp_path, tiny_translation, monkeypatch):
     from sanlab.training import loop
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     real_update, calls, weights = loop.Trainer.update, [], {}
 

@@ -41,7 +41,7 @@ def test_training_logs_the_diagnostics_at_every_validation(tmp_path, tiny_transl
 
     from sanlab.config import dump_config, validate
     from sanlab.runs import train_run
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     raw = yaml.safe_load(dump_config(tiny_translation(max_steps=6, valid_every=3)))
     raw["model"]["encoder"]["attention"]["parts"] = [{"type": "temperature"}]

@@ -129,7 +129,7 @@ def test_without_the_padding_mask_a_chunk_is_tagged_alike_whatever_its_batch(tmp
 def test_a_record_torn_by_a_kill_is_skipped_and_the_next_starts_a_new_line(tmp_path):
     from sanlab.errors import ConfigError
     from sanlab.training.logging import RunLogger
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     log = RunLogger(tmp_path, tensorboard=False, quiet=True)
     log.scalars("valid", {"bleu": 1.0}, step=1)
@@ -148,7 +148,7 @@ def test_truncating_after_a_checkpoint_returns_the_last_update_the_dropped_recor
     (the records are the only trace of it); a torn last line is dropped too, and names its update if the kill
     came after the record's "step" was written."""
     from sanlab.training.logging import RunLogger
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     log = RunLogger(tmp_path, tensorboard=False, quiet=True)
     metrics = tmp_path / "metrics.jsonl"

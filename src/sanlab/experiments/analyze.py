@@ -90,7 +90,7 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
 
     ``mean_over_seeds``: comparison cells ``<variant>/seed-N`` of one variant become one line, their mean."""
     from sanlab.evaluation import analysis_curves, plots
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     run_dirs = distinct_runs(run_dirs)
     for run in run_dirs:  # a mistyped path is "not a run", not "no records"

@@ -222,7 +222,7 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
               checkpoint: str) -> tuple[float, str]:
     """(score, where it came from) of a run: its best validation record, or ``eval-<checkpoint>.json``."""
     from sanlab.evaluation import analysis_curves
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     metric = metric or default_metric(run_dir, score_from=score_from)
     if score_from == "valid":

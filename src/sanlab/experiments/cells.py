@@ -35,7 +35,7 @@ from sanlab.tasks.base import CellRun, task_for
 from sanlab.tasks.tagging_task import read_tagged  # noqa: F401  (re-exported)
 from sanlab.training.launch import die_with_parent
 from sanlab.training.layout import RunLayout
-from sanlab.training.loop import read_metrics
+from sanlab.training.logging import read_metrics
 
 
 

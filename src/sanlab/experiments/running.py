@@ -84,7 +84,7 @@ def _logged_past(cell: Cell, step: int | None) -> str:
     training it now logs every ``log_every`` updates and saves only at validations."""
     from datetime import datetime, timezone
 
-    from sanlab.training.loop import read_metrics
+    from sanlab.training.logging import read_metrics
 
     try:
         logged = [r for r in read_metrics(cell.run_dir) if r.get("split") == "train" and "step" in r]

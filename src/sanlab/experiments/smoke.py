@@ -15,7 +15,7 @@ from pathlib import Path
 from sanlab.config import load_config
 from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
 from sanlab.runs import train_run
-from sanlab.training.loop import read_metrics
+from sanlab.training.logging import read_metrics
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 

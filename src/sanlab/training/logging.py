@@ -1,4 +1,5 @@
-"""What a run reports: console lines, ``train.log``, ``metrics.jsonl``, TensorBoard scalars, a progress bar."""
+"""What a run reports: console lines, ``train.log``, ``metrics.jsonl``, TensorBoard scalars, a progress bar; and
+``read_metrics``, which reads the records of ``metrics.jsonl`` back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sanlab.errors import ConfigError
 from sanlab.training.layout import RunLayout
 
 
@@ -103,6 +105,25 @@ def _torn_record_step(line: str) -> int | None:
     """The update a torn metrics line names, if the kill came after its "step" field was written."""
     found = re.search(r'"step": (\d+)[,}]', line)
     return int(found[1]) if found else None
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of ``metrics.jsonl``. A line cut short by a kill while it was appended is skipped (the
+    logger starts the next record on a new line); any other damage is an error naming the line."""
+    path = RunLayout(run_dir).metrics
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if not line.startswith("{") or line.rstrip().endswith("}"):  # not a torn record: real damage
+                raise ConfigError(f"{path}:{lineno}: not a JSON record ({err})") from None
+    return records
 
 
 class SilentLogger(RunLogger):

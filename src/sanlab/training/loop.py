@@ -11,7 +11,6 @@ main process validates and checkpoints.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import time
@@ -24,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
-from sanlab.errors import ConfigError, TrainingError
+from sanlab.errors import TrainingError
 from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, check_vocabulary, load_state,
                                        load_weights, read_meta, rng_state, set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
@@ -32,7 +31,6 @@ from sanlab.training.device import Precision, check_loss_scale, describe_batch, 
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError, failure_report
 from sanlab.training.interval import DeviceInterval, Settled
-from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 from sanlab.training.schedule import learning_rate
 
@@ -534,22 +532,3 @@ def _parameters(model: nn.Module) -> str:
 def _shown(score: float | None) -> str:
     """A score as the validation lines show it (4 significant digits), not a float's every digit."""
     return "none" if score is None else f"{score:.4g}"
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of ``metrics.jsonl``. A line cut short by a kill while it was appended is skipped (the
-    logger starts the next record on a new line); any other damage is an error naming the line."""
-    path = RunLayout(run_dir).metrics
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    records = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if not line.startswith("{") or line.rstrip().endswith("}"):  # not a torn record: real damage
-                raise ConfigError(f"{path}:{lineno}: not a JSON record ({err})") from None
-    return records
