@@ -135,8 +135,8 @@ class Trainer:
         self._check_every_process_resumes_alike(latest)
         if latest is None:
             return False
-        reached = None
         with self.dist.all_or_none("resuming"):
+            reached = None
             self.optimizer.load_state_dict(state["optimizer"])
             if self.scaler is not None and "scaler" in state:  # fp16's loss scale and its growth counter
                 self.scaler.load_state_dict(state["scaler"])
@@ -149,10 +149,10 @@ class Trainer:
                 # written after `latest` by a run that then crashed, or damaged: training on replaces them
                 self.checkpoints.discard_after(self.progress.step)
                 reached = self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
+            redone = ("" if reached is None else f"; the interrupted session had logged updates up to {reached:,}: "
+                      f"those after {self.progress.step:,} are done again and their records replaced")
+            self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch}){redone}")
         self.last_good = latest
-        redone = ("" if reached is None else f"; the interrupted session had logged updates up to {reached:,}: those "
-                  f"after {self.progress.step:,} are done again and their records replaced")
-        self.log.info(f"resumed from {latest} (step {self.progress.step}, epoch {self.progress.epoch}){redone}")
         return True
 
     def _check_every_process_resumes_alike(self, latest: Path | None) -> None:
@@ -526,7 +526,7 @@ def _parameters(model: nn.Module) -> str:
     """A model's size for a message: its parameter count and their bytes."""
     params = list(model.parameters())
     size = sum(q.numel() * q.element_size() for q in params)
-    return f"{sum(q.numel() for q in params):,} parameters, {size / 2**20:,.0f} MiB"
+    return f"{sum(q.numel() for q in params):,} parameters, {size / 2**20:,.1f} MiB"
 
 
 def _shown(score: float | None) -> str:
