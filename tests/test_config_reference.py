@@ -128,3 +128,15 @@ def test_every_command_line_option_is_documented(name, parser):
         text = rows[0]
     missing = [o for o in _options(parser) if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
     assert not missing, f"{where.name}: `sanlab {name}` options not documented: {missing}"
+
+
+def test_the_config_keys_the_command_line_help_names_exist():
+    """An option's help that points at a config key (``decode.beam``, ``train.device``) names a key of the schema,
+    which ``--set`` and a config file take; a key inside a list of attention parts (``parts.0.window_size``) is
+    the part's own, documented in docs/variants.md, and not checked here."""
+    known = {key for prefix, schemas in SECTIONS.values() for schema in schemas for key in schema_keys(schema, prefix)}
+    named = {(name, key) for name, parser in _commands() for action in parser._actions
+             for key in re.findall(r"\b(?:data|model|train|decode)\.[A-Za-z_][\w.]*\b", action.help or "")
+             if not re.search(r"\.\d+\.", key)}
+    unknown = sorted((name, key) for name, key in named if key not in known)
+    assert named and not unknown, f"help texts name config keys the schema lacks: {unknown}"

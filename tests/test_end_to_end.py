@@ -281,16 +281,21 @@ def test_evaluate_prints_sacrebleu_signature_and_its_scores(translation_run, cap
     assert saved["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
 
 
-def test_translations_come_back_in_input_order_whatever_the_batching(translation_run):
+@pytest.mark.parametrize("beam", [1, 2, 5])
+def test_translations_come_back_in_input_order_whatever_the_batching(translation_run, beam):
+    """Length-sorted batches of 2 and of all, against one sentence at a time: the same translations in input
+    order, also for duplicates (equal lengths: the sort must keep them apart), one-token and blank lines."""
     from sanlab.tasks.translation import translate
 
     config, model, spm = load_trained(translation_run, checkpoint="last")
-    sentences = ["a b c d e f", "b", "c d e", "", "d e f a b c d", "e f"]  # lengths out of order, an empty one
-    decode = config.decode.updated(beam=2, batch_sentences=2)
-    together = translate(model, spm, sentences, decode=decode)
-    alone = [translate(model, spm, [s], decode=decode)[0] for s in sentences]
-    assert together == alone and together[3] == ""
-    assert len(set(together)) > 2  # outputs differ, so a shuffled order would show
+    # lengths out of order, an empty and a blank one, a line repeated, one-token lines
+    sentences = ["a b c d e f", "b", "c d e", "", "d e f a b c d", "e f", "c d e", "  ", "a", "b", "a b c d e f"]
+    decode = config.decode.updated(beam=beam)
+    alone = [translate(model, spm, [s], decode=decode.updated(batch_sentences=1))[0] for s in sentences]
+    for size in (2, len(sentences)):
+        assert translate(model, spm, sentences, decode=decode.updated(batch_sentences=size)) == alone
+    assert alone[3] == alone[7] == "" and alone[2] == alone[6] and alone[0] == alone[10]
+    assert len(set(alone)) > 2  # outputs differ, so a shuffled order would show
 
 
 def test_bad_decode_settings_and_the_wrong_kind_of_run_are_one_line_errors(translation_run, tmp_path, capsys):

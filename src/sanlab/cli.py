@@ -263,9 +263,9 @@ def _register_decoding(sub) -> None:
             p.add_argument("--batch-sentences", type=_positive, help="sentences decoded at a time (default: the "
                            "run's decode.batch_sentences); fewer need less device memory")
         if name == "translate":
-            p.add_argument("--length-penalty", type=float, help="alpha of the length penalty, L ** alpha or GNMT's "
-                           "((5 + L) / 6) ** alpha by decode.length_penalty_style (default: the run's "
-                           "decode.length_penalty)")
+            p.add_argument("--length-penalty", type=float, help="alpha of the length penalty: a hypothesis of L "
+                           "tokens (end of sentence included) scores log p / L ** alpha, as fairseq's --lenpen "
+                           "(default: the run's decode.length_penalty)")
             p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":

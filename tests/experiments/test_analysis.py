@@ -837,6 +837,25 @@ def test_an_empty_references_file_is_named_by_every_analysis(corpus, tmp_path):
             analysis()
 
 
+def test_hypotheses_sources_and_references_of_other_line_counts_name_both_files(corpus, tmp_path):
+    """A --references (or --sources) file with another line count than what it is paired with: the error names
+    both files, since either may be the wrong one."""
+    from sanlab.errors import DataError
+
+    base = make_translation_run(corpus, tmp_path / "base")
+    (base / "hyp-best-test.txt").write_text(f"{BASE_HYP}\n{REF}\n{REF}\n")
+    refs, sources = tmp_path / "two.tgt", tmp_path / "one.src"
+    refs.write_text(f"{REF}\n{REF}\n")
+    sources.write_text("the dog sleeps .\n")
+    with pytest.raises(DataError, match=rf"{base / 'hyp-best-test.txt'}: 3 hypotheses for the 2 references of "
+                                        rf"{refs} \(is it the same test set\?\)"):
+        analyze.ngram_gap([base], baseline=base, out=tmp_path / "gap", references=refs)
+    with pytest.raises(DataError, match=rf"{sources}: 1 sources but 2 references in {refs}"):
+        analyze.length_buckets([base], out=tmp_path / "lb", sources=sources, references=refs)
+    with pytest.raises(DataError, match=rf"{sources}: 1 sources but 3 references in {corpus / 'test.tgt'}"):
+        analyze.length_buckets([base], out=tmp_path / "lb", sources=sources)
+
+
 def test_runs_decoded_with_different_searches_are_refused(corpus, tmp_path):
     """A beam-2 run against a greedy one: part of the difference is the search's, which the tests would credit
     to the model. Each record says how its hypotheses were decoded; runs decoded alike are compared."""

@@ -1,5 +1,7 @@
 """Beam search on a real (random) Seq2Seq: batched == one at a time; greedy == beam 1 argmax."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -66,3 +68,37 @@ def test_beam_scores_are_the_models_own_log_probs(beam):
                 assert h.positional_scores == pytest.approx(expected.tolist(), abs=1e-4)
                 assert h.log_prob == pytest.approx(float(expected.sum()), abs=1e-4)
                 assert h.score == pytest.approx(h.log_prob / (len(h.tokens) + 1), abs=1e-4)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prefix:
+    """An uncached search state: the source side and every token so far (the search reorders it as any cache)."""
+
+    memory: torch.Tensor
+    memory_valid: torch.Tensor
+    tokens: torch.Tensor
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_the_cached_search_finds_what_a_search_without_cache_finds(beam):
+    """``decode_step`` reuses each layer's keys and values; a step that runs the decoder again over the whole
+    prefix at every step must find the same hypotheses in a batch of several sentences (a cache row that
+    followed the wrong beam would change them)."""
+    model = tiny_seq2seq(eos_bias=True)
+    src = torch.randint(4, 50, (4, 8), generator=torch.Generator().manual_seed(0))
+    src[1, 2:] = 0
+    src[3, 5:] = 0
+
+    def uncached(tokens, state):
+        prefix = torch.cat([state.tokens, tokens], 1)
+        logits, _ = model.decode(prefix, memory=state.memory, memory_valid=state.memory_valid)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1), _Prefix(state.memory, state.memory_valid, prefix)
+
+    with torch.no_grad():
+        cached = _decode(model, src, beam=beam)
+        memory, memory_valid = model.encode(src)
+        plain = beam_search(uncached, _Prefix(memory, memory_valid, src.new_zeros(4, 0)), batch_size=4,
+                            beam_size=beam, bos=2, eos=3, pad=0, max_lengths=torch.full((4,), 9), n_best=beam)
+    assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in plain]
+    assert [h.score for n in cached for h in n] == pytest.approx([h.score for n in plain for h in n], abs=1e-4)
+    assert len({tuple(n[0].tokens) for n in cached}) > 1  # the sentences' outputs differ: a mixed-up row would show

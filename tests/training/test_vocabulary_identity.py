@@ -108,3 +108,20 @@ def test_a_resume_over_another_vocabulary_is_refused(tmp_path):
                                                                  "max_steps": 3}}, source="test")
     with pytest.raises(ConfigError, match="trained with another vocabulary"):
         train_run(more, run, quiet=True)
+
+
+def test_a_run_whose_own_word_list_changed_says_so_not_to_load_its_checkpoint_elsewhere(tmp_path):
+    """The run's own checkpoint against its replaced (or damaged) tagger-vocab.json: the error says the run's file
+    changed, not to load the checkpoint "with the run it was trained in", which it is."""
+    from sanlab.runs import load_trained
+
+    run = tmp_path / "t"
+    train_run(make_tagging_config(tmp_path, max_steps=2), run, quiet=True)
+    vocab = json.loads((run / "tagger-vocab.json").read_text())
+    vocab["words"][2], vocab["words"][3] = vocab["words"][3], vocab["words"][2]
+    (run / "tagger-vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(ConfigError) as err:
+        load_trained(run, checkpoint="last")
+    assert f"{_checkpoint(run)}: trained with another vocabulary" in str(err.value)
+    assert f"than {run}'s subword model or word list gives now" in str(err.value)
+    assert "replaced or damaged since" in str(err.value) and "with the run it was trained in" not in str(err.value)

@@ -98,9 +98,11 @@ def held_out_split(config, split: str | None, *, run_dir: PathLike | None = None
 SEARCH_SETTINGS = ("beam", "length_penalty", "max_len_a", "max_len_b")
 
 
-def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int) -> tuple[list[str], dict | None]:
-    """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the references, and
-    the search settings its record says they were decoded with (None where it does not say)."""
+def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int,
+                    references: PathLike) -> tuple[list[str], dict | None]:
+    """The hypotheses ``sanlab evaluate`` wrote for (checkpoint, split), checked against the ``expected``
+    references (the file ``references``, named with the hypotheses when the counts differ), and the search
+    settings its record says they were decoded with (None where it does not say)."""
     path = RunLayout(run_dir).hypotheses(checkpoint, split)
     if not path.exists():
         raise ConfigError(f"{path} not found: decode first with "
@@ -118,7 +120,8 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
                           f"replaced it?): run `sanlab evaluate --run {run_dir} --checkpoint {checkpoint} --split "
                           f"{split}` again")
     if len(hyps) != expected:
-        raise DataError(f"{len(hyps)} hypotheses for {expected} references (is it the same test set?)", path=str(path))
+        raise DataError(f"{len(hyps)} hypotheses for the {expected} references of {references} (is it the same test "
+                        "set?)", path=str(path))
     decode = results.get(split, {}).get("decode") if isinstance(results.get(split), dict) else None
     return hyps, ({k: decode.get(k) for k in SEARCH_SETTINGS} if isinstance(decode, dict) else None)
 
@@ -156,10 +159,12 @@ def translation_inputs(run_dirs: Sequence[PathLike], *, split: str | None, check
     if not refs:  # (sacreBLEU cannot score an empty corpus; every analysis needs sentences)
         raise DataError("no reference sentences (the file is empty)", path=str(references or files.tgt))
     src = (list(open_text(sources)) if sources else [s for s, _ in pairs]) if need_sources else None
-    if src is not None and len(src) != len(refs):
-        raise DataError(f"{len(src)} sources but {len(refs)} references", path=str(sources or references))
+    if src is not None and len(src) != len(refs):  # (either file may be the wrong one: both are named)
+        raise DataError(f"{len(src)} sources but {len(refs)} references in {references or files.tgt}",
+                        path=str(sources or files.src))
     labels = run_labels(run_dirs)
-    loaded = [load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs)) for r in run_dirs]
+    loaded = [load_hypotheses(r, checkpoint=checkpoint, split=name, expected=len(refs),
+                              references=references or files.tgt) for r in run_dirs]
     _one_search(labels, [search for _, search in loaded], name)
     hyps = {label: h for label, (h, _) in zip(labels, loaded)}
     return {"split": name, "sources": src, "references": refs, "hypotheses": hyps}

@@ -202,6 +202,12 @@ def check_vocabulary(checkpoint: Path, vocabulary: str | None, *, run_dir: Path)
     recorded = (read_json(Path(checkpoint) / META) or {}).get("vocabulary")
     if vocabulary is None or recorded is None or recorded == vocabulary:
         return
+    if Path(run_dir).resolve() in Path(checkpoint).resolve().parents:  # inside the run: "use its own run" is no help
+        raise ConfigError(f"{checkpoint}: trained with another vocabulary (subword model or word list: {recorded}) "
+                          f"than {run_dir}'s subword model or word list gives now ({vocabulary}): that file (or, where "
+                          "the run keeps no word list, the data it is built from) was replaced or damaged since the "
+                          "checkpoint was written, or the checkpoint was copied in from another run; restore the file, "
+                          "or move the checkpoint out")
     raise ConfigError(f"{checkpoint}: trained with another vocabulary (subword model or word list: {recorded}) than "
                       f"the run {run_dir} ({vocabulary}); load it with the run it was trained in")
 
