@@ -389,8 +389,12 @@ def test_listing_skips_a_checkpoint_pruned_while_listed(translation_run, tmp_pat
     assert [Path(m["path"]).name for m in ckpt.complete_checkpoints(directory)] == names[1:]
     monkeypatch.setattr(ckpt, "read_meta", real)
     (directory / names[1] / "meta.json").unlink()  # still there, without its meta: damaged, an error
-    with pytest.raises(ConfigError, match="checkpoint without meta.json"):
+    with pytest.raises(ConfigError, match="checkpoint without meta.json") as raised:
         ckpt.complete_checkpoints(directory)
+    # said to whichever command read the checkpoints (averaging them too), not only to a resume
+    assert str(raised.value).endswith(f"move {names[1]} out of {directory} (or restore the file): the run's "
+                                      "checkpoints are read only once it is whole or gone, and training then resumes "
+                                      "from the checkpoint before it")
 
 
 def test_run_directory_records_provenance(translation_run):

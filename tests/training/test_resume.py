@@ -596,8 +596,8 @@ def test_a_checkpoint_whose_meta_json_is_damaged_or_gone_stops_the_run_instead_o
     weights = (newest / "model.safetensors").read_bytes()
     (newest / "meta.json").write_text('{"step": 2, "sco')
     for damaged in ("not valid JSON", "checkpoint without meta.json"):
-        with pytest.raises(ConfigError, match=f"{newest}.*{damaged}.*move step-00000002 out of .*checkpoints .*to "
-                                              "resume from the checkpoint before it"):
+        with pytest.raises(ConfigError, match=f"{newest}.*{damaged}.*move step-00000002 out of .*checkpoints .*training "
+                                              "then resumes from the checkpoint before it"):
             train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
         with pytest.raises(ConfigError, match="step-00000002"):
             load_trained(run, checkpoint="last")

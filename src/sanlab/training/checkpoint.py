@@ -172,8 +172,9 @@ def _meta_unless_pruned(checkpoint: Path) -> dict | None:
 def read_meta(checkpoint: Path) -> dict:
     """A ``step-N`` checkpoint's meta.json; damaged or missing, an error naming the checkpoint and what to do."""
     checkpoint = Path(checkpoint)
-    remedy = (f"move {checkpoint.name} out of {checkpoint.parent} (or restore the file) to resume from the "
-              "checkpoint before it")
+    # (said to every reader of the run's checkpoints: training, averaging, decoding with the best)
+    remedy = (f"move {checkpoint.name} out of {checkpoint.parent} (or restore the file): the run's checkpoints are read "
+              "only once it is whole or gone, and training then resumes from the checkpoint before it")
     meta = read_json(checkpoint / META, remedy=remedy)
     if meta is None:
         raise ConfigError(f"{checkpoint}: checkpoint without {META} (written complete, so it was removed since); "
