@@ -116,3 +116,20 @@ def test_a_text_word_spelled_like_padding_is_an_unknown_word():
     batch = encode_batch(vocab, [TaggedSentence(("the", "<pad>", "<oov>", "dog"), ("_",) * 4)], max_chars=8)
     assert batch.words[0, 1:3].tolist() == [UNK, UNK] and batch.words[0, 0] > UNK and batch.words[0, 3] > UNK
     assert not vocab.in_vocab("<pad>") and vocab.in_vocab("dog")
+
+
+@pytest.mark.parametrize("key, damage", [("words", lambda old: 5), ("chars", lambda old: []), ("tags", lambda old: None),
+                                         ("words", lambda old: old[:2] + [7] + old[3:])])
+def test_a_damaged_tagging_vocabulary_is_named(legacy, capsys, key, damage):
+    """A tagger-vocab.json whose lists are not lists of names (hand-edited, cut short): an error naming the file
+    and the list, not a traceback from building the model or a number taken for a word."""
+    import json
+
+    path = legacy / "tagging" / "tagger-vocab.json"
+    vocab = json.loads(path.read_text())
+    path.write_text(json.dumps({**vocab, key: damage(vocab[key])}))
+    source = legacy / "input.txt"
+    source.write_text("the dog runs\n")
+    code, out, err = _run(["tag", "--run", "tagging", "--input", str(source)], capsys)
+    assert code == 2 and out == ""
+    assert f"tagger-vocab.json: not a tagging vocabulary: {key} " in err
