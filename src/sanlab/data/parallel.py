@@ -55,6 +55,8 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                 except UnicodeDecodeError as exc:
                     gzipped = lineno == 1 and raw.startswith(b"\x1f\x8b")
                     hint = "; it is gzip-compressed: name it .gz" if gzipped else ""
+                    if gzipped and path.suffix == ".gz":  # already read through gzip: the content is gzip again
+                        hint = "; it is compressed twice (gzip inside gzip): decompress it once"
                     raise DataError(
                         f"not valid UTF-8 (byte {exc.start + 1} of the line){hint}", path=str(path), line=lineno
                     ) from exc
