@@ -284,8 +284,8 @@ def plain_words(line: str) -> tuple[str, ...]:
 def refuse_tagged_output(lines: list[str], source: str) -> None:
     """A DataError where ``lines`` look like tagged output (``sanlab tag``'s own, or a two-column gold file): every
     non-blank line a word, one tab and a tag, and blank lines between the blocks. As plain text each of its lines
-    would be tagged as a sentence of two words, the tag one of them. Tokenised text with a tab between words
-    has no blank line after every sentence of exactly two words."""
+    would be tagged as a sentence of two words, the tag one of them. Tokenised text with a tab between words is
+    taken for it only where every sentence is two words long and a blank line follows one."""
     from sanlab.errors import DataError
 
     filled = [k for k, line in enumerate(lines) if line.strip()]
