@@ -138,7 +138,8 @@ def test_plain_text_with_tabs_between_words_is_still_tagged(legacy, capsys):
 
 
 @pytest.mark.parametrize("key, damage", [("words", lambda old: 5), ("chars", lambda old: []), ("tags", lambda old: None),
-                                         ("words", lambda old: old[:2] + [7] + old[3:])])
+                                         ("words", lambda old: old[:2] + [7] + old[3:])],
+                         ids=["words-a-number", "chars-empty", "tags-null", "words-holding-a-number"])
 def test_a_damaged_tagging_vocabulary_is_named(legacy, capsys, key, damage):
     """A tagger-vocab.json whose lists are not lists of names (hand-edited, cut short): an error naming the file
     and the list, not a traceback from building the model or a number taken for a word."""
