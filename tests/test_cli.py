@@ -71,6 +71,15 @@ def test_a_key_set_in_a_base_file_is_traced_to_that_file(tmp_path, capsys):
     assert "model.word_dimm: unknown key (did you mean word_dim?) (from --set)\n" in capsys.readouterr().err + "\n"
 
 
+def test_a_set_mapping_is_blamed_only_for_the_keys_it_sets(tmp_path, capsys):
+    """--set train={lr: 0.5} merges into train: the file's bad key beside it keeps its own line."""
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\ntrain:\n  lrr: 3\n")
+    assert main(["train", path, "--set", "train={lr: 0.5}", "--print-config"]) == 2
+    assert "train.lrr: unknown key (did you mean lr?) (line 4)\n" in capsys.readouterr().err + "\n"
+    assert main(["train", path, "--set", "train={lr: 0.5, batch_sise: 2}", "--print-config"]) == 2
+    assert "train.batch_sise: unknown key (did you mean batch_size?) (from --set)\n" in capsys.readouterr().err + "\n"
+
+
 def test_config_errors_name_the_line_of_the_key(tmp_path, capsys):
     """Block style, a list item (a part: the schema's location ends in the item, whose line is named), and a
     key nested under a name the schema adds (the part's type tag) found at its enclosing key."""

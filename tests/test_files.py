@@ -103,6 +103,21 @@ def test_bad_bytes_on_stdin_are_a_data_error_naming_the_line(monkeypatch):
         input_lines(None)
 
 
+def test_gzip_on_stdin_is_not_told_to_be_named_gz(monkeypatch):
+    """Standard input has no name to change: the hint says how to decompress it or pass the file instead."""
+    import gzip
+    import io
+
+    from sanlab.data.parallel import input_lines
+    from sanlab.errors import DataError
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(gzip.compress(b"eins\n"))))
+    with pytest.raises(DataError, match=r"<stdin>:1: not valid UTF-8 .*; it is gzip-compressed: decompress it "
+                                        r"\(zcat\) or give the file as --input") as err:
+        input_lines(None)
+    assert "name it .gz" not in str(err.value)
+
+
 def test_output_stream_leaves_no_partial_file(tmp_path):
     from sanlab.files import output_stream
 

@@ -23,6 +23,7 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is where callers find them)
     PRESETS,
     apply_override,
+    assigned_keys,
     dump_yaml,
     format_value,
     key_line,
@@ -516,7 +517,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
         retyped += _retyped(raw, assignment)
         apply_override(raw, assignment)
     source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")
-    overridden = {a.split("=", 1)[0].strip() for a in overrides}
+    overridden = assigned_keys(list(overrides))
 
     def origin(key: str) -> str | None:  # where the key was set: --set, or its line (and file if a base's)
         if sets_key(overridden, key):

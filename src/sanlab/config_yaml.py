@@ -215,6 +215,22 @@ def sets_key(names, key: str) -> bool:
     return any(key == name or key.startswith(name + ".") or name.startswith(key + ".") for name in names)
 
 
+def assigned_keys(overrides: list[str] | dict) -> list[str]:
+    """The dotted keys that ``overrides`` (``k=v`` strings, or a mapping of dotted keys to values) set, for
+    ``sets_key``. A mapping value merges into its section key by key (``set_key``), so ``train={lr: 0.5}`` sets
+    train.lr, not every key of train; an empty mapping, or one naming a component ``type``, may replace its
+    section whole and counts as setting all of it."""
+    pairs = ([(a.split("=", 1)[0].strip(), parse_value(a.split("=", 1)[1])) for a in overrides if "=" in a]
+             if isinstance(overrides, list) else [(str(k), v) for k, v in overrides.items()])
+
+    def leaves(key: str, value: object) -> list[str]:
+        if isinstance(value, dict) and value and "type" not in value:
+            return [name for k, v in value.items() for name in leaves(f"{key}.{k}", v)]
+        return [key]
+
+    return [name for key, value in pairs for name in leaves(key, value)]
+
+
 def key_line(path: Path, dotted: str) -> int | None:
     """The line (1-based) of ``path`` that sets the key ``a.b.c``, or of the nearest enclosing key it sets
     (a schema's location may end in names the file does not spell, e.g. a variant's type tag; list items count

@@ -157,3 +157,13 @@ def test_a_relative_path_not_found_says_where_it_was_looked_for_and_a_gzip_witho
     (tmp_path / "packed.txt").write_bytes(packed.read_bytes())
     with pytest.raises(DataError, match=r"packed\.txt:1: not valid UTF-8 .*; it is gzip-compressed: name it \.gz"):
         list(open_text(tmp_path / "packed.txt"))
+
+
+def test_a_gz_file_compressed_twice_says_so_not_to_name_it_gz(tmp_path):
+    """A .gz whose content is gzip again (a download saved still compressed by the transfer): naming it .gz
+    would not help."""
+    twice = tmp_path / "twice.en.gz"
+    twice.write_bytes(gzip.compress(gzip.compress(b"eins\nzwei\n")))
+    with pytest.raises(DataError, match=r"twice\.en\.gz:1: not valid UTF-8 .*; it is compressed twice") as err:
+        list(open_text(twice))
+    assert "name it .gz" not in str(err.value)

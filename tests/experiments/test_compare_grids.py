@@ -79,6 +79,21 @@ def test_an_invalid_key_of_a_cell_is_traced_to_where_it_was_set(tmp_path, where,
     assert expected.format(base=base) in str(err.value)
 
 
+def test_a_set_mapping_is_blamed_only_for_the_keys_it_sets(tmp_path):
+    """set: {model: {...}} merges into the model key by key: a bad key a variant's overrides put beside them is
+    the variant's, not the grid's set:."""
+    write(tmp_path / "tagger.yaml", TAGGER)
+    grid = write(tmp_path / "g.yaml", "base: tagger.yaml\nseeds: [1]\nset: {model: {word_dim: 8}}\nvariants:\n"
+                                       "  - {name: a, overrides: ['model.word_dimm=3']}\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(grid)
+    assert "model.word_dimm: unknown key (did you mean word_dim?) (from the overrides of variant 'a')" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # and where the mapping holds the bad key, it is set:'s
+        load_grid(write(tmp_path / "g.yaml", "base: tagger.yaml\nseeds: [1]\nset: {model: {word_dimm: 8}}\n"
+                                              "variants:\n  - {name: a}\n"))
+    assert "model.word_dimm: unknown key (did you mean word_dim?) (from the grid's set:)" in str(err.value)
+
+
 def test_synthetic_data_replaces_the_recipes_test_sets(tmp_path):
     """The Multi30k recipe's test_2016_flickr must not survive as the default eval split of a synthetic grid."""
     grid = load_grid(write(tmp_path / "g.yaml", f"""\

@@ -116,3 +116,40 @@ def test_a_text_word_spelled_like_padding_is_an_unknown_word():
     batch = encode_batch(vocab, [TaggedSentence(("the", "<pad>", "<oov>", "dog"), ("_",) * 4)], max_chars=8)
     assert batch.words[0, 1:3].tolist() == [UNK, UNK] and batch.words[0, 0] > UNK and batch.words[0, 3] > UNK
     assert not vocab.in_vocab("<pad>") and vocab.in_vocab("dog")
+
+
+def test_tagged_output_given_as_input_is_refused_not_tagged_again(legacy, capsys):
+    """`sanlab tag`'s own output (a word, a tab and a tag a line, blank lines between sentences) fed back as input:
+    an error naming the file and its first line, not each line tagged as a sentence of a word and a tag."""
+    tagged = legacy / "tagged.txt"
+    tagged.write_text("the\tDET\ndog\tNOUN\n\nruns\tVERB\n\n")
+    code, out, err = _run(["tag", "--run", "tagging", "--input", str(tagged)], capsys)
+    assert code == 2 and out == ""
+    assert f"{tagged}:1: " in err and "word<TAB>tag" in err and "one sentence per line" in err
+
+
+def test_plain_text_with_tabs_between_words_is_still_tagged(legacy, capsys):
+    """Words split at a tab are plain text too: only word<TAB>tag lines in blocks are refused."""
+    text = legacy / "tabs.txt"
+    text.write_text("the\tdog\truns\nthe\tdog\n")
+    code, out, err = _run(["tag", "--run", "tagging", "--input", str(text)], capsys)
+    assert code == 0, err
+    assert [line.split("\t")[0] for line in out.splitlines()] == ["the", "dog", "runs", "", "the", "dog", ""]
+
+
+@pytest.mark.parametrize("key, damage", [("words", lambda old: 5), ("chars", lambda old: []), ("tags", lambda old: None),
+                                         ("words", lambda old: old[:2] + [7] + old[3:])],
+                         ids=["words-a-number", "chars-empty", "tags-null", "words-holding-a-number"])
+def test_a_damaged_tagging_vocabulary_is_named(legacy, capsys, key, damage):
+    """A tagger-vocab.json whose lists are not lists of names (hand-edited, cut short): an error naming the file
+    and the list, not a traceback from building the model or a number taken for a word."""
+    import json
+
+    path = legacy / "tagging" / "tagger-vocab.json"
+    vocab = json.loads(path.read_text())
+    path.write_text(json.dumps({**vocab, key: damage(vocab[key])}))
+    source = legacy / "input.txt"
+    source.write_text("the dog runs\n")
+    code, out, err = _run(["tag", "--run", "tagging", "--input", str(source)], capsys)
+    assert code == 2 and out == ""
+    assert f"tagger-vocab.json: not a tagging vocabulary: {key} " in err

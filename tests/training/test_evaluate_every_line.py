@@ -79,6 +79,24 @@ def test_a_validation_pair_too_long_for_the_model_stops_training_before_it_start
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
+def test_a_test_sentence_too_long_for_the_model_stops_training_before_it_starts(tmp_path, tiny_translation):
+    """`sanlab evaluate` refuses such a source line (translate cannot take it): found when training starts, with
+    its file and line, not after the run trained."""
+    import pytest
+
+    from sanlab.errors import DataError
+
+    raw = tiny_translation(max_steps=1).model_dump()
+    raw["model"]["max_positions"] = 9
+    raw["data"]["max_len"] = 8
+    (tmp_path / "test.src").write_text("a b\n" + "a b c d e f g h i j k l m n o p\n")
+    (tmp_path / "test.tgt").write_text("b a\nshort\n")
+    raw["data"]["test"] = {"t": {"src": str(tmp_path / "test.src"), "tgt": str(tmp_path / "test.tgt")}}
+    with pytest.raises(DataError, match=r"test.src:2: \d+ subword tokens .*more than model.max_positions = 9"):
+        train_run(validate(raw, source="test"), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
 def test_max_output_lengths_follow_fairseqs_rule_in_double_precision():
     import torch
 

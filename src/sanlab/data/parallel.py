@@ -55,6 +55,10 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                 except UnicodeDecodeError as exc:
                     gzipped = lineno == 1 and raw.startswith(b"\x1f\x8b")
                     hint = "; it is gzip-compressed: name it .gz" if gzipped else ""
+                    if gzipped and path.suffix == ".gz":  # already read through gzip: the content is gzip again
+                        hint = "; it is compressed twice (gzip inside gzip): decompress it once"
+                    elif gzipped and str(path) == "<stdin>":  # (input_lines) no name to change
+                        hint = "; it is gzip-compressed: decompress it (zcat) or give the file as --input"
                     raise DataError(
                         f"not valid UTF-8 (byte {exc.start + 1} of the line){hint}", path=str(path), line=lineno
                     ) from exc

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from sanlab.config import TASKS, Config, annotation_at, validate
 from sanlab.config_yaml import (
     apply_override,
+    assigned_keys,
     key_line,
     key_origin,
     load_chain,
@@ -211,8 +212,7 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
 
 def _sets(overrides: Overrides, key: str) -> bool:
     """Whether ``overrides`` (``k=v`` strings or a mapping of dotted keys) set ``key`` (``sets_key``)."""
-    names = [a.split("=", 1)[0].strip() for a in overrides] if isinstance(overrides, list) else map(str, overrides)
-    return sets_key(names, key)
+    return sets_key(assigned_keys(overrides), key)
 
 
 def _key_source(key: str, chain: list, layers: list[tuple[Overrides, str]]) -> str | None:

@@ -257,6 +257,7 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
         blocks = [s.words for s in read_conllu(input_path or "<stdin>", column=config.data.column,
                                                 require_tags=False, lines=lines)]
     else:  # one block per input line, an empty one for a blank line, so that block n is line n
+        refuse_tagged_output(lines, input_path or "<stdin>")
         blocks = [plain_words(line) for line in lines]
     sents = [TaggedSentence(words, ("_",) * len(words)) for words in blocks if words]
     with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
@@ -278,3 +279,18 @@ def plain_words(line: str) -> tuple[str, ...]:
     """The tokens of a line of tokenised text: split at spaces and tabs only, so that a token holding another
     kind of space (a no-break space in "10\u00a0000", as some treebanks write numbers) stays one token."""
     return tuple(word for word in re.split(r"[ \t]+", line) if word)
+
+
+def refuse_tagged_output(lines: list[str], source: str) -> None:
+    """A DataError where ``lines`` look like tagged output (``sanlab tag``'s own, or a two-column gold file): every
+    non-blank line a word, one tab and a tag, and blank lines between the blocks. As plain text each of its lines
+    would be tagged as a sentence of two words, the tag one of them. Tokenised text with a tab between words is
+    taken for it only where every sentence is two words long and a blank line follows one."""
+    from sanlab.errors import DataError
+
+    filled = [k for k, line in enumerate(lines) if line.strip()]
+    two_columns = all(len(plain_words(lines[k])) == 2 and lines[k].count("\t") == 1 for k in filled)
+    if filled and two_columns and any(not line.strip() for line in lines[filled[0]:]):
+        raise DataError("a word<TAB>tag on every line, sentences separated by blank lines: this is tagged output "
+                        "(as `sanlab tag` writes it), not text to tag; give one sentence per line, its words "
+                        "separated by spaces, or CoNLL-U", path=source, line=filled[0] + 1)

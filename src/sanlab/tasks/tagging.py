@@ -74,6 +74,13 @@ class TaggingVocab:
         if data is None or not {"words", "chars", "tags"} <= data.keys():
             raise ConfigError(f"{path}: " + ("missing" if data is None else "not a tagging vocabulary (words, chars, "
                                              "tags)") + "; a run directory keeps it beside config.yaml")
+        # (a damaged list would otherwise fail deep in building the model, or a number would never match a word)
+        for key, least in (("words", 2), ("chars", 2), ("tags", 1)):  # words and chars start with <pad>, <oov>/<unk>
+            items = data[key]
+            if not isinstance(items, list) or len(items) < least or not all(isinstance(i, str) for i in items):
+                raise ConfigError(f"{path}: not a tagging vocabulary: {key} must be a list of at least {least} "
+                                  f"strings, found {json.dumps(items, ensure_ascii=False)[:60]}; restore it, or delete "
+                                  "it and rerun the run's `sanlab train` command, which builds it again")
         return TaggingVocab(data["words"], data["chars"], data["tags"])
 
 

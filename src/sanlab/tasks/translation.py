@@ -100,10 +100,17 @@ class TranslationTask:
         wrote into ``run_dir`` and write none (``translation_data.subwords``)."""
         self.config, self.log = config, log
         d = config.data
-        for pair in d.test.values():  # a missing or misaligned test set is found now, not by `evaluate` after training
-            read_parallel(pair.src, pair.tgt, keep_empty=True)
+        tests = {pair.src: read_parallel(pair.src, pair.tgt, keep_empty=True)  # a missing or misaligned test set is
+                 for pair in d.test.values()}  # found now, not by `evaluate` after training
         self.train = prepare_training_data(config, run_dir, log=log.info, main=main)
         self.spm = self.train.spm
+        for path, pairs in tests.items():  # and so is a source sentence `evaluate` could not translate
+            for line, (source, _) in enumerate(pairs, start=1):
+                n = len(self.spm.src.encode(source)) + 1 if source.strip() else 0  # (+ EOS; blank: no translation)
+                if n > config.model.max_positions:
+                    raise DataError(f"{n} subword tokens (with end of sentence), more than model.max_positions = "
+                                    f"{config.model.max_positions} accepts: `sanlab evaluate` could not translate "
+                                    "this test sentence; raise model.max_positions", path=str(path), line=line)
         self.vocabulary = self.spm.vocabulary()  # in every checkpoint's meta.json (checkpoint.check_vocabulary)
         lengths = self.train.lengths
         for files, corpus in zip(d.train_corpora, self.train.corpora):
