@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import logging
+import lzma
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,21 @@ def test_a_gz_file_compressed_twice_says_so_not_to_name_it_gz(tmp_path):
     with pytest.raises(DataError, match=r"twice\.en\.gz:1: not valid UTF-8 .*; it is compressed twice") as err:
         list(open_text(twice))
     assert "name it .gz" not in str(err.value)
+
+
+@pytest.mark.parametrize("content, said", [
+    ("eins\nzwei\n".encode("utf-16"), "it is UTF-16 .*: convert it to UTF-8, e.g. `iconv -f UTF-16 -t UTF-8`"),
+    (b"\xfe\xff" + "eins\nzwei\n".encode("utf-16-be"), "it is UTF-16 \\(big-endian"),
+    (bz2.compress(b"eins\nzwei\n" * 50), "it is bzip2-compressed: decompress it \\(bunzip2\\)"),
+    (lzma.compress(b"eins\nzwei\n" * 50), "it is xz-compressed: decompress it \\(unxz\\)"),
+], ids=["utf-16-le", "utf-16-be", "bzip2", "xz"])
+def test_a_file_in_another_encoding_or_compression_is_named_as_such(tmp_path, content, said):
+    """Given a UTF-16 export or a .bz2/.xz download, the not-UTF-8 error says what the file is and what to do (a
+    file whose first line is not UTF-8 for no such reason keeps the bare error)."""
+    path = tmp_path / "corpus.en"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=rf"corpus\.en:1: not valid UTF-8 .*; {said}"):
+        list(open_text(path))
+    path.write_bytes(b"caf\xe9\n")  # Latin-1
+    with pytest.raises(DataError, match=r"corpus\.en:1: not valid UTF-8 \(byte 4 of the line\)$"):
+        list(open_text(path))

@@ -44,6 +44,22 @@ def _open_binary(path: Path) -> BinaryIO:
         raise DataError(f"cannot open: {exc.strerror or exc}", path=str(path)) from exc
 
 
+# the first bytes of files a user may give instead of UTF-8 text (gzip is told apart above: sanlab reads it)
+_OTHER_FORMATS = ((b"\xff\xfe", "UTF-16 (little-endian, with a byte-order mark): convert it to UTF-8, e.g. "
+                                  "`iconv -f UTF-16 -t UTF-8`"),
+                  (b"\xfe\xff", "UTF-16 (big-endian, with a byte-order mark): convert it to UTF-8, e.g. "
+                                  "`iconv -f UTF-16 -t UTF-8`"),
+                  (b"BZh", "bzip2-compressed: decompress it (bunzip2), or recompress it with gzip and name it .gz"),
+                  (b"\xfd7zXZ\x00", "xz-compressed: decompress it (unxz), or recompress it with gzip and name it .gz"),
+                  (b"(\xb5/\xfd", "zstd-compressed: decompress it (unzstd), or recompress it with gzip and name it "
+                                   ".gz"))
+
+
+def _other_format(first: bytes) -> str:
+    """A hint for a first line that is not UTF-8: the encoding or compression its first bytes show, or nothing."""
+    return next((f"; it is {what}" for magic, what in _OTHER_FORMATS if first.startswith(magic)), "")
+
+
 def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
     lineno = 0
     with handle:
@@ -55,6 +71,8 @@ def _iter_lines(handle: BinaryIO, path: Path) -> Iterator[str]:
                 except UnicodeDecodeError as exc:
                     gzipped = lineno == 1 and raw.startswith(b"\x1f\x8b")
                     hint = "; it is gzip-compressed: name it .gz" if gzipped else ""
+                    if lineno == 1 and not gzipped:  # what else a first line's bytes say the file is
+                        hint = _other_format(raw)
                     if gzipped and path.suffix == ".gz":  # already read through gzip: the content is gzip again
                         hint = "; it is compressed twice (gzip inside gzip): decompress it once"
                     elif gzipped and str(path) == "<stdin>":  # (input_lines) no name to change
