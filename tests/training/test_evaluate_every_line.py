@@ -77,6 +77,10 @@ def test_a_validation_pair_too_long_for_the_model_stops_training_before_it_start
                                         r"\d+ subword tokens"):
         train_run(validate(raw, source="test"), tmp_path / "run2", quiet=True)
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    raw["data"]["skip_empty"] = False
+    (tmp_path / "valid.src").write_text("a b\nb a\n")  # the long side is the target's: its file is named
+    with pytest.raises(DataError, match=r"valid.tgt:2: this pair has \d+ subword tokens on this side"):
+        train_run(validate(raw, source="test"), tmp_path / "run3", quiet=True)
 
 
 def test_a_test_sentence_too_long_for_the_model_stops_training_before_it_starts(tmp_path, tiny_translation):

@@ -137,9 +137,10 @@ class TranslationTask:
         if max(map(len, self.valid[longest])) + 1 > config.model.max_positions:  # found now, not at update 250
             counted = d.skip_empty or d.filter_valid
             which = f"validation pair {longest + 1} (counted after data.skip_empty)" if counted else "this pair"
-            raise DataError(f"{which} has {max(map(len, self.valid[longest]))} subword tokens on one side, more than "
-                            f"model.max_positions = {config.model.max_positions} allows", path=str(d.valid.src),
-                            line=None if counted else longest + 1)
+            side = 0 if len(self.valid[longest][0]) >= len(self.valid[longest][1]) else 1  # (the file to name)
+            raise DataError(f"{which} has {len(self.valid[longest][side])} subword tokens on this side, more than "
+                            f"model.max_positions = {config.model.max_positions} allows",
+                            path=str((d.valid.src, d.valid.tgt)[side]), line=None if counted else longest + 1)
         torch.manual_seed(config.train.seed)
         self.model = build_model(config, self.spm)
 
