@@ -190,6 +190,23 @@ def test_a_cell_finished_by_another_invocation_meanwhile_is_not_trained_again(fi
     assert {name: (cell.run_dir / name).read_bytes() for name in before} == before
 
 
+def test_a_cell_another_invocation_is_training_is_left_to_it_not_marked_failed(tmp_path):
+    """Two `sanlab compare` on one grid: the second reaches a cell whose run lock the first holds. It is
+    reported, but nothing is written into the cell: a failed.json there would make the table (and a --dry-run)
+    call a cell failed that the other invocation is training, and would stay if that one then failed to remove
+    it first."""
+    from sanlab.experiments.cells import run_cell
+    from sanlab.runs import run_lock
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cell = select_cells(grid, only=["1D-CSAN"], seeds=[0])[0]
+    with run_lock(cell.run_dir):  # the other invocation, training it
+        outcome = run_cell(cell, grid.spec.eval, quiet=True)
+    assert "is being trained or evaluated by another process" in outcome.error
+    assert not outcome.trained and not cell.layout.failed.exists()
+    assert "| 1D-CSAN | 0/2 |" in render_markdown(build_report(grid, command="test"))
+
+
 def test_killed_cell_resumes_and_the_rest_is_untouched(tmp_path):
     import torch
 

@@ -36,6 +36,7 @@ from sanlab.tasks.tagging_task import read_tagged  # noqa: F401  (re-exported)
 from sanlab.training.launch import die_with_parent
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import read_metrics
+from sanlab.training.rundir import RunBusy
 
 
 
@@ -343,6 +344,8 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
                     evaluated = True
     except KeyboardInterrupt:
         raise
+    except RunBusy as err:  # another process trains or scores it: reported, but its failed.json is not ours to write
+        return CellOutcome(cell, trained, evaluated, time.monotonic() - start, f"ConfigError: {err}")
     except Exception as err:  # noqa: BLE001  (reported per cell; the grid goes on)
         # the user's errors (config, data, a NaN loss) say what and where; a bug gets its traceback
         detail = "" if isinstance(err, SanlabError) else "\n" + traceback.format_exc(limit=3)

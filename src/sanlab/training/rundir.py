@@ -167,10 +167,14 @@ def undo_start(run_dir: Path, *, before: list[str] | None) -> None:
             pass
 
 
+class RunBusy(ConfigError):
+    """The run directory's lock is held by another process (``run_lock``): nothing of the run was touched."""
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
     """One process at a time trains or evaluates a run directory (a second one would interleave checkpoints,
-    logs or evaluation files); a second one gets a ConfigError naming the holder's pid.
+    logs or evaluation files); a second one gets a RunBusy (a ConfigError) naming the holder's pid.
 
     The lock is the operating system's (``flock`` on ``DIR/.lock``, Linux/BSD/macOS), held as long as the block runs:
     the kernel releases it when the process ends, however it ends, so a crashed run leaves no stale lock
@@ -192,7 +196,7 @@ def run_lock(run_dir: Path):
     except BlockingIOError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
+        raise RunBusy(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
                           "it or stop it first") from None
     except BaseException:
         os.close(fd)
