@@ -883,6 +883,46 @@ def test_sweep_from_eval_takes_one_split_for_every_run(corpus, tmp_path):
     assert [r[2:] for r in rows[1:]] == [["30.0", "eval-best.json valid bleu"], ["31.0", "eval-best.json valid bleu"]]
 
 
+def test_sweep_refuses_runs_scored_on_other_sentences(corpus, tmp_path):
+    """A sweep's points share one line and one mean, so every run (and the baseline) must be scored on the same
+    split data, as the BLEU analyses require: a run validated, or tested, on another file is named. A copy of the
+    same file elsewhere is the same data."""
+    key = "model.encoder.attention.parts.0.size"
+    other = tmp_path / "other.tgt"
+    other.write_text("".join(line[::-1] + "\n" for line in (corpus / "train.tgt").read_text().splitlines()))
+    copy = tmp_path / "copy.tgt"
+    copy.write_bytes((corpus / "train.tgt").read_bytes())
+
+    def run(name, size, valid_tgt, test_tgt):
+        train = {"src": str(corpus / "train.src"), "tgt": str(corpus / "train.tgt")}
+        model = {**SMALL, "encoder": {**SMALL["encoder"], "attention": {"heads": 4, "parts": [
+            {"type": "window", "size": size}]}}}
+        data = {"train": train, "valid": {**train, "tgt": str(valid_tgt)},
+                "test": {"test": {"src": str(corpus / "test.src"), "tgt": str(test_tgt)}}}
+        prepare_run_dir(tmp_path / name, validate({"task": "translation", "model": model, "data": data},
+                                                  source="test"), overwrite=True)
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps({"split": "valid", "step": 10, "bleu": 1.0}) + "\n")
+        (tmp_path / name / "eval-best.json").write_text(json.dumps({"test": {"bleu": 2.0}}))
+        return tmp_path / name
+
+    same = corpus / "train.tgt"
+    a = run("a", 3, same, corpus / "test.tgt")
+    b = run("b", 5, copy, corpus / "test.tgt")      # the same sentences under another name
+    c = run("c", 7, other, corpus / "test.tgt")     # validated on other sentences
+    d = run("d", 7, same, other)                    # tested on other sentences
+    assert load_run_config(c).data.valid.tgt == str(other) and load_run_config(d).data.test["test"].tgt == str(other)
+    assert len(_csv(analyze.sweep([a, b], key=key, out=tmp_path / "ok")["csv"])) == 3
+    with pytest.raises(analyze.ConfigError,
+                       match=r"c: its 'valid' data are not the first run's \(\S*other\.tgt where \S*/a has \S*train\.tgt\)"):
+        analyze.sweep([a, b, c], key=key, out=tmp_path / "s1")
+    with pytest.raises(analyze.ConfigError, match=r"c: its 'valid' data"):
+        analyze.sweep([a, b], key=key, out=tmp_path / "s2", baseline=c)
+    assert len(_csv(analyze.sweep([a, d], key=key, out=tmp_path / "s3")["csv"])) == 3  # valid scores: same dev set
+    with pytest.raises(analyze.ConfigError, match=r"d: its 'test' data .*other\.tgt"):
+        analyze.sweep([a, d], key=key, out=tmp_path / "s4", score_from="eval")
+    assert not (tmp_path / "s1.md").exists() and not (tmp_path / "s4.md").exists()
+
+
 @pytest.mark.parametrize("text, said", [
     ('{"test": {"bleu": 1.0', "eval-best.json: not valid JSON .*sanlab evaluate --run .* --checkpoint best` again"),
     ("{}", "eval-best.json: no split scored in it"),

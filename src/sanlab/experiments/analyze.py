@@ -38,6 +38,7 @@ from sanlab.experiments.analyze_inputs import (  # run_labels, run_score: also i
     default_metric,
     distinct_runs,
     load_config_of,
+    one_split_data,
     run_labels,
     run_score,
     write_outputs,
@@ -56,6 +57,8 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
     metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
     if score_from == "eval" and split is None:  # one split for every run and the baseline
         split = default_eval_split(run_dirs[0], checkpoint)
+    # every point, and the baseline, scored on the same sentences
+    one_split_data([*run_dirs, *([baseline] if baseline is not None else [])], split if score_from == "eval" else None)
     for label, run in zip(run_labels(run_dirs), run_dirs):
         value = checked(analysis_curves.dotted_value, load_config_of(run), key, context=str(RunLayout(run).config))
         if value is None:

@@ -186,6 +186,41 @@ def _one_test_set(run_dirs: Sequence[PathLike], targets: list[str], split: str) 
                               "set, or give --references FILE to score them all against one")
 
 
+def one_split_data(run_dirs: Sequence[PathLike], split: str | None) -> None:
+    """Every run was scored on the first run's data of ``split`` (None: its validation split, ``valid`` or ``dev``):
+    the same files, or the same bytes. Scores of other test sets set side by side (a sweep's line and its means)
+    would read as an effect of the swept value. A split a config does not name, or a file not here under another
+    name, cannot be checked and is left alone."""
+    import hashlib
+
+    from sanlab.tasks.base import task_for
+
+    def data(run: PathLike) -> tuple[str | None, list[Path] | None]:
+        config = load_config_of(run)
+        task = task_for(config)
+        name = split or next((s for s in ("valid", "dev") if s in task.splits(config)), None)
+        try:
+            return name, task.split_files(config, name) if name in task.splits(config) else None
+        except KeyError:
+            return name, None
+
+    def same(a: Path, b: Path) -> bool:
+        if a.resolve() == b.resolve() or not (a.is_file() and b.is_file()):
+            return True
+        return a.stat().st_size == b.stat().st_size and \
+            hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
+
+    name, first = data(run_dirs[0])
+    for run in run_dirs[1:]:
+        own_name, files = data(run)
+        if first is None or files is None:
+            continue
+        differ = [f"{b} where {run_dirs[0]} has {a}" for a, b in zip(first, files) if not same(a, b)]
+        if differ:
+            raise ConfigError(f"{run}: its {own_name!r} data are not the first run's ({'; '.join(differ)}): scores "
+                              "of other sentences cannot be set side by side; analyse runs scored on one data set")
+
+
 def bootstrap_options(samples: int | None, seed: int | None) -> tuple[int, int]:
     """(resamples, seed) of a paired bootstrap, by default 1000 and 12345 as in ``sanlab compare``."""
     samples = 1000 if samples is None else samples
