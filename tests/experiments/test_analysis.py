@@ -883,6 +883,21 @@ def test_sweep_from_eval_takes_one_split_for_every_run(corpus, tmp_path):
     assert [r[2:] for r in rows[1:]] == [["30.0", "eval-best.json valid bleu"], ["31.0", "eval-best.json valid bleu"]]
 
 
+@pytest.mark.parametrize("analysis", ["ngram_gap", "length_buckets", "pairwise"])
+def test_an_analysis_of_hypotheses_on_a_tagging_run_names_the_command_as_typed(tmp_path, analysis):
+    """Not `sanlab bleu-analysis`, which is the task's name for the ability, not a command anyone can run."""
+    run = tmp_path / "tagger"
+    prepare_run_dir(run, validate({"task": "tagging", "data": {"train": "a", "dev": "b", "test": "c"}}, source="t"),
+                    overwrite=True)
+    with pytest.raises(analyze.ConfigError) as err:
+        if analysis == "pairwise":
+            analyze.pairwise([run], against=[run], out=tmp_path / "x")
+        else:
+            getattr(analyze, analysis)([run], baseline=run, out=tmp_path / "x")
+    assert str(err.value) == (f"{run} is a tagging run; `sanlab analyze ngram-gap / length-buckets / pairwise` "
+                              "needs a translation run")
+
+
 def test_sweep_refuses_runs_scored_on_other_sentences(corpus, tmp_path):
     """A sweep's points share one line and one mean, so every run (and the baseline) must be scored on the same
     split data, as the BLEU analyses require: a run validated, or tested, on another file is named. A copy of the

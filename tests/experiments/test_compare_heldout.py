@@ -107,6 +107,17 @@ def test_the_command_line_takes_a_datasets_file_and_rescore(tmp_path, corpus, ca
     assert "--dry-run and --rescore: choose one" in capsys.readouterr().err
 
 
+def test_rescore_on_a_translation_grid_names_the_option_as_typed(tmp_path, capsys):
+    """`sanlab compare --rescore`, not `sanlab rescore`: there is no such command to look up."""
+    from sanlab.cli import main
+
+    write(tmp_path / "mt.yaml", "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: c, tgt: d}}\n")
+    grid = write(tmp_path / "g.yaml", "base: mt.yaml\nseeds: [1]\nvariants:\n  - {name: base}\n")
+    assert main(["compare", str(grid), "--rescore", "--runs-dir", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"{grid} is a translation grid; `sanlab compare --rescore` needs a tagging grid")
+
+
 # ----------------------------------------------------------------------------- --only order
 def test_only_runs_the_chosen_cells_in_the_order_given(tmp_path, monkeypatch):
     write(tmp_path / "tagger.yaml", "task: tagging\ndata: {train: t.conllu, dev: d.conllu}\n")

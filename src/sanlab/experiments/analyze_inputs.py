@@ -79,7 +79,7 @@ def _translation_config(run_dir: PathLike):
     from sanlab.tasks.base import task_for
 
     config = load_run_config(Path(run_dir))
-    task_for(config).require("bleu-analysis", run_dir)
+    task_for(config).require("bleu-analysis", run_dir, spelt="sanlab analyze ngram-gap / length-buckets / pairwise")
     return config
 
 

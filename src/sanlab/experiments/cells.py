@@ -252,7 +252,7 @@ def rescore_tagging_cell(cell: Cell, spec: EvalSpec) -> tuple[dict, dict]:
 
     run = cell.run_dir
     done, record = read_done(cell), read_json(cell.layout.compare_eval)
-    cell.kind.require("rescore", run, what="cell")
+    cell.kind.require("rescore", run, what="cell", spelt="sanlab compare --rescore")
     if not done or not record:
         raise ConfigError(f"{run}: not evaluated yet ({DONE_FILE} or {EVAL_FILE} missing): nothing to re-score; "
                           "run the grid to train and score it")

@@ -32,7 +32,7 @@ def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], Non
     (``cells.rescore_tagging_cell``); trains and runs no model. Returns the errors, one per failed cell."""
     from sanlab.runs import run_lock
 
-    grid.kind.require("rescore", grid.path, what="grid")
+    grid.kind.require("rescore", grid.path, what="grid", spelt="sanlab compare --rescore")
     errors = []
     for cell in cells:
         if not cell.layout.compare_eval.exists():

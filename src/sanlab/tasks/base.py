@@ -45,10 +45,12 @@ class Task:
     def supports(self, command: str) -> bool:
         return command in self.commands
 
-    def require(self, command: str, where: object, *, what: str = "run", instead: str = "") -> None:
+    def require(self, command: str, where: object, *, what: str = "run", instead: str = "",
+                spelt: str | None = None) -> None:
         """An error unless the task has ``command`` (``sanlab translate`` on a tagging run), naming the tasks
         that have it; ``instead``: what to do for this task (default: its own command, when ``command`` is
-        another task's own command)."""
+        another task's own command); ``spelt``: how the user typed it where that is not ``sanlab <command>``
+        (``rescore`` is ``sanlab compare --rescore``), so the error names a command that exists."""
         if self.supports(command):
             return
         from sanlab.config import TASKS
@@ -57,7 +59,7 @@ class Task:
         able = " or ".join(t.name for t in tasks if t.supports(command)) or "another"
         if not instead and self.own_command and any(t.own_command == command for t in tasks):
             instead = f"use `sanlab {self.own_command}`"
-        raise ConfigError(f"{where} is a {self.name} {what}; `sanlab {command}` needs a {able} {what}"
+        raise ConfigError(f"{where} is a {self.name} {what}; `{spelt or f'sanlab {command}'}` needs a {able} {what}"
                           + (f" ({instead})" if instead else ""))
 
     def require_precision(self, precision: str, where: object) -> None:
