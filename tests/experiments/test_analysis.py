@@ -785,6 +785,9 @@ def test_command_line(tmp_path, capsys, monkeypatch):
     assert args.fn(args) == 0
     assert seen == {"runs": [str(run)], "against": ["b1", "b2"], "out": "x", "split": "valid", "checkpoint": "last",
                     "references": "r.de", "tokenize": "intl", "bootstrap_samples": 20, "bootstrap_seed": 4}
+    # --against given once per baseline run, as --only is in `sanlab compare`: every one counts, not the last
+    args = parser.parse_args(["analyze", "pairwise", str(run), "--against", "b1", "--against", "b2", "b3", "--out", "x"])
+    assert args.against == ["b1", "b2", "b3"]
 
 
 def test_runs_scored_against_other_references_are_refused_unless_references_are_given(corpus, tmp_path):

@@ -145,9 +145,10 @@ def _add_pairwise(sub) -> None:
     p = sub.add_parser("pairwise", help="every run against every baseline run (seeds): delta BLEU and paired "
                                         "bootstrap of each pair")
     _common(p, runs="+")
-    p.add_argument("--against", required=True, nargs="+", metavar="BASELINE_RUN",
+    # extend: `--against a --against b` keeps both (with "store" the last one alone, silently)
+    p.add_argument("--against", required=True, nargs="+", action="extend", metavar="BASELINE_RUN",
                    help="the baseline's runs (e.g. its seeds); each run is tested against each of them. It takes "
-                        "every path up to the next option, so name the RUNs before it")
+                        "every path up to the next option, so name the RUNs before it; it may be repeated")
     _bootstrap_args(p, what="")
     _eval_args(p)
     p.set_defaults(fn=lambda a: _report(analyze.pairwise(a.runs, against=a.against, out=a.out, split=a.split,
