@@ -199,10 +199,7 @@ def one_split_data(run_dirs: Sequence[PathLike], split: str | None) -> None:
         config = load_config_of(run)
         task = task_for(config)
         name = split or next((s for s in ("valid", "dev") if s in task.splits(config)), None)
-        try:
-            return name, task.split_files(config, name) if name in task.splits(config) else None
-        except KeyError:
-            return name, None
+        return name, task.split_files(config, name) if name in task.splits(config) else None
 
     def same(a: Path, b: Path) -> bool:
         if a.resolve() == b.resolve() or not (a.is_file() and b.is_file()):
@@ -210,7 +207,7 @@ def one_split_data(run_dirs: Sequence[PathLike], split: str | None) -> None:
         return a.stat().st_size == b.stat().st_size and \
             hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
 
-    name, first = data(run_dirs[0])
+    first = data(run_dirs[0])[1]
     for run in run_dirs[1:]:
         own_name, files = data(run)
         if first is None or files is None:

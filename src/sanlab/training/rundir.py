@@ -197,7 +197,7 @@ def run_lock(run_dir: Path):
         holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise RunBusy(f"{run_dir} is being trained or evaluated by another process (pid {holder}); wait for "
-                          "it or stop it first") from None
+                      "it or stop it first") from None
     except BaseException:
         os.close(fd)
         raise
