@@ -22,7 +22,7 @@ ALLOWED = {
     "config": KERNEL | {"attention", "layers", "config_yaml"},
     "models": KERNEL | {"attention", "layers", "config"},
     "decoding": set(),
-    "data": {"errors"},
+    "data": {"errors", "files"},
     "evaluation": {"errors"},
     "training": {"errors", "files", "compile_limits", "torch_release", "config"},
 }

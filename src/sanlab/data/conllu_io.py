@@ -233,9 +233,12 @@ def write_conllu(
     """Write sentences as CoNLL-U with the tags in the UPOS column; other columns are "_".
 
     Each sentence gets `# sent_id` and `# text` comments. Words whose tag is in `no_space_before`
-    (e.g. PUNCT) are attached to the previous word in `# text`, with `SpaceAfter=No` on it.
+    (e.g. PUNCT) are attached to the previous word in `# text`, with `SpaceAfter=No` on it. The file is replaced
+    whole (``files.replacing``): a reader, say another grid's process, never finds it half-written.
     """
-    with open(path, "w", encoding="utf-8", newline="\n") as out:
+    from sanlab.files import replacing
+
+    with replacing(path) as out:
         for number, sentence in enumerate(sentences, start=1):
             out.write("".join(_sentence_lines(sentence, sent_id=str(number), no_space_before=no_space_before)))
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sanlab.data.conllu_io import TaggedSentence, write_conllu
+from sanlab.files import write_text
 
 # --- translation lexicon ------------------------------------------------------------------
 # noun: (plural, gender, target singular, target plural)
@@ -183,8 +184,9 @@ def write_translation_corpus(
     for split, n in sizes.items():
         pairs = generate_translation(n, seed=_split_seed(seed, split))
         src_path, tgt_path = out / f"{split}.src", out / f"{split}.tgt"
-        src_path.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-        tgt_path.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+        # replaced whole: two grids' processes writing the same corpus at once never show a reader half a file
+        write_text(src_path, "".join(s + "\n" for s, _ in pairs))
+        write_text(tgt_path, "".join(t + "\n" for _, t in pairs))
         paths[split] = (src_path, tgt_path)
     return paths
 
