@@ -534,3 +534,57 @@ def test_the_token_files_are_copied_in_chunks_to_the_same_bytes(tmp_path, monkey
     assert np.array_equal(np.load(tmp_path / "d" / "tgt.tokens.npy"), tgt)
     corpus = open_dataset(tmp_path / "d", key="k")
     assert np.array_equal(corpus.pair(49)[1], tgt[-int(tgt_len[-1]):])
+
+
+def test_an_edit_in_place_with_its_time_set_back_is_not_a_stale_cache_hit(tmp_path, cache):
+    """The key's fingerprint samples a file's first and last 64 KiB: a same-size edit between them whose modification
+    time is set back (``touch -d``, ``cp -p``) keeps the key. The entry records each file's identity (with the
+    status-change time, which cannot be set back) and whole sha256, so the edit is seen and the entry rebuilt."""
+    from training_fixtures import write_reverse_corpus
+
+    write_reverse_corpus(tmp_path, n=30_000)  # ~270 KB a side: a middle that no sample reads
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    src = Path(config.data.train.src)
+    before = src.stat()
+    lines = src.read_text().splitlines()
+    k = next(k for k in range(len(lines) // 2, len(lines)) if lines[k] != lines[k][::-1])
+    lines[k] = lines[k][::-1]  # the same characters, another sentence
+    src.write_text("\n".join(lines) + "\n")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert src.stat().st_size == before.st_size
+    messages = []
+    data = prepare(config, tmp_path / "run2", log=messages.append)
+    assert data.pair(k)[0].tolist() == data.spm.src.encode(lines[k])
+    assert any(f"rebuilding it: {data.corpora[0].dir}: built from other content of {src}" in m for m in messages), \
+        messages
+
+
+def test_a_copy_of_the_files_reuses_the_entry_after_reading_them_whole(tmp_path, cache):
+    """Another copy of the same files (another inode and status-change time) is compared by its whole sha256: the
+    same content, the same entry, not built again."""
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    raw = config.model_dump(mode="json")
+    (tmp_path / "copy").mkdir()
+    for side in ("src", "tgt"):
+        shutil.copy2(raw["data"]["train"][side], tmp_path / "copy" / f"train.{side}")
+        raw["data"]["train"][side] = str(tmp_path / "copy" / f"train.{side}")
+    from sanlab.config import validate
+
+    messages = []
+    prepare(validate(raw, source="test"), tmp_path / "run2", log=messages.append)
+    assert len(messages) == 1 and "encoded earlier, from the cache" in messages[0], messages
+
+
+def test_the_encoded_corpus_is_keyed_by_the_sentencepiece_version(tmp_path, cache, monkeypatch):
+    """The ids are made by the installed sentencepiece's encoder: another version may segment the same model's
+    input otherwise, so its corpus is encoded again rather than read as if it were the same."""
+    from sanlab.tasks import translation_data
+
+    config = make_reverse_config(tmp_path)
+    spm = prepare(config, tmp_path / "run", log=print).spm
+    key = corpus_key(config, config.data.train, spm)
+    monkeypatch.setattr(translation_data, "_sentencepiece_version", lambda: "0.0.1")
+    assert corpus_key(config, config.data.train, spm) != key
+

@@ -5,8 +5,9 @@ it costs two reads whatever the corpus size. The modification time alone decides
 data changes it without changing the data, and a resume must not break on that. But a sample cannot see an
 edit of the same length between its two ends, so a run also records the sha256 of each whole file
 (``content_sha256``), and where a file was touched since (another modification time) with its size and sample
-unchanged, ``changes`` reads the whole file and compares that. Cache keys use ``fingerprint`` alone (the
-modification time in them makes a touched file a cache miss, never a stale hit).
+unchanged, ``changes`` reads the whole file and compares that. Cache keys use ``fingerprint`` (the modification
+time in them makes a touched file a cache miss); an encoded-corpus entry also records each file's ``identity`` and
+whole sha256, so that an edit whose modification time was set back is not a stale hit either.
 """
 
 from __future__ import annotations
@@ -45,14 +46,20 @@ def fingerprints(paths: list[str]) -> dict[str, dict]:
     return {p: f for p, f in found.items() if f is not None}
 
 
-def content_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 of the whole file (read once per process for a given size and modification time)."""
+def identity(path: str | os.PathLike[str]) -> list[int]:
+    """A file's size, modification and status-change times and inode. The status-change time cannot be set back
+    (``touch -d`` and ``cp -p`` set it to now): a file with the same identity was not written since."""
     stat = os.stat(path)
-    return _content_sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def content_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of the whole file (read once per process for a given ``identity``)."""
+    return _content_sha256(str(path), *identity(path))
 
 
 @functools.lru_cache(maxsize=64)
-def _content_sha256(path: str, size: int, mtime_ns: int) -> str:
+def _content_sha256(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -10,7 +10,8 @@
   made in the run directory and write nothing there (``shared_subwords``).
 * ``corpus-<key>/``: the training pairs encoded with those models and filtered (``data.max_len``,
   ``data.max_ratio``, ``data.skip_empty``), a ``BinarizedCorpus``, keyed by the files' fingerprints,
-  the subword models' sha256 (runs with other subwords never share ids) and the filters.
+  the subword models' sha256 (runs with other subwords never share ids), sentencepiece's version and the
+  filters. It records each file's identity and whole sha256, checked whenever it is used (``_built_from``).
 
 A key also names ``PREPARE_VERSION``: bump it when what an entry holds changes meaning.
 """
@@ -30,10 +31,10 @@ import numpy as np
 
 from sanlab.config import ParallelFiles, TranslationConfig
 from sanlab.data import binarized
-from sanlab.data.binarized import BinarizedCorpus, DatasetWriter, open_dataset, token_dtype
+from sanlab.data.binarized import BinarizedCorpus, CacheError, DatasetWriter, open_dataset, token_dtype
 from sanlab.data.cache import build_once, cache_root, entry_key
 from sanlab.data.encode import LengthFilter, encode_into
-from sanlab.data.fingerprint import fingerprint
+from sanlab.data.fingerprint import content_sha256, fingerprint, identity
 from sanlab.data.parallel import iter_parallel, require_file
 from sanlab.data.subword import SubwordModel, SubwordPair
 from sanlab.errors import DataError
@@ -197,6 +198,8 @@ def corpus_key(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPai
     return entry_key({"v": PREPARE_VERSION, "format": binarized.FORMAT_VERSION,
                       "files": [fingerprint(corpus.src), fingerprint(corpus.tgt)],
                       "subword": [spm.src.encoding_digest(), spm.tgt.encoding_digest()],
+                      # the ids are its encoder's: another version may segment the same model's input otherwise
+                      "sentencepiece": _sentencepiece_version(),
                       "max_len": d.max_len, "max_ratio": d.max_ratio, "skip_empty": d.skip_empty})
 
 
@@ -212,6 +215,7 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     d, start = config.data, time.monotonic()
     if workers is None:
         workers = (os.cpu_count() or 1) if os.path.getsize(corpus.src) > PARALLEL_ABOVE_BYTES else 1
+    content = _content(corpus)  # before reading: an edit while encoding is seen as one the next time
     writer = DatasetWriter(out, dtype=token_dtype(max(spm.src.vocab_size, spm.tgt.vocab_size)))
     counts: dict = {}
     try:
@@ -221,11 +225,39 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
         if not kept:  # refused before the entry is written: a cached empty corpus would only fail later
             raise no_pair_kept(config, corpus)
         # what a run reusing the entry logs again (corpus_report): the files it was built from, what was dropped
-        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read, **counts})
+        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read, **counts,
+                                      "content": content})
     except BaseException:
         writer.abort()
         raise
     log(f"encoded {corpus.src} / {corpus.tgt} with {workers} process(es) in {time.monotonic() - start:.1f} s")
+
+
+def _content(corpus: ParallelFiles) -> dict:
+    """What ``_built_from`` checks: each file's identity and whole sha256."""
+    content = {}
+    for side, path in (("src", corpus.src), ("tgt", corpus.tgt)):
+        try:
+            content[side] = {"identity": identity(path), "sha256": content_sha256(path)}
+        except OSError as err:  # named as the reader names it
+            raise DataError(f"cannot read: {err.strerror or err}", path=str(path)) from None
+    return content
+
+
+def _built_from(encoded: BinarizedCorpus, corpus: ParallelFiles) -> BinarizedCorpus:
+    """``encoded`` if it was built from the files' present content, else a CacheError (it is built again). The key's
+    fingerprints sample a file's ends only, so a same-size edit between them whose modification time was set back
+    (``touch -d``, ``cp -p``) keeps the key: a file whose ``identity`` is not the one recorded (written since, or
+    another copy) is read whole and its sha256 compared."""
+    recorded = encoded.manifest.get("content")
+    for side, path in (("src", corpus.src), ("tgt", corpus.tgt)):
+        was = recorded.get(side) if isinstance(recorded, dict) else None
+        if not isinstance(was, dict):
+            raise CacheError("built before entries recorded their files' whole content", path=str(encoded.dir))
+        if was.get("identity") != identity(path) and was.get("sha256") != content_sha256(path):
+            raise CacheError(f"built from other content of {path} (the same size, ends and modification time)",
+                             path=str(encoded.dir))
+    return encoded
 
 
 def corpus_report(config: TranslationConfig, files: ParallelFiles, corpus: BinarizedCorpus) -> str:
@@ -248,7 +280,7 @@ def encoded_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     key = corpus_key(config, corpus, spm)
     entry = cache_root() / f"corpus-{key}"
     built = []
-    encoded = build_once(entry, check=lambda e: open_dataset(e, key=key),
+    encoded = build_once(entry, check=lambda e: _built_from(open_dataset(e, key=key), corpus),
                          build=lambda tmp: built.append(_encode_corpus(config, corpus, spm, key=key, out=tmp,
                                                                        workers=workers, log=log)),
                          log=log)
