@@ -1,5 +1,6 @@
 """The prepared-data cache: exact round trip, fingerprints, corrupt and killed builds, reuse."""
 
+import errno
 import json
 import os
 import shutil
@@ -588,3 +589,83 @@ def test_the_encoded_corpus_is_keyed_by_the_sentencepiece_version(tmp_path, cach
     monkeypatch.setattr(translation_data, "_sentencepiece_version", lambda: "0.0.1")
     assert corpus_key(config, config.data.train, spm) != key
 
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device every write to fails")
+@pytest.mark.parametrize("pairs", [200, 3000], ids=["write-buffered", "write-beyond-the-buffer"])
+def test_a_full_disk_while_encoding_names_the_cache(tmp_path, cache, monkeypatch, pairs):
+    """The source ids go to /dev/full (ENOSPC on every write, as a full disk). numpy's ``tofile`` lost a small write
+    without a word (then: '0 token ids written') and raised an OSError without errno for a large one ('N requested
+    and 0 written'); now the disk's own error, named as the cache's, and nothing is kept."""
+    from sanlab.data import binarized
+    from training_fixtures import write_reverse_corpus
+
+    write_reverse_corpus(tmp_path, n=pairs)
+    config = make_reverse_config(tmp_path)
+    prepare(config, None, log=print)  # the subword entry; the corpus entry is built again below
+    shutil.rmtree(_entries(cache, "corpus")[0])
+    real_init = binarized.DatasetWriter.__init__
+
+    def full(self, directory, *, dtype):
+        real_init(self, directory, dtype=dtype)
+        self._raw["src.tokens"].close()
+        self._raw["src.tokens"] = open("/dev/full", "wb")
+
+    monkeypatch.setattr(binarized.DatasetWriter, "__init__", full)
+    with pytest.raises(DataError) as info:
+        prepare(config, None, log=print)
+    assert str(info.value).startswith(f"{cache}: cannot write to the data cache: No space left on device")
+    assert _entries(cache, "corpus") == [] and not list(cache.glob(".corpus-*"))
+
+
+@pytest.mark.parametrize("cut", ["model", "vocab"])
+def test_a_subword_model_written_short_on_a_full_disk_is_named_as_that(tmp_path, cache, monkeypatch, cut):
+    """sentencepiece reports success when its files could not be written whole (seen on a full tmpfs). A model cut
+    short after a few pieces even loads, and a short .vocab is never read: either was cached (cut elsewhere, the
+    error blamed data.subword.vocab_size). Now the cache's disk is named, and nothing is cached."""
+    import sentencepiece
+
+    real = sentencepiece.SentencePieceTrainer.train
+    written = []
+
+    def short(**kwargs):
+        real(**kwargs)
+        path = Path(f"{kwargs['model_prefix']}.{cut}")
+        path.write_bytes(path.read_bytes()[:100])  # what a full disk leaves
+        written.append(path)
+
+    monkeypatch.setattr(sentencepiece.SentencePieceTrainer, "train", short)
+    config = make_reverse_config(tmp_path)
+    with pytest.raises(DataError) as info:
+        prepare(config, None, log=print)
+    message = str(info.value)
+    assert message.startswith(f"{cache}: cannot write to the data cache: sentencepiece wrote an incomplete model"), \
+        message
+    assert "vocab_size" not in message and "bytes free" in message
+    assert written and _entries(cache, "subword") == [] and not list(cache.glob(".subword-*"))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_a_dataset_file_the_disk_takes_only_in_part_is_the_disk_s_error(tmp_path):
+    """A process whose files may not grow past 9,000 bytes (RLIMIT_FSIZE: each write beyond fails with EFBIG, as on
+    a disk that fills up): the token files fit, the lengths and offsets do not. ``np.save`` wrote them with ``tofile``, which
+    failed with '3001 requested and N written' and no errno (or lost a small write without a word); now the OS
+    error itself, with its errno, which ``build_once`` names as the cache's."""
+    script = (
+        "import errno, resource, signal, sys\n"
+        "import numpy as np\n"
+        "from sanlab.data.binarized import DatasetWriter\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (9000, 9000))\n"
+        f"writer = DatasetWriter(__import__('pathlib').Path({str(tmp_path / 'd')!r}), dtype=np.uint16)\n"
+        "ones = np.ones(3000, np.int64)\n"
+        "writer.add(np.arange(3000), ones, np.arange(3000), ones)  # 6,000 bytes of ids a side; lengths: 12,000\n"
+        "try:\n"
+        "    writer.finish(key='k')\n"
+        "except OSError as err:\n"
+        "    print('errno', err.errno, err)\n"
+        "else:\n"
+        "    print('finished')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"errno {errno.EFBIG} "), done.stdout

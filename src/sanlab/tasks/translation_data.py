@@ -32,11 +32,11 @@ import numpy as np
 from sanlab.config import ParallelFiles, TranslationConfig
 from sanlab.data import binarized
 from sanlab.data.binarized import BinarizedCorpus, CacheError, DatasetWriter, open_dataset, token_dtype
-from sanlab.data.cache import build_once, cache_root, entry_key
+from sanlab.data.cache import build_once, cache_root, entry_key, unwritable
 from sanlab.data.encode import LengthFilter, encode_into
 from sanlab.data.fingerprint import content_sha256, fingerprint, identity
 from sanlab.data.parallel import iter_parallel, require_file
-from sanlab.data.subword import SubwordModel, SubwordPair
+from sanlab.data.subword import IncompleteModel, SubwordModel, SubwordPair
 from sanlab.errors import DataError
 from sanlab.files import replacing_path
 from sanlab.training.checkpoint import CheckpointManager
@@ -113,6 +113,8 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
     for texts, stem in jobs:
         try:
             SubwordModel.train(texts, model_path=stem, **options)
+        except IncompleteModel as err:  # the disk's doing, not the settings'
+            raise unwritable(err.problem, out.parent) from None
         except DataError as err:
             if problems:
                 raise problems[0] from None
@@ -239,7 +241,7 @@ def _content(corpus: ParallelFiles) -> dict:
     for side, path in (("src", corpus.src), ("tgt", corpus.tgt)):
         try:
             content[side] = {"identity": identity(path), "sha256": content_sha256(path)}
-        except OSError as err:  # named as the reader names it
+        except OSError as err:  # named as the reader names it (not as the cache, which build_once says for OSErrors)
             raise DataError(f"cannot read: {err.strerror or err}", path=str(path)) from None
     return content
 
