@@ -669,3 +669,27 @@ def test_a_dataset_file_the_disk_takes_only_in_part_is_the_disk_s_error(tmp_path
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"errno {errno.EFBIG} "), done.stdout
+
+
+def test_a_resume_sees_a_same_size_edit_whose_time_was_set_back(tmp_path):
+    """A run's record of its data holds each file's identity (with the status-change time, which ``touch -d`` and
+    ``cp -p`` cannot set back): an edit between the sampled ends whose modification time was restored is read whole
+    and found (it was not: only another modification time made a resume read the file); the same bytes again are
+    not a change."""
+    from sanlab.data import fingerprint as fp
+
+    path = tmp_path / "train.src"
+    text = "".join(f"sentence number {i} of the corpus\n" for i in range(10_000))
+    path.write_text(text)
+    recorded = fp.with_content({}, fp.fingerprints([str(path)]))
+    assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
+    before = path.stat()
+    middle = len(text) // 2
+    path.write_text(text[:middle] + "X" + text[middle + 1:])
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    current = fp.fingerprints([str(path)])
+    assert current[str(path)] == {k: v for k, v in recorded[str(path)].items() if k in current[str(path)]}
+    assert "other bytes in between (whole-file sha256)" in fp.changes(recorded, current)[str(path)]
+    path.write_text(text)  # the same bytes again, its time set back again: not a change
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
