@@ -693,3 +693,26 @@ def test_a_resume_sees_a_same_size_edit_whose_time_was_set_back(tmp_path):
     path.write_text(text)  # the same bytes again, its time set back again: not a change
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
+
+
+def test_a_subword_entry_is_not_reused_for_an_edit_with_its_time_set_back(tmp_path, cache):
+    """The subword entry's key holds the same fingerprints as the corpus's: an edit between the sampled ends whose
+    modification time was set back kept the model trained on the old text. The entry records the files' identity and
+    whole sha256 too, and is trained again on the text as it is."""
+    from training_fixtures import write_reverse_corpus
+
+    write_reverse_corpus(tmp_path, n=30_000)
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    (entry,) = _entries(cache, "subword")
+    tgt = Path(config.data.train.tgt)
+    before = tgt.stat()
+    lines = tgt.read_text().splitlines()
+    k = len(lines) // 2
+    lines[k] = "q" * len(lines[k])  # a character the corpus does not have: a piece of the model trained on it
+    tgt.write_text("\n".join(lines) + "\n")
+    os.utime(tgt, ns=(before.st_atime_ns, before.st_mtime_ns))
+    messages = []
+    data = prepare(config, tmp_path / "run2", log=messages.append)
+    assert any(f"rebuilding it: {entry}: trained on other content of {tgt}" in m for m in messages), messages
+    assert data.spm.src.piece_to_id("q") != data.spm.src.unk_id

@@ -4,7 +4,8 @@
 (``data.cache``: where, locking, atomic builds):
 
 * ``subword-<key>/``: the sentencepiece model(s), keyed by the training files' fingerprints, the
-  ``data.subword`` settings and ``data.skip_empty`` (which decides the texts it learns from). A run
+  ``data.subword`` settings and ``data.skip_empty`` (which decides the texts it learns from), with the files'
+  content (``CONTENT``) checked whenever it is used, as a corpus entry's is (``_built_from``). A run
   copies them into its directory, as before; a run that has its own already (a resumed run) keeps them.
   Of a distributed run's processes only the main one does (``main=True``); the others read the copy it
   made in the run directory and write nothing there (``shared_subwords``).
@@ -19,6 +20,7 @@ A key also names ``PREPARE_VERSION``: bump it when what an entry holds changes m
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import time
@@ -43,6 +45,7 @@ from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 
 PREPARE_VERSION = 1
+CONTENT = "content.json"  # in a subword entry: its training files' identity and sha256 (not copied into a run)
 # below this size of the source file as stored (about 200,000 sentences of plain text, more compressed), one
 # process encodes faster than a pool starts; judged by size, not lines: counting them would read a WMT-scale
 # corpus once more only to choose
@@ -110,6 +113,7 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
         jobs = [(_texts(corpora, side, d.skip_empty, problems), layout.subword_stem(name))
                 for side, name in ((1, "tgt"), (0, "src"))]
     files = ", ".join(str(p) for c in corpora for p in (c.src, c.tgt))
+    content = _content([p for c in corpora for p in (c.src, c.tgt)])  # before reading, as for a corpus
     for texts, stem in jobs:
         try:
             SubwordModel.train(texts, model_path=stem, **options)
@@ -123,6 +127,7 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
                             f"{sw.vocab_size} failed: {err.problem}") from None
         if problems:
             raise problems[0]
+    (out / CONTENT).write_text(json.dumps(content), encoding="utf-8")
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
@@ -169,7 +174,7 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
                      "subword": d.subword.model_dump(), "skip_empty": d.skip_empty,
                      "sentencepiece": _sentencepiece_version()})
     entry = cache_root() / f"subword-{key}"
-    build_once(entry, check=lambda e: _complete_subwords(e, joint=joint),
+    build_once(entry, check=lambda e: _complete_subwords(e, joint=joint, config=config),
                build=lambda tmp: _train_subwords(config, tmp, log), log=log)
     if run_dir is None:
         return load_subwords(entry, joint=joint)
@@ -179,12 +184,23 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     return load_subwords(run_dir, joint=joint)
 
 
-def _complete_subwords(entry: Path, *, joint: bool) -> SubwordPair:
-    """A cache entry's subword models, if every file a run copies from it is there (a DataError, so that
-    ``build_once`` rebuilds it, when one is missing: the entry was damaged from outside)."""
+def _complete_subwords(entry: Path, *, joint: bool, config: TranslationConfig) -> SubwordPair:
+    """A cache entry's subword models, if every file a run copies from it is there and it was trained on the files'
+    present content (a DataError, so that ``build_once`` rebuilds it, otherwise: the entry was damaged from outside,
+    or a file edited in place with its time set back). An entry from before ``CONTENT`` is trusted as before: a
+    model learned from other text still encodes consistently (corpus entries are keyed by the model itself)."""
     missing = [p.name for p in RunLayout(entry).subword_files(joint=joint) if not p.exists()]
     if missing:
         raise DataError(f"the cached subword model lacks {', '.join(missing)}", path=str(entry))
+    if (entry / CONTENT).exists():
+        try:
+            recorded = json.loads((entry / CONTENT).read_text(encoding="utf-8"))
+        except ValueError:
+            raise DataError(f"unreadable {CONTENT}", path=str(entry)) from None
+        changed = _changed(recorded, [p for c in config.data.train_corpora for p in (c.src, c.tgt)])
+        if changed:
+            raise DataError(f"trained on other content of {changed} (the same size, ends and modification time)",
+                            path=str(entry))
     return load_subwords(entry, joint=joint)
 
 
@@ -217,7 +233,7 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     d, start = config.data, time.monotonic()
     if workers is None:
         workers = (os.cpu_count() or 1) if os.path.getsize(corpus.src) > PARALLEL_ABOVE_BYTES else 1
-    content = _content(corpus)  # before reading: an edit while encoding is seen as one the next time
+    content = _content([corpus.src, corpus.tgt])  # before reading: an edit while encoding is seen the next time
     writer = DatasetWriter(out, dtype=token_dtype(max(spm.src.vocab_size, spm.tgt.vocab_size)))
     counts: dict = {}
     try:
@@ -235,30 +251,40 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     log(f"encoded {corpus.src} / {corpus.tgt} with {workers} process(es) in {time.monotonic() - start:.1f} s")
 
 
-def _content(corpus: ParallelFiles) -> dict:
-    """What ``_built_from`` checks: each file's identity and whole sha256."""
-    content = {}
-    for side, path in (("src", corpus.src), ("tgt", corpus.tgt)):
+def _content(paths: list[str]) -> list[dict]:
+    """What an entry records of the files it was made from: each one's identity and whole sha256."""
+    content = []
+    for path in paths:
         try:
-            content[side] = {"identity": identity(path), "sha256": content_sha256(path)}
+            content.append({"identity": identity(path), "sha256": content_sha256(path)})
         except OSError as err:  # named as the reader names it (not as the cache, which build_once says for OSErrors)
             raise DataError(f"cannot read: {err.strerror or err}", path=str(path)) from None
     return content
 
 
-def _built_from(encoded: BinarizedCorpus, corpus: ParallelFiles) -> BinarizedCorpus:
-    """``encoded`` if it was built from the files' present content, else a CacheError (it is built again). The key's
-    fingerprints sample a file's ends only, so a same-size edit between them whose modification time was set back
-    (``touch -d``, ``cp -p``) keeps the key: a file whose ``identity`` is not the one recorded (written since, or
-    another copy) is read whole and its sha256 compared."""
-    recorded = encoded.manifest.get("content")
-    for side, path in (("src", corpus.src), ("tgt", corpus.tgt)):
-        was = recorded.get(side) if isinstance(recorded, dict) else None
-        if not isinstance(was, dict):
-            raise CacheError("built before entries recorded their files' whole content", path=str(encoded.dir))
+def _changed(recorded: object, paths: list[str]) -> str | None:
+    """The first of ``paths`` whose content is not the ``_content`` recorded (or all of them, as one string, when
+    the record is not of that form), else None. The keys' fingerprints sample a file's ends only, so a same-size
+    edit between them whose modification time was set back (``touch -d``, ``cp -p``) keeps a key: a file whose
+    ``identity`` is not the one recorded (written since, or another copy) is read whole and its sha256 compared."""
+    if not (isinstance(recorded, list) and len(recorded) == len(paths) and all(isinstance(r, dict) for r in recorded)):
+        return ", ".join(map(str, paths))
+    for was, path in zip(recorded, paths):
         if was.get("identity") != identity(path) and was.get("sha256") != content_sha256(path):
-            raise CacheError(f"built from other content of {path} (the same size, ends and modification time)",
-                             path=str(encoded.dir))
+            return str(path)
+    return None
+
+
+def _built_from(encoded: BinarizedCorpus, corpus: ParallelFiles) -> BinarizedCorpus:
+    """``encoded`` if it was built from the files' present content (``_changed``), else a CacheError: it is built
+    again (so is an entry from before entries recorded it)."""
+    recorded = encoded.manifest.get("content")
+    if recorded is None:
+        raise CacheError("built before entries recorded their files' whole content", path=str(encoded.dir))
+    changed = _changed(recorded, [corpus.src, corpus.tgt])
+    if changed:
+        raise CacheError(f"built from other content of {changed} (the same size, ends and modification time)",
+                         path=str(encoded.dir))
     return encoded
 
 
