@@ -716,3 +716,24 @@ def test_a_subword_entry_is_not_reused_for_an_edit_with_its_time_set_back(tmp_pa
     data = prepare(config, tmp_path / "run2", log=messages.append)
     assert any(f"rebuilding it: {entry}: trained on other content of {tgt}" in m for m in messages), messages
     assert data.spm.src.piece_to_id("q") != data.spm.src.unk_id
+
+
+def test_a_refusal_outside_the_cache_is_not_said_as_the_cache_s(tmp_path, cache, monkeypatch):
+    """Permission refused on a file in the cache is the cache's to name; refused elsewhere while building (the
+    encoding pool's semaphore, say, which names no file), it is raised as it is."""
+    import errno as errnos
+
+    from sanlab.data import binarized
+
+    config = make_reverse_config(tmp_path)
+    prepare(config, None, log=print)
+    shutil.rmtree(_entries(cache, "corpus")[0])
+    for filename, said in ((None, False), (str(cache / "x"), True)):
+        def refused(self, *args, **kwargs):
+            raise PermissionError(errnos.EACCES, "Permission denied", filename)
+
+        monkeypatch.setattr(binarized.DatasetWriter, "add", refused)
+        with pytest.raises((DataError, PermissionError)) as info:
+            prepare(config, None, log=print)
+        assert isinstance(info.value, DataError if said else PermissionError)
+        assert ("cannot write to the data cache: Permission denied" in str(info.value)) == said

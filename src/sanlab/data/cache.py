@@ -23,8 +23,10 @@ from pathlib import Path
 from sanlab.errors import DataError
 
 ENV = "SANLAB_CACHE_DIR"
-# what writing into the cache's file system fails with (the disk, not the data): said as the cache's, by its path
-_UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+# what writing into the cache's file system fails with (the disk, not the data): said as the cache's, by its path;
+# a refusal only where it names a file in the cache (a worker pool's semaphore can be refused too)
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+_REFUSED = {errno.EACCES, errno.EPERM}
 
 
 def cache_root() -> Path:
@@ -79,7 +81,9 @@ def build_once(final: Path, *, check: Callable[[Path], object], build: Callable[
             build(tmp)
             os.replace(tmp, final)
         except OSError as err:
-            if err.errno not in _UNWRITABLE:
+            in_cache = isinstance(err.filename, str) and Path(os.path.abspath(err.filename)).is_relative_to(
+                os.path.abspath(final.parent))
+            if not (err.errno in _FULL or err.errno in _REFUSED and in_cache):
                 raise
             raise unwritable(err.strerror or str(err), final.parent) from err
         finally:
