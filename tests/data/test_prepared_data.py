@@ -647,9 +647,9 @@ def test_a_subword_model_written_short_on_a_full_disk_is_named_as_that(tmp_path,
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
 def test_a_dataset_file_the_disk_takes_only_in_part_is_the_disk_s_error(tmp_path):
     """A process whose files may not grow past 9,000 bytes (RLIMIT_FSIZE: each write beyond fails with EFBIG, as on
-    a disk that fills up): the token files fit, the lengths and offsets do not. ``np.save`` wrote them with ``tofile``, which
-    failed with '3001 requested and N written' and no errno (or lost a small write without a word); now the OS
-    error itself, with its errno, which ``build_once`` names as the cache's."""
+    a disk that fills up): the token files fit, the lengths and offsets do not. ``np.save`` wrote them with
+    ``tofile``, which failed with '3001 requested and N written' and no errno (or lost a small write without a
+    word); now the OS error itself, with its errno, which ``build_once`` names as the cache's."""
     script = (
         "import errno, resource, signal, sys\n"
         "import numpy as np\n"
