@@ -7,7 +7,7 @@ edit of the same length between its two ends, so a run also records the sha256 o
 (``content_sha256``) and its ``identity``, and where a file was written or touched since (another modification
 time, or another identity: ``touch -d`` and ``cp -p`` cannot set the status-change time back) with its size and
 sample unchanged, ``changes`` reads the whole file and compares that. Cache keys use ``fingerprint`` (the modification
-time in them makes a touched file a cache miss); an encoded-corpus entry also records each file's ``identity`` and
+time in them makes a touched file a cache miss); a cache entry also records each file's ``identity`` and
 whole sha256, so that an edit whose modification time was set back is not a stale hit either.
 """
 
@@ -94,7 +94,7 @@ def changes(recorded: dict[str, dict], current: dict[str, dict]) -> dict[str, st
             continue
         when = f"modified {new['mtime']}, recorded {old.get('mtime')}"
         if (new["size"], new["sample_sha256"]) == (old.get("size"), old.get("sample_sha256")):
-            touched = new["mtime"] != old.get("mtime") or old.get("identity", None) not in (None, identity(path))
+            touched = new["mtime"] != old.get("mtime") or old.get("identity") not in (None, identity(path))
             if old.get("sha256") and touched and content_sha256(path) != old["sha256"]:
                 found[path] = f"same size and ends, other bytes in between (whole-file sha256); {when}"
             continue
