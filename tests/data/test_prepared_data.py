@@ -1,5 +1,6 @@
 """The prepared-data cache: exact round trip, fingerprints, corrupt and killed builds, reuse."""
 
+import errno
 import json
 import os
 import shutil
@@ -534,3 +535,205 @@ def test_the_token_files_are_copied_in_chunks_to_the_same_bytes(tmp_path, monkey
     assert np.array_equal(np.load(tmp_path / "d" / "tgt.tokens.npy"), tgt)
     corpus = open_dataset(tmp_path / "d", key="k")
     assert np.array_equal(corpus.pair(49)[1], tgt[-int(tgt_len[-1]):])
+
+
+def test_an_edit_in_place_with_its_time_set_back_is_not_a_stale_cache_hit(tmp_path, cache):
+    """The key's fingerprint samples a file's first and last 64 KiB: a same-size edit between them whose modification
+    time is set back (``touch -d``, ``cp -p``) keeps the key. The entry records each file's identity (with the
+    status-change time, which cannot be set back) and whole sha256, so the edit is seen and the entry rebuilt."""
+    from training_fixtures import write_reverse_corpus
+
+    write_reverse_corpus(tmp_path, n=30_000)  # ~270 KB a side: a middle that no sample reads
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    src = Path(config.data.train.src)
+    before = src.stat()
+    lines = src.read_text().splitlines()
+    k = next(k for k in range(len(lines) // 2, len(lines)) if lines[k] != lines[k][::-1])
+    lines[k] = lines[k][::-1]  # the same characters, another sentence
+    src.write_text("\n".join(lines) + "\n")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert src.stat().st_size == before.st_size
+    messages = []
+    data = prepare(config, tmp_path / "run2", log=messages.append)
+    assert data.pair(k)[0].tolist() == data.spm.src.encode(lines[k])
+    assert any(f"rebuilding it: {data.corpora[0].dir}: built from other content of {src}" in m for m in messages), \
+        messages
+
+
+def test_a_copy_of_the_files_reuses_the_entry_after_reading_them_whole(tmp_path, cache):
+    """Another copy of the same files (another inode and status-change time) is compared by its whole sha256: the
+    same content, the same entry, not built again."""
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    raw = config.model_dump(mode="json")
+    (tmp_path / "copy").mkdir()
+    for side in ("src", "tgt"):
+        shutil.copy2(raw["data"]["train"][side], tmp_path / "copy" / f"train.{side}")
+        raw["data"]["train"][side] = str(tmp_path / "copy" / f"train.{side}")
+    from sanlab.config import validate
+
+    messages = []
+    prepare(validate(raw, source="test"), tmp_path / "run2", log=messages.append)
+    assert len(messages) == 1 and "encoded earlier, from the cache" in messages[0], messages
+
+
+def test_the_encoded_corpus_is_keyed_by_the_sentencepiece_version(tmp_path, cache, monkeypatch):
+    """The ids are made by the installed sentencepiece's encoder: another version may segment the same model's
+    input otherwise, so its corpus is encoded again rather than read as if it were the same."""
+    from sanlab.tasks import translation_data
+
+    config = make_reverse_config(tmp_path)
+    spm = prepare(config, tmp_path / "run", log=print).spm
+    key = corpus_key(config, config.data.train, spm)
+    monkeypatch.setattr(translation_data, "_sentencepiece_version", lambda: "0.0.1")
+    assert corpus_key(config, config.data.train, spm) != key
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device every write to fails")
+@pytest.mark.parametrize("pairs", [200, 3000], ids=["write-buffered", "write-beyond-the-buffer"])
+def test_a_full_disk_while_encoding_names_the_cache(tmp_path, cache, monkeypatch, pairs):
+    """The source ids go to /dev/full (ENOSPC on every write, as a full disk). numpy's ``tofile`` lost a small write
+    without a word (then: '0 token ids written') and raised an OSError without errno for a large one ('N requested
+    and 0 written'); now the disk's own error, named as the cache's, and nothing is kept."""
+    from sanlab.data import binarized
+    from training_fixtures import write_reverse_corpus
+
+    write_reverse_corpus(tmp_path, n=pairs)
+    config = make_reverse_config(tmp_path)
+    prepare(config, None, log=print)  # the subword entry; the corpus entry is built again below
+    shutil.rmtree(_entries(cache, "corpus")[0])
+    real_init = binarized.DatasetWriter.__init__
+
+    def full(self, directory, *, dtype):
+        real_init(self, directory, dtype=dtype)
+        self._raw["src.tokens"].close()
+        self._raw["src.tokens"] = open("/dev/full", "wb")
+
+    monkeypatch.setattr(binarized.DatasetWriter, "__init__", full)
+    with pytest.raises(DataError) as info:
+        prepare(config, None, log=print)
+    assert str(info.value).startswith(f"{cache}: cannot write to the data cache: No space left on device")
+    assert _entries(cache, "corpus") == [] and not list(cache.glob(".corpus-*"))
+
+
+@pytest.mark.parametrize("cut", ["model", "vocab"])
+def test_a_subword_model_written_short_on_a_full_disk_is_named_as_that(tmp_path, cache, monkeypatch, cut):
+    """sentencepiece reports success when its files could not be written whole (seen on a full tmpfs). A model cut
+    short after a few pieces even loads, and a short .vocab is never read: either was cached (cut elsewhere, the
+    error blamed data.subword.vocab_size). Now the cache's disk is named, and nothing is cached."""
+    import sentencepiece
+
+    real = sentencepiece.SentencePieceTrainer.train
+    written = []
+
+    def short(**kwargs):
+        real(**kwargs)
+        path = Path(f"{kwargs['model_prefix']}.{cut}")
+        path.write_bytes(path.read_bytes()[:100])  # what a full disk leaves
+        written.append(path)
+
+    monkeypatch.setattr(sentencepiece.SentencePieceTrainer, "train", short)
+    config = make_reverse_config(tmp_path)
+    with pytest.raises(DataError) as info:
+        prepare(config, None, log=print)
+    message = str(info.value)
+    assert message.startswith(f"{cache}: cannot write to the data cache: sentencepiece wrote an incomplete model"), \
+        message
+    assert "vocab_size" not in message and "bytes free" in message
+    assert written and _entries(cache, "subword") == [] and not list(cache.glob(".subword-*"))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_a_dataset_file_the_disk_takes_only_in_part_is_the_disk_s_error(tmp_path):
+    """A process whose files may not grow past 9,000 bytes (RLIMIT_FSIZE: each write beyond fails with EFBIG, as on
+    a disk that fills up): the token files fit, the lengths and offsets do not. ``np.save`` wrote them with
+    ``tofile``, which failed with '3001 requested and N written' and no errno (or lost a small write without a
+    word); now the OS error itself, with its errno, which ``build_once`` names as the cache's."""
+    script = (
+        "import errno, resource, signal, sys\n"
+        "import numpy as np\n"
+        "from sanlab.data.binarized import DatasetWriter\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (9000, 9000))\n"
+        f"writer = DatasetWriter(__import__('pathlib').Path({str(tmp_path / 'd')!r}), dtype=np.uint16)\n"
+        "ones = np.ones(3000, np.int64)\n"
+        "writer.add(np.arange(3000), ones, np.arange(3000), ones)  # 6,000 bytes of ids a side; lengths: 12,000\n"
+        "try:\n"
+        "    writer.finish(key='k')\n"
+        "except OSError as err:\n"
+        "    print('errno', err.errno, err)\n"
+        "else:\n"
+        "    print('finished')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"errno {errno.EFBIG} "), done.stdout
+
+
+def test_a_resume_sees_a_same_size_edit_whose_time_was_set_back(tmp_path):
+    """A run's record of its data holds each file's identity (with the status-change time, which ``touch -d`` and
+    ``cp -p`` cannot set back): an edit between the sampled ends whose modification time was restored is read whole
+    and found (it was not: only another modification time made a resume read the file); the same bytes again are
+    not a change."""
+    from sanlab.data import fingerprint as fp
+
+    path = tmp_path / "train.src"
+    text = "".join(f"sentence number {i} of the corpus\n" for i in range(10_000))
+    path.write_text(text)
+    recorded = fp.with_content({}, fp.fingerprints([str(path)]))
+    assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
+    before = path.stat()
+    middle = len(text) // 2
+    path.write_text(text[:middle] + "X" + text[middle + 1:])
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    current = fp.fingerprints([str(path)])
+    assert current[str(path)] == {k: v for k, v in recorded[str(path)].items() if k in current[str(path)]}
+    assert "other bytes in between (whole-file sha256)" in fp.changes(recorded, current)[str(path)]
+    path.write_text(text)  # the same bytes again, its time set back again: not a change
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert fp.changes(recorded, fp.fingerprints([str(path)])) == {}
+
+
+def test_a_subword_entry_is_not_reused_for_an_edit_with_its_time_set_back(tmp_path, cache):
+    """The subword entry's key holds the same fingerprints as the corpus's: an edit between the sampled ends whose
+    modification time was set back kept the model trained on the old text. The entry records the files' identity and
+    whole sha256 too, and is trained again on the text as it is."""
+    from training_fixtures import write_reverse_corpus
+
+    write_reverse_corpus(tmp_path, n=30_000)
+    config = make_reverse_config(tmp_path)
+    prepare(config, tmp_path / "run", log=print)
+    (entry,) = _entries(cache, "subword")
+    tgt = Path(config.data.train.tgt)
+    before = tgt.stat()
+    lines = tgt.read_text().splitlines()
+    k = len(lines) // 2
+    lines[k] = "q" * len(lines[k])  # a character the corpus does not have: a piece of the model trained on it
+    tgt.write_text("\n".join(lines) + "\n")
+    os.utime(tgt, ns=(before.st_atime_ns, before.st_mtime_ns))
+    messages = []
+    data = prepare(config, tmp_path / "run2", log=messages.append)
+    assert any(f"rebuilding it: {entry}: trained on other content of {tgt}" in m for m in messages), messages
+    assert data.spm.src.piece_to_id("q") != data.spm.src.unk_id
+
+
+def test_a_refusal_outside_the_cache_is_not_said_as_the_cache_s(tmp_path, cache, monkeypatch):
+    """Permission refused on a file in the cache is the cache's to name; refused elsewhere while building (the
+    encoding pool's semaphore, say, which names no file), it is raised as it is."""
+    import errno as errnos
+
+    from sanlab.data import binarized
+
+    config = make_reverse_config(tmp_path)
+    prepare(config, None, log=print)
+    shutil.rmtree(_entries(cache, "corpus")[0])
+    for filename, said in ((None, False), (str(cache / "x"), True)):
+        def refused(self, *args, **kwargs):
+            raise PermissionError(errnos.EACCES, "Permission denied", filename)
+
+        monkeypatch.setattr(binarized.DatasetWriter, "add", refused)
+        with pytest.raises((DataError, PermissionError)) as info:
+            prepare(config, None, log=print)
+        assert isinstance(info.value, DataError if said else PermissionError)
+        assert ("cannot write to the data cache: Permission denied" in str(info.value)) == said

@@ -51,6 +51,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _save(path: Path, array: np.ndarray) -> None:
+    """``np.save`` through a Python file object: numpy writes an open file with ``ndarray.tofile``, which loses a
+    small write to a full disk without a word and fails a large one with an OSError that has no errno."""
+    array = np.ascontiguousarray(array)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+        f.write(array.data)
+
+
 class DatasetWriter:
     """Appends encoded chunks to raw files in ``directory`` (a fresh temporary directory), then
     ``finish`` turns them into ``.npy`` arrays and writes the manifest last."""
@@ -64,7 +73,7 @@ class DatasetWriter:
     def add(self, src: np.ndarray, src_len: np.ndarray, tgt: np.ndarray, tgt_len: np.ndarray) -> None:
         """Append pairs: each side's ids concatenated, and the ids per sentence."""
         for side, flat in zip(SIDES, (src, tgt)):
-            flat.astype(self.dtype, copy=False).tofile(self._raw[f"{side}.tokens"])
+            self._raw[f"{side}.tokens"].write(np.ascontiguousarray(flat, dtype=self.dtype).data)  # (see _save)
         self._lengths.append(np.stack([src_len, tgt_len], axis=1).astype(np.int64))
 
     def finish(self, *, key: str, extra: dict | None = None) -> dict:
@@ -72,24 +81,24 @@ class DatasetWriter:
             f.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros((0, 2), np.int64)
         small = lengths.size == 0 or int(lengths.max()) < 1 << 16
-        np.save(self.dir / "lengths.npy", lengths.astype(np.uint16 if small else np.int32))
+        _save(self.dir / "lengths.npy", lengths.astype(np.uint16 if small else np.int32))
         for k, side in enumerate(SIDES):
             offsets = np.zeros(len(lengths) + 1, np.int64)
             np.cumsum(lengths[:, k], out=offsets[1:])
-            np.save(self.dir / f"{side}.offsets.npy", offsets)
-            raw = self.dir / f"{side}.tokens.raw"
-            tokens = np.lib.format.open_memmap(self.dir / f"{side}.tokens.npy", mode="w+", dtype=self.dtype,
-                                               shape=(int(offsets[-1]),))
+            _save(self.dir / f"{side}.offsets.npy", offsets)
+            raw, n = self.dir / f"{side}.tokens.raw", int(offsets[-1])
+            # the raw ids after an .npy header, copied in chunks: a paper-scale side is a GB or more, never read whole
+            # (and not through a memory map, which a full disk answers with SIGBUS: the process dies without a word)
             at = 0
-            with open(raw, "rb") as f:  # in chunks: a paper-scale side is a GB or more, never read whole
-                while chunk := f.read(_HASH_CHUNK):  # (a multiple of every token size)
-                    values = np.frombuffer(chunk, dtype=self.dtype)
-                    tokens[at:at + len(values)] = values
-                    at += len(values)
-            if at != len(tokens):
-                raise CacheError(f"{at} token ids written, the lengths add up to {len(tokens)}", path=str(raw))
-            tokens.flush()
-            del tokens
+            with open(self.dir / f"{side}.tokens.npy", "wb") as out, open(raw, "rb") as f:
+                np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                           "fortran_order": False, "shape": (n,)})
+                while chunk := f.read(_HASH_CHUNK):
+                    out.write(chunk)
+                    at += len(chunk)
+            if at != n * self.dtype.itemsize:
+                raise CacheError(f"{at // self.dtype.itemsize} token ids written, the lengths add up to {n}",
+                                 path=str(raw))
             raw.unlink()
         files = sorted(p.name for p in self.dir.glob("*.npy"))
         manifest = {"format": FORMAT_VERSION, "key": key, "pairs": len(lengths), "dtype": self.dtype.name,

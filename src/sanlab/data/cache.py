@@ -11,6 +11,7 @@ concurrent runs build it once and a killed build leaves nothing that is read lat
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -22,6 +23,10 @@ from pathlib import Path
 from sanlab.errors import DataError
 
 ENV = "SANLAB_CACHE_DIR"
+# what writing into the cache's file system fails with (the disk, not the data): said as the cache's, by its path;
+# a refusal only where it names a file in the cache (a worker pool's semaphore can be refused too)
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+_REFUSED = {errno.EACCES, errno.EPERM}
 
 
 def cache_root() -> Path:
@@ -35,6 +40,12 @@ def entry_key(what: dict) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def unwritable(problem: str, where: Path) -> DataError:
+    """The error for a cache directory that cannot take what is written into it (full, read-only, not ours)."""
+    return DataError(f"cannot write to the data cache: {problem} (SANLAB_CACHE_DIR names another cache directory)",
+                     path=str(where))
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` (created if needed); the kernel drops it when the process dies."""
@@ -42,10 +53,7 @@ def locked(path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a")
     except OSError as err:
-        from sanlab.errors import DataError
-
-        raise DataError(f"cannot write to the data cache: {err.strerror or err} (SANLAB_CACHE_DIR names another "
-                        "cache directory)", path=str(path.parent)) from None
+        raise unwritable(err.strerror or str(err), path.parent) from None
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -72,6 +80,12 @@ def build_once(final: Path, *, check: Callable[[Path], object], build: Callable[
         try:
             build(tmp)
             os.replace(tmp, final)
+        except OSError as err:
+            in_cache = isinstance(err.filename, str) and Path(os.path.abspath(err.filename)).is_relative_to(
+                os.path.abspath(final.parent))
+            if not (err.errno in _FULL or err.errno in _REFUSED and in_cache):
+                raise
+            raise unwritable(err.strerror or str(err), final.parent) from err
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return check(final)

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -49,6 +50,29 @@ def _model_proto_class():
     except Exception:  # ImportError, or protobuf's VersionError
         return None
     return sentencepiece_model_pb2.ModelProto
+
+
+class IncompleteModel(DataError):
+    """SentencePiece's files, written without an error, are not whole (a full disk; see ``_check_written``)."""
+
+
+def _check_written(staging: Path) -> None:
+    """SentencePiece reports success when its files could not be written whole (on a full disk: seen on a full
+    tmpfs), and a model cut short after a few pieces even loads. It writes the model first, then the vocabulary,
+    one line a piece: both are whole when the model loads and the vocabulary lists each of its pieces."""
+    model, vocab = (staging.with_name(staging.name + suffix) for suffix in (".model", ".vocab"))
+    try:
+        processor = spm.SentencePieceProcessor()
+        processor.Load(str(model))
+        whole = vocab.read_bytes().count(b"\n") == processor.GetPieceSize()
+    except (OSError, RuntimeError):
+        whole = False
+    if not whole:
+        model.unlink(missing_ok=True)
+        vocab.unlink(missing_ok=True)
+        free = shutil.disk_usage(staging.parent).free
+        raise IncompleteModel(f"sentencepiece wrote an incomplete model, without an error (as it does on a full disk; "
+                              f"{free:,} bytes free there now)", path=str(staging.parent))
 
 
 class SubwordModel:
@@ -137,6 +161,7 @@ class SubwordModel:
                 staging.with_name(staging.name + suffix).unlink(missing_ok=True)
             problem = "no non-empty texts to train on" if n_texts[0] == 0 else f"SentencePiece training failed: {exc}"
             raise DataError(problem, path=str(prefix)) from exc
+        _check_written(staging)
         for suffix in (".vocab", ".model"):
             os.replace(staging.with_name(staging.name + suffix), prefix.with_name(prefix.name + suffix))
         return cls.load(prefix)

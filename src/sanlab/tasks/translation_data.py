@@ -4,13 +4,15 @@
 (``data.cache``: where, locking, atomic builds):
 
 * ``subword-<key>/``: the sentencepiece model(s), keyed by the training files' fingerprints, the
-  ``data.subword`` settings and ``data.skip_empty`` (which decides the texts it learns from). A run
+  ``data.subword`` settings and ``data.skip_empty`` (which decides the texts it learns from), with the files'
+  content (``CONTENT``) checked whenever it is used, as a corpus entry's is (``_built_from``). A run
   copies them into its directory, as before; a run that has its own already (a resumed run) keeps them.
   Of a distributed run's processes only the main one does (``main=True``); the others read the copy it
   made in the run directory and write nothing there (``shared_subwords``).
 * ``corpus-<key>/``: the training pairs encoded with those models and filtered (``data.max_len``,
   ``data.max_ratio``, ``data.skip_empty``), a ``BinarizedCorpus``, keyed by the files' fingerprints,
-  the subword models' sha256 (runs with other subwords never share ids) and the filters.
+  the subword models' sha256 (runs with other subwords never share ids), sentencepiece's version and the
+  filters. It records each file's identity and whole sha256, checked whenever it is used (``_built_from``).
 
 A key also names ``PREPARE_VERSION``: bump it when what an entry holds changes meaning.
 """
@@ -18,6 +20,7 @@ A key also names ``PREPARE_VERSION``: bump it when what an entry holds changes m
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import time
@@ -30,18 +33,19 @@ import numpy as np
 
 from sanlab.config import ParallelFiles, TranslationConfig
 from sanlab.data import binarized
-from sanlab.data.binarized import BinarizedCorpus, DatasetWriter, open_dataset, token_dtype
-from sanlab.data.cache import build_once, cache_root, entry_key
+from sanlab.data.binarized import BinarizedCorpus, CacheError, DatasetWriter, open_dataset, token_dtype
+from sanlab.data.cache import build_once, cache_root, entry_key, unwritable
 from sanlab.data.encode import LengthFilter, encode_into
-from sanlab.data.fingerprint import fingerprint
+from sanlab.data.fingerprint import content_sha256, fingerprint, identity
 from sanlab.data.parallel import iter_parallel, require_file
-from sanlab.data.subword import SubwordModel, SubwordPair
+from sanlab.data.subword import IncompleteModel, SubwordModel, SubwordPair
 from sanlab.errors import DataError
 from sanlab.files import replacing_path
 from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 
 PREPARE_VERSION = 1
+CONTENT = "content.json"  # in a subword entry: its training files' identity and sha256 (not copied into a run)
 # below this size of the source file as stored (about 200,000 sentences of plain text, more compressed), one
 # process encodes faster than a pool starts; judged by size, not lines: counting them would read a WMT-scale
 # corpus once more only to choose
@@ -109,9 +113,12 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
         jobs = [(_texts(corpora, side, d.skip_empty, problems), layout.subword_stem(name))
                 for side, name in ((1, "tgt"), (0, "src"))]
     files = ", ".join(str(p) for c in corpora for p in (c.src, c.tgt))
+    content = _content([p for c in corpora for p in (c.src, c.tgt)])  # before reading, as for a corpus
     for texts, stem in jobs:
         try:
             SubwordModel.train(texts, model_path=stem, **options)
+        except IncompleteModel as err:  # the disk's doing, not the settings'
+            raise unwritable(err.problem, out.parent) from None
         except DataError as err:
             if problems:
                 raise problems[0] from None
@@ -120,6 +127,7 @@ def _train_subwords(config: TranslationConfig, out: Path, log: Callable[[str], N
                             f"{sw.vocab_size} failed: {err.problem}") from None
         if problems:
             raise problems[0]
+    (out / CONTENT).write_text(json.dumps(content), encoding="utf-8")
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
@@ -166,7 +174,7 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
                      "subword": d.subword.model_dump(), "skip_empty": d.skip_empty,
                      "sentencepiece": _sentencepiece_version()})
     entry = cache_root() / f"subword-{key}"
-    build_once(entry, check=lambda e: _complete_subwords(e, joint=joint),
+    build_once(entry, check=lambda e: _complete_subwords(e, joint=joint, config=config),
                build=lambda tmp: _train_subwords(config, tmp, log), log=log)
     if run_dir is None:
         return load_subwords(entry, joint=joint)
@@ -176,12 +184,23 @@ def subwords(config: TranslationConfig, run_dir: Path | None, log: Callable[[str
     return load_subwords(run_dir, joint=joint)
 
 
-def _complete_subwords(entry: Path, *, joint: bool) -> SubwordPair:
-    """A cache entry's subword models, if every file a run copies from it is there (a DataError, so that
-    ``build_once`` rebuilds it, when one is missing: the entry was damaged from outside)."""
+def _complete_subwords(entry: Path, *, joint: bool, config: TranslationConfig) -> SubwordPair:
+    """A cache entry's subword models, if every file a run copies from it is there and it was trained on the files'
+    present content (a DataError, so that ``build_once`` rebuilds it, otherwise: the entry was damaged from outside,
+    or a file edited in place with its time set back). An entry from before ``CONTENT`` is trusted as before: a
+    model learned from other text still encodes consistently (corpus entries are keyed by the model itself)."""
     missing = [p.name for p in RunLayout(entry).subword_files(joint=joint) if not p.exists()]
     if missing:
         raise DataError(f"the cached subword model lacks {', '.join(missing)}", path=str(entry))
+    if (entry / CONTENT).exists():
+        try:
+            recorded = json.loads((entry / CONTENT).read_text(encoding="utf-8"))
+        except ValueError:
+            raise DataError(f"unreadable {CONTENT}", path=str(entry)) from None
+        changed = _changed(recorded, [p for c in config.data.train_corpora for p in (c.src, c.tgt)])
+        if changed:
+            raise DataError(f"trained on other content of {changed} (the same size, ends and modification time)",
+                            path=str(entry))
     return load_subwords(entry, joint=joint)
 
 
@@ -197,6 +216,8 @@ def corpus_key(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPai
     return entry_key({"v": PREPARE_VERSION, "format": binarized.FORMAT_VERSION,
                       "files": [fingerprint(corpus.src), fingerprint(corpus.tgt)],
                       "subword": [spm.src.encoding_digest(), spm.tgt.encoding_digest()],
+                      # the ids are its encoder's: another version may segment the same model's input otherwise
+                      "sentencepiece": _sentencepiece_version(),
                       "max_len": d.max_len, "max_ratio": d.max_ratio, "skip_empty": d.skip_empty})
 
 
@@ -212,6 +233,7 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     d, start = config.data, time.monotonic()
     if workers is None:
         workers = (os.cpu_count() or 1) if os.path.getsize(corpus.src) > PARALLEL_ABOVE_BYTES else 1
+    content = _content([corpus.src, corpus.tgt])  # before reading: an edit while encoding is seen the next time
     writer = DatasetWriter(out, dtype=token_dtype(max(spm.src.vocab_size, spm.tgt.vocab_size)))
     counts: dict = {}
     try:
@@ -221,11 +243,49 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
         if not kept:  # refused before the entry is written: a cached empty corpus would only fail later
             raise no_pair_kept(config, corpus)
         # what a run reusing the entry logs again (corpus_report): the files it was built from, what was dropped
-        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read, **counts})
+        writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read, **counts,
+                                      "content": content})
     except BaseException:
         writer.abort()
         raise
     log(f"encoded {corpus.src} / {corpus.tgt} with {workers} process(es) in {time.monotonic() - start:.1f} s")
+
+
+def _content(paths: list[str]) -> list[dict]:
+    """What an entry records of the files it was made from: each one's identity and whole sha256."""
+    content = []
+    for path in paths:
+        try:
+            content.append({"identity": identity(path), "sha256": content_sha256(path)})
+        except OSError as err:  # named as the reader names it (not as the cache, which build_once says for OSErrors)
+            raise DataError(f"cannot read: {err.strerror or err}", path=str(path)) from None
+    return content
+
+
+def _changed(recorded: object, paths: list[str]) -> str | None:
+    """The first of ``paths`` whose content is not the ``_content`` recorded (or all of them, as one string, when
+    the record is not of that form), else None. The keys' fingerprints sample a file's ends only, so a same-size
+    edit between them whose modification time was set back (``touch -d``, ``cp -p``) keeps a key: a file whose
+    ``identity`` is not the one recorded (written since, or another copy) is read whole and its sha256 compared."""
+    if not (isinstance(recorded, list) and len(recorded) == len(paths) and all(isinstance(r, dict) for r in recorded)):
+        return ", ".join(map(str, paths))
+    for was, path in zip(recorded, paths):
+        if was.get("identity") != identity(path) and was.get("sha256") != content_sha256(path):
+            return str(path)
+    return None
+
+
+def _built_from(encoded: BinarizedCorpus, corpus: ParallelFiles) -> BinarizedCorpus:
+    """``encoded`` if it was built from the files' present content (``_changed``), else a CacheError: it is built
+    again (so is an entry from before entries recorded it)."""
+    recorded = encoded.manifest.get("content")
+    if recorded is None:
+        raise CacheError("built before entries recorded their files' whole content", path=str(encoded.dir))
+    changed = _changed(recorded, [corpus.src, corpus.tgt])
+    if changed:
+        raise CacheError(f"built from other content of {changed} (the same size, ends and modification time)",
+                         path=str(encoded.dir))
+    return encoded
 
 
 def corpus_report(config: TranslationConfig, files: ParallelFiles, corpus: BinarizedCorpus) -> str:
@@ -248,7 +308,7 @@ def encoded_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     key = corpus_key(config, corpus, spm)
     entry = cache_root() / f"corpus-{key}"
     built = []
-    encoded = build_once(entry, check=lambda e: open_dataset(e, key=key),
+    encoded = build_once(entry, check=lambda e: _built_from(open_dataset(e, key=key), corpus),
                          build=lambda tmp: built.append(_encode_corpus(config, corpus, spm, key=key, out=tmp,
                                                                        workers=workers, log=log)),
                          log=log)
