@@ -36,3 +36,35 @@ def test_every_recipe_has_a_passing_smoke_row():
     assert sorted(rows) == recipes, f"smoke rows for recipes that no longer exist: {sorted(set(rows) - set(recipes))}"
     failing = [name for name, cells in rows.items() if cells[4:6] != ["yes", "yes"]]
     assert not failing, f"smoke rows not finite or whose loss did not fall: {failing}"
+
+
+def _resume_comment(text: str) -> str:
+    """The README's comment over `sanlab train` on what a resume may change (from "a changed config" to the data)."""
+    start = text.index("a changed config is an error, except the keys docs/training.md lists")
+    return " ".join(line.lstrip("# ") for line in text[start:text.index("--allow-changed-data", start)].splitlines())
+
+
+# Each key a resume may change, as the README's summary of docs/training.md's list names it.
+RESUME_WORDS = {"train.max_steps": "budget", "train.max_epochs": "budget", "train.patience": "patience",
+                "train.progress": "logging", "train.log_every": "logging", "train.threads": "threads",
+                "train.device": "device", "train.deterministic": "deterministic",
+                "train.find_unused_parameters": "find_unused_parameters", "decode.beam": "beam",
+                "decode.length_penalty": "length penalty", "decode.n_best": "n-best"}
+
+
+def test_the_keys_a_resume_may_change_are_the_ones_the_docs_name():
+    """runs.RESUMABLE_KEYS is listed whole in docs/training.md ("Resuming") and summarised in the README's
+    comment over `sanlab train`: a key added to one and not the others would have a user told that changing it
+    is an error, or the reverse."""
+    from sanlab.runs import RESUMABLE_KEYS
+
+    assert set(RESUME_WORDS) == set(RESUMABLE_KEYS), "RESUME_WORDS here lags runs.RESUMABLE_KEYS"
+    training = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    sentence = training[training.index("Only `train.max_steps`"):]
+    sentence = sentence[:sentence.index("may change on")]
+    listed = {f"train.{k}" for k in re.findall(r"`(?:train\.)?(\w+)`", sentence.split("and `decode.")[0])}
+    listed |= {f"decode.{k}" for k in re.findall(r"`decode\.(\w+)`", sentence)}
+    assert listed == set(RESUMABLE_KEYS), f"docs/training.md lists {sorted(listed)} as resumable"
+    comment = _resume_comment((ROOT / "README.md").read_text(encoding="utf-8"))
+    missing = sorted(k for k, word in RESUME_WORDS.items() if word not in comment)
+    assert not missing, f"README.md's comment over `sanlab train` leaves out {missing}: {comment!r}"
