@@ -9,7 +9,8 @@ import pytest
 from sanlab.cli import main
 from sanlab.experiments.grid import load_grid
 
-SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo", "params", "analyze", "compare"]
+SUBCOMMANDS = ["train", "prepare", "translate", "tag", "evaluate", "env", "average", "demo", "params", "analyze",
+               "compare"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -18,6 +19,30 @@ def test_help(command, capsys):
         main([command, "--help"])
     assert exit_.value.code == 0
     assert "usage: sanlab " + command in capsys.readouterr().out
+
+
+def _options(parser, name="sanlab"):
+    """(command, option) of every option of ``parser`` and its subcommands, ``sanlab analyze sweep``'s included."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from _options(subparser, f"{name} {sub}")
+        elif action.option_strings:
+            yield name, action
+
+
+def test_an_option_whose_help_speaks_of_n_shows_n_in_the_usage():
+    """`--last N` reads as "average the last N checkpoints"; `--last LAST` left the N of the help unnamed."""
+    import re
+
+    from sanlab.cli import _parser
+
+    unnamed = [f"{command} {action.option_strings[-1]} {action.metavar or action.dest.upper()}"
+               for command, action in _options(_parser())
+               if action.help and re.search(r"(?<![-:])\bN\b", action.help) and action.metavar != "N"]
+    assert not unnamed, f"options whose help says N but whose usage does not: {unnamed}"
 
 
 @pytest.mark.parametrize("argv, usage, said", [

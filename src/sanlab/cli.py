@@ -266,7 +266,7 @@ def _register_decoding(sub) -> None:
             p.add_argument("--length-penalty", type=float, help="alpha of the length penalty: a hypothesis of L "
                            "tokens (end of sentence included) scores log p / L ** alpha, as fairseq's --lenpen "
                            "(default: the run's decode.length_penalty)")
-            p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "
+            p.add_argument("--n-best", type=int, metavar="N", help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":
             p.add_argument("--split", action="append", help="split name (repeatable; default: a translation run's test splits, a tagging run's dev and test)")
@@ -281,8 +281,8 @@ def _register_tools(sub) -> None:
     p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
     p.add_argument("--run", required=True, help="trained run directory")
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--last", type=_positive, help="average the last N checkpoints")
-    group.add_argument("--best", type=_positive, help="average the N best checkpoints")
+    group.add_argument("--last", type=_positive, metavar="N", help="average the last N checkpoints")
+    group.add_argument("--best", type=_positive, metavar="N", help="average the N best checkpoints")
     p.add_argument("--output", help="output checkpoint directory (default: <run>/averaged)")
     p.set_defaults(fn=_cmd_average)
 
