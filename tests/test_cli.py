@@ -45,6 +45,25 @@ def test_an_option_whose_help_speaks_of_n_shows_n_in_the_usage():
     assert not unnamed, f"options whose help says N but whose usage does not: {unnamed}"
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["train", "c.yaml", "--run", "r"], "sanlab train: interrupted; rerun the same command to resume\n"),
+    (["compare", "g.yaml"], "sanlab compare: interrupted; rerun the same command to resume\n"),
+    (["evaluate", "--run", "r"], "sanlab evaluate: interrupted\n"),
+    (["translate", "--run", "r"], "sanlab translate: interrupted\n")])
+def test_ctrl_c_says_resume_only_where_the_same_command_resumes(argv, said, monkeypatch, capsys):
+    """train and compare pick up where they stopped; evaluate, translate and the others start again, so "rerun
+    the same command to resume" would promise what they do not do."""
+    import sanlab.cli
+    import sanlab.experiments.compare_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    module = sanlab.experiments.compare_cli if argv[0] == "compare" else sanlab.cli
+    monkeypatch.setattr(module, f"_cmd_{argv[0]}", interrupted)
+    assert main(argv) == 130
+    assert capsys.readouterr().err == said
+
+
 @pytest.mark.parametrize("argv, usage, said", [
     (["train", "c.yaml", "--foo", "1"], "usage: sanlab train ", "sanlab train: error: unrecognized arguments: --foo 1\n"),
     (["evaluate", "--run", "r", "--splitt", "test"], "usage: sanlab evaluate ",

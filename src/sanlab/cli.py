@@ -349,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         from sanlab.training.launch import launched
 
         if not launched():  # (a worker of `train --nproc`: its launcher says it, once for all)
-            print(f"sanlab {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+            # only a run and a grid go on from where they stopped; the other commands start again
+            again = "; rerun the same command to resume" if args.command in ("train", "compare") else ""
+            print(f"sanlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of standard output went away (`sanlab translate ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again
