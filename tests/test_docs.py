@@ -1,5 +1,6 @@
 """The documentation names files that exist: every backticked repository path (src/, docs/, results/,
-configs/, bench/, tests/) and every relative Markdown link in README.md, docs/ and results/."""
+configs/, bench/, tests/) and every relative Markdown link in README.md, docs/ and results/; the commands and
+options README.md and docs/ show are the CLI's, and the keys they say a resume may change are runs.RESUMABLE_KEYS."""
 
 import re
 from pathlib import Path
@@ -68,3 +69,58 @@ def test_the_keys_a_resume_may_change_are_the_ones_the_docs_name():
     comment = _resume_comment((ROOT / "README.md").read_text(encoding="utf-8"))
     missing = sorted(k for k, word in RESUME_WORDS.items() if word not in comment)
     assert not missing, f"README.md's comment over `sanlab train` leaves out {missing}: {comment!r}"
+
+
+def _cli_options() -> dict[str, set[str]]:
+    """{"train": {its options}, "analyze sweep": {...}, ...}: every (sub)command of `sanlab` and its options."""
+    import argparse
+
+    from sanlab.cli import _parser
+
+    found = {}
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    walk(subparser, f"{name} {sub}".strip())
+        found[name] = {flag for action in parser._actions for flag in action.option_strings}
+
+    walk(_parser(), "")
+    return found
+
+
+CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)
+COMMAND = re.compile(r"(?<![\w/.-])sanlab ([a-z][a-z-]*)( [a-z][a-z-]*)?(.*)")
+
+
+def _code(text: str):
+    """The code of a page: each line of a fenced block, its comment cut off, and each inline code span."""
+    for m in CODE.finditer(text):
+        if m.group(1) is None:
+            yield m.group(2)
+        else:
+            yield from (re.split(r"(?:^|\s)#", line)[0] for line in m.group(1).splitlines())
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.parent != ROOT / "results"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_commands_a_page_shows_are_the_clis(page):
+    """Every `sanlab COMMAND --option` in the README's and docs' code is a command the CLI has, with that option
+    (spelled as argparse takes it), so that a command copied from the page runs."""
+    known, wrong = _cli_options(), []
+    for code in _code(page.read_text(encoding="utf-8")):
+        for m in COMMAND.finditer(code):
+            command, sub, rest = m.group(1), (m.group(2) or "").strip(), m.group(3)
+            if command not in known:
+                wrong.append(f"sanlab {command} (no such command): {code}")
+                continue
+            if f"{command} {sub}" in known:
+                command = f"{command} {sub}"
+            elif any(k.startswith(f"{command} ") for k in known):
+                continue  # `sanlab analyze <analysis> RUN... --out PREFIX`: no analysis named
+            else:
+                rest = f" {sub}{rest}"
+            wrong += [f"sanlab {command} {option}: {code}" for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest)
+                      if option not in known[command]]
+    assert not wrong, f"{page.relative_to(ROOT)} shows commands the CLI does not take: {wrong}"
