@@ -45,6 +45,17 @@ def test_an_option_whose_help_speaks_of_n_shows_n_in_the_usage():
     assert not unnamed, f"options whose help says N but whose usage does not: {unnamed}"
 
 
+def test_prepare_workers_help_names_the_size_that_chooses_the_default():
+    """The default is chosen by the source file's size as stored (translation_data.PARALLEL_ABOVE_BYTES), not by
+    its pairs: "over 200,000 pairs" was wrong for the recipes' gzip-compressed files, which hold far more below it."""
+    from sanlab.cli import _parser
+    from sanlab.tasks.translation_data import PARALLEL_ABOVE_BYTES
+
+    said = next(a.help for command, a in _options(_parser()) if command == "sanlab prepare" and "--workers" in
+                a.option_strings)
+    assert f"over {PARALLEL_ABOVE_BYTES // 2**20} MiB as stored" in said, said
+
+
 @pytest.mark.parametrize("argv, said", [
     (["train", "c.yaml", "--run", "r"], "sanlab train: interrupted; rerun the same command to resume\n"),
     (["compare", "g.yaml"], "sanlab compare: interrupted; rerun the same command to resume\n"),

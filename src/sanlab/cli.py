@@ -229,7 +229,8 @@ def _register_training(sub) -> None:
                        "once (train does it too, when the cache lacks it)")
     _add_config_args(p)
     p.add_argument("--workers", type=_positive, metavar="N",
-                   help="encoding processes (default: every core for corpora over 200,000 pairs, else 1)")
+                   help="encoding processes (default: every core for a corpus whose source file is over 16 MiB as "
+                        "stored, about 200,000 sentences of plain text and more gzip-compressed; else 1)")
     p.set_defaults(fn=_cmd_prepare)
 
 
