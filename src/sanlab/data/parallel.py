@@ -36,9 +36,11 @@ def require_file(path: PathLike) -> None:
     if not path.exists():
         where = "" if path.is_absolute() else f" (relative to the working directory: {path.absolute()})"
         if path.parts[:len(SHARED_DATA.parts)] == SHARED_DATA.parts:
+            # (no --set advice here: on a grid's committed cells other data paths would make every cell a conflict;
+            # the README section says when a recipe may read a copy elsewhere)
             where += ("; the recipes read their data from ../shared/data, which is not part of the repository: "
-                      "README.md, \"Real data\", names the files (run from the repository root with them there), "
-                      "or point the config's data paths at your copy with --set (docs/config.md names the data keys)")
+                      "README.md, \"Real data\", says which files go there (run the commands from the repository "
+                      "root)")
         raise DataError(f"file not found{where}", path=str(path))
     if not path.is_file():
         raise DataError("not a regular file", path=str(path))
