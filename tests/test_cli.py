@@ -45,6 +45,15 @@ def test_an_option_whose_help_speaks_of_n_shows_n_in_the_usage():
     assert not unnamed, f"options whose help says N but whose usage does not: {unnamed}"
 
 
+def test_the_summary_of_evaluate_does_not_leave_out_the_dev_split_it_scores(capsys):
+    """`sanlab --help` said evaluate scores "its test splits"; by default a tagging run's evaluation scores dev too
+    (as its --split help says)."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    summary = " ".join(capsys.readouterr().out.split("\n    evaluate", 1)[1].split("\n    env", 1)[0].split())
+    assert "test splits" not in summary and "--split" in summary, summary
+
+
 def test_prepare_workers_help_names_the_size_that_chooses_the_default():
     """The default is chosen by the source file's size as stored (translation_data.PARALLEL_ABOVE_BYTES), not by
     its pairs: "over 200,000 pairs" was wrong for the recipes' gzip-compressed files, which hold far more below it."""

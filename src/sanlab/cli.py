@@ -245,7 +245,8 @@ def _register_decoding(sub) -> None:
                             "gives an empty block) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
                             "Vietnamese's); text gives one word<TAB>tag block per sentence, CoNLL-U gives CoNLL-U with "
                             "the run's tag column filled in"),
-                           ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
+                           ("evaluate", _cmd_evaluate, "score a run on its held-out splits (sacreBLEU / tagging accuracy; "
+                            "which ones by default: --split)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="trained run directory")
         p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
