@@ -9,7 +9,8 @@ import pytest
 from sanlab.cli import main
 from sanlab.experiments.grid import load_grid
 
-SUBCOMMANDS = ["train", "translate", "tag", "evaluate", "average", "demo", "params", "analyze", "compare"]
+SUBCOMMANDS = ["train", "prepare", "translate", "tag", "evaluate", "env", "average", "demo", "params", "analyze",
+               "compare"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -18,6 +19,69 @@ def test_help(command, capsys):
         main([command, "--help"])
     assert exit_.value.code == 0
     assert "usage: sanlab " + command in capsys.readouterr().out
+
+
+def _options(parser, name="sanlab"):
+    """(command, option) of every option of ``parser`` and its subcommands, ``sanlab analyze sweep``'s included."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from _options(subparser, f"{name} {sub}")
+        elif action.option_strings:
+            yield name, action
+
+
+def test_an_option_whose_help_speaks_of_n_shows_n_in_the_usage():
+    """`--last N` reads as "average the last N checkpoints"; `--last LAST` left the N of the help unnamed."""
+    import re
+
+    from sanlab.cli import _parser
+
+    unnamed = [f"{command} {action.option_strings[-1]} {action.metavar or action.dest.upper()}"
+               for command, action in _options(_parser())
+               if action.help and re.search(r"(?<![-:])\bN\b", action.help) and action.metavar != "N"]
+    assert not unnamed, f"options whose help says N but whose usage does not: {unnamed}"
+
+
+def test_the_summary_of_evaluate_does_not_leave_out_the_dev_split_it_scores(capsys):
+    """`sanlab --help` said evaluate scores "its test splits"; by default a tagging run's evaluation scores dev too
+    (as its --split help says)."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    summary = " ".join(capsys.readouterr().out.split("\n    evaluate", 1)[1].split("\n    env", 1)[0].split())
+    assert "test splits" not in summary and "--split" in summary, summary
+
+
+def test_prepare_workers_help_names_the_size_that_chooses_the_default():
+    """The default is chosen by the source file's size as stored (translation_data.PARALLEL_ABOVE_BYTES), not by
+    its pairs: "over 200,000 pairs" was wrong for the recipes' gzip-compressed files, which hold far more below it."""
+    from sanlab.cli import _parser
+    from sanlab.tasks.translation_data import PARALLEL_ABOVE_BYTES
+
+    said = next(a.help for command, a in _options(_parser()) if command == "sanlab prepare" and "--workers" in
+                a.option_strings)
+    assert f"over {PARALLEL_ABOVE_BYTES // 2**20} MiB as stored" in said, said
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", "c.yaml", "--run", "r"], "sanlab train: interrupted; rerun the same command to resume\n"),
+    (["compare", "g.yaml"], "sanlab compare: interrupted; rerun the same command to resume\n"),
+    (["evaluate", "--run", "r"], "sanlab evaluate: interrupted\n"),
+    (["translate", "--run", "r"], "sanlab translate: interrupted\n")])
+def test_ctrl_c_says_resume_only_where_the_same_command_resumes(argv, said, monkeypatch, capsys):
+    """train and compare pick up where they stopped; evaluate, translate and the others start again, so "rerun
+    the same command to resume" would promise what they do not do."""
+    import sanlab.cli
+    import sanlab.experiments.compare_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    module = sanlab.experiments.compare_cli if argv[0] == "compare" else sanlab.cli
+    monkeypatch.setattr(module, f"_cmd_{argv[0]}", interrupted)
+    assert main(argv) == 130
+    assert capsys.readouterr().err == said
 
 
 @pytest.mark.parametrize("argv, usage, said", [

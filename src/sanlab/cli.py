@@ -229,7 +229,8 @@ def _register_training(sub) -> None:
                        "once (train does it too, when the cache lacks it)")
     _add_config_args(p)
     p.add_argument("--workers", type=_positive, metavar="N",
-                   help="encoding processes (default: every core for corpora over 200,000 pairs, else 1)")
+                   help="encoding processes (default: every core for a corpus whose source file is over 16 MiB as "
+                        "stored, about 200,000 sentences of plain text and more gzip-compressed; else 1)")
     p.set_defaults(fn=_cmd_prepare)
 
 
@@ -244,7 +245,8 @@ def _register_decoding(sub) -> None:
                             "gives an empty block) or a CoNLL-U file (its own tokens: use it for multi-syllable words such as "
                             "Vietnamese's); text gives one word<TAB>tag block per sentence, CoNLL-U gives CoNLL-U with "
                             "the run's tag column filled in"),
-                           ("evaluate", _cmd_evaluate, "score a run on its test splits (sacreBLEU / tagging accuracy)")):
+                           ("evaluate", _cmd_evaluate, "score a run on its held-out splits (sacreBLEU / tagging accuracy; "
+                            "which ones by default: --split)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="trained run directory")
         p.add_argument("--checkpoint", default="best", help="best | last | averaged | step-N | a checkpoint directory")
@@ -266,7 +268,7 @@ def _register_decoding(sub) -> None:
             p.add_argument("--length-penalty", type=float, help="alpha of the length penalty: a hypothesis of L "
                            "tokens (end of sentence included) scores log p / L ** alpha, as fairseq's --lenpen "
                            "(default: the run's decode.length_penalty)")
-            p.add_argument("--n-best", type=int, help="print the N best as 'i ||| text ||| score' "
+            p.add_argument("--n-best", type=int, metavar="N", help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":
             p.add_argument("--split", action="append", help="split name (repeatable; default: a translation run's test splits, a tagging run's dev and test)")
@@ -281,8 +283,8 @@ def _register_tools(sub) -> None:
     p = sub.add_parser("average", help="average the last or best N checkpoints (fp32) into <run>/averaged")
     p.add_argument("--run", required=True, help="trained run directory")
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--last", type=_positive, help="average the last N checkpoints")
-    group.add_argument("--best", type=_positive, help="average the N best checkpoints")
+    group.add_argument("--last", type=_positive, metavar="N", help="average the last N checkpoints")
+    group.add_argument("--best", type=_positive, metavar="N", help="average the N best checkpoints")
     p.add_argument("--output", help="output checkpoint directory (default: <run>/averaged)")
     p.set_defaults(fn=_cmd_average)
 
@@ -349,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         from sanlab.training.launch import launched
 
         if not launched():  # (a worker of `train --nproc`: its launcher says it, once for all)
-            print(f"sanlab {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
+            # only a run and a grid go on from where they stopped; the other commands start again
+            again = "; rerun the same command to resume" if args.command in ("train", "compare") else ""
+            print(f"sanlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of standard output went away (`sanlab translate ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the flush at exit fails again

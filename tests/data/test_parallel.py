@@ -187,3 +187,15 @@ def test_a_file_in_another_encoding_or_compression_is_named_as_such(tmp_path, co
     path.write_bytes(b"caf\xe9\n")  # Latin-1
     with pytest.raises(DataError, match=r"corpus\.en:1: not valid UTF-8 \(byte 4 of the line\)$"):
         list(open_text(path))
+
+
+def test_a_missing_file_of_the_recipes_shared_data_says_where_that_data_comes_from(tmp_path, monkeypatch):
+    """A fresh clone has no ../shared/data: the first `sanlab train` of a recipe stops there, and the message
+    sends the user to README.md's "Real data" instead of leaving a bare "file not found"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"test\.en\.gz: file not found \(relative to the working directory: .*\); the "
+                                        r"recipes read their data from \.\./shared/data, .*README\.md, \"Real data\""):
+        open_text("../shared/data/multi30k/test.en.gz")
+    with pytest.raises(DataError) as other:  # a file of the user's own: no word about the recipes' data
+        open_text("../mine/test.en.gz")
+    assert "shared/data" not in str(other.value) and "README" not in str(other.value)

@@ -25,11 +25,22 @@ logger = logging.getLogger(__name__)
 PathLike = str | os.PathLike[str]
 
 
+# Where the recipes in configs/ read their data: outside the repository, so a fresh clone lacks it.
+SHARED_DATA = Path("..", "shared", "data")
+
+
 def require_file(path: PathLike) -> None:
-    """A DataError naming ``path`` unless it is a regular file (a relative path says where it was looked for)."""
+    """A DataError naming ``path`` unless it is a regular file (a relative path says where it was looked for; one
+    into the recipes' ``../shared/data`` says where that data comes from, the first error a fresh clone meets)."""
     path = Path(path)
     if not path.exists():
         where = "" if path.is_absolute() else f" (relative to the working directory: {path.absolute()})"
+        if path.parts[:len(SHARED_DATA.parts)] == SHARED_DATA.parts:
+            # (no --set advice here: on a grid's committed cells other data paths would make every cell a conflict;
+            # the README section says when a recipe may read a copy elsewhere)
+            where += ("; the recipes read their data from ../shared/data, which is not part of the repository: "
+                      "README.md, \"Real data\", says which files go there (run the commands from the repository "
+                      "root)")
         raise DataError(f"file not found{where}", path=str(path))
     if not path.is_file():
         raise DataError("not a regular file", path=str(path))

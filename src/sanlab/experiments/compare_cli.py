@@ -26,7 +26,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rescore", action="store_true",
                    help="tagging: score the evaluated cells again from their predictions (tags-*.jsonl.gz) with the "
                    "current word-group definitions, without checkpoints; then print the table (docs/compare.md)")
-    p.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (each with cores/N threads)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="cells run in parallel processes (each with cores/N threads)")
     p.add_argument("--only", action="append", default=[], metavar="VARIANT",
                    help="run only this variant (name or directory slug; repeatable); the table shows all")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
