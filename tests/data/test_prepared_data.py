@@ -737,3 +737,34 @@ def test_a_refusal_outside_the_cache_is_not_said_as_the_cache_s(tmp_path, cache,
             prepare(config, None, log=print)
         assert isinstance(info.value, DataError if said else PermissionError)
         assert ("cannot write to the data cache: Permission denied" in str(info.value)) == said
+
+
+def test_a_read_only_cache_serves_the_entries_it_holds_and_names_itself_for_the_rest(tmp_path, cache, monkeypatch):
+    """A cache this process cannot write (a shared copy prepared once and made read-only) still serves its entries
+    as they are: only building one needs the lock, and the lock file cannot be made there. An entry it lacks, or one
+    that does not pass its check, is the cache's one-line error. (Simulated: root ignores permissions.)"""
+    from sanlab.data import cache as cache_module
+
+    config = make_reverse_config(tmp_path)
+    before = prepare(config, None, log=print)
+    real_open = open
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(cache_module, "open", read_only, raising=False)
+    again = prepare(config, None, log=print)  # every entry is there: served, nothing built
+    assert [again.pair(k)[0].tolist() for k in range(len(again))] == [before.pair(k)[0].tolist()
+                                                                       for k in range(len(before))]
+    shorter = config.model_copy(deep=True)
+    shorter.data.max_len = 7
+    with pytest.raises(DataError, match=r"cannot write to the data cache: Read-only file system \(set "
+                                        r"SANLAB_CACHE_DIR to use another cache directory\)$"):
+        prepare(shorter, None, log=print)  # another filter: an entry the cache lacks
+    corpus = _entries(cache, "corpus")[0]
+    (corpus / MANIFEST).write_text("{}")
+    with pytest.raises(DataError, match=r"cannot write to the data cache: Read-only file system, and its entry is "
+                                        r"not usable \("):
+        prepare(config, None, log=print)

@@ -74,12 +74,13 @@ class DatasetWriter:
         """Append pairs: each side's ids concatenated, and the ids per sentence."""
         for side, flat in zip(SIDES, (src, tgt)):
             self._raw[f"{side}.tokens"].write(np.ascontiguousarray(flat, dtype=self.dtype).data)  # (see _save)
-        self._lengths.append(np.stack([src_len, tgt_len], axis=1).astype(np.int64))
+        # int32: a sentence's ids never reach 2**31, and WMT17's 20.6M pairs then hold 165 MB here, not 330
+        self._lengths.append(np.stack([src_len, tgt_len], axis=1).astype(np.int32))
 
     def finish(self, *, key: str, extra: dict | None = None) -> dict:
         for f in self._raw.values():
             f.close()
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros((0, 2), np.int64)
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros((0, 2), np.int32)
         small = lengths.size == 0 or int(lengths.max()) < 1 << 16
         _save(self.dir / "lengths.npy", lengths.astype(np.uint16 if small else np.int32))
         for k, side in enumerate(SIDES):

@@ -19,6 +19,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 from sanlab.errors import DataError
 
@@ -42,32 +43,34 @@ def entry_key(what: dict) -> str:
 
 def unwritable(problem: str, where: Path) -> DataError:
     """The error for a cache directory that cannot take what is written into it (full, read-only, not ours)."""
-    return DataError(f"cannot write to the data cache: {problem} (SANLAB_CACHE_DIR names another cache directory)",
+    return DataError(f"cannot write to the data cache: {problem} (set {ENV} to use another cache directory)",
                      path=str(where))
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (created if needed); the kernel drops it when the process dies."""
+def locked(handle: IO) -> Iterator[None]:
+    """An exclusive ``flock`` on the open file ``handle`` for the block; the kernel drops it when the process dies."""
+    fcntl.flock(handle, fcntl.LOCK_EX)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a")
-    except OSError as err:
-        raise unwritable(err.strerror or str(err), path.parent) from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def build_once(final: Path, *, check: Callable[[Path], object], build: Callable[[Path], None],
                log: Callable[[str], None]) -> object:
     """``check(final)`` if it passes, else ``build`` a fresh temporary directory, rename it to ``final``
-    and return ``check(final)``. ``check`` raises DataError for an entry it does not trust (a corrupt
-    or incomplete one is moved aside and rebuilt, saying so)."""
-    with locked(final.with_name(final.name + ".lock")):
+    and return ``check(final)``, all under a lock on ``final``'s ``.lock`` file. ``check`` raises DataError for an
+    entry it does not trust (a corrupt or incomplete one is moved aside and rebuilt, saying so)."""
+    lock = final.with_name(final.name + ".lock")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock, "a")
+    except OSError as err:
+        if err.errno not in _FULL | _REFUSED:
+            raise
+        return _read_only(final, check=check, err=err)
+    with handle, locked(handle):
         if final.exists():
             try:
                 return check(final)
@@ -89,3 +92,15 @@ def build_once(final: Path, *, check: Callable[[Path], object], build: Callable[
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return check(final)
+
+
+def _read_only(final: Path, *, check: Callable[[Path], object], err: OSError) -> object:
+    """``build_once`` in a cache this process cannot write (a shared copy made read-only, say): its entry is used
+    as it is where it passes ``check``, without the lock (nobody here can change it); else the cache's error."""
+    if not final.exists():
+        raise unwritable(err.strerror or str(err), final.parent) from None
+    try:
+        return check(final)
+    except DataError as problem:
+        raise unwritable(f"{err.strerror or err}, and its entry is not usable ({problem.problem})",
+                         final.parent) from None
