@@ -405,6 +405,29 @@ def test_a_sentence_without_a_finite_continuation_leaves_the_search():
     assert found[1] == _search([CHATTY], max_len=4, beam_size=3, n_best=3)[0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_step_in_another_dtype_than_float32_is_searched(dtype):
+    """A step may return float64 (an exact reference) or bf16 log-probs: the search keeps its scores in the wider
+    of that and float32. (It raised "Index put requires the source and destination dtypes match" on the first
+    finished hypothesis: the tensors it starts with, before the first step, were float32.)"""
+    model = TrigramModel(3, seed=2)
+
+    def step(tokens, cache):
+        log_probs, cache = model(tokens, cache)
+        return log_probs.to(dtype), cache
+
+    found = beam_search(step, model.cache([0, 1, 2]), batch_size=3, max_lengths=torch.tensor([1, 4, 6]),
+                        beam_size=3, n_best=3, **SPECIAL)
+    wide = torch.promote_types(dtype, torch.float32)
+    for s, hyps in enumerate(found):
+        assert hyps, f"sentence {s}"
+        for h in hyps:  # each score is the sum of the step's own log-probs, in the wider dtype
+            tokens = [BOS, BOS] + h.tokens + [EOS]
+            lps = [model.table[s, tokens[i], tokens[i + 1], tokens[i + 2]].to(dtype) for i in range(len(h.tokens) + 1)]
+            assert h.positional_scores == [float(lp) for lp in lps]
+            assert h.log_prob == pytest.approx(float(sum(lp.to(wide) for lp in lps)), rel=1e-12)
+
+
 # ---- host reads ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("beam_size", [1, 3])

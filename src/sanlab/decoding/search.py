@@ -53,7 +53,8 @@ from sanlab.decoding.cache import expand_for_beams, reorder
 StepFn = Callable[[LongTensor, Any], tuple[Tensor, Any]]
 """``step(tokens, cache) -> (log_probs, cache)``: ``tokens`` [N, 1] is the last token of each
 hypothesis (BOS at the first step), ``log_probs`` [N, V] the normalised log-probabilities of the
-next token, and the returned cache the updated one (batch on dim 0 of every tensor)."""
+next token (any float dtype: the scores are kept in it, or in float32 if it is narrower), and the
+returned cache the updated one (batch on dim 0 of every tensor)."""
 
 LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 
@@ -134,7 +135,10 @@ def beam_search(
         log_probs, cache = step(beams.tokens[:, -1:], cache)
         _check_log_probs_shape(log_probs, rows=beams.tokens.shape[0], ids=(bos, eos, pad))
         valid = _no_nan_or_posinf(log_probs)  # read below, with `done`
+        # the scores in the step's dtype, at least float32 (bf16 sums drift): widened once, at the first step
+        log_probs = log_probs.to(torch.promote_types(log_probs.dtype, beams.scores.dtype))
         if banned is None:  # the vocabulary's size is known from the first step on
+            beams = replace(beams, scores=beams.scores.to(log_probs.dtype), token_lp=beams.token_lp.to(log_probs.dtype))
             banned = _Banned.make(log_probs.shape[1], bos=bos, eos=eos, pad=pad, device=log_probs.device)
             ranks = _Ranks.make(batch_size=batch_size, k=k, vocab=log_probs.shape[1], device=log_probs.device)
         at_max = any(m <= t + 1 for m in live_max)
@@ -143,7 +147,7 @@ def beam_search(
         # 3. The best 2k continuations of each sentence over all its beams.
         candidates = _top_candidates(beams.scores, log_probs, ranks)
         # 4. An EOS among the best k finishes a hypothesis.
-        if finished is None:  # its scores in the step's dtype
+        if finished is None:  # its scores in the search's dtype
             finished = _Finished.empty(batch_size=batch_size, k=k, max_len=longest, dtype=log_probs.dtype,
                                        device=max_lengths.device)
         hits, counts = finished.hits_and_counts(beams, candidates, eos=eos)
