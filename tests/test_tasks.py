@@ -206,3 +206,15 @@ def test_word_group_sizes_of_cells_counted_under_other_definitions():
     assert "the cells count them differently" in word_group_sizes(results, split="test")
     said = word_group_sizes({"a": results["a"]}, split="test")
     assert said.startswith("Word groups (test tokens): all 100 = OOV 10 (10.0%)")
+
+
+def test_a_warm_up_start_with_a_one_update_warm_up_is_refused():
+    """Update n runs at the schedule's rate at n (1-based), so with train.warmup_steps 1 the first update already
+    runs at train.lr and warmup_init_lr is never used (fairseq would run update 1 at it): refused, as at 0."""
+    data = {"train": {"src": "a", "tgt": "b"}, "valid": {"src": "c", "tgt": "d"}}
+    with pytest.raises(ConfigError, match=r"train.warmup_init_lr is 0.5, but train.warmup_steps is 1 \(the first "
+                                          r"update already runs at train.lr"):
+        validate({"task": "translation", "data": data, "train": {"warmup_steps": 1, "warmup_init_lr": 0.5}},
+                 source="c.yaml")
+    validate({"task": "translation", "data": data, "train": {"warmup_steps": 2, "warmup_init_lr": 0.5}},
+             source="c.yaml")

@@ -269,7 +269,10 @@ def unread_train_keys(train: TrainConfig) -> list[tuple[str, str]]:
     rules = (("betas", train.optimizer != "adam", f"train.optimizer is {train.optimizer}, and only adam reads it"),
              ("rmsprop_alpha", train.optimizer != "rmsprop",
               f"train.optimizer is {train.optimizer}, and only rmsprop reads it"),
-             ("warmup_init_lr", train.warmup_steps == 0, "train.warmup_steps is 0 (no warm-up to start it)"),
+             # update n runs at the schedule's rate at n (1-based): with a 1-update warm-up the first is at lr already
+             ("warmup_init_lr", train.warmup_steps <= 1, f"train.warmup_steps is {train.warmup_steps} ("
+              + ("no warm-up to start it" if train.warmup_steps == 0 else
+                 "the first update already runs at train.lr: no warm-up to start") + ")"),
              ("compile_backend", not train.compile, "train.compile is false"),
              ("compile_dynamic", not train.compile, "train.compile is false"))
     return [(key, why) for key, unread, why in rules if unread]
