@@ -26,6 +26,16 @@ def test_settle_sums_the_losses_and_starts_a_new_interval():
     assert interval.settle().updates == 0 and interval.settle().loss_sum == 0.0
 
 
+def test_settle_sums_the_finite_gradient_norms_for_the_records_gnorm():
+    """fp16's skipped updates (an overflowing norm) have no norm to average: left out of the sum and the count."""
+    interval = DeviceInterval(CPU)
+    for step, norm in enumerate([2.0, math.inf, 0.5], start=1):
+        _add(interval, step, 1.0, norm, skips=True)
+    settled = interval.settle()
+    assert (settled.gnorm_sum, settled.gnorm_updates, settled.skipped) == (2.5, 2, 1)
+    assert (interval.settle().gnorm_sum, interval.settle().gnorm_updates) == (0.0, 0)
+
+
 def test_the_first_non_finite_value_is_named_with_its_update_and_value():
     interval = DeviceInterval(CPU)
     _add(interval, 7, 1.0, 1.0)

@@ -27,6 +27,26 @@ def test_train_loss_record_is_the_mean_over_the_updates_since_the_last_one(tmp_p
     assert [loss for _, loss in train] == pytest.approx([sum(seen[:3]) / 3, sum(seen[3:6]) / 3])
 
 
+def test_train_record_gnorm_is_the_mean_gradient_norm_before_clipping(tmp_path, tiny_translation, monkeypatch):
+    """fairseq's gnorm: each "train" record has the mean over its interval of the gradients' norm before clipping
+    (here clipped at 0.5, far below it), read with the loss, not per update."""
+    from sanlab.training import loop
+
+    norms, clip = [], loop.Trainer._clip
+
+    def recording(self):
+        norm = clip(self)
+        norms.append(float(norm))
+        return norm
+
+    monkeypatch.setattr(loop.Trainer, "_clip", recording)
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=6, log_every=3, clip_norm=0.5), run, quiet=True)
+    train = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert [r["gnorm"] for r in train] == pytest.approx([sum(norms[:3]) / 3, sum(norms[3:6]) / 3])
+    assert min(norms) > 0.5  # the norms before clipping, not the clipped 0.5
+
+
 @pytest.mark.parametrize("task,precision", [("translation", "fp32"), ("translation", "fp16"), ("tagging", "fp32")])
 def test_an_update_never_reads_the_host_and_the_loop_reads_once_per_log_record(tmp_path, tiny_translation,
                                                                                monkeypatch, task, precision):

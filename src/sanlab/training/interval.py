@@ -3,8 +3,8 @@
 An update's loss and gradient norm are tensors on the training device. Reading either on the host (``float(t)``,
 a Python ``if`` on it) makes the host wait until the device has finished the update, and the device then idles
 while Python prepares the next one. So an update only *adds* them here, on the device: the loss sum, the first
-update whose loss or gradient norm was not finite (and that value), and, under fp16, the updates the loss scaler
-skipped. The loop reads them (``settle``) every ``log_every`` updates, before a validation and at the end of a
+update whose loss or gradient norm was not finite (and that value), the sum of the finite gradient norms (the
+"train" record's mean ``gnorm``, as fairseq logs it), and, under fp16, the updates the loss scaler skipped. The loop reads them (``settle``) every ``log_every`` updates, before a validation and at the end of a
 session: one host read and, under torchrun, two collectives, instead of a read and a collective per update.
 
 A non-finite loss or gradient is therefore found up to ``log_every`` updates late. Nothing is lost by that: the
@@ -32,6 +32,8 @@ class Settled:
     loss_sum: float            # the per-token losses of the interval's updates, summed over them and processes
     skipped: int               # fp16: updates the loss scaler skipped (their gradients overflowed)
     bad: tuple[str, int, float] | None  # (what, update, value) of the first non-finite loss or gradient norm
+    gnorm_sum: float = 0.0     # the finite gradient norms (before clipping) of the interval's updates, summed
+    gnorm_updates: int = 0     # how many there were (fp16's skipped updates have none)
 
 
 class DeviceInterval:
@@ -45,6 +47,7 @@ class DeviceInterval:
         self.updates = 0
         self._loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self._skipped = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._gnorm = torch.zeros(2, dtype=torch.float64, device=self.device)  # the finite norms' sum, their number
         self._first = torch.full((len(WATCHED),), NONE, dtype=torch.int64, device=self.device)
         self._value = torch.zeros(len(WATCHED), dtype=torch.float64, device=self.device)
 
@@ -57,6 +60,7 @@ class DeviceInterval:
         # (the norm is a CPU tensor when no parameter has a gradient)
         values = torch.stack([loss.to(torch.float64), grad_norm.detach().to(self.device, torch.float64)])
         bad = ~torch.isfinite(values)
+        self._gnorm += torch.stack([torch.where(bad[1], 0.0, values[1]), (~bad[1]).to(torch.float64)])
         if overflow_skips:
             self._skipped += bad[1]
             bad = bad & self._loss_only
@@ -70,8 +74,10 @@ class DeviceInterval:
         if self.distributed:  # each process has its share of the loss; the gradients, so the norms, are the same
             dist.all_reduce(loss)  # (and so are the skipped updates: not summed, which would count each N times)
             dist.all_reduce(first, op=dist.ReduceOp.MIN)
-        # the loss, the skipped updates, the first bad update of each watched value: one transfer
-        loss_sum, skipped, *firsts = torch.cat([loss[None], self._skipped[None], first.to(torch.float64)]).tolist()
+        # the loss, the skipped updates, the gradient norms (the same on every process: the gradients are), the first
+        # bad update of each watched value: one transfer
+        loss_sum, skipped, gnorm_sum, gnorm_updates, *firsts = torch.cat(
+            [loss[None], self._skipped[None], self._gnorm, first.to(torch.float64)]).tolist()
         bad = None
         if any(f != NONE for f in firsts):  # stopping: the extra reads and collective cost nothing that matters
             which = min(range(len(WATCHED)), key=lambda i: firsts[i])
@@ -82,4 +88,5 @@ class DeviceInterval:
             bad = (WATCHED[which], step, float(value))
         updates = self.updates
         self.reset()
-        return Settled(updates=updates, loss_sum=loss_sum, skipped=int(skipped), bad=bad)
+        return Settled(updates=updates, loss_sum=loss_sum, skipped=int(skipped), bad=bad, gnorm_sum=gnorm_sum,
+                       gnorm_updates=int(gnorm_updates))

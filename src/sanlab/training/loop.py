@@ -57,6 +57,8 @@ class SinceLog:
     updates: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    gnorm_sum: float = 0.0   # their gradient norms before clipping (fp16: of the updates not skipped)
+    gnorm_updates: int = 0
 
 
 @dataclass
@@ -284,6 +286,8 @@ class Trainer:
         p.skipped_updates += settled.skipped
         self._since_log.loss_sum += settled.loss_sum
         self._since_log.updates += settled.updates
+        self._since_log.gnorm_sum += settled.gnorm_sum
+        self._since_log.gnorm_updates += settled.gnorm_updates
         check_loss_scale(self.scaler, step=p.step)
         return settled
 
@@ -292,6 +296,8 @@ class Trainer:
         since, self._since_log = self._since_log, SinceLog()
         record = {"loss": since.loss_sum / max(since.updates, 1), "lr": self.optimizer.param_groups[0]["lr"],
                   "tokens_per_s": since.tokens / max(since.seconds, 1e-9)}
+        if since.gnorm_updates:  # the mean gradient norm before clipping (fairseq's gnorm)
+            record["gnorm"] = since.gnorm_sum / since.gnorm_updates
         if self.scaler is not None:
             record.update(loss_scale=self.scaler.get_scale(), skipped_updates=self.progress.skipped_updates)
         self.log.scalars("train", record, step=self.progress.step)
