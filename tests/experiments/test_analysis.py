@@ -725,6 +725,27 @@ def test_attention_map_of_a_tagger(tmp_path, monkeypatch):
         analyze.attention_map(run, out=tmp_path / "x", sentence="a b c d e f g")
 
 
+def test_attention_map_of_a_tagger_takes_the_words_sanlab_tag_takes():
+    """A word holding a no-break space ("10\u00a0000", as some treebanks write numbers) is one word to
+    `sanlab tag`; the attention map of the same line must show that word, not two."""
+    from sanlab.data.conllu_io import TaggedSentence
+    from sanlab.models.builders import build_tagger
+    from sanlab.tasks.tagging import TaggingVocab
+    from sanlab.tasks.traces import tagging_trace
+
+    config = validate({"task": "tagging", "data": {"train": "t.conllu", "dev": "d.conllu"},
+                       "model": {"word_dim": 8, "char_dim": 4, "char_filters": 4, "char_layers": 1, "max_len": 6,
+                                 "encoder": {"layers": 1, "ffn_dim": 0,
+                                             "attention": {"heads": 2, "bias": False, "out_proj": False}}}},
+                      source="test")
+    train = [TaggedSentence(("10\u00a0000", "dogs"), ("NUM", "NOUN"))]
+    vocab = TaggingVocab.build(train, train, fraction=1.0, max_size=None)
+    model = build_tagger(config.model, vocab_size=len(vocab.words), num_chars=len(vocab.chars),
+                         num_tags=len(vocab.tags))
+    trace = tagging_trace(model, vocab, config, sentence="10\u00a0000 dogs\tbark", layer=0)
+    assert trace.queries == trace.keys == ["10\u00a0000", "dogs", "bark"]
+
+
 def test_command_line(tmp_path, capsys, monkeypatch):
     parser = argparse.ArgumentParser(prog="sanlab")
     analyze_cli.register(parser.add_subparsers(dest="command", required=True))

@@ -227,6 +227,13 @@ def looks_like_conllu(lines: Iterable[str]) -> bool:
     return False
 
 
+def plain_words(line: str) -> tuple[str, ...]:
+    """The tokens of a line of tokenised text to tag: split at spaces and tabs only, so that a token holding
+    another kind of space (a no-break space in "10\u00a0000", as some treebanks write numbers) stays one token.
+    `sanlab tag` and the tagger's attention map both read a line so, and show the same words."""
+    return tuple(word for word in re.split(r"[ \t]+", line) if word)
+
+
 def write_conllu(
     path: str | os.PathLike[str], sentences: Iterable[TaggedSentence], *, no_space_before: frozenset[str] = frozenset()
 ) -> None:

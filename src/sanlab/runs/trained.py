@@ -236,7 +236,7 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     the run's tag column (``data.column``) filled in and every other line and column as it was; plain text as
     word<TAB>tag lines, one block per input line. ``precision``: fp32 or bf16 (the tagger's forward under
     autocast)."""
-    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, read_conllu, with_tags
+    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, plain_words, read_conllu, with_tags
     from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
     from sanlab.tasks.tagging import tag_sentences
@@ -275,17 +275,12 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
             out.write("\n")
 
 
-def plain_words(line: str) -> tuple[str, ...]:
-    """The tokens of a line of tokenised text: split at spaces and tabs only, so that a token holding another
-    kind of space (a no-break space in "10\u00a0000", as some treebanks write numbers) stays one token."""
-    return tuple(word for word in re.split(r"[ \t]+", line) if word)
-
-
 def refuse_tagged_output(lines: list[str], source: str) -> None:
     """A DataError where ``lines`` look like tagged output (``sanlab tag``'s own, or a two-column gold file): every
     non-blank line a word, one tab and a tag, and blank lines between the blocks. As plain text each of its lines
     would be tagged as a sentence of two words, the tag one of them. Tokenised text with a tab between words is
     taken for it only where every sentence is two words long and a blank line follows one."""
+    from sanlab.data.conllu_io import plain_words
     from sanlab.errors import DataError
 
     filled = [k for k, line in enumerate(lines) if line.strip()]

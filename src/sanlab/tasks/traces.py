@@ -77,11 +77,11 @@ def translation_trace(model, spm, config, *, sentence: str, side: str, layer: in
 
 @torch.no_grad()
 def tagging_trace(model, vocab, config, *, sentence: str, layer: int) -> LayerTrace:
-    """The tagger's encoder self-attention over the whitespace words of ``sentence``."""
-    from sanlab.data.conllu_io import TaggedSentence
+    """The tagger's encoder self-attention over the words of ``sentence``, split as `sanlab tag` splits a line."""
+    from sanlab.data.conllu_io import TaggedSentence, plain_words
     from sanlab.tasks.tagging import PAD_WORD, encode_batch
 
-    words = sentence.split()
+    words = list(plain_words(sentence))  # the words `sanlab tag` takes from the same line
     if not 0 < len(words) <= config.model.max_len:
         raise ConfigError(f"the sentence has {len(words)} words; the tagger takes 1 to {config.model.max_len} "
                           "(model.max_len) at once")
