@@ -67,8 +67,9 @@ def test_squash_hand_values_and_zero():
     assert torch.isfinite(s.grad).all()
 
 
-def _procedure_1(votes: torch.Tensor, iters: int, output_valid=None) -> torch.Tensor:
-    """Sabour et al. (2017) Procedure 1 for one example, one capsule at a time: votes [u, o, D] -> v [o, D].
+def _procedure_1(votes: torch.Tensor, iters: int, output_valid=None, with_couplings: bool = False):
+    """Sabour et al. (2017) Procedure 1 for one example, one capsule at a time: votes [u, o, D] -> v [o, D]
+    (and, ``with_couplings``, the last iteration's couplings c [u, o], the paper's gamma in Eq. 10-11).
     Input u's coupling is a softmax over the outputs it may reach (none reachable: coupling 0)."""
     n_in, n_out, _ = votes.shape
     reach = [[True] * n_out for _ in range(n_in)] if output_valid is None else output_valid.tolist()
@@ -87,6 +88,8 @@ def _procedure_1(votes: torch.Tensor, iters: int, output_valid=None) -> torch.Te
         for u in range(n_in):
             for o in range(n_out):
                 logits[u][o] = logits[u][o] + votes[u, o] @ v[o]
+    if with_couplings:
+        return torch.stack(v), torch.tensor([[float(c) for c in row] for row in coupling], dtype=votes.dtype)
     return torch.stack(v)
 
 
@@ -216,6 +219,36 @@ def test_part_vertical_acceptance_one_iteration(init, act, factor):
     accept = 1 / n_valid if factor == "gamma" else torch.full_like(n_valid, factor)
     expected = scores + accept[:, None] * v[:, None]
     torch.testing.assert_close(part.score(scores, _score_ctx(valid, length=6)), expected, atol=1e-12, rtol=1e-12)
+
+
+def test_part_with_a_general_acceptance_map_equals_eq_8_to_14_capsule_by_capsule():
+    """Three iterations, both routings and an acceptance map that is neither symmetric nor diagonal, so the
+    direction of Eq. 10 is pinned: a[h, i] = sum_g W[h, g] gamma[g, i] + bias[h], head h absorbing what the
+    couplings of every head g gave token i. Expected: Procedure 1 per capsule (vertical: heads vote for real
+    tokens; horizontal: one routing per prefix, tokens vote for heads) on the zero-filled scores."""
+    valid = _padded_valid()
+    scores = _cube(h=HEADS, seed=5)
+    part = build_capsule(CapsuleConfig(routing_iters=3), _ctx("encoder")).double()
+    weight = torch.arange(HEADS * HEADS, dtype=torch.double).view(HEADS, HEADS) / 10 - 0.7  # W != W^T
+    bias = torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=torch.double)
+    with torch.no_grad():
+        part.acceptance.weight.copy_(weight)
+        part.acceptance.bias.copy_(bias)
+    out = part.score(scores, _score_ctx(valid, length=6))
+    expected = scores.clone()
+    for n in range(2):
+        real = int(valid[n].sum())
+        cube = scores[n].clone()  # [h, i, j]
+        cube[:, real:, :] = 0.0
+        cube[:, :, real:] = 0.0
+        v, gamma = _procedure_1(cube, 3, valid[n][None, :].expand(HEADS, 6), with_couplings=True)  # [i, j], [h, i]
+        for h in range(HEADS):
+            for i in range(real):
+                accept = sum(weight[h, g] * gamma[g, i] for g in range(HEADS)) + bias[h]  # Eq. 10
+                expected[n, h, i] += accept * v[i] + _procedure_1(cube[:, : i + 1].transpose(0, 1), 3)[h]
+    rows = valid[:, None, :, None]  # padded query rows are never read
+    # the squash's eps = 1e-9 under the square root moves the values by about 1e-9
+    torch.testing.assert_close(out * rows, expected * rows, atol=1e-8, rtol=1e-8)
 
 
 def test_routing_runs_in_fp32_under_autocast():

@@ -243,6 +243,11 @@ def test_presets_reproduce_the_released_parameter_counts(tmp_path, preset, vocab
 
 IWSLT_VOCAB = dict(vocab_size=8848, tgt_vocab_size=6632)
 D512 = "{dim: 512, encoder: {ffn_dim: 1024, layers: %d}, decoder: {ffn_dim: 1024, layers: %d}}"
+T12 = ("{share_embeddings: false, tie_output: false, dim: %d, encoder: {layers: 12, ffn_dim: %d, attention: {heads: 4}}, "
+       "decoder: {layers: 12, ffn_dim: %d, attention: {heads: 4}}}")
+KERNELS_12 = "[3, 7, 15, 31, 31, 31, 31, 31, 31, 31, 31, 31]"
+DC12 = ("{dim: %d, encoder: {layers: 12, ffn_dim: %d, mixer: {kernel_size: " + KERNELS_12 + "}}, "
+        "decoder: {layers: 12, ffn_dim: %d, mixer: {kernel_size: " + KERNELS_12 + "}}}")
 
 
 @pytest.mark.parametrize("preset,model,count", [
@@ -251,8 +256,15 @@ D512 = "{dim: 512, encoder: {ffn_dim: 1024, layers: %d}, decoder: {ffn_dim: 1024
     ("transformer_base", "{share_embeddings: false, tie_output: false, encoder: {ffn_dim: 1024, "
                          "attention: {heads: 4}}, decoder: {ffn_dim: 1024, attention: {heads: 4}}}", 42_864_640),
     ("dynamic_conv_iwslt", "{}", 38_685_184),         # MUSE Table 3 "DynamicConv 39M"
+    # the deeper Table 3 rows (12+12 layers, FFN 2d, 4 heads); they diverged in training but their sizes are given
+    ("transformer_base", T12 % (512, 1024, 1024), 74_407_936),   # "Transformer (12L, dim = 512) 74M"
+    ("transformer_base", T12 % (384, 768, 768), 44_009_472),     # "Transformer (12L, dim = 384) 44M"
+    # the paper gives no 12-layer kernel schedule: fairseq's IWSLT one continued with 31 (a width moves a layer's
+    # count by d*H per tap, far below the 0.5M rounding)
+    ("dynamic_conv_iwslt", DC12 % (512, 1024, 1024), 63_045_632),  # "DynamicConv (12L, dim = 512) 63M"
+    ("dynamic_conv_iwslt", DC12 % (384, 768, 768), 37_847_040),    # "DynamicConv (12L, dim = 384) 38M"
 ])
-def test_the_other_iwslt_rows_of_spec_muse_9(tmp_path, preset, model, count):
+def test_the_other_iwslt_rows_of_muse_table_3(tmp_path, preset, model, count):
     assert _count(tmp_path, preset, model, **IWSLT_VOCAB) == count
 
 
