@@ -9,6 +9,8 @@ from sanlab.errors import ConfigError
 DECODER_UNSAFE = {"bi_direct"}
 # a cross-attention form (rel_pos has one too, with cross: true)
 CROSS_CAPABLE = {"abs_position", "local_hard", "local_soft", "rel_position", "temperature"}
+# mixers without a causal form: refused on the decoder side (tests/layers/test_mixer_contracts.py checks it)
+ENCODER_ONLY_MIXERS = {"block"}
 
 
 def refused(decoder: dict) -> bool:

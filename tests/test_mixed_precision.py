@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from amp_reference import assert_matches_fp32, autocast_runs, smooth_relu
-from decoder_forms import DECODER_UNSAFE
+from decoder_forms import DECODER_UNSAFE, ENCODER_ONLY_MIXERS
 from sanlab.attention import Attention, Positions
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig, TaggerConfig
@@ -130,8 +130,6 @@ def test_mixers_in_an_encoder_stack_under_autocast_match_fp32(mixer, device, dty
     _check_encoder(_stack(mixer), device, dtype)
 
 
-# (as tests/layers/test_mixer_contracts.py's ENCODER_ONLY_MIXERS, which checks that they refuse the decoder)
-ENCODER_ONLY_MIXERS = {"block"}
 
 
 @pytest.mark.parametrize("device, dtype", DEVICES)

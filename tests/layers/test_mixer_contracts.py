@@ -11,6 +11,7 @@ A pre-block (CNNs) goes in front of the encoder's self-attention (the decoder re
 import pytest
 import torch
 
+from decoder_forms import ENCODER_ONLY_MIXERS
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.decoding.cache import reorder
 from sanlab.layers.mixers import MIXERS
@@ -34,8 +35,7 @@ def _model(mixer: str | dict, *, decoder: bool, pre_blocks: list[dict] = ()):
     return model
 
 
-# Mixers without a causal form. Fixed here so that a regression refusing the decoder fails instead of skipping.
-ENCODER_ONLY_MIXERS = {"block"}
+# (ENCODER_ONLY_MIXERS is fixed in decoder_forms.py, so that a regression refusing the decoder fails)
 
 
 def _decoder_capable(mixer: str | dict) -> bool:

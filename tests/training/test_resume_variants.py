@@ -21,7 +21,7 @@ from sanlab.layers.mixers import MIXERS
 from sanlab.layers.pre_blocks import PRE_BLOCKS
 from sanlab.runs import train_run
 from sanlab.training.checkpoint import load_state
-from decoder_forms import CROSS_CAPABLE, DECODER_UNSAFE
+from decoder_forms import CROSS_CAPABLE, DECODER_UNSAFE, ENCODER_ONLY_MIXERS
 from training_fixtures import final_weights, write_reverse_corpus
 
 import sanlab.config  # noqa: F401  (imports every mixer module, so the registry is complete)
@@ -29,7 +29,6 @@ import sanlab.config  # noqa: F401  (imports every mixer module, so the registry
 # on the CPU in one thread: a GPU's atomic adds, or a sum split over other threads, round differently from run to run
 TRAIN = dict(max_steps=4, valid_every=2, accum_steps=2, log_every=1, device="cpu", threads=1, seed=3, progress=False,
              keep_last=10, keep_best=10)
-ENCODER_ONLY_MIXERS = {"block"}  # as tests/layers/test_mixer_contracts.py: no causal form
 # one quick form of each kind stays in the default run; the rest of the registry is marked slow
 FAST = {"part-window-0", "part-capsule-0", "mixer-dynamic_conv-0", "mixer-muse-0", "pre-conv-0",
         "tagger-default", "tagger-temperature-0"}
