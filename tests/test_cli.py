@@ -298,6 +298,24 @@ def test_set_reaches_into_lists_that_are_there(tmp_path, capsys):
         assert expected in capsys.readouterr().err
 
 
+def test_set_reaches_into_a_section_the_saved_config_writes_as_null(tmp_path, capsys):
+    """A run's config.yaml (--print-config) spells an unset optional section out, `cross_attention: null`;
+    `--set model.decoder.cross_attention.heads=2` created the section over the recipe but was refused over that
+    file ("is a value, not a section"), so the two were not the same config to --set."""
+    import yaml
+
+    recipe = ROOT / "configs/multi30k-en-de-transformer.yaml"
+    assert main(["train", str(recipe), "--print-config"]) == 0
+    saved = _config(tmp_path, capsys.readouterr().out)
+    assert "cross_attention: null" in Path(saved).read_text()
+    printed = []
+    for path in (str(recipe), saved):
+        assert main(["train", path, "--set", "model.decoder.cross_attention.heads=2", "--print-config"]) == 0, \
+            capsys.readouterr().err
+        printed.append(yaml.safe_load(capsys.readouterr().out))
+    assert printed[0] == printed[1] and printed[1]["model"]["decoder"]["cross_attention"]["heads"] == 2
+
+
 def test_numbers_read_as_yaml_1_2_in_files_and_set(tmp_path, capsys):
     """PyYAML's YAML 1.1 reads 0123 as octal (83) and 1:30 as base 60 (90), silently; a seed means 123."""
     import yaml

@@ -329,11 +329,11 @@ def apply_override(raw: dict, assignment: str) -> dict:
 
 
 def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
-    """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections are created; a number
-    indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key of a
-    mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at ``key``,
-    key by key (a dotted key in it is a path, as on the command line); ``{}``, or another component ``type``,
-    replaces it instead, there or below (``_replaces``)."""
+    """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections, and null ones, are created;
+    a number indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key
+    of a mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at
+    ``key``, key by key (a dotted key in it is a path, as on the command line); ``{}``, or another component
+    ``type``, replaces it instead, there or below (``_replaces``)."""
     node, parts = raw, key.strip().split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"{key!r}: an empty key name (expected a dotted key such as train.max_steps)")
@@ -355,7 +355,8 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
             for sub, item in value.items():  # key by key, so that a dotted one (`{encoder.layers: 2}`) is a path
                 set_key(old, str(sub), item, merge=True)
             return
-        if isinstance(node, dict) and part not in node:
+        # a null there is a section not given: a saved config spells one out (`cross_attention: null`)
+        if isinstance(node, dict) and node.get(part) is None:
             if parts[depth + 1].isdigit():  # a list index or a mapping's key: the missing section could be either
                 section, name = ".".join(parts[:depth + 1]), parts[depth + 1]
                 raise ConfigError(f"{key}: {section} is not set in the file, so it has no item {name}: give the "
