@@ -298,6 +298,16 @@ def test_set_reaches_into_lists_that_are_there(tmp_path, capsys):
         assert expected in capsys.readouterr().err
 
 
+def test_set_with_a_bracketed_index_names_the_dotted_spelling(tmp_path, capsys):
+    """`parts[0].size=7` made a key "parts[0]" next to the list, refused as "unknown key (did you mean parts?)",
+    which does not say how to name the item; the error now gives the dotted key."""
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n"
+                             "model: {encoder: {attention: {parts: [{type: window, size: 5}]}}}\n")
+    assert main(["train", path, "--set", "model.encoder.attention.parts[0].size=7", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "model.encoder.attention.parts is a list" in err and "model.encoder.attention.parts.0.size" in err, err
+
+
 def test_set_reaches_into_a_section_the_saved_config_writes_as_null(tmp_path, capsys):
     """A run's config.yaml (--print-config) spells an unset optional section out, `cross_attention: null`;
     `--set model.decoder.cross_attention.heads=2` created the section over the recipe but was refused over that

@@ -345,6 +345,11 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
             part = int(part)
         elif not isinstance(node, dict):
             raise ConfigError(f"{key}: {where} is a value, not a section")
+        elif part not in node and (item := re.fullmatch(r"(.+)\[(\d+)\]", part)) and \
+                isinstance(node.get(item[1]), list):  # `parts[0]` would become a key beside the list `parts`
+            dotted = ".".join((*parts[:depth], *item.groups(), *parts[depth + 1:]))
+            raise ConfigError(f"{key}: {'.'.join((*parts[:depth], item[1]))} is a list, whose items are named by "
+                              f"their index after a dot: {dotted}")
         if depth == len(parts) - 1:
             old = node[part] if isinstance(node, list) else node.get(part)
             merges = merge and isinstance(value, dict) and isinstance(old, dict) and \
