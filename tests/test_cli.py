@@ -197,11 +197,11 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
 @pytest.mark.parametrize("body, expected", [
     ("task: tagging\ndata: {train: a, dev: b\n", r"c\.yaml.*line 3"),       # unclosed flow mapping
     ("- just\n- a list\n", r"c\.yaml.*mapping"),
-    ("base: c.yaml\ntask: tagging\n", r"c\.yaml.*(cycle|loop|itself)"),
-    ("base: missing.yaml\n", r"c\.yaml: base 'missing\.yaml': .*missing\.yaml: config file not found"),
-    ("base: 3\n", r"c\.yaml: base must be a file name .* got 3"),
-    ("base: ./\n", r"c\.yaml: base '\./': .* is a directory, not a config file"),
-    ("base: preset:nope\n", r"unknown preset .preset:nope.; known presets"),
+    ("base: c.yaml\ntask: tagging\n", r"c\.yaml, line 1: base 'c\.yaml' loops back"),
+    ("# a comment\nbase: missing.yaml\n", r"c\.yaml, line 2: base 'missing\.yaml': .*missing\.yaml: config file not found"),
+    ("base: 3\n", r"c\.yaml, line 1: base must be a file name .* got 3"),
+    ("base: ./\n", r"c\.yaml, line 1: base '\./': .* is a directory, not a config file"),
+    ("task: tagging\nbase: preset:nope\n", r"c\.yaml, line 2: unknown preset .preset:nope.; known presets"),
     ("task: tagging\ntrain: {lr: 0.5}\ndata: {train: a, dev: b}\ntrain: {seed: 7}\n",
      r"c\.yaml, line 4, column 1: not valid YAML: key 'train' is given twice \(first on line 2\)\n"),  # PyYAML
     # would drop lr silently; and PyYAML's own position lines name "<unicode string>", not the file
@@ -215,6 +215,17 @@ def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     err = capsys.readouterr().err
     assert re.search(expected, err, re.S), err
     assert "Traceback" not in err and "<unicode string>" not in err
+
+
+def test_a_base_chain_that_loops_names_the_file_and_line_that_closes_it(tmp_path, capsys):
+    """The loop was reported at the file visited twice, "a.yaml: 'base' chain loops back to itself", without the
+    line or the file whose `base:` leads back to it."""
+    (tmp_path / "a.yaml").write_text("task: tagging\nbase: sub/b.yaml\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yaml").write_text("# b\n\nbase: ../a.yaml\n")
+    assert main(["train", str(tmp_path / "a.yaml"), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sub' / 'b.yaml'}, line 3: base '../a.yaml' loops back to {tmp_path / 'a.yaml'}" in err, err
 
 
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):

@@ -174,22 +174,26 @@ def load_chain(path: str | Path, _seen: tuple = ()) -> list[tuple[Path, dict]]:
     """``[(path, its own keys), (its base, the base's own keys), ...]``: the ``base:`` chain, the file itself
     first, so that a key can be traced to the file that sets it (``key_origin``)."""
     path = Path(path)
-    if path.resolve() in _seen:
-        raise ConfigError(f"{path}: 'base' chain loops back to itself")
     data = read_yaml_mapping(path)
     base = data.pop("base", None)
     if base is None:
         return [(path, data)]
+    line = key_line(path, "base")
+    where = f"{path}" + (f", line {line}" if line is not None else "")
     if not isinstance(base, str) or not base.strip():
-        raise ConfigError(f"{path}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
+        raise ConfigError(f"{where}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
     base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
     if str(base).startswith("preset:") and not base_path.exists():
         known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
-        raise ConfigError(f"{path}: unknown preset {base!r}; known presets: {known}")
+        raise ConfigError(f"{where}: unknown preset {base!r}; known presets: {known}")
     if not base_path.is_file():
         problem = "is a directory, not a config file" if base_path.is_dir() else "config file not found"
-        raise ConfigError(f"{path}: base {base!r}: {base_path}: {problem}")
-    return [(path, data), *load_chain(base_path, _seen + (path.resolve(),))]
+        raise ConfigError(f"{where}: base {base!r}: {base_path}: {problem}")
+    seen = _seen + (path.resolve(),)
+    if base_path.resolve() in seen:  # named at the `base:` that closes the loop, with the file it leads back to
+        raise ConfigError(f"{where}: base {base!r} loops back to {base_path.resolve()}, which is already in the "
+                          "'base' chain")
+    return [(path, data), *load_chain(base_path, seen)]
 
 
 def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
