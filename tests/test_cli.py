@@ -228,6 +228,23 @@ def test_a_base_chain_that_loops_names_the_file_and_line_that_closes_it(tmp_path
     assert f"{tmp_path / 'sub' / 'b.yaml'}, line 3: base '../a.yaml' loops back to {tmp_path / 'a.yaml'}" in err, err
 
 
+def test_a_rule_between_keys_is_traced_to_the_line_of_the_key_it_names(tmp_path, capsys):
+    """A model's own rule (an unread train key, data.max_len against model.max_positions) is reported at its
+    section, or at <root>: that was shown with the section's line in the file itself, "train: ... train.betas is
+    (0.8, 0.9) ... (line 2)" where line 2 set only the optimizer, or with no line at all."""
+    files = "data: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+    (tmp_path / "base.yaml").write_text(f"task: translation\n{files}train:\n  lr: 0.001\n  betas: [0.8, 0.9]\n")
+    child = _config(tmp_path, "base: base.yaml\ntrain: {optimizer: rmsprop}\n")
+    assert main(["train", child, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "train.betas is (0.8, 0.9)" in err and f"(set in {tmp_path / 'base.yaml'}, line 5)" in err, err
+    for body, line in [("train:\n  batch_size: 64\n", 4), ("model: {max_positions: 64}\n\n\n\n", 3)]:
+        path = _config(tmp_path, f"task: translation\n{files}{body}")
+        assert main(["train", path, "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert err.rstrip().endswith(f"(line {line})"), err
+
+
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_bytes("task: tagging\n# café\n".encode("latin-1"))

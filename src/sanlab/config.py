@@ -11,6 +11,7 @@ here.
 from __future__ import annotations
 
 import json
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -422,8 +423,10 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
                           f"trains; {found}")
     raw = _migrated(raw, source=source)
 
-    def line(shown: str, msg: str, key: str) -> str:  # one problem, shown at ``shown``; where ``key`` was set
-        where = origin(key) if origin and key else None
+    def line(shown: str, msg: str, key: str, named: list[str] = ()) -> str:
+        """One problem, shown at ``shown``; where the first key of ``named`` that has an origin was set, else
+        where ``key`` was."""
+        where = next((w for k in (*named, key) if k and (w := origin(k))), None) if origin else None
         return f"  {shown or '<root>'}: {msg}" + (f" ({where})" if where else "")
 
     unsupported = unsupported_values(raw)  # before JSON, which would respell them (a date) or rename them (no: "false")
@@ -448,8 +451,19 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
             if empty:
                 msg = "an empty section (every key under it commented out?): give it keys or {}, or remove the line"
             shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
-            lines.append(line(loc, msg + (f" (got {e['input']!r})" if shown else ""), loc))
+            lines.append(line(loc, msg + (f" (got {e['input']!r})" if shown else ""), loc, _named_keys(e, loc, raw)))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def _named_keys(error: dict, loc: str, raw: dict) -> list[str]:
+    """The dotted keys under ``loc`` that a rule's message names (``train.betas is ...`` at ``train``, ``data.max_len
+    ... exceeds model.max_positions`` at the root): the rule is a section's, and the line to show is theirs."""
+    if error["type"] != "value_error":
+        return []
+    named = re.findall(r"(?<![\w.])[A-Za-z_]\w*(?:\.\w+)+", error["msg"])
+    if loc:
+        return [k for k in named if k.startswith(loc + ".")]
+    return [k for k in named if k.split(".")[0] in raw]
 
 
 def _known_keys(raw: dict, section: tuple) -> list[str]:
