@@ -245,6 +245,19 @@ def test_a_rule_between_keys_is_traced_to_the_line_of_the_key_it_names(tmp_path,
         assert err.rstrip().endswith(f"(line {line})"), err
 
 
+def test_an_unquoted_boolean_or_number_where_text_belongs_says_to_quote_it(tmp_path, capsys):
+    """The loader reads yes, no, on and off as booleans (YAML 1.1's, as PyYAML): `src: on` was refused as "Input
+    should be a valid string (got True)", naming a value the file does not spell and not the cure."""
+    path = _config(tmp_path, "task: translation\ndata:\n  train: {src: a, tgt: b}\n  valid: {src: on, tgt: b}\n"
+                             "  test: {t: {src: 2016, tgt: b}}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "data.valid.src: Input should be a valid string (got True): YAML reads an unquoted on, off, yes, no, " \
+           "true or false as a boolean: write text in quotes (line 4)" in err, err
+    assert "data.test.t.src: Input should be a valid string (got 2016): YAML reads it as a number: write text in " \
+           "quotes (line 5)" in err, err
+
+
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_bytes("task: tagging\n# café\n".encode("latin-1"))
@@ -526,9 +539,11 @@ def test_error_paths_are_the_configs_keys(tmp_path):
 
     assert problems(TRANSLATION + "  test: {translation: {src: a}}\n") == "  data.test.translation.tgt: Field required"
     listed = problems(TRANSLATION.replace("train: {src: a, tgt: b}", "train: [{src: a, tgt: b}, {src: a, tgt: 3}]"))
-    assert listed == "  data.train.1.tgt: Input should be a valid string (got 3) (line 3)"
+    assert listed == ("  data.train.1.tgt: Input should be a valid string (got 3): YAML reads it as a number: write "
+                      "text in quotes (line 3)")
     assert problems(TRANSLATION.replace("src: a, tgt: b}\n  valid", "src: on, tgt: b}\n  valid")) == \
-        "  data.train.src: Input should be a valid string (got True) (line 3)"
+        ("  data.train.src: Input should be a valid string (got True): YAML reads an unquoted on, off, yes, no, true "
+         "or false as a boolean: write text in quotes (line 3)")
     part = problems(TRANSLATION, ["model.encoder.attention.parts=[{type: neighbor, sigma_init: 0}]"])
     assert "attention part 'neighbor': sigma_init: Input should be greater than 0; sigma_init: Input should be " \
            "'rand'" in part and "constrained-float" not in part and "literal" not in part

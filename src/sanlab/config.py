@@ -451,7 +451,11 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
             if empty:
                 msg = "an empty section (every key under it commented out?): give it keys or {}, or remove the line"
             shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
-            lines.append(line(loc, msg + (f" (got {e['input']!r})" if shown else ""), loc, _named_keys(e, loc, raw)))
+            msg += f" (got {e['input']!r})" if shown else ""
+            if e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):  # `src: on` is True
+                msg += (": YAML reads an unquoted on, off, yes, no, true or false as a boolean"
+                        if isinstance(e["input"], bool) else ": YAML reads it as a number") + ": write text in quotes"
+            lines.append(line(loc, msg, loc, _named_keys(e, loc, raw)))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
 
 
