@@ -258,6 +258,18 @@ def test_an_unquoted_boolean_or_number_where_text_belongs_says_to_quote_it(tmp_p
            "quotes (line 5)" in err, err
 
 
+def test_a_misspelt_task_is_named_with_its_line_and_the_task_it_is_like(tmp_path, capsys):
+    """It was pydantic's "<root>: Input tag 'transltion' found using 'task' does not match any of the expected tags",
+    at no line and with no suggestion, where a misspelt key gets both."""
+    path = _config(tmp_path, "# recipe\ntask: transltion\ndata: {}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "  task: unknown task 'transltion' (known: translation, tagging) (did you mean translation?) (line 2)" \
+        in err, err
+    assert main(["train", path, "--set", "task=taging", "--print-config"]) == 2
+    assert "task: unknown task 'taging'" in (err := capsys.readouterr().err) and "(from --set)" in err, err
+
+
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_bytes("task: tagging\n# café\n".encode("latin-1"))

@@ -445,6 +445,9 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
             if e["type"] == "extra_forbidden":
                 msg += did_you_mean(str(path[-1]), _known_keys(raw, path[:-1]))
+            if e["type"] == "union_tag_invalid" and not path:  # pydantic's words for an unknown `task:`
+                loc, tag = "task", e["ctx"]["tag"]
+                msg = f"unknown task {tag!r} (known: {', '.join(TASKS.references())})" + did_you_mean(tag, TASKS.names())
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
             empty = e["type"] in ("model_type", "dict_type") and e["input"] is None  # `train:` with nothing under it
