@@ -719,6 +719,14 @@ def test_an_empty_section_is_named_as_such(tmp_path, capsys):
     assert "train: an empty section (every key under it commented out?)" in capsys.readouterr().err
 
 
+def test_a_section_set_to_null_on_the_command_line_is_not_told_to_remove_a_line(tmp_path, capsys):
+    """`--set data.test=null` (to drop a recipe's test sets) got the file's advice, "... or remove the line"."""
+    path = _config(tmp_path, TRANSLATION + "  test: {t: {src: a, tgt: b}}\n")
+    assert main(["train", path, "--set", "data.test=null", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "data.test: null where a section belongs: give it keys, or {} to empty it (from --set)" in err, err
+
+
 @pytest.mark.parametrize("edges, problem", [("10,5", "strictly increasing, got [10, 5]"), ("0,5", "edges >= 1"),
                                             ("10,a", "got '10,a'")])
 def test_length_bucket_edges_are_checked_before_any_run_loads(edges, problem, capsys):

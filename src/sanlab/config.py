@@ -451,8 +451,10 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
             empty = e["type"] in ("model_type", "dict_type") and e["input"] is None  # `train:` with nothing under it
-            if empty:
-                msg = "an empty section (every key under it commented out?): give it keys or {}, or remove the line"
+            if empty:  # a file's `train:` with nothing under it, or an override's null (--set data.test=null)
+                overridden = origin is not None and (origin(loc) or "").startswith("from ")
+                msg = ("null where a section belongs: give it keys, or {} to empty it" if overridden else
+                       "an empty section (every key under it commented out?): give it keys or {}, or remove the line")
             shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
             msg += f" (got {e['input']!r})" if shown else ""
             if e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):  # `src: on` is True
