@@ -444,6 +444,39 @@ def test_the_saved_config_reads_back_as_it_was(tmp_path, text):
     assert yaml.safe_load(saved.read_text()) == config.model_dump(mode="json")  # and by PyYAML's own rules
 
 
+@pytest.mark.parametrize("recipe", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("**/*.yaml")
+                                           if "compare" not in p.parts))
+def test_a_recipe_s_printed_config_is_the_same_run(tmp_path, capsys, recipe):
+    """--print-config (the run's config.yaml) read back is the recipe's config, and a run started from the recipe
+    resumes from it without a differing key (what prepare_run_dir compares)."""
+    import yaml
+
+    from sanlab.config import dump_config, load_config
+    from sanlab.runs.resume import config_differences, load_run_config
+
+    config = load_config(ROOT / recipe)
+    assert main(["train", str(ROOT / recipe), "--print-config"]) == 0
+    (tmp_path / "config.yaml").write_text(capsys.readouterr().out)
+    assert load_config(tmp_path / "config.yaml") == config
+    saved = yaml.safe_load(dump_config(load_run_config(tmp_path)))
+    assert config_differences(saved, yaml.safe_load(dump_config(config))) == []
+
+
+@pytest.mark.parametrize("grid", sorted(p.name for p in (ROOT / "configs" / "compare").glob("*.yaml")))
+def test_a_grid_cell_s_saved_config_is_the_same_run(tmp_path, grid):
+    """Each cell's config.yaml (dump_config of its config) reads back as that config, so that the cell resumes."""
+    import yaml
+
+    from sanlab.config import dump_config, load_config
+    from sanlab.runs.resume import config_differences, load_run_config
+
+    for cell in load_grid(ROOT / "configs" / "compare" / grid, runs_dir=tmp_path / "runs").cells:
+        (tmp_path / "config.yaml").write_text(dump_config(cell.config))
+        assert load_config(tmp_path / "config.yaml") == cell.config, (cell.variant, cell.seed)
+        saved = yaml.safe_load(dump_config(load_run_config(tmp_path)))
+        assert config_differences(saved, yaml.safe_load(dump_config(cell.config))) == [], (cell.variant, cell.seed)
+
+
 def test_a_mapping_of_another_type_given_to_set_replaces_the_component():
     """Merging kept the old type's own keys, which the new type refused (a muse mixer's kernel_sizes under
     muse_ff, a window part's size under neighbor); a mapping of the same type, or none, still merges."""
