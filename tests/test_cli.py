@@ -270,6 +270,17 @@ def test_a_misspelt_task_is_named_with_its_line_and_the_task_it_is_like(tmp_path
     assert "task: unknown task 'taging'" in (err := capsys.readouterr().err) and "(from --set)" in err, err
 
 
+def test_a_grid_whose_base_is_missing_names_the_grid_file_and_line(tmp_path):
+    """It was "nothere.yaml: config file not found", naming neither the grid nor its `base:` line."""
+    from sanlab.errors import ConfigError
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("title: t\nseeds: [0]\nbase: nothere.yaml\nvariants: [{name: a}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(grid, runs_dir=tmp_path / "runs")
+    assert str(err.value) == f"{grid}, line 3: base 'nothere.yaml': {tmp_path / 'nothere.yaml'}: config file not found"
+
+
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_bytes("task: tagging\n# café\n".encode("latin-1"))

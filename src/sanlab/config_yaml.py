@@ -178,22 +178,32 @@ def load_chain(path: str | Path, _seen: tuple = ()) -> list[tuple[Path, dict]]:
     base = data.pop("base", None)
     if base is None:
         return [(path, data)]
+    base_path, seen = base_file(path, base), _seen + (path.resolve(),)
+    if base_path.resolve() in seen:  # named at the `base:` that closes the loop, with the file it leads back to
+        raise ConfigError(f"{_base_line(path)}: base {base!r} loops back to {base_path.resolve()}, which is already "
+                          "in the 'base' chain")
+    return [(path, data), *load_chain(base_path, seen)]
+
+
+def _base_line(path: Path) -> str:
     line = key_line(path, "base")
-    where = f"{path}" + (f", line {line}" if line is not None else "")
+    return f"{path}" + (f", line {line}" if line is not None else "")
+
+
+def base_file(path: Path, base: object) -> Path:
+    """The file that ``base: BASE`` in the file ``path`` (a config or a grid) names: relative to ``path``, or
+    ``preset:NAME``; a ConfigError naming ``path`` and the line of its ``base:`` if there is none."""
     if not isinstance(base, str) or not base.strip():
-        raise ConfigError(f"{where}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
-    base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
-    if str(base).startswith("preset:") and not base_path.exists():
+        raise ConfigError(f"{_base_line(path)}: base must be a file name (relative to this file) or preset:NAME, "
+                          f"got {base!r}")
+    base_path = PRESETS / f"{base[7:]}.yaml" if base.startswith("preset:") else Path(path).parent / base
+    if base.startswith("preset:") and not base_path.exists():
         known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
-        raise ConfigError(f"{where}: unknown preset {base!r}; known presets: {known}")
+        raise ConfigError(f"{_base_line(path)}: unknown preset {base!r}; known presets: {known}")
     if not base_path.is_file():
         problem = "is a directory, not a config file" if base_path.is_dir() else "config file not found"
-        raise ConfigError(f"{where}: base {base!r}: {base_path}: {problem}")
-    seen = _seen + (path.resolve(),)
-    if base_path.resolve() in seen:  # named at the `base:` that closes the loop, with the file it leads back to
-        raise ConfigError(f"{where}: base {base!r} loops back to {base_path.resolve()}, which is already in the "
-                          "'base' chain")
-    return [(path, data), *load_chain(base_path, seen)]
+        raise ConfigError(f"{_base_line(path)}: base {base!r}: {base_path}: {problem}")
+    return base_path
 
 
 def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
