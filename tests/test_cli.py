@@ -197,11 +197,11 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
 @pytest.mark.parametrize("body, expected", [
     ("task: tagging\ndata: {train: a, dev: b\n", r"c\.yaml.*line 3"),       # unclosed flow mapping
     ("- just\n- a list\n", r"c\.yaml.*mapping"),
-    ("base: c.yaml\ntask: tagging\n", r"c\.yaml.*(cycle|loop|itself)"),
-    ("base: missing.yaml\n", r"c\.yaml: base 'missing\.yaml': .*missing\.yaml: config file not found"),
-    ("base: 3\n", r"c\.yaml: base must be a file name .* got 3"),
-    ("base: ./\n", r"c\.yaml: base '\./': .* is a directory, not a config file"),
-    ("base: preset:nope\n", r"unknown preset .preset:nope.; known presets"),
+    ("base: c.yaml\ntask: tagging\n", r"c\.yaml, line 1: base 'c\.yaml' loops back"),
+    ("# a comment\nbase: missing.yaml\n", r"c\.yaml, line 2: base 'missing\.yaml': .*missing\.yaml: config file not found"),
+    ("base: 3\n", r"c\.yaml, line 1: base must be a file name .* got 3"),
+    ("base: ./\n", r"c\.yaml, line 1: base '\./': .* is a directory, not a config file"),
+    ("task: tagging\nbase: preset:nope\n", r"c\.yaml, line 2: unknown preset .preset:nope.; known presets"),
     ("task: tagging\ntrain: {lr: 0.5}\ndata: {train: a, dev: b}\ntrain: {seed: 7}\n",
      r"c\.yaml, line 4, column 1: not valid YAML: key 'train' is given twice \(first on line 2\)\n"),  # PyYAML
     # would drop lr silently; and PyYAML's own position lines name "<unicode string>", not the file
@@ -215,6 +215,70 @@ def test_broken_config_files_are_named(tmp_path, capsys, body, expected):
     err = capsys.readouterr().err
     assert re.search(expected, err, re.S), err
     assert "Traceback" not in err and "<unicode string>" not in err
+
+
+def test_a_base_chain_that_loops_names_the_file_and_line_that_closes_it(tmp_path, capsys):
+    """The loop was reported at the file visited twice, "a.yaml: 'base' chain loops back to itself", without the
+    line or the file whose `base:` leads back to it."""
+    (tmp_path / "a.yaml").write_text("task: tagging\nbase: sub/b.yaml\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yaml").write_text("# b\n\nbase: ../a.yaml\n")
+    assert main(["train", str(tmp_path / "a.yaml"), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sub' / 'b.yaml'}, line 3: base '../a.yaml' loops back to {tmp_path / 'a.yaml'}" in err, err
+
+
+def test_a_rule_between_keys_is_traced_to_the_line_of_the_key_it_names(tmp_path, capsys):
+    """A model's own rule (an unread train key, data.max_len against model.max_positions) is reported at its
+    section, or at <root>: that was shown with the section's line in the file itself, "train: ... train.betas is
+    (0.8, 0.9) ... (line 2)" where line 2 set only the optimizer, or with no line at all."""
+    files = "data: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+    (tmp_path / "base.yaml").write_text(f"task: translation\n{files}train:\n  lr: 0.001\n  betas: [0.8, 0.9]\n")
+    child = _config(tmp_path, "base: base.yaml\ntrain: {optimizer: rmsprop}\n")
+    assert main(["train", child, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "train.betas is (0.8, 0.9)" in err and f"(set in {tmp_path / 'base.yaml'}, line 5)" in err, err
+    for body, line in [("train:\n  batch_size: 64\n", 4), ("model: {max_positions: 64}\n\n\n\n", 3)]:
+        path = _config(tmp_path, f"task: translation\n{files}{body}")
+        assert main(["train", path, "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert err.rstrip().endswith(f"(line {line})"), err
+
+
+def test_an_unquoted_boolean_or_number_where_text_belongs_says_to_quote_it(tmp_path, capsys):
+    """The loader reads yes, no, on and off as booleans (YAML 1.1's, as PyYAML): `src: on` was refused as "Input
+    should be a valid string (got True)", naming a value the file does not spell and not the cure."""
+    path = _config(tmp_path, "task: translation\ndata:\n  train: {src: a, tgt: b}\n  valid: {src: on, tgt: b}\n"
+                             "  test: {t: {src: 2016, tgt: b}}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "data.valid.src: Input should be a valid string (got True): YAML reads an unquoted on, off, yes, no, " \
+           "true or false as a boolean: write text in quotes (line 4)" in err, err
+    assert "data.test.t.src: Input should be a valid string (got 2016): YAML reads it as a number: write text in " \
+           "quotes (line 5)" in err, err
+
+
+def test_a_misspelt_task_is_named_with_its_line_and_the_task_it_is_like(tmp_path, capsys):
+    """It was pydantic's "<root>: Input tag 'transltion' found using 'task' does not match any of the expected tags",
+    at no line and with no suggestion, where a misspelt key gets both."""
+    path = _config(tmp_path, "# recipe\ntask: transltion\ndata: {}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "  task: unknown task 'transltion' (known: translation, tagging) (did you mean translation?) (line 2)" \
+        in err, err
+    assert main(["train", path, "--set", "task=taging", "--print-config"]) == 2
+    assert "task: unknown task 'taging'" in (err := capsys.readouterr().err) and "(from --set)" in err, err
+
+
+def test_a_grid_whose_base_is_missing_names_the_grid_file_and_line(tmp_path):
+    """It was "nothere.yaml: config file not found", naming neither the grid nor its `base:` line."""
+    from sanlab.errors import ConfigError
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("title: t\nseeds: [0]\nbase: nothere.yaml\nvariants: [{name: a}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_grid(grid, runs_dir=tmp_path / "runs")
+    assert str(err.value) == f"{grid}, line 3: base 'nothere.yaml': {tmp_path / 'nothere.yaml'}: config file not found"
 
 
 def test_a_config_that_is_not_utf8_or_is_a_directory_is_named(tmp_path, capsys):
@@ -298,6 +362,34 @@ def test_set_reaches_into_lists_that_are_there(tmp_path, capsys):
         assert expected in capsys.readouterr().err
 
 
+def test_set_with_a_bracketed_index_names_the_dotted_spelling(tmp_path, capsys):
+    """`parts[0].size=7` made a key "parts[0]" next to the list, refused as "unknown key (did you mean parts?)",
+    which does not say how to name the item; the error now gives the dotted key."""
+    path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\n"
+                             "model: {encoder: {attention: {parts: [{type: window, size: 5}]}}}\n")
+    assert main(["train", path, "--set", "model.encoder.attention.parts[0].size=7", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "model.encoder.attention.parts is a list" in err and "model.encoder.attention.parts.0.size" in err, err
+
+
+def test_set_reaches_into_a_section_the_saved_config_writes_as_null(tmp_path, capsys):
+    """A run's config.yaml (--print-config) spells an unset optional section out, `cross_attention: null`;
+    `--set model.decoder.cross_attention.heads=2` created the section over the recipe but was refused over that
+    file ("is a value, not a section"), so the two were not the same config to --set."""
+    import yaml
+
+    recipe = ROOT / "configs/multi30k-en-de-transformer.yaml"
+    assert main(["train", str(recipe), "--print-config"]) == 0
+    saved = _config(tmp_path, capsys.readouterr().out)
+    assert "cross_attention: null" in Path(saved).read_text()
+    printed = []
+    for path in (str(recipe), saved):
+        assert main(["train", path, "--set", "model.decoder.cross_attention.heads=2", "--print-config"]) == 0, \
+            capsys.readouterr().err
+        printed.append(yaml.safe_load(capsys.readouterr().out))
+    assert printed[0] == printed[1] and printed[1]["model"]["decoder"]["cross_attention"]["heads"] == 2
+
+
 def test_numbers_read_as_yaml_1_2_in_files_and_set(tmp_path, capsys):
     """PyYAML's YAML 1.1 reads 0123 as octal (83) and 1:30 as base 60 (90), silently; a seed means 123."""
     import yaml
@@ -361,6 +453,39 @@ def test_the_saved_config_reads_back_as_it_was(tmp_path, text):
     saved.write_text(dump_config(config))
     assert load_config(saved).model_dump() == config.model_dump()
     assert yaml.safe_load(saved.read_text()) == config.model_dump(mode="json")  # and by PyYAML's own rules
+
+
+@pytest.mark.parametrize("recipe", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("**/*.yaml")
+                                           if "compare" not in p.parts))
+def test_a_recipe_s_printed_config_is_the_same_run(tmp_path, capsys, recipe):
+    """--print-config (the run's config.yaml) read back is the recipe's config, and a run started from the recipe
+    resumes from it without a differing key (what prepare_run_dir compares)."""
+    import yaml
+
+    from sanlab.config import dump_config, load_config
+    from sanlab.runs.resume import config_differences, load_run_config
+
+    config = load_config(ROOT / recipe)
+    assert main(["train", str(ROOT / recipe), "--print-config"]) == 0
+    (tmp_path / "config.yaml").write_text(capsys.readouterr().out)
+    assert load_config(tmp_path / "config.yaml") == config
+    saved = yaml.safe_load(dump_config(load_run_config(tmp_path)))
+    assert config_differences(saved, yaml.safe_load(dump_config(config))) == []
+
+
+@pytest.mark.parametrize("grid", sorted(p.name for p in (ROOT / "configs" / "compare").glob("*.yaml")))
+def test_a_grid_cell_s_saved_config_is_the_same_run(tmp_path, grid):
+    """Each cell's config.yaml (dump_config of its config) reads back as that config, so that the cell resumes."""
+    import yaml
+
+    from sanlab.config import dump_config, load_config
+    from sanlab.runs.resume import config_differences, load_run_config
+
+    for cell in load_grid(ROOT / "configs" / "compare" / grid, runs_dir=tmp_path / "runs").cells:
+        (tmp_path / "config.yaml").write_text(dump_config(cell.config))
+        assert load_config(tmp_path / "config.yaml") == cell.config, (cell.variant, cell.seed)
+        saved = yaml.safe_load(dump_config(load_run_config(tmp_path)))
+        assert config_differences(saved, yaml.safe_load(dump_config(cell.config))) == [], (cell.variant, cell.seed)
 
 
 def test_a_mapping_of_another_type_given_to_set_replaces_the_component():
@@ -470,9 +595,11 @@ def test_error_paths_are_the_configs_keys(tmp_path):
 
     assert problems(TRANSLATION + "  test: {translation: {src: a}}\n") == "  data.test.translation.tgt: Field required"
     listed = problems(TRANSLATION.replace("train: {src: a, tgt: b}", "train: [{src: a, tgt: b}, {src: a, tgt: 3}]"))
-    assert listed == "  data.train.1.tgt: Input should be a valid string (got 3) (line 3)"
+    assert listed == ("  data.train.1.tgt: Input should be a valid string (got 3): YAML reads it as a number: write "
+                      "text in quotes (line 3)")
     assert problems(TRANSLATION.replace("src: a, tgt: b}\n  valid", "src: on, tgt: b}\n  valid")) == \
-        "  data.train.src: Input should be a valid string (got True) (line 3)"
+        ("  data.train.src: Input should be a valid string (got True): YAML reads an unquoted on, off, yes, no, true "
+         "or false as a boolean: write text in quotes (line 3)")
     part = problems(TRANSLATION, ["model.encoder.attention.parts=[{type: neighbor, sigma_init: 0}]"])
     assert "attention part 'neighbor': sigma_init: Input should be greater than 0; sigma_init: Input should be " \
            "'rand'" in part and "constrained-float" not in part and "literal" not in part
@@ -634,6 +761,14 @@ def test_an_empty_section_is_named_as_such(tmp_path, capsys):
     path = _config(tmp_path, "task: tagging\ndata: {train: a, dev: b}\ntrain:\n  # max_steps: 3\n")
     assert main(["train", path, "--print-config"]) == 2
     assert "train: an empty section (every key under it commented out?)" in capsys.readouterr().err
+
+
+def test_a_section_set_to_null_on_the_command_line_is_not_told_to_remove_a_line(tmp_path, capsys):
+    """`--set data.test=null` (to drop a recipe's test sets) got the file's advice, "... or remove the line"."""
+    path = _config(tmp_path, TRANSLATION + "  test: {t: {src: a, tgt: b}}\n")
+    assert main(["train", path, "--set", "data.test=null", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "data.test: null where a section belongs: give it keys, or {} to empty it (from --set)" in err, err
 
 
 @pytest.mark.parametrize("edges, problem", [("10,5", "strictly increasing, got [10, 5]"), ("0,5", "edges >= 1"),

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel
 
+from sanlab.attention.config import AttentionConfig
 from sanlab.config import (
     DecodeConfig, Seq2SeqConfig, TaggerConfig, TaggerTrainConfig, TaggingDataConfig, TrainConfig,
     TranslationDataConfig, parse_value,
@@ -89,6 +91,60 @@ def test_the_config_reference_names_every_key_with_its_default(heading):
             default = defaults[key]
             assert _normal(_value(cell, default)) == _normal(default), \
                 f"docs/config.md, {key}: the page says {cell}, the schema's default is {default!r}"
+
+
+def _models(annotation: object) -> list[type[BaseModel]]:
+    """The models a field's annotation holds: itself, a union's members, a list's or a mapping's items."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models(arg)]
+
+
+def mapping_keys(model: type[BaseModel], prefix: str) -> dict[str, set[str]]:
+    """Every dotted key that ``schema_keys`` lists as one row although its value is a mapping of keys of its own
+    (``data.train``'s src, tgt and weight; a part's type and layers), with those keys."""
+    keys = {}
+    for name, field in model.model_fields.items():
+        default = field.get_default(call_default_factory=True) if not field.is_required() else REQUIRED
+        if isinstance(default, BaseModel) and name not in LEAVES:
+            keys.update(mapping_keys(type(default), f"{prefix}{name}."))
+        elif inner := _models(field.annotation):
+            keys[prefix + name] = {k for m in inner for k in m.model_fields}
+    return keys
+
+
+@pytest.mark.parametrize("heading", [h for h, (prefix, schemas) in sorted(SECTIONS.items())
+                                     if mapping_keys(schemas[0], prefix)])
+def test_a_key_that_takes_a_mapping_names_its_keys(heading):
+    """The table gives such a key one row (``schema_keys``), so a key added inside it (a corpus's ``weight``) was
+    not checked: the row's meaning must name each, in backticks (``src``, ``{src: FILE``, ``layers: [...]``),
+    or say it takes the keys of ``attention`` (cross-attention) or that the key is refused; a tagging row that is
+    "as for translation" is held to the translation row."""
+    prefix, (schema, *_) = SECTIONS[heading]
+    meanings = {_side(key): cells[-1] for key, cells in _full_rows(heading).items()}
+    checked = 0
+    for key, inner in mapping_keys(schema, prefix).items():
+        meaning = meanings[_side(key)]
+        if meaning.startswith("as for translation"):
+            meaning = _full_rows(heading.replace("tagging", "translation"))[_side(key)][-1]
+        if meaning.startswith("refused") or (inner <= set(AttentionConfig.model_fields) and "`attention`" in meaning):
+            continue
+        named = {k for k in inner if re.search(rf"`(?:[^`]*[{{,]\s*)?{k}\b", meaning)}
+        assert named == inner, f"docs/config.md, {key}: its meaning does not name {sorted(inner - named)}"
+        checked += 1
+    assert checked, f"docs/config.md, {heading}: no key that takes a mapping was checked"
+
+
+def _full_rows(heading: str) -> dict[str, list[str]]:
+    """Key -> every cell after the key (the defaults and the meaning) of the section's table."""
+    rows, current = {}, None
+    for line in PAGE.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+        elif current == heading and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
 
 
 def _commands():

@@ -11,6 +11,7 @@ here.
 from __future__ import annotations
 
 import json
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -422,8 +423,10 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
                           f"trains; {found}")
     raw = _migrated(raw, source=source)
 
-    def line(shown: str, msg: str, key: str) -> str:  # one problem, shown at ``shown``; where ``key`` was set
-        where = origin(key) if origin and key else None
+    def line(shown: str, msg: str, key: str, named: list[str] = ()) -> str:
+        """One problem, shown at ``shown``; where the first key of ``named`` that has an origin was set, else
+        where ``key`` was."""
+        where = next((w for k in (*named, key) if k and (w := origin(k))), None) if origin else None
         return f"  {shown or '<root>'}: {msg}" + (f" ({where})" if where else "")
 
     unsupported = unsupported_values(raw)  # before JSON, which would respell them (a date) or rename them (no: "false")
@@ -442,14 +445,34 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
             if e["type"] == "extra_forbidden":
                 msg += did_you_mean(str(path[-1]), _known_keys(raw, path[:-1]))
+            if e["type"] == "union_tag_invalid" and not path:  # pydantic's words for an unknown `task:`
+                loc, tag = "task", e["ctx"]["tag"]
+                msg = f"unknown task {tag!r} (known: {', '.join(TASKS.references())})" + did_you_mean(tag, TASKS.names())
             if e["type"] in ("float_type", "int_type", "bool_type") and _typed_text(e["input"]):
                 msg += " (a quoted value is a string in YAML: write it without quotes)"
             empty = e["type"] in ("model_type", "dict_type") and e["input"] is None  # `train:` with nothing under it
-            if empty:
-                msg = "an empty section (every key under it commented out?): give it keys or {}, or remove the line"
+            if empty:  # a file's `train:` with nothing under it, or an override's null (--set data.test=null)
+                overridden = origin is not None and (origin(loc) or "").startswith("from ")
+                msg = ("null where a section belongs: give it keys, or {} to empty it" if overridden else
+                       "an empty section (every key under it commented out?): give it keys or {}, or remove the line")
             shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
-            lines.append(line(loc, msg + (f" (got {e['input']!r})" if shown else ""), loc))
+            msg += f" (got {e['input']!r})" if shown else ""
+            if e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):  # `src: on` is True
+                msg += (": YAML reads an unquoted on, off, yes, no, true or false as a boolean"
+                        if isinstance(e["input"], bool) else ": YAML reads it as a number") + ": write text in quotes"
+            lines.append(line(loc, msg, loc, _named_keys(e, loc, raw)))
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(lines)) from None
+
+
+def _named_keys(error: dict, loc: str, raw: dict) -> list[str]:
+    """The dotted keys under ``loc`` that a rule's message names (``train.betas is ...`` at ``train``, ``data.max_len
+    ... exceeds model.max_positions`` at the root): the rule is a section's, and the line to show is theirs."""
+    if error["type"] != "value_error":
+        return []
+    named = re.findall(r"(?<![\w.])[A-Za-z_]\w*(?:\.\w+)+", error["msg"])
+    if loc:
+        return [k for k in named if k.startswith(loc + ".")]
+    return [k for k in named if k.split(".")[0] in raw]
 
 
 def _known_keys(raw: dict, section: tuple) -> list[str]:

@@ -174,22 +174,36 @@ def load_chain(path: str | Path, _seen: tuple = ()) -> list[tuple[Path, dict]]:
     """``[(path, its own keys), (its base, the base's own keys), ...]``: the ``base:`` chain, the file itself
     first, so that a key can be traced to the file that sets it (``key_origin``)."""
     path = Path(path)
-    if path.resolve() in _seen:
-        raise ConfigError(f"{path}: 'base' chain loops back to itself")
     data = read_yaml_mapping(path)
     base = data.pop("base", None)
     if base is None:
         return [(path, data)]
+    base_path, seen = base_file(path, base), _seen + (path.resolve(),)
+    if base_path.resolve() in seen:  # named at the `base:` that closes the loop, with the file it leads back to
+        raise ConfigError(f"{_base_line(path)}: base {base!r} loops back to {base_path.resolve()}, which is already "
+                          "in the 'base' chain")
+    return [(path, data), *load_chain(base_path, seen)]
+
+
+def _base_line(path: Path) -> str:
+    line = key_line(path, "base")
+    return f"{path}" + (f", line {line}" if line is not None else "")
+
+
+def base_file(path: Path, base: object) -> Path:
+    """The file that ``base: BASE`` in the file ``path`` (a config or a grid) names: relative to ``path``, or
+    ``preset:NAME``; a ConfigError naming ``path`` and the line of its ``base:`` if there is none."""
     if not isinstance(base, str) or not base.strip():
-        raise ConfigError(f"{path}: base must be a file name (relative to this file) or preset:NAME, got {base!r}")
-    base_path = PRESETS / f"{base[7:]}.yaml" if str(base).startswith("preset:") else path.parent / base
-    if str(base).startswith("preset:") and not base_path.exists():
+        raise ConfigError(f"{_base_line(path)}: base must be a file name (relative to this file) or preset:NAME, "
+                          f"got {base!r}")
+    base_path = PRESETS / f"{base[7:]}.yaml" if base.startswith("preset:") else Path(path).parent / base
+    if base.startswith("preset:") and not base_path.exists():
         known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
-        raise ConfigError(f"{path}: unknown preset {base!r}; known presets: {known}")
+        raise ConfigError(f"{_base_line(path)}: unknown preset {base!r}; known presets: {known}")
     if not base_path.is_file():
         problem = "is a directory, not a config file" if base_path.is_dir() else "config file not found"
-        raise ConfigError(f"{path}: base {base!r}: {base_path}: {problem}")
-    return [(path, data), *load_chain(base_path, _seen + (path.resolve(),))]
+        raise ConfigError(f"{_base_line(path)}: base {base!r}: {base_path}: {problem}")
+    return base_path
 
 
 def key_origin(chain: list[tuple[Path, dict]], dotted: str) -> Path | None:
@@ -329,11 +343,11 @@ def apply_override(raw: dict, assignment: str) -> dict:
 
 
 def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
-    """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections are created; a number
-    indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key of a
-    mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at ``key``,
-    key by key (a dotted key in it is a path, as on the command line); ``{}``, or another component ``type``,
-    replaces it instead, there or below (``_replaces``)."""
+    """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections, and null ones, are created;
+    a number indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key
+    of a mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at
+    ``key``, key by key (a dotted key in it is a path, as on the command line); ``{}``, or another component
+    ``type``, replaces it instead, there or below (``_replaces``)."""
     node, parts = raw, key.strip().split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"{key!r}: an empty key name (expected a dotted key such as train.max_steps)")
@@ -345,6 +359,11 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
             part = int(part)
         elif not isinstance(node, dict):
             raise ConfigError(f"{key}: {where} is a value, not a section")
+        elif part not in node and (item := re.fullmatch(r"(.+)\[(\d+)\]", part)) and \
+                isinstance(node.get(item[1]), list):  # `parts[0]` would become a key beside the list `parts`
+            dotted = ".".join((*parts[:depth], *item.groups(), *parts[depth + 1:]))
+            raise ConfigError(f"{key}: {'.'.join((*parts[:depth], item[1]))} is a list, whose items are named by "
+                              f"their index after a dot: {dotted}")
         if depth == len(parts) - 1:
             old = node[part] if isinstance(node, list) else node.get(part)
             merges = merge and isinstance(value, dict) and isinstance(old, dict) and \
@@ -355,7 +374,8 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
             for sub, item in value.items():  # key by key, so that a dotted one (`{encoder.layers: 2}`) is a path
                 set_key(old, str(sub), item, merge=True)
             return
-        if isinstance(node, dict) and part not in node:
+        # a null there is a section not given: a saved config spells one out (`cross_attention: null`)
+        if isinstance(node, dict) and node.get(part) is None:
             if parts[depth + 1].isdigit():  # a list index or a mapping's key: the missing section could be either
                 section, name = ".".join(parts[:depth + 1]), parts[depth + 1]
                 raise ConfigError(f"{key}: {section} is not set in the file, so it has no item {name}: give the "

@@ -35,6 +35,7 @@ from sanlab.config import TASKS, Config, annotation_at, validate
 from sanlab.config_yaml import (
     apply_override,
     assigned_keys,
+    base_file,
     key_line,
     key_origin,
     load_chain,
@@ -198,7 +199,7 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
     root = Path(runs_dir or spec.runs_dir or Path("runs") / "compare" / path.stem)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root}: is a file, not a directory for the grid's cells (runs_dir / --runs-dir)")
-    chain = load_chain(path.parent / spec.base)  # kept: an invalid key is traced to the file that sets it
+    chain = load_chain(base_file(path, spec.base))  # kept: an invalid key is traced to the file that sets it
     base = merge_chain(chain)
     cells = []
     for dataset in spec.datasets or [None]:
