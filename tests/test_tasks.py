@@ -41,7 +41,7 @@ def test_a_config_without_a_task_says_so():
 
 
 def test_an_unknown_task_lists_the_known_ones():
-    with pytest.raises(ConfigError, match="expected tags: 'translation', 'tagging'"):
+    with pytest.raises(ConfigError, match=r"task: unknown task 'copy' \(known: translation, tagging\)"):
         validate({"task": "copy"}, source="t")
 
 
