@@ -258,6 +258,25 @@ def test_an_unquoted_boolean_or_number_where_text_belongs_says_to_quote_it(tmp_p
            "quotes (line 5)" in err, err
 
 
+def test_a_whole_number_written_as_a_float_says_to_write_it_whole(tmp_path, capsys):
+    """`max_steps: 1e5` is a float in YAML (1.2 and 1.1 alike): refused as an integer key, with the cure, not only
+    pydantic's "valid integer (got 100000.0)"; a fraction keeps the plain refusal."""
+    path = _config(tmp_path, "task: translation\ndata:\n  train: {src: a, tgt: b}\n  valid: {src: a, tgt: b}\n"
+                             "train:\n  max_steps: 1e5\n  max_epochs: 2.5\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "train.max_steps: Input should be a valid integer (got 100000.0): a number with an exponent or a decimal " \
+           "point (1e5, 100000.0) is a float in YAML; write it as a whole number (100000) (line 6)" in err, err
+    assert "train.max_epochs: Input should be a valid integer (got 2.5) (line 7)" in err, err
+
+
+def test_a_part_without_a_type_lists_the_types(tmp_path, capsys):
+    path = _config(tmp_path, "task: translation\ndata:\n  train: {src: a, tgt: b}\n  valid: {src: a, tgt: b}\n"
+                             "model:\n  encoder:\n    attention:\n      parts: [{size: 3}]\n")
+    assert main(["train", path, "--print-config"]) == 2
+    assert "an attention part needs a 'type' (one of: abs_position, bi_direct, " in capsys.readouterr().err
+
+
 def test_a_misspelt_task_is_named_with_its_line_and_the_task_it_is_like(tmp_path, capsys):
     """It was pydantic's "<root>: Input tag 'transltion' found using 'task' does not match any of the expected tags",
     at no line and with no suggestion, where a misspelt key gets both."""

@@ -457,6 +457,9 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
                        "an empty section (every key under it commented out?): give it keys or {}, or remove the line")
             shown = e["type"] != "extra_forbidden" and not isinstance(e["input"], dict) and not empty
             msg += f" (got {e['input']!r})" if shown else ""
+            if e["type"] in ("int_type", "int_from_float") and isinstance(e["input"], float) and e["input"].is_integer():
+                msg += (": a number with an exponent or a decimal point (1e5, 100000.0) is a float in YAML; write it as a "
+                        f"whole number ({int(e['input'])})")
             if e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):  # `src: on` is True
                 msg += (": YAML reads an unquoted on, off, yes, no, true or false as a boolean"
                         if isinstance(e["input"], bool) else ": YAML reads it as a number") + ": write text in quotes"

@@ -201,7 +201,8 @@ class Registry:
         if isinstance(value, BaseModel):
             return value
         if not isinstance(value, dict) or not isinstance(value.get("type"), str):  # (a list would not even hash)
-            raise ValueError(f"a {self.kind} needs a 'type' (one of: {', '.join(self.names())}); got {value!r}")
+            article = "an" if self.kind[:1] in "aeiou" else "a"
+            raise ValueError(f"{article} {self.kind} needs a 'type' (one of: {', '.join(self.names())}); got {value!r}")
         try:
             cls = self.entry(value["type"]).config
         except ConfigError as err:
