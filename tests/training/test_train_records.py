@@ -190,3 +190,16 @@ def test_truncating_after_a_checkpoint_returns_the_last_update_the_dropped_recor
     assert log.truncate_after(100) == 250
     assert [r["step"] for r in read_metrics(tmp_path)] == [50, 100]
     assert log.truncate_after(0) == 100 and read_metrics(tmp_path) == []
+
+
+def test_a_console_that_is_not_a_terminal_gets_a_line_per_train_record_not_a_redrawn_bar(tmp_path, tiny_translation,
+                                                                                        capsys):
+    """In a batch job's log (stderr not a terminal) tqdm's bar would write each redraw, carriage returns and all;
+    there each "train" record is one plain line instead, with the numbers the bar shows (fairseq's simple format)."""
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=6, log_every=3, progress=True), run)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if " batches, step " in line]
+    assert len(lines) == 2 and "\r" not in err, err
+    assert lines[0].split("] ", 1)[1].startswith("epoch 0: ") and ", step 3, loss " in lines[0]
+    assert all(f" {key} " in line for line in lines for key in ("gnorm", "lr", "tok_s"))

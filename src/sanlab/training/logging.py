@@ -22,6 +22,25 @@ class _NullBar:
     def close(self) -> None: ...
 
 
+class _LineBar:
+    """The progress bar where the console is not a terminal (a batch job's log file, a pipe): tqdm's redrawn bar
+    would write every redraw there, hundreds of carriage-return frames per epoch. Instead one plain line each time
+    the bar is given the latest "train" record (every ``log_every`` updates), as fairseq's simple log format."""
+
+    def __init__(self, *, total: int, initial: int, desc: str):
+        self.total, self.done, self.desc = total, initial, desc
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+
+    def set_postfix(self, **kw) -> None:
+        shown = ", ".join(f"{key} {value}" for key, value in kw.items())
+        print(f"[{time.strftime('%H:%M:%S')}] {self.desc}: {self.done}/{self.total} batches, {shown}", file=sys.stderr,
+              flush=True)
+
+    def close(self) -> None: ...
+
+
 class RunLogger:
     """Logs of one run directory. TensorBoard is opened lazily (its import is slow)."""
 
@@ -85,6 +104,8 @@ class RunLogger:
     def progress_bar(self, *, total: int, initial: int, desc: str):
         if not self.progress or self.quiet:
             return _NullBar()
+        if not sys.stderr.isatty():
+            return _LineBar(total=total, initial=initial, desc=desc)
         return tqdm(total=total, initial=initial, desc=desc, unit="batch", leave=False, dynamic_ncols=True,
                     file=sys.stderr)
 

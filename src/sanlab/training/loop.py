@@ -301,7 +301,9 @@ class Trainer:
         if self.scaler is not None:
             record.update(loss_scale=self.scaler.get_scale(), skipped_updates=self.progress.skipped_updates)
         self.log.scalars("train", record, step=self.progress.step)
-        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        gnorm = {"gnorm": f"{record['gnorm']:.3g}"} if "gnorm" in record else {}
+        bar.set_postfix(step=self.progress.step, loss=f"{record['loss']:.3f}", **gnorm, lr=f"{record['lr']:.3g}",
+                        tok_s=f"{record['tokens_per_s']:.0f}")
 
     def _compiled(self, config: TrainConfig) -> tuple[nn.Module, GraphWatch | None]:
         """The module training runs forward through: under ``train.compile`` the (DDP-wrapped) model compiled."""
