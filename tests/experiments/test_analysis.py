@@ -160,6 +160,15 @@ def test_learning_curve_and_best_validation():
     assert table.rows == ((2, 1.0, None), (4, 2.0, 3.0))
 
 
+def test_best_validation_of_tied_records_is_the_newest_as_the_best_checkpoint():
+    """Early validations often tie (BLEU 0, or one value for several steps); the run's ``best`` checkpoint is then
+    the newest of them (``CheckpointManager.best``), so the sweep's "step N" must name that step, not the first."""
+    tied = [{"split": "valid", "step": s, "bleu": b, "loss": l}
+            for s, b, l in ((4, 0.3, 5.0), (8, 0.3, 4.0), (12, 0.3, 4.0), (16, 0.1, 6.0))]
+    assert A.best_validation(tied, metric="bleu") == (12, 0.3)
+    assert A.best_validation(tied, metric="loss") == (12, 4.0)  # lower is better: the newest of the tied minima
+
+
 def test_mean_curves_average_only_the_steps_every_seed_logged():
     curves = {"v/seed-0": [(2, 1.0), (4, 2.0), (6, 5.0)], "v/seed-1": [(2, 3.0), (4, 4.0)], "w/seed-0": [(2, 7.0)]}
     group_of = {"v/seed-0": "v", "v/seed-1": "v", "w/seed-0": "w"}
