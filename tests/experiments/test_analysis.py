@@ -540,6 +540,16 @@ def test_curves_mean_over_the_seeds_of_comparison_cells(corpus, tmp_path):
     assert rows == [["step", "csan (mean of 2)"], ["10", "12.0"], ["20", "25.0"]]
 
 
+def test_curves_mean_over_seeds_keep_a_run_that_is_no_cell_apart(corpus, tmp_path):
+    """``runs/csan`` is no seed of the cells ``grid/csan/seed-N``: its labels (``csan``) equal their variant's name,
+    but it must keep its own line, not be averaged into theirs."""
+    alone = _sweep_run(corpus, tmp_path / "runs" / "csan", size=3, bleus=[100.0, 100.0])
+    cells = [_sweep_run(corpus, tmp_path / "grid" / "csan" / f"seed-{seed}", size=3, bleus=bleus)
+             for seed, bleus in ((0, [10.0, 20.0]), (1, [14.0, 30.0]))]
+    rows = _check_outputs(analyze.curves([alone, *cells], out=tmp_path / "mean", mean_over_seeds=True))
+    assert rows == [["step", "csan", "csan (mean of 2)"], ["10", "100.0", "12.0"], ["20", "100.0", "25.0"]]
+
+
 def test_curves_of_a_metric_pattern_give_one_line_per_run_and_metric(corpus, tmp_path):
     """``--metric 'PATTERN'`` (the diagnostics records of learnable temperatures): every matching metric of
     every run is a line, seeds of one variant averaged per metric."""
