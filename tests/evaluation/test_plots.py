@@ -29,3 +29,10 @@ def test_grouped_bars_leave_nan_bars_out_and_keep_every_group():
     heights = [p.get_height() for p in ax.patches]
     assert heights[0] == 1.0 and np.isnan(heights[1]) and heights[2] == 2.0
     assert ax.get_xlim() == (-0.5, 2.5)
+
+
+def test_grouped_bars_without_series_draw_no_empty_legend(recwarn):
+    # `analyze ngram-gap RUN --baseline RUN`: the baseline's own precisions are the table; no system has a gap to
+    # plot, and matplotlib warned on the terminal about a legend with nothing in it
+    fig = grouped_bars_figure(groups=["1-gram", "2-gram"], series={}, title="t", xlabel="x", ylabel="y", hline=0.0)
+    assert fig.legends == [] and not [w for w in recwarn if "legend" in str(w.message)]

@@ -160,6 +160,15 @@ def test_learning_curve_and_best_validation():
     assert table.rows == ((2, 1.0, None), (4, 2.0, 3.0))
 
 
+def test_best_validation_of_tied_records_is_the_newest_as_the_best_checkpoint():
+    """Early validations often tie (BLEU 0, or one value for several steps); the run's ``best`` checkpoint is then
+    the newest of them (``CheckpointManager.best``), so the sweep's "step N" must name that step, not the first."""
+    tied = [{"split": "valid", "step": s, "bleu": b, "loss": l}
+            for s, b, l in ((4, 0.3, 5.0), (8, 0.3, 4.0), (12, 0.3, 4.0), (16, 0.1, 6.0))]
+    assert A.best_validation(tied, metric="bleu") == (12, 0.3)
+    assert A.best_validation(tied, metric="loss") == (12, 4.0)  # lower is better: the newest of the tied minima
+
+
 def test_mean_curves_average_only_the_steps_every_seed_logged():
     curves = {"v/seed-0": [(2, 1.0), (4, 2.0), (6, 5.0)], "v/seed-1": [(2, 3.0), (4, 4.0)], "w/seed-0": [(2, 7.0)]}
     group_of = {"v/seed-0": "v", "v/seed-1": "v", "w/seed-0": "w"}
@@ -529,6 +538,16 @@ def test_curves_mean_over_the_seeds_of_comparison_cells(corpus, tmp_path):
             for seed, bleus in ((0, [10.0, 20.0, 40.0]), (1, [14.0, 30.0]))]  # seed 1 stopped early
     rows = _check_outputs(analyze.curves(runs, out=tmp_path / "mean", mean_over_seeds=True))
     assert rows == [["step", "csan (mean of 2)"], ["10", "12.0"], ["20", "25.0"]]
+
+
+def test_curves_mean_over_seeds_keep_a_run_that_is_no_cell_apart(corpus, tmp_path):
+    """``runs/csan`` is no seed of the cells ``grid/csan/seed-N``: its labels (``csan``) equal their variant's name,
+    but it must keep its own line, not be averaged into theirs."""
+    alone = _sweep_run(corpus, tmp_path / "runs" / "csan", size=3, bleus=[100.0, 100.0])
+    cells = [_sweep_run(corpus, tmp_path / "grid" / "csan" / f"seed-{seed}", size=3, bleus=bleus)
+             for seed, bleus in ((0, [10.0, 20.0]), (1, [14.0, 30.0]))]
+    rows = _check_outputs(analyze.curves([alone, *cells], out=tmp_path / "mean", mean_over_seeds=True))
+    assert rows == [["step", "csan", "csan (mean of 2)"], ["10", "100.0", "12.0"], ["20", "100.0", "25.0"]]
 
 
 def test_curves_of_a_metric_pattern_give_one_line_per_run_and_metric(corpus, tmp_path):

@@ -55,13 +55,14 @@ class SweepPoint:
 
 def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> tuple[int, float]:
     """(step, score) of the best ``split`` record for ``metric`` (max; min for loss/ppl), among finite scores (a
-    NaN first would otherwise win every comparison)."""
+    NaN first would otherwise win every comparison). Of tied records the newest, as ``CheckpointManager.best``
+    picks the run's ``best`` checkpoint: the step named is then that checkpoint's."""
     curve = learning_curve(records, metric=metric, split=split)
     finite = [point for point in curve if math.isfinite(point[1])]
     if not finite:
         raise ValueError(f"no {split!r} record has a finite {metric} (steps {', '.join(str(s) for s, _ in curve)})")
-    pick = min if metric in LOWER_IS_BETTER else max
-    return pick(finite, key=lambda point: point[1])
+    sign = -1 if metric in LOWER_IS_BETTER else 1
+    return max(finite, key=lambda point: (sign * point[1], point[0]))
 
 
 def _sort_key(value: Any) -> tuple:

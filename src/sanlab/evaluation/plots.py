@@ -45,7 +45,7 @@ def grouped_bars_figure(*, groups: Sequence[str], series: Mapping[str, Sequence[
     ax.set_xlim(-0.5, len(groups) - 0.5)  # keep every group's slot, even when all its bars are NaN
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
-    if series:  # (no series: no legend, rather than matplotlib's warning about an empty one)
+    if series:  # (none: an n-gram gap of the baseline alone; an empty legend only draws a warning)
         fig.legend(loc="outside right upper", fontsize="small")  # bars fill the axes: a legend inside hides some
     return fig
 

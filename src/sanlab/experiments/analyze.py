@@ -114,10 +114,17 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
              "later record.")
     if mean_over_seeds:
-        group_of = {label: re.sub(r"/seed-\d+(?=: |$)", "", label) for label in labels}  # (": metric" kept)
-        found = checked(analysis_curves.mean_curves, found, group_of, context="--mean-over-seeds")
-        notes += (" Each line is the mean over the seeds of one variant, at the steps all of them logged "
-                  "(a seed that stopped early ends its line there).")
+        # only cells are averaged: a run that is no cell keeps its line, even one named as a cell's variant
+        seed = re.compile(r"/seed-\d+(?=: |$)")  # (": metric" kept)
+        group_of = {label: seed.sub("", label) for label in labels if seed.search(label)}
+        means = checked(analysis_curves.mean_curves, {label: found[label] for label in group_of}, group_of,
+                        context="--mean-over-seeds")
+        mean_of = {group: f"{group} (mean of {list(group_of.values()).count(group)})" for group in group_of.values()}
+        found = {mean_of[group_of[label]] if label in group_of else label:
+                 means[mean_of[group_of[label]]] if label in group_of else found[label] for label in labels}
+        notes += (" Each line of comparison cells (`<variant>/seed-N`) is the mean over the seeds of one variant, at "
+                  "the steps all of them logged (a seed that stopped early ends its line there); any other run keeps "
+                  "its own line.")
     return write_outputs(out, title=f"Learning curves: {split} {metric}", table=analysis_curves.curves_table(found),
                          notes=notes, plot=lambda png: plots.lines(
                              png, series={k: ([s for s, _ in v], [y for _, y in v]) for k, v in found.items()},
