@@ -109,8 +109,10 @@ def check_location(run_dir: Path) -> None:
 def check_new_run(run_dir: Path) -> None:
     """A new run goes into a new or empty directory, or one holding only what sanlab wrote (e.g. the log of
     a start that failed); never among a user's files. A ``config.yaml`` without a run's ``meta.json`` is a
-    user's file too (a recipe), and must not be rewritten with the resolved config."""
-    unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()]
+    user's file too (a recipe), and must not be rewritten with the resolved config. So is a symbolic link,
+    whatever its name: sanlab makes none, and training would write (or prune) through it, outside the run."""
+    unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()
+               or (Path(run_dir) / n).is_symlink()]
     meta = RunLayout(run_dir).meta
     if meta.name in unknown:  # a run whose meta.json was damaged: say that, not "not a run directory"
         read_json(meta, remedy=f"sanlab cannot tell whether {run_dir} is its run (meta.json says so): restore the "
