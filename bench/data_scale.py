@@ -140,6 +140,38 @@ def first_update_after_resume(config: Path, run_dir: Path, env: dict, overrides:
         proc.wait()
 
 
+# What this script writes under --work: the corpus, its configs, a data cache and runs (``run-<config>``)
+WORK_FILES = {"corpus.json", *(f"{stem}.{side}" for stem in ("train", "valid", "head") for side in ("en", "de")),
+              "train.en.tmp", "train.de.tmp", "big.yaml", "multi30k.yaml", "head.yaml", "cache"}
+WORK_RUNS = {"run-big", "run-multi30k", "run-head", "run-ddp"}
+
+
+def foreign_in_work(work: Path) -> list[str]:
+    """What ``work`` holds that this script did not write, relative to it: it replaces its corpus files and
+    deletes its cache and runs whole, so a directory of the user's (their own ``train.en``, a ``cache/``) must
+    be refused, not measured in."""
+    from sanlab.training.rundir import foreign_entries, is_run
+
+    if not work.is_dir():
+        return []
+    # corpus files are ours beside corpus.json, or a killed generation's .tmp; else they may be the user's corpus
+    ours = WORK_FILES if any((work / n).is_file() for n in ("corpus.json", "train.en.tmp", "train.de.tmp")) \
+        else WORK_FILES - {f"{stem}.{side}" for stem in ("train", "valid", "head") for side in ("en", "de")}
+    foreign = []
+    for entry in sorted(work.iterdir()):
+        if entry.name == "cache" and entry.is_dir() and not entry.is_symlink():  # sanlab's entries, locks, builds
+            foreign += [f"cache/{n}" for n in sorted(os.listdir(entry))
+                        if not re.fullmatch(r"\.?(corpus|subword)-[0-9a-f]+(\.lock|\.\d+\.tmp)?", n)]
+        elif entry.name in WORK_RUNS and entry.is_dir() and not entry.is_symlink():
+            if is_run(entry):
+                foreign += [f"{entry.name}/{n}" for n in foreign_entries(entry)]
+            else:
+                foreign += [f"{entry.name}/{n}" for n in sorted(os.listdir(entry)) if n != ".lock"]
+        elif entry.name not in ours or entry.is_symlink() or (entry.name != "cache") != entry.is_file():
+            foreign.append(entry.name)
+    return foreign
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="corpus, cache and runs go here")
@@ -152,6 +184,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     work = args.work.resolve()
+    foreign = foreign_in_work(work)
+    if foreign:  # (before anything is written or deleted there)
+        parser.error(f"--work {args.work}: holds files this script did not write ({', '.join(foreign[:8])}"
+                     f"{' ...' if len(foreign) > 8 else ''}); give a new directory, or the one of an earlier call")
     t0 = time.monotonic()
     generated = time.monotonic() - t0 if generate(work, args.pairs) else None
     big = write_config(work, "big", work / "train.en", work / "train.de")

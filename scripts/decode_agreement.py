@@ -62,18 +62,22 @@ def pass_order(names: list[str], round_: int) -> list[str]:
 
 
 def measure(run: Path, *, split: str | None = None, device: str = "auto", checkpoint: str = "best",
-            beam: int | None = None, src: str | None = None, ref: str | None = None, rounds: int = 1) -> dict:
+            beam: int | None = None, src: str | None = None, ref: str | None = None, rounds: int = 1,
+            output: str | None = None) -> dict:
     """fp32 and bf16 hypotheses of ``split``, their scores and wall times (the median of ``rounds`` passes each,
-    in alternating order), and what produced them."""
+    in alternating order), and what produced them. ``output`` (the report's file) is checked before decoding: it
+    may not be the source or references read, nor a file of a run."""
     import torch
 
     from sanlab.data.parallel import read_parallel
     from sanlab.errors import ConfigError
     from sanlab.evaluation.bleu import corpus_scores
+    from sanlab.files import check_output_file
     from sanlab.runs.trained import load_checkpoint
     from sanlab.tasks.base import task_for
     from sanlab.tasks.translation import translate
     from sanlab.training.device import DECODE_PRECISIONS, decoding_precision, environment, model_device
+    from sanlab.training.rundir import check_not_a_run_file
 
     config, model, spm, _, scored = load_checkpoint(run, checkpoint=checkpoint, device=device)
     task = task_for(config)
@@ -83,6 +87,9 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
         raise ConfigError(f"unknown split {split!r}; {run} has: {', '.join(task.splits(config))}")
     default_src, default_ref = task.split_files(config, split)
     src_path, ref_path = Path(src or default_src), Path(ref or default_ref)
+    if output is not None and Path(output).parent.is_dir():  # (a missing directory is made for it: nothing to replace)
+        check_output_file(output, inputs=(src_path, ref_path))
+    check_not_a_run_file(output, run)
     pairs = read_parallel(src_path, ref_path, keep_empty=True)  # every line, as `sanlab evaluate` scores
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     decode = config.decode.updated(n_best=1, beam=beam)
@@ -187,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         found = measure(Path(args.run), split=args.split, device=args.device, checkpoint=args.checkpoint,
-                        beam=args.beam, src=args.src, ref=args.ref, rounds=args.rounds)
+                        beam=args.beam, src=args.src, ref=args.ref, rounds=args.rounds,
+                        output=args.output)
     except SanlabError as err:
         print(f"decode_agreement: error: {err}", file=sys.stderr)
         return 2

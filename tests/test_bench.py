@@ -322,6 +322,34 @@ def test_data_scale_regenerates_its_corpus_for_other_pairs(tmp_path, monkeypatch
     assert (work / "valid.de").exists() and (work / "corpus.json").exists()
 
 
+def test_data_scale_never_writes_or_deletes_in_a_work_directory_it_did_not_make(tmp_path, monkeypatch, capsys):
+    """--work naming a directory of the user's (their data, with its own cache/ and train.en): the script
+    replaced train.en and deleted cache/ whole before measuring anything."""
+    scale = _data_scale(monkeypatch, _fake_multi30k(tmp_path / "multi30k"))
+    work = tmp_path / "mine"
+    (work / "cache").mkdir(parents=True)
+    (work / "cache" / "keep.txt").write_text("the user's\n")
+    (work / "train.en").write_text("the user's corpus\n")
+    for stage in ("prepare_timings", "train_memory", "ddp_share", "write_report"):  # (nothing to measure here)
+        monkeypatch.setattr(scale, stage, lambda *args: None)
+    monkeypatch.setattr(sys, "argv", ["data_scale.py", "--work", str(work), "--pairs", "20", "--parts", "prepare",
+                                      "--out", str(tmp_path / "out.md")])
+    with pytest.raises(SystemExit) as stop:
+        scale.main()
+    assert stop.value.code == 2
+    assert f"--work {work}: holds files this script did not write (cache/keep.txt, train.en)" in capsys.readouterr().err
+    assert (work / "cache" / "keep.txt").read_text() == "the user's\n"
+    assert (work / "train.en").read_text() == "the user's corpus\n"
+    assert sorted(p.name for p in work.iterdir()) == ["cache", "train.en"]
+    ours = tmp_path / "ours"  # an earlier call's directory is measured in again
+    scale.generate(ours, 20)
+    (ours / "cache" / "corpus-0123456789abcdef0123").mkdir(parents=True)
+    (ours / "cache" / "corpus-0123456789abcdef0123.lock").touch()
+    (ours / "run-big").mkdir()
+    (ours / "run-big" / ".lock").touch()
+    assert scale.foreign_in_work(ours) == []
+
+
 @pytest.mark.slow  # two `sanlab prepare` calls on a tiny corpus
 def test_data_scale_reads_the_encoding_time_and_tells_a_cached_corpus_apart(tmp_path, monkeypatch):
     """Its regex looked for "process(es), N s", which prepare's log never says; and "re-encoded anything" tested

@@ -108,6 +108,34 @@ variants:
     assert cell.config.data.test["test"].src == str(tmp_path / "runs" / "data" / "test.src")
 
 
+def test_synthetic_data_never_replaces_a_users_corpus_in_runs_dir_data(tmp_path):
+    """`runs_dir: .` in a project whose data/ holds the user's train.src: the grid wrote its synthetic corpus
+    over it. A file there that is not the grid's own is an error; the grid's own (a start killed before
+    synthetic.json) is kept."""
+    from sanlab.experiments.cells import prepare_synthetic
+
+    grid = load_grid(write(tmp_path / "g.yaml", f"""\
+base: {ROOT / "configs" / "multi30k-en-de-transformer.yaml"}
+synthetic: {{task: translation, sizes: {{train: 10, valid: 5, test: 5}}}}
+seeds: [1]
+variants:
+  - {{name: a}}
+"""), runs_dir=tmp_path / "project")
+    data = tmp_path / "project" / "data"
+    data.mkdir(parents=True)
+    (data / "train.src").write_text("the user's corpus\n")
+    with pytest.raises(ConfigError, match=r"data/train.src: exists and is not the grid's synthetic corpus"):
+        prepare_synthetic(grid)
+    assert (data / "train.src").read_text() == "the user's corpus\n"
+    assert sorted(p.name for p in data.iterdir()) == ["train.src"]
+    (data / "train.src").unlink()
+    prepare_synthetic(grid)
+    made = {p.name: p.read_bytes() for p in data.iterdir()}
+    (data / "synthetic.json").unlink()  # killed before the stamp: the same corpus again, accepted
+    prepare_synthetic(grid)
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == made
+
+
 def test_other_grid_mistakes_are_named(tmp_path):
     write(tmp_path / "tagger.yaml", TAGGER)
     head = "base: tagger.yaml\nseeds: [1]\n"

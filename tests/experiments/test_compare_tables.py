@@ -409,3 +409,22 @@ def test_a_left_out_cell_that_does_not_record_its_machine_says_so(tmp_path):
     base = build_section(grid, dataset=None, results=results, references=None).rows[0]
     assert base.speed_seeds == (1, 2)
     assert base.speed_left_out == ("seed 3: 1 job x 1 thread (machine not recorded)",)
+
+
+def test_the_tables_never_replace_a_users_files_in_runs_dir(tmp_path):
+    """`runs_dir: .` in a project with its own table.csv: compare wrote its table over it. Tables sanlab wrote
+    (beside their table.json) are replaced as before."""
+    from sanlab.errors import ConfigError
+    from sanlab.experiments.tables import write_report
+
+    report = Report(title="t", header={"grid": "g"}, sections=())
+    (tmp_path / "table.csv").write_text("the user's,table\n")
+    with pytest.raises(ConfigError, match=r"table.csv: not a table sanlab wrote \(no table.json of its report\)"):
+        write_report(report, tmp_path)
+    assert (tmp_path / "table.csv").read_text() == "the user's,table\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.csv"]
+    (tmp_path / "table.csv").unlink()
+    write_report(report, tmp_path)
+    assert json.loads((tmp_path / "table.json").read_text())["title"] == "t"
+    write_report(replace(report, title="again"), tmp_path)  # its own tables: replaced
+    assert json.loads((tmp_path / "table.json").read_text())["title"] == "again"

@@ -46,6 +46,19 @@ def test_a_file_of_the_run_is_never_the_output(command, capsys, own):
     assert open(before, "rb").read() == kept
 
 
+@pytest.mark.parametrize("own", ["config.yaml", "meta.json", "checkpoints/latest.json"])
+def test_a_file_of_another_run_is_never_the_output(command, capsys, own):
+    """The run decoding is not the only one whose files an output could replace: the other legacy run's are
+    refused as well."""
+    name, run, source = command
+    other = "tagging" if run == "translation" else "translation"
+    before = os.path.join(other, own)
+    kept = open(before, "rb").read()
+    code, _, err = _run([name, "--run", run, "--input", str(source), "--output", before], capsys)
+    assert code == 2 and f"is the run's own (" in err and f"/{other}), which the output would replace" in err
+    assert open(before, "rb").read() == kept
+
+
 def test_other_names_in_the_run_directory_are_the_users(command, capsys):
     name, run, source = command
     code, _, _ = _run([name, "--run", run, "--input", str(source), "--output", os.path.join(run, "mine.txt")], capsys)

@@ -222,6 +222,16 @@ def test_the_agreement_script_end_to_end(legacy, tmp_path, capsys):
     assert names(Path("translation")) == names(FIXTURE / "translation")  # it wrote nothing into the run
 
 
+@pytest.mark.parametrize("output", ["translation/config.yaml", "data/translation/test.tgt"])
+def test_the_agreement_report_never_replaces_a_runs_file_or_its_input(legacy, capsys, output):
+    """--output naming the run's config or the references it scores against: the report was written over it."""
+    kept = Path(output).read_bytes()
+    assert _script().main(["--run", "translation", "--device", "cpu", "--output", output]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {output}: " in err and "which the output would replace" in err
+    assert Path(output).read_bytes() == kept
+
+
 def test_the_agreement_script_refuses_a_tagging_run_and_an_unknown_split(legacy, capsys):
     script = _script()
     assert script.main(["--run", "tagging", "--device", "cpu"]) == 2

@@ -54,6 +54,21 @@ def test_the_current_directory_its_parents_and_a_repository_are_never_runs(tmp_p
     assert not (project / "sub" / ".lock").exists() and not (repo / ".lock").exists()
 
 
+@pytest.mark.parametrize("name", ["train.log", "subword.model", "subword-tgt.model"])
+def test_a_symbolic_link_in_a_new_run_is_refused_and_its_target_never_written(tmp_path, tiny_translation, name):
+    """sanlab makes no links in a run directory: one named like a run's file (a user's own subword model linked in)
+    would have its target, outside the run, appended to or replaced by what training writes there."""
+    mine = tmp_path / "mine.model"
+    mine.write_text("the user's own file\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(mine)
+    with pytest.raises(ConfigError, match=rf"run: not a sanlab run directory and not empty \(holds {name}\)"):
+        train_run(tiny_translation(max_steps=1), run, quiet=True)
+    assert mine.read_text() == "the user's own file\n"
+    assert (run / name).is_symlink()
+
+
 def test_a_recipe_named_config_yaml_is_never_rewritten(tmp_path, tiny_translation, monkeypatch, capsys):
     """`sanlab train config.yaml --run .` in the recipe's directory, or `--run` naming that directory."""
     recipes = tmp_path / "recipes"

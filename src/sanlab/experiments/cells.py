@@ -55,14 +55,30 @@ def check_synthetic(grid: Grid) -> bool:
 
 
 def prepare_synthetic(grid: Grid) -> None:
-    """Write the grid's synthetic corpus into ``<runs_dir>/data`` unless it is already there."""
+    """Write the grid's synthetic corpus into ``<runs_dir>/data`` unless it is already there. It is generated
+    aside first: a file already there that differs from the grid's own (a user's ``train.src``, with
+    ``runs_dir: .``) is an error, never written over; the same file (a start killed before ``synthetic.json``)
+    is fine."""
+    import filecmp
+    import shutil
+    import tempfile
+
     spec = grid.spec.synthetic
     if spec is None or check_synthetic(grid):
         return
     data = grid.runs_dir / "data"
     stamp, wanted = data / "synthetic.json", spec.model_dump()
     task = synthetic_task(spec, origin=grid.path)
-    task.write_synthetic(data, seed=spec.seed, sizes={s: spec.sizes[s] for s in task.synthetic_splits})
+    data.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=data, prefix=".synthetic-", suffix=".tmp") as tmp:
+        fresh = Path(tmp)
+        task.write_synthetic(fresh, seed=spec.seed, sizes={s: spec.sizes[s] for s in task.synthetic_splits})
+        for f in sorted(fresh.iterdir()):  # every file checked before any is moved in
+            if (data / f.name).exists() and not filecmp.cmp(data / f.name, f, shallow=False):
+                raise ConfigError(f"{grid.path}: {data / f.name}: exists and is not the grid's synthetic corpus; "
+                                  "refusing to replace it: move it away, or choose another runs_dir")
+        for f in fresh.iterdir():
+            os.replace(f, data / f.name)
     write_json(stamp, wanted)
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sanlab.files import write_text
+from sanlab.errors import ConfigError
+from sanlab.files import read_json, write_text
 
 # A paper's own Δ smaller than this (in points of BLEU or accuracy) is read as no effect: there is no
 # sign for ours to agree or disagree with (e.g. Dufter's +Temp, +0.09 on the UD mean).
@@ -324,10 +326,21 @@ def report_dict(report: Report) -> dict:
 
 
 def write_report(report: Report, out_dir: Path) -> dict[str, Path]:
-    """``table.md``, ``table.csv`` and ``table.json`` in ``out_dir``; returns their paths."""
+    """``table.md``, ``table.csv`` and ``table.json`` in ``out_dir``; returns their paths. ``out_dir`` is a grid's
+    runs_dir, which may be any directory (``runs_dir: .``): tables already there are replaced only beside the
+    ``table.json`` of a report (written first, so sanlab's own tables are never without it)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out_dir / "table.md", "csv": out_dir / "table.csv", "json": out_dir / "table.json"}
+    paths = {"json": out_dir / "table.json", "md": out_dir / "table.md", "csv": out_dir / "table.csv"}
+    try:
+        previous = read_json(paths["json"])
+    except ConfigError:  # not JSON: not a report's
+        previous = {}
+    if previous is None or not {"title", "header", "sections"} <= previous.keys():
+        theirs = [p for p in paths.values() if os.path.lexists(p)]
+        if theirs:
+            raise ConfigError(f"{theirs[0]}: not a table sanlab wrote (no table.json of its report); refusing to "
+                              f"replace it with the grid's table: move it away, or choose another runs_dir")
     texts = {"md": render_markdown(report), "csv": render_csv(report),
              "json": json.dumps(report_dict(report), indent=2, ensure_ascii=False) + "\n"}
     for kind, path in paths.items():  # an interrupted rewrite never leaves half a committed table

@@ -109,8 +109,10 @@ def check_location(run_dir: Path) -> None:
 def check_new_run(run_dir: Path) -> None:
     """A new run goes into a new or empty directory, or one holding only what sanlab wrote (e.g. the log of
     a start that failed); never among a user's files. A ``config.yaml`` without a run's ``meta.json`` is a
-    user's file too (a recipe), and must not be rewritten with the resolved config."""
-    unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()]
+    user's file too (a recipe), and must not be rewritten with the resolved config. So is a symbolic link,
+    whatever its name: sanlab makes none, and training would write (or prune) through it, outside the run."""
+    unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()
+               or (Path(run_dir) / n).is_symlink()]
     meta = RunLayout(run_dir).meta
     if meta.name in unknown:  # a run whose meta.json was damaged: say that, not "not a run directory"
         read_json(meta, remedy=f"sanlab cannot tell whether {run_dir} is its run (meta.json says so): restore the "
@@ -211,14 +213,16 @@ def run_lock(run_dir: Path):
 
 def check_not_a_run_file(path: Path | str | None, run_dir: Path, *, flag: str = "--output") -> None:
     """Refuse an output file that is one of the run's own (``tagger-vocab.json``, ``hyp-best-test.txt``, a file
-    in ``checkpoints/``): a command writing there would replace what the run reads back. Other names inside
-    the run directory are the user's to choose."""
+    in ``checkpoints/``), or one of any other run's that holds it: a command writing there would replace what
+    that run reads back. Other names inside a run directory are the user's to choose."""
     if path is None:
         return
     real, root = Path(os.path.realpath(path)), Path(os.path.realpath(run_dir))
-    if root not in real.parents:
-        return
-    first = real.relative_to(root).parts[0]
-    if is_known(first) or first == LOCK_FILE:
-        raise ConfigError(f"{flag} {path}: {first} is the run's own ({run_dir}), which the output would replace; "
-                          "write the output to another file")
+    for owner in real.parents:  # (the run decoding, or another run the output was misdirected into)
+        if owner != root and not is_run(owner):
+            continue
+        first = real.relative_to(owner).parts[0]
+        if is_known(first) or first == LOCK_FILE:
+            shown = run_dir if owner == root else owner
+            raise ConfigError(f"{flag} {path}: {first} is the run's own ({shown}), which the output would replace; "
+                              "write the output to another file")
