@@ -617,3 +617,18 @@ def test_more_processes_than_an_epochs_batches_is_refused_and_a_new_run_is_taken
     said = "epoch 0 has 2 batch(es), fewer than the 3 processes: use fewer processes or smaller batches"
     assert err.count(said) == 1 and f"sanlab train: error: {said}" in err and "Traceback" not in err, err
     assert not run.exists()
+
+
+def test_a_launch_leaves_nothing_in_the_temporary_directory(tmp_path, tiny_translation, monkeypatch):
+    """torchrun's log directory (its workers' error files) went to a /tmp/torchelastic_* of its own, which it never
+    removes: every `sanlab train --nproc` left one. It is now inside the launch directory, removed with it."""
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # (the launcher's, cached)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1, threads=1)))
+    assert main(["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2", "--quiet"]) == 0
+    assert sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")) == []

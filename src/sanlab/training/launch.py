@@ -80,6 +80,9 @@ def launch(command: list[str]) -> int:
                     before[sig] = signal.signal(sig, forward)
         try:
             env = {**os.environ, LAUNCH_DIR_ENV: where, PARENT_ENV: str(os.getpid())}
+            # torchrun's log directory (its workers' error files), removed with this one: by default torchrun makes
+            # a /tmp/torchelastic_* of its own and leaves it behind (a user's --log-dir, PET_LOG_DIR, is kept)
+            env.setdefault("PET_LOG_DIR", str(Path(where, "torchrun")))
             child = subprocess.Popen(command, env=env, start_new_session=True)
             # a signal that came before torchrun had a pid: the handler could not send it. Only the first signal's
             # handler sends, and only once ``child`` is set; so here either it has sent (``sent``), or it ran
