@@ -601,3 +601,34 @@ def test_a_crash_of_rank_0_while_starting_is_reported_by_torchrun(tmp_path, tiny
     assert "KeyError: 'a bug on purpose'" in ranks[0][1] and "Traceback" in ranks[0][1], ranks[0][1]
     assert ranks[1][0] == 2 and ("sanlab train: error: process 0 stopped while starting: KeyError: 'a bug on "
                                  "purpose'") in ranks[1][1], ranks[1][1]
+
+
+def test_more_processes_than_an_epochs_batches_is_refused_and_a_new_run_is_taken_back(tmp_path, tiny_translation,
+                                                                                     capfd):
+    """3 processes on an epoch of 2 batches (max_tokens 900): the documented error, once, status 2. The error says to
+    use fewer processes or smaller batches, so the new run it stopped is taken back, as other failed starts are: it
+    was left with its config.yaml, and the command with smaller batches was then refused as a different config."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=2, valid_every=2, max_tokens=900, threads=1)))
+    run = tmp_path / "run"
+    capfd.readouterr()
+    assert main(["train", str(config), "--run", str(run), "--nproc", "3", "--quiet"]) == 2
+    err = capfd.readouterr().err
+    said = "epoch 0 has 2 batch(es), fewer than the 3 processes: use fewer processes or smaller batches"
+    assert err.count(said) == 1 and f"sanlab train: error: {said}" in err and "Traceback" not in err, err
+    assert not run.exists()
+
+
+def test_a_launch_leaves_nothing_in_the_temporary_directory(tmp_path, tiny_translation, monkeypatch):
+    """torchrun's log directory (its workers' error files) went to a /tmp/torchelastic_* of its own, which it never
+    removes: every `sanlab train --nproc` left one. It is now inside the launch directory, removed with it."""
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # (the launcher's, cached)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1, threads=1)))
+    assert main(["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2", "--quiet"]) == 0
+    assert sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")) == []

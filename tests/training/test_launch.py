@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,7 @@ def _launch(tmp_path, action: str = "") -> subprocess.Popen:
     recipe = tmp_path / "c.yaml"
     recipe.write_text("task: tagging\ndata: {train: a, dev: b}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    env["TMPDIR"] = str(tmp_path)  # the launch directory: a launcher killed here leaves it (not in /tmp)
     return subprocess.Popen([sys.executable, "-c", LAUNCHER, str(stub), "train", str(recipe), "--run",
                              str(tmp_path / "run"), "--nproc", "2"], stderr=subprocess.PIPE, text=True,
                             env={**env, "STUB_OUT": str(tmp_path)})
@@ -87,6 +89,60 @@ def test_torchrun_dies_with_its_launcher(tmp_path):
     launcher.kill()
     launcher.communicate(timeout=120)
     assert _wait_for(tmp_path / "signal", launcher) == "SIGTERM"
+
+
+# torchrun's process as the launcher runs it (``_torchrun_main``), torch's launcher replaced by a wait for a signal,
+# which it turns into a SignalException as torch's does
+TORCHRUN_MAIN = """
+import os, signal, sys, time
+from pathlib import Path
+import torch.distributed.run
+from torch.distributed.elastic.multiprocessing import SignalException
+from sanlab.training import launch
+
+def waits(argv):
+    def stop(signum, frame):
+        raise SignalException("stopped", sigval=signal.Signals(signum))
+    signal.signal(signal.SIGTERM, stop)
+    Path(os.environ["STUB_OUT"], "session").write_text(f"{os.getpid()} {os.getsid(0)}")
+    time.sleep(120)
+torch.distributed.run.main = waits
+sys.exit(launch._torchrun_main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # the launcher and torchrun's process (which imports torch)
+def test_a_killed_launchers_directory_is_removed_by_torchruns_process(tmp_path):
+    """The launcher killed outright cannot remove its launch directory (/tmp/sanlab-launch-*): one was left behind
+    by every OOM-killed launch. torchrun's process, ended by the launcher's death, removes it."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    stub = tmp_path / "torchrun_main.py"
+    stub.write_text(TORCHRUN_MAIN)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    (tmp_path / "c.yaml").write_text("task: tagging\ndata: {train: a, dev: b}\n")
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(stub), "train", str(tmp_path / "c.yaml"),
+                                 "--run", str(tmp_path / "run"), "--nproc", "2"], stderr=subprocess.PIPE, text=True,
+                                env={**env, "STUB_OUT": str(tmp_path), "TMPDIR": str(temp)})
+    pid = int(_wait_for(tmp_path / "session", launcher).split()[0])
+    assert [p.name.startswith("sanlab-launch-") for p in temp.iterdir()] == [True]
+    launcher.kill()
+    launcher.communicate(timeout=120)
+    deadline = time.monotonic() + 120
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert list(temp.iterdir()) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"  # (a zombie has ended)
 
 
 @pytest.mark.slow  # the launcher and its stub torchrun

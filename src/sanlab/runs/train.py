@@ -97,6 +97,8 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
             if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
                 torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
             trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
+            if dist.enabled and not start.resuming:  # (every process; a new run told to use fewer processes or
+                trainer.check_batches(0)  # smaller batches must not be left behind)
         except SanlabError:  # bad data or settings found at the start, a full GPU: no half-made run is left behind
             if start.new and dist.is_main:
                 log.close()

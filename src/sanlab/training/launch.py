@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,9 @@ def launch(command: list[str]) -> int:
                     before[sig] = signal.signal(sig, forward)
         try:
             env = {**os.environ, LAUNCH_DIR_ENV: where, PARENT_ENV: str(os.getpid())}
+            # torchrun's log directory (its workers' error files), removed with this one: by default torchrun makes
+            # a /tmp/torchelastic_* of its own and leaves it behind (a user's --log-dir, PET_LOG_DIR, is kept)
+            env.setdefault("PET_LOG_DIR", str(Path(where, "torchrun")))
             child = subprocess.Popen(command, env=env, start_new_session=True)
             # a signal that came before torchrun had a pid: the handler could not send it. Only the first signal's
             # handler sends, and only once ``child`` is set; so here either it has sent (``sent``), or it ran
@@ -200,8 +204,28 @@ def _torchrun_main(argv: list[str]) -> int:
             return 2  # the launcher prints the message
         raise
     except SignalException as err:
+        if where is not None and PARENT_ENV in os.environ:
+            _remove_if_orphaned(where, int(os.environ[PARENT_ENV]))
         return 128 + int(err.sigval)
     return 0
+
+
+def _remove_if_orphaned(where: Path, parent: int, wait_s: float = 2.0) -> None:
+    """Remove the launch directory ``where`` once the launcher ``parent`` is gone: killed outright (the OOM killer,
+    ``kill -9``), it left the directory in /tmp, and its death is the SIGTERM that stopped torchrun here. A signal the
+    launcher forwarded (it wrote SIGNAL_FILE first) leaves the directory to the launcher, which lives on. The kernel
+    may signal before this process is handed to its new parent, and again once it is (a launcher with threads): the
+    second is ignored while this waits ``wait_s`` for that (torchrun's handler would raise it here)."""
+    if (where / SIGNAL_FILE).exists():
+        return
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return  # (someone else's signal, the launcher alive: it removes the directory)
+        time.sleep(0.02)
+    shutil.rmtree(where, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -459,6 +459,15 @@ class Trainer:
     def _patience_exhausted(self) -> bool:
         return self.config.patience > 0 and self.progress.bad_validations >= self.config.patience
 
+    def check_batches(self, epoch: int, batches=None) -> None:
+        """Every process needs a batch of the epoch's first update: a TrainingError where ``epoch`` has fewer
+        batches than processes. (The start checks the first epoch too, where a new run's failure is taken back.)"""
+        if batches is None:
+            batches = self.task.epoch_batches(epoch)
+        if len(batches) < self.dist.world_size:
+            raise TrainingError(f"epoch {epoch} has {len(batches)} batch(es), fewer than the "
+                                f"{self.dist.world_size} processes: use fewer processes or smaller batches")
+
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
         cfg, p = self.config, self.progress
@@ -468,9 +477,7 @@ class Trainer:
             batches = self.task.epoch_batches(p.epoch)
             bar = self.log.progress_bar(total=len(batches), initial=p.position, desc=f"epoch {p.epoch}")
             per_update = cfg.accum_steps * self.dist.world_size
-            if len(batches) < self.dist.world_size:
-                raise TrainingError(f"epoch {p.epoch} has {len(batches)} batch(es), fewer than the "
-                                    f"{self.dist.world_size} processes: use fewer processes or smaller batches")
+            self.check_batches(p.epoch, batches)
             while p.position < len(batches) and not stop:
                 group = batches[p.position: p.position + per_update]
                 t0 = time.monotonic()
