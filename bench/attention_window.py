@@ -37,6 +37,7 @@ from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.parts_base import AttentionContext, KeySet
 from sanlab.attention.positions import Positions
+from report import device_argument  # bench/report.py (the script's folder is on sys.path)
 
 
 def _parse() -> argparse.Namespace:
@@ -53,7 +54,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="5 repeats, 2 warm-ups")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (CUDA adds FlexAttention and peak memory)")
     p.add_argument("--compile", action="store_true", help="add the banded plan under torch.compile (1D and 2D)")
-    return p.parse_args()
+    args = p.parse_args()
+    args.device = str(device_argument(p, args.device))  # (compared with "cpu" below)
+    return args
 
 
 def _method(name: str, part, *, block: int):

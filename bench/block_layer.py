@@ -14,7 +14,6 @@ directions' intra-block pair tensors: passes over them, what the layer's time is
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from unittest import mock
@@ -25,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from op_count import count_ops
 from sanlab.layers import block_attention
 from sanlab.layers.block_attention import BiBloSA, split_blocks
+from report import command, device_argument, machine  # bench/report.py (the script's folder is on sys.path)
 
 DIM = 512
 
@@ -76,11 +76,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
+    args.device = device_argument(parser, args.device)
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    print(f"- machine: {platform.processor() or platform.machine()}, {args.threads} threads, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-          + f"; torch {torch.__version__}; {args.precision}; rounds {args.rounds} x {args.repeats} repeats\n")
+    device = args.device
+    print(f"- command: `{command('block_layer.py')}`\n- machine: {machine(device)}, {args.threads} threads, device {device}"
+          + f"; {args.precision}; rounds {args.rounds} x {args.repeats} repeats\n")
     print("| B, I, r | path | ms (median) | speed vs reference | ops | passes over the pair tensors |")
     print("|---|---|---:|---:|---:|---:|")
     for b, i, r in args.shape or [(40, 40, 5)]:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from grid_speed import add_grid_arguments, bench_cells, provenance, refuse_unknown_variants
 from op_count import accelerator_paths, count_ops
+from report import check_out, device_argument, write_out
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
 from sanlab.training.device import deterministic_algorithms
@@ -282,10 +283,12 @@ def main() -> None:
     p.add_argument("--profile-updates", type=int, default=3)
     p.add_argument("--profile-trace", action="store_true", help="with --profile: each row's Chrome trace, gzipped")
     args = p.parse_args()
+    check_out(p, args.out, "gpu.py")
+    args.device = device_argument(p, args.device)
     if args.quick:
         args.tokens, args.length, args.rounds, args.updates, args.warmup = 64, 8, 2, 1, 0
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = args.device
     grid = load_grid(args.grid, overrides=args.set)
     cells = bench_cells(grid, args)
     refuse_unknown_variants(grid, "--compile", args.compile)
@@ -316,8 +319,7 @@ def main() -> None:
                  *(["", "Rows that could not be built (not timed):", *(f"- {f}" for f in failed)] if failed else [])]
         print("\n".join(lines), flush=True)
         if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+            write_out(args.out, "\n".join(lines) + "\n")  # whole, though rewritten after every round
 
     measure(runners, rounds=args.rounds, updates=args.updates, warmup=args.warmup, device=device,
             after_round=report)

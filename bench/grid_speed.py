@@ -18,7 +18,6 @@ Run it alone on the machine (docs/performance.md).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from sanlab.models.builders import count_parameters
 from sanlab.runs import make_task
 from sanlab.training.logging import SilentLogger
 from sanlab.training.loop import Trainer
+from report import check_out, machine, write_out  # bench/report.py (the script's folder is on sys.path)
 
 
 @dataclass
@@ -119,8 +119,7 @@ def bench_cells(grid: Grid, args: argparse.Namespace) -> list[Cell]:
 def provenance(script: str, grid: Grid, args: argparse.Namespace, cells: list[Cell], measured: str) -> list[str]:
     """The lines under a bench table's title: command, machine, date, what was measured, grid."""
     return [f"- command: `python bench/{script} {' '.join(sys.argv[1:])}`",
-            f"- machine: {platform.system()} {platform.machine()}, {torch.get_num_threads()} torch thread(s), "
-            f"torch {torch.__version__}, python {platform.python_version()}",
+            f"- machine: {machine(getattr(args, 'device', None))}, {torch.get_num_threads()} torch thread(s)",
             f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}",
             f"- measured: {measured}",
             f"- grid: {grid.path}" + (f" (dataset {cells[0].dataset})" if cells[0].dataset else "")
@@ -151,6 +150,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed updates per variant first")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args()
+    check_out(p, args.out, "grid_speed.py")
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="grid-speed-") as tmp:
@@ -180,7 +180,7 @@ def main() -> None:
     text = "\n".join(header + table(contenders, grid.baseline)) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_out(args.out, text)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import torch
 
 import sanlab.decoding.search as current
 import sanlab.tasks.translation as translation
+from report import check_out, machine, write_out
 from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--input", type=Path, help="source sentences, one per line, .gz or not (with --run)")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args()
+    check_out(parser, args.out, "search_versions.py")
     if (args.run is None) != (args.input is None):
         parser.error("--run and --input go together")
     torch.set_num_threads(args.threads)
@@ -119,8 +120,7 @@ def main() -> None:
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"## Beam search: this checkout ({revision}, working tree) vs {args.against}", "",
              f"- command: `python bench/search_versions.py {' '.join(sys.argv[1:])}`",
-             f"- machine: {platform.system()} {platform.machine()}, {torch.get_num_threads()} torch thread(s), "
-             f"torch {torch.__version__}, python {platform.python_version()}",
+             f"- machine: {machine()}, {torch.get_num_threads()} torch thread(s)",
              f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}", ""]
     with torch.no_grad():
         work = {name: bookkeeping(s, sentences=args.sentences, beam=args.beam, vocab=args.vocab, length=args.length)
@@ -137,7 +137,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if args.out:
-        args.out.write_text(report + "\n", encoding="utf-8")
+        write_out(args.out, report + "\n")
 
 
 if __name__ == "__main__":

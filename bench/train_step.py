@@ -20,6 +20,7 @@ from torch import nn
 
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.models.builders import build_seq2seq
+from report import device_argument  # bench/report.py (the script's folder is on sys.path)
 
 D, HEADS, LAYERS, FFN, VOCAB = 256, 4, 3, 1024, 8000
 
@@ -66,9 +67,10 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = p.parse_args()
+    args.device = device_argument(p, args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = torch.device(args.device)
+    device = args.device
     src = torch.randint(4, VOCAB, (args.batch, args.length), device=device)
     tgt = torch.randint(4, VOCAB, (args.batch, args.length + 1), device=device)
     models = {"nn.Transformer": TorchTransformer().to(device), "sanlab Seq2Seq": ours().to(device)}

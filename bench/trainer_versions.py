@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from sanlab.config import load_config
 from sanlab.runs import make_task
 from sanlab.training import loop as current
 from sanlab.training.logging import SilentLogger
+from report import check_out, machine, write_out
 from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
@@ -50,7 +50,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--updates", type=int, default=10, help="timed updates per version and round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--out", help="also write the Markdown report here")
-    return p.parse_args()
+    args = p.parse_args()
+    check_out(p, args.out, "trainer_versions.py")
+    return args
 
 
 def main() -> int:
@@ -89,7 +91,7 @@ def main() -> int:
     lines = [
         f"# Training update: this checkout against {args.against} ({datetime.now().astimezone():%Y-%m-%d})", "",
         f"Command: `python bench/trainer_versions.py {' '.join(sys.argv[1:])}`", "",
-        f"Machine: {platform.system()} {platform.machine()}, torch {torch.__version__}, {args.threads} threads; "
+        f"Machine: {machine()}, {args.threads} threads; "
         f"{args.rounds} rounds of {args.updates} updates of `{args.config}` on its epoch-0 batches, the two "
         "versions alternating first.", "",
         "| training/loop.py | updates/s | speed ratio |", "|---|---:|---:|",
@@ -102,7 +104,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_out(args.out, text)
     return 0 if all(identical) else 1
 
 
