@@ -37,7 +37,7 @@ from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.parts_base import AttentionContext, KeySet
 from sanlab.attention.positions import Positions
-from report import device_argument  # bench/report.py (the script's folder is on sys.path)
+from report import command, device_argument, machine  # bench/report.py (the script's folder is on sys.path)
 
 
 def _parse() -> argparse.Namespace:
@@ -198,6 +198,7 @@ def _peak_mib(run, tensors, positions) -> float:
 def main() -> None:
     args = _parse()
     torch.set_num_threads(args.threads)
+    print(f"- command: `{command('attention_window.py')}`\n- machine: {machine(torch.device(args.device))}")
     print(f"forward+backward, B={args.batch} H={args.heads} D={args.head_dim} M={args.size} N={args.area} "
           f"block={args.block} threads={args.threads} torch={torch.__version__} "
           f"repeats={5 if args.quick else args.repeats}; median ms (ratio to dense of the same window; "

@@ -20,7 +20,7 @@ from torch import nn
 
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.models.builders import build_seq2seq
-from report import device_argument  # bench/report.py (the script's folder is on sys.path)
+from report import command, device_argument, machine  # bench/report.py (the script's folder is on sys.path)
 
 D, HEADS, LAYERS, FFN, VOCAB = 256, 4, 3, 1024, 8000
 
@@ -88,6 +88,7 @@ def main() -> None:
     tokens = args.batch * args.length
     ref = statistics.median(times["nn.Transformer"])
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"threads {args.threads}"
+    print(f"- command: `{command('train_step.py')}`\n- machine: {machine(device)}")
     print(f"{where}, {args.precision}, torch {torch.__version__}, {tokens} target tokens per update, "
           f"{args.repeats} repeats (medians)")
     print("| model | ms / update | target tokens / s | time vs nn.Transformer |\n|---|---|---|---|")

@@ -127,6 +127,19 @@ def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_b
     ops = {" ".join(r[1:3]): int(r[5]) for r in rows}
     assert ops["global sdpa"] < ops["1D sdpa+mask"] < ops["1D banded"]  # a fused kernel, then masks, then the spans
     assert "global sdpa / fastest 1D window plan:" in done.stdout
+    # what the numbers are of: the command again, the CPU's model, torch and python (it said torch alone)
+    assert "- command: `python bench/attention_window.py --quick --threads 1 --lengths 24" in done.stdout
+    assert re.search(r"- machine: CPU .+ \(\d+ cores\), .*torch .+, python \d", done.stdout)
+
+
+@pytest.mark.slow  # two models, one update each, twice over
+def test_train_step_bench_says_its_command_and_machine_and_the_ratio_to_nn_transformer():
+    done = _bench("train_step.py", "--threads", "1", "--repeats", "1", "--batch", "2", "--length", "6")
+    assert done.returncode == 0, done.stderr
+    assert "- command: `python bench/train_step.py --threads 1 --repeats 1 --batch 2 --length 6`" in done.stdout
+    assert re.search(r"- machine: CPU .+ \(\d+ cores\), .*torch .+, python \d", done.stdout)
+    rows = [line.strip("| ").split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["nn.Transformer", "sanlab Seq2Seq"] and rows[0][3] == "1.00"
 
 
 @pytest.mark.slow
