@@ -291,6 +291,8 @@ def main() -> None:
     device = args.device
     grid = load_grid(args.grid, overrides=args.set)
     cells = bench_cells(grid, args)
+    if cells[0].config.task != "translation":  # (its batch and FLOPs are a Seq2Seq model's)
+        p.error(f"{args.grid}: the GPU bench times translation models, this grid is {cells[0].config.task}")
     refuse_unknown_variants(grid, "--compile", args.compile)
     refuse_unknown_variants(grid, "--deterministic", args.deterministic)
     vocab = cells[0].config.data.subword.vocab_size

@@ -424,3 +424,12 @@ def test_bench_reports_name_the_cpu_model_and_are_written_whole(tmp_path, monkey
     out = tmp_path / "sub" / "table.md"
     report.write_out(out, "| a |\n")
     assert out.read_text() == "| a |\n" and [p.name for p in out.parent.iterdir()] == ["table.md"]  # no temp left
+
+
+@pytest.mark.slow  # the bench imports torch and reads the grid before it refuses (~5 s)
+def test_gpu_bench_refuses_a_tagging_grid():
+    """It built a translation batch from a tagging config: an AttributeError traceback (no data.subword)."""
+    done = _bench("gpu.py", "configs/compare/smoke-synthetic.yaml", "--device", "cpu", "--quick")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert ("configs/compare/smoke-synthetic.yaml: the GPU bench times translation models, this grid is tagging"
+            in done.stderr)
