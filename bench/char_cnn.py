@@ -31,16 +31,16 @@ from sanlab.config import load_config
 from sanlab.runs import make_task
 from sanlab.training.logging import SilentLogger
 from sanlab.training.loop import Trainer
-from report import check_out, machine, write_out  # bench/report.py (the script's folder is on sys.path)
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", help="a tagging recipe, e.g. configs/ud-ewt-tagger.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--updates", type=int, default=20, help="updates per variant per round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--updates", type=whole_number, default=20, help="updates per variant per round")
+    p.add_argument("--rounds", type=whole_number, default=3)
     p.add_argument("--out", help="also write the Markdown table here")
     args = p.parse_args()
     check_out(p, args.out, "char_cnn.py")
@@ -113,4 +113,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

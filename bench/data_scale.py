@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece
 
-from report import check_out, machine, write_out  # bench/report.py (the script's folder is on sys.path)
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("SANLAB_SHARED_DATA", ROOT.parent / "shared" / "data")) / "multi30k"
@@ -143,8 +143,8 @@ def first_update_after_resume(config: Path, run_dir: Path, env: dict, overrides:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="corpus, cache and runs go here")
-    parser.add_argument("--pairs", type=int, default=4_500_000)
-    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--pairs", type=whole_number, default=4_500_000)
+    parser.add_argument("--updates", type=whole_number, default=200)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--parts", default="prepare,train,ddp",
                         help="which measurements: prepare (timings, cache size), train (peak RSS, resume), ddp")
@@ -242,4 +242,4 @@ def write_report(args, rows: dict, generated: float | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

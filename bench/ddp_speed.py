@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from sanlab.training.logging import read_metrics
-from report import check_out, machine, write_out  # bench/report.py (the script's folder is on sys.path)
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, updates: int) -> dict:
@@ -37,8 +37,8 @@ def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path("configs/multi30k-en-de-transformer.yaml"))
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--processes", type=whole_number, default=2)
+    parser.add_argument("--updates", type=whole_number, default=40)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     check_out(parser, args.out, "ddp_speed.py")
@@ -70,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

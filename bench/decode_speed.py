@@ -45,7 +45,7 @@ import torch
 import sanlab.decoding.search as search
 from grid_speed import add_grid_arguments, bench_cells, provenance
 from op_count import count_ops
-from report import check_out, device_argument, write_out
+from report import check_out, device_argument, run_main, whole_number, write_out
 from sanlab.attention import Attention
 from sanlab.data.batching import pad_batch
 from sanlab.experiments.cells import prepare_synthetic
@@ -165,11 +165,12 @@ def main() -> None:
                    help="also time this variant recomputing its decoder self-attention prefix at every step")
     p.add_argument("--reorder-whole", action="append", default=[], metavar="VARIANT",
                    help="also time this variant with the whole cache, source side included, copied after every step")
-    p.add_argument("--sentences", type=int, default=40, help="validation sentences decoded per variant and round")
-    p.add_argument("--batch", type=int, default=20, help="sentences per beam-search batch")
+    p.add_argument("--sentences", type=whole_number, default=40,
+                   help="validation sentences decoded per variant and round")
+    p.add_argument("--batch", type=whole_number, default=20, help="sentences per beam-search batch")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--length", type=int, default=25, help="tokens every hypothesis decodes, EOS included")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=whole_number, default=3)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: decode under autocast")
     p.add_argument("--out", help="also write the table to this Markdown file")
@@ -239,4 +240,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from grid_speed import add_grid_arguments, bench_cells, provenance, refuse_unknown_variants
 from op_count import accelerator_paths, count_ops
-from report import check_out, device_argument, write_out
+from report import check_out, device_argument, run_main, whole_number, write_out
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
 from sanlab.training.device import deterministic_algorithms
@@ -273,14 +273,14 @@ def main() -> None:
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager/aot_eager: tests)")
     p.add_argument("--deterministic", nargs="*", metavar="VARIANT",
                    help="also time these variants (all, if none is named) under deterministic algorithms")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--updates", type=int, default=10, help="updates per variant and round")
+    p.add_argument("--rounds", type=whole_number, default=3)
+    p.add_argument("--updates", type=whole_number, default=10, help="updates per variant and round")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, help="the device's peak for --precision (default: from a table)")
     p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny batch, 2 rounds of 1 update")
     p.add_argument("--out", help="also write the table to this Markdown file")
     p.add_argument("--profile", type=Path, metavar="DIR", help="then profile each row: DIR/profile.md (see above)")
-    p.add_argument("--profile-updates", type=int, default=3)
+    p.add_argument("--profile-updates", type=whole_number, default=3)
     p.add_argument("--profile-trace", action="store_true", help="with --profile: each row's Chrome trace, gzipped")
     args = p.parse_args()
     check_out(p, args.out, "gpu.py")
@@ -333,4 +333,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -35,7 +35,7 @@ from sanlab.models.builders import count_parameters
 from sanlab.runs import make_task
 from sanlab.training.logging import SilentLogger
 from sanlab.training.loop import Trainer
-from report import check_out, machine, write_out  # bench/report.py (the script's folder is on sys.path)
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 @dataclass
@@ -95,7 +95,7 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
     p.add_argument("--dataset", help="for a grid with datasets: which one (default: the first)")
     p.add_argument("--only", action="append", default=[], metavar="VARIANT", help="these variants (and the baseline)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=whole_number, default=2)
 
 
 def refuse_unknown_variants(grid: Grid, option: str, names: list[str] | None) -> None:
@@ -145,8 +145,8 @@ def table(contenders: list[Contender], baseline: str) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_grid_arguments(p)
-    p.add_argument("--updates", type=int, default=20, help="timed updates per variant and round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--updates", type=whole_number, default=20, help="timed updates per variant and round")
+    p.add_argument("--rounds", type=whole_number, default=3)
     p.add_argument("--warmup", type=int, default=2, help="untimed updates per variant first")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args()
@@ -184,4 +184,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -79,3 +79,25 @@ def write_out(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def whole_number(text: str) -> int:
+    """An argparse type for counts of rounds, repeats, updates, threads, sentences: 1 or more (zero rounds
+    measured nothing and ended in a traceback: the median of no times)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of 1 or more")
+    return value
+
+
+def run_main(main):
+    """``main()`` (what it returns), with the project's errors (a grid or config not found or invalid) as one
+    line, exit 2."""
+    try:
+        return main()
+    except SanlabError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

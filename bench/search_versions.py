@@ -35,7 +35,7 @@ import torch
 
 import sanlab.decoding.search as current
 import sanlab.tasks.translation as translation
-from report import check_out, machine, write_out
+from report import check_out, machine, run_main, whole_number, write_out
 from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
@@ -101,9 +101,9 @@ def rows(title: str, seconds: dict, outputs: dict, against: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, help="git revision whose search.py is the baseline")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--sentences", type=int, default=64, help="bookkeeping: sentences in the batch")
+    parser.add_argument("--rounds", type=whole_number, default=4)
+    parser.add_argument("--threads", type=whole_number, default=1)
+    parser.add_argument("--sentences", type=whole_number, default=64, help="bookkeeping: sentences in the batch")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--length", type=int, default=40)
@@ -141,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

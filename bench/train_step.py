@@ -20,7 +20,7 @@ from torch import nn
 
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.models.builders import build_seq2seq
-from report import command, device_argument, machine  # bench/report.py (the script's folder is on sys.path)
+from report import command, device_argument, machine, run_main, whole_number  # bench/report.py
 
 D, HEADS, LAYERS, FFN, VOCAB = 256, 4, 3, 1024, 8000
 
@@ -60,9 +60,9 @@ def step(model, opt, src, tgt_in, tgt_out, precision: str = "fp32") -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--repeats", type=whole_number, default=10)
+    p.add_argument("--batch", type=whole_number, default=128)
     p.add_argument("--length", type=int, default=30)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -98,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -32,7 +32,7 @@ from sanlab.config import load_config
 from sanlab.runs import make_task
 from sanlab.training import loop as current
 from sanlab.training.logging import SilentLogger
-from report import check_out, machine, write_out
+from report import check_out, machine, run_main, whole_number, write_out
 from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
@@ -46,9 +46,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("config", help="a translation or tagging recipe (its data must be on this machine)")
     p.add_argument("--against", required=True, help="git revision whose training/loop.py to compare with")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--updates", type=int, default=10, help="timed updates per version and round")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--updates", type=whole_number, default=10, help="timed updates per version and round")
+    p.add_argument("--rounds", type=whole_number, default=4)
     p.add_argument("--out", help="also write the Markdown report here")
     args = p.parse_args()
     check_out(p, args.out, "trainer_versions.py")
@@ -109,4 +109,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 
 from sanlab.experiments.smoke import recipes, smoke_train
-from report import check_out, command, machine, write_out  # bench/report.py (the script's folder is on sys.path)
+from report import check_out, command, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=whole_number, default=300)
     parser.add_argument("--out", type=Path, default=Path("results/variant-smoke.md"))
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=whole_number, default=1)
     parser.add_argument("--only", action="append", default=[],
                         help="a recipe to run, by its exact name (e.g. ud-ewt-muse-ff or ud-ewt-muse-ff.yaml; "
                              "repeatable); rows of the others already in --out are kept")
@@ -78,4 +78,4 @@ def _kept_rows(path: Path) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -397,7 +397,8 @@ def test_a_bench_refuses_to_write_its_table_over_a_file_it_did_not_write(tmp_pat
 
 @pytest.mark.slow  # each script imports torch first (~4 s)
 @pytest.mark.parametrize("script,args", [("train_step.py", []), ("attention_window.py", ["--quick"]),
-                                         ("block_layer.py", []), ("decode_speed.py", ["configs/compare/smoke-synthetic.yaml"]),
+                                         ("block_layer.py", []),
+                                         ("decode_speed.py", ["configs/compare/smoke-synthetic.yaml"]),
                                          ("gpu.py", ["configs/compare/csan-table1-multi30k.yaml"])])
 def test_a_bench_asked_for_cuda_without_it_says_so(script, args):
     """An AssertionError traceback ('Torch not compiled with CUDA enabled') from the first tensor moved."""
@@ -433,3 +434,26 @@ def test_gpu_bench_refuses_a_tagging_grid():
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert ("configs/compare/smoke-synthetic.yaml: the GPU bench times translation models, this grid is tagging"
             in done.stderr)
+
+
+@pytest.mark.slow  # each script imports torch first (~4 s)
+@pytest.mark.parametrize("script,args", [
+    ("grid_speed.py", ["configs/compare/smoke-synthetic.yaml", "--rounds", "0"]),
+    ("train_step.py", ["--repeats", "0"]),
+    ("block_layer.py", ["--rounds", "0"]),
+    ("search_versions.py", ["--against", "HEAD", "--rounds", "0"]),
+    ("gpu.py", ["configs/compare/csan-table1-multi30k.yaml", "--updates", "0"])])
+def test_a_bench_refuses_zero_rounds_or_repeats(script, args):
+    """Zero rounds measured nothing and ended in a traceback (statistics.median of nothing, a KeyError)."""
+    done = _bench(script, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{args[-2]}: 0 is not a whole number of 1 or more" in done.stderr
+
+
+@pytest.mark.slow  # the script imports torch first (~4 s)
+@pytest.mark.parametrize("script", ["grid_speed.py", "decode_speed.py", "gpu.py"])
+def test_a_bench_given_a_missing_grid_says_so_in_one_line(tmp_path, script):
+    done = _bench(script, str(tmp_path / "no-grid.yaml"), "--device", "cpu") if script != "grid_speed.py" else \
+        _bench(script, str(tmp_path / "no-grid.yaml"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"{script}: error: {tmp_path / 'no-grid.yaml'}: grid file not found"
