@@ -37,23 +37,26 @@ from sanlab.attention.parts.csan2d import HeadArea
 from sanlab.attention.parts.window import WindowMask
 from sanlab.attention.parts_base import AttentionContext, KeySet
 from sanlab.attention.positions import Positions
+from report import command, device_argument, machine, run_main, whole_number  # bench/report.py
 
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 512])
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=whole_number, default=8)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--size", type=int, default=11, help="window M (odd)")
     p.add_argument("--area", type=int, default=3, help="2D-CSAN heads N (odd)")
     p.add_argument("--block", type=int, default=banded.BLOCK, help="queries per block of the banded plan")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--repeats", type=whole_number, default=20)
     p.add_argument("--quick", action="store_true", help="5 repeats, 2 warm-ups")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (CUDA adds FlexAttention and peak memory)")
     p.add_argument("--compile", action="store_true", help="add the banded plan under torch.compile (1D and 2D)")
-    return p.parse_args()
+    args = p.parse_args()
+    args.device = str(device_argument(p, args.device))  # (compared with "cpu" below)
+    return args
 
 
 def _method(name: str, part, *, block: int):
@@ -195,6 +198,7 @@ def _peak_mib(run, tensors, positions) -> float:
 def main() -> None:
     args = _parse()
     torch.set_num_threads(args.threads)
+    print(f"- command: `{command('attention_window.py')}`\n- machine: {machine(torch.device(args.device))}")
     print(f"forward+backward, B={args.batch} H={args.heads} D={args.head_dim} M={args.size} N={args.area} "
           f"block={args.block} threads={args.threads} torch={torch.__version__} "
           f"repeats={5 if args.quick else args.repeats}; median ms (ratio to dense of the same window; "
@@ -224,4 +228,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,7 +14,6 @@ directions' intra-block pair tensors: passes over them, what the layer's time is
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from unittest import mock
@@ -25,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from op_count import count_ops
 from sanlab.layers import block_attention
 from sanlab.layers.block_attention import BiBloSA, split_blocks
+from report import command, device_argument, machine, run_main, whole_number  # bench/report.py
 
 DIM = 512
 
@@ -68,19 +68,19 @@ class PairPasses(TorchDispatchMode):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", nargs=3, type=int, action="append", metavar=("B", "I", "R"),
+    parser.add_argument("--shape", nargs=3, type=whole_number, action="append", metavar=("B", "I", "R"),
                         help="batch, length, block length (repeatable)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: under autocast")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=whole_number, default=2)
+    parser.add_argument("--rounds", type=whole_number, default=3)
+    parser.add_argument("--repeats", type=whole_number, default=10)
     args = parser.parse_args()
+    args.device = device_argument(parser, args.device)
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    print(f"- machine: {platform.processor() or platform.machine()}, {args.threads} threads, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-          + f"; torch {torch.__version__}; {args.precision}; rounds {args.rounds} x {args.repeats} repeats\n")
+    device = args.device
+    print(f"- command: `{command('block_layer.py')}`\n"
+          f"- machine: {machine(device)}, {args.threads} threads, device {device}; {args.precision}; rounds {args.rounds} x {args.repeats} repeats\n")
     print("| B, I, r | path | ms (median) | speed vs reference | ops | passes over the pair tensors |")
     print("|---|---|---:|---:|---:|---:|")
     for b, i, r in args.shape or [(40, 40, 5)]:
@@ -124,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,17 +31,20 @@ from sanlab.config import load_config
 from sanlab.runs import make_task
 from sanlab.training.logging import SilentLogger
 from sanlab.training.loop import Trainer
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", help="a tagging recipe, e.g. configs/ud-ewt-tagger.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--updates", type=int, default=20, help="updates per variant per round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--updates", type=whole_number, default=20, help="updates per variant per round")
+    p.add_argument("--rounds", type=whole_number, default=3)
     p.add_argument("--out", help="also write the Markdown table here")
-    return p.parse_args()
+    args = p.parse_args()
+    check_out(p, args.out, "char_cnn.py")
+    return args
 
 
 def _time(trainer: Trainer, groups: cycle, updates: int) -> float:
@@ -93,7 +95,7 @@ def main() -> int:
     lines = [
         f"# Tagger character CNN: distinct words vs every slot ({datetime.now().astimezone():%Y-%m-%d})", "",
         f"Command: `python bench/char_cnn.py {' '.join(sys.argv[1:])}`", "",
-        f"Machine: {platform.system()} {platform.machine()}, torch {torch.__version__}, {args.threads} threads; "
+        f"Machine: {machine()}, {args.threads} threads; "
         f"{args.rounds} rounds of {args.updates} updates each on the recipe's epoch-0 batches (batch "
         f"{config.train.batch_size} chunks).", "",
         "| char CNN runs on | updates/s | ratio |", "|---|---:|---:|",
@@ -106,9 +108,9 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_out(args.out, text)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

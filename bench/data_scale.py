@@ -17,7 +17,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import sentencepiece
-import torch
+
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("SANLAB_SHARED_DATA", ROOT.parent / "shared" / "data")) / "multi30k"
@@ -175,14 +175,15 @@ def foreign_in_work(work: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="corpus, cache and runs go here")
-    parser.add_argument("--pairs", type=int, default=4_500_000)
-    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--pairs", type=whole_number, default=4_500_000)
+    parser.add_argument("--updates", type=whole_number, default=200)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--parts", default="prepare,train,ddp",
                         help="which measurements: prepare (timings, cache size), train (peak RSS, resume), ddp")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    check_out(parser, args.out, "data_scale.py")
     work = args.work.resolve()
     foreign = foreign_in_work(work)
     if foreign:  # (before anything is written or deleted there)
@@ -263,8 +264,7 @@ def write_report(args, rows: dict, generated: float | None) -> None:
         "# Prepared data at WMT14 size (issue 25)", "",
         f"Command: `python bench/data_scale.py --work {args.work} --pairs {args.pairs} --updates {args.updates} "
         f"--workers {args.workers} --parts {args.parts} --out {args.out}`", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, numpy {np.__version__}, sentencepiece {sentencepiece.__version__}; "
+        f"Machine: {machine()}, numpy {np.__version__}, sentencepiece {sentencepiece.__version__}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         f"Beside it: {args.note or 'nothing else (idle machine)'}.", "",
         f"Corpus: {args.pairs:,} lines, each 1-3 random Multi30k training pairs joined ("
@@ -273,9 +273,9 @@ def write_report(args, rows: dict, generated: float | None) -> None:
         "vocabulary 8,000, max_len 100); a tiny model (dim 64, 2+2 layers, max_tokens 2,048), one thread per process.",
         "", "| measurement | value |", "|---|---|",
         *[f"| {k} | {fmt(v)} |" for k, v in rows.items()], ""]
-    args.out.write_text("\n".join(lines))
+    write_out(args.out, "\n".join(lines))
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -10,8 +10,6 @@ distorts both columns differently.
 """
 
 import argparse
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -19,9 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from sanlab.training.logging import read_metrics
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, updates: int) -> dict:
@@ -40,10 +37,11 @@ def train(config: Path, run: Path, *, processes: int, threads: int, accum: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path("configs/multi30k-en-de-transformer.yaml"))
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--processes", type=whole_number, default=2)
+    parser.add_argument("--updates", type=whole_number, default=40)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    check_out(parser, args.out, "ddp_speed.py")
     n = args.processes
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
@@ -59,8 +57,7 @@ def main() -> None:
                         "--updates", str(args.updates)] + (["--out", str(args.out)] if args.out else []))
     lines = [f"# Data-parallel training speed ({args.config.name}, {args.updates} updates of {n} batches)", "",
              f"Command: `{command}`  ",
-             f"Machine: {platform.system()} {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-             f"python {platform.python_version()}; {time.strftime('%Y-%m-%d')}", "",
+             f"Machine: {machine()}; {time.strftime('%Y-%m-%d')}", "",
              "| run | updates/s | target tokens/s | ratio (tokens/s) | wall s (incl. start-up, validation) |",
              "|---|---:|---:|---:|---:|"]
     for name, r in rows:
@@ -69,8 +66,8 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
+        write_out(args.out, text)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

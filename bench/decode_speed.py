@@ -39,13 +39,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
 import sanlab.decoding.search as search
 from grid_speed import add_grid_arguments, bench_cells, provenance
 from op_count import count_ops
+from report import check_out, device_argument, run_main, whole_number, write_out
 from sanlab.attention import Attention
 from sanlab.data.batching import pad_batch
 from sanlab.experiments.cells import prepare_synthetic
@@ -165,15 +165,18 @@ def main() -> None:
                    help="also time this variant recomputing its decoder self-attention prefix at every step")
     p.add_argument("--reorder-whole", action="append", default=[], metavar="VARIANT",
                    help="also time this variant with the whole cache, source side included, copied after every step")
-    p.add_argument("--sentences", type=int, default=40, help="validation sentences decoded per variant and round")
-    p.add_argument("--batch", type=int, default=20, help="sentences per beam-search batch")
+    p.add_argument("--sentences", type=whole_number, default=40,
+                   help="validation sentences decoded per variant and round")
+    p.add_argument("--batch", type=whole_number, default=20, help="sentences per beam-search batch")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--length", type=int, default=25, help="tokens every hypothesis decodes, EOS included")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=whole_number, default=3)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: decode under autocast")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args()
+    check_out(p, args.out, "decode_speed.py")
+    args.device = device_argument(p, args.device)
     if args.length < 2:
         p.error("--length must be at least 2 (one token and EOS)")
     if args.reorder_whole and args.beam < 2:
@@ -199,7 +202,7 @@ def main() -> None:
         for cell in cells:
             print(f"preparing {cell.label} ...", file=sys.stderr, flush=True)
             decoders.append(prepare(cell, sentences=args.sentences, batch=args.batch,
-                                    device=torch.device(args.device), precision=args.precision))
+                                    device=args.device, precision=args.precision))
             own = decoders[-1]
             if cell.variant in args.recompute:
                 decoders.append(recomputing(own))
@@ -217,7 +220,7 @@ def main() -> None:
             first = d.first_batch()
             d.ops_per_step = count_ops(lambda: first.run(beam=args.beam, length=args.length)) / args.length
 
-    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
+    where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU"
     measured = (f"{where}, {args.precision}; {args.rounds} rounds, interleaved, rotating order; per variant and round {sentences} validation "
                 f"sentences in batches of {args.batch}, beam {args.beam}, every hypothesis forced to {args.length} "
                 f"tokens (EOS included); untrained models of each cell's config, seed {cells[0].seed}")
@@ -233,8 +236,8 @@ def main() -> None:
     text = "\n".join(header + rows) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_out(args.out, text)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from grid_speed import add_grid_arguments, bench_cells, provenance, refuse_unknown_variants
 from op_count import accelerator_paths, count_ops
+from report import check_out, device_argument, run_main, whole_number, write_out
 from sanlab.experiments.grid import Cell, load_grid
 from sanlab.models.builders import build_seq2seq, count_parameters
 from sanlab.training.device import deterministic_algorithms
@@ -272,22 +273,26 @@ def main() -> None:
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager/aot_eager: tests)")
     p.add_argument("--deterministic", nargs="*", metavar="VARIANT",
                    help="also time these variants (all, if none is named) under deterministic algorithms")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--updates", type=int, default=10, help="updates per variant and round")
+    p.add_argument("--rounds", type=whole_number, default=3)
+    p.add_argument("--updates", type=whole_number, default=10, help="updates per variant and round")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, help="the device's peak for --precision (default: from a table)")
     p.add_argument("--quick", action="store_true", help="a CPU smoke run: tiny batch, 2 rounds of 1 update")
     p.add_argument("--out", help="also write the table to this Markdown file")
     p.add_argument("--profile", type=Path, metavar="DIR", help="then profile each row: DIR/profile.md (see above)")
-    p.add_argument("--profile-updates", type=int, default=3)
+    p.add_argument("--profile-updates", type=whole_number, default=3)
     p.add_argument("--profile-trace", action="store_true", help="with --profile: each row's Chrome trace, gzipped")
     args = p.parse_args()
+    check_out(p, args.out, "gpu.py")
+    args.device = device_argument(p, args.device)
     if args.quick:
         args.tokens, args.length, args.rounds, args.updates, args.warmup = 64, 8, 2, 1, 0
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = args.device
     grid = load_grid(args.grid, overrides=args.set)
     cells = bench_cells(grid, args)
+    if cells[0].config.task != "translation":  # (its batch and FLOPs are a Seq2Seq model's)
+        p.error(f"{args.grid}: the GPU bench times translation models, this grid is {cells[0].config.task}")
     refuse_unknown_variants(grid, "--compile", args.compile)
     refuse_unknown_variants(grid, "--deterministic", args.deterministic)
     vocab = cells[0].config.data.subword.vocab_size
@@ -316,8 +321,7 @@ def main() -> None:
                  *(["", "Rows that could not be built (not timed):", *(f"- {f}" for f in failed)] if failed else [])]
         print("\n".join(lines), flush=True)
         if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+            write_out(args.out, "\n".join(lines) + "\n")  # whole, though rewritten after every round
 
     measure(runners, rounds=args.rounds, updates=args.updates, warmup=args.warmup, device=device,
             after_round=report)
@@ -329,4 +333,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,7 +18,6 @@ Run it alone on the machine (docs/performance.md).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from sanlab.models.builders import count_parameters
 from sanlab.runs import make_task
 from sanlab.training.logging import SilentLogger
 from sanlab.training.loop import Trainer
+from report import check_out, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 @dataclass
@@ -95,7 +95,7 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
     p.add_argument("--dataset", help="for a grid with datasets: which one (default: the first)")
     p.add_argument("--only", action="append", default=[], metavar="VARIANT", help="these variants (and the baseline)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=whole_number, default=2)
 
 
 def refuse_unknown_variants(grid: Grid, option: str, names: list[str] | None) -> None:
@@ -119,8 +119,7 @@ def bench_cells(grid: Grid, args: argparse.Namespace) -> list[Cell]:
 def provenance(script: str, grid: Grid, args: argparse.Namespace, cells: list[Cell], measured: str) -> list[str]:
     """The lines under a bench table's title: command, machine, date, what was measured, grid."""
     return [f"- command: `python bench/{script} {' '.join(sys.argv[1:])}`",
-            f"- machine: {platform.system()} {platform.machine()}, {torch.get_num_threads()} torch thread(s), "
-            f"torch {torch.__version__}, python {platform.python_version()}",
+            f"- machine: {machine(getattr(args, 'device', None))}, {torch.get_num_threads()} torch thread(s)",
             f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}",
             f"- measured: {measured}",
             f"- grid: {grid.path}" + (f" (dataset {cells[0].dataset})" if cells[0].dataset else "")
@@ -146,11 +145,12 @@ def table(contenders: list[Contender], baseline: str) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_grid_arguments(p)
-    p.add_argument("--updates", type=int, default=20, help="timed updates per variant and round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--updates", type=whole_number, default=20, help="timed updates per variant and round")
+    p.add_argument("--rounds", type=whole_number, default=3)
     p.add_argument("--warmup", type=int, default=2, help="untimed updates per variant first")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args()
+    check_out(p, args.out, "grid_speed.py")
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="grid-speed-") as tmp:
@@ -180,8 +180,8 @@ def main() -> None:
     text = "\n".join(header + table(contenders, grid.baseline)) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_out(args.out, text)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

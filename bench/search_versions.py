@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import torch
 
 import sanlab.decoding.search as current
 import sanlab.tasks.translation as translation
+from report import check_out, machine, run_main, whole_number, write_out
 from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
@@ -101,9 +101,9 @@ def rows(title: str, seconds: dict, outputs: dict, against: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, help="git revision whose search.py is the baseline")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--sentences", type=int, default=64, help="bookkeeping: sentences in the batch")
+    parser.add_argument("--rounds", type=whole_number, default=4)
+    parser.add_argument("--threads", type=whole_number, default=1)
+    parser.add_argument("--sentences", type=whole_number, default=64, help="bookkeeping: sentences in the batch")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--length", type=int, default=40)
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--input", type=Path, help="source sentences, one per line, .gz or not (with --run)")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args()
+    check_out(parser, args.out, "search_versions.py")
     if (args.run is None) != (args.input is None):
         parser.error("--run and --input go together")
     torch.set_num_threads(args.threads)
@@ -119,8 +120,7 @@ def main() -> None:
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"## Beam search: this checkout ({revision}, working tree) vs {args.against}", "",
              f"- command: `python bench/search_versions.py {' '.join(sys.argv[1:])}`",
-             f"- machine: {platform.system()} {platform.machine()}, {torch.get_num_threads()} torch thread(s), "
-             f"torch {torch.__version__}, python {platform.python_version()}",
+             f"- machine: {machine()}, {torch.get_num_threads()} torch thread(s)",
              f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}", ""]
     with torch.no_grad():
         work = {name: bookkeeping(s, sentences=args.sentences, beam=args.beam, vocab=args.vocab, length=args.length)
@@ -137,8 +137,8 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if args.out:
-        args.out.write_text(report + "\n", encoding="utf-8")
+        write_out(args.out, report + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

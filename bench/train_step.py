@@ -20,6 +20,7 @@ from torch import nn
 
 from sanlab.config import Seq2SeqConfig, StackConfig
 from sanlab.models.builders import build_seq2seq
+from report import command, device_argument, machine, run_main, whole_number  # bench/report.py
 
 D, HEADS, LAYERS, FFN, VOCAB = 256, 4, 3, 1024, 8000
 
@@ -59,16 +60,17 @@ def step(model, opt, src, tgt_in, tgt_out, precision: str = "fp32") -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--repeats", type=whole_number, default=10)
+    p.add_argument("--batch", type=whole_number, default=128)
     p.add_argument("--length", type=int, default=30)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = p.parse_args()
+    args.device = device_argument(p, args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = torch.device(args.device)
+    device = args.device
     src = torch.randint(4, VOCAB, (args.batch, args.length), device=device)
     tgt = torch.randint(4, VOCAB, (args.batch, args.length + 1), device=device)
     models = {"nn.Transformer": TorchTransformer().to(device), "sanlab Seq2Seq": ours().to(device)}
@@ -86,6 +88,7 @@ def main() -> None:
     tokens = args.batch * args.length
     ref = statistics.median(times["nn.Transformer"])
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"threads {args.threads}"
+    print(f"- command: `{command('train_step.py')}`\n- machine: {machine(device)}")
     print(f"{where}, {args.precision}, torch {torch.__version__}, {tokens} target tokens per update, "
           f"{args.repeats} repeats (medians)")
     print("| model | ms / update | target tokens / s | time vs nn.Transformer |\n|---|---|---|---|")
@@ -95,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

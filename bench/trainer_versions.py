@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from sanlab.config import load_config
 from sanlab.runs import make_task
 from sanlab.training import loop as current
 from sanlab.training.logging import SilentLogger
+from report import check_out, machine, run_main, whole_number, write_out
 from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
 
 
@@ -46,11 +46,13 @@ def _parse() -> argparse.Namespace:
     p.add_argument("config", help="a translation or tagging recipe (its data must be on this machine)")
     p.add_argument("--against", required=True, help="git revision whose training/loop.py to compare with")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--updates", type=int, default=10, help="timed updates per version and round")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--threads", type=whole_number, default=2)
+    p.add_argument("--updates", type=whole_number, default=10, help="timed updates per version and round")
+    p.add_argument("--rounds", type=whole_number, default=4)
     p.add_argument("--out", help="also write the Markdown report here")
-    return p.parse_args()
+    args = p.parse_args()
+    check_out(p, args.out, "trainer_versions.py")
+    return args
 
 
 def main() -> int:
@@ -89,7 +91,7 @@ def main() -> int:
     lines = [
         f"# Training update: this checkout against {args.against} ({datetime.now().astimezone():%Y-%m-%d})", "",
         f"Command: `python bench/trainer_versions.py {' '.join(sys.argv[1:])}`", "",
-        f"Machine: {platform.system()} {platform.machine()}, torch {torch.__version__}, {args.threads} threads; "
+        f"Machine: {machine()}, {args.threads} threads; "
         f"{args.rounds} rounds of {args.updates} updates of `{args.config}` on its epoch-0 batches, the two "
         "versions alternating first.", "",
         "| training/loop.py | updates/s | speed ratio |", "|---|---:|---:|",
@@ -102,9 +104,9 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_out(args.out, text)
     return 0 if all(identical) else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -6,7 +6,6 @@
 """
 
 import argparse
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -14,17 +13,19 @@ from pathlib import Path
 import torch
 
 from sanlab.experiments.smoke import recipes, smoke_train
+from report import check_out, command, machine, run_main, whole_number, write_out  # bench/report.py
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=whole_number, default=300)
     parser.add_argument("--out", type=Path, default=Path("results/variant-smoke.md"))
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=whole_number, default=1)
     parser.add_argument("--only", action="append", default=[],
                         help="a recipe to run, by its exact name (e.g. ud-ewt-muse-ff or ud-ewt-muse-ff.yaml; "
                              "repeatable); rows of the others already in --out are kept")
     args = parser.parse_args()
+    check_out(parser, args.out, "variant_smoke.py")
     chosen = _chosen(parser, args.only)
     torch.set_num_threads(args.threads)
     rows = _kept_rows(args.out) if args.only else {}
@@ -39,16 +40,15 @@ def main() -> None:
     order = [recipe.name for recipe in recipes()]
     rows = [rows[name] for name in order if name in rows]
     header = [f"# Variant smoke training ({args.steps} updates each, synthetic corpora)", "",
-              f"Command: `python bench/variant_smoke.py --steps {args.steps} --threads {args.threads}`  ",
-              f"Machine: {platform.machine()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; "
+              f"Command: `{command('variant_smoke.py')}`  ",
+              f"Machine: {machine()}, {torch.get_num_threads()} thread(s); "
               f"{time.strftime('%Y-%m-%d')}. Data: `sanlab.data.synthetic` (seed 1; translation 3,000 pairs, "
               "tagging 800 sentences); models shrunk to d=64 (see `sanlab/experiments/smoke.py`). Seconds are "
               "wall time and depend on machine load; rows refreshed with `--only` keep the other rows of the "
               "previous run.", "",
               "| recipe | updates | loss (first 10%) | loss (last 10%) | finite | loss fell | seconds |",
               "|---|---|---|---|---|---|---|"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(header + rows) + "\n")
+    write_out(args.out, "\n".join(header + rows) + "\n")
     print(f"wrote {args.out}")
 
 
@@ -78,4 +78,4 @@ def _kept_rows(path: Path) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

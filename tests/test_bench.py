@@ -127,6 +127,19 @@ def test_attention_window_bench_times_every_plan_and_the_global_kernel_it_must_b
     ops = {" ".join(r[1:3]): int(r[5]) for r in rows}
     assert ops["global sdpa"] < ops["1D sdpa+mask"] < ops["1D banded"]  # a fused kernel, then masks, then the spans
     assert "global sdpa / fastest 1D window plan:" in done.stdout
+    # what the numbers are of: the command again, the CPU's model, torch and python (it said torch alone)
+    assert "- command: `python bench/attention_window.py --quick --threads 1 --lengths 24" in done.stdout
+    assert re.search(r"- machine: CPU .+ \(\d+ cores\), .*torch .+, python \d", done.stdout)
+
+
+@pytest.mark.slow  # two models, one update each, twice over
+def test_train_step_bench_says_its_command_and_machine_and_the_ratio_to_nn_transformer():
+    done = _bench("train_step.py", "--threads", "1", "--repeats", "1", "--batch", "2", "--length", "6")
+    assert done.returncode == 0, done.stderr
+    assert "- command: `python bench/train_step.py --threads 1 --repeats 1 --batch 2 --length 6`" in done.stdout
+    assert re.search(r"- machine: CPU .+ \(\d+ cores\), .*torch .+, python \d", done.stdout)
+    rows = [line.strip("| ").split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["nn.Transformer", "sanlab Seq2Seq"] and rows[0][3] == "1.00"
 
 
 @pytest.mark.slow
@@ -205,7 +218,8 @@ def _bench(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 def test_variant_smoke_only_runs_the_recipe_named_exactly(tmp_path):
     """--only ud-ewt-p used to run every recipe whose name holds it (ud-ewt-pe-con, ud-ewt-pr as well)."""
     out = tmp_path / "smoke.md"
-    out.write_text("| ud-ewt-san.yaml | 300 | 2.0 | 1.0 | yes | yes | 9 |\n")  # a row of an earlier run: kept
+    out.write_text("Command: `python bench/variant_smoke.py --steps 300`\n\n"  # a report of an earlier run
+                   "| ud-ewt-san.yaml | 300 | 2.0 | 1.0 | yes | yes | 9 |\n")  # a row of it: kept
     done = _bench("variant_smoke.py", "--only", "ud-ewt-p", "--steps", "2", "--out", str(out))
     assert done.returncode == 0, done.stderr
     rows = [line.split("|")[1].strip() for line in out.read_text().splitlines() if ".yaml |" in line]
@@ -279,6 +293,7 @@ def test_gpu_bench_refuses_a_variant_the_grid_has_not(tmp_path, option):
 def _data_scale(monkeypatch, multi30k: Path):
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # (its own import: report)
     spec = importlib.util.spec_from_file_location("bench_data_scale", ROOT / "bench" / "data_scale.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -382,3 +397,91 @@ def test_another_revisions_file_is_read_from_this_checkout_whatever_the_director
         module_at_revision("no-such-revision", "src/sanlab/decoding/search.py", "never_loaded")
     assert stopped.value.code == 2
     assert "error: no src/sanlab/decoding/search.py at revision 'no-such-revision'" in capsys.readouterr().err
+
+
+# (script, its required arguments) of every bench with --out; the refusal comes before anything is loaded
+_WITH_OUT = [("grid_speed.py", ["configs/compare/smoke-synthetic.yaml"]),
+             ("decode_speed.py", ["configs/compare/smoke-synthetic.yaml"]),
+             ("gpu.py", ["configs/compare/csan-table1-multi30k.yaml", "--device", "cpu"]),
+             ("char_cnn.py", ["configs/ud-ewt-tagger.yaml"]),
+             ("trainer_versions.py", ["configs/ud-ewt-tagger.yaml", "--against", "HEAD"]),
+             ("search_versions.py", ["--against", "HEAD"]),
+             ("variant_smoke.py", []),
+             ("ddp_speed.py", []),
+             ("data_scale.py", ["--work", "/nonexistent/work"])]
+
+
+@pytest.mark.slow  # each script imports torch first (~4 s)
+@pytest.mark.parametrize("script,args", _WITH_OUT, ids=[s for s, _ in _WITH_OUT])
+def test_a_bench_refuses_to_write_its_table_over_a_file_it_did_not_write(tmp_path, script, args):
+    """--out replaced whatever the path held (a results file of another tool, a source file after a typo)."""
+    other = tmp_path / "notes.md"
+    other.write_text("# my notes\n")
+    done = _bench(script, *args, "--out", str(other))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"--out {other}: the file exists and is no report of bench/{script}" in done.stderr
+    assert other.read_text() == "# my notes\n"
+
+
+@pytest.mark.slow  # each script imports torch first (~4 s)
+@pytest.mark.parametrize("script,args", [("train_step.py", []), ("attention_window.py", ["--quick"]),
+                                         ("block_layer.py", []),
+                                         ("decode_speed.py", ["configs/compare/smoke-synthetic.yaml"]),
+                                         ("gpu.py", ["configs/compare/csan-table1-multi30k.yaml"])])
+def test_a_bench_asked_for_cuda_without_it_says_so(script, args):
+    """An AssertionError traceback ('Torch not compiled with CUDA enabled') from the first tensor moved."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    done = _bench(script, *args, "--device", "cuda")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--device: device 'cuda': this torch" in done.stderr and "sees no CUDA device" in done.stderr
+
+
+def test_bench_reports_name_the_cpu_model_and_are_written_whole(tmp_path, monkeypatch):
+    """The machine line said 'Linux x86_64': not which CPU the timings are of; and --out was written in place."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import platform
+
+    import report
+
+    line = report.machine()
+    assert report.cpu_model() in line and f"python {platform.python_version()}" in line and "torch " in line
+    if Path("/proc/cpuinfo").exists() and "model name" in Path("/proc/cpuinfo").read_text():
+        assert report.cpu_model() != platform.machine()
+    out = tmp_path / "sub" / "table.md"
+    report.write_out(out, "| a |\n")
+    assert out.read_text() == "| a |\n" and [p.name for p in out.parent.iterdir()] == ["table.md"]  # no temp left
+
+
+@pytest.mark.slow  # the bench imports torch and reads the grid before it refuses (~5 s)
+def test_gpu_bench_refuses_a_tagging_grid():
+    """It built a translation batch from a tagging config: an AttributeError traceback (no data.subword)."""
+    done = _bench("gpu.py", "configs/compare/smoke-synthetic.yaml", "--device", "cpu", "--quick")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert ("configs/compare/smoke-synthetic.yaml: the GPU bench times translation models, this grid is tagging"
+            in done.stderr)
+
+
+@pytest.mark.slow  # each script imports torch first (~4 s)
+@pytest.mark.parametrize("script,args", [
+    ("grid_speed.py", ["configs/compare/smoke-synthetic.yaml", "--rounds", "0"]),
+    ("train_step.py", ["--repeats", "0"]),
+    ("block_layer.py", ["--rounds", "0"]),
+    ("search_versions.py", ["--against", "HEAD", "--rounds", "0"]),
+    ("gpu.py", ["configs/compare/csan-table1-multi30k.yaml", "--updates", "0"])])
+def test_a_bench_refuses_zero_rounds_or_repeats(script, args):
+    """Zero rounds measured nothing and ended in a traceback (statistics.median of nothing, a KeyError)."""
+    done = _bench(script, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{args[-2]}: 0 is not a whole number of 1 or more" in done.stderr
+
+
+@pytest.mark.slow  # the script imports torch first (~4 s)
+@pytest.mark.parametrize("script", ["grid_speed.py", "decode_speed.py", "gpu.py"])
+def test_a_bench_given_a_missing_grid_says_so_in_one_line(tmp_path, script):
+    done = _bench(script, str(tmp_path / "no-grid.yaml"), "--device", "cpu") if script != "grid_speed.py" else \
+        _bench(script, str(tmp_path / "no-grid.yaml"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"{script}: error: {tmp_path / 'no-grid.yaml'}: grid file not found"
