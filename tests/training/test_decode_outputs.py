@@ -55,7 +55,7 @@ def test_a_file_of_another_run_is_never_the_output(command, capsys, own):
     before = os.path.join(other, own)
     kept = open(before, "rb").read()
     code, _, err = _run([name, "--run", run, "--input", str(source), "--output", before], capsys)
-    assert code == 2 and f"is the run's own (" in err and f"/{other}), which the output would replace" in err
+    assert code == 2 and "is the run's own (" in err and f"/{other}), which the output would replace" in err
     assert open(before, "rb").read() == kept
 
 

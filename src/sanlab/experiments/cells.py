@@ -60,7 +60,6 @@ def prepare_synthetic(grid: Grid) -> None:
     ``runs_dir: .``) is an error, never written over; the same file (a start killed before ``synthetic.json``)
     is fine."""
     import filecmp
-    import shutil
     import tempfile
 
     spec = grid.spec.synthetic
