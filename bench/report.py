@@ -13,18 +13,7 @@ from pathlib import Path
 import torch
 
 from sanlab.errors import SanlabError
-from sanlab.training.device import resolve_device
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``platform.machine()`` says only x86_64: not which CPU the timings are of)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from sanlab.training.device import cpu_model, resolve_device  # (cpu_model: also report.cpu_model)
 
 
 def machine(device: torch.device | None = None) -> str:

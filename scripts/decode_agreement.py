@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -32,16 +31,6 @@ from pathlib import Path
 
 TARGET = 99.0  # issue 24: identical hypotheses for at least this share of sentences
 WARMUP_SENTENCES = 16
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _timed(fn, device) -> tuple[object, float]:
@@ -73,6 +62,7 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
     from sanlab.errors import ConfigError
     from sanlab.evaluation.bleu import corpus_scores
     from sanlab.files import check_output_file
+    from sanlab.training.device import cpu_model
     from sanlab.runs.trained import load_checkpoint
     from sanlab.tasks.base import task_for
     from sanlab.tasks.translation import translate
@@ -110,7 +100,7 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
     env = environment(where)
     return {"run": str(run), "which": checkpoint, **scored, "split": split,
             "src": str(src_path), "ref": str(ref_path), "sources": sources, "decode": decode.model_dump(),
-            "passes": passes, "rounds": rounds, "device": str(where), "device_name": env.get("device_name") or _cpu_name(),
+            "passes": passes, "rounds": rounds, "device": str(where), "device_name": env.get("device_name") or cpu_model(),
             "torch": env["torch"], "cuda": env["cuda"], "threads": torch.get_num_threads(),
             "identical": sum(a == b for a, b in zip(passes["fp32"]["hypotheses"], passes["bf16"]["hypotheses"]))}
 

@@ -94,15 +94,20 @@ def test_a_set_mapping_is_blamed_only_for_the_keys_it_sets(tmp_path):
     assert "model.word_dimm: unknown key (did you mean word_dim?) (from the grid's set:)" in str(err.value)
 
 
-def test_synthetic_data_replaces_the_recipes_test_sets(tmp_path):
-    """The Multi30k recipe's test_2016_flickr must not survive as the default eval split of a synthetic grid."""
-    grid = load_grid(write(tmp_path / "g.yaml", f"""\
+def _synthetic_multi30k_grid(tmp_path, *, runs_dir):
+    """The Multi30k recipe as a grid on a tiny synthetic corpus, one variant, one seed."""
+    return load_grid(write(tmp_path / "g.yaml", f"""\
 base: {ROOT / "configs" / "multi30k-en-de-transformer.yaml"}
 synthetic: {{task: translation, sizes: {{train: 10, valid: 5, test: 5}}}}
 seeds: [1]
 variants:
   - {{name: a}}
-"""), runs_dir=tmp_path / "runs")
+"""), runs_dir=runs_dir)
+
+
+def test_synthetic_data_replaces_the_recipes_test_sets(tmp_path):
+    """The Multi30k recipe's test_2016_flickr must not survive as the default eval split of a synthetic grid."""
+    grid = _synthetic_multi30k_grid(tmp_path, runs_dir=tmp_path / "runs")
     (cell,) = grid.cells
     assert list(cell.config.data.test) == ["test"] and cell.split == "test"
     assert cell.config.data.test["test"].src == str(tmp_path / "runs" / "data" / "test.src")
@@ -114,13 +119,7 @@ def test_synthetic_data_never_replaces_a_users_corpus_in_runs_dir_data(tmp_path)
     synthetic.json) is kept."""
     from sanlab.experiments.cells import prepare_synthetic
 
-    grid = load_grid(write(tmp_path / "g.yaml", f"""\
-base: {ROOT / "configs" / "multi30k-en-de-transformer.yaml"}
-synthetic: {{task: translation, sizes: {{train: 10, valid: 5, test: 5}}}}
-seeds: [1]
-variants:
-  - {{name: a}}
-"""), runs_dir=tmp_path / "project")
+    grid = _synthetic_multi30k_grid(tmp_path, runs_dir=tmp_path / "project")
     data = tmp_path / "project" / "data"
     data.mkdir(parents=True)
     (data / "train.src").write_text("the user's corpus\n")

@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import platform
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -322,6 +324,17 @@ def describe_batch(batch: Any) -> str:
         elif hasattr(value, "shape") and hasattr(value, "dtype"):  # a tensor or a numpy array
             said.append(f"{f.name} {'x'.join(map(str, value.shape))}")
     return ", ".join(said) or type(batch).__name__
+
+
+def cpu_model() -> str:
+    """The CPU's model name, for a report of timings (``platform.machine()`` says only x86_64: not which CPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def environment(device: torch.device | None = None) -> dict[str, Any]:
