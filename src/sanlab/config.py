@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (BaseModel, Field, FieldSerializationInfo, TypeAdapter, ValidationError, field_serializer,
+                      model_validator)
 
 from sanlab.attention.config import AttentionConfig
 from sanlab.config_yaml import (  # noqa: F401  (re-exported: sanlab.config is where callers find them)
@@ -56,6 +57,24 @@ class Strict(BaseModel):
     model_config = STRICT_SCHEMA
 
 
+# The serialization context of a config written to be read again (``dump_config``): keys a section inherits
+# (``StackConfig.INHERITS``) are left out, where every other dump (``model_dump()``, what resumes compare) holds
+# the values the run uses.
+WRITTEN = "written"
+
+
+def inherited_keys(section: BaseModel, *, own: frozenset[str]) -> list[str]:
+    """The keys of ``section`` that it takes from its source: those it does not set, but its ``own``."""
+    return [key for key in type(section).model_fields if key not in section.model_fields_set and key not in own]
+
+
+def inherit_unset(section: BaseModel, source: BaseModel, *, own: frozenset[str]) -> BaseModel:
+    """``section`` with every key it does not set but its ``own`` taken from ``source``; those keys stay unset
+    (``model_fields_set`` is the section's own), which is how a written config tells them from the ones set."""
+    values = {**section.__dict__, **{key: getattr(source, key) for key in inherited_keys(section, own=own)}}
+    return type(section).model_construct(_fields_set=set(section.model_fields_set), **values)
+
+
 # ----------------------------------------------------------------------------- model
 class StackConfig(Strict):
     """One encoder or decoder stack."""
@@ -67,17 +86,32 @@ class StackConfig(Strict):
     cross_attention: AttentionConfig | None = None  # decoder only; None = ``attention`` without its parts
     pre_blocks: list[PreBlockSpec] = []  # encoder only: sublayers before the mixer (QANet convs), by ``layers``
 
+    # A section that takes each key it does not set from another section: {section: (source, keys of its own)}.
+    # The keys it inherits stay unset (``model_fields_set``), and a written config leaves them out
+    # (``WRITTEN``), so that they follow the source when the file is read again, as in the file it came from.
+    INHERITS: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {
+        # ``cross_attention: {parts: [...]}`` must not fall back to AttentionConfig's defaults (8 heads, no dropout)
+        # behind the stack's back; its parts and plan are its own (a plan chosen for the self-attention's parts,
+        # e.g. banded, may not suit these)
+        "cross_attention": ("attention", frozenset({"parts", "plan"})),
+    }
+
     @model_validator(mode="after")
-    def _cross_attention_inherits_unset_keys(self) -> "StackConfig":
-        """``cross_attention: {parts: [...]}`` must not fall back to AttentionConfig's defaults (8 heads, no
-        dropout) behind the stack's back: every key it does not set is the stack's ``attention``'s, except
-        ``parts`` and ``plan`` (a plan chosen for the self-attention parts, e.g. banded, may not suit these)."""
-        cross = self.cross_attention
-        if cross is not None:
-            unset = set(AttentionConfig.model_fields) - cross.model_fields_set - {"parts", "plan"}
-            # through __dict__: assigning the field would validate the model again, and with it this validator
-            self.__dict__["cross_attention"] = cross.model_copy(update={k: getattr(self.attention, k) for k in unset})
+    def _sections_inherit_unset_keys(self) -> "StackConfig":
+        for name, (source, own) in self.INHERITS.items():
+            section = getattr(self, name)
+            if section is not None:
+                # through __dict__: assigning the field would validate the model again, and with it this validator
+                self.__dict__[name] = inherit_unset(section, getattr(self, source), own=own)
         return self
+
+    @field_serializer(*INHERITS, mode="wrap")
+    def _written_without_inherited_keys(self, section: BaseModel | None, handler, info: FieldSerializationInfo):
+        out = handler(section)
+        if section is not None and isinstance(out, dict) and (info.context or {}).get(WRITTEN):
+            for key in inherited_keys(section, own=self.INHERITS[info.field_name][1]):
+                out.pop(key, None)
+        return out
 
     @model_validator(mode="after")
     def _layer_indices_exist(self) -> "StackConfig":
@@ -602,8 +636,9 @@ def _retyped(raw: dict, assignment: str) -> list[str]:
 
 def dump_config(config: BaseModel) -> str:
     """The config as YAML that ``load_config`` reads back to the same config (``dump_yaml``: a string the
-    loader would read as a number or a bool is quoted)."""
-    return dump_yaml(config.model_dump(mode="json"))
+    loader would read as a number or a bool is quoted), and to the same config under any ``--set``: a key a
+    section inherits is left out (``WRITTEN``), so that it follows its source there as in the original file."""
+    return dump_yaml(config.model_dump(mode="json", context={WRITTEN: True}))
 
 
 Config = TaskConfig  # the config of a run, whatever its task

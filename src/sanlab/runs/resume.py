@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from sanlab.config import Config, dump_config, validate, without_ignored_train_keys
 from sanlab.config_yaml import read_yaml_mapping
 from sanlab.data.fingerprint import changes, fingerprints, with_content
@@ -63,9 +61,10 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
         rundir.check_new_run(run_dir)
     text = dump_config(config)
     if saved.exists():
-        # Re-validated as load_run_config does, so keys added to the schema since then compare as their defaults
-        old = yaml.safe_load(dump_config(load_run_config(run_dir)))
-        diff = config_differences(old, yaml.safe_load(text))
+        # Re-validated as load_run_config does, so keys added to the schema since then compare as their defaults;
+        # the values compared, not the file's spelling (a key inherited, or written out as set by older code)
+        old = load_run_config(run_dir).model_dump(mode="json")
+        diff = config_differences(old, config.model_dump(mode="json"))
         blocking = [k for k in diff if not k.startswith(RESUMABLE_KEYS)]
         if blocking:
             raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
