@@ -572,13 +572,40 @@ def _typed_text(value: object) -> bool:
         return False
 
 
+def named_entries(task: object) -> Callable[[tuple[str, ...]], bool]:
+    """Whether the mapping at a key path of ``task``'s config holds named entries (a ``dict`` in the schema:
+    ``data.test``'s test sets), whose entries a ``null`` removes in a file over its base, ``--set`` and a grid's
+    ``set:`` (``config_yaml.merge_mapping``); everywhere else null is the value null (everywhere, for an unknown
+    task)."""
+    try:
+        schema = TASKS.entry(task).config if isinstance(task, str) else None
+    except ConfigError:
+        schema = None
+
+    def named(path: tuple[str, ...]) -> bool:
+        kind = schema
+        for part in path:
+            part = int(part) if part.isdigit() and any(get_origin(b) in (list, tuple) for b in _branches(kind)) \
+                else part
+            kind = next((child for branch in _branches(kind) if (child := annotation_at(branch, part)) is not None),
+                        None)
+        return kind is not None and any(get_origin(branch) is dict for branch in _branches(kind))
+
+    return named
+
+
+def chain_task(chain: list[tuple[Path, dict]]) -> object:
+    """The ``task`` a ``load_chain`` gives: the file's own, else its nearest base's."""
+    return next((own["task"] for _, own in chain if "task" in own), None)
+
+
 def load_config(path: str | Path, overrides: list[str] = ()) -> TaskConfig:
     chain = load_chain(path)  # read once: merged here, and traced in errors
-    raw = merge_chain(chain)
+    raw = merge_chain(chain, named=named_entries(chain_task(chain)))
     retyped = []
     for assignment in overrides:
         retyped += _retyped(raw, assignment)
-        apply_override(raw, assignment)
+        apply_override(raw, assignment, named=named_entries(raw.get("task")))
     source = str(path) + (f" (with --set {' '.join(overrides)})" if overrides else "")
     overridden = assigned_keys(list(overrides))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -144,16 +145,49 @@ def _replaces(old: dict, new: dict, *, empty_replaces: bool) -> bool:
     return "type" in new and "type" in old and new["type"] != old["type"]
 
 
-def merge_mapping(base: dict, over: dict, *, empty_replaces: bool = False) -> dict:
+# Whether the mapping at a key path (``("data", "test")``) holds named entries, the config's own names (a test
+# set's), not the schema's keys: a ``null`` given for such an entry removes it (``sanlab.config.named_entries``).
+Named = Callable[[tuple[str, ...]], bool]
+
+
+class NothingToRemove(ConfigError):
+    """A ``null`` for a named entry (``Named``) that the mapping does not hold: ``key`` is its dotted key."""
+
+    def __init__(self, key: str, entries: list) -> None:
+        section, name = key.rsplit(".", 1)
+        held = f"its entries: {', '.join(map(str, entries))}" if entries else "it has none"
+        super().__init__(f"{key}: null removes the entry {name!r} of {section}, which has none of that name ({held})")
+        self.key = key
+
+
+def _remove(mapping: dict, name: str, at: tuple[str, ...]) -> None:
+    """Remove the named entry ``name`` from ``mapping`` (the one at the key path ``at``), or ``NothingToRemove``."""
+    if name not in mapping:
+        raise NothingToRemove(".".join((*at, name)), list(mapping))
+    del mapping[name]
+
+
+def merge_mapping(base: dict, over: dict, *, empty_replaces: bool = False, named: Named | None = None,
+                  at: tuple[str, ...] = ()) -> dict:
     """``over``'s keys merged over ``base``'s, section by section (a copy): how a file is merged over its
     ``base:`` and, ``empty_replaces``, a mapping given to ``--set`` (or a grid's ``set:``) over its section. A
-    mapping that ``_replaces`` the one there, and any other value (a list, a number), replaces it whole."""
+    mapping that ``_replaces`` the one there, and any other value (a list, a number), replaces it whole. With
+    ``named``, a ``null`` for an entry of a mapping of names removes it (``NothingToRemove`` if it is not there);
+    ``at`` is the key path of ``base``."""
     out = dict(base)
     for key, value in over.items():
+        if value is None and named is not None and named(at):
+            _remove(out, key, at)
+            continue
         old = out.get(key)
         merges = isinstance(value, dict) and isinstance(old, dict) and \
             not _replaces(old, value, empty_replaces=empty_replaces)
-        out[key] = merge_mapping(old, value, empty_replaces=empty_replaces) if merges else value
+        if isinstance(value, dict) and named is not None:  # (merged over nothing, to find nulls with nothing to remove)
+            value = merge_mapping(old if merges else {}, value, empty_replaces=empty_replaces, named=named,
+                                  at=(*at, str(key)))
+        elif merges:
+            value = merge_mapping(old, value, empty_replaces=empty_replaces)
+        out[key] = value
     return out
 
 
@@ -162,11 +196,16 @@ def load_raw(path: str | Path, _seen: tuple = ()) -> dict:
     return merge_chain(load_chain(path, _seen))
 
 
-def merge_chain(chain: list[tuple[Path, dict]]) -> dict:
-    """The config a ``load_chain`` describes: each file's keys merged over its base's."""
+def merge_chain(chain: list[tuple[Path, dict]], *, named: Named | None = None) -> dict:
+    """The config a ``load_chain`` describes: each file's keys merged over its base's (``named``: as
+    ``merge_mapping``; a null with nothing to remove is named with its file and line)."""
     merged: dict = {}
-    for _, own in reversed(chain):
-        merged = merge_mapping(merged, own)
+    for path, own in reversed(chain):
+        try:
+            merged = merge_mapping(merged, own, named=named)
+        except NothingToRemove as err:
+            line = key_line(path, err.key)
+            raise ConfigError(f"{path}" + (f", line {line}" if line is not None else "") + f": {err}") from None
     return merged
 
 
@@ -326,8 +365,8 @@ def unsupported_values(raw: object, path: tuple[str, ...] = ()) -> list[tuple[st
     return found
 
 
-def apply_override(raw: dict, assignment: str) -> dict:
-    """Apply one ``a.b.c=value`` (value parsed as YAML) to a raw config dict."""
+def apply_override(raw: dict, assignment: str, *, named: Named | None = None) -> dict:
+    """Apply one ``a.b.c=value`` (value parsed as YAML) to a raw config dict (``named``: as ``set_key``)."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. model.encoder.layers=3")
     key, text = assignment.split("=", 1)
@@ -336,18 +375,20 @@ def apply_override(raw: dict, assignment: str) -> dict:
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML: {err}") from None
     try:
-        set_key(raw, key, value, merge=True)  # a mapping merges into its section, as a grid's `set:`
+        set_key(raw, key, value, merge=True, named=named)  # a mapping merges into its section, as a grid's `set:`
     except ConfigError as err:
         raise ConfigError(f"--set {err}") from None
     return raw
 
 
-def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
+def set_key(raw: dict, key: str, value: object, *, merge: bool = False, named: Named | None = None,
+            at: tuple[str, ...] = ()) -> None:
     """Set the dotted ``key`` of a raw config dict to ``value``. Missing sections, and null ones, are created;
     a number indexes an item of a list that is there (``model.encoder.attention.parts.0.size``), or names a key
     of a mapping (``data.test.2016``). With ``merge``, a mapping value is merged into a mapping already at
     ``key``, key by key (a dotted key in it is a path, as on the command line); ``{}``, or another component
-    ``type``, replaces it instead, there or below (``_replaces``)."""
+    ``type``, replaces it instead, there or below (``_replaces``). With ``named``, a null for an entry of a
+    mapping of names removes it (``merge_mapping``); ``at`` is the key path of ``raw`` in the config."""
     node, parts = raw, key.strip().split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"{key!r}: an empty key name (expected a dotted key such as train.max_steps)")
@@ -365,14 +406,20 @@ def set_key(raw: dict, key: str, value: object, *, merge: bool = False) -> None:
             raise ConfigError(f"{key}: {'.'.join((*parts[:depth], item[1]))} is a list, whose items are named by "
                               f"their index after a dot: {dotted}")
         if depth == len(parts) - 1:
+            path = (*at, *parts[:depth])
+            if value is None and named is not None and isinstance(node, dict) and named(path):
+                _remove(node, part, path)
+                return
             old = node[part] if isinstance(node, list) else node.get(part)
             merges = merge and isinstance(value, dict) and isinstance(old, dict) and \
                 not _replaces(old, value, empty_replaces=True)
             if not merges:
+                if isinstance(value, dict) and named is not None:  # (nulls in it have nothing to remove)
+                    value = merge_mapping({}, value, empty_replaces=merge, named=named, at=(*path, str(part)))
                 node[part] = value
                 return
             for sub, item in value.items():  # key by key, so that a dotted one (`{encoder.layers: 2}`) is a path
-                set_key(old, str(sub), item, merge=True)
+                set_key(old, str(sub), item, merge=True, named=named, at=(*path, str(part)))
             return
         # a null there is a section not given: a saved config spells one out (`cross_attention: null`)
         if isinstance(node, dict) and node.get(part) is None:

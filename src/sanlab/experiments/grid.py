@@ -31,8 +31,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from sanlab.config import TASKS, Config, annotation_at, validate
+from sanlab.config import TASKS, Config, annotation_at, chain_task, named_entries, validate
 from sanlab.config_yaml import (
+    Named,
     apply_override,
     assigned_keys,
     base_file,
@@ -141,18 +142,19 @@ def _check_spec(spec: GridSpec, path: Path, *, datasets_from: Path | None = None
              f"average_last {ev.average_last})")
 
 
-def _apply(raw: dict, overrides: Overrides, *, origin: str) -> None:
-    """``key=value`` strings, or a mapping whose keys may be dotted (``model.encoder.layers: 2``)."""
+def _apply(raw: dict, overrides: Overrides, *, origin: str, named: Named | None = None) -> None:
+    """``key=value`` strings, or a mapping whose keys may be dotted (``model.encoder.layers: 2``); ``named``: a
+    null removes a named entry (``config.named_entries``)."""
     if isinstance(overrides, list):
         for assignment in overrides:
             try:
-                apply_override(raw, assignment)
+                apply_override(raw, assignment, named=named)
             except ConfigError as err:
                 raise ConfigError(f"{origin}: {err}") from None
         return
     for key, value in overrides.items():
         try:
-            set_key(raw, str(key), value, merge=True)
+            set_key(raw, str(key), value, merge=True, named=named)
         except ConfigError as err:
             raise ConfigError(f"{origin}: {err}") from None
 
@@ -200,7 +202,7 @@ def load_grid(path: str | Path, *, overrides: list[str] = (), runs_dir: str | Pa
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root}: is a file, not a directory for the grid's cells (runs_dir / --runs-dir)")
     chain = load_chain(base_file(path, spec.base))  # kept: an invalid key is traced to the file that sets it
-    base = merge_chain(chain)
+    base = merge_chain(chain, named=named_entries(chain_task(chain)))
     cells = []
     for dataset in spec.datasets or [None]:
         for variant in spec.variants:
@@ -254,7 +256,8 @@ def _plan_cell(spec: GridSpec, base: dict, *, path: Path, root: Path, dataset: D
     layers = [(dataset.overrides if dataset else [], "dataset"), (variant.overrides, "overrides"),
               (spec.set, "set"), (cli, "--set"), ([f"train.seed={seed}"], "seed")]
     for overrides, what in layers:
-        _apply(raw, overrides, origin=f"{own} (overrides)" if own and what == "dataset" else f"{origin} ({what})")
+        _apply(raw, overrides, origin=f"{own} (overrides)" if own and what == "dataset" else f"{origin} ({what})",
+               named=named_entries(raw.get("task")))
     described = {"dataset": f"from the overrides of dataset {dataset.name!r}" if dataset else "",
                  "overrides": f"from the overrides of variant {variant.name!r}", "set": "from the grid's set:",
                  "--set": "from --set", "seed": "from the cell's seed"}
