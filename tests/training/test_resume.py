@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from sanlab.errors import ConfigError, TrainingError
@@ -71,6 +72,29 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_translation):
     train_run(tiny_translation(max_steps=3), run, quiet=True)
     with pytest.raises(ConfigError, match="train.lr"):
         train_run(tiny_translation(max_steps=3, lr=0.5), run, quiet=True)
+
+
+def test_a_run_whose_config_yaml_spells_inherited_keys_out_resumes_to_the_uninterrupted_weights(tmp_path,
+                                                                                              tiny_translation):
+    """config.yaml written before inherited keys were left out (the cross-attention's heads, dropout, bias and
+    out_proj spelt out as set): the run resumes from that file to the weights of a run never stopped."""
+    from sanlab.config import dump_config, load_config, validate
+    from sanlab.config_yaml import dump_yaml
+
+    def config(max_steps: int):
+        raw = yaml.safe_load(dump_config(tiny_translation(max_steps=max_steps)))
+        raw["model"]["decoder"]["cross_attention"] = {"dropout": 0.1}
+        return validate(raw, source="test")
+
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    train_run(config(3), run, quiet=True)
+    old_style = dump_yaml(config(3).model_dump(mode="json"))  # what dump_config wrote before
+    assert yaml.safe_load(old_style)["model"]["decoder"]["cross_attention"]["heads"] == 2
+    (run / "config.yaml").write_text(old_style)
+    assert train_run(load_config(run / "config.yaml", ["train.max_steps=6"]), run, quiet=True)["step"] == 6
+    train_run(config(6), straight, quiet=True)
+    resumed, uninterrupted = final_weights(run), final_weights(straight)
+    assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
 @pytest.mark.parametrize("other, named", [((None, None), "no checkpoint"),
