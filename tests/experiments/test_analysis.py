@@ -64,6 +64,15 @@ def test_length_bucket_assignment_and_scores():
     assert empty[2].count == 0 and math.isnan(empty[2].bleu)
 
 
+def test_a_source_word_is_what_sanlab_tag_reads_as_one_a_no_break_space_does_not_split_it():
+    """str.split() also split at U+00A0 (and U+2009, U+3000, ...): "10\u00a0000 Menschen" counted 3 words, where
+    `sanlab tag` and compare-mt's buckets (ASCII spaces) see 2; tabs and runs of spaces still separate."""
+    from sanlab.data.conllu_io import plain_words
+
+    sources = ["10\u00a0000 Menschen", "ein\u2009Hund  läuft", "a\tb c", "", "  "]
+    assert A.source_lengths(sources) == [len(plain_words(s)) for s in sources] == [2, 2, 3, 0, 0]
+
+
 def test_length_buckets_against_a_baseline_test_each_bucket_on_its_own_sentences():
     from sanlab.evaluation.significance import paired_bootstrap_bleu
 
