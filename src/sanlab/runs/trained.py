@@ -184,7 +184,7 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
     return write_average(chosen, target, selection=f"last {last}" if last else f"best {best}")
 
 
-# what the directories a run keeps for its own files hold (inside them, --overwrite and `average` accept nothing else)
+# the directories a run keeps for its own files, and what each holds (--overwrite and `average` accept nothing else)
 _RUNS_OWN_DIRECTORIES = {RunLayout.checkpoints.name: "where training keeps its own checkpoints",
                          RunLayout.averaged.name: "where `sanlab average` keeps the run's average",
                          RunLayout.tensorboard.name: "where training keeps its TensorBoard events"}
@@ -192,10 +192,11 @@ _RUNS_OWN_DIRECTORIES = {RunLayout.checkpoints.name: "where training keeps its o
 
 def _refuse_output_in_a_runs_own_directory(run_dir: Path, output: Path) -> None:
     """``average --output`` inside a directory that this run, or another run the path leads into, keeps for its
-    own files (``checkpoints/``, ``averaged/``, ``tensorboard/``), or named as one of a run's files: training
-    lists, prunes and resumes from ``checkpoints/``, and that run's ``--overwrite`` and ``average`` refuse a
-    directory there holding what they did not write. The run's own ``averaged/`` is the default. (An existing
-    directory itself is refused by ``write_average``: not an averaged checkpoint.)"""
+    own files (``checkpoints/``, ``averaged/``, ``tensorboard/``), or named as one of a run's files: that run's
+    ``--overwrite`` and ``average`` would then refuse a directory holding what they did not write. (Training
+    reads only the step-N directories of ``checkpoints/``; an average named so is refused above, by its name.)
+    The run's own ``averaged/`` is the default. An existing directory itself is refused by ``write_average``:
+    not an averaged checkpoint."""
     from sanlab.training.rundir import is_known, is_run
 
     real, root = Path(os.path.realpath(output)), Path(os.path.realpath(run_dir))
