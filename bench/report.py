@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from sanlab.errors import SanlabError
+from sanlab.files import check_report_file
 from sanlab.training.device import cpu_model, resolve_device  # (cpu_model: also report.cpu_model)
 
 
@@ -45,14 +46,10 @@ def check_out(parser: argparse.ArgumentParser, path: str | Path | None, script: 
     path = Path(path)
     if path.is_dir():
         parser.error(f"--out {path}: is a directory")
-    if path.exists() and path.stat().st_size:
-        try:
-            ours = f"bench/{script}" in path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            ours = False
-        if not ours:
-            parser.error(f"--out {path}: the file exists and is no report of bench/{script} (it does not name "
-                         "the script); not overwritten. Remove it or choose another file")
+    try:
+        check_report_file(path, script=f"bench/{script}", flag="--out")
+    except SanlabError as e:
+        parser.error(str(e))
 
 
 def write_out(path: str | Path, text: str) -> None:

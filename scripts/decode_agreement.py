@@ -31,6 +31,7 @@ from pathlib import Path
 
 TARGET = 99.0  # issue 24: identical hypotheses for at least this share of sentences
 WARMUP_SENTENCES = 16
+SCRIPT = "scripts/decode_agreement.py"  # named by the command line of every report (check_report_file)
 
 
 def _timed(fn, device) -> tuple[object, float]:
@@ -55,13 +56,13 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
             output: str | None = None) -> dict:
     """fp32 and bf16 hypotheses of ``split``, their scores and wall times (the median of ``rounds`` passes each,
     in alternating order), and what produced them. ``output`` (the report's file) is checked before decoding: it
-    may not be the source or references read, nor a file of a run."""
+    may not be the source or references read, nor a file of a run, nor a file that is no earlier report."""
     import torch
 
     from sanlab.data.parallel import read_parallel
     from sanlab.errors import ConfigError
     from sanlab.evaluation.bleu import corpus_scores
-    from sanlab.files import check_output_file
+    from sanlab.files import check_output_file, check_report_file
     from sanlab.training.device import cpu_model
     from sanlab.runs.trained import load_checkpoint
     from sanlab.tasks.base import task_for
@@ -80,6 +81,7 @@ def measure(run: Path, *, split: str | None = None, device: str = "auto", checkp
     if output is not None and Path(output).parent.is_dir():  # (a missing directory is made for it: nothing to replace)
         check_output_file(output, inputs=(src_path, ref_path))
     check_not_a_run_file(output, run)
+    check_report_file(output, script=SCRIPT)  # an earlier report is replaced; any other file is the user's
     pairs = read_parallel(src_path, ref_path, keep_empty=True)  # every line, as `sanlab evaluate` scores
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     decode = config.decode.updated(n_best=1, beam=beam)
@@ -160,6 +162,19 @@ def report(found: dict, *, command: str, examples: int = 5) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(path: Path, text: str) -> None:
+    """The report whole (written beside ``path``, then renamed over it: one killed mid-write leaves the earlier
+    report, not half of one); a terminal or a pipe (``/dev/stdout``) is written in place."""
+    from sanlab.files import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+    else:
+        write_text(path, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -189,11 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     except SanlabError as err:
         print(f"decode_agreement: error: {err}", file=sys.stderr)
         return 2
-    command = shlex.join(["python", "scripts/decode_agreement.py", *argv])
+    command = shlex.join(["python", SCRIPT, *argv])
     text = report(found, command=command, examples=args.examples)
     if args.output:  # written before printing: a reader that stops early (`| head`) must not cost the report
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text, encoding="utf-8")
+        write_report(Path(args.output), text)
     try:
         print(text, end="", flush=True)
     except BrokenPipeError:

@@ -173,6 +173,23 @@ def check_output_file(path: Path | str | None, *, flag: str = "--output",
                               "write the output to another file")
 
 
+def check_report_file(path: Path | str | None, *, script: str, flag: str = "--output") -> None:
+    """Refuse a report's output file that exists, is not empty and does not name ``script`` (every report of a
+    bench or script carries the command line that made it): a typo must not replace a results or source file
+    by a report. A later run's report replaces an earlier one; a terminal or a pipe is written in place."""
+    from sanlab.errors import ConfigError
+
+    if path is None or not os.path.isfile(path) or not os.path.getsize(path):
+        return
+    try:
+        ours = script in Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise ConfigError(f"{flag} {path}: the file exists and is no report of {script} (it does not name the "
+                          "script); not overwritten. Remove it or choose another file")
+
+
 @contextmanager
 def output_stream(path: Path | str | None) -> Iterator[IO[str]]:
     """``replacing(path)``, or standard output (flushed at the end) when ``path`` is None: a command's

@@ -64,6 +64,15 @@ def test_length_bucket_assignment_and_scores():
     assert empty[2].count == 0 and math.isnan(empty[2].bleu)
 
 
+def test_a_source_word_is_what_sanlab_tag_reads_as_one_a_no_break_space_does_not_split_it():
+    """str.split() also split at U+00A0 (and U+2009, U+3000, ...): "10\u00a0000 Menschen" counted 3 words, where
+    `sanlab tag` and compare-mt's buckets (ASCII spaces) see 2; tabs and runs of spaces still separate."""
+    from sanlab.data.conllu_io import plain_words
+
+    sources = ["10\u00a0000 Menschen", "ein\u2009Hund  läuft", "a\tb c", "", "  "]
+    assert A.source_lengths(sources) == [len(plain_words(s)) for s in sources] == [2, 2, 3, 0, 0]
+
+
 def test_length_buckets_against_a_baseline_test_each_bucket_on_its_own_sentences():
     from sanlab.evaluation.significance import paired_bootstrap_bleu
 
@@ -175,6 +184,12 @@ def test_mean_curves_average_only_the_steps_every_seed_logged():
     assert A.mean_curves(curves, group_of) == {"v (mean of 2)": [(2, 2.0), (4, 3.0)], "w (mean of 1)": [(2, 7.0)]}
     with pytest.raises(ValueError, match="'v' have no validation step in common"):
         A.mean_curves({"v/seed-0": [(2, 1.0)], "v/seed-1": [(4, 1.0)]}, {"v/seed-0": "v", "v/seed-1": "v"})
+    # the same points with the seeds' sample sd (n - 1), None for a single seed; the table adds a column of it
+    spread = A.seed_curves(curves, group_of)
+    assert spread == {"v (mean of 2)": [(2, 2.0, pytest.approx(2 ** 0.5)), (4, 3.0, pytest.approx(2 ** 0.5))],
+                      "w (mean of 1)": [(2, 7.0, None)]}
+    table = A.curves_table(A.mean_curves(curves, group_of), spreads=spread)
+    assert table.columns == ("step", "v (mean of 2)", "w (mean of 1)", "v (mean of 2) sd")
 
 
 def test_gate_rows_and_table():
@@ -537,7 +552,27 @@ def test_curves_mean_over_the_seeds_of_comparison_cells(corpus, tmp_path):
     runs = [_sweep_run(corpus, tmp_path / "grid" / "csan" / f"seed-{seed}", size=3, bleus=bleus)
             for seed, bleus in ((0, [10.0, 20.0, 40.0]), (1, [14.0, 30.0]))]  # seed 1 stopped early
     rows = _check_outputs(analyze.curves(runs, out=tmp_path / "mean", mean_over_seeds=True))
-    assert rows == [["step", "csan (mean of 2)"], ["10", "12.0"], ["20", "25.0"]]
+    assert rows[0] == ["step", "csan (mean of 2)", "csan (mean of 2) sd"]  # the spread added after the means
+    assert [float(v) for row in rows[1:] for v in row] == pytest.approx([10, 12.0, 8 ** 0.5, 20, 25.0, 50 ** 0.5])
+    md = (tmp_path / "mean.md").read_text()
+    assert "| step | csan (mean of 2) | csan (mean of 2) sd |" in md and "| 10 | 12.000 | 2.828 |" in md
+    assert "every point of a line averages the n seeds its label names" in md and "±1 sample sd" in md
+
+
+def test_curves_mean_over_seeds_draw_the_seeds_spread_as_a_band(corpus, tmp_path, monkeypatch):
+    """The plot showed the mean alone: a variant whose seeds disagree looked as certain as one whose agree."""
+    from sanlab.evaluation import plots
+
+    drawn, lines = {}, plots.lines
+    monkeypatch.setattr(plots, "lines", lambda path, **kw: drawn.update(kw) or lines(path, **kw))
+    runs = [_sweep_run(corpus, tmp_path / "grid" / v / f"seed-{seed}", size=3, bleus=bleus)
+            for v, seed, bleus in (("csan", 0, [10.0, 20.0]), ("csan", 1, [14.0, 30.0]), ("conv", 0, [5.0, 6.0]))]
+    _check_outputs(analyze.curves(runs, out=tmp_path / "mean", mean_over_seeds=True))
+    sd10, sd20 = 8 ** 0.5, 50 ** 0.5
+    assert list(drawn["bands"]) == ["csan (mean of 2)"]  # one seed has no spread to draw
+    xs, low, high = drawn["bands"]["csan (mean of 2)"]
+    assert list(xs) == [10, 20]
+    assert list(low) == pytest.approx([12 - sd10, 25 - sd20]) and list(high) == pytest.approx([12 + sd10, 25 + sd20])
 
 
 def test_curves_mean_over_seeds_keep_a_run_that_is_no_cell_apart(corpus, tmp_path):
@@ -547,7 +582,9 @@ def test_curves_mean_over_seeds_keep_a_run_that_is_no_cell_apart(corpus, tmp_pat
     cells = [_sweep_run(corpus, tmp_path / "grid" / "csan" / f"seed-{seed}", size=3, bleus=bleus)
              for seed, bleus in ((0, [10.0, 20.0]), (1, [14.0, 30.0]))]
     rows = _check_outputs(analyze.curves([alone, *cells], out=tmp_path / "mean", mean_over_seeds=True))
-    assert rows == [["step", "csan", "csan (mean of 2)"], ["10", "100.0", "12.0"], ["20", "100.0", "25.0"]]
+    assert [row[:3] for row in rows] == [["step", "csan", "csan (mean of 2)"], ["10", "100.0", "12.0"],
+                                         ["20", "100.0", "25.0"]]
+    assert rows[0][3:] == ["csan (mean of 2) sd"]
 
 
 def test_curves_of_a_metric_pattern_give_one_line_per_run_and_metric(corpus, tmp_path):
@@ -564,7 +601,8 @@ def test_curves_of_a_metric_pattern_give_one_line_per_run_and_metric(corpus, tmp
     assert rows[1:] == [["1", "-1.0", "1.0", "-1.0", "2.0"], ["2", "-2.0", "2.0", "-2.0", "3.0"]]
     mean = _check_outputs(analyze.curves(runs, out=tmp_path / "mean", split="diagnostics",
                                          metric="*log_gamma_q*", mean_over_seeds=True))
-    assert mean == [["step", "temp (mean of 2)"], ["1", "1.5"], ["2", "2.5"]]  # one match: named by run alone
+    assert [row[:2] for row in mean] == [["step", "temp (mean of 2)"], ["1", "1.5"], ["2", "2.5"]]  # named by run alone
+    assert mean[0][2:] == ["temp (mean of 2) sd"]
     with pytest.raises(analyze.ConfigError, match="no 'diagnostics' metric matches '\\*nothing\\*'"):
         analyze.curves(runs, out=tmp_path / "none", split="diagnostics", metric="*nothing*")
 

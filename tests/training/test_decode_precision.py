@@ -232,6 +232,33 @@ def test_the_agreement_report_never_replaces_a_runs_file_or_its_input(legacy, ca
     assert Path(output).read_bytes() == kept
 
 
+def test_the_agreement_report_never_replaces_a_file_that_is_not_such_a_report(legacy, tmp_path, capsys, monkeypatch):
+    """--output naming a file of the user's (notes.md): it was written over; now refused before decoding, as
+    bench/report.py refuses an --out that is no report of its bench."""
+    script = _script()
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n", encoding="utf-8")
+    monkeypatch.setattr(script, "report", lambda *a, **k: pytest.fail("decoded before refusing the --output"))
+    assert script.main(["--run", "translation", "--device", "cpu", "--output", str(notes)]) == 2
+    assert (f"--output {notes}: the file exists and is no report of scripts/decode_agreement.py (it does not name "
+            "the script); not overwritten") in capsys.readouterr().err
+    assert notes.read_text(encoding="utf-8") == "my notes\n"
+
+
+def test_the_agreement_report_replaces_an_earlier_one_whole(legacy, tmp_path, capsys, monkeypatch):
+    """An earlier report of the script is replaced, but only by a complete one: a report that fails while it is
+    written (here, text that UTF-8 cannot encode) leaves the earlier one as it was, not truncated."""
+    script = _script()
+    report = tmp_path / "reports" / "agreement.md"
+    assert script.main(["--run", "translation", "--device", "cpu", "--output", str(report)]) == 0
+    earlier = report.read_text(encoding="utf-8")
+    monkeypatch.setattr(script, "report", lambda *a, **k: "# Decoding in bf16 against fp32\n\ud800\n")
+    with pytest.raises(UnicodeEncodeError):
+        script.main(["--run", "translation", "--device", "cpu", "--output", str(report)])
+    assert report.read_text(encoding="utf-8") == earlier
+    assert sorted(p.name for p in report.parent.iterdir()) == ["agreement.md"]  # no temporary file left beside it
+
+
 def test_the_agreement_script_refuses_a_tagging_run_and_an_unknown_split(legacy, capsys):
     script = _script()
     assert script.main(["--run", "tagging", "--device", "cpu"]) == 2

@@ -257,6 +257,32 @@ def test_copies_files_and_averages_among_the_checkpoints_are_not_checkpoints(tmp
     assert (checkpoints / "step-00000003.bak").is_dir() and (checkpoints / "step-list.txt").is_file()
 
 
+@pytest.mark.parametrize("inside", ["other/checkpoints/avg", "other/averaged/avg", "other/tensorboard/avg",
+                                    "run/averaged/avg", "run/tensorboard/avg"])
+def test_an_average_is_never_written_into_a_directory_a_run_keeps_for_its_own_files(tmp_path, tiny_translation,
+                                                                                    capsys, inside):
+    """`average --output` into another run's checkpoints/ (or any run's averaged/, tensorboard/): that run's
+    `--overwrite` then refused it as holding files sanlab did not write, and its `average` refused to replace
+    an averaged/ holding a directory."""
+    from sanlab.training.rundir import check_overwritable
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    shutil.copytree(run, other)
+    for made in ("averaged", "tensorboard"):
+        (run / made).mkdir(exist_ok=True)
+        (other / made).mkdir(exist_ok=True)
+    before = _tree(tmp_path)
+    target = tmp_path / inside
+    owner = tmp_path / inside.split("/")[0]
+    assert main(["average", "--run", str(run), "--last", "2", "--output", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {target}: inside {target.parent}, " in err and f"(of the run {owner})" in err
+    assert f"write the average elsewhere (by default, {run / 'averaged'}; or a new directory outside" in err
+    assert _tree(tmp_path) == before
+    check_overwritable(other)  # still a run that --overwrite may empty
+
+
 def test_an_average_output_that_is_a_symbolic_link_is_refused_and_leaves_nothing_behind(tmp_path, tiny_translation,
                                                                                         capsys):
     run, store = tmp_path / "run", tmp_path / "store"

@@ -203,3 +203,21 @@ def test_a_console_that_is_not_a_terminal_gets_a_line_per_train_record_not_a_red
     assert len(lines) == 2 and "\r" not in err, err
     assert lines[0].split("] ", 1)[1].startswith("epoch 0: ") and ", step 3, loss " in lines[0]
     assert all(f" {key} " in line for line in lines for key in ("gnorm", "lr", "tok_s"))
+
+
+@pytest.mark.parametrize("seconds, shown", [(0.0, "<0.1s"), (0.04, "<0.1s"), (0.4, "0.4s"), (9.94, "9.9s"),
+                                            (9.96, "10s"), (125.4, "125s")])
+def test_a_sessions_wall_time_is_shown_true_below_ten_seconds(seconds, shown):
+    """A session of 0.4 s was logged as "(0s this session)"; below 10 s it gets a tenth, below 0.1 s "<0.1s"."""
+    from sanlab.training.loop import session_time
+
+    assert session_time(seconds) == shown
+
+
+def test_the_last_log_line_of_a_session_uses_that_wall_time(tmp_path, tiny_translation):
+    import re
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    finished = [line for line in (run / "train.log").read_text().splitlines() if "finished at step" in line]
+    assert len(finished) == 1 and re.search(r"\((<0\.1|\d\.\d|\d{2,})s this session\)", finished[0]), finished

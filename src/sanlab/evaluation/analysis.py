@@ -42,6 +42,7 @@ from sanlab.evaluation.analysis_curves import (  # noqa: F401  (gathered here)
     learning_curve,
     mean_curves,
     metric_names,
+    seed_curves,
     sweep_means,
     sweep_table,
 )

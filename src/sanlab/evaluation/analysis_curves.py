@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,13 @@ def mean_curves(curves: Mapping[str, Sequence[tuple[int, float]]],
     """One curve per group (e.g. the seeds of one variant): the mean at each step that every member
     logged, so no point mixes a different number of runs; a run stopped early ends its group there.
     Keys are ``"<group> (mean of n)"``."""
+    return {label: [(step, mean) for step, mean, _ in points] for label, points in seed_curves(curves, group_of).items()}
+
+
+def seed_curves(curves: Mapping[str, Sequence[tuple[int, float]]],
+                group_of: Mapping[str, str]) -> dict[str, list[tuple[int, float, float | None]]]:
+    """``mean_curves`` with the spread of its seeds: (step, mean, sample standard deviation (n - 1), None for a
+    group of one run), the seeds' sd as ``sanlab compare``'s tables give it."""
     members: dict[str, list[dict[int, float]]] = {}
     for name, points in curves.items():
         members.setdefault(group_of[name], []).append(dict(points))
@@ -144,12 +152,20 @@ def mean_curves(curves: Mapping[str, Sequence[tuple[int, float]]],
         steps = sorted(set.intersection(*(set(run) for run in runs)))
         if not steps:
             raise ValueError(f"the runs of {group!r} have no validation step in common")
-        means[f"{group} (mean of {len(runs)})"] = [(s, sum(run[s] for run in runs) / len(runs)) for s in steps]
+        means[f"{group} (mean of {len(runs)})"] = [
+            (s, sum(values) / len(values), statistics.stdev(values) if len(values) > 1 else None)
+            for s in steps for values in [[run[s] for run in runs]]]
     return means
 
 
-def curves_table(curves: Mapping[str, Sequence[tuple[int, float]]]) -> Table:
-    """Wide table: one row per step (union over runs), one column per run; blank where not logged."""
+def curves_table(curves: Mapping[str, Sequence[tuple[int, float]]],
+                 spreads: Mapping[str, Sequence[tuple[int, float, float | None]]] | None = None) -> Table:
+    """Wide table: one row per step (union over runs), one column per run; blank where not logged. ``spreads``
+    (``seed_curves``): a ``"<line> sd"`` column for each line of two or more seeds, after all the lines' columns
+    (a reader of the columns before them finds them where they were)."""
     by_run = {name: dict(points) for name, points in curves.items()}
+    sds = {f"{name} sd": {s: sd for s, _, sd in points} for name, points in (spreads or {}).items()
+           if any(sd is not None for _, _, sd in points)}
     steps = sorted({s for points in by_run.values() for s in points})
-    return Table(("step", *curves), tuple((s, *(by_run[name].get(s) for name in curves)) for s in steps), digits=3)
+    return Table(("step", *curves, *sds), tuple((s, *(by_run[name].get(s) for name in curves),
+                                                 *(sd.get(s) for sd in sds.values())) for s in steps), digits=3)

@@ -58,11 +58,13 @@ LEGEND_INSIDE_MAX = 6  # series
 
 def lines(path: Path, *, series: Mapping[str, tuple[Sequence, Sequence[float]]], title: str, xlabel: str,
           ylabel: str, points: Mapping[str, tuple[Sequence, Sequence[float]]] | None = None,
-          reference: tuple[str, float] | None = None, styles: Mapping[str, str] | None = None) -> Path:
+          reference: tuple[str, float] | None = None, styles: Mapping[str, str] | None = None,
+          bands: Mapping[str, tuple[Sequence, Sequence[float], Sequence[float]]] | None = None) -> Path:
     """One line per series (x, y). Non-numeric x values become evenly spaced categories.
 
     ``points``: extra scatter markers (e.g. single seeds under their mean); ``reference``: a
-    labelled dashed horizontal line (the baseline of CSAN Fig. 2); ``styles``: line style per series.
+    labelled dashed horizontal line (the baseline of CSAN Fig. 2); ``styles``: line style per series;
+    ``bands``: (x, low, high) of a series, shaded in its colour around it (e.g. the seeds' spread).
     """
     fig = Figure(figsize=(6.0, 3.8), layout="constrained")
     ax = fig.add_subplot()
@@ -71,7 +73,10 @@ def lines(path: Path, *, series: Mapping[str, tuple[Sequence, Sequence[float]]],
     categories = list(dict.fromkeys(str(x) for x in xs_all))
     place = (lambda xs: list(xs)) if numeric else (lambda xs: [categories.index(str(x)) for x in xs])
     for name, (xs, ys) in series.items():
-        ax.plot(place(xs), ys, (styles or {}).get(name, "-"), marker="o", markersize=4, label=name)
+        (line,) = ax.plot(place(xs), ys, (styles or {}).get(name, "-"), marker="o", markersize=4, label=name)
+        if name in (bands or {}):
+            band_xs, low, high = bands[name]
+            ax.fill_between(place(band_xs), low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     for name, (xs, ys) in (points or {}).items():
         ax.scatter(place(xs), ys, s=14, alpha=0.6, label=name)
     if reference is not None:

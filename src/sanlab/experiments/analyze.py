@@ -113,19 +113,26 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     labels = list(found)
     notes = (f"`{split}` records of each run's metrics.jsonl; a step logged twice (resumed run) keeps its "
              "later record.")
+    spreads = {}
     if mean_over_seeds:
         # only cells are averaged: a run that is no cell keeps its line, even one named as a cell's variant
         seed = re.compile(r"/seed-\d+(?=: |$)")  # (": metric" kept)
         group_of = {label: seed.sub("", label) for label in labels if seed.search(label)}
-        means = checked(analysis_curves.mean_curves, {label: found[label] for label in group_of}, group_of,
-                        context="--mean-over-seeds")
+        spreads = checked(analysis_curves.seed_curves, {label: found[label] for label in group_of}, group_of,
+                          context="--mean-over-seeds")
+        means = {line: [(step, mean) for step, mean, _ in points] for line, points in spreads.items()}
         mean_of = {group: f"{group} (mean of {list(group_of.values()).count(group)})" for group in group_of.values()}
         found = {mean_of[group_of[label]] if label in group_of else label:
                  means[mean_of[group_of[label]]] if label in group_of else found[label] for label in labels}
         notes += (" Each line of comparison cells (`<variant>/seed-N`) is the mean over the seeds of one variant, at "
-                  "the steps all of them logged (a seed that stopped early ends its line there); any other run keeps "
-                  "its own line.")
-    return write_outputs(out, title=f"Learning curves: {split} {metric}", table=analysis_curves.curves_table(found),
-                         notes=notes, plot=lambda png: plots.lines(
+                  "the steps all of them logged (a seed that stopped early ends its line there), so every point of a "
+                  "line averages the n seeds its label names (`mean of n`); any other run keeps its own line. The "
+                  "shaded band around a line of two or more seeds is ±1 sample sd (n - 1) of its seeds, which the "
+                  "`<line> sd` columns after the lines give.")
+    bands = {line: ([s for s, _, _ in points], [m - sd for _, m, sd in points], [m + sd for _, m, sd in points])
+             for line, points in spreads.items() if all(sd is not None for _, _, sd in points)}
+    return write_outputs(out, title=f"Learning curves: {split} {metric}",
+                         table=analysis_curves.curves_table(found, spreads=spreads), notes=notes,
+                         plot=lambda png: plots.lines(
                              png, series={k: ([s for s, _ in v], [y for _, y in v]) for k, v in found.items()},
-                             title=f"{split} {metric} during training", xlabel="step", ylabel=metric))
+                             bands=bands, title=f"{split} {metric} during training", xlabel="step", ylabel=metric))

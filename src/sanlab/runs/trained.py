@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -179,17 +180,42 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
         # write eval-best.json and replace the run's own best records
         raise ConfigError(f"{output}: --output may not be named {target.name!r}, the name of a run's own "
                           "checkpoint (its evaluations would replace that checkpoint's records): choose another name")
-    _refuse_output_among_checkpoints(run_dir, target)
+    _refuse_output_in_a_runs_own_directory(run_dir, target)
     return write_average(chosen, target, selection=f"last {last}" if last else f"best {best}")
 
 
-def _refuse_output_among_checkpoints(run_dir: Path, output: Path) -> None:
-    """``average --output`` inside the run's checkpoints directory: training lists, prunes and resumes from what
-    is there, and an average is none of its checkpoints. (The directory itself is refused by ``write_average``:
-    not an averaged checkpoint.)"""
-    if RunLayout(run_dir).checkpoints.resolve() in output.resolve().parents:
-        raise ConfigError(f"--output {output}: inside {RunLayout(run_dir).checkpoints}, where training keeps its "
-                          "own checkpoints; write the average elsewhere (by default, the run's averaged/)")
+# the directories a run keeps for its own files, and what each holds (--overwrite and `average` accept nothing else)
+_RUNS_OWN_DIRECTORIES = {RunLayout.checkpoints.name: "where training keeps its own checkpoints",
+                         RunLayout.averaged.name: "where `sanlab average` keeps the run's average",
+                         RunLayout.tensorboard.name: "where training keeps its TensorBoard events"}
+
+
+def _refuse_output_in_a_runs_own_directory(run_dir: Path, output: Path) -> None:
+    """``average --output`` inside a directory that this run, or another run the path leads into, keeps for its
+    own files (``checkpoints/``, ``averaged/``, ``tensorboard/``), or named as one of a run's files: that run's
+    ``--overwrite`` and ``average`` would then refuse a directory holding what they did not write. (Training
+    reads only the step-N directories of ``checkpoints/``; an average named so is refused above, by its name.)
+    The run's own ``averaged/`` is the default. An existing directory itself is refused by ``write_average``:
+    not an averaged checkpoint."""
+    from sanlab.training.rundir import is_known, is_run
+
+    real, root = Path(os.path.realpath(output)), Path(os.path.realpath(run_dir))
+    if real == root / RunLayout.averaged.name:
+        return
+    for owner in real.parents:  # (this run, or another one the output was misdirected into)
+        if owner != root and not is_run(owner):
+            continue
+        first = real.relative_to(owner).parts[0]
+        if not is_known(first):
+            continue
+        depth = len(real.relative_to(owner).parts)
+        spelled = Path(output).parents[depth - 1] if len(Path(output).parts) > depth else None
+        shown = spelled if spelled is not None and Path(os.path.realpath(spelled)) == owner else owner
+        where = (f"inside {shown / first}, {_RUNS_OWN_DIRECTORIES.get(first, 'a name the run keeps for its files')}"
+                 if depth > 1 else f"is {first}, a name the run keeps for its files")
+        raise ConfigError(f"--output {output}: {where} (of the run {shown}); write the average elsewhere (by "
+                          f"default, {RunLayout(run_dir).averaged}; or a new directory outside every run's "
+                          f"{'/, '.join(_RUNS_OWN_DIRECTORIES)}/)")
 
 
 def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:

@@ -509,7 +509,7 @@ class Trainer:
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {_shown(best)} "
-                      f"({elapsed:.0f}s this session): {self._why_stopped()}")
+                      f"({session_time(elapsed)} this session): {self._why_stopped()}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on)
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
@@ -542,6 +542,14 @@ def _parameters(model: nn.Module) -> str:
     params = list(model.parameters())
     size = sum(q.numel() * q.element_size() for q in params)
     return f"{sum(q.numel() for q in params):,} parameters, {size / 2**20:,.1f} MiB"
+
+
+def session_time(seconds: float) -> str:
+    """A session's wall time for the log: whole seconds from 10 s, a tenth below (a resumed run that only
+    validates, or a tiny one, takes under one: whole seconds showed "0s"), "<0.1s" below that."""
+    if seconds < 0.05:
+        return "<0.1s"
+    return f"{seconds:.1f}s" if seconds < 9.95 else f"{seconds:.0f}s"
 
 
 def _shown(score: float | None) -> str:
