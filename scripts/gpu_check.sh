@@ -91,8 +91,8 @@
 #       token-sized batches would compile at most new shapes until the recompile limit (64), then run eager.
 #       Worth a check: 20 updates of a plan: flex run, counting torch._dynamo.utils.counters["stats"]
 #     - Block syncs once per forward by design (its automatic block length), once per layer before 2026-12-02 (3
-#       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test
-#       covers vanilla and the tagger only
+#       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test's
+#       block-bf16 row (new, not run yet) expects one sync an update
 #     - bench/gpu.py's op counts, deterministic rows (CUBLAS_WORKSPACE_CONFIG is set after CUDA began there, so
 #       those rows time deterministic kernels without cuBLAS's reproducible workspace) and profile have not run on
 #       a GPU: a failed row is named under the table and the others are kept

@@ -86,12 +86,17 @@ ENCODERS += [pytest.param({"mixer": cfg.model_dump()}, id=f"mixer-{name}-{n}")
              for name in MIXERS.names() for n, cfg in enumerate(MIXERS.entry(name).config.examples())]
 
 
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu-paths", "accelerator-paths"])
 @pytest.mark.parametrize("encoder", ENCODERS)
-def test_a_training_forward_and_backward_reads_the_host_at_most_once(encoder):
+def test_a_training_forward_and_backward_reads_the_host_at_most_once(encoder, accelerator, monkeypatch):
     """Issue 24: a training update never waits for the device (tests/training/test_train_records.py checks the
     vanilla update). Each encoder form, over a padded batch: nothing read, but Block's automatic block length
     (Bi-BloSA's r over the batch's longest sentence: a shape, so a host read), read once per forward, not once
-    per layer (every layer waited for the device on a GPU)."""
+    per layer (every layer waited for the device on a GPU). Also through the paths a layer takes on an
+    accelerator only (Block's two directions at once)."""
+    from sanlab.layers import block_attention
+
+    monkeypatch.setattr(block_attention, "directions_together", lambda device: accelerator)
     torch.manual_seed(0)
     try:
         cfg = Seq2SeqConfig(dim=DIM, dropout=0.1, encoder=StackConfig(layers=3, ffn_dim=32, **encoder),
