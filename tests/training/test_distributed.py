@@ -647,6 +647,7 @@ def test_a_cuda_process_selects_its_gpu_before_the_nccl_group_and_ddp_uses_it(mo
     monkeypatch.setattr(distributed.dist, "init_process_group",
                         lambda **kwargs: calls.append(("init_process_group", kwargs["backend"])))
     monkeypatch.setattr(distributed, "_tear_down", lambda: calls.append(("tear_down",)))
+    monkeypatch.setattr(distributed, "_release_retired_groups", lambda: None)  # (this process's own groups kept)
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
