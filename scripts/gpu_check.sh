@@ -88,7 +88,8 @@
 #     - FlexAttention compiles once per batch shape, not once per process (flex._with_settings specialises
 #       integers: create_block_mask's B, Q_LEN and KV_LEN, 8 graphs for 8 shapes on the CPU; the kernel's
 #       BlockMask lengths likewise, not seen yet): tests/gpu uses a few shapes; a run with plan: flex and
-#       token-sized batches would compile at most new shapes until the recompile limit (64), then run eager.
+#       token-sized batches, or decoding with it (a new key length every step), compiles at most new shapes
+#       until the recompile limit (64), then runs eager (under train.compile, validation raised there before 12-02).
 #       Worth a check: 20 updates of a plan: flex run, counting torch._dynamo.utils.counters["stats"]
 #     - Block syncs once per forward by design (its automatic block length), once per layer before 2026-12-02 (3
 #       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test's
