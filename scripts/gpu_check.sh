@@ -81,6 +81,22 @@
 #       REPORT_DIR=$OUT/b GPU_STEPS=gpubench,blocklayer,window GPU_BENCH_TIMEOUT=260 GPU_BLOCK_TIMEOUT=45 \
 #         GPU_WINDOW_REPEATS=5 GPU_WINDOW_TIMEOUT=200 \
 #         GPU_BENCH_ARGS="--rounds 2 --updates 5 --warmup 2 --profile-updates 2" bash scripts/gpu_check.sh
+#   What a desk review (2026-12-02, no GPU) found untested on CUDA, for whoever reads the calls' reports:
+#     - tests/gpu's NCCL test skips on one GPU: NCCL's object collectives (Distributed.main_first, all_or_none,
+#       gather) and interval.py's float64/int64 all_reduce have run over gloo only (the CPU test checks that each
+#       process selects its GPU before the NCCL group); a 2-GPU machine runs it
+#     - FlexAttention compiles once per batch shape, not once per process (flex._with_settings specialises
+#       integers: create_block_mask's B, Q_LEN and KV_LEN, 8 graphs for 8 shapes on the CPU; the kernel's
+#       BlockMask lengths likewise, not seen yet): tests/gpu uses a few shapes; a run with plan: flex and
+#       token-sized batches, or decoding with it (a new key length every step), compiles at most new shapes
+#       until the recompile limit (64), then runs eager (under train.compile, validation raised there before 12-02).
+#       Worth a check: 20 updates of a plan: flex run, counting torch._dynamo.utils.counters["stats"]
+#     - Block syncs once per forward by design (its automatic block length), once per layer before 2026-12-02 (3
+#       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test's
+#       block-bf16 row (new, not run yet) expects one sync an update
+#     - bench/gpu.py's op counts, deterministic rows (CUBLAS_WORKSPACE_CONFIG is set after CUDA began there, so
+#       those rows time deterministic kernels without cuBLAS's reproducible workspace) and profile have not run on
+#       a GPU: a failed row is named under the table and the others are kept
 # Steps that share the GPU distort each other's timings: a short lease can run tests and train side by side
 # (their numbers are correctness and a BLEU, and the run's tokens/s is then marked as such), never a benchmark.
 set -uo pipefail

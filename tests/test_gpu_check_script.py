@@ -226,3 +226,67 @@ def test_a_failed_dev_decode_of_a_table1_cell_fails_the_call(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the dev decode of results/compare/csan-table1-multi30k/vanilla/seed-1 failed (exit 4)" in report
     assert "Failed: table1 (dev decodes) (exit 1)" in report and (tmp_path / "r" / "table1-cells.tar.gz").exists()
+
+
+class _Parsed(BaseException):
+    """Raised by a parser once it has read a command line: the command is stopped before it does anything."""
+
+
+@pytest.mark.slow  # (imports every bench script)
+def test_every_command_of_the_planned_calls_names_existing_scripts_options_and_tests(tmp_path, monkeypatch):
+    """The stand-in pythons above see the arguments, never whether the scripts still take them: a bench option
+    renamed since the last lease would fail there after the machine's minutes were spent. Every command of the
+    planned calls (the header's two, and table1) is recorded, then read by the real parsers (nothing runs), the
+    tests pytest is given exist, and the variants the gpubench names are the grid's."""
+    import argparse
+    import runpy
+
+    from sanlab.cli import _parser
+    from sanlab.experiments.grid import load_grid
+
+    repo = _bare_copy(tmp_path)
+    (repo / "runs" / "gpu-multi30k").mkdir(parents=True)  # a finished run: its evaluation and agreement follow
+    (repo / "runs" / "gpu-multi30k" / "train.log").write_text("finished at step 3000, epoch 23\n")
+    python = _recording_python(tmp_path)
+    calls = [dict(GPU_STEPS="train,decode-agreement", TRAIN_MINUTES="4", GPU_AGREEMENT_ROUNDS="2"),
+             dict(GPU_STEPS="env,tests", GPU_TEST_WORKERS="8", GPU_TEST_TIMEOUT="240"),
+             dict(GPU_STEPS="gpubench,blocklayer,window,trainstep,decode", GPU_BENCH_TIMEOUT="260",
+                  GPU_BLOCK_TIMEOUT="45", GPU_WINDOW_REPEATS="5",
+                  GPU_BENCH_ARGS="--rounds 2 --updates 5 --warmup 2 --profile-updates 2"),
+             dict(GPU_STEPS="table1", TABLE1_ARGS="--only Block --seed 1 --jobs 3 --set train.threads=2")]
+    for env in calls:
+        done = _gpu_check(repo, tmp_path, PYTHON=str(python), GPU_DATA=str(_data(tmp_path)), **env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    commands = [line.split() for line in (tmp_path / "calls.log").read_text().splitlines()]
+    commands = [c for c in commands if c[0] not in ("-", "-c")]  # the script's own snippets
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        raise _Parsed(real_parse(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    seen = set()
+    for command in commands:
+        if command[:2] == ["-m", "sanlab"]:
+            with pytest.raises(_Parsed):
+                _parser().parse_args(command[2:])
+            seen.add(f"sanlab {command[2]}")
+        elif command[:2] == ["-m", "pytest"]:
+            paths = [a for a in command[2:] if not a.startswith("-") and a not in ("gpu", "no:cacheprovider", "8")]
+            assert paths and all((ROOT / p).exists() for p in paths), command
+            seen.add("pytest")
+        else:
+            script, *args = command
+            assert (ROOT / script).is_file(), command
+            monkeypatch.setattr(sys, "argv", [script, *args])
+            with pytest.raises(_Parsed) as parsed:
+                runpy.run_path(str(ROOT / script), run_name="__main__")
+            seen.add(script)
+            if script == "bench/gpu.py":
+                variants = {cell.variant for cell in load_grid(ROOT / parsed.value.args[0].grid).cells}
+                named = set(parsed.value.args[0].compile) | set(parsed.value.args[0].deterministic)
+                assert named and named <= variants, named - variants
+    assert seen == {"sanlab env", "sanlab train", "sanlab evaluate", "sanlab compare", "pytest", "bench/gpu.py",
+                    "bench/block_layer.py", "bench/attention_window.py", "bench/train_step.py",
+                    "bench/decode_speed.py", "scripts/decode_agreement.py"}, seen

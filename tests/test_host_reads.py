@@ -12,6 +12,7 @@ import torch
 
 from sanlab.attention.registry import PARTS
 from sanlab.config import Seq2SeqConfig, StackConfig
+from sanlab.errors import ConfigError
 from sanlab.decoding.search import beam_search
 from sanlab.layers.mixers import MIXERS
 from sanlab.models.builders import build_seq2seq
@@ -76,3 +77,38 @@ def test_beam_search_over_a_model_reads_the_host_once_per_step():
     segments = " ".join(reads.events).split("step")
     assert len(segments) - 1 >= 6 and all(h for h in hyps)
     assert all(s.split() == ["tolist"] for s in segments[1:-1]), segments  # between two steps: one read
+
+
+ENCODERS = [pytest.param({}, id="vanilla")]
+ENCODERS += [pytest.param({"attention": {"heads": HEADS, "parts": [cfg.model_dump()]}}, id=f"{name}-{n}")
+             for name in PARTS.names() for n, cfg in enumerate(PARTS.entry(name).config.examples())]
+ENCODERS += [pytest.param({"mixer": cfg.model_dump()}, id=f"mixer-{name}-{n}")
+             for name in MIXERS.names() for n, cfg in enumerate(MIXERS.entry(name).config.examples())]
+
+
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu-paths", "accelerator-paths"])
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_a_training_forward_and_backward_reads_the_host_at_most_once(encoder, accelerator, monkeypatch):
+    """Issue 24: a training update never waits for the device (tests/training/test_train_records.py checks the
+    vanilla update). Each encoder form, over a padded batch: nothing read, but Block's automatic block length
+    (Bi-BloSA's r over the batch's longest sentence: a shape, so a host read), read once per forward, not once
+    per layer (every layer waited for the device on a GPU). Also through the paths a layer takes on an
+    accelerator only (Block's two directions at once)."""
+    from sanlab.layers import block_attention
+
+    monkeypatch.setattr(block_attention, "directions_together", lambda device: accelerator)
+    torch.manual_seed(0)
+    try:
+        cfg = Seq2SeqConfig(dim=DIM, dropout=0.1, encoder=StackConfig(layers=3, ffn_dim=32, **encoder),
+                            decoder=StackConfig(layers=2, ffn_dim=32), max_positions=32)
+        model = build_seq2seq(cfg, vocab_size=VOCAB, pad_id=0).train()
+    except (ValueError, ConfigError) as err:  # a form refused in this stack
+        pytest.skip(str(err))
+    tgt = torch.randint(4, VOCAB, (3, 7), generator=torch.Generator().manual_seed(2))
+    tgt[2, 5:] = 0
+    reads = HostReads()
+    with reads:
+        model(_source(), tgt).float().sum().backward()
+    mixer = encoder.get("mixer", {})
+    auto_block = mixer.get("type") == "block" and mixer.get("block_len") == "auto" and mixer.get("block_mode") != "reference"
+    assert reads.reads() == (["__int__"] if auto_block else [])

@@ -17,3 +17,17 @@ def raised_limit() -> dict[str, int]:
         if hasattr(torch._dynamo.config, name):
             return {name: max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT)}
     return {}
+
+
+# torch's switch that makes hitting the limit an error, by this torch's name for it: training turns it on for its
+# process (``training/compile.configure_dynamo``: never a silent fall-back to eager for the model)
+FAIL_SETTINGS = ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
+
+
+def uncompiled_past_limit() -> dict[str, bool]:
+    """``{setting: False}`` for this torch's ``FAIL_SETTINGS``: a function compiled with it runs uncompiled past the
+    limit, whatever a compiled training in the same process set (the FlexAttention kernel in validation)."""
+    import torch._dynamo
+
+    known = torch._dynamo.config.get_config_copy()
+    return {name: False for name in FAIL_SETTINGS if name in known}

@@ -230,3 +230,27 @@ def test_the_compiled_block_mask_builder_equals_the_eager_one(monkeypatch):
             _build(PARTS.entry(name).config.examples()[n], side, "flex")(
                 x, positions=Positions.self_attention(valid, length=40, causal=side == "decoder"))
     assert len(checked) == 4
+
+
+def test_past_the_recompile_limit_the_kernel_runs_uncompiled_even_where_training_stops_at_it(monkeypatch):
+    """The kernel and the block-mask builder compile once per shape (integers specialised): a decoder's steps with
+    ``plan: flex`` give a new key length at every step. Past the recompile limit torch runs them uncompiled, as
+    ``_with_settings`` says, also in a process where ``train.compile`` made hitting the limit an error for the
+    model (``training.compile.configure_dynamo``): validation's decoding, through the eager model, stopped there
+    with dynamo's FailOnRecompileLimitHit. Here with dynamo's eager backend and a limit of 2 (fast)."""
+    import functools
+
+    import torch._dynamo
+
+    from sanlab.compile_limits import LIMIT_SETTINGS
+    from sanlab.training.compile import FAIL_SETTINGS
+
+    known = torch._dynamo.config.get_config_copy()
+    limit, fail = next(n for n in LIMIT_SETTINGS if n in known), next(n for n in FAIL_SETTINGS if n in known)
+    monkeypatch.setattr(flex, "raised_limit", lambda: {limit: 2})
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    run = flex._with_settings(lambda x, n: x[:n].sum())  # (a new function: nothing cached by an earlier test)
+    x = torch.arange(10.0)
+    with torch._dynamo.config.patch({fail: True}):  # as train.compile leaves the process
+        assert [float(run(x, n)) for n in range(1, 6)] == [float(x[:n].sum()) for n in range(1, 6)]

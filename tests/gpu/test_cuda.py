@@ -180,13 +180,15 @@ def test_beam_search_syncs_with_the_host_once_per_step_on_cuda(cfg):
 
 
 @pytest.mark.parametrize("task,precision", [("translation", "fp32"), ("translation", "bf16"),
-                                            ("translation", "fp16"), ("tagging", "bf16")])
+                                            ("translation", "fp16"), ("tagging", "bf16"), ("block", "bf16")])
 def test_a_training_update_never_syncs_with_the_host_on_cuda(tmp_path, tiny_translation, monkeypatch, task,
                                                              precision):
     """Issue 24: the loss, gradient norm and fp16's overflow stay on the device (``training.interval``); the loop
     reads them every ``log_every`` updates; the tagger's batches bring their distinct words (``CharWords``).
     ``set_sync_debug_mode`` warns at every sync inside updates 3 to 8
-    (the first two may sync while cuBLAS and the caching allocator warm up); the loop's reads come between."""
+    (the first two may sync while cuBLAS and the caching allocator warm up); the loop's reads come between.
+    A Block encoder of two layers reads its automatic block length once per forward (a shape), not once per layer
+    (tests/test_host_reads.py counts the reads on the CPU)."""
     from sanlab.training import loop
 
     update, syncs = loop.Trainer.update, []
@@ -204,10 +206,18 @@ def test_a_training_update_never_syncs_with_the_host_on_cuda(tmp_path, tiny_tran
                 syncs.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
 
     monkeypatch.setattr(loop.Trainer, "update", watched)
-    make = tiny_translation if task == "translation" else lambda **train: make_tagging_config(tmp_path, **train)
+    make = {"translation": tiny_translation, "tagging": lambda **train: make_tagging_config(tmp_path, **train),
+            "block": lambda **train: _with_block_encoder(tiny_translation(**train))}[task]
     train_run(make(max_steps=8, log_every=4, valid_every=8, device="cuda", precision=precision), tmp_path / "run",
               quiet=True)
-    assert len(syncs) == 6 and not any(syncs), syncs
+    per_update = 1 if task == "block" else 0  # (one micro-batch an update)
+    assert len(syncs) == 6 and all(len(s) == per_update for s in syncs), syncs
+
+
+def _with_block_encoder(config):
+    raw = config.model_dump(mode="json")
+    raw["model"]["encoder"].update(layers=2, mixer={"type": "block"})
+    return validate(raw, source="test")
 
 
 def test_adamw_runs_fused_on_cuda_only():

@@ -472,3 +472,34 @@ def test_an_fp16_overflow_skips_the_update_halves_the_scale_and_is_logged(tmp_pa
     assert [r["skipped_updates"] for r in train] == [0, 0, 1, 1]
     assert train[2]["loss_scale"] == train[1]["loss_scale"] / 2  # backed off
     assert all(torch.equal(weights["before"][n], weights["after"][n]) for n in weights["before"])  # not applied
+
+
+def test_train_deterministic_sets_cublas_before_a_data_parallel_process_selects_its_gpu(tmp_path, tiny_translation,
+                                                                                       monkeypatch):
+    """A data-parallel process on CUDA selects its GPU (torch.cuda.set_device, in from_environment) before its NCCL
+    group, which starts CUDA in the process: a cuBLAS setting made after that was reported in train.log as 'CUDA was
+    in use in this process before train.deterministic set CUBLAS_WORKSPACE_CONFIG' in every such run, though no
+    cuBLAS product had run. The setting comes first. (Seen on the CPU: the process group replaced.)"""
+    import contextlib
+
+    from sanlab.training import device as device_module, distributed
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "recorded")  # so that monkeypatch restores whatever was there
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    @contextlib.contextmanager
+    def from_environment(device):
+        seen.append((device, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        raise Stop
+        yield  # (a generator)
+
+    monkeypatch.setattr(distributed, "from_environment", from_environment)
+    monkeypatch.setattr(device_module, "resolve_device", lambda spec: torch.device("cuda", 0))
+    with pytest.raises(Stop):
+        train_run(tiny_translation(max_steps=2, deterministic=True), tmp_path / "run", quiet=True)
+    assert seen == [(torch.device("cuda", 0), CUBLAS_DETERMINISTIC)]
+    assert not torch.are_deterministic_algorithms_enabled()

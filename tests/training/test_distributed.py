@@ -632,3 +632,31 @@ def test_a_launch_leaves_nothing_in_the_temporary_directory(tmp_path, tiny_trans
     config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1, threads=1)))
     assert main(["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2", "--quiet"]) == 0
     assert sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")) == []
+
+
+def test_a_cuda_process_selects_its_gpu_before_the_nccl_group_and_ddp_uses_it(monkeypatch):
+    """NCCL's object collectives (broadcast_object_list, all_gather_object: main_first, all_or_none, gather) put
+    their bytes on torch.cuda.current_device(): without torch.cuda.set_device(cuda:LOCAL_RANK) before the group,
+    every process's would land on cuda:0 (and NCCL refuses two ranks on one GPU). What can be seen without a GPU:
+    the calls ``from_environment`` makes for a CUDA device, and DDP's device_ids from it."""
+    from sanlab.training import distributed
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", torch.device(device))))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda **kwargs: calls.append(("init_process_group", kwargs["backend"])))
+    monkeypatch.setattr(distributed, "_tear_down", lambda: calls.append(("tear_down",)))
+    monkeypatch.setattr(distributed, "_release_retired_groups", lambda: None)  # (this process's own groups kept)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    gpu = torch.device("cuda", 3)
+    with distributed.from_environment(gpu) as dist:
+        assert (dist.rank, dist.world_size, dist.device) == (3, 4, gpu)
+    assert calls == [("set_device", gpu), ("init_process_group", "nccl"), ("tear_down",)]
+
+    made = {}
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda model, **kwargs: made.update(kwargs))
+    dist.wrap(torch.nn.Linear(2, 2))
+    assert made["device_ids"] == [3]

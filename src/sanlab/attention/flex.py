@@ -32,7 +32,7 @@ from torch import Tensor
 
 from sanlab.attention import masks
 from sanlab.attention.parts_base import AttentionContext, StageParts
-from sanlab.compile_limits import raised_limit
+from sanlab.compile_limits import raised_limit, uncompiled_past_limit
 from sanlab.torch_release import TORCH
 
 try:  # without it the plan is not offered (``supports`` is False)
@@ -108,11 +108,13 @@ def _with_settings(fn):
     symbolic once its value changes between calls (an encoder's window and a decoder's differ), and inductor's
     flex lowering fails on a symbolic captured integer ("'ShapeAsConstantBuffer' object has no attribute
     'dtype'", seen on an H200 with torch 2.11; the same failure on the CPU with 2.13 is the regression test).
-    Each distinct set of values compiles once, a few per model, so the recompile limit is raised: past it torch
-    would run the function uncompiled (the kernel forming the score matrix, the block mask the [b, h, i, j]
-    mask), without an error. Inside a compiled model the model's compilation decides (``training/compile.py``)."""
+    Each distinct set of values compiles once, so the recompile limit is raised; the batch size and lengths are
+    such integers too (a decoder's steps give a new key length each): past the limit torch runs the function
+    uncompiled (the kernel forming the score matrix, the block mask the [b, h, i, j] mask), without an error, also
+    where a compiled training made hitting the limit an error for its model (validation's decoding runs here).
+    Inside a compiled model the model's compilation decides (``training/compile.py``)."""
     compiled = torch.compile(fn)
-    settings = {"specialize_int": True, **raised_limit()}
+    settings = {"specialize_int": True, **raised_limit(), **uncompiled_past_limit()}
 
     def run(*args, **kwargs):
         if torch.compiler.is_compiling():

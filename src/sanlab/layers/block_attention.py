@@ -297,7 +297,12 @@ class BlockSelfAttention(nn.Module):
         if self.mode == "reference":
             return REFERENCE_BLOCK_LEN
         lengths = positions.lengths()
-        longest = int(lengths.max()) if lengths is not None else positions.q_pos.numel()
+
+        def read_longest() -> int:  # a shape, so read on the host (on a GPU, a wait for the device)
+            return int(lengths.max())
+
+        # once per positions, which every layer of the stack shares: not a wait per layer
+        longest = positions.once("block_longest", read_longest) if lengths is not None else positions.q_pos.numel()
         # Bi-BloSA's r = ceil((2n)^(1/3)) over the batch's longest sentence: as in the reference, a
         # sentence's output depends on what it is batched with (an integer block_len does not)
         return max(1, math.ceil((2 * longest) ** (1 / 3)))

@@ -46,7 +46,9 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     device = resolve_device(config.train.device)
     if config.train.deterministic and device.type == "cuda":
         check_cublas_setting()  # before the run directory is touched
-    with from_environment(device) as dist:
+    # deterministic algorithms (and cuBLAS's setting) before the process group: a data-parallel process on CUDA
+    # selects its GPU there, which starts CUDA, and the setting made after that was warned of as made too late
+    with deterministic_algorithms(config.train.deterministic, device) as warning, from_environment(device) as dist:
         with contextlib.ExitStack() as held:  # the main process's lock on the run, for the whole session
             start = _Start()
             with dist.main_first():  # (a failure here stops every process with the main process's message)
@@ -61,8 +63,7 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
                     start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
                     start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
             start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
-            with deterministic_algorithms(config.train.deterministic, dist.device) as warning:
-                summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist, warning=warning)
+            summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist, warning=warning)
             if on_finished is not None and dist.is_main:
                 on_finished(summary)
             return summary

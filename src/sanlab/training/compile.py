@@ -17,10 +17,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from sanlab.compile_limits import RECOMPILE_LIMIT, raised_limit
+from sanlab.compile_limits import FAIL_SETTINGS, RECOMPILE_LIMIT, raised_limit
 from sanlab.errors import TrainingError
 
-FAIL_SETTINGS = ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
 LIMIT_ERRORS = ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
 
 
