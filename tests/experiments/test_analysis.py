@@ -17,7 +17,7 @@ from sanlab.config import validate
 from sanlab.data.subword import train_joint
 from sanlab.data.synthetic import generate_translation
 from sanlab.evaluation import analysis as A
-from sanlab.experiments import analyze, analyze_cli
+from sanlab.experiments import analyze, analyze_bleu, analyze_cli
 from sanlab.runs import evaluate_run, load_run_config, prepare_run_dir
 from sanlab.training.checkpoint import CheckpointManager
 
@@ -55,7 +55,7 @@ def test_length_bucket_assignment_and_scores():
     sources = ["a", "a b", "a b c", "a b c d e", "a b c d e f"]  # 1, 2, 3, 5, 6 words
     refs = ["w x y z v"] * 5
     hyps = [refs[0], refs[0], "p q r s t", refs[0], refs[0]]  # wrong only in the 3-4 bucket
-    lengths = A.source_lengths(sources)
+    lengths = analyze_bleu.source_lengths(sources)
     assert lengths == [1, 2, 3, 5, 6]
     rows = A.length_buckets({"s": hyps}, refs, lengths, edges=(2, 4))
     assert [(r.bucket, r.count) for r in rows] == [("1-2", 2), ("3-4", 1), (">4", 2)]
@@ -70,7 +70,7 @@ def test_a_source_word_is_what_sanlab_tag_reads_as_one_a_no_break_space_does_not
     from sanlab.data.conllu_io import plain_words
 
     sources = ["10\u00a0000 Menschen", "ein\u2009Hund  läuft", "a\tb c", "", "  "]
-    assert A.source_lengths(sources) == [len(plain_words(s)) for s in sources] == [2, 2, 3, 0, 0]
+    assert analyze_bleu.source_lengths(sources) == [len(plain_words(s)) for s in sources] == [2, 2, 3, 0, 0]
 
 
 def test_length_buckets_against_a_baseline_test_each_bucket_on_its_own_sentences():

@@ -31,7 +31,6 @@ from sanlab.evaluation.analysis_bleu import (  # noqa: F401  (gathered here)
     ngram_gaps,
     pairwise_tables,
     pairwise_tests,
-    source_lengths,
 )
 from sanlab.evaluation.analysis_curves import (  # noqa: F401  (gathered here)
     LOWER_IS_BETTER,

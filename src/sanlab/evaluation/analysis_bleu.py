@@ -59,15 +59,6 @@ class BucketScore:
     mark: str = ""                # ⇑ ↑ ↓ ⇓ as in the comparison tables
 
 
-def source_lengths(sources: Sequence[str]) -> list[int]:
-    """Length of each raw (untokenised, un-segmented) source sentence in words split at spaces and tabs, as
-    ``sanlab tag`` reads a line (``plain_words``; compare-mt splits at ASCII spaces too): a no-break space
-    ("10\u00a0000") or another Unicode space joins, it does not split."""
-    from sanlab.data.conllu_io import plain_words
-
-    return [len(plain_words(s)) for s in sources]
-
-
 def length_buckets(systems: Mapping[str, Sequence[str]], references: References, lengths: Sequence[int], *,
                    edges: Sequence[int] = (10, 20, 30, 40), tokenize: str = "13a", baseline: str | None = None,
                    n_samples: int = 1000, seed: int = 12345) -> list[BucketScore]:

@@ -42,6 +42,16 @@ def ngram_gap(run_dirs: Sequence[PathLike], *, baseline: PathLike, out: PathLike
                              ylabel="precision gap (points)"))
 
 
+def source_lengths(sources: Sequence[str]) -> list[int]:
+    """Length of each raw (untokenised, un-segmented) source sentence in words split at spaces and tabs, as
+    ``sanlab tag`` reads a line (``plain_words``; compare-mt splits at ASCII spaces too): a no-break space
+    ("10\u00a0000") or another Unicode space joins, it does not split. (Here, not in ``evaluation``: the word
+    rule belongs to the data floor, which ``evaluation`` does not import.)"""
+    from sanlab.data.conllu_io import plain_words
+
+    return [len(plain_words(s)) for s in sources]
+
+
 def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequence[int] = (10, 20, 30, 40),
                    split: str | None = None, checkpoint: str = "best", sources: PathLike | None = None,
                    references: PathLike | None = None, tokenize: str = "13a", baseline: PathLike | None = None,
@@ -57,7 +67,7 @@ def length_buckets(run_dirs: Sequence[PathLike], *, out: PathLike, edges: Sequen
     bootstrap_samples, bootstrap_seed = bootstrap_options(bootstrap_samples, bootstrap_seed)
     runs = baselines_first([] if baseline is None else [baseline], run_dirs)  # the baseline first; each run once
     data = translation_inputs(runs, split=split, checkpoint=checkpoint, sources=sources, references=references)
-    lengths = analysis_bleu.source_lengths(data["sources"])
+    lengths = source_lengths(data["sources"])
     base_label = next(iter(data["hypotheses"])) if baseline is not None else None
     scores = checked(analysis_bleu.length_buckets, data["hypotheses"], data["references"], lengths, edges=edges,
                      tokenize=tokenize, baseline=base_label, n_samples=bootstrap_samples, seed=bootstrap_seed,
