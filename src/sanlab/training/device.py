@@ -252,8 +252,9 @@ def deterministic_algorithms(enabled: bool, device: torch.device):
     benchmarking, and cuBLAS gets its reproducible workspace setting (``CUBLAS_WORKSPACE_CONFIG``, for the
     process, unless set already; a value cuBLAS cannot reproduce with is a ConfigError). The CPU's kernels are
     deterministic already; there it changes which path a few layers take, up to rounding (capsule routing's
-    prefix sums, ``attention/routing.py``; FlexAttention's choice, ``attention/plans.choose``). Everything is
-    restored on exit (a process may train more than once).
+    prefix sums, ``attention/routing.py``; FlexAttention's choice, ``attention/plans.choose``). Everything but
+    the cuBLAS variable is restored on exit (a process may train more than once); that one stays, since cuBLAS
+    reads it once per process and unsetting it afterwards would change nothing but what the environment says.
 
     Yields a warning to log, or None: torch reads the cuBLAS setting once, when the process first uses cuBLAS,
     so set here after CUDA work began (a test session, a grid that trained another cell in this process) it may
