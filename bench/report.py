@@ -7,13 +7,12 @@ import argparse
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from sanlab.errors import SanlabError
-from sanlab.files import check_report_file
+from sanlab.files import check_report_file, write_text
 from sanlab.training.device import cpu_model, resolve_device  # (cpu_model: also report.cpu_model)
 
 
@@ -53,18 +52,12 @@ def check_out(parser: argparse.ArgumentParser, path: str | Path | None, script: 
 
 
 def write_out(path: str | Path, text: str) -> None:
-    """``text`` into ``path`` whole: written beside it, then renamed over it (a bench killed mid-write, or a
-    reader of a table rewritten after every round, never sees half a file)."""
+    """``text`` into ``path`` whole (``sanlab.files.write_text``: written beside it, synced, then renamed over
+    it), so a bench killed mid-write, or a reader of a table rewritten after every round, never sees half a
+    file; the folder is made if missing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, text)
 
 
 def whole_number(text: str) -> int:
