@@ -237,7 +237,8 @@ def test_checkpoint_names_and_average_counts_say_what_there_is(tmp_path, tiny_tr
 
 def test_copies_files_and_averages_among_the_checkpoints_are_not_checkpoints(tmp_path, tiny_translation, capsys):
     """A backup copy step-00000003.bak is not averaged with its original, a file step-list.txt stops nothing, and an
-    average may not be written among the checkpoints (`--checkpoint last` would load it, a resume would fail)."""
+    average may not be written among the checkpoints (training reads only step-N folders there, but a folder it
+    did not write would stop a later `--overwrite` and the run's own `average`)."""
     from sanlab.runs import average_run
     from sanlab.runs.trained import load_checkpoint
 
