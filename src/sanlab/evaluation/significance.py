@@ -14,7 +14,10 @@ Although it looks at |d|, the test is in effect **one-sided in the direction of 
 unless the effect is tiny, mean(d*) is close to d, so ``s_b > d`` asks how often the resampled
 difference exceeds its own mean by d, i.e. p is close to P(the difference would flip sign) - Koehn's
 (2004) "A beats B in 95% of resamples". A mark at p < 0.05 is therefore a directional 5% test, a two-sided
-10% one (checked in a null simulation on real EWT outputs: 9% of p-values below 0.05). The papers' marks
+10% one, and p < 0.01 a two-sided 2% one. Checked in null simulations (2026-12-02): two synthetic systems alike
+on every sentence, 2,000 experiments: 11% of p below 0.05, 2.1% below 0.01; real outputs of two seeds swapped
+sentence by sentence at random (so neither is better), EWT tags 2,000: 11.6% and 2.9% (a z-test with the
+exact variance: 11.0% and 2.8%), Multi30k BLEU 200: 9.5% and 2.0%. The papers' marks
 follow the same convention; ``significance_mark`` turns the sign of the delta into the arrow. Mean and 95% CI (half-width, "mu ± ci") of each system
 come from the same resamples, via sacreBLEU's ``estimate_ci``.
 

@@ -20,8 +20,8 @@ from sanlab.files import read_json, write_text
 # sign for ours to agree or disagree with (e.g. Dufter's +Temp, +0.09 on the UD mean).
 PAPER_DELTA_FLOOR = 0.1
 # The seeds test marks (and decides the direction column) only with this many seeds a side: with 2 the
-# spread of the runs rests on one degree of freedom, and in a simulated null with seed variation it
-# rejected up to 20% at p < 0.05 (10-16% with 3; docs/compare.md).
+# spread of the runs rests on one degree of freedom a side, and in a simulated null with seed variation it
+# gave p < 0.01 up to 5.7% of the time (a two-sided 2% level; about 2% with 3; docs/compare.md); its p is shown.
 SEEDS_FOR_A_MARK = 3
 
 
