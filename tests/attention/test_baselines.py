@@ -15,6 +15,7 @@ from sanlab.attention.config import AttentionConfig
 from sanlab.attention.parts.directional import DirectionalHeads
 from sanlab.attention.parts.gaussian import LocalHard, LocalSoft, NeighborCSAN, NeighborSperber
 from sanlab.attention.parts.rel_pos import RelativePositions, relative_index
+from sanlab.attention.registry import PARTS
 from sanlab.registry import BuildContext
 
 
@@ -102,6 +103,19 @@ def test_local_hard_bias_matches_hand_formula_and_only_last_heads():
     torch.testing.assert_close(bias[0, 3, 0], torch.tensor([-0.08, -0.02, 0.0, -0.02, -0.08]))
     torch.testing.assert_close(bias[1, 2, 4], torch.tensor([-0.02, 0.0, -0.02, -0.08, -0.18]))
     assert torch.all(bias[:, :2] == 0)  # the first H - H_loc heads are untouched
+
+
+def test_a_truncated_local_hard_window_below_half_a_position_is_refused():
+    """|j - c| <= D holds for no key j when the predicted centre c falls between two positions and D < 0.5: the
+    query's local head would attend to nothing and give a zero output, silently. D = 0.5 always holds a key."""
+    with pytest.raises(ValueError, match=r"local_hard.*window D = 0.2 with truncate: true leaves a query no key "
+                                         r"when its centre falls between two positions; use D >= 0.5"):
+        PARTS.parse({"type": "local_hard", "window": 0.2, "truncate": True})
+    assert PARTS.parse({"type": "local_hard", "window": 0.2}).window == 0.2  # untruncated: a narrow Gaussian
+    part = LocalHard(dim=16, heads=2, local_heads=1, head_dim=8, window=0.5, truncate=True)
+    for p in (0.5, 0.125, 0.375, 1.0):  # centres 2, 0.5, 1.5 and 4 on 5 keys
+        _fix_sigmoid(part.predict, [p])
+        assert part.mask(_ctx(heads=2))[0, 1].any(-1).all()
 
 
 def test_local_hard_under_causal_mask_uses_i_plus_one_valid_keys():

@@ -180,3 +180,60 @@ def test_algorithms_agree_in_values_and_gradients(mixer, decoder):
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+def _one_head_model(mixer: dict, *, heads: int, pre_blocks: list[dict] = ()):
+    """``_model`` with ``heads`` attention heads (a mixer's own heads follow the stack's unless it sets them)."""
+    mixer = dict(mixer)
+    attention = {"heads": heads, "parts": mixer.pop("attention_parts", [])}
+    decoder = _decoder_capable(mixer)
+    enc = StackConfig(layers=2, ffn_dim=32, attention=attention, mixer=mixer, pre_blocks=list(pre_blocks))
+    dec = StackConfig(layers=2, ffn_dim=32, attention=attention, mixer=mixer if decoder else {"type": "attention"})
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(dim=16, dropout=0.0, norm="post", encoder=enc, decoder=dec, max_positions=16)
+    return perturb(build_seq2seq(cfg, vocab_size=30, pad_id=0).double().eval(), 0.1)
+
+
+# kernels and blocks longer than any test sentence, and blocks of one token
+EDGE_MIXER_FORMS = [{"type": "dynamic_conv", "kernel_size": 15}, {"type": "muse", "kernel_sizes": [15]},
+                    {"type": "block", "block_len": 1, "layers": None},
+                    {"type": "block", "block_len": 20, "layers": None}]
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("mixer, pre_blocks", [pytest.param(m.values[0], [], id=m.id) for m in MIXER_FORMS]
+                         + [pytest.param(m, [], id=f"{m['type']}-edge-{n}") for n, m in enumerate(EDGE_MIXER_FORMS)]
+                         + [pytest.param({"type": "attention"}, [block], id=f"pre-{n}")
+                            for n, block in enumerate(PRE_BLOCK_CONFIGS + [{"type": "conv", "kernel": 15}])])
+def test_one_token_sentences_and_one_head(mixer, pre_blocks, heads):
+    """A one-token source and target, alone and beside full ones (all but one position of their rows padding):
+    finite values and gradients; each sentence's outputs equal it translated alone (Block's automatic length,
+    which follows the batch's longest sentence by design, aside); decoding step by step equals the forward."""
+    model = _one_head_model(mixer, heads=heads, pre_blocks=pre_blocks)
+    batch_dependent = mixer["type"] == "block" and mixer.get("block_len", "auto") == "auto"
+    g = torch.Generator().manual_seed(0)
+    for src_lengths, tgt_lengths in (((1,), (1,)), ((1, 9), (1, 6)), ((9, 1), (6, 1))):
+        def tokens(lengths):
+            return torch.randint(4, 30, (len(lengths), max(lengths)), generator=g) * (
+                torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None])
+        src, tgt = tokens(src_lengths), tokens(tgt_lengths)
+        model.train()
+        model.zero_grad()
+        out = model(src, tgt)
+        assert torch.isfinite(out).all()
+        out.pow(2).sum().backward()
+        assert [n for n, p in model.named_parameters()
+                if p.grad is not None and not torch.isfinite(p.grad).all()] == []
+        model.eval()
+        with torch.no_grad():
+            full = torch.log_softmax(model(src, tgt), dim=-1)
+            for row, (s, t) in enumerate(zip(src_lengths, tgt_lengths)):
+                if not batch_dependent:
+                    alone = torch.log_softmax(model(src[row:row + 1, :s], tgt[row:row + 1, :t]), dim=-1)
+                    torch.testing.assert_close(full[row, :t], alone[0], msg=lambda m: f"row {row}: {m}")
+            state, steps = model.start_decoding(src), []
+            for i in range(tgt.shape[1]):
+                log_probs, state = model.decode_step(tgt[:, i:i + 1], state)
+                steps.append(log_probs)
+            real = tgt.ne(0)
+            torch.testing.assert_close(torch.stack(steps, 1)[real], full[real].float())

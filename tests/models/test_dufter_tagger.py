@@ -172,6 +172,27 @@ def test_position_interactions_refuse_chunks_longer_than_t():
         model(words, chars)
 
 
+@pytest.mark.parametrize("mask_padding", [True, False], ids=["masked", "reference"])
+@pytest.mark.parametrize("name", [*VARIANTS, "none"])
+def test_one_word_and_t_word_chunks_are_tagged_and_a_longer_chunk_is_refused(name, mask_padding):
+    """t = model.max_len = 10: a one-word sentence (alone, and beside a full chunk) and a chunk of exactly t words
+    give finite tags, the one word the same alone as in the batch; t + 1 words is a clear error in every position
+    mode, also without a learned table or a part sized t (position none) that would refuse it on its own."""
+    position, parts = VARIANTS.get(name, ("none", []))
+    torch.manual_seed(0)
+    model = _tiny(position, parts, mask_padding=mask_padding).eval()
+    words, chars, _ = _batch(length=10)
+    words[0, 1:] = 0  # one word, then padding
+    with torch.no_grad():
+        together = model(words, chars)
+        assert torch.isfinite(together).all()
+        if mask_padding:  # (unmasked, the reference pads every chunk to t: no shorter batch exists)
+            torch.testing.assert_close(model(words[:1, :1], chars[:1, :1]), together[:1, :1])
+        longer, longer_chars, _ = _batch(length=11)
+        with pytest.raises(ValueError, match=r"11 words.* t = 10 \(model.max_len\)"):
+            model(longer, longer_chars)
+
+
 @pytest.mark.parametrize("name,position,types", [
     ("ud-ewt-pr.yaml", "none", ["abs_position", "rel_position"]),
     ("ud-ewt-p.yaml", "none", ["abs_position"]),

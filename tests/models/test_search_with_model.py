@@ -1,6 +1,7 @@
 """Beam search on a real (random) Seq2Seq: batched == one at a time; greedy == beam 1 argmax."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -102,3 +103,30 @@ def test_the_cached_search_finds_what_a_search_without_cache_finds(beam):
     assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in plain]
     assert [h.score for n in cached for h in n] == pytest.approx([h.score for n in plain for h in n], abs=1e-4)
     assert len({tuple(n[0].tokens) for n in cached}) > 1  # the sentences' outputs differ: a mixed-up row would show
+
+
+@pytest.mark.parametrize("max_len", [1, 2, 3])
+def test_a_beam_wider_than_the_vocabulary_returns_every_output_of_unknown_only_sources(max_len):
+    """Vocabulary 6 (PAD, UNK, BOS, EOS, two words; UNK may be emitted), beam 20, n-best 20: every output of at most
+    max_len - 1 tokens comes back once (13 for max length 3, only the empty one for max length 1), best first, each
+    scored by the model's own log-probs. The sources are an unknown-only sentence and the empty one (EOS), batched:
+    each as it is alone."""
+    model = tiny_seq2seq(vocab=6, eos_bias=True, seed=1)
+    src = torch.tensor([[1, 1, 1, 3], [3, 0, 0, 0]])
+    emitted = (1, 4, 5)
+    expected = {(*t,) for n in range(max_len) for t in itertools.product(emitted, repeat=n)}
+    with torch.no_grad():
+        found = beam_search(model.decode_step, model.start_decoding(src), batch_size=2, beam_size=20, bos=2, eos=3,
+                            pad=0, max_lengths=torch.full((2,), max_len), n_best=20)
+        for b, hyps in enumerate(found):
+            length = int(src[b].ne(0).sum())
+            assert [tuple(h.tokens) for h in hyps] and {tuple(h.tokens) for h in hyps} == expected
+            assert len(hyps) == len(expected)  # each once
+            assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+            for h in hyps:
+                log_probs = torch.log_softmax(model(src[b:b + 1, :length], torch.tensor([[2, *h.tokens]]))[0], -1)
+                assert h.log_prob == pytest.approx(float(log_probs[torch.arange(len(h.tokens) + 1),
+                                                                   torch.tensor([*h.tokens, 3])].sum()), abs=1e-4)
+            (alone,) = beam_search(model.decode_step, model.start_decoding(src[b:b + 1, :length]), batch_size=1,
+                                   beam_size=20, bos=2, eos=3, pad=0, max_lengths=torch.tensor([max_len]), n_best=20)
+            assert [h.tokens for h in alone] == [h.tokens for h in hyps]

@@ -159,7 +159,9 @@ def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=3), run, quiet=True)
     saved = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
-    with pytest.raises(TrainingError, match="loss is nan at update 4"):
+    with pytest.raises(TrainingError, match=r"loss is nan at update 4 \(epoch \d+\); stopping without saving it\. Last "
+                                            r"good checkpoint: .*step-00000003\. Try a lower learning rate, longer "
+                                            r"warm-up or --set train.clip_norm=1.0\.$"):
         _poison_and_train(run, tiny_translation)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == saved
 

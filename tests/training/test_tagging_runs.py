@@ -122,3 +122,19 @@ def test_an_update_encodes_only_the_batches_this_process_trains(tmp_path, monkey
         batch = task.read(pending)
         assert task.batch_tokens(pending) == batch.tokens == int(batch.tags.ne(-100).sum())
         torch.testing.assert_close(task.loss(pending), task.loss(batch), rtol=0, atol=0)
+
+
+def test_outputs_that_go_non_finite_only_in_validation_stop_the_run_without_a_checkpoint(tmp_path, monkeypatch):
+    """Training's loss stays finite; the tagger's outputs are NaN in eval mode only (so the dev accuracy is taken
+    over NaN logits first): the dev loss stops the run, naming the update and what to try, and nothing is saved."""
+    from sanlab.errors import TrainingError
+    from sanlab.models.tagger import Tagger
+
+    forward = Tagger.forward
+    monkeypatch.setattr(Tagger, "forward", lambda self, *a, **k: forward(self, *a, **k) * (
+        1.0 if self.training else float("nan")))
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"validation loss is nan after update 2: .*stopping without saving it\. "
+                                            r"Last good checkpoint: none yet .* Try a lower learning rate"):
+        train_run(make_tagging_config(tmp_path, max_steps=3, valid_every=2), run, quiet=True)
+    assert (run / "meta.json").is_file() and not list(run.rglob("model.safetensors"))  # it ran; nothing saved

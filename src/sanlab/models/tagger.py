@@ -130,6 +130,10 @@ class Tagger(nn.Module):
                 traces: list | None = None) -> Tensor:
         """words [b, t] (0 = pad), chars [b, t, c] -> tag logits [b, t, num_tags]; ``char_words``: the batch's
         ``CharWords.of(chars)``, when it brings it."""
+        if words.shape[1] > self.max_len:  # (a shape: no device read) refused in every position mode, not only
+            # where a learned table or a part sized t would fail later, and less plainly
+            raise ValueError(f"a chunk of {words.shape[1]} words is longer than the tagger's t = {self.max_len} "
+                             "(model.max_len): split sentences into chunks of at most t words, as tag_sentences does")
         valid = words.ne(0) if self.mask_padding else None
         positions = Positions.self_attention(valid, length=words.shape[1], device=words.device)
         e = self.embed(words, chars, positions, char_words)

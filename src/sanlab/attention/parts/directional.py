@@ -62,6 +62,9 @@ def build_bi_direct(config: BiDirectConfig, ctx: BuildContext) -> DirectionalHea
     if ctx.side == "cross":
         raise ValueError("bi_direct masks self-attention heads by direction; it has no meaning in "
                          "encoder-decoder attention")
+    if ctx.heads < 2:  # (else the bound below reads "pairs must be between 1 and 0")
+        raise ValueError(f"bi_direct needs at least 2 heads (a forward and a backward one); the attention of "
+                         f"layer {ctx.layer_index} ({ctx.side}) has {ctx.heads}")
     pairs = ctx.heads // 2 if config.pairs == "all" else config.pairs
     if not 1 <= pairs <= ctx.heads // 2:
         raise ValueError(f"bi_direct pairs = {config.pairs} needs {2 * pairs} heads; the attention has "

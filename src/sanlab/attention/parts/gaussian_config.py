@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sanlab.attention.registry import PartConfig
 
@@ -43,6 +43,15 @@ class LocalHardConfig(GaussianConfig):
     window: float = Field(10.0, gt=0)  # D (Luong's empirical 10; the reference code's local_size)
     truncate: bool = False
     luong_exact: bool = False
+
+    @model_validator(mode="after")
+    def _truncation_keeps_a_key(self):
+        # the nearest key lies within 0.5 of any centre in [0, L - 1]; a narrower truncation can keep none, and the
+        # query's local head would then attend to nothing (a zero output, silently)
+        if self.truncate and self.window < 0.5:
+            raise ValueError(f"window D = {self.window} with truncate: true leaves a query no key when its centre "
+                             "falls between two positions; use D >= 0.5 (or truncate: false)")
+        return self
 
     @classmethod
     def examples(cls) -> list["LocalHardConfig"]:
