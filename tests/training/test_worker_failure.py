@@ -165,3 +165,32 @@ def test_a_killed_process_is_told_in_a_few_lines_and_its_tracebacks_kept_in_laun
     assert said[0] in log and "Root Cause" in log and f"exitcode  : -9 (pid: {rank_1})" in log, log
     assert list(temp.iterdir()) == [] or all(p.name.startswith("torchinductor_") for p in temp.iterdir())
     assert any((run / "checkpoints").glob("step-*"))
+
+
+def test_the_long_text_is_appended_to_the_runs_launch_log_or_kept_in_the_launch_folder(tmp_path, capsys):
+    """What torchrun's process wrote goes, below the account, into the run's launch.log (appended: a run may fail
+    more than once), and the launch folder can go; without a run directory (a start that failed before making it)
+    it stays in the launch folder, which the launcher then keeps, and the account names it."""
+    from sanlab.training import launch, worker_failure
+
+    def failed_launch(name: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        (where / worker_failure.FAILURE_FILE).write_text(json.dumps(
+            {"failed": [{"rank": 1, "pid": 11, "exitcode": -9, "error": "", "where": ""}], "stopped": [0]}))
+        (where / worker_failure.LOG_FILE).write_text("torchrun's summary\n")
+        return where
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text("{}")
+    for attempt in ("a", "b"):
+        assert launch._tell_the_failure(failed_launch(attempt), _args(run=str(run)), 1) is False
+    err = capsys.readouterr().err
+    assert err.count("sanlab train: error: process 1 of 2 (pid 11) was killed by SIGKILL") == 2, err
+    log = (run / "launch.log").read_text()
+    assert log.count("torchrun's summary") == 2 and log.count("was killed by SIGKILL") == 2, log
+    where = failed_launch("c")
+    assert launch._tell_the_failure(where, _args(run=str(tmp_path / "none")), 1) is True
+    assert f"tracebacks and torchrun's account: {where / 'launch.log'}" in capsys.readouterr().err
+    assert "torchrun's summary" in (where / "launch.log").read_text() and not (tmp_path / "none").exists()
