@@ -55,8 +55,24 @@ def test_the_frame_named_is_the_innermost_outside_torch_and_python():
                  '  File "/src/sanlab/training/loop.py", line 254, in update\n    loss.backward()\n'
                  '  File "/venv/torch/_tensor.py", line 623, in backward\n    torch.autograd.backward(\n'
                  'RuntimeError: bad\n')
-    assert innermost_frame(callstack, skip=("/venv/torch",)) == "/src/sanlab/training/loop.py, line 254, in update"
-    assert innermost_frame(callstack, skip=("/src", "/venv")) == ""
+    assert innermost_frame(callstack, lambda f: f.startswith("/venv/torch/")) == ("/src/sanlab/training/loop.py, "
+                                                                                 "line 254, in update")
+    assert innermost_frame(callstack, lambda f: True) == ""
+
+
+def test_torch_and_pythons_library_are_skipped_not_the_packages_installed_beside_them():
+    """In python's Docker images the packages lie inside the standard library's directory
+    (/usr/local/lib/python3.11/site-packages): sanlab installed there is no library frame."""
+    import sysconfig
+
+    import torch
+
+    from sanlab.training import worker_failure
+
+    library = worker_failure._library()
+    assert library(torch.nn.functional.__file__) and library(json.__file__)
+    assert not library(worker_failure.__file__)
+    assert not library(os.path.join(sysconfig.get_paths()["purelib"], "sanlab", "cli.py"))
 
 
 def _args(**given) -> argparse.Namespace:
@@ -194,3 +210,28 @@ def test_the_long_text_is_appended_to_the_runs_launch_log_or_kept_in_the_launch_
     assert launch._tell_the_failure(where, _args(run=str(tmp_path / "none")), 1) is True
     assert f"tracebacks and torchrun's account: {where / 'launch.log'}" in capsys.readouterr().err
     assert "torchrun's summary" in (where / "launch.log").read_text() and not (tmp_path / "none").exists()
+
+
+def test_a_crash_beside_a_sanlab_error_keeps_its_traceback(tmp_path, capsys):
+    """A worker's sanlab error is the command's message (status 2); a process that crashed beside it (its traceback
+    in the launch folder, not on the console) has it kept in launch.log, named in one line. Without a crash nothing
+    is kept or said."""
+    from sanlab.training import launch, worker_failure
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text("{}")
+    where = tmp_path / "launch"
+    where.mkdir()
+    (where / worker_failure.LOG_FILE).write_text("torchrun's summary\n")
+    assert launch._tell_the_failure(where, _args(run=str(run)), 2, told=True) is False
+    assert capsys.readouterr().err == "" and not (run / "launch.log").exists()
+    (where / worker_failure.TRACEBACK_FILE.format(rank=0)).write_text(f"Traceback (most recent call last):\n"
+                                                                      f"{GLOO_LOST}\n")  # (no crash: a lost peer)
+    assert launch._tell_the_failure(where, _args(run=str(run)), 2, told=True) is False
+    assert capsys.readouterr().err == "" and not (run / "launch.log").exists()
+    (where / worker_failure.TRACEBACK_FILE.format(rank=1)).write_text("Traceback (most recent call last):\n")
+    assert launch._tell_the_failure(where, _args(run=str(run)), 2, told=True) is False
+    assert capsys.readouterr().err == (f"sanlab train: a process crashed beside this error; the tracebacks: "
+                                       f"{run / 'launch.log'}\n")
+    assert "torchrun's summary" in (run / "launch.log").read_text()

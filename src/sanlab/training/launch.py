@@ -36,7 +36,7 @@ LAUNCH_DIR_ENV = "SANLAB_LAUNCH_DIR"
 # the launcher's pid, for torchrun's process (``die_with_parent``)
 PARENT_ENV = "SANLAB_LAUNCH_PARENT"
 ERROR_FILE = "error"  # a worker's sanlab error message (the first worker's, if several fail)
-SIGNAL_FILE = "signal"  # the launcher forwarded a signal: what torchrun says after it is noise too
+SIGNAL_FILE = "signal"  # the launcher forwarded a signal (so it lives on: ``_remove_if_orphaned``)
 # SIGHUP: a closed terminal (torchrun, in its own session, hears nothing of it), handled as torchrun handles it
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # torchrun's process: torch's own launcher run through ``_torchrun_main`` below (tests put a stub script here)
@@ -72,7 +72,7 @@ def launch(command: list[str], args=None) -> int:
             if received:  # only the first, of any kind: a second Ctrl-C, or a scheduler's SIGTERM after one, would
                 return  # cut torchrun's shutdown of its workers short, leaving them running (it ends them with
                 # SIGKILL itself if they take over 30 s)
-            Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)  # (torchrun's lines are left out now)
+            Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)
             received.append(signum)
             if child is not None:
                 sent = True
@@ -101,8 +101,8 @@ def launch(command: list[str], args=None) -> int:
             for sig, handler in before.items():
                 signal.signal(sig, handler)
         message = _read(Path(where, ERROR_FILE))
-        if status != 0 and not received and message is None and args is not None:
-            keep = _tell_the_failure(where, args, status)
+        if status != 0 and not received and args is not None:
+            keep = _tell_the_failure(where, args, status, told=message is not None)
     finally:
         if not keep:
             shutil.rmtree(where, ignore_errors=True)
@@ -115,15 +115,22 @@ def launch(command: list[str], args=None) -> int:
     return status
 
 
-def _tell_the_failure(where: Path, args, status: int) -> bool:
-    """Print the account of a launch whose process died (``worker_failure``) and keep its long text. True where
-    that text stays in the launch directory ``where`` (no run directory to keep it)."""
+def _tell_the_failure(where: Path, args, status: int, *, told: bool = False) -> bool:
+    """Print the account of a launch whose process died (``worker_failure``) and keep its long text. ``told``: a
+    worker told a sanlab error, which the CLI prints; the long text is kept only where a process crashed beside it
+    (its traceback). True where that text stays in the launch directory ``where`` (no run directory to keep it)."""
     from sanlab.training import worker_failure as wf
 
     run = Path(args.run)
     path = wf.log_path(where, run)
     failure = wf.read_failure(where)
-    if failure is not None:
+    if told:  # (a process that lost its peer when the one with the error ended is no crash)
+        texts = [p.read_text(encoding="utf-8", errors="replace")
+                 for p in where.glob(wf.TRACEBACK_FILE.format(rank="*"))]
+        if not any(not wf.LOST_PEER.search(text) for text in texts):
+            return False
+        lines = [f"sanlab train: a process crashed beside this error; the tracebacks: {path}"]
+    elif failure is not None:
         lines = wf.account(*failure, nproc=args.nproc, run=run, log=path, rerun=wf.rerun_command(args))
     elif (where / wf.LOG_FILE).exists():  # torchrun itself failed (its traceback is on the console)
         lines = [f"sanlab train: torchrun ended with status {status}; its log: {path}"]
@@ -233,13 +240,13 @@ def _torchrun_main(argv: list[str]) -> int:
     except ChildFailedError as err:
         if where is None:
             raise
-        if _read(where / ERROR_FILE) is not None:
-            return 2  # the launcher prints the message
+        told = _read(where / ERROR_FILE) is not None  # a worker's sanlab error, which the launcher prints
         try:
-            write_failure(where, err, log.stopped)  # the launcher tells it
-        except Exception:  # (torchrun's own account then, rather than none)
-            raise err from None
-        return 1
+            write_failure(where, err, log.stopped)  # the launcher tells the rest
+        except Exception:
+            if not told:  # (torchrun's own account then, rather than none)
+                raise err from None
+        return 2 if told else 1
     except SignalException as err:
         if where is not None and PARENT_ENV in os.environ:
             _remove_if_orphaned(where, int(os.environ[PARENT_ENV]))

@@ -7,10 +7,11 @@ processes torchrun stopped itself beside the one that died. Instead the console 
 (``account``): which process died and how, that the others were stopped, where the logs are and the command that
 resumes; the long text (each process's traceback, torchrun's lines and summary) goes into the run's ``launch.log``.
 
-Three processes take part. A worker's uncaught exception is written into a file of the launch directory instead of
-its stderr (``keep_traceback``). torchrun's process, on torchrun's ``ChildFailedError``, tells which processes
-failed of themselves (``own_failures``) and writes them (``FAILURE_FILE``) with the long text (``LOG_FILE``). The
-launcher prints the account and keeps the long text (``keep_log``).
+Three processes take part. A worker's uncaught exception and a fatal signal's stack are written into a file of the
+launch directory instead of its stderr (``keeping_tracebacks``). torchrun's process, on torchrun's
+``ChildFailedError``, tells which processes failed of themselves (``own_failures``) and writes them
+(``FAILURE_FILE``) with the long text (``LOG_FILE``). The launcher prints the account and keeps the long text
+(``keep_log``).
 """
 
 from __future__ import annotations
@@ -72,12 +73,13 @@ def own_failures(failures: list[Failure], stopped: set[int]) -> list[Failure]:
     return own or [f for f in failures if f.pid not in stopped] or list(failures)
 
 
-def innermost_frame(callstack: str, skip: tuple[str, ...]) -> str:
-    """The innermost frame of a Python traceback whose file is not under ``skip`` (torch's and Python's own
-    directories: the frame that called them is the one to look at), as "FILE, line N, in FUNCTION"; "" if none."""
+def innermost_frame(callstack: str, library) -> str:
+    """The innermost frame of a Python traceback whose file is not ``library``'s (a predicate on a file name: torch's
+    and Python's own files, where the frame that called them is the one to look at), as "FILE, line N, in
+    FUNCTION"; "" if none."""
     frames = re.findall(r'^\s*File "([^"]+)", line (\d+), in (\S+)', callstack, flags=re.MULTILINE)
     for file, line, function in reversed(frames):
-        if not file.startswith("<") and not any(file.startswith(s) for s in skip):
+        if not file.startswith("<") and not library(file):
             return f"{file}, line {line}, in {function}"
     return ""
 
@@ -134,9 +136,7 @@ def write_failure(where: Path, err, stopped: set[int]) -> None:
     """torchrun's ``ChildFailedError`` ``err`` into the launch directory ``where``: the processes that failed of
     themselves and those it stopped (FAILURE_FILE), its summary with their tracebacks and the tracebacks its error
     files lack (LOG_FILE)."""
-    import torch
-
-    skip = (str(Path(torch.__file__).parent), str(Path(json.__file__).parent.parent))  # torch, Python's library
+    library = _library()
     failures, lacking = [], []
     for rank, failure in sorted(err.failures.items()):
         message = failure.message if isinstance(failure.message, dict) else {}
@@ -148,7 +148,7 @@ def write_failure(where: Path, err, stopped: set[int]) -> None:
         python = callstack.startswith("Traceback (most recent call last)")  # (not faulthandler's dump)
         error = message.get("message", "") or (_last_line(callstack) if python and failure.exitcode > 0 else "")
         failures.append(Failure(rank=rank, pid=failure.pid, exitcode=failure.exitcode, error=error,
-                                where=innermost_frame(callstack, skip) if python else ""))
+                                where=innermost_frame(callstack, library) if python else ""))
     own = own_failures(failures, stopped)
     record = {"failed": [asdict(f) for f in own], "stopped": [f.rank for f in failures if f not in own]}
     with open(where / LOG_FILE, "a", encoding="utf-8") as out:
@@ -156,6 +156,19 @@ def write_failure(where: Path, err, stopped: set[int]) -> None:
         for rank, callstack in lacking:
             out.write(f"process {rank}'s traceback (no error file of torchrun's holds it):\n{callstack}\n")
     (where / FAILURE_FILE).write_text(json.dumps(record), encoding="utf-8")
+
+
+def _library():
+    """Whether a file is torch's or Python's standard library's (not the installed packages beside it, sanlab's)."""
+    import sysconfig
+
+    import torch
+
+    paths = sysconfig.get_paths()
+    torch_dir = os.path.join(os.path.dirname(torch.__file__), "")
+    stdlib = os.path.join(paths["stdlib"], "")
+    packages = tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib"))
+    return lambda file: file.startswith(torch_dir) or (file.startswith(stdlib) and not file.startswith(packages))
 
 
 def _last_line(callstack: str) -> str:
