@@ -224,6 +224,7 @@ def test_a_crash_beside_a_sanlab_error_keeps_its_traceback(tmp_path, capsys):
     where = tmp_path / "launch"
     where.mkdir()
     (where / worker_failure.LOG_FILE).write_text("torchrun's summary\n")
+    (where / worker_failure.TRACEBACK_FILE.format(rank=2)).write_text("")  # (each worker makes one as it starts)
     assert launch._tell_the_failure(where, _args(run=str(run)), 2, told=True) is False
     assert capsys.readouterr().err == "" and not (run / "launch.log").exists()
     (where / worker_failure.TRACEBACK_FILE.format(rank=0)).write_text(f"Traceback (most recent call last):\n"

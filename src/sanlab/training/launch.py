@@ -127,7 +127,7 @@ def _tell_the_failure(where: Path, args, status: int, *, told: bool = False) -> 
     if told:  # (a process that lost its peer when the one with the error ended is no crash)
         texts = [p.read_text(encoding="utf-8", errors="replace")
                  for p in where.glob(wf.TRACEBACK_FILE.format(rank="*"))]
-        if not any(not wf.LOST_PEER.search(text) for text in texts):
+        if not any(text.strip() and not wf.LOST_PEER.search(text) for text in texts):  # (each worker makes one)
             return False
         lines = [f"sanlab train: a process crashed beside this error; the tracebacks: {path}"]
     elif failure is not None:

@@ -144,7 +144,8 @@ def write_failure(where: Path, err, stopped: set[int]) -> None:
         kept = where / TRACEBACK_FILE.format(rank=rank)
         if not callstack and kept.exists():  # an exception outside torchrun's ``record``, a fatal signal's stack
             callstack = kept.read_text(encoding="utf-8", errors="replace")
-            lacking.append((rank, callstack))
+            if callstack.strip():  # (every worker makes its file as it starts)
+                lacking.append((rank, callstack))
         python = callstack.startswith("Traceback (most recent call last)")  # (not faulthandler's dump)
         error = message.get("message", "") or (_last_line(callstack) if python and failure.exitcode > 0 else "")
         failures.append(Failure(rank=rank, pid=failure.pid, exitcode=failure.exitcode, error=error,
