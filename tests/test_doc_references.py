@@ -43,8 +43,8 @@ NOT_CODE = {
 }
 # Entry-point groups, and the suffixes of file names (`metrics.jsonl`, `flex.py`), that read as dotted names.
 ENTRY_POINT_GROUPS = {"sanlab.mixers", "sanlab.parts", "sanlab.pre_blocks"}
-FILE_SUFFIXES = {"py", "md", "yaml", "json", "jsonl", "csv", "txt", "pt", "safetensors", "model", "vocab", "toml", "sh",
-                 "png", "pdf"}
+FILE_SUFFIXES = {"py", "md", "yaml", "json", "jsonl", "csv", "txt", "log", "pt", "safetensors", "model", "vocab", "toml",
+                 "sh", "png", "pdf"}
 
 
 def _pages():

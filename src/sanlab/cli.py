@@ -67,10 +67,10 @@ def _cmd_prepare(args) -> int:
 
 def _launch_torchrun(args) -> int:
     """``sanlab train --nproc N`` = ``torchrun --standalone --nproc_per_node N -m sanlab train ...``, watched by this
-    process (``training/launch.py``: signals, a worker's error)."""
+    process (``training/launch.py``: signals, a worker's error, a worker's death)."""
     from sanlab.training.launch import launch, torchrun_command
 
-    return launch(torchrun_command(args))
+    return launch(torchrun_command(args), args)
 
 
 def _cmd_translate(args) -> int:
@@ -314,9 +314,9 @@ def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def _relayed(err: SanlabError) -> str | None:
     """"crash" or "error" where ``err`` stops this process for another process's failure (``training.distributed``'s
-    RelayedCrash or RelayedError), which is not this process's to tell the launcher: a crash is torchrun's to report
-    (its summary, with the crashed process's traceback), and a sanlab error the process that found it tells
-    itself; None where the error is this process's own."""
+    RelayedCrash or RelayedError), which is not this process's to tell the launcher: a crash is the launcher's to
+    report from torchrun's account of the crashed process (``training/worker_failure.py``), and a sanlab error the
+    process that found it tells itself; None where the error is this process's own."""
     from sanlab.training.distributed import RelayedCrash, RelayedError  # (imports torch: asked only of a worker)
 
     return "crash" if isinstance(err, RelayedCrash) else "error" if isinstance(err, RelayedError) else None
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         from sanlab.training.launch import launched, stand_by, tell_launcher
 
         relayed = launched() and _relayed(err)
-        if relayed:  # another process failed: it, or torchrun's summary, says how; this one waits for torchrun to
+        if relayed:  # another process failed: it, or the launcher's account, says how; this one waits for torchrun to
             stand_by(str(err), crash=relayed == "crash")  # end it, so that the failed one is the one it names
             return 2
         if not tell_launcher(str(err)):

@@ -133,6 +133,32 @@ def test_a_crash_on_one_rank_ends_the_others_with_its_message_and_the_run_resume
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*"))[-1] == "step-00000006"
 
 
+def test_a_crash_on_one_rank_under_the_launcher_is_told_in_a_few_lines(tmp_path, tiny_translation, capfd):
+    """Rank 1 raises at update 4 under `sanlab train --nproc 2`: the console got its traceback, rank 0's gloo
+    "Connection reset by peer" traceback and torchrun's summary (~110 lines). Now: process 1's error in one line,
+    with the line that raised it, that process 0 was stopped, the logs and the command that resumes; status 1.
+    The tracebacks are in the run's launch.log."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_translation(max_steps=6, valid_every=2)))
+    launcher = tmp_path / "rank_fails.py"
+    launcher.write_text(RANK_FAILS.format(fail_at=4))
+    run = tmp_path / "run"
+    capfd.readouterr()
+    status = _main_with_launcher(launcher, ["train", str(config), "--run", str(run), "--nproc", "2", "--quiet"])
+    err = capfd.readouterr().err
+    assert status == 1, err
+    said = [line for line in err.splitlines() if "torch/distributed/run.py" not in line]  # (torchrun's OMP warning)
+    assert len(said) == 4 and "Traceback" not in err and "Connection reset" not in err, err
+    assert said[0].startswith("sanlab train: error: process 1 of 2 (pid ") and said[0].endswith(
+        f") failed: RuntimeError: rank 1 fails on purpose at update 4 ({launcher}, line 9, in failing)"), err
+    assert said[1:] == [
+        "sanlab train: process 0 was stopped too (the checkpoints written so far are intact)",
+        f"sanlab train: log: {run / 'train.log'}; tracebacks and torchrun's account: {run / 'launch.log'}",
+        f"sanlab train: to resume from the last checkpoint: sanlab train {config} --run {run} --nproc 2 --quiet"], err
+    log = (run / "launch.log").read_text()
+    assert "Traceback" in log and "RuntimeError: rank 1 fails on purpose at update 4" in log, log
+
+
 class _OldDDP:
     """DistributedDataParallel's constructor as torch 2.5 to 2.12 have it: no ``forward_sync_buffers``."""
 
@@ -560,7 +586,7 @@ def test_a_failed_start_on_rank_1_stops_every_rank_naming_it(tmp_path, tiny_tran
                                           "--quiet"]) == 2
     err = capfd.readouterr().err
     assert err.count(said) == 1 and f"sanlab train: error: {said}" in err, err
-    assert "Failures:" not in err and "Traceback" not in err, err
+    assert "Failures:" not in err and "Traceback" not in err and "launch.log" not in err, err
 
 
 def _main_with_launcher(launcher, argv: list[str]) -> int:
@@ -577,11 +603,13 @@ def _main_with_launcher(launcher, argv: list[str]) -> int:
         return main(argv)
 
 
-def test_a_crash_of_rank_0_while_starting_is_reported_by_torchrun(tmp_path, tiny_translation, capfd):
+def test_a_crash_of_rank_0_while_starting_is_told_as_a_crash(tmp_path, tiny_translation, capfd):
     """Rank 0's make_task raises a KeyError (a bug): under `sanlab train --nproc` rank 1 relayed it as a sanlab
     error, which the launcher printed as "process 0 stopped while starting: KeyError" with status 2, leaving out
-    torchrun's summary and so the traceback. Now torchrun reports it, rank 0's traceback as the root cause; started
-    by hand, rank 1 says what stopped it."""
+    the traceback. Then torchrun reported it (its summary, ~60 lines with rank 0's traceback as the root cause); now
+    the launcher says in a few lines that process 0 failed, with its error and the line that raised it (status 1),
+    and torchrun's summary with the traceback is in the run's launch.log. Started by hand, rank 1 says what stopped
+    it."""
     import sys
 
     config = tmp_path / "tiny.yaml"
@@ -592,9 +620,13 @@ def test_a_crash_of_rank_0_while_starting_is_reported_by_torchrun(tmp_path, tiny
     status = _main_with_launcher(launcher, ["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2",
                                             "--quiet"])
     err = capfd.readouterr().err
-    assert status not in (0, 2), err
-    assert "sanlab train: error" not in err and "stopped while starting" not in err, err
-    root = err[err.index("Root Cause"):]
+    assert status == 1, err
+    assert "stopped while starting" not in err and "Traceback" not in err and "Root Cause" not in err, err
+    assert ("sanlab train: error: process 0 of 2 (pid " in err and f") failed: KeyError: 'a bug on purpose' "
+            f"({launcher}, line 9, in failing)" in err), err
+    assert "sanlab train: process 1 was stopped too" in err, err
+    log = (tmp_path / "run" / "launch.log").read_text()
+    root = log[log.index("Root Cause"):]
     assert "rank      : 0 " in root and "KeyError: 'a bug on purpose'" in root and "Traceback" in root, root
     ranks = _launch_by_hand([sys.executable, str(launcher), "train", str(config), "--run-dir", str(tmp_path / "hand"),
                              "--quiet"], world_size=2)
@@ -616,6 +648,7 @@ def test_more_processes_than_an_epochs_batches_is_refused_and_a_new_run_is_taken
     err = capfd.readouterr().err
     said = "epoch 0 has 2 batch(es), fewer than the 3 processes: use fewer processes or smaller batches"
     assert err.count(said) == 1 and f"sanlab train: error: {said}" in err and "Traceback" not in err, err
+    assert "launch.log" not in err, err  # (no process crashed beside it: nothing kept)
     assert not run.exists()
 
 

@@ -52,7 +52,8 @@ def test_layout_keeps_the_names_runs_were_written_with():
     assert RunLayout.known_names() == rundir.KNOWN_NAMES == {
         "config.yaml", "meta.json", "metrics.jsonl", "train.log", "tensorboard", "checkpoints", "averaged",
         "subword.model", "subword.vocab", "subword-src.model", "subword-src.vocab", "subword-tgt.model",
-        "subword-tgt.vocab", "tagger-vocab.json", ".lock", "done.json", "compare-eval.json", "failed.json"}
+        "subword-tgt.vocab", "tagger-vocab.json", ".lock", "done.json", "compare-eval.json", "failed.json",
+        "launch.log"}
     assert rundir.KNOWN_PATTERNS == ("eval-*.json", "hyp-*.txt", "tags-*.jsonl.gz", ".*.tmp", ".*.tmp.*", ".*.old")
     run = RunLayout("runs/x")
     assert run.hypotheses("checkpoints/step-00000004", "test") == Path("runs/x/hyp-step-00000004-test.txt")

@@ -202,9 +202,10 @@ class RelayedError(TrainingError):
 
 class RelayedCrash(TrainingError):
     """Another process failed with an error that is not a SanlabError (a bug, the machine's OSError), and this one
-    stops with it. Not a user's mistake: the CLI leaves it to torchrun to report under ``sanlab train --nproc``
-    (its failure summary, with the failed process's traceback as the root cause) instead of handing it to the
-    launcher as a sanlab error; a process started by hand prints it as a message."""
+    stops with it. Not a user's mistake: under ``sanlab train --nproc`` the CLI leaves it to the launcher, which
+    names the crashed process and its error from torchrun's account (``training/worker_failure.py``; the traceback in
+    the run's launch.log), instead of handing it over as a sanlab error; a process started by hand prints it as a
+    message."""
 
 
 def failure_report(err: Exception) -> dict:

@@ -7,9 +7,11 @@
   training a run that a rerun would find locked.
 * A sanlab error in a worker (a user's mistake: a bad data file, a locked run) ends the command as it would end one
   process: its message, exit status 2. The worker writes the message into a file in ``LAUNCH_DIR_ENV``'s directory
-  instead of printing it (``tell_launcher``); torchrun's account of the failure (its log lines and "Failures:"
-  summary, written for crashes) is left out then (``_torchrun_main``). Any other failure is reported as torchrun
-  reports it, the worker's traceback in its summary (``sanlab/__main__.py``).
+  instead of printing it (``tell_launcher``); torchrun's account of the failure (its "Failures:" summary, written
+  for crashes) is left out then (``_torchrun_main``).
+* A worker that dies otherwise (a signal: ``kill -9``, the OOM killer; a crash) is told in a few lines: which one,
+  how, that the others were stopped, where the logs are and the command that resumes; torchrun's log lines and
+  summary and the tracebacks go into the run's launch.log, not onto the console (``worker_failure.py``).
 
 Nothing here imports torch until torchrun's process runs: parsing ``sanlab``'s command line stays quick.
 """
@@ -34,7 +36,7 @@ LAUNCH_DIR_ENV = "SANLAB_LAUNCH_DIR"
 # the launcher's pid, for torchrun's process (``die_with_parent``)
 PARENT_ENV = "SANLAB_LAUNCH_PARENT"
 ERROR_FILE = "error"  # a worker's sanlab error message (the first worker's, if several fail)
-SIGNAL_FILE = "signal"  # the launcher forwarded a signal: what torchrun says after it is noise too
+SIGNAL_FILE = "signal"  # the launcher forwarded a signal (so it lives on: ``_remove_if_orphaned``)
 # SIGHUP: a closed terminal (torchrun, in its own session, hears nothing of it), handled as torchrun handles it
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # torchrun's process: torch's own launcher run through ``_torchrun_main`` below (tests put a stub script here)
@@ -51,22 +53,26 @@ def torchrun_command(args) -> list[str]:
     return command
 
 
-def launch(command: list[str]) -> int:
+def launch(command: list[str], args=None) -> int:
     """Run ``command`` (torchrun) to its end and return its exit status. Raises KeyboardInterrupt when a SIGINT
     was forwarded to it (the CLI says "interrupted" once), and a worker's sanlab error as a SanlabError with the
     worker's message. SIGTERM and SIGHUP (a closed terminal): forwarded, and the status is 128 + the signal, as for
     a process that signal ended. Only the first signal is forwarded, and it decides; if torchrun had already ended
-    with status 0 when it came, the run finished: 0."""
+    with status 0 when it came, the run finished: 0. A process that died otherwise (a signal of its own, a crash) is
+    told in a few lines (``worker_failure.account``, for ``sanlab train``'s parsed ``args``), the long text kept in
+    the run's launch.log: torchrun's status, 1."""
     received: list[int] = []  # the first signal that came
     sent = False  # whether torchrun has it
     child: subprocess.Popen | None = None
-    with tempfile.TemporaryDirectory(prefix="sanlab-launch-") as where:
+    where = Path(tempfile.mkdtemp(prefix="sanlab-launch-"))
+    keep = False  # a failed launch's log kept in ``where`` (no run directory to keep it in)
+    try:
         def forward(signum, frame) -> None:
             nonlocal sent
             if received:  # only the first, of any kind: a second Ctrl-C, or a scheduler's SIGTERM after one, would
                 return  # cut torchrun's shutdown of its workers short, leaving them running (it ends them with
                 # SIGKILL itself if they take over 30 s)
-            Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)  # (torchrun's lines are left out now)
+            Path(where, SIGNAL_FILE).write_text(signal.Signals(signum).name)
             received.append(signum)
             if child is not None:
                 sent = True
@@ -79,7 +85,7 @@ def launch(command: list[str]) -> int:
                 if signal.getsignal(sig) != signal.SIG_IGN:  # (nohup's SIGHUP, a background job's SIGINT: kept)
                     before[sig] = signal.signal(sig, forward)
         try:
-            env = {**os.environ, LAUNCH_DIR_ENV: where, PARENT_ENV: str(os.getpid())}
+            env = {**os.environ, LAUNCH_DIR_ENV: str(where), PARENT_ENV: str(os.getpid())}
             # torchrun's log directory (its workers' error files), removed with this one: by default torchrun makes
             # a /tmp/torchelastic_* of its own and leaves it behind (a user's --log-dir, PET_LOG_DIR, is kept)
             env.setdefault("PET_LOG_DIR", str(Path(where, "torchrun")))
@@ -95,6 +101,11 @@ def launch(command: list[str]) -> int:
             for sig, handler in before.items():
                 signal.signal(sig, handler)
         message = _read(Path(where, ERROR_FILE))
+        if status != 0 and not received and args is not None:
+            keep = _tell_the_failure(where, args, status, told=message is not None)
+    finally:
+        if not keep:
+            shutil.rmtree(where, ignore_errors=True)
     if received and status != 0:
         if received[0] == signal.SIGINT:
             raise KeyboardInterrupt
@@ -102,6 +113,34 @@ def launch(command: list[str]) -> int:
     if message is not None and status != 0:
         raise SanlabError(message)
     return status
+
+
+def _tell_the_failure(where: Path, args, status: int, *, told: bool = False) -> bool:
+    """Print the account of a launch whose process died (``worker_failure``) and keep its long text. ``told``: a
+    worker told a sanlab error, which the CLI prints; the long text is kept only where a process crashed beside it
+    (its traceback). True where that text stays in the launch directory ``where`` (no run directory to keep it)."""
+    from sanlab.training import worker_failure as wf
+
+    run = Path(args.run)
+    path = wf.log_path(where, run)
+    failure = wf.read_failure(where)
+    if told:  # (a process that lost its peer when the one with the error ended is no crash)
+        texts = [p.read_text(encoding="utf-8", errors="replace")
+                 for p in where.glob(wf.TRACEBACK_FILE.format(rank="*"))]
+        if not any(text.strip() and not wf.LOST_PEER.search(text) for text in texts):  # (each worker makes one)
+            return False
+        lines = [f"sanlab train: a process crashed beside this error; the tracebacks: {path}"]
+    elif failure is not None:
+        lines = wf.account(*failure, nproc=args.nproc, run=run, log=path, rerun=wf.rerun_command(args))
+    elif (where / wf.LOG_FILE).exists():  # torchrun itself failed (its traceback is on the console)
+        lines = [f"sanlab train: torchrun ended with status {status}; its log: {path}"]
+    else:
+        return False
+    kept = wf.keep_log(path, where, lines)
+    if kept != path:
+        lines.append(f"sanlab train: ({path} could not be written: the logs are in {kept})")
+    print("\n".join(lines), file=sys.stderr)
+    return kept.is_relative_to(where)
 
 
 def launched() -> bool:
@@ -167,19 +206,13 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-class _AfterTheStop(logging.Filter):
-    """Leaves out torchrun's own log lines once a worker has told the launcher a sanlab error or the launcher
-    forwarded a signal: "failed (exitcode: 2)", "Sending process ... closing signal", "Received SIGINT death
-    signal": the launcher says what happened."""
-
-    def __init__(self, where: Path):
-        super().__init__()
-        self.where = where
+class _NotOnTheConsole(logging.Filter):
+    """Leaves torchrun's agent's log lines (``torch.distributed.elastic``: "failed (exitcode: 2)", "Sending process
+    ... closing signal", "Received SIGINT death signal") off the console under the launcher, which says what
+    happened; they go into the launch's log (``worker_failure.TorchrunLog``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("torch.distributed.elastic"):
-            return True
-        return not ((self.where / ERROR_FILE).exists() or (self.where / SIGNAL_FILE).exists())
+        return not record.name.startswith("torch.distributed.elastic")
 
 
 def _torchrun_main(argv: list[str]) -> int:
@@ -192,17 +225,28 @@ def _torchrun_main(argv: list[str]) -> int:
     from torch.distributed.run import main as torchrun
 
     where = Path(os.environ[LAUNCH_DIR_ENV]) if LAUNCH_DIR_ENV in os.environ else None  # (None: run by hand)
+    log = None
     if where is not None:
-        quiet = _AfterTheStop(where)
+        from sanlab.training.worker_failure import TorchrunLog, write_failure
+
+        quiet = _NotOnTheConsole()
         for name in ("torch.distributed", "torch", ""):  # where torch's loggers have their handlers
             for handler in logging.getLogger(name).handlers:
                 handler.addFilter(quiet)
+        log = TorchrunLog(where)
+        logging.getLogger("torch.distributed.elastic").addHandler(log.handler)
     try:
         torchrun(argv)
-    except ChildFailedError:
-        if where is not None and _read(where / ERROR_FILE) is not None:
-            return 2  # the launcher prints the message
-        raise
+    except ChildFailedError as err:
+        if where is None:
+            raise
+        told = _read(where / ERROR_FILE) is not None  # a worker's sanlab error, which the launcher prints
+        try:
+            write_failure(where, err, log.stopped)  # the launcher tells the rest
+        except Exception:
+            if not told:  # (torchrun's own account then, rather than none)
+                raise err from None
+        return 2 if told else 1
     except SignalException as err:
         if where is not None and PARENT_ENV in os.environ:
             _remove_if_orphaned(where, int(os.environ[PARENT_ENV]))

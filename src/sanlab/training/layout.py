@@ -38,6 +38,7 @@ class RunLayout:
     meta = _Named("meta.json")              # provenance, the run marker, the data fingerprint, the sessions
     metrics = _Named("metrics.jsonl")       # train, validation and speed records
     train_log = _Named("train.log")         # the console lines
+    launch_log = _Named("launch.log")       # `train --nproc`: each failed launch's tracebacks, torchrun's account
     tensorboard = _Named("tensorboard")     # TensorBoard's event files (a directory)
     TENSORBOARD_EVENTS = "events.out.tfevents.*"  # how torch's SummaryWriter names them (its only files there)
     checkpoints = _Named("checkpoints")     # step-N/ checkpoints and latest.json (training/checkpoint.py)

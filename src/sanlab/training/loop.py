@@ -404,7 +404,7 @@ class Trainer:
                 raise failure
             if "failed" in shared:  # (any launcher: torchrun would end this process, others may not)
                 report = shared["failed"]
-                # process 0's crash (not a SanlabError) is a RelayedCrash, which torchrun reports, not the launcher;
+                # process 0's crash (not a SanlabError) is a RelayedCrash, told from torchrun's account of process 0;
                 # its sanlab error a RelayedError, which process 0 tells the launcher itself
                 stopped, what = ((RelayedError, report["message"]) if report["sanlab"]
                                  else (RelayedCrash, f"{report['type']}: {report['message']}"))
