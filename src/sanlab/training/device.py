@@ -175,6 +175,19 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu") if first is None else first.device
 
 
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module):
+    """``model`` in eval mode inside (no dropout), and afterwards each of its modules in the mode it had: decoding
+    called from a training loop, or on a model whose user froze part of it, leaves it as it was."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """A run's ``train.precision`` on its device: the autocast context and, for fp16, the loss scaler."""
