@@ -1,6 +1,7 @@
 """sanlab as a library, called from a notebook or a script: what one call leaves behind for the next (threads,
 the model's mode, the random streams), and the README's Python example, run as written."""
 
+import pytest
 import torch
 
 from training_fixtures import make_tagging_config
@@ -64,3 +65,17 @@ def test_tagging_leaves_the_model_in_the_mode_it_was_in(legacy):
     model.eval()
     again = tag_sentences(model, vocab, [sentence], max_len=config.model.max_len, max_chars=config.model.max_word_chars)
     assert again == first and not model.training
+
+
+@pytest.mark.parametrize("run", ["translation", "tagging"])
+def test_loading_a_trained_run_draws_nothing_from_the_callers_random_streams(legacy, run):
+    """The model is built with random weights before the checkpoint's replace them: that draw came from the
+    caller's torch stream, so a notebook's seeded sampling or dropout after ``load_trained`` differed from the
+    same code without it."""
+    from sanlab.runs import load_trained
+
+    torch.manual_seed(5)
+    load_trained(legacy / run)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(4))

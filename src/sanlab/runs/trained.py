@@ -54,7 +54,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
 
 def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
     """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
-    cuda, cuda:N): assets is the subword model (translation) or the tagging vocabulary. Reads no corpus."""
+    cuda, cuda:N) in eval mode: assets is the subword model (translation) or the tagging vocabulary. Reads no
+    corpus, and draws nothing from torch's random streams."""
     config, model, assets, _, _ = load_checkpoint(run_dir, checkpoint=checkpoint, device=device)
     return config, model, assets
 
@@ -63,12 +64,17 @@ def load_checkpoint(run_dir: Path, *, checkpoint: str = "best", device: str = "c
     """``load_trained``'s (config, model, assets), the checkpoint directory the weights came from and what a
     record says of them (``scored_checkpoint``'s dict), read as they were loaded: ``best`` and ``last`` move while
     a run trains (and a pruned directory takes its meta.json with it), so a record must not look again later."""
+    import torch
+
     from sanlab.training.device import resolve_device
 
     config = load_run_config(run_dir)
     with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
         select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
-    model, assets = task_for(config).load_model(config, run_dir)
+    # the random initial weights the checkpoint replaces are drawn from a stream of their own: the caller's is not
+    # advanced (a notebook's seeded code after loading behaves as without it). Built on the CPU: no CUDA stream.
+    with torch.random.fork_rng(devices=[]):
+        model, assets = task_for(config).load_model(config, run_dir)
     vocabulary = task_for(config).vocabulary(assets)
     for attempt in range(3):
         try:
