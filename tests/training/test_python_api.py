@@ -79,3 +79,33 @@ def test_loading_a_trained_run_draws_nothing_from_the_callers_random_streams(leg
     after = torch.rand(4)
     torch.manual_seed(5)
     assert torch.equal(after, torch.rand(4))
+
+
+def test_tag_words_tags_tokenised_sentences_as_the_tag_command_does(legacy, tmp_path):
+    """``tag_words`` is the tagging counterpart of ``translate``: lists of words in, a list of tags per sentence
+    out (an empty one for an empty sentence), the same tags ``sanlab tag`` writes for the same lines."""
+    from sanlab.runs import load_trained, tag_file
+    from sanlab.tasks.tagging import tag_words
+
+    lines = ["the dog runs .", "", "a cat"]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    tag_file(legacy / "tagging", input_path=str(tmp_path / "in.txt"), output_path=str(tmp_path / "out.txt"))
+    written = [[]]  # word<TAB>tag lines, a blank line after each input line's block
+    for row in (tmp_path / "out.txt").read_text().split("\n")[:-1]:
+        written[-1].append(row.split("\t")[1]) if row else written.append([])
+    assert written.pop() == []
+
+    config, model, vocab = load_trained(legacy / "tagging")
+    tags = tag_words(model, vocab, [line.split() for line in lines], max_len=config.model.max_len,
+                     max_chars=config.model.max_word_chars)
+    assert tags == written and [len(t) for t in tags] == [4, 0, 2]
+
+
+@pytest.mark.parametrize("sentences", ["the dog runs", ["the dog runs"]])
+def test_tag_words_refuses_strings_it_would_tag_character_by_character(legacy, sentences):
+    from sanlab.runs import load_trained
+    from sanlab.tasks.tagging import tag_words
+
+    config, model, vocab = load_trained(legacy / "tagging")
+    with pytest.raises(TypeError, match="a list of sentences, each a list of words"):
+        tag_words(model, vocab, sentences, max_len=config.model.max_len, max_chars=config.model.max_word_chars)

@@ -268,10 +268,10 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     the run's tag column (``data.column``) filled in and every other line and column as it was; plain text as
     word<TAB>tag lines, one block per input line. ``precision``: fp32 or bf16 (the tagger's forward under
     autocast)."""
-    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, plain_words, read_conllu, with_tags
+    from sanlab.data.conllu_io import looks_like_conllu, plain_words, read_conllu, with_tags
     from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
-    from sanlab.tasks.tagging import tag_sentences
+    from sanlab.tasks.tagging import tag_words
     from sanlab.training.device import (check_decoding_precision, decoding_precision, deterministic_algorithms,
                                         model_device)
     from sanlab.training.rundir import check_not_a_run_file
@@ -291,19 +291,16 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     else:  # one block per input line, an empty one for a blank line, so that block n is line n
         refuse_tagged_output(lines, input_path or "<stdin>")
         blocks = [plain_words(line) for line in lines]
-    sents = [TaggedSentence(words, ("_",) * len(words)) for words in blocks if words]
     with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
-        predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len,
-                                  max_chars=config.model.max_word_chars,
-                                  precision=decoding_precision(precision, model_device(model)))
+        predicted = tag_words(model, vocab, blocks, max_len=config.model.max_len,
+                              max_chars=config.model.max_word_chars,
+                              precision=decoding_precision(precision, model_device(model)))
     with output_stream(output_path) as out:
         if conllu:
-            out.writelines(with_tags(lines, predicted, column=config.data.column))
+            out.writelines(with_tags(lines, [tags for tags in predicted if tags], column=config.data.column))
             return
-        tags = iter(predicted)
-        for words in blocks:
-            if words:
-                out.writelines(f"{w}\t{t}\n" for w, t in zip(words, next(tags)))
+        for words, tags in zip(blocks, predicted):
+            out.writelines(f"{w}\t{t}\n" for w, t in zip(words, tags))
             out.write("\n")
 
 

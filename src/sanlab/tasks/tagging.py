@@ -6,6 +6,7 @@ import hashlib
 import json
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +261,20 @@ def tag_sentences(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence
         pred.append([t for chunk in flat[k:k + len(cs)] for t in chunk])
         k += len(cs)
     return pred
+
+
+def tag_words(model: Tagger, vocab: TaggingVocab, sentences: Sequence[Sequence[str]], *, max_len: int,
+              max_chars: int, precision: Precision | None = None) -> list[list[str]]:
+    """The predicted tag of every word of tokenised sentences (each a list of words; ``conllu_io.plain_words``
+    splits a line as ``sanlab tag`` does), in input order: ``translate``'s counterpart for a tagger, from a
+    notebook or a script. An empty sentence gets no tags; long ones are tagged in chunks (``tag_sentences``).
+    ``max_len`` and ``max_chars``: the run's ``model.max_len`` and ``model.max_word_chars``."""
+    if isinstance(sentences, str) or any(isinstance(words, str) for words in sentences):
+        raise TypeError("tag_words() takes a list of sentences, each a list of words, and got a str (it would "
+                        "be tagged character by character): split it into words first, e.g. line.split()")
+    filled = [TaggedSentence(tuple(words), ("_",) * len(words)) for words in sentences if len(words)]
+    tags = iter(tag_sentences(model, vocab, filled, max_len=max_len, max_chars=max_chars, precision=precision))
+    return [next(tags) if len(words) else [] for words in sentences]
 
 
 def build_vocab(config: TaggingConfig, *, train: list[TaggedSentence], dev: list[TaggedSentence],
