@@ -1,6 +1,11 @@
 """sanlab as a library, called from a notebook or a script: what one call leaves behind for the next (threads,
 the model's mode, the random streams), and the README's Python example, run as written."""
 
+import inspect
+import re
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -109,3 +114,49 @@ def test_tag_words_refuses_strings_it_would_tag_character_by_character(legacy, s
     config, model, vocab = load_trained(legacy / "tagging")
     with pytest.raises(TypeError, match="a list of sentences, each a list of words"):
         tag_words(model, vocab, sentences, max_len=config.model.max_len, max_chars=config.model.max_word_chars)
+
+
+def _readme_python_examples() -> list[str]:
+    """The ```python blocks of README.md's "From Python" section."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### From Python"):]
+    section = section[:re.search(r"\n##+ ", section).start()]  # to the next heading (a comment is "# ")
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_readmes_python_examples_run_as_written(legacy, monkeypatch, capsys):
+    """The first example decodes, tags and scores with the committed tiny runs (tests/fixtures/rundir-v1) in the
+    places it names; the second builds and counts a recipe's model for real, and calls the training, averaging
+    and evaluation functions with arguments their signatures take (spied: training a recipe is not a unit test)."""
+    import sanlab.runs
+
+    decoding, training = _readme_python_examples()
+    shutil.copytree(legacy / "translation", legacy / "runs" / "m30k")
+    shutil.copytree(legacy / "tagging", legacy / "runs" / "ewt")
+    shutil.copytree(Path(__file__).resolve().parents[2] / "configs", legacy / "configs")
+    first = {}
+    exec(decoding, first)
+    assert len(first["hyps"]) == 2 and all(isinstance(h, str) for h in first["hyps"])
+    assert first["scores"].bleu_signature.startswith("nrefs:1|") and len(first["tags"]) == 1
+    assert len(first["tags"][0]) == 4
+
+    calls = []
+
+    def spy(name, returns):
+        real = getattr(sanlab.runs, name)
+
+        def called(*args, **kwargs):
+            inspect.signature(real).bind(*args, **kwargs)  # a TypeError for arguments it does not take
+            calls.append((name, args, kwargs))
+            return returns
+        monkeypatch.setattr(sanlab.runs, name, called)
+
+    spy("train_run", {"step": 1, "best": None})
+    spy("average_run", Path("runs/m30k-3l/averaged"))
+    spy("evaluate_run", {})
+    capsys.readouterr()
+    second = {}
+    exec(training, second)
+    counted, built = capsys.readouterr().out.split()
+    assert counted == built and second["config"].model.encoder.layers == 3
+    assert [name for name, _, _ in calls] == ["train_run", "average_run", "evaluate_run"]
