@@ -160,3 +160,16 @@ def test_the_readmes_python_examples_run_as_written(legacy, monkeypatch, capsys)
     counted, built = capsys.readouterr().out.split()
     assert counted == built and second["config"].model.encoder.layers == 3
     assert [name for name, _, _ in calls] == ["train_run", "average_run", "evaluate_run"]
+
+
+@pytest.mark.parametrize("choice", [{}, {"last": 1, "best": 1}, {"last": 0}, {"last": -1}, {"best": 0}, {"best": 1.5}])
+def test_average_run_wants_one_whole_number_of_checkpoints(legacy, choice):
+    """`sanlab average` takes exactly one of --last N and --best N, N >= 1, which its parser enforced alone: called
+    from Python with neither average_run failed with "'>' not supported between NoneType and int", with both it
+    averaged the last N without a word, and with last=-1 or best=0 it wrote an average of some other checkpoints."""
+    from sanlab.errors import ConfigError
+    from sanlab.runs import average_run
+
+    with pytest.raises(ConfigError, match=r"one of last=N or best=N|a whole number >= 1"):
+        average_run(legacy / "translation", **choice)
+    assert not (legacy / "translation" / "averaged").exists()

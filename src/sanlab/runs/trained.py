@@ -163,8 +163,17 @@ def same_weights(record: dict, scored: dict) -> bool:
 
 def average_run(run_dir: Path, *, last: int | None = None, best: int | None = None,
                 output: str | None = None) -> Path:
+    """Average the ``last`` N or the ``best`` N checkpoints of a run (exactly one of them, N >= 1) into ``output``
+    (default: the run's ``averaged/``, which ``checkpoint="averaged"`` loads); returns the directory written."""
     from sanlab.training.average import write_average
 
+    if (last is None) == (best is None):  # (`sanlab average`'s parser asks for one; a Python caller may not)
+        raise ConfigError(f"{run_dir}: average_run takes one of last=N or best=N (the last or the N best "
+                          f"checkpoints), got last={last!r}, best={best!r}")
+    given = last if last is not None else best
+    if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+        raise ConfigError(f"{run_dir}: the number of checkpoints to average must be a whole number >= 1, "
+                          f"got {given!r}")
     config = load_run_config(run_dir)
     kept = config.train.keep_last if last else config.train.keep_best
     wanted = last or best
