@@ -173,3 +173,16 @@ def test_average_run_wants_one_whole_number_of_checkpoints(legacy, choice):
     with pytest.raises(ConfigError, match=r"one of last=N or best=N|a whole number >= 1"):
         average_run(legacy / "translation", **choice)
     assert not (legacy / "translation" / "averaged").exists()
+
+
+@pytest.mark.parametrize("n_best", [0, -1])
+def test_translate_wants_at_least_one_hypothesis(legacy, n_best):
+    """decode.n_best >= 1 was checked by the config and the CLI's parser only: translate(n_best=0) returned lists
+    of one (text, score) pair, the shape of an n-best list, instead of strings."""
+    from sanlab.errors import ConfigError
+    from sanlab.runs import load_trained
+    from sanlab.tasks.translation import translate
+
+    config, model, spm = load_trained(legacy / "translation")
+    with pytest.raises(ConfigError, match=f"n_best = {n_best}: ask for at least 1"):
+        translate(model, spm, ["a b"], decode=config.decode, n_best=n_best)

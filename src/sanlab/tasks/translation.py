@@ -229,12 +229,14 @@ def search_translations(model: Seq2Seq, spm: SubwordPair, sentences: list[str], 
 
     An empty sentence has nothing to translate and gets no hypothesis. A sentence longer than the model
     accepts (``model.max_positions``) is a DataError naming its line of ``source``; the length allowed to a
-    translation is capped there too. ``n_best`` above ``decode.beam`` is a ConfigError. The model decodes in
+    translation is capped there too. ``n_best`` below 1 or above ``decode.beam`` is a ConfigError. The model decodes in
     eval mode and is left in the mode it was in.
     """
     if isinstance(sentences, str):  # it would be translated character by character
         raise TypeError("translate() and search_translations() take a list of sentences, got one str: "
                         "pass [sentence]")
+    if n_best < 1:  # (decode.n_best is checked by the config; an argument from Python is not)
+        raise ConfigError(f"n_best = {n_best}: ask for at least 1 hypothesis per sentence")
     if n_best > decode.beam:  # (bf16 would return fewer without a word: its search keeps `beam` hypotheses)
         raise ConfigError(f"n_best = {n_best} is more than decode.beam = {decode.beam}: a beam search keeps "
                           f"{decode.beam} hypotheses; raise the beam or ask for fewer")
