@@ -186,3 +186,13 @@ def test_translate_wants_at_least_one_hypothesis(legacy, n_best):
     config, model, spm = load_trained(legacy / "translation")
     with pytest.raises(ConfigError, match=f"n_best = {n_best}: ask for at least 1"):
         translate(model, spm, ["a b"], decode=config.decode, n_best=n_best)
+
+
+def test_a_raw_dict_for_a_config_says_how_to_make_one(tmp_path):
+    """train_run (and everything that asks a config for its task) given the dict a YAML file holds failed with
+    "type object 'dict' has no attribute 'implementation'"; it now names the functions that validate one."""
+    from sanlab.runs import train_run
+
+    with pytest.raises(TypeError, match=r"validate\(raw, source=...\)"):
+        train_run({"task": "translation"}, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
