@@ -12,19 +12,22 @@ import torch
 from training_fixtures import make_tagging_config
 
 
-def test_train_run_leaves_the_processs_threads_as_it_found_them(tmp_path):
+def test_train_run_leaves_the_processs_threads_as_it_found_them(tmp_path, monkeypatch):
     """``train.threads`` applies while the run trains (and to its ``on_finished``, which records it in a grid
     cell's done.json). It stayed set after train_run returned: a second run in the same notebook, whose config
     leaves the threads to the machine, trained on the first one's and recorded them in its meta.json."""
     from sanlab.runs import train_run
+    from sanlab.training.loop import Trainer
 
     before = torch.get_num_threads()
     wanted = 1 if before > 1 else 2
     seen = []
+    # (the updates themselves are not what is checked: the threads they run with are)
+    monkeypatch.setattr(Trainer, "fit", lambda self: seen.append(torch.get_num_threads()) or {"step": 0, "best": None})
     try:
-        train_run(make_tagging_config(tmp_path, max_steps=1, valid_every=1, threads=wanted), tmp_path / "run",
-                  quiet=True, on_finished=lambda summary: seen.append(torch.get_num_threads()))
-        assert seen == [wanted]
+        train_run(make_tagging_config(tmp_path, threads=wanted), tmp_path / "run", quiet=True,
+                  on_finished=lambda summary: seen.append(torch.get_num_threads()))
+        assert seen == [wanted, wanted]
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
@@ -50,8 +53,9 @@ def test_translating_leaves_the_model_in_the_mode_it_was_in(legacy):
     seen = []
     real = model.start_decoding
     model.start_decoding = lambda src: seen.append(model.training) or real(src)
+    rng = torch.get_rng_state()
     first = translate(model, spm, ["a b c"], decode=config.decode)
-    assert seen == [False]
+    assert seen == [False] and torch.equal(rng, torch.get_rng_state())  # (nor does it draw random numbers)
     assert {name: m.training for name, m in model.named_modules()} == modes
     model.eval()
     assert translate(model, spm, ["a b c"], decode=config.decode) == first and not model.training
@@ -65,8 +69,10 @@ def test_tagging_leaves_the_model_in_the_mode_it_was_in(legacy):
     config, model, vocab = load_trained(legacy / "tagging")
     modes = _half_training(model)
     sentence = TaggedSentence(("the", "dog"), ("_", "_"))
+    rng = torch.get_rng_state()
     first = tag_sentences(model, vocab, [sentence], max_len=config.model.max_len, max_chars=config.model.max_word_chars)
     assert {name: m.training for name, m in model.named_modules()} == modes
+    assert torch.equal(rng, torch.get_rng_state())
     model.eval()
     again = tag_sentences(model, vocab, [sentence], max_len=config.model.max_len, max_chars=config.model.max_word_chars)
     assert again == first and not model.training
