@@ -202,3 +202,15 @@ def test_a_raw_dict_for_a_config_says_how_to_make_one(tmp_path):
     with pytest.raises(TypeError, match=r"validate\(raw, source=...\)"):
         train_run({"task": "translation"}, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_load_trained_takes_a_torch_device_too(legacy):
+    """device="cpu" or torch.device("cpu"), as torch's own ``.to`` takes both: the latter failed in the device
+    check's pattern match with "expected string or bytes-like object, got 'torch.device'"."""
+    from sanlab.errors import ConfigError
+    from sanlab.runs import load_trained
+
+    _, model, _ = load_trained(legacy / "translation", device=torch.device("cpu"))
+    assert next(model.parameters()).device == torch.device("cpu")
+    with pytest.raises(ConfigError, match="device 'meta': expected auto, cpu, cuda or cuda:N"):
+        load_trained(legacy / "translation", device=torch.device("meta"))

@@ -114,8 +114,10 @@ def _processes_on_node() -> tuple[str, int, bool] | None:
     return None
 
 
-def resolve_device(spec: str = "auto") -> torch.device:
-    """The ``torch.device`` a ``train.device`` value names on this machine (a clear error if it has none)."""
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """The ``torch.device`` a ``train.device`` value names on this machine (a clear error if it has none); a
+    ``torch.device`` (from Python, as ``.to`` takes one) is checked as its name, ``cuda:0`` or ``cpu``."""
+    spec = str(spec) if isinstance(spec, torch.device) else spec
     if not DEVICE_SPEC.match(spec):
         raise ConfigError(f"device {spec!r}: expected auto, cpu, cuda or cuda:N")
     if spec == "auto":
