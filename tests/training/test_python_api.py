@@ -110,6 +110,9 @@ def test_tag_words_tags_tokenised_sentences_as_the_tag_command_does(legacy, tmp_
     tags = tag_words(model, vocab, [line.split() for line in lines], max_len=config.model.max_len,
                      max_chars=config.model.max_word_chars)
     assert tags == written and [len(t) for t in tags] == [4, 0, 2]
+    lazily = tag_words(model, vocab, (line.split() for line in lines), max_len=config.model.max_len,
+                       max_chars=config.model.max_word_chars)  # (a generator: read once)
+    assert lazily == tags
 
 
 @pytest.mark.parametrize("sentences", ["the dog runs", ["the dog runs"]])

@@ -54,8 +54,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
 
 def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
     """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
-    cuda, cuda:N, or a torch.device) in eval mode: assets is the subword model (translation) or the tagging vocabulary. Reads no
-    corpus, and draws nothing from torch's random streams."""
+    cuda, cuda:N, or a torch.device) in eval mode: assets is the subword model (translation) or the tagging
+    vocabulary. Reads no corpus, and draws nothing from torch's random streams."""
     config, model, assets, _, _ = load_checkpoint(run_dir, checkpoint=checkpoint, device=device)
     return config, model, assets
 

@@ -269,7 +269,8 @@ def tag_words(model: Tagger, vocab: TaggingVocab, sentences: Sequence[Sequence[s
     splits a line as ``sanlab tag`` does), in input order: ``translate``'s counterpart for a tagger, from a
     notebook or a script. An empty sentence gets no tags; long ones are tagged in chunks (``tag_sentences``).
     ``max_len`` and ``max_chars``: the run's ``model.max_len`` and ``model.max_word_chars``."""
-    if isinstance(sentences, str) or any(isinstance(words, str) for words in sentences):
+    sentences = [sentences] if isinstance(sentences, str) else list(sentences)  # (a generator is read once)
+    if any(isinstance(words, str) for words in sentences):
         raise TypeError("tag_words() takes a list of sentences, each a list of words, and got a str (it would "
                         "be tagged character by character): split it into words first, e.g. line.split()")
     filled = [TaggedSentence(tuple(words), ("_",) * len(words)) for words in sentences if len(words)]
