@@ -217,3 +217,27 @@ def test_load_trained_takes_a_torch_device_too(legacy):
     assert next(model.parameters()).device == torch.device("cpu")
     with pytest.raises(ConfigError, match="device 'meta': expected auto, cpu, cuda or cuda:N"):
         load_trained(legacy / "translation", device=torch.device("meta"))
+
+
+def test_a_compiled_run_gives_back_torchs_recompile_settings(tmp_path, monkeypatch):
+    """``train.compile`` raises dynamo's recompile limit and makes hitting it an error, for the run: both stayed
+    set after train_run returned, so a notebook's own ``torch.compile`` afterwards failed at the limit where torch
+    runs eager."""
+    import torch._dynamo
+
+    from sanlab.compile_limits import FAIL_SETTINGS, LIMIT_SETTINGS
+    from sanlab.runs import train_run
+    from sanlab.training.loop import Trainer
+
+    names = [n for n in (*LIMIT_SETTINGS, *FAIL_SETTINGS) if n in torch._dynamo.config.get_config_copy()]
+    before = {n: getattr(torch._dynamo.config, n) for n in names}
+    during = []
+    monkeypatch.setattr(Trainer, "fit", lambda self: during.append({n: getattr(torch._dynamo.config, n)
+                                                                    for n in names}) or {"step": 0, "best": None})
+    try:
+        train_run(make_tagging_config(tmp_path, compile=True), tmp_path / "run", quiet=True)
+        assert during and during[0] != before  # (configured for the run)
+        assert {n: getattr(torch._dynamo.config, n) for n in names} == before
+    finally:
+        for name, value in before.items():
+            setattr(torch._dynamo.config, name, value)
