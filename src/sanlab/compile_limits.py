@@ -19,8 +19,9 @@ def raised_limit() -> dict[str, int]:
     return {}
 
 
-# torch's switch that makes hitting the limit an error, by this torch's name for it: training turns it on for its
-# process (``training/compile.configure_dynamo``: never a silent fall-back to eager for the model)
+# torch's switch that makes hitting the limit an error, by this torch's name for it: training turns it on in its
+# process while it trains (``training/compile.configure_dynamo``: never a silent fall-back to eager for the model;
+# ``dynamo_settings_restored`` gives it back after)
 FAIL_SETTINGS = ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
 
 

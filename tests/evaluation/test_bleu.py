@@ -101,3 +101,13 @@ def test_one_string_is_not_a_list_of_references():
 
     with pytest.raises(TypeError, match="not one string"):
         corpus_scores(["x", "y"], "ab")
+
+
+@pytest.mark.parametrize("score", [corpus_scores, ngram_precisions,
+                                   lambda h, r: bleu_by_length(h, r, [1] * len(r), buckets=(10,))])
+def test_one_string_is_not_a_list_of_hypotheses(score):
+    """A notebook's ``corpus_scores(hyp, refs)`` with one hypothesis string was scored character by character
+    against as many references as it has characters (BLEU 0, chrF 11 for "the cat sat" against 11 copies of
+    itself): refused, as one string of references is."""
+    with pytest.raises(TypeError, match="hypotheses must be a list of strings, not one string"):
+        score("the cat sat", ["the cat sat"] * 11)

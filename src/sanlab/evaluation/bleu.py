@@ -46,6 +46,13 @@ def reference_streams(references: References, *, n_hypotheses: int) -> list[list
     return streams
 
 
+def _check_hypotheses(hypotheses: Sequence[str]) -> None:
+    """A TypeError for one string given as the hypotheses: sacreBLEU would score each of its characters as a
+    sentence, against as many references as it has characters, without a word."""
+    if isinstance(hypotheses, str):
+        raise TypeError("hypotheses must be a list of strings, not one string: pass [hypothesis]")
+
+
 @dataclass(frozen=True)
 class TranslationScores:
     """Corpus BLEU and chrF with sacreBLEU's signatures and BLEU's sufficient statistics.
@@ -101,6 +108,7 @@ def corpus_scores(
     lowercase: bool = False,
 ) -> TranslationScores:
     """Corpus BLEU and chrF of detokenized hypotheses, exactly as the sacreBLEU CLI computes them."""
+    _check_hypotheses(hypotheses)
     streams = reference_streams(references, n_hypotheses=len(hypotheses))
     bleu, bleu_sig = _bleu(hypotheses, streams, tokenize=tokenize, lowercase=lowercase)
     chrf_metric = CHRF(lowercase=lowercase)
@@ -142,6 +150,7 @@ def ngram_precisions(
     Why raw counts: sacreBLEU's ``precisions`` smooth an order with no match (exp smoothing),
     which would invent a precision for the gap plot; here precision is matches / total, unsmoothed.
     """
+    _check_hypotheses(hypotheses)
     streams = reference_streams(references, n_hypotheses=len(hypotheses))
     bleu, _ = _bleu(hypotheses, streams, tokenize=tokenize, lowercase=lowercase)
     rows = []
@@ -206,6 +215,7 @@ def bleu_by_length(
     the brevity penalty is the bucket's (our reading: the paper gives BLEU per length group
     without saying how it was computed).
     """
+    _check_hypotheses(hypotheses)
     streams = reference_streams(references, n_hypotheses=len(hypotheses))
     if len(src_lengths) != len(hypotheses):
         raise ValueError(

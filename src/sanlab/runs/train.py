@@ -36,6 +36,7 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     records a finished cell there, so no other process sees it finished but unrecorded); ``before_start()`` runs
     there once the lock is taken, before anything is written, and may raise to leave the run as it is (``sanlab
     compare``: a cell another invocation finished between its look and the lock)."""
+    from sanlab.training.compile import dynamo_settings_restored
     from sanlab.training.device import check_cublas_setting, deterministic_algorithms, resolve_device
     from sanlab.training.distributed import from_environment
 
@@ -48,7 +49,8 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
         check_cublas_setting()  # before the run directory is touched
     # deterministic algorithms (and cuBLAS's setting) before the process group: a data-parallel process on CUDA
     # selects its GPU there, which starts CUDA, and the setting made after that was warned of as made too late
-    with deterministic_algorithms(config.train.deterministic, device) as warning, from_environment(device) as dist:
+    with _threads_restored(), dynamo_settings_restored(config.train.compile), \
+            deterministic_algorithms(config.train.deterministic, device) as warning, from_environment(device) as dist:
         with contextlib.ExitStack() as held:  # the main process's lock on the run, for the whole session
             start = _Start()
             with dist.main_first():  # (a failure here stops every process with the main process's message)
@@ -67,6 +69,18 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
             if on_finished is not None and dist.is_main:
                 on_finished(summary)
             return summary
+
+
+@contextlib.contextmanager
+def _threads_restored():
+    """The process's intra-op threads as they were before ``train.threads`` applied (``_train_locked``), once the
+    run and its ``on_finished`` are done: the setting is the run's, and a second run or a decoding in the same
+    process (a notebook, a grid's cell scored after it trained) must not inherit it."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass

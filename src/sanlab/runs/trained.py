@@ -54,7 +54,8 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
 
 def load_trained(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu"):
     """(config, model, assets) of a trained run, the model on ``device`` (``training.device``: auto, cpu,
-    cuda, cuda:N): assets is the subword model (translation) or the tagging vocabulary. Reads no corpus."""
+    cuda, cuda:N, or a torch.device) in eval mode: assets is the subword model (translation) or the tagging
+    vocabulary. Reads no corpus, and draws nothing from torch's random streams."""
     config, model, assets, _, _ = load_checkpoint(run_dir, checkpoint=checkpoint, device=device)
     return config, model, assets
 
@@ -63,12 +64,17 @@ def load_checkpoint(run_dir: Path, *, checkpoint: str = "best", device: str = "c
     """``load_trained``'s (config, model, assets), the checkpoint directory the weights came from and what a
     record says of them (``scored_checkpoint``'s dict), read as they were loaded: ``best`` and ``last`` move while
     a run trains (and a pruned directory takes its meta.json with it), so a record must not look again later."""
+    import torch
+
     from sanlab.training.device import resolve_device
 
     config = load_run_config(run_dir)
     with contextlib.suppress(FileNotFoundError):  # (pruned meanwhile: chosen again below)
         select_checkpoint(run_dir, checkpoint, config)  # a run without it says so, not that its vocabulary is missing
-    model, assets = task_for(config).load_model(config, run_dir)
+    # the random initial weights the checkpoint replaces are drawn from a stream of their own: the caller's is not
+    # advanced (a notebook's seeded code after loading behaves as without it). Built on the CPU: no CUDA stream.
+    with torch.random.fork_rng(devices=[]):
+        model, assets = task_for(config).load_model(config, run_dir)
     vocabulary = task_for(config).vocabulary(assets)
     for attempt in range(3):
         try:
@@ -157,8 +163,17 @@ def same_weights(record: dict, scored: dict) -> bool:
 
 def average_run(run_dir: Path, *, last: int | None = None, best: int | None = None,
                 output: str | None = None) -> Path:
+    """Average the ``last`` N or the ``best`` N checkpoints of a run (exactly one of them, N >= 1) into ``output``
+    (default: the run's ``averaged/``, which ``checkpoint="averaged"`` loads); returns the directory written."""
     from sanlab.training.average import write_average
 
+    if (last is None) == (best is None):  # (`sanlab average`'s parser asks for one; a Python caller may not)
+        raise ConfigError(f"{run_dir}: average_run takes one of last=N or best=N (the last or the N best "
+                          f"checkpoints), got last={last!r}, best={best!r}")
+    given = last if last is not None else best
+    if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+        raise ConfigError(f"{run_dir}: the number of checkpoints to average must be a whole number >= 1, "
+                          f"got {given!r}")
     config = load_run_config(run_dir)
     kept = config.train.keep_last if last else config.train.keep_best
     wanted = last or best
@@ -262,10 +277,10 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     the run's tag column (``data.column``) filled in and every other line and column as it was; plain text as
     word<TAB>tag lines, one block per input line. ``precision``: fp32 or bf16 (the tagger's forward under
     autocast)."""
-    from sanlab.data.conllu_io import TaggedSentence, looks_like_conllu, plain_words, read_conllu, with_tags
+    from sanlab.data.conllu_io import looks_like_conllu, plain_words, read_conllu, with_tags
     from sanlab.data.parallel import check_input_file, input_lines
     from sanlab.files import check_output_file, output_stream
-    from sanlab.tasks.tagging import tag_sentences
+    from sanlab.tasks.tagging import tag_words
     from sanlab.training.device import (check_decoding_precision, decoding_precision, deterministic_algorithms,
                                         model_device)
     from sanlab.training.rundir import check_not_a_run_file
@@ -285,19 +300,16 @@ def tag_file(run_dir: Path, *, input_path: str | None, output_path: str | None, 
     else:  # one block per input line, an empty one for a blank line, so that block n is line n
         refuse_tagged_output(lines, input_path or "<stdin>")
         blocks = [plain_words(line) for line in lines]
-    sents = [TaggedSentence(words, ("_",) * len(words)) for words in blocks if words]
     with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
-        predicted = tag_sentences(model, vocab, sents, max_len=config.model.max_len,
-                                  max_chars=config.model.max_word_chars,
-                                  precision=decoding_precision(precision, model_device(model)))
+        predicted = tag_words(model, vocab, blocks, max_len=config.model.max_len,
+                              max_chars=config.model.max_word_chars,
+                              precision=decoding_precision(precision, model_device(model)))
     with output_stream(output_path) as out:
         if conllu:
-            out.writelines(with_tags(lines, predicted, column=config.data.column))
+            out.writelines(with_tags(lines, [tags for tags in predicted if tags], column=config.data.column))
             return
-        tags = iter(predicted)
-        for words in blocks:
-            if words:
-                out.writelines(f"{w}\t{t}\n" for w, t in zip(words, next(tags)))
+        for words, tags in zip(blocks, predicted):
+            out.writelines(f"{w}\t{t}\n" for w, t in zip(words, tags))
             out.write("\n")
 
 

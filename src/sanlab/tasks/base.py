@@ -205,6 +205,9 @@ def _implementation(reference: str) -> Task:
 
 def task_for(config) -> Task:
     """The task of a run config (its config class names the implementation)."""
+    if not hasattr(type(config), "implementation"):  # (a dict as a YAML file holds it, from a notebook)
+        raise TypeError(f"expected a validated sanlab config, got a {type(config).__name__}: make one with "
+                        "sanlab.config.load_config(path, overrides) or validate(raw, source=...)")
     return _implementation(type(config).implementation)
 
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import CharWords, Tagger
-from sanlab.training.device import Precision, model_device, to_device
+from sanlab.training.device import Precision, evaluation_mode, model_device, to_device
 from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
@@ -220,15 +221,20 @@ class TaggingTask:
         return float(total) / max(tokens, 1)
 
 
-@torch.no_grad()
 def predict_tags(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int,
                  batch_size: int = 64, precision: Precision | None = None) -> list[list[str]]:
     """The most likely tag of each word, never <unk-tag> (not a tag: a training target only for a training file
     that changed under a resumed run; written into CoNLL-U it would not be UD); the forward under
     ``precision``'s autocast (default fp32). Where padding is masked, sentences of similar length share a batch
     (sorted by length, as ``translate`` does: less padding to compute); without the mask every batch is padded to
-    the model's length anyway, and the given order is kept."""
-    model.eval()
+    the model's length anyway, and the given order is kept. The model tags in eval mode and is left in the mode
+    it was in."""
+    with evaluation_mode(model), torch.no_grad():
+        return _predict(model, vocab, sents, max_chars=max_chars, batch_size=batch_size, precision=precision)
+
+
+def _predict(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence], *, max_chars: int, batch_size: int,
+             precision: Precision | None) -> list[list[str]]:
     known = len(vocab.tags) - 1 if vocab.tags[-1] == UNKNOWN_TAG else len(vocab.tags)
     precision = precision or Precision("fp32", model_device(model))
     order = sorted(range(len(sents)), key=lambda k: len(sents[k].words)) if model.pad_to is None else range(len(sents))
@@ -255,6 +261,21 @@ def tag_sentences(model: Tagger, vocab: TaggingVocab, sents: list[TaggedSentence
         pred.append([t for chunk in flat[k:k + len(cs)] for t in chunk])
         k += len(cs)
     return pred
+
+
+def tag_words(model: Tagger, vocab: TaggingVocab, sentences: Sequence[Sequence[str]], *, max_len: int,
+              max_chars: int, precision: Precision | None = None) -> list[list[str]]:
+    """The predicted tag of every word of tokenised sentences (each a list of words; ``conllu_io.plain_words``
+    splits a line as ``sanlab tag`` does), in input order: ``translate``'s counterpart for a tagger, from a
+    notebook or a script. An empty sentence gets no tags; long ones are tagged in chunks (``tag_sentences``).
+    ``max_len`` and ``max_chars``: the run's ``model.max_len`` and ``model.max_word_chars``."""
+    sentences = [sentences] if isinstance(sentences, str) else list(sentences)  # (a generator is read once)
+    if any(isinstance(words, str) for words in sentences):
+        raise TypeError("tag_words() takes a list of sentences, each a list of words, and got a str (it would "
+                        "be tagged character by character): split it into words first, e.g. line.split()")
+    filled = [TaggedSentence(tuple(words), ("_",) * len(words)) for words in sentences if len(words)]
+    tags = iter(tag_sentences(model, vocab, filled, max_len=max_len, max_chars=max_chars, precision=precision))
+    return [next(tags) if len(words) else [] for words in sentences]
 
 
 def build_vocab(config: TaggingConfig, *, train: list[TaggedSentence], dev: list[TaggedSentence],

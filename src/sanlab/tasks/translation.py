@@ -26,7 +26,7 @@ from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
 from sanlab.tasks.translation_data import load_subwords, no_pair_kept
 from sanlab.tasks.translation_data import prepare as prepare_training_data
-from sanlab.training.device import Precision, model_device, out_of_memory_stops, to_device
+from sanlab.training.device import Precision, evaluation_mode, model_device, out_of_memory_stops, to_device
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import RunLogger
 
@@ -215,7 +215,6 @@ def translate(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode:
     return [r[0][0] for r in results] if n_best == 1 else results
 
 
-@torch.no_grad()
 def search_translations(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig,
                         n_best: int = 1, source: str | None = None,
                         precision: Precision | None = None) -> list[list[Hypothesis]]:
@@ -230,15 +229,23 @@ def search_translations(model: Seq2Seq, spm: SubwordPair, sentences: list[str], 
 
     An empty sentence has nothing to translate and gets no hypothesis. A sentence longer than the model
     accepts (``model.max_positions``) is a DataError naming its line of ``source``; the length allowed to a
-    translation is capped there too. ``n_best`` above ``decode.beam`` is a ConfigError.
+    translation is capped there too. ``n_best`` below 1 or above ``decode.beam`` is a ConfigError. The model decodes in
+    eval mode and is left in the mode it was in.
     """
     if isinstance(sentences, str):  # it would be translated character by character
         raise TypeError("translate() and search_translations() take a list of sentences, got one str: "
                         "pass [sentence]")
+    if n_best < 1:  # (decode.n_best is checked by the config; an argument from Python is not)
+        raise ConfigError(f"n_best = {n_best}: ask for at least 1 hypothesis per sentence")
     if n_best > decode.beam:  # (bf16 would return fewer without a word: its search keeps `beam` hypotheses)
         raise ConfigError(f"n_best = {n_best} is more than decode.beam = {decode.beam}: a beam search keeps "
                           f"{decode.beam} hypotheses; raise the beam or ask for fewer")
-    model.eval()
+    with evaluation_mode(model), torch.no_grad():
+        return _search(model, spm, sentences, decode=decode, n_best=n_best, source=source, precision=precision)
+
+
+def _search(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: DecodeConfig, n_best: int,
+            source: str | None, precision: Precision | None) -> list[list[Hypothesis]]:
     # empty: nothing but spaces, or only what the subword model drops (a zero-width space, a stray BOM)
     ids = [x + [spm.eos_id] if x else [] for x in (spm.src.encode(s) if s.strip() else [] for s in sentences)]
     limit = model.max_length

@@ -12,12 +12,13 @@ the weights (``tests/training/test_compile.py``: compiled == eager in losses and
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from sanlab.compile_limits import FAIL_SETTINGS, RECOMPILE_LIMIT, raised_limit
+from sanlab.compile_limits import FAIL_SETTINGS, LIMIT_SETTINGS, RECOMPILE_LIMIT, raised_limit
 from sanlab.errors import TrainingError
 
 LIMIT_ERRORS = ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
@@ -42,6 +43,25 @@ def configure_dynamo() -> bool:
             setattr(torch._dynamo.config, name, True)
             return True
     return False
+
+
+@contextlib.contextmanager
+def dynamo_settings_restored(enabled: bool):
+    """With ``enabled`` (``train.compile``), the dynamo settings ``configure_dynamo`` changes for a run are given
+    back their values once it is done: a later ``torch.compile`` of the caller's own (a notebook, a script that
+    trained first) runs eager past torch's own limit, as without sanlab, instead of failing at the run's."""
+    if not enabled:  # (dynamo is not even imported)
+        yield
+        return
+    known = _settings()
+    before = {name: known[name] for name in (*LIMIT_SETTINGS, *FAIL_SETTINGS) if name in known}
+    try:
+        yield
+    finally:
+        import torch._dynamo
+
+        for name, value in before.items():
+            setattr(torch._dynamo.config, name, value)
 
 
 def compile_model(model: nn.Module, *, backend: str, dynamic: bool | None = None) -> nn.Module:

@@ -114,8 +114,10 @@ def _processes_on_node() -> tuple[str, int, bool] | None:
     return None
 
 
-def resolve_device(spec: str = "auto") -> torch.device:
-    """The ``torch.device`` a ``train.device`` value names on this machine (a clear error if it has none)."""
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """The ``torch.device`` a ``train.device`` value names on this machine (a clear error if it has none); a
+    ``torch.device`` (from Python, as ``.to`` takes one) is checked as its name, ``cuda:0`` or ``cpu``."""
+    spec = str(spec) if isinstance(spec, torch.device) else spec
     if not DEVICE_SPEC.match(spec):
         raise ConfigError(f"device {spec!r}: expected auto, cpu, cuda or cuda:N")
     if spec == "auto":
@@ -173,6 +175,19 @@ def model_device(model: torch.nn.Module) -> torch.device:
     validation and decoding move their batches to."""
     first = next(model.parameters(), None)
     return torch.device("cpu") if first is None else first.device
+
+
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module):
+    """``model`` in eval mode inside (no dropout), and afterwards each of its modules in the mode it had: decoding
+    called from a training loop, or on a model whose user froze part of it, leaves it as it was."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 @dataclasses.dataclass(frozen=True)
