@@ -114,6 +114,7 @@ def report(found: dict, *, command: str, examples: int = 5) -> str:
     share = 100.0 * found["identical"] / n if n else 100.0
     verdict = "meets" if share >= TARGET else "does not meet"
     d = found["decode"]
+    form = " in GNMT's form" if d.get("length_penalty_style") == "gnmt" else ""  # (fairseq's: reports before the key)
     cpu = found["device"] == "cpu"
     lines = [
         f"# Decoding in bf16 against fp32: {found['run']}, {found['split']}",
@@ -131,8 +132,8 @@ def report(found: dict, *, command: str, examples: int = 5) -> str:
         "",
         f"- Run: `{found['run']}`, checkpoint {found['which']} (`{found['checkpoint']}`, update {found['step']}); "
         f"split {found['split']}: `{found['src']}` against `{found['ref']}`",
-        f"- Decoding: beam {d['beam']}, length penalty {d['length_penalty']}, max length {d['max_len_a']} x source "
-        f"+ {d['max_len_b']}, {d['batch_sentences']} sentences per batch; one hypothesis per sentence",
+        f"- Decoding: beam {d['beam']}, length penalty {d['length_penalty']}{form}, max length {d['max_len_a']} x "
+        f"source + {d['max_len_b']}, {d['batch_sentences']} sentences per batch; one hypothesis per sentence",
         "- bf16: the model's encoder pass and decoder steps under torch.autocast (bfloat16), the weights cast once "
         "per batch; the output projection, the log-softmax and the beam search's scores in fp32; the search keeps "
         "every finished hypothesis and the fp32 model, teacher-forced, chooses among them "

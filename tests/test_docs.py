@@ -50,7 +50,8 @@ RESUME_WORDS = {"train.max_steps": "budget", "train.max_epochs": "budget", "trai
                 "train.progress": "logging", "train.log_every": "logging", "train.threads": "threads",
                 "train.device": "device", "train.deterministic": "deterministic",
                 "train.find_unused_parameters": "find_unused_parameters", "decode.beam": "beam",
-                "decode.length_penalty": "length penalty", "decode.n_best": "n-best"}
+                "decode.length_penalty": "length penalty", "decode.length_penalty_style": "length penalty",
+                "decode.n_best": "n-best"}
 
 
 def test_the_keys_a_resume_may_change_are_the_ones_the_docs_name():

@@ -15,6 +15,9 @@ from sanlab.experiments.compare_cli import register as register_compare
 # --precision of translate, tag and evaluate: training.device.DECODE_PRECISIONS, spelled here so that parsing
 # the command line does not import torch (tests/training/test_decode_precision.py checks they agree)
 DECODE_PRECISIONS = ("fp32", "bf16")
+# --length-penalty-style of translate: decoding.search.LENGTH_PENALTY_STYLES (and config's decode key), spelled here
+# for the same reason (tests/training/test_length_penalty_style.py checks they agree)
+LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -92,7 +95,8 @@ def _cmd_translate(args) -> int:
     if args.beam and args.beam > 0 and args.n_best is None and config.decode.n_best > args.beam:  # (< 1: updated())
         raise ConfigError(f"--beam {args.beam} cannot return the run's decode.n_best = {config.decode.n_best} "
                           f"hypotheses; pass --n-best (at most {args.beam})")
-    decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty, n_best=args.n_best,
+    decode = config.decode.updated(beam=args.beam, length_penalty=args.length_penalty,
+                                   length_penalty_style=args.length_penalty_style, n_best=args.n_best,
                                    batch_sentences=args.batch_sentences)
     lines = input_lines(args.input)
     n_best = decode.n_best
@@ -266,8 +270,12 @@ def _register_decoding(sub) -> None:
                            "run's decode.batch_sentences); fewer need less device memory")
         if name == "translate":
             p.add_argument("--length-penalty", type=float, help="alpha of the length penalty: a hypothesis of L "
-                           "tokens (end of sentence included) scores log p / L ** alpha, as fairseq's --lenpen "
+                           "tokens (end of sentence included) scores log p / L ** alpha, as fairseq's --lenpen, or "
+                           "in GNMT's form (--length-penalty-style) "
                            "(default: the run's decode.length_penalty)")
+            p.add_argument("--length-penalty-style", choices=LENGTH_PENALTY_STYLES, help="fairseq: log p / L ** "
+                           "alpha; gnmt: log p / ((5 + L) / 6) ** alpha, as Vaswani et al., THUMT and OpenNMT-py "
+                           "(default: the run's decode.length_penalty_style)")
             p.add_argument("--n-best", type=int, metavar="N", help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":

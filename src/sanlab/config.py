@@ -360,6 +360,9 @@ class TaggerTrainConfig(TrainConfig):
 class DecodeConfig(Strict):
     beam: int = Field(5, ge=1)
     length_penalty: float = 1.0
+    # how alpha normalises a score of L tokens: L ** alpha (fairseq's --lenpen) or ((5 + L) / 6) ** alpha (GNMT's, as
+    # Vaswani et al., THUMT and OpenNMT-py apply it); sanlab.decoding.search.LENGTH_PENALTY_STYLES
+    length_penalty_style: Literal["fairseq", "gnmt"] = "fairseq"
     max_len_a: float = Field(1.2, ge=0)   # at most int(a * source length + b) tokens, then EOS (as fairseq; capped at max_positions)
     max_len_b: int = Field(10, ge=0)
     n_best: int = Field(1, ge=1)

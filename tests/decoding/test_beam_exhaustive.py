@@ -2,9 +2,9 @@
 
 The step function is a Python function of the whole prefix (seeded random log-probs, no model), so every
 hypothesis up to the max length can be listed and scored as ``Hypothesis`` documents it: the sum of the token
-log-probs with EOS, divided by ``(tokens + 1) ** alpha`` (fairseq). With a beam at least as wide as the number of
-outputs nothing is pruned, so the search must return exactly that list, best first. Unlike
-``test_beam_search._reference_beam`` this shares no rule with the search but the scoring.
+log-probs with EOS, divided by ``(tokens + 1) ** alpha`` (fairseq) or ``((5 + tokens + 1) / 6) ** alpha`` (GNMT).
+With a beam at least as wide as the number of outputs nothing is pruned, so the search must return exactly that
+list, best first. Unlike ``test_beam_search._reference_beam`` this shares no rule with the search but the scoring.
 """
 
 from __future__ import annotations
@@ -49,7 +49,13 @@ class PrefixModel:
         return torch.tensor(rows, dtype=torch.float64), {"sentence": cache["sentence"], "prefix": prefix}
 
 
-def _exhaustive(sentence: int, *, max_len: int, alpha: float, min_length: int = 0, log_probs=_log_probs):
+def _penalty(length: int, alpha: float, style: str) -> float:
+    """The length penalty of an output of ``length`` tokens, EOS included, as the search documents it."""
+    return length ** alpha if style == "fairseq" else ((5 + length) / 6) ** alpha
+
+
+def _exhaustive(sentence: int, *, max_len: int, alpha: float, min_length: int = 0, log_probs=_log_probs,
+                style: str = "fairseq"):
     """Every output of at most ``max_len`` tokens with EOS (at least ``min_length`` before it) as (tokens, score,
     log_prob, positional), ranked by score; ties: shorter first, then in token order (the search's finishing
     order: see ``test_ties_are_broken_by_length_then_token_order``)."""
@@ -58,7 +64,7 @@ def _exhaustive(sentence: int, *, max_len: int, alpha: float, min_length: int = 
         for tokens in itertools.product(WORDS, repeat=n):
             positional = [log_probs(sentence, tokens[:i])[tok] for i, tok in enumerate(tokens + (EOS,))]
             total = math.fsum(positional)
-            out.append((list(tokens), total / (n + 1) ** alpha, total, positional))
+            out.append((list(tokens), total / _penalty(n + 1, alpha, style), total, positional))
     return sorted(out, key=lambda h: -h[1])  # stable: itertools lists shorter first, then in token order
 
 
@@ -66,11 +72,11 @@ def _outputs(max_len: int, min_length: int = 0) -> int:
     return sum(len(WORDS) ** n for n in range(min_length, max_len))
 
 
-def _search(sentences, max_lengths, *, beam, alpha=1.0, min_length=0, model=None):
+def _search(sentences, max_lengths, *, beam, alpha=1.0, min_length=0, model=None, style="fairseq"):
     model = model or PrefixModel()
     return beam_search(model, model.cache(sentences), batch_size=len(sentences), beam_size=beam, n_best=beam,
-                       max_lengths=torch.tensor(max_lengths), length_penalty=alpha, min_length=min_length,
-                       **SPECIAL)
+                       max_lengths=torch.tensor(max_lengths), length_penalty=alpha, length_penalty_style=style,
+                       min_length=min_length, **SPECIAL)
 
 
 def _assert_same(found, expected):
@@ -81,13 +87,14 @@ def _assert_same(found, expected):
         assert h.positional_scores == pytest.approx(e[3], abs=1e-6)
 
 
+@pytest.mark.parametrize("style", ["fairseq", "gnmt"])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
 @pytest.mark.parametrize("max_len", [1, 2, 4, 5])
 @pytest.mark.parametrize("extra", [0, 3])  # a beam of exactly the number of outputs, and a wider one
-def test_a_beam_as_wide_as_all_outputs_returns_them_all_ranked(alpha, max_len, extra):
+def test_a_beam_as_wide_as_all_outputs_returns_them_all_ranked(alpha, max_len, extra, style):
     beam = _outputs(max_len) + extra
-    (found,) = _search([0], [max_len], beam=beam, alpha=alpha)
-    expected = _exhaustive(0, max_len=max_len, alpha=alpha)
+    (found,) = _search([0], [max_len], beam=beam, alpha=alpha, style=style)
+    expected = _exhaustive(0, max_len=max_len, alpha=alpha, style=style)
     _assert_same(found, expected)  # the n-best list and its scores: the same normalised scores
     assert all(len(h.tokens) < max_len for h in found)  # max length counts EOS
     # an output cut at the max length is kept, ended by a forced EOS that keeps the model's log-prob
@@ -101,11 +108,25 @@ def test_min_length_removes_exactly_the_shorter_outputs(min_length):
     _assert_same(found, _exhaustive(1, max_len=max_len, alpha=1.0, min_length=min_length))
 
 
-def test_the_best_of_a_wide_beam_is_the_exhaustive_best_for_many_sentences():
+@pytest.mark.parametrize("style", ["fairseq", "gnmt"])
+def test_the_best_of_a_wide_beam_is_the_exhaustive_best_for_many_sentences(style):
     for s in range(20):
-        (found,) = _search([s], [4], beam=_outputs(4), alpha=1.0)
-        best = _exhaustive(s, max_len=4, alpha=1.0)[0]
+        (found,) = _search([s], [4], beam=_outputs(4), alpha=1.0, style=style)
+        best = _exhaustive(s, max_len=4, alpha=1.0, style=style)[0]
         assert (found[0].tokens, found[0].score) == (best[0], pytest.approx(best[1], abs=1e-6))
+
+
+def test_the_two_forms_choose_other_outputs_as_the_reference_does():
+    """GNMT's form penalises length less than fairseq's at the same alpha (((5 + L) / 6) < L past L = 1), so it
+    prefers shorter outputs: the style reaches the ranking, and the searched best follows the reference's."""
+    differ = 0
+    for s in range(20):
+        best = {style: _search([s], [4], beam=_outputs(4), alpha=1.0, style=style)[0][0].tokens
+                for style in ("fairseq", "gnmt")}
+        assert best == {style: _exhaustive(s, max_len=4, alpha=1.0, style=style)[0][0] for style in best}
+        assert len(best["gnmt"]) <= len(best["fairseq"])
+        differ += best["gnmt"] != best["fairseq"]
+    assert differ >= 1
 
 
 def test_batched_sentences_of_different_max_lengths_equal_one_at_a_time():

@@ -952,6 +952,26 @@ def test_runs_decoded_with_different_searches_are_refused(corpus, tmp_path):
     analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)
 
 
+def test_runs_decoded_with_another_length_penalty_form_are_refused(corpus, tmp_path):
+    """GNMT's form of the length penalty against fairseq's is another search; a record from before
+    decode.length_penalty_style existed was decoded with fairseq's, and compares with the default."""
+    from sanlab.errors import ConfigError
+
+    base, other = make_translation_run(corpus, tmp_path / "base"), make_translation_run(corpus, tmp_path / "other")
+    evaluate_run(base, checkpoint="best", splits=["test"], decode_overrides={"beam": 2})
+    evaluate_run(other, checkpoint="best", splits=["test"],
+                 decode_overrides={"beam": 2, "length_penalty_style": "gnmt"})
+    with pytest.raises(ConfigError, match=r"decoded with different search settings \(base: beam 2, length_penalty "
+                                          r"1.0, max_len_a 1.2, max_len_b 4; other: beam 2, length_penalty 1.0, "
+                                          r"length_penalty_style gnmt, max_len_a 1.2, max_len_b 4\)"):
+        analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)
+    evaluate_run(other, checkpoint="best", splits=["test"], decode_overrides={"beam": 2})
+    record = json.loads((other / "eval-best.json").read_text(encoding="utf-8"))
+    assert record["test"]["decode"].pop("length_penalty_style") == "fairseq"  # as written before the key
+    (other / "eval-best.json").write_text(json.dumps(record), encoding="utf-8")
+    analyze.pairwise([other], against=[base], out=tmp_path / "pw", bootstrap_samples=10)
+
+
 # ----------------------------------------------------------------------------- audit fixes (session 57)
 def test_sweep_from_eval_takes_one_split_for_every_run(corpus, tmp_path):
     """Without --split, the first run's first split: a run that evaluated another split first (its file's

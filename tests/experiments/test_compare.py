@@ -762,6 +762,17 @@ def test_new_decode_settings_re_evaluate_without_retraining(tmp_path, monkeypatc
     evaluated = json.loads((tmp_path / "runs" / "vanilla" / "seed-1" / "eval-averaged.json").read_text())
     assert evaluated["test"]["decode"]["beam"] == 1  # decoded with the grid's settings, not the saved ones
     assert set(_statuses(grid).values()) == {"evaluated"}
+    # fairseq's length penalty, the default, is left out of the key (cells scored before the key stay scored);
+    # GNMT's form is another search: scored again, decoded with it
+    assert "length_penalty_style" not in record["key"]["decode"]
+    gnmt = load_grid(tmp_path / "grid.yaml", overrides=["decode.length_penalty_style=gnmt"], runs_dir=tmp_path / "runs")
+    assert set(_statuses(gnmt).values()) == {"trained"}
+    assert [o.error for o in run_grid(gnmt, gnmt.cells, log=lambda m: None)] == [None, None]
+    record = json.loads((tmp_path / "runs" / "vanilla" / "seed-1" / "compare-eval.json").read_text())
+    evaluated = json.loads((tmp_path / "runs" / "vanilla" / "seed-1" / "eval-averaged.json").read_text())
+    assert record["key"]["decode"]["length_penalty_style"] == evaluated["test"]["decode"]["length_penalty_style"] \
+        == "gnmt"
+    assert set(_statuses(gnmt).values()) == {"evaluated"}
 
 
 def _cell_archive(path, source, arc_dir, *, skip=(), extra=()):

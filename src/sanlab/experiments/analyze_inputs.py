@@ -95,7 +95,7 @@ def held_out_split(config, split: str | None, *, run_dir: PathLike | None = None
 
 
 # the settings that change which hypothesis a run writes: runs compared must share them
-SEARCH_SETTINGS = ("beam", "length_penalty", "max_len_a", "max_len_b")
+SEARCH_SETTINGS = ("beam", "length_penalty", "length_penalty_style", "max_len_a", "max_len_b")
 
 
 def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected: int,
@@ -123,7 +123,16 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
         raise DataError(f"{len(hyps)} hypotheses for the {expected} references of {references} (is it the same test "
                         "set?)", path=str(path))
     decode = results.get(split, {}).get("decode") if isinstance(results.get(split), dict) else None
-    return hyps, ({k: decode.get(k) for k in SEARCH_SETTINGS} if isinstance(decode, dict) else None)
+    return hyps, (search_settings(decode) if isinstance(decode, dict) else None)
+
+
+def search_settings(decode: dict) -> dict:
+    """``SEARCH_SETTINGS`` of a record's ``decode``; the length penalty's style only where it is not fairseq's, the
+    one form records from before the key were decoded with (so they compare equal to the default)."""
+    found = {k: decode.get(k) for k in SEARCH_SETTINGS}
+    if found["length_penalty_style"] in (None, "fairseq"):
+        del found["length_penalty_style"]
+    return found
 
 
 def _one_search(labels: Sequence[str], searches: Sequence[dict | None], split: str) -> None:

@@ -20,7 +20,8 @@ from sanlab.tasks.base import task_for
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
                   "train.find_unused_parameters", "train.device",  # a CPU run may go on on a GPU, and back
                   "train.deterministic",  # which kernels compute (up to rounding), not what: may change mid-run
-                  "train.log_every", "decode.beam", "decode.length_penalty", "decode.n_best")
+                  "train.log_every", "decode.beam", "decode.length_penalty",
+                  "decode.length_penalty_style", "decode.n_best")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

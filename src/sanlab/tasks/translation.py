@@ -275,6 +275,7 @@ def _search(model: Seq2Seq, spm: SubwordPair, sentences: list[str], *, decode: D
                 hyps = beam_search(step, state, batch_size=len(chunk), beam_size=decode.beam,
                                    bos=spm.bos_id, eos=spm.eos_id, pad=spm.pad_id, max_lengths=max_lengths,
                                    length_penalty=decode.length_penalty,
+                                   length_penalty_style=decode.length_penalty_style,
                                    n_best=decode.beam if again else max(n_best, 1))
             if again:
                 hyps = [h[:max(n_best, 1)] for h in rescore_in_fp32(model, src, hyps, spm=spm, decode=decode)]
@@ -314,7 +315,8 @@ def rescore_in_fp32(model: Seq2Seq, src: Tensor, hyps: list[list[Hypothesis]], *
     out: list[list[Hypothesis]] = [[] for _ in hyps]
     for (b, _), lp in zip(rows, positional):
         out[b].append(lp)
-    return [rescore(nbest, scores, length_penalty=decode.length_penalty) for nbest, scores in zip(hyps, out)]
+    return [rescore(nbest, scores, length_penalty=decode.length_penalty,
+                    length_penalty_style=decode.length_penalty_style) for nbest, scores in zip(hyps, out)]
 
 
 def load_translation_model(config: TranslationConfig, run_dir: Path) -> tuple[Seq2Seq, SubwordPair]:

@@ -79,7 +79,10 @@ class Translation(Task):
 
     # ----------------------------------------------------------------- comparison grids
     def eval_key(self, config) -> dict:
-        return {"decode": config.decode.model_dump(mode="json")}
+        decode = config.decode.model_dump(mode="json")
+        if decode["length_penalty_style"] == "fairseq":  # the only form before the key: cells scored then stay scored
+            del decode["length_penalty_style"]
+        return {"decode": decode}
 
     def evaluate_cell(self, cell: CellRun) -> tuple[dict, str, dict]:
         # the grid's decode settings, not the ones saved when the cell was trained
