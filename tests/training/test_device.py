@@ -378,10 +378,14 @@ def test_a_batch_is_described_by_its_own_words_else_by_its_fields():
 
 def test_a_collapsed_loss_scale_stops_with_advice():
     scaler = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)
-    with pytest.raises(TrainingError, match="fp16 loss scale fell below .* Try train.precision=bf16"):
-        check_loss_scale(scaler, step=7)
-    check_loss_scale(torch.amp.GradScaler("cpu"), step=7)
-    check_loss_scale(None, step=7)
+    with pytest.raises(TrainingError, match="fp16 loss scale fell below .* Try train.precision=bf16.*"
+                                            r"or --set train\.clip_norm=1\.0$"):
+        check_loss_scale(scaler, step=7, clip_norm=0.0)
+    # a run that clips already is told to clip harder, not to clip at 1.0 (which may be looser than its own)
+    with pytest.raises(TrainingError, match=r"or a smaller train\.clip_norm \(this run clips at 0\.1\)$"):
+        check_loss_scale(scaler, step=7, clip_norm=0.1)
+    check_loss_scale(torch.amp.GradScaler("cpu"), step=7, clip_norm=0.0)
+    check_loss_scale(None, step=7, clip_norm=0.0)
 
 
 def test_cli_device_options(tmp_path, tiny_translation, capsys, monkeypatch):

@@ -2,6 +2,7 @@
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -155,14 +156,17 @@ def test_resume_refuses_max_epochs_equal_to_an_epoch_already_begun(tmp_path, tin
         train_run(tiny_translation(max_steps=4, valid_every=4, max_epochs=summary["epoch"]), run, quiet=True)
 
 
-def test_nan_loss_stops_without_saving(tmp_path, tiny_translation):
+@pytest.mark.parametrize("clip_norm,clipping", [(0.0, r"--set train.clip_norm=1.0"),
+                                                 (0.5, r"a smaller train.clip_norm \(this run clips at 0.5\)")])
+def test_nan_loss_stops_without_saving(tmp_path, tiny_translation, clip_norm, clipping):
     run = tmp_path / "run"
-    train_run(tiny_translation(max_steps=3), run, quiet=True)
+    make = functools.partial(tiny_translation, clip_norm=clip_norm)
+    train_run(make(max_steps=3), run, quiet=True)
     saved = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
     with pytest.raises(TrainingError, match=r"loss is nan at update 4 \(epoch \d+\); stopping without saving it\. Last "
                                             r"good checkpoint: .*step-00000003\. Try a lower learning rate, longer "
-                                            r"warm-up or --set train.clip_norm=1.0\.$"):
-        _poison_and_train(run, tiny_translation)
+                                            rf"warm-up or {clipping}\.$"):
+        _poison_and_train(run, make)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == saved
 
 

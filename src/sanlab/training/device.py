@@ -233,13 +233,21 @@ def check_decoding_precision(name: str) -> str:
     return name
 
 
-def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int) -> None:
+def clipping_advice(clip_norm: float) -> str:
+    """What to try with gradient clipping after a divergence: turn it on, or clip harder if it is on already (it
+    said "--set train.clip_norm=1.0" to a run clipping at 0.1)."""
+    if clip_norm <= 0:
+        return "--set train.clip_norm=1.0"
+    return f"a smaller train.clip_norm (this run clips at {clip_norm:g})"
+
+
+def check_loss_scale(scaler: "torch.amp.GradScaler | None", *, step: int, clip_norm: float) -> None:
     """Stop with advice, not a traceback, when fp16's loss scale has collapsed (fairseq's "minimum loss scale
     reached"): every recent update overflowed, so training no longer moves."""
     if scaler is not None and scaler.get_scale() < MIN_LOSS_SCALE:
         raise TrainingError(f"fp16 loss scale fell below {MIN_LOSS_SCALE:g} by update {step}: the gradients overflow "
                             "at every scale. Try train.precision=bf16, a lower train.lr, a longer warm-up, or "
-                            "--set train.clip_norm=1.0")
+                            f"{clipping_advice(clip_norm)}")
 
 
 # cuBLAS's settings for reproducible results (NVIDIA's cuBLAS guide, "Results reproducibility"); torch refuses a

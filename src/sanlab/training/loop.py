@@ -27,7 +27,8 @@ from sanlab.errors import TrainingError
 from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, check_vocabulary, load_state,
                                        load_weights, read_meta, rng_state, set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
-from sanlab.training.device import Precision, check_loss_scale, describe_batch, out_of_memory_stops, to_device
+from sanlab.training.device import (Precision, check_loss_scale, clipping_advice, describe_batch, out_of_memory_stops,
+                                    to_device)
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError, failure_report
 from sanlab.training.interval import DeviceInterval, Settled
@@ -282,13 +283,13 @@ class Trainer:
                       "(fp32's range) first; else try" if self.scaler is not None else "Try")
             raise TrainingError(f"{what} is {value} at update {step} (epoch {p.epoch}); stopping without saving it. "
                                 f"Last good checkpoint: {self._last_good_name()}. "
-                                f"{advice} a lower learning rate, longer warm-up or --set train.clip_norm=1.0.")
+                                f"{advice} a lower learning rate, longer warm-up or {clipping_advice(self.config.clip_norm)}.")
         p.skipped_updates += settled.skipped
         self._since_log.loss_sum += settled.loss_sum
         self._since_log.updates += settled.updates
         self._since_log.gnorm_sum += settled.gnorm_sum
         self._since_log.gnorm_updates += settled.gnorm_updates
-        check_loss_scale(self.scaler, step=p.step)
+        check_loss_scale(self.scaler, step=p.step, clip_norm=self.config.clip_norm)
         return settled
 
     def _log_train(self, bar) -> None:
