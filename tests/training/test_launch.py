@@ -159,6 +159,21 @@ def test_a_workers_sanlab_error_ends_the_launch_with_its_message_and_status_2(tm
     assert "another" not in err
 
 
+@pytest.mark.slow  # the launcher and its stub torchrun: two python processes (~5 s)
+@pytest.mark.parametrize("given, seen", [(None, "1"), ("3", "3")])
+def test_torchrun_gets_omp_num_threads_so_it_prints_no_warning_and_a_users_value_is_kept(tmp_path, monkeypatch,
+                                                                                         given, seen):
+    """Unset, torchrun set OMP_NUM_THREADS=1 itself with a four-line warning at every launch."""
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    launcher = _launch(tmp_path, action="(out / 'omp').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'))\n"
+                                        "sys.exit(1)")
+    launcher.communicate(timeout=120)
+    assert (tmp_path / "omp").read_text() == seen
+
+
 def test_without_a_launcher_a_worker_prints_its_own_error(monkeypatch):
     from sanlab.training import launch
 

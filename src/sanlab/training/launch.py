@@ -89,6 +89,9 @@ def launch(command: list[str], args=None) -> int:
             # torchrun's log directory (its workers' error files), removed with this one: by default torchrun makes
             # a /tmp/torchelastic_* of its own and leaves it behind (a user's --log-dir, PET_LOG_DIR, is kept)
             env.setdefault("PET_LOG_DIR", str(Path(where, "torchrun")))
+            # torchrun sets 1 itself when unset, with a four-line warning at every launch; train.threads still sets
+            # each process's threads (a user's own OMP_NUM_THREADS is kept)
+            env.setdefault("OMP_NUM_THREADS", "1")
             child = subprocess.Popen(command, env=env, start_new_session=True)
             # a signal that came before torchrun had a pid: the handler could not send it. Only the first signal's
             # handler sends, and only once ``child`` is set; so here either it has sent (``sent``), or it ran
