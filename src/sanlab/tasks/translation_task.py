@@ -79,6 +79,9 @@ class Translation(Task):
 
     # ----------------------------------------------------------------- comparison grids
     def eval_key(self, config) -> dict:
+        # batch_sentences stays: which sentences share a batch changes Block attention's `block_len: auto` (the
+        # batch's longest sentence) and, in floating point, any padded encoder's outputs
+        # (tests/experiments/test_eval_key.py)
         decode = config.decode.model_dump(mode="json")
         if decode["length_penalty_style"] == "fairseq":  # the only form before the key: cells scored then stay scored
             del decode["length_penalty_style"]
