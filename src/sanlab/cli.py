@@ -141,7 +141,8 @@ def _cmd_evaluate(args) -> int:
     from sanlab.runs import evaluate_run, load_run_config
     from sanlab.tasks.base import task_for
 
-    overrides = {k: v for k, v in (("beam", args.beam), ("batch_sentences", args.batch_sentences)) if v is not None}
+    overrides = {k: getattr(args, k) for k in ("beam", "batch_sentences", "length_penalty", "length_penalty_style")
+                 if getattr(args, k) is not None}  # recorded with the scores (each split's "decode")
     with _locked_run(args.run):
         results = evaluate_run(Path(args.run), checkpoint=args.checkpoint, splits=args.split,
                                decode_overrides=overrides, device=args.device, precision=args.precision)
@@ -268,7 +269,6 @@ def _register_decoding(sub) -> None:
             p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
             p.add_argument("--batch-sentences", type=_positive, help="sentences decoded at a time (default: the "
                            "run's decode.batch_sentences); fewer need less device memory")
-        if name == "translate":
             p.add_argument("--length-penalty", type=float, help="alpha of the length penalty: a hypothesis of L "
                            "tokens (end of sentence included) scores log p / L ** alpha, as fairseq's --lenpen, or "
                            "in GNMT's form (--length-penalty-style) "
@@ -276,6 +276,7 @@ def _register_decoding(sub) -> None:
             p.add_argument("--length-penalty-style", choices=LENGTH_PENALTY_STYLES, help="fairseq: log p / L ** "
                            "alpha; gnmt: log p / ((5 + L) / 6) ** alpha, as Vaswani et al., THUMT and OpenNMT-py "
                            "(default: the run's decode.length_penalty_style)")
+        if name == "translate":  # (evaluate scores the best hypothesis of each sentence)
             p.add_argument("--n-best", type=int, metavar="N", help="print the N best as 'i ||| text ||| score' "
                            "(default: the run's decode.n_best)")
         if name == "evaluate":

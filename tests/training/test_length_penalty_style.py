@@ -147,3 +147,37 @@ def test_committed_grid_cells_stay_scored_under_the_default():
             {"decode": recorded}
     gnmt = config.model_copy(update={"decode": config.decode.updated(length_penalty_style="gnmt")})
     assert task.eval_key(gnmt)["decode"]["length_penalty_style"] == "gnmt"
+
+
+def _options(command: str) -> dict:
+    """``sanlab COMMAND``'s options: {option string: (help, choices, type)}."""
+    import argparse
+
+    from sanlab.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return {s: (a.help, a.choices, a.type) for a in sub._actions for s in a.option_strings}
+
+
+def test_evaluate_takes_the_decode_options_of_translate(legacy, capsys):
+    """`evaluate --length-penalty A --length-penalty-style S` scores what `translate` with them writes, records the
+    values with the scores (the run's config is left as it was), and is offered as translate offers it; --n-best is
+    translate's alone (evaluate scores each sentence's best). A tagging run refuses them, as it refuses --beam."""
+    translate_opts, evaluate_opts = _options("translate"), _options("evaluate")
+    for option in ("--beam", "--batch-sentences", "--length-penalty", "--length-penalty-style"):
+        assert evaluate_opts[option] == translate_opts[option]
+    assert "--n-best" in translate_opts and "--n-best" not in evaluate_opts
+
+    config_text = (RUN / "config.yaml").read_text(encoding="utf-8")
+    assert main(["evaluate", "--run", str(RUN), "--device", "cpu", "--split", "test", "--length-penalty", "0.6",
+                 "--length-penalty-style", "gnmt"]) == 0
+    record = json.loads((RUN / "eval-best.json").read_text(encoding="utf-8"))["test"]
+    assert (record["decode"]["length_penalty"], record["decode"]["length_penalty_style"]) == (0.6, "gnmt")
+    assert (RUN / "config.yaml").read_text(encoding="utf-8") == config_text
+    out = Path("gnmt.txt")
+    assert main(["translate", "--run", str(RUN), "--device", "cpu", "--input", "data/translation/test.src",
+                 "--output", str(out), "--length-penalty", "0.6", "--length-penalty-style", "gnmt"]) == 0
+    assert (RUN / "hyp-best-test.txt").read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", "--run", "tagging", "--device", "cpu", "--length-penalty-style", "gnmt"]) == 2
+    assert "is a tagging run: decode settings (length_penalty_style) do not apply" in capsys.readouterr().err
