@@ -53,8 +53,9 @@ def seed_bootstrap(
     Welch-Satterthwaite degrees of freedom of the variance of Δ (the sentence part, whose degrees of freedom
     are many, plus ``tau_base^2 / k_base + tau_sys^2 / k_sys``, with ``k - 1`` each): where the seeds dominate,
     Δ has a t's tails, and where the sentences add nothing its p is Welch's one-sided p; where the sentences
-    dominate, ``nu`` is large and the scaling fades. The p-value then follows the paired bootstrap (shifted
-    |Δ|, sacreBLEU's formula). The per-side means and CIs are those of the resamples before the t scaling.
+    dominate, ``nu`` is large and the scaling fades. The p-value is then how often the scaled distance passes
+    |Δ| in Δ's direction (``_p_value``); without seed variance beyond the sentences', the paired bootstrap's
+    (shifted |Δ|, sacreBLEU's formula). The per-side means and CIs are those of the resamples before the t scaling.
     One run per side draws nothing extra to matter: the result equals the paired bootstrap's.
     """
     check_bootstrap_args(n_samples=n_samples, seed=seed)
@@ -69,7 +70,7 @@ def seed_bootstrap(
     base_score, sys_score = base.observed, system.observed
     base_samples, sys_samples = base.samples(), system.samples()
     delta = sys_score - base_score
-    p_value = shifted_p_value(np.abs(_t_scaled_differences(base, system, rng)), abs(delta))
+    p_value = _p_value(base, system, delta, rng)
     base_mean, base_ci = estimate_ci(base_samples)
     sys_mean, sys_ci = estimate_ci(sys_samples)
     return SignificanceResult(
@@ -125,25 +126,33 @@ def _resampled_mean(side: Sequence[np.ndarray], counts: np.ndarray, score: Calla
     spread = float(scores.var(ddof=1))
     noise = k / (k - 1) * float(np.mean((per_run - everyone).var(axis=1)))
     seed_variance = max(0.0, spread - noise)
-    shrink = np.sqrt(seed_variance / spread) if spread > 0 else 0.0
+    # the drawn runs' deviation spreads as the runs do on each resample, s^2 + noise on average (not s^2): scaled
+    # by that, its variance is tau^2 / k, as ``variance`` tells the degrees of freedom
+    per_resample = float(per_run.var(axis=0, ddof=1).mean())
+    shrink = np.sqrt(seed_variance / per_resample) if per_resample > 0 else 0.0
     return _Side(observed=float(scores.mean()), k=k, variance=seed_variance / k, everyone=everyone,
                  deviation=shrink * np.sqrt(k / (k - 1)) * (picked - everyone))
 
 
-def _t_scaled_differences(base: _Side, system: _Side, rng: np.random.Generator) -> np.ndarray:
-    """(B,) resampled Δ, their spread about its centre scaled by ``sqrt(nu / chi2_nu)``: ``nu`` is the
-    Welch-Satterthwaite degrees of freedom of the variance of Δ, the sentence part (its resamples' variance,
-    as many degrees of freedom as one likes) plus each side's ``tau^2 / k`` (``k - 1``). No seed variance on
-    either side: the plain resampled Δ (one run a side: the paired bootstrap's), and no draw."""
+def _p_value(base: _Side, system: _Side, delta: float, rng: np.random.Generator) -> float:
+    """The seeds test's p. No seed variance beyond the sentences' on either side (one run a side among them):
+    the paired bootstrap's p of the resampled Δ (sacreBLEU's formula, no draw). Otherwise each resampled Δ's
+    distance from the resamples' centre is scaled by ``sqrt(nu / chi2_nu)``, ``nu`` the Welch-Satterthwaite
+    degrees of freedom of the variance of Δ: the sentence part (its resamples' variance, as many degrees of
+    freedom as one likes) plus each side's ``tau^2 / k`` (``k - 1``); p is how often that distance passes |Δ| in
+    Δ's direction. It is measured from the known centre, not, as sacreBLEU's formula does, from the mean of the
+    scaled |Δ|: with two runs a side ``nu`` is near 1, where a t has no finite mean, and that mean made p small
+    and dependent on the number of resamples (0.04-0.09 where Welch's t gives 0.19)."""
     sentences = system.everyone - base.everyone
     differences = system.samples() - base.samples()
     terms = [(s.variance, s.k - 1) for s in (base, system) if s.k > 1 and s.variance > 0]
     if not terms:
-        return differences
+        return shifted_p_value(np.abs(differences), abs(delta))
     total = float(sentences.var()) + sum(v for v, _ in terms)
     nu = total ** 2 / sum(v * v / df for v, df in terms)
-    centre = float(sentences.mean())
-    return centre + np.sqrt(nu / rng.chisquare(nu, size=len(differences))) * (differences - centre)
+    distance = np.sqrt(nu / rng.chisquare(nu, size=len(differences))) * (differences - float(sentences.mean()))
+    beyond = int(np.sum((distance if delta >= 0 else -distance) > abs(delta)))
+    return (beyond + 1) / (len(differences) + 1)
 
 
 def seed_bootstrap_accuracy(

@@ -347,7 +347,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
            "seeds; unlike sig. it asks whether the difference of the means beats seed-to-seed variation too. "
            f"A mark needs {SEEDS_FOR_A_MARK} or more seeds a side (with fewer, its p is shown). The runs' spread is "
            "counted beyond each run's own sentence noise and read with a t's tails (Welch), so in a simulated null "
-           "with seed variation it rejected about as often as a two-sided 10% test at p < 0.05 (5-11%; the per-seed "
+           "with seed variation it rejected about as often as a two-sided 10% test at p < 0.05 (7-11%; the per-seed "
            "majority mark 36-88%; docs/compare.md); with 3 seeds it finds only gains that are large against the "
            "seeds' spread, so no mark means not shown, not no effect.",) if any(s.has_seeds_tests for s in sections)
           else ()),

@@ -21,7 +21,7 @@ from sanlab.files import read_json, write_text
 PAPER_DELTA_FLOOR = 0.1
 # The seeds test marks (and decides the direction column) only with this many seeds a side: with 2 the
 # spread of the runs rests on one degree of freedom a side, and in a simulated null with seed variation it
-# gave p < 0.01 up to 5.7% of the time (a two-sided 2% level; about 2% with 3; docs/compare.md); its p is shown.
+# gave p < 0.01 in 3.5-5.7% of experiments (a two-sided 2% level; 1.2-3.5% with 3; docs/compare.md); its p is shown.
 SEEDS_FOR_A_MARK = 3
 
 
