@@ -414,9 +414,20 @@ def _edge_cases() -> list:
 EDGE_LENGTHS = (1, 9)  # a one-token sentence batched with a full one (all but one position of row 0 is padding)
 
 
-@pytest.mark.parametrize("heads", [1, HEADS])
-@pytest.mark.parametrize("side", [*SIDES, "cross"])
-@pytest.mark.parametrize("cfg", CASES + _edge_cases())
+def _edge_params() -> list:
+    """Every form x side x head count; one of them (one head on the decoder side: the causal cache and the head
+    checks) runs in the fast suite, the rest (~1-4 s each, 180 in all) are slow."""
+    params = []
+    for case in CASES + _edge_cases():
+        for side in (*SIDES, "cross"):
+            for heads in (1, HEADS):
+                fast = side == "decoder" and heads == 1
+                params.append(pytest.param(case.values[0], side, heads, id=f"{case.id}-{side}-{heads}",
+                                           marks=() if fast else pytest.mark.slow))
+    return params
+
+
+@pytest.mark.parametrize(("cfg", "side", "heads"), _edge_params())
 def test_one_token_sentences_one_head_and_edge_configurations(cfg, side, heads, monkeypatch):
     """A batch of one sentence of one token, and a one-token sentence beside a full one: finite values and
     gradients; every row equals that sentence alone, unpadded, under every plan the part allows; on the decoder
