@@ -374,6 +374,16 @@ class DecodeConfig(Strict):
             raise ValueError(f"n_best {self.n_best} is more than the beam of {self.beam} can return")
         return self
 
+    # keys added after records of decode settings were first written (eval-*.json, grid cells' compare-eval.json),
+    # with the value those records were decoded with: a record without the key means that value
+    ADDED_KEYS: ClassVar[dict[str, str]] = {"length_penalty_style": "fairseq"}
+
+    @classmethod
+    def as_recorded(cls, decode: dict) -> dict:
+        """``decode`` (a dumped or recorded decode section) without the added keys that hold the value records
+        from before them mean, so that a setting equal to an old record compares equal to it."""
+        return {k: v for k, v in decode.items() if k not in cls.ADDED_KEYS or v not in (None, cls.ADDED_KEYS[k])}
+
     def updated(self, **values) -> "DecodeConfig":
         """These settings with ``values`` changed (None values are left out), validated like a config file."""
         try:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sanlab.config import DecodeConfig
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, replacing_path, write_text
 from sanlab.training.layout import RunLayout
@@ -127,12 +128,9 @@ def load_hypotheses(run_dir: PathLike, *, checkpoint: str, split: str, expected:
 
 
 def search_settings(decode: dict) -> dict:
-    """``SEARCH_SETTINGS`` of a record's ``decode``; the length penalty's style only where it is not fairseq's, the
-    one form records from before the key were decoded with (so they compare equal to the default)."""
-    found = {k: decode.get(k) for k in SEARCH_SETTINGS}
-    if found["length_penalty_style"] in (None, "fairseq"):
-        del found["length_penalty_style"]
-    return found
+    """``SEARCH_SETTINGS`` of a record's ``decode``; a key added since records began (the length penalty's style)
+    only where it is not the value records from before it were decoded with (``DecodeConfig.as_recorded``)."""
+    return DecodeConfig.as_recorded({k: decode.get(k) for k in SEARCH_SETTINGS})
 
 
 def _one_search(labels: Sequence[str], searches: Sequence[dict | None], split: str) -> None:

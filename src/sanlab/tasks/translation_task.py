@@ -82,10 +82,8 @@ class Translation(Task):
         # batch_sentences stays: which sentences share a batch changes Block attention's `block_len: auto` (the
         # batch's longest sentence) and, in floating point, any padded encoder's outputs
         # (tests/experiments/test_eval_key.py)
-        decode = config.decode.model_dump(mode="json")
-        if decode["length_penalty_style"] == "fairseq":  # the only form before the key: cells scored then stay scored
-            del decode["length_penalty_style"]
-        return {"decode": decode}
+        # keys added since at their old value are left out: cells scored before them stay scored
+        return {"decode": type(config.decode).as_recorded(config.decode.model_dump(mode="json"))}
 
     def evaluate_cell(self, cell: CellRun) -> tuple[dict, str, dict]:
         # the grid's decode settings, not the ones saved when the cell was trained
