@@ -339,6 +339,7 @@ def test_translate_refuses_a_plain_string_and_more_hypotheses_than_the_beam(tmp_
         translate(model, spm, ["a b c"], decode=config.decode, n_best=config.decode.beam + 1)
 
 
+@pytest.mark.usefixtures("private_tmpdir")  # (the launch directory is removed)
 def test_allow_changed_data_reaches_torchrun_workers_and_grid_cells(tmp_path, monkeypatch):
     """`train --nproc 2` passes the flag to its torchrun command; `compare` sets it for its worker processes,
     and only while it runs."""
