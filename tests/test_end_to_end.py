@@ -120,6 +120,7 @@ def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_o
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\n")))
     assert main(["translate", "--run", str(translation_run), "--checkpoint", "averaged", "--beam", "1"]) == 0
     assert capsys.readouterr().err == f"WARNING: {said}\n"
+    assert not logging.getLogger("sanlab").handlers  # (the CLI's, only while a command runs: none piles up)
     assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0  # (the fixture's state again)
 
 
