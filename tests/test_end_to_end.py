@@ -88,10 +88,14 @@ def test_average_never_replaces_an_average_holding_the_users_files(translation_r
     assert (output / "NOTES.md").read_text() == "keep me"
 
 
-def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_on(translation_run, capsys):
+def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_on(translation_run, capsys, caplog,
+                                                                                  monkeypatch):
     """meta.json names the averaged checkpoints by directory name (another spelling of the run's path changes
-    nothing) and how they were chosen; once the run's last N are others, loading the average warns."""
+    nothing) and how they were chosen; once the run's last N are others, loading the average warns. The library
+    warns through logging (``sanlab.runs.trained``: a Python user filters or captures it; it printed to stderr
+    itself), the CLI prints it as "WARNING: ..." on stderr, once."""
     import json
+    import logging
     import os
 
     assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0
@@ -103,12 +107,20 @@ def test_an_average_is_named_by_its_checkpoints_and_flagged_when_the_run_moved_o
     assert json.loads((translation_run / "averaged" / "meta.json").read_text())["averaged"] == last
     capsys.readouterr()
     load_trained(translation_run, checkpoint="averaged")
-    assert "WARNING" not in capsys.readouterr().err
+    assert "WARNING" not in capsys.readouterr().err and not caplog.records
     meta["averaged"] = [last[0], "step-00000001"]  # as if the run had saved other checkpoints since
     (translation_run / "averaged" / "meta.json").write_text(json.dumps(meta))
     load_trained(translation_run, checkpoint="averaged")
-    err = capsys.readouterr().err
-    assert f"the run's last 2 are now {', '.join(last)}: run `sanlab average` again" in err and err.count("WARNING") == 1
+    said = (f"{translation_run / 'averaged'} averages {last[0]}, step-00000001 (the last 2 when it was written); "
+            f"the run's last 2 are now {', '.join(last)}: run `sanlab average` again for those")
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [("sanlab.runs.trained", logging.WARNING,
+                                                                              said)]
+    assert capsys.readouterr().err == ""  # (the caller's logging shows it, or Python's last resort when it has none)
+    caplog.clear()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b c\n")))
+    assert main(["translate", "--run", str(translation_run), "--checkpoint", "averaged", "--beam", "1"]) == 0
+    assert capsys.readouterr().err == f"WARNING: {said}\n"
+    assert not logging.getLogger("sanlab").handlers  # (the CLI's, only while a command runs: none piles up)
     assert main(["average", "--run", str(translation_run), "--last", "2"]) == 0  # (the fixture's state again)
 
 

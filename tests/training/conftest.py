@@ -8,6 +8,27 @@ from training_fixtures import make_reverse_config
 RUNDIR_V1 = Path(__file__).resolve().parents[1] / "fixtures" / "rundir-v1"
 
 
+# what torchrun (a /tmp/torchelastic_* log directory unless given one: PET_LOG_DIR) and `sanlab train --nproc`'s
+# launcher (sanlab-launch-*) make in the temporary directory; neither may stay there after a test
+LAUNCH_TEMP_NAMES = ("torchelastic_*", "sanlab-launch-*")
+
+
+@pytest.fixture
+def private_tmpdir(tmp_path, monkeypatch):
+    """A temporary directory of this test's own (TMPDIR for its subprocesses, ``tempfile``'s for this process), so
+    that what the test's own torchrun and launcher leave behind can be told apart from the /tmp/torchelastic_* other
+    processes make meanwhile; at the end nothing of theirs (LAUNCH_TEMP_NAMES) may be left in it."""
+    import tempfile
+
+    temp = tmp_path / "tmpdir"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # (cached by tempfile at its first use)
+    yield temp
+    left = sorted(p.name for pattern in LAUNCH_TEMP_NAMES for p in temp.glob(pattern))
+    assert left == [], f"left behind in the test's temporary directory {temp}: {left}"
+
+
 @pytest.fixture
 def tiny_translation(tmp_path):
     return lambda **train: make_reverse_config(tmp_path, **train)

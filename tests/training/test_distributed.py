@@ -17,7 +17,8 @@ from training_fixtures import no_model_dropout, train_processes
 # failures these launches test are ranks that wait for hours, so a generous bound still tells them apart.
 RANK_TIMEOUT_S = 900
 
-pytestmark = pytest.mark.slow  # each launch starts two Python processes (~10 s)
+# each launch starts two Python processes (~10 s); torchrun's and the launcher's temporary files are checked
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("private_tmpdir")]
 
 
 def test_two_processes_train_what_one_process_accumulating_their_batches_trains(tmp_path, tiny_translation):
@@ -104,21 +105,28 @@ runpy.run_module("sanlab", run_name="__main__")
 """
 
 
+def _torchrun(tmp_path, argv: list[str]):
+    """``torchrun --standalone --nproc_per_node=2 ARGV``, finished. Its log directory (the workers' error files) is
+    ``tmp_path / "torchrun"``, as ``sanlab train --nproc`` gives it one: without PET_LOG_DIR torchrun makes a
+    torchelastic_* of its own in the temporary directory and never removes it (``private_tmpdir`` checks)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
+                          capture_output=True, text=True, timeout=RANK_TIMEOUT_S,
+                          env={**os.environ, "PET_LOG_DIR": str(tmp_path / "torchrun")})
+
+
 def test_a_crash_on_one_rank_ends_the_others_with_its_message_and_the_run_resumes(tmp_path, tiny_translation):
     """Rank 1 raises at update 4: rank 0, waiting in the gradient all-reduce, is ended too (no hang), the
     failure summary of torchrun names rank 1's error with its traceback (``record`` in sanlab/__main__.py), the
     checkpoint of update 2 is intact, and the run resumes from it to the end."""
-    import subprocess
-    import sys
-
     config = tmp_path / "tiny.yaml"
     config.write_text(dump_config(tiny_translation(max_steps=6, valid_every=2)))
     launcher = tmp_path / "rank_fails.py"
     launcher.write_text(RANK_FAILS.format(fail_at=4))
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"],
-                          capture_output=True, text=True, timeout=RANK_TIMEOUT_S)
+    done = _torchrun(tmp_path, [str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"])
     assert done.returncode != 0
     # torchrun's summary lists every failed rank ("Failures:", then "Root Cause": the earliest error file). Which
     # rank is the root cause is a race: rank 0 may record gloo's "peer closed" a moment before rank 1's error
@@ -127,6 +135,7 @@ def test_a_crash_on_one_rank_ends_the_others_with_its_message_and_the_run_resume
     entries = re.split(r"^\[\d+\]:$", summary, flags=re.MULTILINE)
     assert any("rank      : 1 " in entry and "RuntimeError: rank 1 fails on purpose at update 4" in entry
                for entry in entries), summary
+    assert list((tmp_path / "torchrun").rglob("error.json")), "rank 1's error file is in torchrun's log directory"
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000002"]
     assert main(["train", str(config), "--run", str(run), "--nproc", "2", "--quiet"]) == 0
     assert "resumed from" in (run / "train.log").read_text()
@@ -435,15 +444,11 @@ def test_every_rank_stopped_by_a_nan_names_the_checkpoint_rank_0_wrote_as_the_la
 def _launch_recording(tmp_path, config, run, *, other_run=None):
     """``sanlab train CONFIG --run-dir RUN`` under torchrun with 2 processes and SHARED_FILES_LAUNCHER; (the
     finished process, each rank's written paths)."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     launcher, record = tmp_path / "recording.py", tmp_path / "written-by-rank-{rank}.txt"
     launcher.write_text(SHARED_FILES_LAUNCHER.format(other_run=str(other_run or ""), record=str(record)))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"],
-                          capture_output=True, text=True, timeout=RANK_TIMEOUT_S)
+    done = _torchrun(tmp_path, [str(launcher), "train", str(config), "--run-dir", str(run), "--quiet"])
     written = [Path(str(record).format(rank=r)).read_text().splitlines() for r in (0, 1)]
     return done, [[Path(p) for p in paths] for paths in written]
 
@@ -652,19 +657,13 @@ def test_more_processes_than_an_epochs_batches_is_refused_and_a_new_run_is_taken
     assert not run.exists()
 
 
-def test_a_launch_leaves_nothing_in_the_temporary_directory(tmp_path, tiny_translation, monkeypatch):
+def test_a_launch_leaves_nothing_in_the_temporary_directory(tmp_path, tiny_translation, private_tmpdir):
     """torchrun's log directory (its workers' error files) went to a /tmp/torchelastic_* of its own, which it never
     removes: every `sanlab train --nproc` left one. It is now inside the launch directory, removed with it."""
-    import tempfile
-
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # (the launcher's, cached)
     config = tmp_path / "tiny.yaml"
     config.write_text(dump_config(tiny_translation(max_steps=1, valid_every=1, threads=1)))
     assert main(["train", str(config), "--run", str(tmp_path / "run"), "--nproc", "2", "--quiet"]) == 0
-    assert sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")) == []
+    assert sorted(p.name for p in private_tmpdir.iterdir() if not p.name.startswith("torchinductor_")) == []
 
 
 def test_a_cuda_process_selects_its_gpu_before_the_nccl_group_and_ddp_uses_it(monkeypatch):

@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# the launch directory (sanlab-launch-*) of a launch in this process goes to the test's own temporary directory,
+# which must be left empty of it (tests/training/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
 # `sanlab train --nproc 2` with torchrun replaced by the stub (launch.TORCHRUN)
 LAUNCHER = """
 import sys

@@ -297,8 +297,9 @@ def test_an_average_output_that_is_a_symbolic_link_is_refused_and_leaves_nothing
     assert _tree(tmp_path) == before  # no .link.XXXX.old beside it, the average it points to unchanged
 
 
-def test_the_runs_average_named_by_its_path_is_flagged_when_the_run_moved_on(tmp_path, tiny_translation, capsys):
-    """`--checkpoint RUN/averaged` is `--checkpoint averaged`: the same warning once the run's last N are others."""
+def test_the_runs_average_named_by_its_path_is_flagged_when_the_run_moved_on(tmp_path, tiny_translation, caplog):
+    """`--checkpoint RUN/averaged` is `--checkpoint averaged`: the same warning once the run's last N are others
+    (logged by sanlab.runs.trained)."""
     import os
 
     from sanlab.runs import average_run, load_trained
@@ -307,11 +308,12 @@ def test_the_runs_average_named_by_its_path_is_flagged_when_the_run_moved_on(tmp
     train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
     average_run(run, last=1)
     train_run(tiny_translation(max_steps=3, valid_every=1), run, quiet=True)
-    capsys.readouterr()
     for spelled in ("averaged", str(run / "averaged"), os.path.relpath(run / "averaged")):
+        caplog.clear()
         load_trained(run, checkpoint=spelled)
-        err = capsys.readouterr().err
-        assert "averages step-00000002 (the last 1 when it was written); the run's last 1 are now step-00000003" in err
+        said = [r.getMessage() for r in caplog.records if r.name == "sanlab.runs.trained"]
+        assert len(said) == 1 and "averages step-00000002 (the last 1 when it was written); the run's last 1 are " \
+            "now step-00000003" in said[0], said
 
 
 def test_evaluating_a_run_with_no_checkpoint_says_so(tmp_path, tiny_translation):
@@ -337,6 +339,7 @@ def test_translate_refuses_a_plain_string_and_more_hypotheses_than_the_beam(tmp_
         translate(model, spm, ["a b c"], decode=config.decode, n_best=config.decode.beam + 1)
 
 
+@pytest.mark.usefixtures("private_tmpdir")  # (the launch directory is removed)
 def test_allow_changed_data_reaches_torchrun_workers_and_grid_cells(tmp_path, monkeypatch):
     """`train --nproc 2` passes the flag to its torchrun command; `compare` sets it for its worker processes,
     and only while it runs."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
-import sys
 from pathlib import Path
 
 from sanlab.config import Config
@@ -18,6 +18,10 @@ from sanlab.training.layout import RunLayout
 from sanlab.runs.build import task_class
 from sanlab.runs.resume import load_run_config, refuse_changed_scored_files
 from sanlab.tasks.base import task_for
+
+# a library's warnings go to logging, where a Python user filters or captures them; the CLI prints them
+# ("WARNING: ..." on stderr: cli.library_warnings)
+logger = logging.getLogger(__name__)
 
 
 def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
@@ -93,7 +97,7 @@ def load_checkpoint(run_dir: Path, *, checkpoint: str = "best", device: str = "c
     averaged = path.resolve() == RunLayout(run_dir).averaged.resolve()
     stale = stale_average(run_dir, path, config) if averaged else ""
     if stale:  # (loading it is still what was asked)
-        print(f"WARNING: {stale}", file=sys.stderr)
+        logger.warning(stale)
     return config, model.to(resolve_device(device)).eval(), assets, path, described
 
 
