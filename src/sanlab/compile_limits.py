@@ -25,10 +25,15 @@ def raised_limit() -> dict[str, int]:
 FAIL_SETTINGS = ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
 
 
+def dynamo_settings() -> dict:
+    """A copy of this torch's dynamo settings, by name (which names exist differs between releases)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.get_config_copy()
+
+
 def uncompiled_past_limit() -> dict[str, bool]:
     """``{setting: False}`` for this torch's ``FAIL_SETTINGS``: a function compiled with it runs uncompiled past the
     limit, whatever a compiled training in the same process set (the FlexAttention kernel in validation)."""
-    import torch._dynamo
-
-    known = torch._dynamo.config.get_config_copy()
+    known = dynamo_settings()
     return {name: False for name in FAIL_SETTINGS if name in known}

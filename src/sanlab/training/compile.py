@@ -18,16 +18,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from sanlab.compile_limits import FAIL_SETTINGS, LIMIT_SETTINGS, RECOMPILE_LIMIT, raised_limit
+from sanlab.compile_limits import FAIL_SETTINGS, LIMIT_SETTINGS, RECOMPILE_LIMIT, dynamo_settings, raised_limit
 from sanlab.errors import TrainingError
 
 LIMIT_ERRORS = ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
-
-
-def _settings() -> dict:
-    import torch._dynamo
-
-    return torch._dynamo.config.get_config_copy()
 
 
 def configure_dynamo() -> bool:
@@ -37,7 +31,7 @@ def configure_dynamo() -> bool:
 
     for name, value in raised_limit().items():
         setattr(torch._dynamo.config, name, value)
-    known = _settings()
+    known = dynamo_settings()
     for name in FAIL_SETTINGS:
         if name in known:
             setattr(torch._dynamo.config, name, True)
@@ -53,7 +47,7 @@ def dynamo_settings_restored(enabled: bool):
     if not enabled:  # (dynamo is not even imported)
         yield
         return
-    known = _settings()
+    known = dynamo_settings()
     before = {name: known[name] for name in (*LIMIT_SETTINGS, *FAIL_SETTINGS) if name in known}
     try:
         yield
