@@ -222,7 +222,7 @@ class Registry:
 class TaskRegistry(Registry):
     """Maps a config's ``task:`` name to its config class (torch-free), which names the task's implementation
     (``implementation = "module:TaskClass"``, a ``sanlab.tasks.Task``). sanlab's ``builtin`` table (translation,
-    tagging: ``sanlab/config.py``) plus the entry point group ``sanlab.tasks`` of installed packages."""
+    tagging: ``sanlab/config/task_configs.py``) plus the entry point group ``sanlab.tasks`` of installed packages."""
 
     def _name_of(self, config_cls: type[BaseModel]) -> str | None:
         return task_name(config_cls)
