@@ -815,3 +815,28 @@ def test_a_device_may_be_both_input_and_output():
     from sanlab.files import check_output_file
 
     check_output_file("/dev/null", inputs=("/dev/null",))   # written in place, never replaced: nothing is lost
+
+
+def test_a_library_warning_under_a_callers_logging_is_printed_once(monkeypatch, capsys):
+    """A caller with logging configured (a root handler on stderr, as logging.basicConfig) got the CLI's "WARNING:
+    ..." and its own handler's line; the CLI's handler stops propagation while it is installed and restores it."""
+    import logging
+
+    import sanlab.cli
+
+    def warns(args):
+        logging.getLogger("sanlab.runs.trained").warning("the average is stale")
+        return 0
+    monkeypatch.setattr(sanlab.cli, "_cmd_env", warns)
+    callers = logging.StreamHandler(sys.stderr)  # the sys.stderr capsys set up
+    callers.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+    root, library = logging.getLogger(), logging.getLogger("sanlab")
+    root.addHandler(callers)
+    try:
+        assert main(["env"]) == 0
+        assert capsys.readouterr().err == "WARNING: the average is stale\n"
+        assert library.propagate and not library.handlers  # as before the command
+        logging.getLogger("sanlab.runs.trained").warning("outside a command")
+        assert capsys.readouterr().err == "WARNING:sanlab.runs.trained:outside a command\n"  # the caller's, again
+    finally:
+        root.removeHandler(callers)

@@ -36,3 +36,13 @@ def test_the_demo_writes_over_nothing_of_the_users(tmp_path, capsys):
     assert main(["demo", "--run", str(other), "--quick"]) == 2
     assert "not a sanlab run directory" in capsys.readouterr().err
     assert sorted(p.name for p in other.iterdir()) == ["tagging"]  # no corpus written before the refusal
+
+
+def test_the_demos_total_time_is_shown_true_below_a_second():
+    """It printed "total time 0s" for work under a second (the shared duration formatter now)."""
+    from pathlib import Path
+
+    from sanlab.demo import closing_line
+
+    assert closing_line(0.4, Path("d")) == "total time 0.4s; runs in d"
+    assert closing_line(125.4, Path("d")) == "total time 125s; runs in d"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import sys
 from pathlib import Path
@@ -333,31 +331,6 @@ def _relayed(err: SanlabError) -> str | None:
     return "crash" if isinstance(err, RelayedCrash) else "error" if isinstance(err, RelayedError) else None
 
 
-class _ConsoleWarnings(logging.Handler):
-    """The library's warnings (logged under ``sanlab``) as the command's own: "WARNING: ..." on stderr."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            print(f"{record.levelname}: {record.getMessage()}", file=sys.stderr)  # (the sys.stderr of the moment)
-        except Exception:
-            self.handleError(record)
-
-
-@contextlib.contextmanager
-def library_warnings():
-    """While a command runs, what the library logs at WARNING or above is printed on stderr (without it Python's
-    last resort prints the bare message, or a caller's logging configuration takes it)."""
-    handler, logger = _ConsoleWarnings(), logging.getLogger("sanlab")
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
@@ -370,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         hints = "".join(did_you_mean(u.split("=")[0], flags) for u in unknown if u.startswith("--"))
         chosen.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
     try:
-        with invocation.running(argv), library_warnings():  # provenance records this command, also from Python
+        with invocation.running(argv), invocation.library_warnings():  # provenance records this command, also from Python
             return args.fn(args)
     except SanlabError as err:
         # (a worker of `train --nproc`: its launcher says it)

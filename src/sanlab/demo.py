@@ -16,6 +16,7 @@ from sanlab.config import validate
 from sanlab.data.synthetic import write_tagging_corpus, write_translation_corpus
 from sanlab.errors import ConfigError
 from sanlab.runs import evaluate_run, load_trained, train_run
+from sanlab.training.logging import duration
 from sanlab.training.rundir import check_overwritable
 
 SEED = 1
@@ -81,11 +82,15 @@ def run_demo(root: Path, *, quick: bool = False) -> int:
     print(f"tagging accuracy: all {tag['all']:.2f}  OOV {_fmt(tag['oov'])}  ambiguous {_fmt(tag['ambiguous'])}  "
           f"({tag['n_all']} tokens, {tag['n_oov']} OOV, {tag['n_ambiguous']} ambiguous)")
     print(f"sample\n  source:     {source}\n  reference:  {reference}\n  hypothesis: {hypothesis}")
-    print(f"total time {time.monotonic() - start:.0f}s; runs in {root}")
+    print(closing_line(time.monotonic() - start, root))
     ok = quick or (mt["bleu"] > 90 and tag["all"] > 95)
     if not ok:
         print("demo targets NOT reached (BLEU > 90, tagging accuracy > 95)")
     return 0 if ok else 1
+
+
+def closing_line(seconds: float, root: Path) -> str:
+    return f"total time {duration(seconds)}; runs in {root}"
 
 
 def _write_corpora(data: Path) -> tuple[Path, Path]:

@@ -5,15 +5,19 @@ its own arguments, not the host process's ``sys.argv``. It lives in the environm
 internal) so that the worker processes of ``sanlab compare --jobs`` (spawned, not forked) inherit it; the
 torchrun workers of ``sanlab train --nproc N`` inherit it and keep it, since the command to record is the
 user's, not the relaunch. Without the CLI (a library call from a script) it is the script's ``sys.argv``.
+
+Also how a command prints the library's warnings (``library_warnings``), in its own process and in the
+worker processes of ``sanlab compare --jobs`` alike.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,3 +66,41 @@ def command_line(argv: Sequence[str] | None = None) -> str:
         return ""
     program = "sanlab" if Path(argv[0]).name == "sanlab" else argv[0]
     return shlex.join([program, *argv[1:]])
+
+
+class _ConsoleWarnings(logging.Handler):
+    """The library's warnings (logged under ``sanlab``) as the command's own: "WARNING: ..." on stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"{record.levelname}: {record.getMessage()}", file=sys.stderr)  # (the sys.stderr of the moment)
+        except Exception:
+            self.handleError(record)
+
+
+def print_library_warnings() -> Callable[[], None]:
+    """From now on what the library logs at WARNING or above is printed on stderr as "WARNING: ..." (without it
+    Python's last resort prints the bare message), and only there: the ``sanlab`` logger stops propagating, or a
+    caller's logging configuration (a root handler) would print it a second time. Returns the undo."""
+    handler, logger = _ConsoleWarnings(), logging.getLogger("sanlab")
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+
+    def undo() -> None:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+    return undo
+
+
+@contextmanager
+def library_warnings() -> Iterator[None]:
+    """``print_library_warnings`` within the block (a command), undone after it."""
+    undo = print_library_warnings()
+    try:
+        yield
+    finally:
+        undo()

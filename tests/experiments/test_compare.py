@@ -973,3 +973,16 @@ def test_dry_run_estimate_stops_at_max_epochs_prefers_cells_trained_alone_and_sk
         grid, grid.cells)
     alone_a.layout.done.write_text("{", encoding="utf-8")  # damaged: left out of the estimate, not an error
     assert "at the speed of the 2 cells trained side by side" in describe_cells(grid, grid.cells).splitlines()[-1]
+
+
+def test_a_cells_line_shows_a_time_under_a_second_true(tmp_path):
+    """A cell evaluated in 0.4 s was reported "(0s)"; the shared duration formatter gives it a tenth."""
+    from sanlab.experiments.cells import CellOutcome
+    from sanlab.experiments.running import outcome_line
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cell = grid.cells[0]
+    evaluated = CellOutcome(cell, trained=False, evaluated=True, seconds=0.4)
+    assert outcome_line(evaluated, done=1, total=3) == f"[1/3] {cell.label}: evaluated (0.4s)"
+    failed = CellOutcome(cell, trained=True, evaluated=False, seconds=0.01, error="boom")
+    assert outcome_line(failed, done=2, total=3) == f"[2/3] {cell.label}: FAILED: boom (<0.1s)"

@@ -306,3 +306,20 @@ if __name__ == "__main__":
         time.sleep(0.1)
     os.kill(worker, signal.SIGKILL)
     pytest.fail(f"worker {worker} outlived the killed grid process")
+
+
+@pytest.mark.slow  # a spawned worker that imports torch: ~5 s
+def test_a_grid_workers_library_warning_is_printed_as_the_commands_own(capfd):
+    """A `--jobs` worker (spawned: no handler of the grid process) printed the bare message through Python's last
+    resort; it prints "WARNING: ..." as the grid process does (cli.main's handler)."""
+    import logging
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from sanlab.experiments.cells import init_worker
+
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_worker,
+                             initargs=(1, 1, os.getpid())) as pool:
+        pool.submit(logging.getLogger("sanlab.runs.trained").warning, "the average is stale").result()
+    assert capfd.readouterr().err == "WARNING: the average is stale\n"

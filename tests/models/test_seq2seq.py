@@ -5,6 +5,7 @@ import torch
 
 from sanlab.config import Seq2SeqConfig, StackConfig, load_config
 from sanlab.models.builders import build_seq2seq, count_parameters
+from sanlab.models.embeddings import LearnedPositions
 from tests_helpers import perturb
 
 
@@ -37,20 +38,36 @@ def test_cached_decoding_equals_full_forward(norm, positions):
     _assert_cached_decoding_equals_full_forward(model)
 
 
-def test_learned_positions_refuse_a_position_past_the_table_in_a_forward_and_at_a_decoding_step():
-    """The last position comes from the layout (no device read), also for a step after cached tokens."""
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_the_model_refuses_a_sequence_longer_than_max_positions_on_either_side(positions):
+    """Sinusoidal positions exist for any position, so only the model's own check stops a sequence longer than
+    model.max_positions (translate and training refuse them before); the decoding step counts the cached tokens."""
     stack = StackConfig(layers=1, ffn_dim=16, attention={"heads": 2})
-    model = build_seq2seq(Seq2SeqConfig(dim=8, positions="learned", max_positions=6, encoder=stack, decoder=stack),
+    model = build_seq2seq(Seq2SeqConfig(dim=8, positions=positions, max_positions=6, encoder=stack, decoder=stack),
                           vocab_size=20, pad_id=0).eval()
-    with pytest.raises(ValueError, match="position 6 exceeds the 6 learned positions"):
-        model(torch.randint(4, 20, (1, 7)), torch.randint(4, 20, (1, 3)))
+    fits, too_long = torch.randint(4, 20, (2, 6)), torch.randint(4, 20, (2, 7))
     with torch.no_grad():
-        state = model.start_decoding(torch.randint(4, 20, (1, 5)))
+        assert model(fits, fits).shape == (2, 6, 20)
+        with pytest.raises(ValueError, match=r"source of 7 tokens .*\(model\.max_positions = 6\)"):
+            model(too_long, fits)
+        with pytest.raises(ValueError, match=r"target of 7 tokens .*\(model\.max_positions = 6\)"):
+            model(fits, too_long)
+        with pytest.raises(ValueError, match=r"source of 7 tokens .*\(model\.max_positions = 6\)"):
+            model.start_decoding(too_long)
+        state = model.start_decoding(fits)
         for _ in range(6):  # positions 0..5 fit
-            _, state = model.decode_step(torch.tensor([[5]]), state)
-        with pytest.raises(ValueError, match="position 6 exceeds the 6 learned positions"):
-            model.decode_step(torch.tensor([[5]]), state)
-    table = model.tgt_positions
+            _, state = model.decode_step(torch.tensor([[5], [6]]), state)
+        with pytest.raises(ValueError, match=r"target of 7 tokens .*\(model\.max_positions = 6\)"):
+            model.decode_step(torch.tensor([[5], [6]]), state)
+
+
+def test_learned_positions_refuse_a_position_past_the_table():
+    """The table's own check (a tagger's table has no model check before it): the last position from the layout
+    where known, else read from the tensor."""
+    table = LearnedPositions(max_positions=6, dim=8)
+    assert table(torch.arange(6), last=5).shape == (6, 8)
+    with pytest.raises(ValueError, match="position 6 exceeds the 6 learned positions"):
+        table(torch.arange(7), last=6)
     with pytest.raises(ValueError, match="position 9 exceeds"):  # without a layout: read from the tensor
         table(torch.tensor([1, 9, 2]))
 

@@ -207,11 +207,12 @@ def test_a_console_that_is_not_a_terminal_gets_a_line_per_train_record_not_a_red
 
 @pytest.mark.parametrize("seconds, shown", [(0.0, "<0.1s"), (0.04, "<0.1s"), (0.4, "0.4s"), (9.94, "9.9s"),
                                             (9.96, "10s"), (125.4, "125s")])
-def test_a_sessions_wall_time_is_shown_true_below_ten_seconds(seconds, shown):
-    """A session of 0.4 s was logged as "(0s this session)"; below 10 s it gets a tenth, below 0.1 s "<0.1s"."""
-    from sanlab.training.loop import session_time
+def test_a_wall_time_is_shown_true_below_ten_seconds(seconds, shown):
+    """A session of 0.4 s was logged as "(0s this session)"; below 10 s it gets a tenth, below 0.1 s "<0.1s".
+    The one formatter of the durations printed (a session, a grid's cell, the demo)."""
+    from sanlab.training.logging import duration
 
-    assert session_time(seconds) == shown
+    assert duration(seconds) == shown
 
 
 def test_the_last_log_line_of_a_session_uses_that_wall_time(tmp_path, tiny_translation):

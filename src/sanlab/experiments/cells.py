@@ -28,6 +28,7 @@ from sanlab.experiments.grid_state import (
     file_digest, latest_step, read_done, scores_digest, split_files,
 )
 from sanlab.files import read_json, write_json
+from sanlab.invocation import print_library_warnings
 from sanlab.models.builders import count_parameters
 from sanlab.runs import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, average_run, evaluate_run, git_revision,
                          load_run_config, load_trained, refuse_changed_scored_files, run_lock, train_run)
@@ -398,6 +399,7 @@ def init_worker(threads: int, jobs: int, parent: int) -> None:
     if hasattr(signal, "pthread_sigmask"):  # blocked while it started (``running._run_pool``): ignored from here on
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
+    print_library_warnings()  # as the grid process's own lines (spawned: cli.main's handler is not here)
     torch.set_num_threads(threads)
     os.environ[GRID_JOBS_ENV] = str(jobs)
 

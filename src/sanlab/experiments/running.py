@@ -23,6 +23,7 @@ from sanlab.experiments.cells import (
 )
 from sanlab.experiments.grid_schema import Cell, Grid, slug
 from sanlab.experiments.grid_state import cell_state, read_done
+from sanlab.training.logging import duration
 
 
 def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),
@@ -242,9 +243,7 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
 
     def report(outcome: CellOutcome) -> None:
         outcomes.append(outcome)
-        what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
-        status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
-        log(f"[{len(outcomes)}/{len(todo)}] {outcome.cell.label}: {status} ({outcome.seconds:.0f}s)")
+        log(outcome_line(outcome, done=len(outcomes), total=len(todo)))
         if after_cell is not None:
             try:
                 after_cell(outcome)
@@ -294,6 +293,13 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
         raise
     pool.shutdown(wait=True)
     return broken
+
+
+def outcome_line(outcome: CellOutcome, *, done: int, total: int) -> str:
+    """The grid's line for a finished cell, the ``done``-th of ``total``."""
+    what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
+    status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
+    return f"[{done}/{total}] {outcome.cell.label}: {status} ({duration(outcome.seconds)})"
 
 
 def _stop_pool(pool: ProcessPoolExecutor) -> None:

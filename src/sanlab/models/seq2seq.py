@@ -48,11 +48,19 @@ class Seq2Seq(nn.Module):
         else:  # fairseq's untied output projection (and the released MUSE/DynamicConv code): N(0, d^-1/2)
             nn.init.normal_(self.generator.weight, mean=0.0, std=dim ** -0.5)
 
+    def _check_length(self, side: str, length: int) -> None:
+        """The one check of a side's length (cached tokens included) against ``max_length``: sinusoidal positions
+        exist for every position, so without it a longer sequence than the model was built for would pass."""
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{side} of {length} tokens is longer than the model accepts "
+                             f"(model.max_positions = {self.max_length}); raise it or filter longer sentences")
+
     def _embed(self, embed: nn.Module, table: nn.Module, tokens: Tensor, positions: Positions) -> Tensor:
         return self.dropout(embed(tokens) + position_vectors(table, positions)[None])  # [b, t, dim]
 
     def encode(self, src: Tensor, *, traces: list | None = None) -> tuple[Tensor, Tensor]:
         """src [b, j] -> memory [b, j, dim], memory_valid [b, j]."""
+        self._check_length("source", src.shape[1])
         valid = src.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=src.shape[1], device=src.device)
         x = self._embed(self.src_embed, self.src_positions, src, pos)
@@ -70,6 +78,7 @@ class Seq2Seq(nn.Module):
         """``decode`` up to the decoder's output [b, i, dim], before the output projection."""
         if offset and not use_cache:  # the earlier positions' keys live only in a cache
             raise ValueError(f"decode at offset {offset} needs use_cache=True (without a cache decode from 0)")
+        self._check_length("target", offset + tgt_in.shape[1])
         valid = None if use_cache else tgt_in.ne(self.pad_id)
         pos = Positions.self_attention(valid, length=tgt_in.shape[1], offset=offset, causal=True, device=tgt_in.device)
         cross = Positions.cross_attention(pos, memory_valid, memory_length=memory.shape[1], keys=memory_keys)

@@ -20,7 +20,7 @@ from sanlab.runs.resume import load_run_config, refuse_changed_scored_files
 from sanlab.tasks.base import task_for
 
 # a library's warnings go to logging, where a Python user filters or captures them; the CLI prints them
-# ("WARNING: ..." on stderr: cli.library_warnings)
+# ("WARNING: ..." on stderr: invocation.library_warnings)
 logger = logging.getLogger(__name__)
 
 

@@ -16,6 +16,15 @@ from sanlab.errors import ConfigError
 from sanlab.training.layout import RunLayout
 
 
+def duration(seconds: float) -> str:
+    """A wall time as the console and logs show it (a session, a grid's cell, the demo): whole seconds from 10 s,
+    a tenth below (a resumed run that only validates, or a tiny one, takes under one: whole seconds showed
+    "0s"), "<0.1s" below that."""
+    if seconds < 0.05:
+        return "<0.1s"
+    return f"{seconds:.1f}s" if seconds < 9.95 else f"{seconds:.0f}s"
+
+
 class _NullBar:
     def update(self, n: int = 1) -> None: ...
     def set_postfix(self, **kw) -> None: ...

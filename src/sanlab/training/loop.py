@@ -32,7 +32,7 @@ from sanlab.training.device import (Precision, check_loss_scale, clipping_advice
 from sanlab.training.diagnostics import collect_diagnostics
 from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError, failure_report
 from sanlab.training.interval import DeviceInterval, Settled
-from sanlab.training.logging import RunLogger
+from sanlab.training.logging import RunLogger, duration
 from sanlab.training.schedule import learning_rate
 
 
@@ -510,7 +510,7 @@ class Trainer:
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
         self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {_shown(best)} "
-                      f"({session_time(elapsed)} this session): {self._why_stopped()}")
+                      f"({duration(elapsed)} this session): {self._why_stopped()}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on)
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
@@ -543,14 +543,6 @@ def _parameters(model: nn.Module) -> str:
     params = list(model.parameters())
     size = sum(q.numel() * q.element_size() for q in params)
     return f"{sum(q.numel() for q in params):,} parameters, {size / 2**20:,.1f} MiB"
-
-
-def session_time(seconds: float) -> str:
-    """A session's wall time for the log: whole seconds from 10 s, a tenth below (a resumed run that only
-    validates, or a tiny one, takes under one: whole seconds showed "0s"), "<0.1s" below that."""
-    if seconds < 0.05:
-        return "<0.1s"
-    return f"{seconds:.1f}s" if seconds < 9.95 else f"{seconds:.0f}s"
 
 
 def _shown(score: float | None) -> str:
