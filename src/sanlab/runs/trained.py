@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from sanlab.config import Config
+from sanlab.config import Config, DecodeConfig
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
 from sanlab.training.checkpoint import (
@@ -137,8 +137,30 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
             if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
     for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
         layout.hypotheses(checkpoint, name, precision).unlink(missing_ok=True)
+    for name, record in results.items():
+        _warn_if_replaced(kept.get(name), record, split=name, record_file=out,
+                          hypotheses=layout.hypotheses(checkpoint, name, precision), metric=task.eval_metric)
     write_json(out, {**kept, **results})
     return results
+
+
+def _warn_if_replaced(earlier: dict | None, record: dict, *, split: str, record_file: Path, hypotheses: Path,
+                      metric: str) -> None:
+    """A run keeps one record per split of a checkpoint: one made with other decode settings is replaced (its
+    hypotheses file too), and said so, with its score, rather than lost without a word."""
+    before, after = (earlier or {}).get("decode"), record.get("decode")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return
+    before, after = DecodeConfig.as_recorded(before), DecodeConfig.as_recorded(after)  # (keys added since: as then)
+    if before == after:
+        return
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    was = ", ".join(f"{k.replace('_', ' ')} {before.get(k, '(unset)')}" for k in changed)
+    now = ", ".join(f"{k.replace('_', ' ')} {after.get(k, '(unset)')}" for k in changed)
+    score = earlier.get(metric)
+    scored = f" ({metric} = {score:.2f})" if isinstance(score, (int, float)) else ""
+    logger.warning(f"{record_file}: the record of {split!r} made with {was}{scored} is replaced by one with {now}; "
+                   f"{hypotheses.name} is rewritten too (one record per split and checkpoint)")
 
 
 SCORED_KEYS = ("checkpoint", "step", "averaged")  # what identifies the weights an eval record scored

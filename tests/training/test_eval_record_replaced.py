@@ -1,0 +1,40 @@
+"""`sanlab evaluate` keeps one record (and one hypotheses file) per split of a checkpoint: evaluating a split again
+with other decode settings replaces them (docs/training.md). That is said when it happens, with the score that is
+being replaced, so an earlier evaluation is never lost without a word. On a copy of the committed tiny run
+(tests/fixtures/rundir-v1, the ``legacy`` fixture)."""
+
+import logging
+from pathlib import Path
+
+from sanlab.files import read_json
+from sanlab.runs import evaluate_run
+
+RUN = Path("translation")  # its saved config decodes with beam 2
+
+
+def _replacement_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "is replaced by" in r.getMessage()]
+
+
+def test_other_decode_settings_replace_a_split_s_record_with_a_warning(legacy, caplog):
+    with caplog.at_level(logging.WARNING, logger="sanlab"):
+        first = evaluate_run(RUN, checkpoint="best")["test"]  # over the committed record: its settings, read as then
+        again = evaluate_run(RUN, checkpoint="best")["test"]  # the same settings: nothing to say
+    assert again["bleu"] == first["bleu"] and _replacement_warnings(caplog) == []
+
+    with caplog.at_level(logging.WARNING, logger="sanlab"):
+        greedy = evaluate_run(RUN, checkpoint="best", decode_overrides={"beam": 1})["test"]
+    [message] = _replacement_warnings(caplog)
+    assert "length penalty style" not in message  # a key added since the committed record, at the value it meant
+    assert "eval-best.json" in message and "'test'" in message
+    assert "beam 2" in message and "beam 1" in message  # what differs, old and new
+    assert f"bleu = {first['bleu']:.2f}" in message      # the score that is replaced
+    assert "hyp-best-test.txt" in message
+    assert read_json(RUN / "eval-best.json")["test"]["decode"] == greedy["decode"]
+
+
+def test_a_record_of_another_split_or_precision_is_no_replacement(legacy, caplog):
+    evaluate_run(RUN, checkpoint="best")
+    with caplog.at_level(logging.WARNING, logger="sanlab"):
+        evaluate_run(RUN, checkpoint="best", decode_overrides={"beam": 1}, precision="bf16")  # eval-best-bf16.json
+    assert _replacement_warnings(caplog) == []
