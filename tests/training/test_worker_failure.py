@@ -179,8 +179,16 @@ def test_a_killed_process_is_told_in_a_few_lines_and_its_tracebacks_kept_in_laun
         f"sanlab train: to resume from the last checkpoint: sanlab train {config} --run {run} --nproc 2 --quiet"], err
     log = (run / "launch.log").read_text()
     assert said[0] in log and "Root Cause" in log and f"exitcode  : -9 (pid: {rank_1})" in log, log
-    assert list(temp.iterdir()) == [] or all(p.name.startswith("torchinductor_") for p in temp.iterdir())
+    assert [p for p in temp.iterdir() if not _torchs_own_temp(p)] == []
     assert any((run / "checkpoints").glob("step-*"))
+
+
+def _torchs_own_temp(path: Path) -> bool:
+    """What torch itself leaves in TMPDIR when a process is killed: inductor's cache, and on older releases (2.5.1,
+    not 2.13.0) the directory that torch.distributed.nn.jit.instantiator creates when DDP is first built (a
+    ``tempfile.TemporaryDirectory`` removed at a normal exit, which a process killed by SIGKILL never reaches)."""
+    return path.name.startswith("torchinductor_") or (
+        path.name.startswith("tmp") and [p.name for p in path.iterdir()] == ["_remote_module_non_scriptable.py"])
 
 
 def test_the_long_text_is_appended_to_the_runs_launch_log_or_kept_in_the_launch_folder(tmp_path, capsys):
