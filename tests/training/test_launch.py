@@ -16,8 +16,14 @@ import pytest
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 # `sanlab train --nproc 2` with torchrun replaced by the stub (launch.TORCHRUN)
+# the launcher, with the signals it forwards handled as a terminal's foreground job has them: this test may run where
+# they are ignored (a background job of a non-interactive shell ignores SIGINT: `nohup make test &`), which the
+# launcher would inherit and, by design, keep ignored
 LAUNCHER = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 from sanlab.training import launch
 launch.TORCHRUN = (sys.executable, sys.argv.pop(1))
 from sanlab.cli import main
@@ -242,12 +248,21 @@ class _Torchrun:
 
 @pytest.fixture
 def sent(monkeypatch):
-    """The signals ``launch`` sends (os.kill recorded; the tests raise their signals with signal.raise_signal)."""
+    """The signals ``launch`` sends (os.kill recorded; the tests raise their signals with signal.raise_signal).
+
+    A signal this process was started with ignored stays ignored by design (``launch``: a background job's SIGINT,
+    nohup's SIGHUP), so in a suite started in the background (``pytest &``: the shell ignores SIGINT there) the
+    launcher would rightly forward none: each test starts with the signals handled, as in a terminal's foreground."""
     from sanlab.training import launch
 
+    ignored = [sig for sig in launch.FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]
+    for sig in ignored:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else (lambda *_: None))
     calls = []
     monkeypatch.setattr(launch.os, "kill", lambda pid, sig: calls.append((pid, signal.Signals(sig))))
-    return calls
+    yield calls
+    for sig in ignored:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _raise(*signals):
