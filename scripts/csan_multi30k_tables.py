@@ -86,6 +86,8 @@ class Cells:
         self.pairwise = {(r["system"], r["baseline"]): r for r in _csv("pairwise")}
         self.buckets, self.ngram = _grouped("length-buckets"), _grouped("ngram-gap")
         self.dev_refs = _lines(DATA / "val.de.gz")
+        # sacrebleu.corpus_bleu's settings, with the references tokenised once for every cell, not once per cell
+        self.dev_bleu = sacrebleu.BLEU(references=[self.dev_refs])
 
     def system(self, variant: str, seed: int) -> str:
         return self.run_dir[variant, seed].relative_to(self.runs).as_posix()
@@ -112,7 +114,7 @@ class Cells:
         if (variant, seed) in DEV_HYPOTHESES_LOST and not retired:
             return None
         hyps = _lines(self._dir(variant, seed, retired) / "hyp-best-valid.txt")
-        bleu = sacrebleu.corpus_bleu(hyps, [self.dev_refs])
+        bleu = self.dev_bleu.corpus_score(hyps, None)
         return bleu.score, bleu.bp, bleu.sys_len
 
     def test(self, variant: str, seed: int, against: int) -> dict:

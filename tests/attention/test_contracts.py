@@ -112,6 +112,7 @@ def test_fast_plans_equal_dense_values_and_gradients(cfg, side, monkeypatch):
     _assert_plans_agree(results, side)
 
 
+@torch.no_grad()  # as decoding runs (tasks/translation.py)
 def _decode(attn: Attention, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     cache, outs, start = None, [], 0
     for size in CHUNKS:

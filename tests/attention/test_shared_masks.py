@@ -96,7 +96,7 @@ def test_the_memo_adds_no_recompile_to_a_dynamically_compiled_model(monkeypatch)
     from sanlab.config import validate
     from sanlab.models.builders import build_seq2seq
 
-    stack = {"layers": 2, "ffn_dim": 32, "attention": {"heads": 2}}
+    stack = {"layers": 1, "ffn_dim": 32, "attention": {"heads": 2}}
     config = validate({"task": "translation", "data": {"train": {"src": "x", "tgt": "y"},
                                                         "valid": {"src": "x", "tgt": "y"}},
                        "model": {"dim": 16, "dropout": 0.0, "encoder": stack, "decoder": stack}}, source="test")
