@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from sanlab import invocation
@@ -43,13 +44,21 @@ def _cmd_train(args) -> int:
         return 0
     if args.run is None:
         raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
+    from sanlab.training.stop_after import DEADLINE_ENV, StopAfter
+
+    stop_after = None if args.stop_after is None else StopAfter.starting(args.stop_after, args.started)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return _launch_torchrun(args)
+        # the workers' limit counts from this command's start, not from theirs
+        with invocation.environment_variable(DEADLINE_ENV, None if stop_after is None else repr(stop_after.deadline)):
+            return _launch_torchrun(args)
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
-                        allow_changed_data=args.allow_changed_data, source=args.config)
+                        allow_changed_data=args.allow_changed_data, source=args.config, stop_after=stop_after)
     if os.environ.get("RANK", "0") == "0":
-        best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
-        print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
+        if summary["stopped_after"] is not None:
+            print(stop_after.message(step=summary["step"], max_steps=config.train.max_steps))
+        else:
+            best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
+            print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
     return 0
 
 
@@ -228,6 +237,11 @@ def _register_training(sub) -> None:
     p.add_argument("--nproc", type=_positive, default=1, metavar="N",
                    help="data-parallel training in N processes (torchrun + DDP: NCCL on CUDA, gloo on the CPU); each update then takes "
                         "N x train.accum_steps batches")
+    p.add_argument("--stop-after", type=_duration, metavar="DURATION",
+                   help="end this session cleanly once DURATION (90s, 9m, 1.5h; a unit is required) has passed since "
+                        "the command started, data preparation included: at the next update boundary (--nproc: "
+                        "the next of every train.log_every updates), with a checkpoint to resume from, and exit 0; "
+                        "rerun the same command to resume exactly. Not part of the run's config")
     p.set_defaults(fn=_cmd_train)
 
     p = sub.add_parser("prepare", help="train the subword model and encode the training data into the cache, "
@@ -237,6 +251,17 @@ def _register_training(sub) -> None:
                    help="encoding processes (default: every core for a corpus whose source file is over 16 MiB as "
                         "stored, about 200,000 sentences of plain text and more gzip-compressed; else 1)")
     p.set_defaults(fn=_cmd_prepare)
+
+
+def _duration(text: str) -> str:
+    """argparse type of --stop-after: a duration with its unit (checked here; kept as given, for messages)."""
+    from sanlab.training.stop_after import parse_duration
+
+    try:
+        parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _input_path(text: str) -> str | None:
@@ -332,9 +357,11 @@ def _relayed(err: SanlabError) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()  # what `train --stop-after` counts from
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
+    args.started = started
     if unknown:  # with the usage of the subcommand they were given to, not the top level's
         chosen = _chosen_parser(parser, args)
         from sanlab.registry import did_you_mean  # (here: it imports pydantic, which --help need not wait for)

@@ -77,7 +77,7 @@ def test_torch_and_pythons_library_are_skipped_not_the_packages_installed_beside
 
 def _args(**given) -> argparse.Namespace:
     defaults = dict(config="configs/x.yaml", run="runs/a b", nproc=2, overrides=[], device=None, overwrite=False,
-                    quiet=False, allow_changed_data=False)
+                    quiet=False, allow_changed_data=False, stop_after=None)
     return argparse.Namespace(**{**defaults, **given})
 
 
