@@ -24,8 +24,12 @@ SETTINGS = dict(max_steps=12, valid_every=3, log_every=5, keep_last=1, keep_best
 def clock(monkeypatch):
     """time.time() for --stop-after: 0, 1, 2, ... one second a look (the loop looks once after each update);
     calling the fixture's value starts it again at 0 (a new session)."""
+    import sanlab.cli
+
     ticks = [itertools.count()]
-    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(time=lambda: float(next(ticks[0]))))
+    fake = types.SimpleNamespace(time=lambda: float(next(ticks[0])))
+    monkeypatch.setattr(stop_after_module, "time", fake)
+    monkeypatch.setattr(sanlab.cli, "time", fake)  # (the command's start: its first look)
     return lambda: ticks.__setitem__(0, itertools.count())
 
 
@@ -134,6 +138,33 @@ def test_a_session_that_ends_before_the_limit_trains_as_without_it(tmp_path, tin
     assert "reached train.max_steps = 12" in (tmp_path / "run" / "train.log").read_text().splitlines()[-1]
 
 
+def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit_finishes(tmp_path, tiny_translation,
+                                                                                         clock, capsys):
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(dump_config(tiny_translation(max_steps=6, valid_every=4, log_every=5)))
+    # the command's start reads 0; the looks after updates 1, 2 and 3 read 1, 2 and 3
+    assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "3s"]) == 0
+    assert capsys.readouterr().out == ("stopped after 3s at update 3 of 6 (--stop-after); rerun the same command to "
+                                       "resume\n")
+    assert "stop" not in (run / "config.yaml").read_text().replace(str(tmp_path), "")
+    assert main(["train", str(recipe), "--run", str(run), "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith("done: step 6, best bleu ")
+
+
+@pytest.mark.parametrize("argv, said", [("0s", "expected a duration above 0, got '0s'"),
+                                        ("90", "'90' has no unit: give one, e.g. 90s or 90m"),
+                                        ("soon", "expected a duration such as 90s, 9m or 1.5h")])
+def test_a_duration_that_is_not_one_is_a_usage_error(argv, said, capsys):
+    from sanlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "c.yaml", "--run", "r", "--stop-after", argv])
+    assert exit_.value.code == 2 and f"sanlab train: error: argument --stop-after: {said}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("9m", 540), ("1.5h", 5400), (".5m", 30), ("2M", 120)])
 def test_durations(text, seconds):
     assert stop_after_module.parse_duration(text) == seconds
@@ -144,3 +175,24 @@ def test_durations(text, seconds):
 def test_durations_refused(text, said):
     with pytest.raises(ValueError, match=said):
         stop_after_module.parse_duration(text)
+
+
+@pytest.mark.slow  # three launches of two processes: ~60 s on 2 cores
+@pytest.mark.usefixtures("private_tmpdir")
+def test_two_processes_stop_at_the_same_update_and_resume_to_the_uninterrupted_run(tmp_path, tiny_translation,
+                                                                                   capfd):
+    """Process 0 decides at the "train" records' updates (log_every=4) and tells the other: a limit that has passed
+    by the first of them (0.001s: the start alone takes longer) stops both after update 4, past the validation at
+    3, and the rerun without it ends as the uninterrupted two-process run."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(dump_config(tiny_translation(max_steps=8, valid_every=3, log_every=4)))
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main(["train", str(recipe), "--run", str(straight), "--nproc", "2", "--quiet"]) == 0
+    assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet", "--stop-after", "0.001s"]) == 0
+    assert "stopped after 0.001s at update 4 of 8 (--stop-after)" in capfd.readouterr().out
+    assert _checkpoints(cut) == ["step-00000003", "step-00000004"] and _meta(cut, "step-00000004")[RESUME_ONLY]
+    assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet"]) == 0
+    _assert_same_run(straight, cut)
