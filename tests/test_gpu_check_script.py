@@ -259,6 +259,8 @@ def test_every_command_of_the_planned_calls_names_existing_scripts_options_and_t
         assert done.returncode == 0, done.stdout + done.stderr
     commands = [line.split() for line in (tmp_path / "calls.log").read_text().splitlines()]
     commands = [c for c in commands if c[0] not in ("-", "-c")]  # the script's own snippets
+    train = next(c for c in commands if c[:3] == ["-m", "sanlab", "train"])
+    assert train[train.index("--stop-after") + 1] == "200s"  # TRAIN_MINUTES=4 less TRAIN_STOP_MARGIN's 40 s
     real_parse = argparse.ArgumentParser.parse_args
 
     def parse_and_stop(self, args=None, namespace=None):
