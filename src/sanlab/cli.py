@@ -12,6 +12,7 @@ from sanlab import invocation
 from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.analyze_cli import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
+from sanlab.training.stop_after import duration_argument
 
 # --precision of translate, tag and evaluate: training.device.DECODE_PRECISIONS, spelled here so that parsing
 # the command line does not import torch (tests/training/test_decode_precision.py checks they agree)
@@ -237,7 +238,7 @@ def _register_training(sub) -> None:
     p.add_argument("--nproc", type=_positive, default=1, metavar="N",
                    help="data-parallel training in N processes (torchrun + DDP: NCCL on CUDA, gloo on the CPU); each update then takes "
                         "N x train.accum_steps batches")
-    p.add_argument("--stop-after", type=_duration, metavar="DURATION",
+    p.add_argument("--stop-after", type=duration_argument, metavar="DURATION",
                    help="end this session cleanly once DURATION (90s, 9m, 1.5h; a unit is required) has passed since "
                         "the command started, data preparation included: at the next update boundary (--nproc: "
                         "the next of every train.log_every updates), with a checkpoint to resume from, and exit 0; "
@@ -251,17 +252,6 @@ def _register_training(sub) -> None:
                    help="encoding processes (default: every core for a corpus whose source file is over 16 MiB as "
                         "stored, about 200,000 sentences of plain text and more gzip-compressed; else 1)")
     p.set_defaults(fn=_cmd_prepare)
-
-
-def _duration(text: str) -> str:
-    """argparse type of --stop-after: a duration with its unit (checked here; kept as given, for messages)."""
-    from sanlab.training.stop_after import parse_duration
-
-    try:
-        parse_duration(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
 
 
 def _input_path(text: str) -> str | None:
@@ -357,7 +347,7 @@ def _relayed(err: SanlabError) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    started = time.time()  # what `train --stop-after` counts from
+    started = time.time()  # what --stop-after (train, compare) counts from
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)

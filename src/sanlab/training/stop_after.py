@@ -10,6 +10,7 @@ Nothing here imports torch: the command line parses it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import time
@@ -33,6 +34,15 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"expected a duration above 0, got {text!r}")
     return seconds
+
+
+def duration_argument(text: str) -> str:
+    """argparse type of ``--stop-after`` (``train`` and ``compare``): checked here, kept as given (for messages)."""
+    try:
+        parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 @dataclass(frozen=True)
