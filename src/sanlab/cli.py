@@ -55,7 +55,7 @@ def _cmd_train(args) -> int:
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
                         allow_changed_data=args.allow_changed_data, source=args.config, stop_after=stop_after)
     if os.environ.get("RANK", "0") == "0":
-        if summary["stopped_after"] is not None:
+        if summary.get("stopped_after") is not None:
             print(stop_after.message(step=summary["step"], max_steps=config.train.max_steps))
         else:
             best = "none" if summary["best"] is None else f"{summary['best']:.4g}"

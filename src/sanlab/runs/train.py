@@ -70,7 +70,7 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
             start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
             summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist, warning=warning,
                                     stop_after=stop_after)
-            if on_finished is not None and dist.is_main and summary["stopped_after"] is None:
+            if on_finished is not None and dist.is_main and summary.get("stopped_after") is None:
                 on_finished(summary)
             return summary
 
