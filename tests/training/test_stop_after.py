@@ -196,3 +196,12 @@ def test_two_processes_stop_at_the_same_update_and_resume_to_the_uninterrupted_r
     assert _checkpoints(cut) == ["step-00000003", "step-00000004"] and _meta(cut, "step-00000004")[RESUME_ONLY]
     assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet"]) == 0
     _assert_same_run(straight, cut)
+
+
+def test_a_worker_of_the_launcher_takes_the_launchers_deadline(monkeypatch):
+    """`sanlab train --nproc N`'s processes start later than the command: the limit counts from the command's start,
+    which the launcher passes on; a process outside a launch (no WORLD_SIZE) counts from its own start."""
+    monkeypatch.setenv(stop_after_module.DEADLINE_ENV, "1000.5")
+    assert StopAfter.starting("9m", started=50.0).deadline == 50.0 + 540
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert StopAfter.starting("9m", started=50.0) == StopAfter("9m", deadline=1000.5)

@@ -88,6 +88,17 @@ def test_the_rerun_command_is_the_launch_without_overwrite():
                                    "--device cpu --quiet")
 
 
+def test_the_rerun_command_and_the_torchrun_command_keep_the_sessions_limit():
+    """--stop-after is the invocation's: the rerun is bounded as the launch was, and so are torchrun's workers (their
+    deadline comes from the launcher's environment, the text for their messages)."""
+    from sanlab.training.launch import torchrun_command
+
+    args = _args(stop_after="9m")
+    assert rerun_command(args).endswith("--nproc 2 --stop-after 9m")
+    command = torchrun_command(args)
+    assert command[command.index("--stop-after") + 1] == "9m"
+
+
 def test_the_account_names_the_dead_the_stopped_the_logs_and_the_command(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
