@@ -16,7 +16,9 @@
 #                                      without the cache (bench/decode_speed.py); one Block layer by path, both
 #                                      directions at once against each alone (bench/block_layer.py)
 #   4. Multi30k vanilla in bf16        the CPU recipe on cuda, resumable: rerun to continue; evaluated on
-#                                      test_2016_flickr once it has trained its 3,000 updates
+#                                      test_2016_flickr once it has trained its 3,000 updates; each slice ends
+#                                      with `--stop-after` STOP_MARGIN (default 45) s before TRAIN_MINUTES,
+#                                      saving its last update (the timeout stays as a guard)
 #   5. decode-agreement                that run (or DECODE_RUN, any trained Multi30k run) decoded on
 #                                      test_2016_flickr in fp32 and in bf16 (scripts/decode_agreement.py): the
 #                                      share of identical hypotheses (issue 24 asks >= 99%), BLEU and wall time of
@@ -30,12 +32,14 @@
 #                                      finishes and scores is decoded on the dev set too (the report's n-gram
 #                                      gap reads it) and comes back as $REPORT_DIR/table1-cells.tar.gz, the
 #                                      files results/compare/.gitignore tracks (`sanlab compare GRID --import
-#                                      table1-cells.tar.gz` adds them: never over a cell begun here); an
-#                                      unfinished cell is lost
+#                                      table1-cells.tar.gz` adds them: never over a cell begun here); each
+#                                      compare ends itself with --stop-after STOP_MARGIN s before its timeout,
+#                                      its cell then stopped resumably, but an unfinished cell is still lost
+#                                      (its checkpoints stay on the machine)
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it;
 # a step that fails does not stop the others, and the call then exits 1 with the failed steps named at the end of the
-# report (a training slice that ran out of TRAIN_MINUTES has not failed, nor has a table1 cell cut off by
-# TABLE1_MINUTES: the report says so; a table1 cell, dev decode or table that fails has). Exit status: 0 every step
+# report (a training slice that --stop-after or TRAIN_MINUTES ended has not failed, nor has a table1 cell cut off by
+# --stop-after or TABLE1_MINUTES: the report says so; a table1 cell, dev decode or table that fails has). Exit status: 0 every step
 # ran well, 1 a step failed, 2 nothing ran: a usage error (an unknown GPU_STEPS name, minutes that are not a
 # whole number above 0) or what a step needs is missing (the data, the grid's sentencepiece). Every command reads
 # /dev/null, never the caller's standard input (nor, in the table1 loop, the list of cells it reads). What a
@@ -46,7 +50,7 @@
 # them in .whl/, with this checkout's sentencepiece: the table1 cells must train the grid's subword vocabulary,
 # and another sentencepiece version trains another one; cells of 2026-11-27 did, and the table marks them §) and the Multi30k files (GPU_DATA, default ../shared/data/multi30k; e.g. copy them to .gpu-data/).
 #   GPU_STEPS=all|env|tests|bench|trainstep|window|gpubench|blocklayer|decode|train|decode-agreement|table1   which parts
-#   (default all, which leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; DECODE_RUN: the run decode-agreement
+#   (default all, which leaves out table1; comma-separated; bench = trainstep,window); TRAIN_MINUTES (default 8): the run's slice; STOP_MARGIN (default 45): the seconds of a train or table1 step's time left after its --stop-after (the step's timeout is only a guard then); DECODE_RUN: the run decode-agreement
 #   measures (default: step 4's, once it has finished); GPU_TEST_WORKERS: pytest-xdist workers for the tests (the
 #   FlexAttention kernels compile on the CPU: 8 workers on a 16-core machine); GPU_BENCH_ARGS: more arguments of
 #   bench/gpu.py (e.g. --rounds 2 --updates 5); GPU_COMPILE: the variants it also times compiled (default
@@ -118,6 +122,11 @@ for minutes in TRAIN_MINUTES TABLE1_MINUTES; do  # 0 was `timeout 0`: no limit a
     value=${!minutes:-8}
     [[ "$value" =~ ^[1-9][0-9]*$ ]] || usage "$minutes must be a whole number of minutes above 0, not '$value'"
 done
+STOP_MARGIN=${STOP_MARGIN:-45}
+[[ "$STOP_MARGIN" =~ ^[0-9]+$ ]] || usage "STOP_MARGIN must be a whole number of seconds, not '$STOP_MARGIN'"
+# --stop-after for a command its timeout ends after $1 seconds: STOP_MARGIN before it (half the time if shorter), so
+# that the command ends itself, resumably, and the timeout only guards against a hang
+stop_after() { echo "$(( $1 > 2 * STOP_MARGIN ? $1 - STOP_MARGIN : $1 / 2 ))s"; }
 
 # all: every step but table1, also beside other names (GPU_STEPS=all,table1 ran table1 alone)
 wants() { { [[ ",$STEPS," == *",all,"* ]] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] ||
@@ -248,12 +257,17 @@ if wants train; then
     section "Multi30k vanilla, bf16 on cuda (configs/multi30k-en-de-transformer.yaml)"
     run=runs/gpu-multi30k
     start=$(date +%s)
-    timeout "$(( ${TRAIN_MINUTES:-8} * 60 ))" $PY -m sanlab train configs/multi30k-en-de-transformer.yaml --run "$run" \
-        --device "$DEVICE" --set train.precision=bf16 --quiet "${files[@]}" 2>&1 | tail -n 3 | tee -a "$report"
+    # --stop-after ends the slice at an update with a checkpoint (exit 0); the timeout, STOP_MARGIN seconds later,
+    # only guards against a hang (a validation due at the limit and the checkpoint write fit in the margin)
+    limit=$(( ${TRAIN_MINUTES:-8} * 60 ))
+    timeout "$limit" $PY -m sanlab train configs/multi30k-en-de-transformer.yaml --run "$run" \
+        --device "$DEVICE" --set train.precision=bf16 --quiet --stop-after "$(stop_after "$limit")" "${files[@]}" \
+        2>&1 | tail -n 3 | tee -a "$report"
     status=${PIPESTATUS[0]}
-    [ "$status" -eq 124 ] || failed_if "$status" train  # 124: the slice ended, to be continued by a rerun
+    # 124: the guard cut the slice (its updates since the last checkpoint are lost), to be continued by a rerun
+    [ "$status" -eq 124 ] || failed_if "$status" train
     echo "this slice: $(( $(date +%s) - start )) s wall" | tee -a "$report"
-    grep -E "device|finished|resumed" "$run/train.log" | tail -n 4 | tee -a "$report"
+    grep -E "device|finished|stopped|resumed" "$run/train.log" | tail -n 4 | tee -a "$report"
     grep '"speed"' "$run/metrics.jsonl" | tail -n 1 | tee -a "$report"
     if grep -q "finished at step 3000" "$run/train.log"; then
         timeout "${GPU_EVALUATE_TIMEOUT:-150}" $PY -m sanlab evaluate --run "$run" --device "$DEVICE" 2>&1 | tee -a "$report"
@@ -291,8 +305,9 @@ if wants table1; then
     stamp=$(mktemp) deadline=$(( $(date +%s) + ${TABLE1_MINUTES:-8} * 60 ))
     if [ -n "${TABLE1_ARGS:-}" ]; then
         # shellcheck disable=SC2086  # a list of arguments
-        timeout "$(( deadline - $(date +%s) ))" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet $TABLE1_ARGS \
-            2>&1 | tail -n 20 | tee -a "$report"
+        left=$(( deadline - $(date +%s) ))
+        timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --stop-after "$(stop_after "$left")" \
+            $TABLE1_ARGS 2>&1 | tail -n 20 | tee -a "$report"
         status=${PIPESTATUS[0]}
         if [ "$status" -eq 124 ]; then
             echo "TABLE1_MINUTES ran out: its unfinished cell is lost" | tee -a "$report"
@@ -324,8 +339,8 @@ EOF
             [ "$left" -gt "$need" ] || { echo "out of time before $name seed $seed (${left} s left, a cell takes ~${need} s)"; break; }
             began=$(date +%s)
             # < /dev/null: the loop's input is the list of cells, which the command would otherwise read from
-            timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --only "$name" --seed "$seed" \
-                < /dev/null 2>&1 | tail -n 3
+            timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --stop-after "$(stop_after "$left")" \
+                --only "$name" --seed "$seed" < /dev/null 2>&1 | tail -n 3
             status=${PIPESTATUS[0]}
             if [ "$status" -eq 124 ]; then
                 echo "TABLE1_MINUTES ran out during $name seed $seed: that cell is lost"

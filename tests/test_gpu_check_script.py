@@ -179,7 +179,8 @@ echo "$*" >> "{tmp_path}/calls.log"
 case "$*" in
   "- "*" start") printf 'vanilla\\t1\\nBlock\\t1\\n' ;;
   "-c "*) echo 0.2.3 ;;
-  *"--only"*) cat > /dev/null; cell=results/compare/csan-table1-multi30k/${9}/seed-1; mkdir -p $cell
+  *"--only"*) cat > /dev/null; all="$*" only="${{all#*--only }}"; cell=results/compare/csan-table1-multi30k/${{only%% *}}/seed-1
+             mkdir -p $cell
              echo '{{}}' > $cell/compare-eval.json; echo "cell done"; exit {cell_status} ;;
   *" evaluate "*"/Block/"*) sleep 1; exit 0 ;;
   *" evaluate "*) exit {evaluate_status} ;;
@@ -259,6 +260,10 @@ def test_every_command_of_the_planned_calls_names_existing_scripts_options_and_t
         assert done.returncode == 0, done.stdout + done.stderr
     commands = [line.split() for line in (tmp_path / "calls.log").read_text().splitlines()]
     commands = [c for c in commands if c[0] not in ("-", "-c")]  # the script's own snippets
+    train = next(c for c in commands if c[:3] == ["-m", "sanlab", "train"])
+    assert train[train.index("--stop-after") + 1] == "195s"  # TRAIN_MINUTES=4 less STOP_MARGIN's 45 s
+    assert [c for c in commands if c[:3] == ["-m", "sanlab", "compare"] and "--table-only" not in c  # table1's
+            and "--stop-after" not in c] == []
     real_parse = argparse.ArgumentParser.parse_args
 
     def parse_and_stop(self, args=None, namespace=None):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from sanlab import invocation
 from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.analyze_cli import register as register_analyze
 from sanlab.experiments.compare_cli import register as register_compare
+from sanlab.training.stop_after import duration_argument
 
 # --precision of translate, tag and evaluate: training.device.DECODE_PRECISIONS, spelled here so that parsing
 # the command line does not import torch (tests/training/test_decode_precision.py checks they agree)
@@ -43,13 +45,21 @@ def _cmd_train(args) -> int:
         return 0
     if args.run is None:
         raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
+    from sanlab.training.stop_after import DEADLINE_ENV, StopAfter
+
+    stop_after = None if args.stop_after is None else StopAfter.starting(args.stop_after, args.started)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return _launch_torchrun(args)
+        # the workers' limit counts from this command's start, not from theirs
+        with invocation.environment_variable(DEADLINE_ENV, None if stop_after is None else repr(stop_after.deadline)):
+            return _launch_torchrun(args)
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
-                        allow_changed_data=args.allow_changed_data, source=args.config)
+                        allow_changed_data=args.allow_changed_data, source=args.config, stop_after=stop_after)
     if os.environ.get("RANK", "0") == "0":
-        best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
-        print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
+        if summary.get("stopped_after") is not None:
+            print(stop_after.message(step=summary["step"], max_steps=config.train.max_steps))
+        else:
+            best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
+            print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
     return 0
 
 
@@ -228,6 +238,11 @@ def _register_training(sub) -> None:
     p.add_argument("--nproc", type=_positive, default=1, metavar="N",
                    help="data-parallel training in N processes (torchrun + DDP: NCCL on CUDA, gloo on the CPU); each update then takes "
                         "N x train.accum_steps batches")
+    p.add_argument("--stop-after", type=duration_argument, metavar="DURATION",
+                   help="end this session cleanly once DURATION (90s, 9m, 1.5h; a unit is required) has passed since "
+                        "the command started, data preparation included: at the next update boundary (--nproc: "
+                        "the next of every train.log_every updates), with a checkpoint to resume from, and exit 0; "
+                        "rerun the same command to resume exactly. Not part of the run's config")
     p.set_defaults(fn=_cmd_train)
 
     p = sub.add_parser("prepare", help="train the subword model and encode the training data into the cache, "
@@ -332,9 +347,11 @@ def _relayed(err: SanlabError) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()  # what --stop-after (train, compare) counts from
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
+    args.started = started
     if unknown:  # with the usage of the subcommand they were given to, not the top level's
         chosen = _chosen_parser(parser, args)
         from sanlab.registry import did_you_mean  # (here: it imports pydantic, which --help need not wait for)

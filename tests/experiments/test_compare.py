@@ -986,3 +986,38 @@ def test_a_cells_line_shows_a_time_under_a_second_true(tmp_path):
     assert outcome_line(evaluated, done=1, total=3) == f"[1/3] {cell.label}: evaluated (0.4s)"
     failed = CellOutcome(cell, trained=True, evaluated=False, seconds=0.01, error="boom")
     assert outcome_line(failed, done=2, total=3) == f"[2/3] {cell.label}: FAILED: boom (<0.1s)"
+
+
+@pytest.mark.slow  # three cells' training and evaluation: ~12 s
+def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_none(tmp_path, monkeypatch, capsys):
+    """``sanlab compare --stop-after``: the clock is a stand-in advancing one second a look (a look before each
+    cell, after each update, before each evaluation), so the limit falls on update 3 of the first cell (its
+    validations are at 2 and 4); the second cell is not begun. Both are reported, neither as failed, and the
+    exit status is 0; the next invocation resumes the first and runs the second."""
+    import itertools
+    import types
+
+    import torch
+
+    from sanlab.training import stop_after as stop_after_module
+    from sanlab.training.stop_after import StopAfter
+
+    torch.set_num_threads(1)
+    ticks = itertools.count()
+    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(time=lambda: float(next(ticks))))
+    compare = dict(overrides=TINY, runs_dir=str(tmp_path), only=["1D-CSAN"], quiet=True, command="test")
+    assert run_compare(str(SMOKE), **compare, stop_after=StopAfter("3s", deadline=3.0)) == 0
+    said = capsys.readouterr().err
+    assert "[1/2] 1D-CSAN / seed 0: trained: stopped at update 3 of 4 by --stop-after 3s; resumable (" in said, said
+    assert "[2/2] 1D-CSAN / seed 1: not begun: past --stop-after 3s (" in said and "FAILED" not in said
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    first, second = select_cells(grid, only=["1D-CSAN"])
+    assert cell_state(first, grid.spec.eval).step == 3 and cell_state(first, grid.spec.eval).status == "training"
+    assert not first.layout.done.exists() and not first.layout.failed.exists()
+    assert cell_state(second, grid.spec.eval).status == "pending"
+    with pytest.raises(ConfigError, match="--stop-after with --table-only, which trains no cell"):
+        run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), table_only=True,
+                    stop_after=StopAfter("3s", deadline=3.0))
+    assert run_compare(str(SMOKE), **compare) == 0
+    assert _statuses(grid, [first, second]) == {("1D-CSAN", 0): "evaluated", ("1D-CSAN", 1): "evaluated"}
+    assert "resumed from" in (first.run_dir / "train.log").read_text()

@@ -36,6 +36,32 @@ def test_settle_sums_the_finite_gradient_norms_for_the_records_gnorm():
     assert (interval.settle().gnorm_sum, interval.settle().gnorm_updates) == (0.0, 0)
 
 
+def test_an_interval_restored_after_a_cut_sums_as_the_uninterrupted_one():
+    """``sanlab train --stop-after`` reads the interval at the cut and saves it; the next session restores it. The
+    sums then round as one interval's: added on the host to the next one's, they would not ((0.1 + 0.2) + 0.3 is
+    not 0.1 + (0.2 + 0.3) in floats)."""
+    from dataclasses import asdict
+
+    straight = DeviceInterval(CPU)
+    for step, loss in enumerate([0.1, 0.2, 0.3], start=1):
+        _add(straight, step, loss, loss, skips=True)
+    _add(straight, 4, 0.0, math.inf, skips=True)  # an fp16 overflow: skipped, its norm left out
+    expected = straight.settle()
+    cut = DeviceInterval(CPU)
+    _add(cut, 1, 0.1, 0.1)
+    carried = {k: v for k, v in asdict(cut.settle()).items() if k != "bad"}
+    resumed = DeviceInterval(CPU)
+    resumed.restore(carried)
+    for step, loss in ((2, 0.2), (3, 0.3)):
+        _add(resumed, step, loss, loss, skips=True)
+    _add(resumed, 4, 0.0, math.inf, skips=True)
+    assert resumed.settle() == expected
+    assert expected.loss_sum != 0.1 + (0.2 + 0.3 + 0.0)  # what adding on the host would have given
+    other = DeviceInterval(CPU)
+    other.restore(carried, main=False)  # another process of a torchrun job: the loss sum is process 0's
+    assert (other.updates, float(other.settle().loss_sum)) == (1, 0.0)
+
+
 def test_the_first_non_finite_value_is_named_with_its_update_and_value():
     interval = DeviceInterval(CPU)
     _add(interval, 7, 1.0, 1.0)

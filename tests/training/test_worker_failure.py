@@ -77,7 +77,7 @@ def test_torch_and_pythons_library_are_skipped_not_the_packages_installed_beside
 
 def _args(**given) -> argparse.Namespace:
     defaults = dict(config="configs/x.yaml", run="runs/a b", nproc=2, overrides=[], device=None, overwrite=False,
-                    quiet=False, allow_changed_data=False)
+                    quiet=False, allow_changed_data=False, stop_after=None)
     return argparse.Namespace(**{**defaults, **given})
 
 
@@ -86,6 +86,17 @@ def test_the_rerun_command_is_the_launch_without_overwrite():
     args = _args(overrides=["train.lr=2e-4"], device="cpu", overwrite=True, quiet=True)
     assert rerun_command(args) == ("sanlab train configs/x.yaml --run 'runs/a b' --nproc 2 --set train.lr=2e-4 "
                                    "--device cpu --quiet")
+
+
+def test_the_rerun_command_and_the_torchrun_command_keep_the_sessions_limit():
+    """--stop-after is the invocation's: the rerun is bounded as the launch was, and so are torchrun's workers (their
+    deadline comes from the launcher's environment, the text for their messages)."""
+    from sanlab.training.launch import torchrun_command
+
+    args = _args(stop_after="9m")
+    assert rerun_command(args).endswith("--nproc 2 --stop-after 9m")
+    command = torchrun_command(args)
+    assert command[command.index("--stop-after") + 1] == "9m"
 
 
 def test_the_account_names_the_dead_the_stopped_the_logs_and_the_command(tmp_path):

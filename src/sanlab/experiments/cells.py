@@ -38,6 +38,7 @@ from sanlab.training.launch import die_with_parent
 from sanlab.training.layout import RunLayout
 from sanlab.training.logging import read_metrics
 from sanlab.training.rundir import RunBusy
+from sanlab.training.stop_after import StopAfter
 
 
 
@@ -144,11 +145,13 @@ class FinishedMeanwhile(ConfigError):
     """A cell another ``sanlab compare`` finished between this one's look at it and its lock."""
 
 
-def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None = None) -> dict:
+def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None = None,
+               stop_after: StopAfter | None = None) -> dict:
     """Train (or resume) the cell; ``done.json`` records how: its speed is comparable only with cells
     trained as many side by side (``jobs``), with as many threads, on the same machine. With the grid's ``spec``,
     a cell that is no longer pending or training once its lock is taken (another ``sanlab compare`` on the grid
-    finished it meanwhile) is a ``FinishedMeanwhile``, and nothing of it is touched: never trained twice."""
+    finished it meanwhile) is a ``FinishedMeanwhile``, and nothing of it is touched: never trained twice. A cell
+    that ``stop_after`` cut has no ``done.json``: the returned dict then says only where it ``stopped``."""
     done = {}
 
     def still_to_train() -> None:  # holding the run's lock
@@ -163,8 +166,12 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None 
                     vocabulary=vocabulary_digest(cell.run_dir))
         write_json(cell.layout.done, done)
 
-    train_run(cell.config, cell.run_dir, quiet=quiet, allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1",
-              on_finished=record, before_start=still_to_train)
+    summary = train_run(cell.config, cell.run_dir, quiet=quiet,
+                        allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1", on_finished=record,
+                        before_start=still_to_train, stop_after=stop_after)
+    if summary.get("stopped_after") is not None:
+        return {"stopped": f"stopped at update {summary['step']:,} of {cell.config.train.max_steps:,} by "
+                           f"--stop-after {summary['stopped_after']}; resumable"}
     return done
 
 
@@ -329,14 +336,20 @@ class CellOutcome:
     evaluated: bool        # evaluated in this invocation
     seconds: float
     error: str | None = None
+    stopped: str | None = None  # --stop-after's limit left it resumable: where it stopped, or that it never began
 
 
-def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellOutcome:
+def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
+             stop_after: StopAfter | None = None) -> CellOutcome:
     """Bring one cell to ``evaluated``: train or resume it if needed, then evaluate it if needed.
 
-    Errors are returned, not raised, so one failing cell does not stop the rest of the grid.
+    Errors are returned, not raised, so one failing cell does not stop the rest of the grid. ``stop_after``
+    (``sanlab compare --stop-after``): a cell is not begun, trained on or evaluated once the limit has passed, and
+    its training stops at it (``train_run``); it is then left resumable, ``CellOutcome.stopped`` says where.
     """
     start, trained, evaluated = time.monotonic(), False, False
+    if stop_after is not None and stop_after.reached():
+        return CellOutcome(cell, False, False, 0.0, stopped=f"not begun: past --stop-after {stop_after.text}")
     try:
         state = cell_state(cell, spec)
         if state.status == "conflict":  # a refusal, not a failure of the cell: nothing is written into it
@@ -349,10 +362,16 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1) -> CellO
                                f"{state.detail} (its checkpoints are not here)")
         if state.status in ("pending", "training"):
             try:
-                train_cell(cell, quiet=quiet, jobs=jobs, spec=spec)
+                done = train_cell(cell, quiet=quiet, jobs=jobs, spec=spec, stop_after=stop_after)
                 trained = True
             except FinishedMeanwhile:  # the other invocation finished it, and scores it: nothing to do here
                 return CellOutcome(cell, False, False, time.monotonic() - start)
+            if "stopped" in done:  # cut by the limit, resumable: neither failed nor finished
+                cell.layout.failed.unlink(missing_ok=True)
+                return CellOutcome(cell, True, False, time.monotonic() - start, stopped=done["stopped"])
+        if stop_after is not None and stop_after.reached() and (trained or state.status == "trained"):
+            return CellOutcome(cell, trained, False, time.monotonic() - start,  # scored by the next invocation
+                               stopped=f"trained, not evaluated: past --stop-after {stop_after.text}")
         if trained or state.status == "trained":
             with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
                 if cell_state(cell, spec).status == "trained":  # it may have scored it meanwhile
@@ -404,9 +423,9 @@ def init_worker(threads: int, jobs: int, parent: int) -> None:
     os.environ[GRID_JOBS_ENV] = str(jobs)
 
 
-def run_cell_job(job: tuple[Cell, EvalSpec, bool, int]) -> CellOutcome:
-    cell, spec, quiet, jobs = job
-    return run_cell(cell, spec, quiet=quiet, jobs=jobs)
+def run_cell_job(job: tuple[Cell, EvalSpec, bool, int, StopAfter | None]) -> CellOutcome:
+    cell, spec, quiet, jobs, stop_after = job
+    return run_cell(cell, spec, quiet=quiet, jobs=jobs, stop_after=stop_after)
 
 
 # ----------------------------------------------------------------------------- reading results

@@ -25,6 +25,7 @@ from sanlab.experiments.importing import import_cells
 from sanlab.experiments.running import describe_cells, run_grid, run_order, select_cells  # noqa: F401  (re-exported)
 from sanlab.experiments.tables import render_markdown, write_report
 from sanlab.invocation import command_line
+from sanlab.training.stop_after import StopAfter
 
 
 def rescore_cells(grid: Grid, cells: Sequence[Cell], *, log: Callable[[str], None]) -> list[str]:
@@ -75,15 +76,21 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
                 table_only: bool = False, rescore: bool = False, jobs: int = 1, only: Sequence[str] = (),
                 datasets: Sequence[str] = (), seeds: Sequence[int] = (), datasets_file: str | None = None,
                 quiet: bool = False, command: str | None = None, out: Callable[[str], None] = print,
-                imports: Sequence[str] = ()) -> int:
+                imports: Sequence[str] = (), stop_after: StopAfter | None = None) -> int:
     """What ``sanlab compare`` does; returns the exit code (1 if a cell failed, or one of ``imports``' cells
     was not imported). ``datasets_file`` (``--datasets``) replaces the grid's datasets (``grid.load_grid``);
-    ``imports`` (``--import``): archives of cells trained elsewhere (``importing``), then the table only."""
+    ``imports`` (``--import``): archives of cells trained elsewhere (``importing``), then the table only.
+    ``stop_after`` (``--stop-after``): the invocation's wall-time limit (``running.run_grid``); cells it cut are
+    resumable, not failed."""
     if imports and (table_only or dry_run or rescore):
         raise ConfigError("--import adds cells and prints the table: drop --table-only, --dry-run and --rescore")
     if imports and (only or datasets or seeds):
         raise ConfigError("--import brings in every cell of the archive and prints the whole table; --only, "
                           "--dataset and --seed choose the cells to run: drop them")
+    if stop_after is not None and (imports or table_only or rescore or dry_run):  # none of them trains
+        flag = next(f for f, on in (("--import", imports), ("--table-only", table_only), ("--rescore", rescore),
+                                    ("--dry-run", dry_run)) if on)
+        raise ConfigError(f"--stop-after with {flag}, which trains no cell: drop --stop-after")
     if jobs > 1 and (imports or table_only or rescore or dry_run):  # none of them trains: --jobs would do nothing
         flag = next(f for f, on in (("--import", imports), ("--table-only", table_only), ("--rescore", rescore),
                                     ("--dry-run", dry_run)) if on)
@@ -113,7 +120,8 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
     if not table_only and not rescore and not imports:
         # the table on disk is rewritten after every cell, so a grid stopped partway leaves a partial table
         failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
-                                      keep_order=bool(only), after_cell=lambda _: write_table()) if o.error]
+                                      keep_order=bool(only), after_cell=lambda _: write_table(),
+                                      stop_after=stop_after) if o.error]
     try:
         report = build_report(grid, command=command)
         out(render_markdown(report))

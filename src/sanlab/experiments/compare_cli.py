@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from sanlab.training.stop_after import duration_argument
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand to an argparse subparsers object."""
@@ -41,6 +43,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars or training log lines on the console")
     p.add_argument("--allow-changed-data", action="store_true",
                    help="resume cells even though their training data changed since they last trained on it")
+    p.add_argument("--stop-after", type=duration_argument, metavar="DURATION",
+                   help="bound this invocation: once DURATION (90s, 9m, 1.5h) has passed since it started, the cell "
+                        "training stops at an update with a checkpoint (resumable, as `sanlab train --stop-after`), "
+                        "no cell begins and none is evaluated; such cells are reported as stopped, not failed, "
+                        "and the exit status is 0 unless a cell failed")
     p.set_defaults(fn=_cmd_compare)
     return p
 
@@ -51,6 +58,7 @@ def _cmd_compare(args) -> int:
     from sanlab.errors import ConfigError
     from sanlab.runs import ALLOW_CHANGED_DATA_ENV
     from sanlab.training.device import DEVICE_SPEC
+    from sanlab.training.stop_after import StopAfter
 
     if args.device and not DEVICE_SPEC.match(args.device):  # named as given, not as the --set it becomes
         raise ConfigError(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
@@ -60,4 +68,6 @@ def _cmd_compare(args) -> int:
         return run_compare(args.grid, overrides=overrides, runs_dir=args.runs_dir, dry_run=args.dry_run,
                            table_only=args.table_only, rescore=args.rescore, jobs=args.jobs, only=args.only,
                            datasets=args.dataset, seeds=args.seeds, datasets_file=args.datasets_file,
-                           quiet=args.quiet, imports=args.imports)
+                           quiet=args.quiet, imports=args.imports,
+                           stop_after=None if args.stop_after is None else StopAfter.starting(args.stop_after,
+                                                                                              args.started))

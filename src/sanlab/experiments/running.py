@@ -24,6 +24,7 @@ from sanlab.experiments.cells import (
 from sanlab.experiments.grid_schema import Cell, Grid, slug
 from sanlab.experiments.grid_state import cell_state, read_done
 from sanlab.training.logging import duration
+from sanlab.training.stop_after import StopAfter
 
 
 def select_cells(grid: Grid, *, only: Sequence[str] = (), datasets: Sequence[str] = (),
@@ -228,11 +229,14 @@ def run_order(grid: Grid, cells: Sequence[Cell]) -> list[Cell]:
 
 def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = False,
              log: Callable[[str], None] = print, keep_order: bool = False,
-             after_cell: Callable[[CellOutcome], None] | None = None) -> list[CellOutcome]:
+             after_cell: Callable[[CellOutcome], None] | None = None,
+             stop_after: StopAfter | None = None) -> list[CellOutcome]:
     """Train and evaluate every cell not evaluated yet, in ``run_order`` (or in the order of ``cells`` with
     ``keep_order``: ``--only``); ``jobs`` > 1 runs cells in spawned processes, each with ``cores // jobs``
     threads, started in that order. A failing cell is reported and the others go on. ``after_cell`` is
-    called as each cell finishes (``run_compare`` rewrites the table there)."""
+    called as each cell finishes (``run_compare`` rewrites the table there). ``stop_after`` (``sanlab compare
+    --stop-after``) bounds the whole invocation: a cell training at the limit stops there, resumable, and the
+    cells not begun by then are not (``run_cell``); each is reported as such, not as failed."""
     prepare_synthetic(grid)
     todo = [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"]
     todo = todo if keep_order else run_order(grid, todo)
@@ -252,7 +256,7 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
 
     if jobs <= 1 or len(todo) <= 1:
         for cell in todo:
-            report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1))
+            report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1, stop_after=stop_after))
         return outcomes
     # A worker that dies (e.g. the OOM killer) breaks the pool, which then fails every cell it held, not
     # only the culprit. The first time, those cells go to a new pool of the same width (they resume from
@@ -262,7 +266,8 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
         batches = [remaining] if breaks < 2 else [[c] for c in remaining]
         remaining = []
         for batch in batches:
-            remaining += _run_pool(grid, batch, workers=width, threads=threads, report=report, alone=breaks >= 2)
+            remaining += _run_pool(grid, batch, workers=width, threads=threads, report=report, alone=breaks >= 2,
+                                   stop_after=stop_after)
         if remaining:
             breaks += 1
             log(f"a worker process died; {len(remaining)} cell(s) go to "
@@ -271,7 +276,7 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
 
 
 def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, report: Callable[[CellOutcome], None],
-              alone: bool) -> list[Cell]:
+              alone: bool, stop_after: StopAfter | None = None) -> list[Cell]:
     """Run ``cells`` in one process pool; returns the cells a broken pool left unfinished (or, when a cell
     ran ``alone`` in its pool, reports it as failed: the death was its own)."""
     broken, side_by_side = [], 1 if alone else workers
@@ -283,7 +288,8 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
         masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") \
             else None
         try:
-            futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side)): c for c in cells}
+            futures = {pool.submit(run_cell_job, (c, grid.spec.eval, True, side_by_side, stop_after)): c
+                       for c in cells}
         finally:
             if masked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, masked)
@@ -298,7 +304,8 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
 def outcome_line(outcome: CellOutcome, *, done: int, total: int) -> str:
     """The grid's line for a finished cell, the ``done``-th of ``total``."""
     what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
-    status = f"FAILED: {outcome.error}" if outcome.error else f"{what or 'nothing to do'}"
+    status = (f"FAILED: {outcome.error}" if outcome.error else f"{what}: {outcome.stopped}" if outcome.stopped and what
+              else outcome.stopped or what or "nothing to do")
     return f"[{done}/{total}] {outcome.cell.label}: {status} ({duration(outcome.seconds)})"
 
 

@@ -18,6 +18,7 @@ from sanlab.training import rundir
 from sanlab.training.logging import RunLogger
 from sanlab.training.rundir import run_lock
 from sanlab.training.shared_files import check_same_files
+from sanlab.training.stop_after import StopAfter
 from sanlab.runs.build import check_buildable, make_task
 from sanlab.runs.provenance import record_session, threads_change
 from sanlab.runs.resume import check_training_data, prepare_run_dir
@@ -26,7 +27,7 @@ from sanlab.runs.resume import check_training_data, prepare_run_dir
 def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: bool = False,
               allow_changed_data: bool = False, source: str | None = None,
               on_finished: Callable[[dict], None] | None = None,
-              before_start: Callable[[], None] | None = None) -> dict:
+              before_start: Callable[[], None] | None = None, stop_after: StopAfter | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``. Returns the trainer's summary.
 
     Resuming on training data that changed since (``check_training_data``) is an error unless
@@ -35,7 +36,9 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
     ``on_finished(summary)`` runs in the main process while it still holds the run's lock (``sanlab compare``
     records a finished cell there, so no other process sees it finished but unrecorded); ``before_start()`` runs
     there once the lock is taken, before anything is written, and may raise to leave the run as it is (``sanlab
-    compare``: a cell another invocation finished between its look and the lock)."""
+    compare``: a cell another invocation finished between its look and the lock). ``stop_after``: this session's
+    wall-time limit (``sanlab train --stop-after``): the session then ends at an update boundary with a checkpoint
+    to resume from, the summary's ``stopped_after`` says so, and ``on_finished`` is not called (the run has not)."""
     from sanlab.training.compile import dynamo_settings_restored
     from sanlab.training.device import check_cublas_setting, deterministic_algorithms, resolve_device
     from sanlab.training.distributed import from_environment
@@ -65,8 +68,9 @@ def train_run(config: Config, run_dir: Path, *, overwrite: bool = False, quiet: 
                     start.resuming = prepare_run_dir(run_dir, config, overwrite=overwrite)
                     start.data_changes = check_training_data(run_dir, config, allow_changed=allow_changed_data)
             start.resuming = dist.broadcast(start.resuming if dist.is_main else None)
-            summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist, warning=warning)
-            if on_finished is not None and dist.is_main:
+            summary = _train_locked(config, run_dir, start=start, quiet=quiet, dist=dist, warning=warning,
+                                    stop_after=stop_after)
+            if on_finished is not None and dist.is_main and summary.get("stopped_after") is None:
                 on_finished(summary)
             return summary
 
@@ -94,7 +98,7 @@ class _Start:
 
 
 def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, dist,
-                  warning: str | None = None) -> dict:
+                  warning: str | None = None, stop_after: StopAfter | None = None) -> dict:
     from sanlab.training.loop import Trainer
     from sanlab.training.logging import SilentLogger
 
@@ -111,7 +115,8 @@ def _train_locked(config: Config, run_dir: Path, *, start: _Start, quiet: bool, 
             task = _start_task(config, run_dir, log, dist)
             if dist.rank > 0:  # same initial weights everywhere (DDP checks), different dropout streams
                 torch.manual_seed(config.train.seed * 1_000_003 + dist.rank)
-            trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist)
+            trainer = Trainer(task=task, config=config.train, run_dir=run_dir, logger=log, dist=dist,
+                              stop_after=stop_after)
             if dist.enabled and not start.resuming:  # (every process; a new run told to use fewer processes or
                 trainer.check_batches(0)  # smaller batches must not be left behind)
         except SanlabError:  # bad data or settings found at the start, a full GPU: no half-made run is left behind

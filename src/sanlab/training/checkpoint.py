@@ -11,6 +11,11 @@ replaced the same way. A renamed directory is complete by construction, so if ``
 one that is gone, the newest complete checkpoint is the one to resume from. The checksums catch what
 the file formats do not: bytes changed inside a tensor load without complaint (``DamagedCheckpoint``);
 checkpoints written before checksums existed load without the check.
+
+A session ended by ``sanlab train --stop-after`` between two validations saves a checkpoint without one
+(``RESUME_ONLY`` in its meta.json, no metrics, no score): the next session resumes from it, but it is never a best
+or a last-N checkpoint (``best``, ``last``, what ``keep_best`` and ``keep_last`` keep, ``--checkpoint last``), and the
+next checkpoint saved replaces it, so the checkpoints a run ends with are those of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ META = "meta.json"
 LATEST = "latest.json"    # in the checkpoints directory: the checkpoint to resume from
 STEP_PREFIX = "step-"     # a checkpoint directory: step-00001000
 CHECKSUMMED = (WEIGHTS, STATE)
+RESUME_ONLY = "resume_only"  # meta.json key: saved by --stop-after without a validation (see the module's doc)
 
 
 def step_name(step: int) -> str:
@@ -287,7 +293,12 @@ class CheckpointManager:
         return [Path(m["path"]) for m in scored[: n or len(scored)]]
 
     def last(self, n: int) -> list[Path]:
-        return [Path(m["path"]) for m in self.all()[-n:]]
+        """The ``n`` newest validated checkpoints (a ``--stop-after`` one, ``RESUME_ONLY``, is left out)."""
+        return [Path(m["path"]) for m in self.validated()[-n:]]
+
+    def validated(self) -> list[dict]:
+        """Meta of every complete checkpoint but the ``RESUME_ONLY`` ones, oldest first."""
+        return [m for m in self.all() if not m.get(RESUME_ONLY)]
 
     def resume_candidates(self) -> list[Path]:
         """Checkpoints to resume from, best choice first: the latest, then the older ones, newest first."""
@@ -302,6 +313,8 @@ class CheckpointManager:
                 _remove(Path(m["path"]))
 
     def prune(self) -> None:
+        """Keep the best and the last N validated ones, and the latest (resumed from); a ``RESUME_ONLY`` checkpoint
+        is kept only while it is the latest, and does not push a validated one out of the last N."""
         keep = set(self.best(self.keep_best)) | set(self.last(self.keep_last))
         latest = self.latest()
         for m in self.all():

@@ -90,3 +90,17 @@ class DeviceInterval:
         self.reset()
         return Settled(updates=updates, loss_sum=loss_sum, skipped=int(skipped), bad=bad, gnorm_sum=gnorm_sum,
                        gnorm_updates=int(gnorm_updates))
+
+    def restore(self, carried: dict, *, main: bool = True) -> None:
+        """Start the interval where a session cut between two reads (``sanlab train --stop-after``) left it:
+        ``carried`` is what ``settle`` read then (``Settled``'s finite fields). The next read then sums the same
+        float64 values in the same order as an uninterrupted run (adding them to the "train" record's sums on the
+        host instead would round them otherwise). The loss sum is summed over processes by ``settle``: it goes to
+        the ``main`` process only; the rest is the same on every process."""
+        self.reset()
+        self.updates = int(carried["updates"])
+        if main:
+            self._loss.fill_(float(carried["loss_sum"]))
+        self._skipped.fill_(float(carried["skipped"]))
+        self._gnorm.copy_(torch.tensor([float(carried["gnorm_sum"]), float(carried["gnorm_updates"])],
+                                       dtype=torch.float64))

@@ -48,6 +48,7 @@ def torchrun_command(args) -> list[str]:
     command = [*TORCHRUN, "--standalone", f"--nproc_per_node={args.nproc}", "-m", "sanlab", "train", args.config,
                "--run-dir", args.run]
     command += [x for o in args.overrides for x in ("--set", o)] + (["--device", args.device] if args.device else [])
+    command += ["--stop-after", args.stop_after] if args.stop_after else []
     command += [flag for flag, on in (("--overwrite", args.overwrite), ("--quiet", args.quiet),
                                       ("--allow-changed-data", args.allow_changed_data)) if on]
     return command

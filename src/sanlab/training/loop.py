@@ -6,6 +6,12 @@ weights, optimizer, step, epoch, position in the epoch's batch order, RNG states
 counters — is in every checkpoint. Under torchrun the same loop runs in every process
 (``training.distributed``): each update's batches are dealt out, DDP sums the gradients, and the
 main process validates and checkpoints.
+
+``--stop-after`` (``StopAfter``) ends a session at a wall-time limit, at an update boundary: a single process
+checks the clock after every update (a ``time.time()``, nothing on the device); under torchrun process 0 decides at
+every ``log_every``-th update, where the loop reads the device anyway, and broadcasts its decision (one small
+collective per ``log_every`` updates, none in between), so that every process stops at the same update. Unless a
+validation is due then anyway, the session saves a checkpoint without validating (``_save_to_resume``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
 from sanlab.errors import TrainingError
-from sanlab.training.checkpoint import (CheckpointManager, DamagedCheckpoint, check_vocabulary, load_state,
-                                       load_weights, read_meta, rng_state, set_rng_state)
+from sanlab.training.checkpoint import (RESUME_ONLY, CheckpointManager, DamagedCheckpoint, check_vocabulary,
+                                       load_state, load_weights, read_meta, rng_state, set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import (Precision, check_loss_scale, clipping_advice, describe_batch, out_of_memory_stops,
                                     to_device)
@@ -34,6 +40,7 @@ from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError,
 from sanlab.training.interval import DeviceInterval, Settled
 from sanlab.training.logging import RunLogger, duration
 from sanlab.training.schedule import learning_rate
+from sanlab.training.stop_after import StopAfter
 
 
 class TrainTask(Protocol):
@@ -100,8 +107,9 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
 
 class Trainer:
     def __init__(self, *, task: TrainTask, config: TrainConfig, run_dir: Path, logger: RunLogger,
-                 dist: Distributed | None = None):
+                 dist: Distributed | None = None, stop_after: StopAfter | None = None):
         self.task, self.config, self.run_dir, self.log = task, config, Path(run_dir), logger
+        self.stop_after = stop_after  # this session's wall-time limit (--stop-after), not the run's
         self.dist = dist or Distributed.single()
         self.device = self.dist.device
         self.precision = Precision(config.precision, self.device)
@@ -147,6 +155,8 @@ class Trainer:
             # the updates since the last "train" record (absent in older checkpoints): a checkpoint between two
             # records must not make the next record average fewer updates than the uninterrupted run's
             self._since_log = SinceLog(**state.get("since_log", {}))
+            if "interval" in state:  # a --stop-after checkpoint: the updates since the device was last read
+                self.interval.restore(state["interval"], main=self.dist.is_main)
             self._restore_rng(state)
             if self.dist.is_main:
                 # written after `latest` by a run that then crashed, or damaged: training on replaces them
@@ -210,9 +220,12 @@ class Trainer:
         """The last good checkpoint as stop messages name it."""
         return str(self.last_good) if self.last_good is not None else "none yet (no checkpoint was written)"
 
-    def _save(self, metrics: dict[str, float], rngs: list[dict]) -> None:
+    def _save(self, metrics: dict[str, float], rngs: list[dict], *, carried: Settled | None = None) -> None:
+        """Checkpoint the current update; ``carried``: a --stop-after checkpoint's unread interval (no metrics)."""
         state = {"optimizer": self.optimizer.state_dict(), "progress": self.progress.as_dict(), "rng": rngs[0],
                  "processes": self.dist.world_size, "since_log": asdict(self._since_log)}
+        if carried is not None:
+            state["interval"] = {k: v for k, v in asdict(carried).items() if k != "bad"}
         if self.dist.enabled:
             state["rng_per_process"] = rngs
         if self.scaler is not None:
@@ -221,6 +234,8 @@ class Trainer:
                 "metrics": metrics, "score": metrics.get(self.task.metric)}
         if getattr(self.task, "vocabulary", None) is not None:
             meta["vocabulary"] = self.task.vocabulary
+        if carried is not None:
+            meta[RESUME_ONLY] = True
         self.last_good = self.checkpoints.save(model=self.model, state=state, meta=meta)
 
     # ------------------------------------------------------------------ one update
@@ -273,8 +288,18 @@ class Trainer:
         return summed, tokens
 
     def settle(self) -> Settled:
-        """Read what the updates since the last read left on the device (``training.interval``); stop if one of
-        them went non-finite, before anything validates or saves its weights."""
+        """Read what the updates since the last read left on the device (``training.interval``) into the next
+        "train" record; stop if one of them went non-finite, before anything validates or saves its weights."""
+        p, settled = self.progress, self._read_interval()
+        p.skipped_updates += settled.skipped
+        self._since_log.loss_sum += settled.loss_sum
+        self._since_log.updates += settled.updates
+        self._since_log.gnorm_sum += settled.gnorm_sum
+        self._since_log.gnorm_updates += settled.gnorm_updates
+        return settled
+
+    def _read_interval(self) -> Settled:
+        """``settle``'s read and checks, without adding the interval to anything."""
         p, settled = self.progress, self.interval.settle()
         if settled.bad is not None:
             what, step, value = settled.bad
@@ -284,11 +309,6 @@ class Trainer:
             raise TrainingError(f"{what} is {value} at update {step} (epoch {p.epoch}); stopping without saving it. "
                                 f"Last good checkpoint: {self._last_good_name()}. "
                                 f"{advice} a lower learning rate, longer warm-up or {clipping_advice(self.config.clip_norm)}.")
-        p.skipped_updates += settled.skipped
-        self._since_log.loss_sum += settled.loss_sum
-        self._since_log.updates += settled.updates
-        self._since_log.gnorm_sum += settled.gnorm_sum
-        self._since_log.gnorm_updates += settled.gnorm_updates
         check_loss_scale(self.scaler, step=p.step, clip_norm=self.config.clip_norm)
         return settled
 
@@ -389,10 +409,27 @@ class Trainer:
         self.settle()  # the updates since the loop's last read (none, on the loop's own schedule)
         rngs = self.dist.gather(rng_state(self.device))
         self._check_weights_finite()
+        self._on_main(lambda: self._validate_and_save(rngs, on_schedule=on_schedule), doing="validating")
+        return self._patience_exhausted()
+
+    def _save_to_resume(self) -> None:
+        """The checkpoint of a session that ``--stop-after`` ends between two validations. It does not validate:
+        none is due (at IWSLT or WMT scale one takes minutes), so it has no metrics and is never a best or last-N
+        checkpoint (``checkpoint.RESUME_ONLY``). The updates since the device was last read are saved as read
+        (``interval``), not added to the next "train" record's sums: those would then be rounded otherwise than
+        in an uninterrupted run."""
+        carried = self._read_interval()  # (a non-finite update stops here, unsaved, as before a validation)
+        rngs = self.dist.gather(rng_state(self.device))
+        self._check_weights_finite()
+        self._on_main(lambda: self._save({}, rngs, carried=carried), doing="saving a checkpoint")
+
+    def _on_main(self, write, *, doing: str) -> None:
+        """Run ``write()`` (validating, saving) in the main process; the others wait for it and take its progress
+        counters and the checkpoint it wrote, or stop with its failure."""
         failure = None
         if self.dist.is_main:
             try:
-                self._validate_and_save(rngs, on_schedule=on_schedule)
+                write()
             except Exception as err:
                 if not self.dist.enabled:
                     raise
@@ -409,11 +446,10 @@ class Trainer:
                 # its sanlab error a RelayedError, which process 0 tells the launcher itself
                 stopped, what = ((RelayedError, report["message"]) if report["sanlab"]
                                  else (RelayedCrash, f"{report['type']}: {report['message']}"))
-                raise stopped(f"process 0 stopped while validating after update {self.progress.step}: {what}")
+                raise stopped(f"process 0 stopped while {doing} after update {self.progress.step}: {what}")
             for key, value in shared["progress"].items():  # in place: the loop holds a reference to it
                 setattr(self.progress, key, value)
             self.last_good = shared["last_good"]
-        return self._patience_exhausted()
 
     def _validate_and_save(self, rngs: list[dict], *, on_schedule: bool) -> None:
         """The main process's part of ``_validate``: score, log, update the early-stopping counters, save."""
@@ -474,6 +510,7 @@ class Trainer:
         cfg, p = self.config, self.progress
         start = time.monotonic()
         stop = p.step >= cfg.max_steps or self._patience_exhausted()
+        cut = False  # --stop-after's limit ended the session
         while not stop and p.epoch < cfg.max_epochs:
             batches = self.task.epoch_batches(p.epoch)
             bar = self.log.progress_bar(total=len(batches), initial=p.position, desc=f"epoch {p.epoch}")
@@ -499,22 +536,47 @@ class Trainer:
                     self._log_train(bar)
                 if validate:
                     stop = self._validate(on_schedule=p.step % cfg.valid_every == 0) or stop
+                if not stop and self._limit_reached(logged=log):
+                    cut = stop = True
             bar.close()
             if p.position >= len(batches):
                 p.epoch, p.position = p.epoch + 1, 0
                 if not cfg.valid_every:
-                    stop = self._validate() or stop
+                    stop = self._validate() or stop  # (due at an epoch's end, the limit reached or not)
+        cut = cut and not self._finished()  # the limit came with the run's last update: it ends as without it
         unsaved = (self._saved_step() != p.step) if self.dist.is_main else None
-        if self.dist.broadcast(unsaved):
-            self._validate(on_schedule=False)  # never end a session with unsaved updates
+        if self.dist.broadcast(unsaved):  # never end a session with unsaved updates
+            if cut:
+                self._save_to_resume()
+            else:
+                self._validate(on_schedule=False)
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
-        self.log.info(f"finished at step {p.step}, epoch {p.epoch}, best {self.task.metric} {_shown(best)} "
-                      f"({duration(elapsed)} this session): {self._why_stopped()}")
+        why = self.stop_after.message(step=p.step, max_steps=cfg.max_steps) if cut else self._why_stopped()
+        self.log.info(f"{'stopped' if cut else 'finished'} at step {p.step}, epoch {p.epoch}, best {self.task.metric} "
+                      f"{_shown(best)} ({duration(elapsed)} this session): {why}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
-        # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on)
+        # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on);
+        # stopped_after: the --stop-after limit that ended this session before the run's end, else None
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
-                "train_seconds": p.train_seconds, "bad_validations": p.bad_validations}
+                "train_seconds": p.train_seconds, "bad_validations": p.bad_validations,
+                "stopped_after": self.stop_after.text if cut else None}
+
+    def _limit_reached(self, *, logged: bool) -> bool:
+        """Whether --stop-after's limit ends the session after this update. One process: the clock, after every
+        update. Under torchrun only at a "train" record's update (``logged``, the same on every process), where the
+        loop reads the device anyway: process 0's clock, broadcast, so that every process stops at the same
+        update (at most ``log_every`` updates past the limit)."""
+        if self.stop_after is None:
+            return False
+        if not self.dist.enabled:
+            return self.stop_after.reached()
+        return logged and self.dist.broadcast(self.stop_after.reached() if self.dist.is_main else None)
+
+    def _finished(self) -> bool:
+        """Whether a budget or early stopping has ended the run (a rerun trains no further)."""
+        cfg, p = self.config, self.progress
+        return p.step >= cfg.max_steps or p.epoch >= cfg.max_epochs or self._patience_exhausted()
 
     def _why_stopped(self) -> str:
         """Which budget ended training, in the words of its config key (a resumed run that had already stopped

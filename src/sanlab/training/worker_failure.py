@@ -193,6 +193,7 @@ def rerun_command(args) -> str:
     the checkpoints to resume from)."""
     command = ["sanlab", "train", args.config, "--run", args.run, "--nproc", str(args.nproc)]
     command += [x for o in args.overrides for x in ("--set", o)] + (["--device", args.device] if args.device else [])
+    command += ["--stop-after", args.stop_after] if args.stop_after else []
     command += [flag for flag, on in (("--quiet", args.quiet), ("--allow-changed-data", args.allow_changed_data)) if on]
     return shlex.join(command)
 

@@ -1,0 +1,71 @@
+"""``sanlab train --stop-after DURATION``: end a session cleanly at a wall-time limit, resumable exactly.
+
+A property of the invocation, not of the run: never written into the run's config, and a resume without it (or
+with another limit) continues the same run. The time counts from the start of the command (``started``), data
+preparation and model building included, as a scheduler's wall-time limit does. Under ``sanlab train --nproc N``
+the launcher passes its deadline to its workers (``DEADLINE_ENV``), so theirs counts from the same start.
+
+Nothing here imports torch: the command line parses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from dataclasses import dataclass
+
+# the launcher's deadline (seconds since the epoch, as time.time()) for the workers of `sanlab train --nproc N`
+DEADLINE_ENV = "SANLAB_STOP_AT"
+UNITS = {"s": 1, "m": 60, "h": 3600}
+_DURATION = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([smh])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``text``: a number with a unit, ``90s``, ``9m``, ``1.5h``. A bare number is refused: it would be
+    seconds to timeout(1) and hours to fairseq's --stop-time-hours. ValueError says why."""
+    found = _DURATION.fullmatch(text.strip().lower())
+    if found is None:
+        if re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", text.strip()):
+            raise ValueError(f"{text!r} has no unit: give one, e.g. {text.strip()}s or {text.strip()}m (s, m or h)")
+        raise ValueError(f"expected a duration such as 90s, 9m or 1.5h (a number and s, m or h), got {text!r}")
+    seconds = float(found.group(1)) * UNITS[found.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"expected a duration above 0, got {text!r}")
+    return seconds
+
+
+def duration_argument(text: str) -> str:
+    """argparse type of ``--stop-after`` (``train`` and ``compare``): checked here, kept as given (for messages)."""
+    try:
+        parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+@dataclass(frozen=True)
+class StopAfter:
+    """The limit as given (``text``, for messages) and the wall-clock time it ends (``deadline``, time.time())."""
+
+    text: str
+    deadline: float
+
+    @classmethod
+    def starting(cls, text: str, started: float | None = None) -> StopAfter:
+        """The limit ``text`` counted from ``started`` (time.time(); default now). In a worker of ``sanlab train
+        --nproc`` the launcher's deadline, which counts from the launcher's start."""
+        seconds = parse_duration(text)
+        inherited = os.environ.get(DEADLINE_ENV) if "WORLD_SIZE" in os.environ else None
+        if inherited:
+            return cls(text, float(inherited))
+        return cls(text, (time.time() if started is None else started) + seconds)
+
+    def reached(self) -> bool:
+        return time.time() >= self.deadline
+
+    def message(self, *, step: int, max_steps: int) -> str:
+        """The line a session the limit ended says (the CLI prints it, train.log ends with it)."""
+        return (f"stopped after {self.text} at update {step:,} of {max_steps:,} (--stop-after); rerun the same "
+                "command to resume")

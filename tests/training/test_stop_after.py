@@ -1,0 +1,207 @@
+"""``sanlab train --stop-after``: a session ended at a wall-time limit resumes to exactly the uninterrupted run:
+its weights, its metrics.jsonl records and the checkpoints it ends with. The clock is a stand-in that advances one
+second per look, so the limit falls on a chosen update (no real time is waited for or asserted)."""
+
+import itertools
+import json
+import types
+
+import pytest
+import torch
+
+from sanlab.runs import train_run
+from sanlab.training import stop_after as stop_after_module
+from sanlab.training.checkpoint import RESUME_ONLY, load_state
+from sanlab.training.stop_after import StopAfter
+from training_fixtures import final_weights
+
+# validations at 3, 6, 9 and 12, "train" records at 5 and 10: update 8 is neither (nor an epoch's end: checked
+# below), and the device was last read at 6 (the validation), so the updates 7 and 8 are unread at the stop
+SETTINGS = dict(max_steps=12, valid_every=3, log_every=5, keep_last=1, keep_best=1)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """time.time() for --stop-after: 0, 1, 2, ... one second a look (the loop looks once after each update);
+    calling the fixture's value starts it again at 0 (a new session)."""
+    import sanlab.cli
+
+    ticks = [itertools.count()]
+    fake = types.SimpleNamespace(time=lambda: float(next(ticks[0])))
+    monkeypatch.setattr(stop_after_module, "time", fake)
+    monkeypatch.setattr(sanlab.cli, "time", fake)  # (the command's start: its first look)
+    return lambda: ticks.__setitem__(0, itertools.count())
+
+
+def _limit_at(update: int) -> StopAfter:
+    """A limit the stand-in clock reaches at the look after ``update`` (the first look reads 0)."""
+    return StopAfter(f"{update}s", deadline=float(update - 1))
+
+
+def _records(run) -> list[dict]:
+    """metrics.jsonl without what measures time (tokens/s, the speed record)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "time")} for r in records
+            if r["split"] != "speed"]
+
+
+def _checkpoints(run) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+
+
+def _meta(run, name) -> dict:
+    return json.loads((run / "checkpoints" / name / "meta.json").read_text())
+
+
+def _assert_same_run(a, b):
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
+    assert _records(a) == _records(b)
+    assert _checkpoints(a) == _checkpoints(b)
+
+
+def test_a_run_stopped_between_validations_resumes_to_the_uninterrupted_run(tmp_path, tiny_translation, clock):
+    config = tiny_translation(**SETTINGS)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    train_run(config, straight, quiet=True)
+    summary = train_run(config, cut, quiet=True, stop_after=_limit_at(8))
+    assert summary["step"] == 8 and summary["stopped_after"] == "8s"
+    # the validated checkpoint of update 6 is kept beside the one to resume from (keep_last=1 counts validated ones)
+    assert _checkpoints(cut)[-2:] == ["step-00000006", "step-00000008"]
+    meta = _meta(cut, "step-00000008")
+    assert meta[RESUME_ONLY] is True and meta["metrics"] == {} and meta["score"] is None
+    assert 0 < meta["position"]  # inside an epoch
+    state = load_state(cut / "checkpoints" / "step-00000008")
+    assert state["interval"]["updates"] == 2  # updates 7 and 8: unread at the stop, their sums saved as read
+    assert [r["step"] for r in _records(cut) if r["split"] == "valid"] == [3, 6]  # no validation at the stop
+    last = (cut / "train.log").read_text().rstrip().splitlines()[-1]
+    assert last.endswith("stopped after 8s at update 8 of 12 (--stop-after); rerun the same command to resume")
+    assert (cut / "config.yaml").read_text() == (straight / "config.yaml").read_text()  # the session's, not the run's
+
+    resumed = train_run(config, cut, quiet=True)  # without the limit: the same run
+    assert resumed["step"] == 12 and resumed["stopped_after"] is None
+    _assert_same_run(straight, cut)
+    assert not any(_meta(cut, name).get(RESUME_ONLY) for name in _checkpoints(cut))
+    assert "finished at step 12" in (cut / "train.log").read_text()
+
+
+def test_each_session_cut_again_still_ends_as_the_uninterrupted_run(tmp_path, tiny_translation, clock):
+    """Two cuts in a row before the next validation (7, then 8): the second replaces the first's checkpoint."""
+    config = tiny_translation(**SETTINGS)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    train_run(config, straight, quiet=True)
+    train_run(config, cut, quiet=True, stop_after=_limit_at(7))
+    clock()  # (a new session: its clock starts again)
+    assert train_run(config, cut, quiet=True, stop_after=_limit_at(1))["step"] == 8
+    assert _checkpoints(cut)[-2:] == ["step-00000006", "step-00000008"]
+    train_run(config, cut, quiet=True)
+    _assert_same_run(straight, cut)
+
+
+def test_the_checkpoint_to_resume_from_pushes_no_validated_one_out_and_is_never_the_last(tmp_path, tiny_translation,
+                                                                                          clock):
+    """lr 0: every validation scores the same, and of equal scores the newest is the best, so keep_last=2 alone
+    decides which validated checkpoints stay."""
+    from sanlab.runs.trained import select_checkpoint
+
+    config = tiny_translation(max_steps=8, valid_every=3, keep_last=2, keep_best=1, lr=0.0, warmup_steps=0)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    train_run(config, straight, quiet=True)
+    train_run(config, cut, quiet=True, stop_after=_limit_at(7))
+    assert _checkpoints(cut) == ["step-00000003", "step-00000006", "step-00000007"]
+    assert select_checkpoint(cut, "last", config).name == select_checkpoint(cut, "best", config).name == "step-00000006"
+    train_run(config, cut, quiet=True)
+    _assert_same_run(straight, cut)
+    assert _checkpoints(cut) == ["step-00000006", "step-00000008"]
+
+
+def test_a_limit_at_a_validation_saves_no_other_checkpoint_and_at_the_end_changes_nothing(tmp_path,
+                                                                                           tiny_translation, clock):
+    config = tiny_translation(**SETTINGS)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    done = train_run(config, straight, quiet=True)
+    assert train_run(config, cut, quiet=True, stop_after=_limit_at(6))["stopped_after"] == "6s"
+    assert _checkpoints(cut)[-1] == "step-00000006" and not _meta(cut, "step-00000006").get(RESUME_ONLY)
+    clock()
+    # reached with the run's last update: the run finished, as without a limit
+    summary = train_run(config, cut, quiet=True, stop_after=_limit_at(6))
+    assert summary["step"] == 12 and summary["stopped_after"] is None and summary["best"] == done["best"]
+    _assert_same_run(straight, cut)
+
+
+def test_a_session_that_ends_before_the_limit_trains_as_without_it(tmp_path, tiny_translation):
+    config = tiny_translation(**SETTINGS)
+    summary = train_run(config, tmp_path / "run", quiet=True, stop_after=StopAfter.starting("1h"))
+    assert summary["step"] == 12 and summary["stopped_after"] is None
+    assert "reached train.max_steps = 12" in (tmp_path / "run" / "train.log").read_text().splitlines()[-1]
+
+
+def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit_finishes(tmp_path, tiny_translation,
+                                                                                         clock, capsys):
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(dump_config(tiny_translation(max_steps=6, valid_every=4, log_every=5)))
+    # the command's start reads 0; the looks after updates 1, 2 and 3 read 1, 2 and 3
+    assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "3s"]) == 0
+    assert capsys.readouterr().out == ("stopped after 3s at update 3 of 6 (--stop-after); rerun the same command to "
+                                       "resume\n")
+    assert "stop" not in (run / "config.yaml").read_text().replace(str(tmp_path), "")
+    assert main(["train", str(recipe), "--run", str(run), "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith("done: step 6, best bleu ")
+
+
+@pytest.mark.parametrize("argv, said", [("0s", "expected a duration above 0, got '0s'"),
+                                        ("90", "'90' has no unit: give one, e.g. 90s or 90m"),
+                                        ("soon", "expected a duration such as 90s, 9m or 1.5h")])
+def test_a_duration_that_is_not_one_is_a_usage_error(argv, said, capsys):
+    from sanlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "c.yaml", "--run", "r", "--stop-after", argv])
+    assert exit_.value.code == 2 and f"sanlab train: error: argument --stop-after: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("9m", 540), ("1.5h", 5400), (".5m", 30), ("2M", 120)])
+def test_durations(text, seconds):
+    assert stop_after_module.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text, said", [("0s", "above 0"), ("-5m", "above 0"), ("90", "no unit"),
+                                        ("9 min", "such as 90s"), ("", "such as 90s"), ("1h30m", "such as 90s")])
+def test_durations_refused(text, said):
+    with pytest.raises(ValueError, match=said):
+        stop_after_module.parse_duration(text)
+
+
+@pytest.mark.slow  # three launches of two processes: ~60 s on 2 cores
+@pytest.mark.usefixtures("private_tmpdir")
+def test_two_processes_stop_at_the_same_update_and_resume_to_the_uninterrupted_run(tmp_path, tiny_translation,
+                                                                                   capfd):
+    """Process 0 decides at the "train" records' updates (log_every=4) and tells the other: a limit that has passed
+    by the first of them (0.001s: the start alone takes longer) stops both after update 4, past the validation at
+    3, and the rerun without it ends as the uninterrupted two-process run."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(dump_config(tiny_translation(max_steps=8, valid_every=3, log_every=4)))
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main(["train", str(recipe), "--run", str(straight), "--nproc", "2", "--quiet"]) == 0
+    assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet", "--stop-after", "0.001s"]) == 0
+    assert "stopped after 0.001s at update 4 of 8 (--stop-after)" in capfd.readouterr().out
+    assert _checkpoints(cut) == ["step-00000003", "step-00000004"] and _meta(cut, "step-00000004")[RESUME_ONLY]
+    assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet"]) == 0
+    _assert_same_run(straight, cut)
+
+
+def test_a_worker_of_the_launcher_takes_the_launchers_deadline(monkeypatch):
+    """`sanlab train --nproc N`'s processes start later than the command: the limit counts from the command's start,
+    which the launcher passes on; a process outside a launch (no WORLD_SIZE) counts from its own start."""
+    monkeypatch.setenv(stop_after_module.DEADLINE_ENV, "1000.5")
+    assert StopAfter.starting("9m", started=50.0).deadline == 50.0 + 540
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert StopAfter.starting("9m", started=50.0) == StopAfter("9m", deadline=1000.5)
