@@ -23,7 +23,8 @@ demo: $(STAMP)
 # --dist loadfile: a file's tests run in one worker, in order, with its module fixtures built once.
 # PYTHONDONTWRITEBYTECODE (set in some images) makes pytest rewrite the asserts of every test module and Python
 # compile every module anew in each worker: collection took 14 s of CPU per worker with it, 5.5 s without
-# (__pycache__/ is git-ignored).
+# (__pycache__/ is git-ignored). Unexported for every target of this file, not only the tests': the others
+# (demo, test-torch, gpu-check) import the same modules and start faster with their bytecode cached too.
 unexport PYTHONDONTWRITEBYTECODE
 TEST_WORKERS ?= auto
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
