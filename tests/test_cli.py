@@ -849,3 +849,36 @@ def test_a_library_warning_under_a_callers_logging_is_printed_once(monkeypatch, 
         assert capsys.readouterr().err == "WARNING:sanlab.runs.trained:outside a command\n"  # the caller's, again
     finally:
         root.removeHandler(callers)
+
+
+def test_library_records_below_warning_reach_a_callers_logging_during_a_command(monkeypatch, capsys):
+    """The CLI's handler stops the library's warnings from propagating (they are printed once, as its own), but an
+    INFO record (sanlab.data.parallel's "skipped N pairs ...") still reaches a Python caller's root handlers (a
+    file log, caplog) while main() runs; the warning does not reach them."""
+    import logging
+
+    import sanlab.cli
+
+    def logs(args):
+        logging.getLogger("sanlab.data.parallel").info("skipped 2 pairs with an empty side")
+        logging.getLogger("sanlab.runs.trained").warning("the average is stale")
+        return 0
+    monkeypatch.setattr(sanlab.cli, "_cmd_env", logs)
+    records = []
+
+    class Callers(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.name, record.getMessage()))
+    callers = Callers(logging.DEBUG)
+    root, library = logging.getLogger(), logging.getLogger("sanlab")
+    root.addHandler(callers)
+    level = library.level
+    library.setLevel(logging.INFO)  # as a caller's configuration would (the root's default WARNING otherwise)
+    try:
+        assert main(["env"]) == 0
+        assert records == [("INFO", "sanlab.data.parallel", "skipped 2 pairs with an empty side")]
+        assert capsys.readouterr().err == "WARNING: the average is stale\n"   # once, by the CLI
+        assert library.propagate and not library.handlers  # as before the command
+    finally:
+        root.removeHandler(callers)
+        library.setLevel(level)

@@ -81,17 +81,32 @@ class _ConsoleWarnings(logging.Handler):
             self.handleError(record)
 
 
+class _BelowWarnings(logging.Handler):
+    """What the ``sanlab`` logger no longer propagates while the CLI prints its warnings, less those warnings: the
+    records below WARNING (INFO, DEBUG) go on to the root logger's handlers (a caller's file log, caplog)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING and super().filter(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger().handle(record)
+
+
 def print_library_warnings() -> Callable[[], None]:
     """From now on what the library logs at WARNING or above is printed on stderr as "WARNING: ..." (without it
     Python's last resort prints the bare message), and only there: the ``sanlab`` logger stops propagating, or a
-    caller's logging configuration (a root handler) would print it a second time. Returns the undo."""
-    handler, logger = _ConsoleWarnings(), logging.getLogger("sanlab")
+    caller's logging configuration (a root handler) would print it a second time; its records below WARNING still
+    reach the root's handlers (a second handler passes them on). Returns the undo."""
+    logger = logging.getLogger("sanlab")
     propagate = logger.propagate
-    logger.addHandler(handler)
+    handlers = [_ConsoleWarnings(), *([_BelowWarnings()] if propagate else [])]  # a caller's propagate=False kept
+    for handler in handlers:
+        logger.addHandler(handler)
     logger.propagate = False
 
     def undo() -> None:
-        logger.removeHandler(handler)
+        for handler in handlers:
+            logger.removeHandler(handler)
         logger.propagate = propagate
     return undo
 
