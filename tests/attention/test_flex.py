@@ -254,3 +254,29 @@ def test_past_the_recompile_limit_the_kernel_runs_uncompiled_even_where_training
     x = torch.arange(10.0)
     with torch._dynamo.config.patch({fail: True}):  # as train.compile leaves the process
         assert [float(run(x, n)) for n in range(1, 6)] == [float(x[:n].sum()) for n in range(1, 6)]
+
+
+def test_a_tensor_a_score_mod_captures_gets_its_gradient_when_q_k_v_need_none():
+    """Gaussian parts' score_mod captures their predicted centres and widths: those need a gradient even where
+    q, k and v need none (frozen projections). The reference's eager shortcut (no dynamo trace) is for autograd
+    off only; taken whenever q, k, v needed no gradient, it lost the captured tensor's (output without grad_fn)."""
+    g = torch.Generator().manual_seed(5)
+    b, h, i, j, d = 2, 3, 4, 5, 8
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for n in (i, j, j))
+    slope = torch.randn(h, generator=g, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(b, h, i, d, generator=g, dtype=torch.float64)
+
+    def score_mod(score, b_, h_, q_idx, kv_idx):
+        return score + slope[h_] * (q_idx - kv_idx)
+
+    out = flex._reference(q, k, v, score_mod, None, 0.5)
+    assert out.requires_grad
+    (found,) = torch.autograd.grad((out * probe).sum(), slope)
+    distance = (torch.arange(i)[:, None] - torch.arange(j)[None]).to(torch.float64)  # [i, j]
+    scores = q @ k.transpose(-1, -2) * 0.5 + slope[None, :, None, None] * distance
+    expected_out = scores.softmax(-1) @ v
+    (expected,) = torch.autograd.grad((expected_out * probe).sum(), slope)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(found, expected)
+    with torch.no_grad():  # the shortcut's case (decoding): the same values
+        torch.testing.assert_close(flex._reference(q, k, v, score_mod, None, 0.5), expected_out.detach())

@@ -145,9 +145,10 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask, scale: fl
 
     The public function refuses a backward on the CPU; its reference operator (the higher-order op traced by
     dynamo with the eager backend, which lifts the tensors the mods capture so that they get gradients) has one.
-    Private torch API, used by the CPU tests of this plan only; checked on torch 2.13. Without a backward to
-    build (no_grad, as decoding runs, or inputs that need no gradient) the operator runs eagerly: the same
-    computation without a dynamo trace of the mods per call (about 0.1 s each on the CPU tests' tiny shapes).
+    Private torch API, used by the CPU tests of this plan only; checked on torch 2.13. With autograd off (no_grad,
+    as decoding runs) the operator runs eagerly: the same computation without a dynamo trace of the mods per call
+    (about 0.1 s each on the CPU tests' tiny shapes). Not merely when q, k, v need no gradient: a tensor a mod
+    captures (a Gaussian part's predicted centres) may need one, and run eagerly it would get none.
     """
     from torch._dynamo.utils import disable_cache_limit
     from torch._higher_order_ops.flex_attention import flex_attention as operator
@@ -158,8 +159,8 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask, scale: fl
 
     options = _apply_kernel_options(q, k, v, False, None)
     block_mask = block_mask if block_mask is not None else _create_empty_block_mask(q, k)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        # no backward (decoding, evaluation): the operator runs eagerly, without a dynamo trace per call
+    if not torch.is_grad_enabled():
+        # no backward (decoding): the operator runs eagerly, without a dynamo trace per call
         return operator(q, k, v, score_mod or _identity, block_mask.as_tuple(), scale, options)[0]
     with disable_cache_limit():  # every call traces its own mods
         run = torch.compile(call, backend="eager", fullgraph=True)
