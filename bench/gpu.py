@@ -76,6 +76,16 @@ def make_batch(vocab: int, *, tokens: int, length: int, device: torch.device, se
     return src.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)
 
 
+def check_length(parser: argparse.ArgumentParser, cells: list[Cell], length: int) -> None:
+    """Refuse (status 2) a ``--length`` past a variant's ``model.max_positions``: its model refuses such sentences
+    (a ValueError), which stopped the bench midway, after the rows before it."""
+    for cell in cells:
+        limit = cell.config.model.max_positions
+        if length > limit:
+            parser.error(f"--length {length}: longer than variant {cell.variant}'s model.max_positions ({limit}); "
+                         f"give at most {limit} (or raise it with --set model.max_positions=...)")
+
+
 def make_step(model, batch, precision: str, device: torch.device, *, compiled: bool, backend: str = "inductor",
               optimize: bool = True, deterministic: bool = False):
     """One update: forward, loss, backward and (``optimize``) the optimizer's step; (``deterministic``) under
@@ -267,7 +277,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--tokens", type=int, default=25_000, help="target tokens per update (CSAN's ~25k)")
-    p.add_argument("--length", type=int, default=64, help="source and target length of every sentence")
+    p.add_argument("--length", type=int, default=64, help="source and target length of every sentence (at most model.max_positions)")
     p.add_argument("--compile", nargs="*", metavar="VARIANT",
                    help="also time these variants (all, if none is named) under torch.compile")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager/aot_eager: tests)")
@@ -293,6 +303,7 @@ def main() -> None:
     cells = bench_cells(grid, args)
     if cells[0].config.task != "translation":  # (its batch and FLOPs are a Seq2Seq model's)
         p.error(f"{args.grid}: the GPU bench times translation models, this grid is {cells[0].config.task}")
+    check_length(p, cells, args.length)
     refuse_unknown_variants(grid, "--compile", args.compile)
     refuse_unknown_variants(grid, "--deterministic", args.deterministic)
     vocab = cells[0].config.data.subword.vocab_size

@@ -183,17 +183,24 @@ def test_block_layer_bench_times_every_path_against_the_reference():
     assert float(rows[1][5]) == float(rows[2][5]) < float(rows[0][5])  # fewer passes over the pair tensors
 
 
-def test_a_gpu_bench_row_that_cannot_be_built_is_named_and_the_others_kept(monkeypatch):
-    """A compiled or deterministic row that fails (a compiler error, an operator without a deterministic form on
-    CUDA) is named under the table; the rows of the other variants are still timed and written."""
+def _gpu_bench_module(monkeypatch):
+    """bench/gpu.py imported in this process (its functions, without a subprocess that imports torch anew)."""
     import importlib.util
-    from types import SimpleNamespace
 
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # (its own imports: grid_speed, op_count)
     spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
     gpu = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_gpu", gpu)  # (its dataclasses look their module up there)
     spec.loader.exec_module(gpu)
+    return gpu
+
+
+def test_a_gpu_bench_row_that_cannot_be_built_is_named_and_the_others_kept(monkeypatch):
+    """A compiled or deterministic row that fails (a compiler error, an operator without a deterministic form on
+    CUDA) is named under the table; the rows of the other variants are still timed and written."""
+    from types import SimpleNamespace
+
+    gpu = _gpu_bench_module(monkeypatch)
     steps = []
 
     def build(cell):
@@ -207,6 +214,25 @@ def test_a_gpu_bench_row_that_cannot_be_built_is_named_and_the_others_kept(monke
     assert [r.name for r in rows] == ["vanilla", "Block"] and steps == ["vanilla", "Block"]
     assert failed == ["Rel_Pos (deterministic): RuntimeError: scatter_add_cuda_kernel does not have a deterministic "
                       "implementation"]
+
+
+def test_the_gpu_bench_refuses_a_length_past_a_variants_max_positions(monkeypatch, capsys):
+    """--length L builds sentences of L tokens (targets of L + 1, shifted): past a variant's model.max_positions the
+    model refuses them (ValueError) after the rows before it had been built and timed. Refused up front, naming the
+    limit and the variant."""
+    import argparse
+    from types import SimpleNamespace
+
+    gpu = _gpu_bench_module(monkeypatch)
+    cells = [SimpleNamespace(variant=v, config=SimpleNamespace(model=SimpleNamespace(max_positions=n)))
+             for v, n in (("vanilla", 1024), ("CNNs", 128))]
+    parser = argparse.ArgumentParser(prog="gpu.py")
+    gpu.check_length(parser, cells, 128)  # the longest both take
+    with pytest.raises(SystemExit) as stop:
+        gpu.check_length(parser, cells, 129)
+    assert stop.value.code == 2
+    assert ("gpu.py: error: --length 129: longer than variant CNNs's model.max_positions (128)"
+            in capsys.readouterr().err)
 
 
 def _bench(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
