@@ -277,7 +277,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--tokens", type=int, default=25_000, help="target tokens per update (CSAN's ~25k)")
-    p.add_argument("--length", type=int, default=64, help="source and target length of every sentence (at most model.max_positions)")
+    p.add_argument("--length", type=int, default=64,
+                   help="source and target length of every sentence (at most model.max_positions)")
     p.add_argument("--compile", nargs="*", metavar="VARIANT",
                    help="also time these variants (all, if none is named) under torch.compile")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager/aot_eager: tests)")
