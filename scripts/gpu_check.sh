@@ -39,9 +39,10 @@
 # Writes $REPORT_DIR/gpu.md (default: $OUT on the device tool's machine, else runs/gpu-check) and the logs beside it;
 # a step that fails does not stop the others, and the call then exits 1 with the failed steps named at the end of the
 # report (a training slice that --stop-after or TRAIN_MINUTES ended has not failed, nor has a table1 cell cut off by
-# --stop-after or TABLE1_MINUTES: the report says so; a table1 cell, dev decode or table that fails has). Exit status: 0 every step
-# ran well, 1 a step failed, 2 nothing ran: a usage error (an unknown GPU_STEPS name, minutes that are not a
-# whole number above 0) or what a step needs is missing (the data, the grid's sentencepiece). Every command reads
+# --stop-after or TABLE1_MINUTES: the report says so, with compare's line for each cell stopped or not begun; a
+# table1 cell, dev decode or table that fails has). Exit status: 0 every step ran well, 1 a step failed, 2 nothing
+# ran: a usage error (an unknown GPU_STEPS name, minutes that are not a whole number above 0, a STOP_MARGIN that is
+# not a whole number without a leading zero) or what a step needs is missing (the data, the grid's sentencepiece). Every command reads
 # /dev/null, never the caller's standard input (nor, in the table1 loop, the list of cells it reads). What a
 # lease measured is committed by hand, as results/gpu.md and results/gpu/ (the report holds logs and partial tables,
 # not a write-up).
@@ -123,10 +124,20 @@ for minutes in TRAIN_MINUTES TABLE1_MINUTES; do  # 0 was `timeout 0`: no limit a
     [[ "$value" =~ ^[1-9][0-9]*$ ]] || usage "$minutes must be a whole number of minutes above 0, not '$value'"
 done
 STOP_MARGIN=${STOP_MARGIN:-45}
-[[ "$STOP_MARGIN" =~ ^[0-9]+$ ]] || usage "STOP_MARGIN must be a whole number of seconds, not '$STOP_MARGIN'"
+# no leading zero: bash arithmetic reads 08 as octal (an error), 010 as 8
+[[ "$STOP_MARGIN" =~ ^(0|[1-9][0-9]*)$ ]] ||
+    usage "STOP_MARGIN must be a whole number of seconds without a leading zero, not '$STOP_MARGIN'"
 # --stop-after for a command its timeout ends after $1 seconds: STOP_MARGIN before it (half the time if shorter), so
 # that the command ends itself, resumably, and the timeout only guards against a hang
 stop_after() { echo "$(( $1 > 2 * STOP_MARGIN ? $1 - STOP_MARGIN : $1 / 2 ))s"; }
+# the last $1 lines of compare's output (its table), after its earlier lines that say a cell was cut off by
+# --stop-after (stopped at an update, or not begun): compare then exits 0, and the report would not say so
+tail_and_cuts() {
+    awk -v n="$1" 'NR > n && line[NR % n] ~ /stopped at update|not begun: past --stop-after/ {
+                       print line[NR % n] }
+                   { line[NR % n] = $0 }
+                   END { for (i = (NR > n ? NR - n + 1 : 1); i <= NR; i++) print line[i % n] }'
+}
 
 # all: every step but table1, also beside other names (GPU_STEPS=all,table1 ran table1 alone)
 wants() { { [[ ",$STEPS," == *",all,"* ]] && [ "$1" != table1 ]; } || [[ ",$STEPS," == *",$1,"* ]] ||
@@ -307,7 +318,7 @@ if wants table1; then
         # shellcheck disable=SC2086  # a list of arguments
         left=$(( deadline - $(date +%s) ))
         timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --stop-after "$(stop_after "$left")" \
-            $TABLE1_ARGS 2>&1 | tail -n 20 | tee -a "$report"
+            $TABLE1_ARGS 2>&1 | tail_and_cuts 20 | tee -a "$report"
         status=${PIPESTATUS[0]}
         if [ "$status" -eq 124 ]; then
             echo "TABLE1_MINUTES ran out: its unfinished cell is lost" | tee -a "$report"
@@ -340,7 +351,7 @@ EOF
             began=$(date +%s)
             # < /dev/null: the loop's input is the list of cells, which the command would otherwise read from
             timeout "$left" $PY -m sanlab compare "$grid" --device "$DEVICE" --quiet --stop-after "$(stop_after "$left")" \
-                --only "$name" --seed "$seed" < /dev/null 2>&1 | tail -n 3
+                --only "$name" --seed "$seed" < /dev/null 2>&1 | tail_and_cuts 3
             status=${PIPESTATUS[0]}
             if [ "$status" -eq 124 ]; then
                 echo "TABLE1_MINUTES ran out during $name seed $seed: that cell is lost"

@@ -134,6 +134,9 @@ def _gpu_check(repo: Path, tmp_path, **env) -> subprocess.CompletedProcess:
     ({"GPU_STEPS": "env,tets"}, "GPU_STEPS: no step named 'tets'; the steps: all env tests bench"),
     ({"GPU_STEPS": "train", "TRAIN_MINUTES": "0"}, "TRAIN_MINUTES must be a whole number of minutes above 0, not '0'"),
     ({"GPU_STEPS": "env", "TABLE1_MINUTES": "1.5"}, "TABLE1_MINUTES must be a whole number of minutes above 0"),
+    # a leading zero: bash arithmetic reads 08 as octal, and stop_after ended in an error
+    ({"GPU_STEPS": "env", "STOP_MARGIN": "08"}, "STOP_MARGIN must be a whole number of seconds without a leading "
+                                                "zero, not '08'"),
 ])
 def test_a_usage_error_exits_2_before_anything_runs(tmp_path, env, said):
     """A misspelt step ran nothing and exited 0; TRAIN_MINUTES=0 was `timeout 0`, which is no limit at all."""
@@ -168,17 +171,24 @@ def test_the_env_steps_timeout_is_overridable_and_a_timeout_fails_the_call(tmp_p
     assert done.returncode == 1 and "Failed: env (exit 124)" in (tmp_path / "r" / "gpu.md").read_text()
 
 
-def _table1_python(tmp_path, *, cell_status: int, evaluate_status: int = 0) -> Path:
+def _table1_python(tmp_path, *, cell_status: int, evaluate_status: int = 0, cut: bool = False) -> Path:
     """A stand-in python for the table1 step: lists two pending cells, says the grid's sentencepiece version,
     'trains' a cell by reading its standard input, scoring it (its compare-eval.json) and exiting with
     ``cell_status``, and decodes a cell's dev set: Block's (waited for first) in a second, with success; vanilla's
-    at once, exiting with ``evaluate_status``."""
+    at once, exiting with ``evaluate_status``. ``cut``: compare's --stop-after cuts each cell instead (exit 0, no
+    score): vanilla stopped at an update, Block not begun, each said on stderr before a 25-line table."""
     python = tmp_path / "table1-python"
+    cut_cells = """
+  *"--only vanilla"*) cat > /dev/null
+             echo "[1/1] vanilla seed 1: trained: stopped at update 1,200 of 100,000 by --stop-after 3m; resumable \\
+(3m 0s)" >&2; seq 25 | sed 's/.*/| table row & |/' ;;
+  *"--only Block"*) cat > /dev/null
+             echo "[1/1] Block seed 1: not begun: past --stop-after 3m (0s)" >&2; seq 25 | sed 's/.*/| table row & |/' ;;"""
     python.write_text(f"""#!/bin/bash
 echo "$*" >> "{tmp_path}/calls.log"
 case "$*" in
   "- "*" start") printf 'vanilla\\t1\\nBlock\\t1\\n' ;;
-  "-c "*) echo 0.2.3 ;;
+  "-c "*) echo 0.2.3 ;;{cut_cells if cut else ""}
   *"--only"*) cat > /dev/null; all="$*" only="${{all#*--only }}"; cell=results/compare/csan-table1-multi30k/${{only%% *}}/seed-1
              mkdir -p $cell
              echo '{{}}' > $cell/compare-eval.json; echo "cell done"; exit {cell_status} ;;
@@ -208,6 +218,25 @@ def test_a_failed_table1_cell_fails_the_call_and_no_cell_eats_the_list(tmp_path,
     else:
         assert done.returncode == 1, done.stdout + done.stderr
         assert "table1: vanilla seed 1 failed (exit 3)" in report and "Failed: table1 (a cell) (exit 1)" in report
+
+
+@pytest.mark.parametrize("table1_args", [None, "--only vanilla --seed 1 --set train.threads=2"])
+def test_a_table1_cell_cut_by_stop_after_is_named_in_the_report(tmp_path, table1_args):
+    """compare exits 0 when --stop-after cuts a cell (resumable, not failed), and the step kept only the last lines
+    of its output, the table: the stderr line saying the cell was stopped or not begun was dropped, so the report
+    said nothing of the cut. Both forms of the step: the loop over the grid's cells, and TABLE1_ARGS."""
+    repo = _bare_copy(tmp_path)
+    env = dict(GPU_STEPS="table1", GPU_DATA=str(_data(tmp_path)),
+               PYTHON=str(_table1_python(tmp_path, cell_status=0, cut=True)))
+    if table1_args:
+        env["TABLE1_ARGS"] = table1_args
+    done = _gpu_check(repo, tmp_path, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = (tmp_path / "r" / "gpu.md").read_text()
+    assert ("[1/1] vanilla seed 1: trained: stopped at update 1,200 of 100,000 by --stop-after 3m; resumable"
+            in report), report
+    assert ("[1/1] Block seed 1: not begun: past --stop-after 3m" in report) == (table1_args is None), report
+    assert "| table row 25 |" in report and "Failed" not in report  # the table still ends it; not a failure
 
 
 def test_a_failed_dev_decode_of_a_table1_cell_fails_the_call(tmp_path):
