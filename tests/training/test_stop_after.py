@@ -250,3 +250,42 @@ def test_a_cut_at_an_epochs_end_with_max_epochs_lowered_to_it_ends_as_a_run_of_t
     assert [r["step"] for r in _records(cut) if r["split"] == "valid"] == [4, 6]
     _assert_ends_alike(straight, cut, lowered)
     assert "reached train.max_epochs = 1" in (cut / "train.log").read_text().splitlines()[-1]
+
+
+def test_a_stale_resume_only_checkpoint_is_discarded_and_nothing_else(tmp_path):
+    """A crash between writing latest.json and pruning leaves an older resume-only checkpoint: the next session's
+    resume discards it, keeping the one resumed from, every validated one, and whatever sanlab did not write."""
+    from sanlab.training.checkpoint import CheckpointManager, checkpoint_names
+
+    directory = tmp_path / "checkpoints"
+    for step, meta in {3: {"score": 1.0}, 5: {RESUME_ONLY: True}, 6: {"score": 2.0}, 7: {RESUME_ONLY: True}}.items():
+        (directory / f"step-{step:08d}").mkdir(parents=True)
+        (directory / f"step-{step:08d}" / "meta.json").write_text(json.dumps({"step": step, "epoch": 0, **meta}))
+    (directory / "step-00000005.bak").mkdir()  # a user's copy of the stale one: not a checkpoint
+    (directory / "step-00000005.bak" / "meta.json").write_text(json.dumps({"step": 5, RESUME_ONLY: True}))
+    (directory / "step-notes.txt").write_text("mine\n")
+    manager = CheckpointManager(tmp_path, keep_best=0, keep_last=0, higher_is_better=True)
+    manager.discard_resume_only(but=directory / "step-00000007")
+    assert checkpoint_names(tmp_path) == ["step-00000003", "step-00000006", "step-00000007"]
+    assert (directory / "step-00000005.bak" / "meta.json").is_file() and (directory / "step-notes.txt").is_file()
+    manager.discard_resume_only(but=directory / "step-00000006")  # resumed from a validated one: none stays
+    assert checkpoint_names(tmp_path) == ["step-00000003", "step-00000006"]
+
+
+@pytest.mark.slow  # three runs: ~7 s
+def test_a_resume_only_checkpoint_left_by_a_crash_before_pruning_goes_at_the_next_resume(tmp_path, tiny_translation,
+                                                                                       clock, monkeypatch):
+    """Cut at 7; the next session saves update 9 (validated) and crashes before pruning, so step-7 stays; a rerun
+    whose budget ends at 9 saves nothing, yet step-7 goes."""
+    from sanlab.training.checkpoint import CheckpointManager
+
+    config, lowered = tiny_translation(**SETTINGS), tiny_translation(**{**SETTINGS, "max_steps": 9})
+    cut = tmp_path / "cut"
+    train_run(config, cut, quiet=True, stop_after=_limit_at(7))
+    with monkeypatch.context() as crash:
+        crash.setattr(CheckpointManager, "prune", lambda self: None)
+        train_run(lowered, cut, quiet=True)
+    before = _checkpoints(cut)
+    assert "step-00000007" in before and _meta(cut, "step-00000007")[RESUME_ONLY]
+    assert train_run(lowered, cut, quiet=True)["step"] == 9
+    assert _checkpoints(cut) == [name for name in before if name != "step-00000007"]

@@ -161,6 +161,7 @@ class Trainer:
             if self.dist.is_main:
                 # written after `latest` by a run that then crashed, or damaged: training on replaces them
                 self.checkpoints.discard_after(self.progress.step)
+                self.checkpoints.discard_resume_only(but=latest)  # an older one left by a crash before pruning
                 reached = self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
             redone = ("" if reached is None else f"; the interrupted session had logged updates up to {reached:,}: "
                       f"those after {self.progress.step:,} are done again and their records replaced")
