@@ -1007,9 +1007,12 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
     monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(time=lambda: float(next(ticks))))
     compare = dict(overrides=TINY, runs_dir=str(tmp_path), only=["1D-CSAN"], quiet=True, command="test")
     assert run_compare(str(SMOKE), **compare, stop_after=StopAfter("3s", deadline=3.0)) == 0
-    said = capsys.readouterr().err
-    assert "[1/2] 1D-CSAN / seed 0: trained: stopped at update 3 of 4 by --stop-after 3s; resumable (" in said, said
+    printed = capsys.readouterr()
+    said = printed.err
+    assert "[1/2] 1D-CSAN / seed 0: stopped at update 3 of 4 by --stop-after 3s; resumable (" in said, said
     assert "[2/2] 1D-CSAN / seed 1: not begun: past --stop-after 3s (" in said and "FAILED" not in said
+    assert printed.out.rstrip().splitlines()[-1] == ("NOT FINISHED: 2 cell(s) left by --stop-after 3s, resumable (run "
+                                                     "the same command again): 1D-CSAN / seed 0, 1D-CSAN / seed 1")
     grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
     first, second = select_cells(grid, only=["1D-CSAN"])
     assert cell_state(first, grid.spec.eval).step == 3 and cell_state(first, grid.spec.eval).status == "training"
@@ -1021,3 +1024,80 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
     assert run_compare(str(SMOKE), **compare) == 0
     assert _statuses(grid, [first, second]) == {("1D-CSAN", 0): "evaluated", ("1D-CSAN", 1): "evaluated"}
     assert "resumed from" in (first.run_dir / "train.log").read_text()
+
+
+# ----------------------------------------------------------------------------- --stop-after, fast
+def _past_the_limit():
+    from sanlab.training.stop_after import StopAfter
+
+    return StopAfter("3s", deadline=0.0)  # reached at the first look
+
+
+@pytest.mark.parametrize("status, step, said", [
+    ("pending", None, "not begun: past --stop-after 3s"),
+    ("training", 2, "not resumed: past --stop-after 3s"),  # trained partway by an earlier invocation
+    ("trained", 4, "trained, not evaluated: past --stop-after 3s")])
+def test_a_cell_reached_after_the_limit_is_reported_as_it_is(tmp_path, monkeypatch, status, step, said):
+    from sanlab.experiments.cells import run_cell
+    from sanlab.experiments.grid_state import CellState
+    from sanlab.experiments.running import outcome_line
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cell = grid.cells[0]
+    monkeypatch.setattr(cells_module, "cell_state", lambda c, spec: CellState(status, step=step))
+    monkeypatch.setattr(cells_module, "train_cell", lambda *a, **k: pytest.fail("trained past the limit"))
+    monkeypatch.setattr(cells_module, "evaluate_cell", lambda *a, **k: pytest.fail("evaluated past the limit"))
+    outcome = run_cell(cell, grid.spec.eval, quiet=True, stop_after=_past_the_limit())
+    assert (outcome.trained, outcome.evaluated, outcome.error, outcome.stopped) == (False, False, None, said)
+    assert outcome_line(outcome, done=1, total=2) == f"[1/2] {cell.label}: {said} (<0.1s)"
+
+
+def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, monkeypatch):
+    """Trained in this invocation, and the limit passed at its end: "trained, not evaluated", once."""
+    from sanlab.experiments.cells import run_cell
+    from sanlab.experiments.grid_state import CellState
+    from sanlab.experiments.running import outcome_line
+    from sanlab.training.stop_after import StopAfter
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cell = grid.cells[0]
+    limit = StopAfter("3s", deadline=float("inf"))
+    monkeypatch.setattr(cells_module, "cell_state", lambda c, spec: CellState("pending"))
+
+    def train(*args, **kwargs):
+        object.__setattr__(limit, "deadline", 0.0)  # the limit passes during the cell's last update
+        return {"step": 4}
+
+    monkeypatch.setattr(cells_module, "train_cell", train)
+    monkeypatch.setattr(cells_module, "evaluate_cell", lambda *a, **k: pytest.fail("evaluated past the limit"))
+    outcome = run_cell(cell, grid.spec.eval, quiet=True, stop_after=limit)
+    assert (outcome.trained, outcome.evaluated, outcome.error) == (True, False, None)
+    line = outcome_line(outcome, done=1, total=1)
+    assert line == f"[1/1] {cell.label}: trained, not evaluated: past --stop-after 3s (<0.1s)"
+    cut = cells_module.CellOutcome(cell, True, False, 0.01, stopped="stopped at update 3 of 4 by --stop-after 3s; "
+                                                                    "resumable")
+    assert outcome_line(cut, done=1, total=1) == (f"[1/1] {cell.label}: stopped at update 3 of 4 by --stop-after "
+                                                  "3s; resumable (<0.1s)")
+
+
+@pytest.mark.parametrize("mode", ["table_only", "dry_run", "rescore"])
+def test_stop_after_with_a_mode_that_trains_nothing_is_refused(tmp_path, mode):
+    with pytest.raises(ConfigError, match=f"--stop-after with --{mode.replace('_', '-')}, which trains no cell"):
+        run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), stop_after=_past_the_limit(), **{mode: True})
+
+
+def test_the_cells_the_limit_left_are_listed_again_at_the_end(tmp_path, monkeypatch, capsys):
+    """Like FAILED cells, those --stop-after left are named after the table, so an incomplete grid shows at the
+    end; the exit status stays 0."""
+    from sanlab.experiments import compare as compare_module
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    left = [cells_module.CellOutcome(c, False, False, 0.0, stopped="not begun: past --stop-after 3s")
+            for c in grid.cells]
+    monkeypatch.setattr(compare_module, "run_grid", lambda grid, cells, **kwargs: left)
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), command="test",
+                       stop_after=_past_the_limit()) == 0
+    out = capsys.readouterr().out.rstrip().splitlines()
+    labels = ", ".join(c.label for c in grid.cells)
+    assert out[-1] == (f"NOT FINISHED: {len(grid.cells)} cell(s) left by --stop-after 3s, resumable (run the same "
+                       f"command again): {labels}")

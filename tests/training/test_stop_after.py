@@ -205,3 +205,87 @@ def test_a_worker_of_the_launcher_takes_the_launchers_deadline(monkeypatch):
     assert StopAfter.starting("9m", started=50.0).deadline == 50.0 + 540
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert StopAfter.starting("9m", started=50.0) == StopAfter("9m", deadline=1000.5)
+
+
+def _assert_ends_alike(a, b, config):
+    """The same run, and the same weights under `--checkpoint last` and `best`."""
+    from sanlab.runs.trained import select_checkpoint
+
+    _assert_same_run(a, b)
+    for which in ("last", "best"):
+        ca, cb = select_checkpoint(a, which, config), select_checkpoint(b, which, config)
+        assert ca.name == cb.name and _meta(a, ca.name).get("score") == _meta(b, cb.name).get("score")
+        assert (ca / "model.safetensors").read_bytes() == (cb / "model.safetensors").read_bytes(), which
+
+
+@pytest.mark.slow  # three runs: ~9 s
+def test_a_budget_lowered_to_the_update_of_a_cut_ends_as_a_run_trained_to_it(tmp_path, tiny_translation, clock):
+    """Cut at update 8 (between the validations at 6 and 9), then resumed with train.max_steps=8: the rerun trains
+    no update but validates and saves update 8, as a run of 8 updates does; the checkpoint it resumed from goes."""
+    config, lowered = tiny_translation(**SETTINGS), tiny_translation(**{**SETTINGS, "max_steps": 8})
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    done = train_run(lowered, straight, quiet=True)
+    train_run(config, cut, quiet=True, stop_after=_limit_at(8))
+    summary = train_run(lowered, cut, quiet=True)
+    assert summary["step"] == 8 and summary["stopped_after"] is None and summary["best"] == done["best"]
+    assert [r["step"] for r in _records(cut) if r["split"] == "valid"] == [3, 6, 8]
+    _assert_ends_alike(straight, cut, lowered)
+    assert not any(_meta(cut, name).get(RESUME_ONLY) for name in _checkpoints(cut))
+    assert "finished at step 8" in (cut / "train.log").read_text().splitlines()[-1]
+
+
+@pytest.mark.slow  # three runs: ~9 s
+def test_a_cut_at_an_epochs_end_with_max_epochs_lowered_to_it_ends_as_a_run_of_those_epochs(tmp_path, tiny_translation,
+                                                                                           clock):
+    """An epoch is 6 updates; validations every 4: the cut at update 6 ends epoch 0 between two of them."""
+    settings = dict(max_epochs=2, valid_every=4, log_every=5, keep_last=1, keep_best=1)
+    config, lowered = tiny_translation(**settings), tiny_translation(**{**settings, "max_epochs": 1})
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert train_run(lowered, straight, quiet=True)["step"] == 6
+    train_run(config, cut, quiet=True, stop_after=_limit_at(6))
+    meta = _meta(cut, "step-00000006")
+    assert meta[RESUME_ONLY] and (meta["epoch"], meta["position"]) == (1, 0)  # at the epoch's end
+    summary = train_run(lowered, cut, quiet=True)
+    assert (summary["step"], summary["epoch"], summary["stopped_after"]) == (6, 1, None)
+    assert [r["step"] for r in _records(cut) if r["split"] == "valid"] == [4, 6]
+    _assert_ends_alike(straight, cut, lowered)
+    assert "reached train.max_epochs = 1" in (cut / "train.log").read_text().splitlines()[-1]
+
+
+def test_a_stale_resume_only_checkpoint_is_discarded_and_nothing_else(tmp_path):
+    """A crash between writing latest.json and pruning leaves an older resume-only checkpoint: the next session's
+    resume discards it, keeping the one resumed from, every validated one, and whatever sanlab did not write."""
+    from sanlab.training.checkpoint import CheckpointManager, checkpoint_names
+
+    directory = tmp_path / "checkpoints"
+    for step, meta in {3: {"score": 1.0}, 5: {RESUME_ONLY: True}, 6: {"score": 2.0}, 7: {RESUME_ONLY: True}}.items():
+        (directory / f"step-{step:08d}").mkdir(parents=True)
+        (directory / f"step-{step:08d}" / "meta.json").write_text(json.dumps({"step": step, "epoch": 0, **meta}))
+    (directory / "step-00000005.bak").mkdir()  # a user's copy of the stale one: not a checkpoint
+    (directory / "step-00000005.bak" / "meta.json").write_text(json.dumps({"step": 5, RESUME_ONLY: True}))
+    (directory / "step-notes.txt").write_text("mine\n")
+    manager = CheckpointManager(tmp_path, keep_best=0, keep_last=0, higher_is_better=True)
+    manager.discard_resume_only(but=directory / "step-00000007")
+    assert checkpoint_names(tmp_path) == ["step-00000003", "step-00000006", "step-00000007"]
+    assert (directory / "step-00000005.bak" / "meta.json").is_file() and (directory / "step-notes.txt").is_file()
+    manager.discard_resume_only(but=directory / "step-00000006")  # resumed from a validated one: none stays
+    assert checkpoint_names(tmp_path) == ["step-00000003", "step-00000006"]
+
+
+@pytest.mark.slow  # three runs: ~7 s
+def test_a_resume_only_checkpoint_left_by_a_crash_before_pruning_goes_at_the_next_resume(tmp_path, tiny_translation,
+                                                                                       clock, monkeypatch):
+    """Cut at 7; the next session saves update 9 (validated) and crashes before pruning, so step-7 stays; a rerun
+    whose budget ends at 9 saves nothing, yet step-7 goes."""
+    from sanlab.training.checkpoint import CheckpointManager
+
+    config, lowered = tiny_translation(**SETTINGS), tiny_translation(**{**SETTINGS, "max_steps": 9})
+    cut = tmp_path / "cut"
+    train_run(config, cut, quiet=True, stop_after=_limit_at(7))
+    with monkeypatch.context() as crash:
+        crash.setattr(CheckpointManager, "prune", lambda self: None)
+        train_run(lowered, cut, quiet=True)
+    before = _checkpoints(cut)
+    assert "step-00000007" in before and _meta(cut, "step-00000007")[RESUME_ONLY]
+    assert train_run(lowered, cut, quiet=True)["step"] == 9
+    assert _checkpoints(cut) == [name for name in before if name != "step-00000007"]

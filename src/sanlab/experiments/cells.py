@@ -336,7 +336,9 @@ class CellOutcome:
     evaluated: bool        # evaluated in this invocation
     seconds: float
     error: str | None = None
-    stopped: str | None = None  # --stop-after's limit left it resumable: where it stopped, or that it never began
+    # --stop-after's limit left it resumable: where it stopped, or what it was not brought to (the cell's whole
+    # status in words: ``running.outcome_line`` shows it alone)
+    stopped: str | None = None
 
 
 def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
@@ -349,7 +351,7 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
     """
     start, trained, evaluated = time.monotonic(), False, False
     if stop_after is not None and stop_after.reached():
-        return CellOutcome(cell, False, False, 0.0, stopped=f"not begun: past --stop-after {stop_after.text}")
+        return CellOutcome(cell, False, False, 0.0, stopped=_left_by(cell, spec, stop_after))
     try:
         state = cell_state(cell, spec)
         if state.status == "conflict":  # a refusal, not a failure of the cell: nothing is written into it
@@ -371,7 +373,7 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
                 return CellOutcome(cell, True, False, time.monotonic() - start, stopped=done["stopped"])
         if stop_after is not None and stop_after.reached() and (trained or state.status == "trained"):
             return CellOutcome(cell, trained, False, time.monotonic() - start,  # scored by the next invocation
-                               stopped=f"trained, not evaluated: past --stop-after {stop_after.text}")
+                               stopped=f"{TRAINED_NOT_EVALUATED}: past --stop-after {stop_after.text}")
         if trained or state.status == "trained":
             with run_lock(cell.run_dir):  # another `sanlab compare` on the grid may reach the same cell
                 if cell_state(cell, spec).status == "trained":  # it may have scored it meanwhile
@@ -389,6 +391,19 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
         return outcome
     cell.layout.failed.unlink(missing_ok=True)
     return CellOutcome(cell, trained, evaluated, time.monotonic() - start)
+
+
+TRAINED_NOT_EVALUATED = "trained, not evaluated"
+
+
+def _left_by(cell: Cell, spec: EvalSpec, stop_after: StopAfter) -> str:
+    """What a cell reached once the limit has passed is left as, in words: a trained one is not "not begun"."""
+    try:
+        status = cell_state(cell, spec).status
+    except Exception:  # noqa: BLE001  (unreadable: the next invocation reports it; nothing was begun here)
+        status = "pending"
+    what = {"trained": TRAINED_NOT_EVALUATED, "training": "not resumed"}.get(status, "not begun")
+    return f"{what}: past --stop-after {stop_after.text}"
 
 
 def record_failure(outcome: CellOutcome) -> None:

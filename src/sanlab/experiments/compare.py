@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sanlab.errors import ConfigError, DataError
-from sanlab.experiments.cells import check_synthetic, rescore_tagging_cell
+from sanlab.experiments.cells import CellOutcome, check_synthetic, rescore_tagging_cell
 from sanlab.experiments.compare_report import (  # noqa: F401  (build_section, majority_mark, paired_test re-exported)
     build_report,
     build_section,
@@ -72,6 +72,15 @@ def _refuse_conflicting_modes(*, jobs: int, dry_run: bool, table_only: bool, res
                           "to run: drop them")
 
 
+def left_by_the_limit(left: Sequence[CellOutcome], stop_after: StopAfter, *, named: int = 10) -> str:
+    """The closing line of an invocation whose --stop-after limit left cells unfinished: how many, and which (the
+    first ``named``; each one's own line above says what it was left as)."""
+    labels = [o.cell.label for o in left]
+    more = f" and {len(labels) - named} more (their lines above)" if len(labels) > named else ""
+    return (f"NOT FINISHED: {len(labels)} cell(s) left by --stop-after {stop_after.text}, resumable (run the same "
+            f"command again): {', '.join(labels[:named])}{more}")
+
+
 def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | None = None, dry_run: bool = False,
                 table_only: bool = False, rescore: bool = False, jobs: int = 1, only: Sequence[str] = (),
                 datasets: Sequence[str] = (), seeds: Sequence[int] = (), datasets_file: str | None = None,
@@ -116,12 +125,13 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
         if not mismatched_finished_cells(grid):
             write_report(build_report(grid, command=command), grid.runs_dir)
 
-    failed = []
+    outcomes = []
     if not table_only and not rescore and not imports:
         # the table on disk is rewritten after every cell, so a grid stopped partway leaves a partial table
-        failed = [o for o in run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
-                                      keep_order=bool(only), after_cell=lambda _: write_table(),
-                                      stop_after=stop_after) if o.error]
+        outcomes = run_grid(grid, cells, jobs=jobs, quiet=quiet, log=lambda m: print(m, file=sys.stderr),
+                            keep_order=bool(only), after_cell=lambda _: write_table(), stop_after=stop_after)
+    failed = [o for o in outcomes if o.error]
+    left = [o for o in outcomes if o.stopped and not o.error]
     try:
         report = build_report(grid, command=command)
         out(render_markdown(report))
@@ -141,4 +151,6 @@ def run_compare(path: str, *, overrides: Sequence[str] = (), runs_dir: str | Non
             out(f"FAILED {o.cell.label}: {o.error}")
         for error in errors:
             out(error)
+        if left:  # not failures (exit 0), but the table above is of an unfinished grid: said last, as they are
+            out(left_by_the_limit(left, stop_after))
     return 1 if failed or errors else 0

@@ -304,8 +304,7 @@ def _run_pool(grid: Grid, cells: Sequence[Cell], *, workers: int, threads: int, 
 def outcome_line(outcome: CellOutcome, *, done: int, total: int) -> str:
     """The grid's line for a finished cell, the ``done``-th of ``total``."""
     what = "+".join(w for w, on in (("trained", outcome.trained), ("evaluated", outcome.evaluated)) if on)
-    status = (f"FAILED: {outcome.error}" if outcome.error else f"{what}: {outcome.stopped}" if outcome.stopped and what
-              else outcome.stopped or what or "nothing to do")
+    status = f"FAILED: {outcome.error}" if outcome.error else outcome.stopped or what or "nothing to do"
     return f"[{done}/{total}] {outcome.cell.label}: {status} ({duration(outcome.seconds)})"
 
 

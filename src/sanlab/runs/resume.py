@@ -146,6 +146,8 @@ def shorter_budget(run_dir: Path, config: Config, old: dict, *, trained: dict | 
     meta = (read_json(latest / META) or {}) if latest else (trained or {})
     train = config.train
     step, epoch, patience = meta.get("step"), meta.get("epoch"), old.get("train", {}).get("patience")
+    # (a budget lowered to exactly the update or epoch trained is no shorter: a --stop-after checkpoint there is
+    # then validated and saved as the run's end, training/loop.py's fit)
     if step is not None and step > train.max_steps:
         return f"it has trained {step} updates, more than train.max_steps={train.max_steps}"
     into = meta.get("position") or 0  # batches into the epoch in progress (recorded since checkpoints name it)

@@ -312,6 +312,14 @@ class CheckpointManager:
             if m["step"] > step:
                 _remove(Path(m["path"]))
 
+    def discard_resume_only(self, *, but: Path) -> None:
+        """Remove the ``RESUME_ONLY`` checkpoints other than ``but`` (the one resumed from): one older than the latest
+        outlives its session when a crash comes between writing ``latest.json`` and ``prune``, and a run that then
+        saves nothing more (its budget ends there) would keep it. Only this run's ``step-N`` checkpoints."""
+        for m in self.all():
+            if m.get(RESUME_ONLY) and Path(m["path"]) != Path(but):
+                _remove(Path(m["path"]))
+
     def prune(self) -> None:
         """Keep the best and the last N validated ones, and the latest (resumed from); a ``RESUME_ONLY`` checkpoint
         is kept only while it is the latest, and does not push a validated one out of the last N."""

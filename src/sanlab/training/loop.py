@@ -161,6 +161,7 @@ class Trainer:
             if self.dist.is_main:
                 # written after `latest` by a run that then crashed, or damaged: training on replaces them
                 self.checkpoints.discard_after(self.progress.step)
+                self.checkpoints.discard_resume_only(but=latest)  # an older one left by a crash before pruning
                 reached = self.log.truncate_after(self.progress.step)  # metrics of updates this run will now repeat
             redone = ("" if reached is None else f"; the interrupted session had logged updates up to {reached:,}: "
                       f"those after {self.progress.step:,} are done again and their records replaced")
@@ -394,8 +395,9 @@ class Trainer:
         max_norm = self.config.clip_norm if self.config.clip_norm > 0 else float("inf")
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
-    def _saved_step(self) -> int | None:
-        saved = self.checkpoints.all()
+    def _saved_step(self, *, validated: bool) -> int | None:
+        """The update of the newest checkpoint; ``validated``: of the newest but a ``RESUME_ONLY`` one."""
+        saved = self.checkpoints.validated() if validated else self.checkpoints.all()
         return saved[-1]["step"] if saved else None
 
     # ------------------------------------------------------------------ validation
@@ -544,7 +546,10 @@ class Trainer:
                 if not cfg.valid_every:
                     stop = self._validate() or stop  # (due at an epoch's end, the limit reached or not)
         cut = cut and not self._finished()  # the limit came with the run's last update: it ends as without it
-        unsaved = (self._saved_step() != p.step) if self.dist.is_main else None
+        # A session that ends the run (not cut) counts a resume-only checkpoint as unsaved: one resumed from and
+        # trained no further (its budget lowered to it) is validated and saved as in an uninterrupted run, not left
+        # as the run's end beside a `last` and `best` of older weights
+        unsaved = (self._saved_step(validated=not cut) != p.step) if self.dist.is_main else None
         if self.dist.broadcast(unsaved):  # never end a session with unsaved updates
             if cut:
                 self._save_to_resume()
