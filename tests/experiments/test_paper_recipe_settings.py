@@ -74,3 +74,62 @@ def test_a_grid_row_that_names_a_paper_recipe_trains_that_recipe(tmp_path, grid)
             recipe = load_config(PAPER / notes[cell.variant][1])
             for section in ("model", "train", "decode"):
                 assert getattr(cell.config, section) == getattr(recipe, section), (cell.variant, section)
+
+
+IWSLT = ("transformer", "muse", "dynamicconv", "lightconv")
+WMT14 = ("base", "base-csan", "big", "big-csan")
+
+
+def _output_lengths(config, source_lengths: list[int]) -> list[int]:
+    """Tokens (EOS included) the recipe's search allows a source of each length (EOS included)."""
+    import torch
+
+    from sanlab.tasks.translation import max_output_lengths
+
+    return max_output_lengths(torch.tensor(source_lengths), config.decode, config.model.max_positions).tolist()
+
+
+def test_iwslt_recipes_decode_up_to_fairseq_generate_default_length():
+    """MUSE's and Wu et al.'s `fairseq-generate` commands set neither --max-len-a nor --max-len-b, so fairseq's
+    defaults hold (0 and 200 in fairseq's options.py, MUSE's fork's too: at most 200 tokens, then EOS, whatever the
+    source length); sanlab's default
+    (1.2 x source + 10) would cut a 10-token source's output at 22 tokens. 201 tokens fit model.max_positions."""
+    for name in IWSLT:
+        config = load_config(PAPER / f"iwslt14-de-en-{name}.yaml")
+        assert (config.decode.max_len_a, config.decode.max_len_b) == (0.0, 200), name
+        assert _output_lengths(config, [2, 11, 176]) == [201, 201, 201], name
+
+
+def test_iwslt_validation_decodes_500_sentences_as_fairseq_scores_only_the_loss():
+    """fairseq validates by loss alone (checkpoint_best by loss; no --eval-bleu in MUSE's or Wu et al.'s command).
+    sanlab's validation takes the loss of the whole dev set and adds greedy BLEU, which picks `best`: bounded to
+    the first 500 of its 7,283 sentences, as the WMT recipes, instead of decoding all of them every epoch (~70)."""
+    for name in IWSLT:
+        train = load_config(PAPER / f"iwslt14-de-en-{name}.yaml").train
+        assert (train.valid_every, train.valid_max_sentences) == (0, 500), name
+
+
+def test_wmt14_recipes_decode_and_validate_as_thumt():
+    """CSAN trained and decoded with THUMT: its translator's and trainer's defaults are beam_size 4,
+    decode_alpha 0.6 in GNMT's form ((5 + L) / 6) ** alpha, decode_length 50 (steps over the source length:
+    Vaswani et al.'s "input length + 50"), and an evaluation every eval_steps 2,000 that decodes the whole
+    validation set for BLEU and keeps the best checkpoint by it (here greedily: sanlab's validation)."""
+    for name in WMT14:
+        config = load_config(PAPER / f"wmt14-en-de-{name}.yaml")
+        d = config.decode
+        assert (d.beam, d.length_penalty, d.length_penalty_style, d.max_len_a, d.max_len_b) == (
+            4, 0.6, "gnmt", 1.0, 50), name
+        assert _output_lengths(config, [1, 30, 251]) == [52, 81, 302], name
+        assert (config.train.valid_every, config.train.valid_max_sentences) == (2000, None), name
+
+
+def test_wmt17_capsule_recipes_decode_as_vaswani_and_validate_on_500_sentences():
+    """The capsule paper (OpenNMT-py) states no decoding settings and follows Vaswani et al.'s setup: beam 4,
+    alpha 0.6 in GNMT's form (OpenNMT-py's -length_penalty wu -alpha 0.6), input length + 50. OpenNMT-py validates
+    by loss and accuracy only, so greedy validation BLEU stays bounded to 500 sentences."""
+    for name in ("base", "base-capsule"):
+        config = load_config(PAPER / f"wmt17-zh-en-{name}.yaml")
+        d = config.decode
+        assert (d.beam, d.length_penalty, d.length_penalty_style, d.max_len_a, d.max_len_b) == (
+            4, 0.6, "gnmt", 1.0, 50), name
+        assert (config.train.valid_every, config.train.valid_max_sentences) == (2000, 500), name
