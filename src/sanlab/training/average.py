@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, staging_directory, write_json
 from sanlab.training.checkpoint import META, WEIGHTS, checksums, common_vocabulary, read_weights
+from sanlab.training.weights_file import write_weights
 
 
 def average_weights(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
@@ -84,7 +84,7 @@ def write_average(checkpoints: list[Path], output: Path, *, selection: str | Non
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging_directory(output)
     try:
-        save_file(weights, str(tmp / WEIGHTS))
+        write_weights(weights, tmp / WEIGHTS)
         write_json(tmp / META, {"averaged": [Path(p).name for p in checkpoints], "selection": selection,
                                 **({"vocabulary": vocabulary} if vocabulary else {}), "sha256": checksums(tmp)})
         replace_directory(tmp, output)

@@ -1,7 +1,7 @@
 """Checkpoints: safetensors weights + a resume state, written atomically, pruned to best/last N.
 
 Layout of one checkpoint directory ``checkpoints/step-00001000/``:
-    model.safetensors   weights (shared tensors stored once)
+    model.safetensors   weights (shared tensors stored once; the same bytes for the same weights: weights_file.py)
     state.pt            optimizer, step, epoch, data position, RNG states (``torch.save``; loaded
                         with ``weights_only=True``)
     meta.json           step, epoch, validation metrics, and the sha256 of the two files above
@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, load_model
 from torch import nn
 
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, replace_directory, write_json
 from sanlab.training.layout import RunLayout
+from sanlab.training.weights_file import save_weights
 
 
 class DamagedCheckpoint(ConfigError):
@@ -268,7 +269,7 @@ class CheckpointManager:
         final, tmp = self.dir / name, self.dir / f".{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_model(model, str(tmp / WEIGHTS))
+        save_weights(model, tmp / WEIGHTS)
         torch.save(state, tmp / STATE)
         meta = {**meta, "sha256": checksums(tmp)}
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")

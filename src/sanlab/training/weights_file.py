@@ -1,0 +1,42 @@
+"""Writing a model.safetensors: the same bytes (and sha256) for the same weights, in any process.
+
+safetensors' ``save_model`` stores one name of each group of tied tensors and records every other name as its own
+metadata entry ("alias": "kept name"); safetensors writes those entries from a Rust HashMap, in an order that
+differs between processes and between calls, so identical weights gave files with other bytes. Here the kept names
+are the ones ``save_model`` keeps (by the rule ``load_model`` applies, which prefers a name the file holds: files of
+either writer load into a tied model, which reties nothing: its state dict already shares the tensors), and the
+aliases are one metadata entry, a JSON object with sorted keys: one entry has no order to vary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import _remove_duplicate_names, save_file
+from torch import nn
+
+ALIASES = "aliases"  # the metadata entry: {"dropped name": "kept name", ...} of the tied tensors
+
+
+def model_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``model``'s tensors to store (one name of each tied group, contiguous, as ``save_model`` stores them) and
+    the aliases of the others (dropped name -> kept name)."""
+    state = model.state_dict()
+    # (safetensors' own rule, so that the kept name is save_model's and load_model's: the first complete name)
+    aliases = {name: kept for kept, dropped in _remove_duplicate_names(state).items() for name in dropped}
+    return {name: t.contiguous() for name, t in state.items() if name not in aliases}, aliases
+
+
+def write_weights(tensors: dict[str, torch.Tensor], path: Path, *, aliases: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` (contiguous, none sharing memory) to ``path``, with the ``aliases`` (if any) of tied ones.
+    Without aliases there is no metadata at all, as ``save_model`` writes an untied model."""
+    metadata = {ALIASES: json.dumps(aliases, sort_keys=True)} if aliases else None
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """``model``'s weights to ``path`` (loaded by ``safetensors.torch.load_model``)."""
+    tensors, aliases = model_tensors(model)
+    write_weights(tensors, path, aliases=aliases)
