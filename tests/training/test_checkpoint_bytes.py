@@ -133,3 +133,21 @@ def test_a_checkpoint_written_before_and_one_written_now_average_together(tmp_pa
     expected = (Tied(seed=0).generator.weight + Tied(seed=1).generator.weight) / 2
     assert sorted(averaged) == sorted(load_file(old / WEIGHTS))
     torch.testing.assert_close(averaged["generator.weight"], expected.detach())
+
+
+def test_the_fallback_rule_keeps_the_names_safetensors_keeps(monkeypatch):
+    """Should a safetensors release rename its private ``_remove_duplicate_names``, the module's own rule keeps the
+    same names (those of every file written before), for the test model and a real translation model."""
+    from safetensors.torch import _remove_duplicate_names
+
+    from sanlab.training import weights_file
+    from tests_helpers import tiny_seq2seq  # (here: the subprocesses of another test import this module)
+
+    models = [Tied(), tiny_seq2seq(share_embeddings=True, tie_output=True)]
+    expected = [weights_file.model_tensors(m) for m in models]
+    assert all(weights_file._tied_groups(m.state_dict()) == dict(_remove_duplicate_names(m.state_dict()))
+               for m in models)
+    monkeypatch.setattr(weights_file, "_remove_duplicate_names", None)
+    for model, (tensors, aliases) in zip(models, expected):
+        fallback_tensors, fallback_aliases = weights_file.model_tensors(model)
+        assert fallback_aliases == aliases and sorted(fallback_tensors) == sorted(tensors)

@@ -14,8 +14,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import _remove_duplicate_names, save_file
+from safetensors.torch import save_file
 from torch import nn
+
+try:  # safetensors' own rule (private: the fallback below is the same rule, should a release rename it)
+    from safetensors.torch import _remove_duplicate_names
+except ImportError:  # pragma: no cover - exercised by test_checkpoint_bytes with the import hidden
+    _remove_duplicate_names = None
 
 ALIASES = "aliases"  # the metadata entry: {"dropped name": "kept name", ...} of the tied tensors
 
@@ -25,7 +30,8 @@ def model_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, 
     the aliases of the others (dropped name -> kept name)."""
     state = model.state_dict()
     # (safetensors' own rule, so that the kept name is save_model's and load_model's: the first complete name)
-    aliases = {name: kept for kept, dropped in _remove_duplicate_names(state).items() for name in dropped}
+    groups = (_remove_duplicate_names or _tied_groups)(state)
+    aliases = {name: kept for kept, dropped in groups.items() for name in dropped}
     return {name: t.contiguous() for name, t in state.items() if name not in aliases}, aliases
 
 
@@ -40,3 +46,20 @@ def save_weights(model: nn.Module, path: Path) -> None:
     """``model``'s weights to ``path`` (loaded by ``safetensors.torch.load_model``)."""
     tensors, aliases = model_tensors(model)
     write_weights(tensors, path, aliases=aliases)
+
+
+def _tied_groups(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """safetensors' ``_remove_duplicate_names`` for tied weights: names of one tensor (the same memory, shape and
+    strides), the first in sorted order kept. Views of one buffer that are not the same tensor are left apart (a
+    tied weight is the whole tensor under each name)."""
+    by_storage: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        if tensor.device.type != "meta" and tensor.numel():
+            key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+            by_storage.setdefault(key, []).append(name)
+    groups = {}
+    for names in by_storage.values():
+        if len(names) > 1:
+            kept, *dropped = sorted(names)
+            groups[kept] = dropped
+    return groups
