@@ -1004,9 +1004,9 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
 
     torch.set_num_threads(1)
     ticks = itertools.count()
-    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(time=lambda: float(next(ticks))))
+    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
     compare = dict(overrides=TINY, runs_dir=str(tmp_path), only=["1D-CSAN"], quiet=True, command="test")
-    assert run_compare(str(SMOKE), **compare, stop_after=StopAfter("3s", deadline=3.0)) == 0
+    assert run_compare(str(SMOKE), **compare, stop_after=StopAfter("3s", deadline_mono=3.0)) == 0
     printed = capsys.readouterr()
     said = printed.err
     assert "[1/2] 1D-CSAN / seed 0: stopped at update 3 of 4 by --stop-after 3s; resumable (" in said, said
@@ -1020,7 +1020,7 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
     assert cell_state(second, grid.spec.eval).status == "pending"
     with pytest.raises(ConfigError, match="--stop-after with --table-only, which trains no cell"):
         run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), table_only=True,
-                    stop_after=StopAfter("3s", deadline=3.0))
+                    stop_after=StopAfter("3s", deadline_mono=3.0))
     assert run_compare(str(SMOKE), **compare) == 0
     assert _statuses(grid, [first, second]) == {("1D-CSAN", 0): "evaluated", ("1D-CSAN", 1): "evaluated"}
     assert "resumed from" in (first.run_dir / "train.log").read_text()
@@ -1030,7 +1030,7 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
 def _past_the_limit():
     from sanlab.training.stop_after import StopAfter
 
-    return StopAfter("3s", deadline=0.0)  # reached at the first look
+    return StopAfter("3s", deadline_mono=0.0)  # reached at the first look
 
 
 @pytest.mark.parametrize("status, step, said", [
@@ -1061,11 +1061,11 @@ def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, mo
 
     grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
     cell = grid.cells[0]
-    limit = StopAfter("3s", deadline=float("inf"))
+    limit = StopAfter("3s", deadline_mono=float("inf"))
     monkeypatch.setattr(cells_module, "cell_state", lambda c, spec: CellState("pending"))
 
     def train(*args, **kwargs):
-        object.__setattr__(limit, "deadline", 0.0)  # the limit passes during the cell's last update
+        object.__setattr__(limit, "deadline_mono", 0.0)  # the limit passes during the cell's last update
         return {"step": 4}
 
     monkeypatch.setattr(cells_module, "train_cell", train)
