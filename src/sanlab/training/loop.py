@@ -8,10 +8,10 @@ counters — is in every checkpoint. Under torchrun the same loop runs in every 
 main process validates and checkpoints.
 
 ``--stop-after`` (``StopAfter``) ends a session at a wall-time limit, at an update boundary: a single process
-checks the clock after every update (a ``time.time()``, nothing on the device); under torchrun process 0 decides at
-every ``log_every``-th update, where the loop reads the device anyway, and broadcasts its decision (one small
-collective per ``log_every`` updates, none in between), so that every process stops at the same update. Unless a
-validation is due then anyway, the session saves a checkpoint without validating (``_save_to_resume``).
+checks the clock after every update (a ``time.monotonic()``, nothing on the device); under torchrun process 0
+decides at every ``log_every``-th update, where the loop reads the device anyway, and broadcasts its decision (one
+small collective per ``log_every`` updates, none in between), so that every process stops at the same update.
+Unless a validation is due then anyway, the session saves a checkpoint without validating (``_save_to_resume``).
 """
 
 from __future__ import annotations
