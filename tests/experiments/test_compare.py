@@ -1080,6 +1080,27 @@ def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, mo
                                                   "3s; resumable (<0.1s)")
 
 
+def test_a_cell_its_epochs_bound_says_where_it_stopped_in_epochs(tmp_path, monkeypatch):
+    """The tagging grids end their cells at train.max_epochs, train.max_steps left at its default 100,000: "update 4
+    of 100,000" told nothing. 1,000 sentences in batches of 32 are 32 updates an epoch; the limit falls on update 4
+    (the stand-in clock reads 0, 1, 2, 3 after updates 1 to 4)."""
+    import itertools
+    import types
+
+    from sanlab.training import stop_after as stop_after_module
+    from sanlab.training.stop_after import StopAfter
+
+    bounds = [o for o in TINY if not o.startswith(("train.max_steps=", "train.max_epochs="))]
+    grid = load_grid(SMOKE, overrides=[*bounds, "train.max_epochs=2"], runs_dir=tmp_path)
+    assert grid.cells[0].config.train.max_steps == 100_000  # the recipe's default
+    cells_module.prepare_synthetic(grid)
+    ticks = itertools.count()
+    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    done = cells_module.train_cell(grid.cells[0], quiet=True, spec=grid.spec.eval,
+                                   stop_after=StopAfter("3s", deadline_mono=3.0))
+    assert done == {"stopped": "stopped at update 4 (0 of 2 epochs done) by --stop-after 3s; resumable"}
+
+
 @pytest.mark.parametrize("mode", ["table_only", "dry_run", "rescore"])
 def test_stop_after_with_a_mode_that_trains_nothing_is_refused(tmp_path, mode):
     with pytest.raises(ConfigError, match=f"--stop-after with --{mode.replace('_', '-')}, which trains no cell"):

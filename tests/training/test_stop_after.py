@@ -156,6 +156,35 @@ def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit
     assert capsys.readouterr().out.startswith("done: step 6, best bleu ")
 
 
+@pytest.mark.parametrize("max_steps, said", [
+    (8, "update 4 of 8"),  # 8 updates come before 2 epochs' 12
+    (12, "update 4 of 12"),  # both with update 12: train.max_steps, as the run's end says
+    (13, "update 4 (0 of 2 epochs done)")])  # 2 epochs' 12 updates come first
+def test_where_a_run_stopped_is_said_by_the_bound_that_ends_it(tmp_path, tiny_translation, clock, max_steps, said):
+    """An epoch is 6 updates: the bound reached first ends the run, and the stop says how far it is from that one
+    (train.max_steps' default 100,000 told a tagger bounded by train.max_epochs nothing)."""
+    config = tiny_translation(max_steps=max_steps, max_epochs=2, valid_every=0, log_every=5)
+    summary = train_run(config, tmp_path / "run", quiet=True, stop_after=_limit_at(4))
+    assert summary["stopped_at"] == said
+    assert (tmp_path / "run" / "train.log").read_text().rstrip().endswith(
+        f"stopped after 4s at {said} (--stop-after); rerun the same command to resume")
+
+
+def test_a_tagger_bounded_by_epochs_says_its_epochs_not_its_updates(tmp_path, clock, capsys):
+    """The taggers' recipes bound a run by train.max_epochs (train.max_steps left at its default): 60 sentences in
+    batches of 8 are 8 updates an epoch, so update 10 falls in the second of 3 epochs, with 1 done."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+    from training_fixtures import make_tagging_config
+
+    recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(dump_config(make_tagging_config(tmp_path, max_epochs=3, log_every=5)))
+    # the command's start reads 0; the looks after updates 1 to 10 read 1 to 10
+    assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "10s"]) == 0
+    assert capsys.readouterr().out == ("stopped after 10s at update 10 (1 of 3 epochs done) (--stop-after); rerun "
+                                       "the same command to resume\n")
+
+
 @pytest.mark.parametrize("argv, said", [("0s", "expected a duration above 0, got '0s'"),
                                         ("90", "'90' has no unit: give one, e.g. 90s or 90m"),
                                         ("soon", "expected a duration such as 90s, 9m or 1.5h")])

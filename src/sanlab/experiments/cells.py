@@ -170,8 +170,7 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None 
                         allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1", on_finished=record,
                         before_start=still_to_train, stop_after=stop_after)
     if summary.get("stopped_after") is not None:
-        return {"stopped": f"stopped at update {summary['step']:,} of {cell.config.train.max_steps:,} by "
-                           f"--stop-after {summary['stopped_after']}; resumable"}
+        return {"stopped": f"stopped at {summary['stopped_at']} by --stop-after {summary['stopped_after']}; resumable"}
     return done
 
 

@@ -82,7 +82,17 @@ class StopAfter:
     def reached(self) -> bool:
         return time.monotonic() >= self.deadline_mono
 
-    def message(self, *, step: int, max_steps: int) -> str:
-        """The line a session the limit ended says (the CLI prints it, train.log ends with it)."""
-        return (f"stopped after {self.text} at update {step:,} of {max_steps:,} (--stop-after); rerun the same "
-                "command to resume")
+    def message(self, where: str) -> str:
+        """The line a session the limit ended at ``where`` (``stopped_at``) says (the CLI prints it, train.log ends
+        with it)."""
+        return f"stopped after {self.text} at {where} (--stop-after); rerun the same command to resume"
+
+
+def stopped_at(step: int, *, max_steps: int, epochs: tuple[int, int] | None = None) -> str:
+    """Where a session stopped, against the bound that ends the run: ``update 1,234 of 3,000`` (train.max_steps), or
+    where ``epochs`` (done, train.max_epochs) ends it first, ``update 1,234 (2 of 20 epochs done)`` (a tagger's
+    train.max_steps is its default 100,000, far from its end). Epochs done, not the one under way: train.log numbers
+    epochs from 0."""
+    if epochs is None:
+        return f"update {step:,} of {max_steps:,}"
+    return f"update {step:,} ({epochs[0]:,} of {epochs[1]:,} epochs done)"
