@@ -1052,6 +1052,20 @@ def test_a_cell_reached_after_the_limit_is_reported_as_it_is(tmp_path, monkeypat
     assert outcome_line(outcome, done=1, total=2) == f"[1/2] {cell.label}: {said} (<0.1s)"
 
 
+def test_a_cell_that_turned_conflict_during_the_grid_is_not_called_not_begun(tmp_path, monkeypatch):
+    """``run_cell`` looks again at its turn (another invocation may have written the directory meanwhile): past the
+    limit, a conflict is still a refusal, not "not begun"."""
+    from sanlab.experiments.cells import run_cell
+    from sanlab.experiments.grid_state import CellState
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cell = grid.cells[0]
+    monkeypatch.setattr(cells_module, "cell_state", lambda c, spec: CellState("conflict", None, "other values",
+                                                                               advice=""))
+    outcome = run_cell(cell, grid.spec.eval, quiet=True, stop_after=_past_the_limit())
+    assert (outcome.error, outcome.stopped) == (f"ConfigError: {cell.run_dir}: other values", None)
+
+
 def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, monkeypatch):
     """Trained in this invocation, and the limit passed at its end: "trained, not evaluated", once."""
     from sanlab.experiments.cells import run_cell
@@ -1099,6 +1113,33 @@ def test_a_cell_its_epochs_bound_says_where_it_stopped_in_epochs(tmp_path, monke
     done = cells_module.train_cell(grid.cells[0], quiet=True, spec=grid.spec.eval,
                                    stop_after=StopAfter("3s", deadline_mono=3.0))
     assert done == {"stopped": "stopped at update 4 (0 of 2 epochs done) by --stop-after 3s; resumable"}
+
+
+def test_a_conflict_is_reported_at_once_whatever_the_limit(tmp_path, capsys):
+    """A cell whose run directory holds a run with other settings is a conflict (a refusal: FAILED, exit 1). The
+    grid looks at every cell before it trains any, so the conflict is said then, first, even where the limit would
+    have come before its turn (it was "not begun" and exit 0: the conflict showed only at the next invocation)."""
+    from sanlab.config import dump_config
+    from sanlab.experiments.running import run_order
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    last = run_order(grid, grid.cells)[-1]  # the cell the grid would reach last
+    other = load_grid(SMOKE, overrides=[*TINY, "model.word_dim=16"], runs_dir=tmp_path)
+    last.run_dir.mkdir(parents=True)
+    last.layout.config.write_text(dump_config(next(c for c in other.cells if c.run_dir == last.run_dir).config))
+    assert cell_state(last, grid.spec.eval).status == "conflict"
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), command="test",
+                       stop_after=_past_the_limit()) == 1
+    printed = capsys.readouterr()
+    lines = printed.err.splitlines()
+    refused = f"FAILED: ConfigError: {last.run_dir}: the directory holds a run with other values of: model.word_dim"
+    assert lines[1].startswith(f"[1/{len(grid.cells)}] {last.label}: {refused}"), lines
+    assert [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in lines[2:]] == \
+        ["not begun: past --stop-after 3s"] * (len(grid.cells) - 1)
+    out = printed.out.rstrip().splitlines()
+    assert out[-2].startswith(f"FAILED {last.label}: ConfigError: {last.run_dir}: the directory holds a run")
+    assert out[-1].startswith(f"NOT FINISHED: {len(grid.cells) - 1} cell(s) left by --stop-after 3s")
+    assert not last.layout.failed.exists()  # a refusal writes nothing into the cell
 
 
 @pytest.mark.parametrize("mode", ["table_only", "dry_run", "rescore"])
