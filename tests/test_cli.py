@@ -65,6 +65,18 @@ def test_prepare_workers_help_names_the_size_that_chooses_the_default():
     assert f"over {PARALLEL_ABOVE_BYTES // 2**20} MiB as stored" in said, said
 
 
+def test_compare_stop_after_help_says_how_the_invocation_ends(capsys):
+    """It said what stops, not what the invocation then says and returns: the closing NOT FINISHED line naming the
+    cells the limit left, the exit status 0 when only the limit left cells, and the rerun that goes on."""
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    said = " ".join(capsys.readouterr().out.split("\n  --stop-after DURATION", 1)[1].split("\n  --", 1)[0].split())
+    assert "a unit is required" in said, said
+    assert 'ends with a line naming them, e.g. "NOT FINISHED: 2 cell(s) left by --stop-after 9m' in said, said
+    assert "the exit status is 0 where only the limit left cells (1 if a cell failed)" in said, said
+    assert "rerun the same command to go on" in said, said
+
+
 @pytest.mark.parametrize("argv, said", [
     (["train", "c.yaml", "--run", "r"], "sanlab train: interrupted; rerun the same command to resume\n"),
     (["compare", "g.yaml"], "sanlab compare: interrupted; rerun the same command to resume\n"),

@@ -50,13 +50,13 @@ def _cmd_train(args) -> int:
     stop_after = None if args.stop_after is None else StopAfter.starting(args.stop_after, args.started)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         # the workers' limit counts from this command's start, not from theirs
-        with invocation.environment_variable(DEADLINE_ENV, None if stop_after is None else repr(stop_after.deadline)):
+        with invocation.environment_variable(DEADLINE_ENV, None if stop_after is None else repr(stop_after.stop_at())):
             return _launch_torchrun(args)
     summary = train_run(config, Path(args.run), overwrite=args.overwrite, quiet=args.quiet,
                         allow_changed_data=args.allow_changed_data, source=args.config, stop_after=stop_after)
     if os.environ.get("RANK", "0") == "0":
         if summary.get("stopped_after") is not None:
-            print(stop_after.message(step=summary["step"], max_steps=config.train.max_steps))
+            print(stop_after.message(summary["stopped_at"]))
         else:
             best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
             print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
@@ -347,7 +347,7 @@ def _relayed(err: SanlabError) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    started = time.time()  # what --stop-after (train, compare) counts from
+    started = time.monotonic()  # what --stop-after (train, compare) counts from: no clock change moves it
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)

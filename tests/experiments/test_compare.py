@@ -1004,9 +1004,9 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
 
     torch.set_num_threads(1)
     ticks = itertools.count()
-    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(time=lambda: float(next(ticks))))
+    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
     compare = dict(overrides=TINY, runs_dir=str(tmp_path), only=["1D-CSAN"], quiet=True, command="test")
-    assert run_compare(str(SMOKE), **compare, stop_after=StopAfter("3s", deadline=3.0)) == 0
+    assert run_compare(str(SMOKE), **compare, stop_after=StopAfter("3s", deadline_mono=3.0)) == 0
     printed = capsys.readouterr()
     said = printed.err
     assert "[1/2] 1D-CSAN / seed 0: stopped at update 3 of 4 by --stop-after 3s; resumable (" in said, said
@@ -1020,7 +1020,7 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
     assert cell_state(second, grid.spec.eval).status == "pending"
     with pytest.raises(ConfigError, match="--stop-after with --table-only, which trains no cell"):
         run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), table_only=True,
-                    stop_after=StopAfter("3s", deadline=3.0))
+                    stop_after=StopAfter("3s", deadline_mono=3.0))
     assert run_compare(str(SMOKE), **compare) == 0
     assert _statuses(grid, [first, second]) == {("1D-CSAN", 0): "evaluated", ("1D-CSAN", 1): "evaluated"}
     assert "resumed from" in (first.run_dir / "train.log").read_text()
@@ -1030,7 +1030,7 @@ def test_stop_after_leaves_the_cell_it_cut_resumable_begins_no_other_and_fails_n
 def _past_the_limit():
     from sanlab.training.stop_after import StopAfter
 
-    return StopAfter("3s", deadline=0.0)  # reached at the first look
+    return StopAfter("3s", deadline_mono=0.0)  # reached at the first look
 
 
 @pytest.mark.parametrize("status, step, said", [
@@ -1052,6 +1052,20 @@ def test_a_cell_reached_after_the_limit_is_reported_as_it_is(tmp_path, monkeypat
     assert outcome_line(outcome, done=1, total=2) == f"[1/2] {cell.label}: {said} (<0.1s)"
 
 
+def test_a_cell_that_turned_conflict_during_the_grid_is_not_called_not_begun(tmp_path, monkeypatch):
+    """``run_cell`` looks again at its turn (another invocation may have written the directory meanwhile): past the
+    limit, a conflict is still a refusal, not "not begun"."""
+    from sanlab.experiments.cells import run_cell
+    from sanlab.experiments.grid_state import CellState
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    cell = grid.cells[0]
+    monkeypatch.setattr(cells_module, "cell_state", lambda c, spec: CellState("conflict", None, "other values",
+                                                                               advice=""))
+    outcome = run_cell(cell, grid.spec.eval, quiet=True, stop_after=_past_the_limit())
+    assert (outcome.error, outcome.stopped) == (f"ConfigError: {cell.run_dir}: other values", None)
+
+
 def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, monkeypatch):
     """Trained in this invocation, and the limit passed at its end: "trained, not evaluated", once."""
     from sanlab.experiments.cells import run_cell
@@ -1061,11 +1075,11 @@ def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, mo
 
     grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
     cell = grid.cells[0]
-    limit = StopAfter("3s", deadline=float("inf"))
+    limit = StopAfter("3s", deadline_mono=float("inf"))
     monkeypatch.setattr(cells_module, "cell_state", lambda c, spec: CellState("pending"))
 
     def train(*args, **kwargs):
-        object.__setattr__(limit, "deadline", 0.0)  # the limit passes during the cell's last update
+        object.__setattr__(limit, "deadline_mono", 0.0)  # the limit passes during the cell's last update
         return {"step": 4}
 
     monkeypatch.setattr(cells_module, "train_cell", train)
@@ -1078,6 +1092,54 @@ def test_a_cell_trained_here_then_past_the_limit_reads_trained_once(tmp_path, mo
                                                                     "resumable")
     assert outcome_line(cut, done=1, total=1) == (f"[1/1] {cell.label}: stopped at update 3 of 4 by --stop-after "
                                                   "3s; resumable (<0.1s)")
+
+
+def test_a_cell_its_epochs_bound_says_where_it_stopped_in_epochs(tmp_path, monkeypatch):
+    """The tagging grids end their cells at train.max_epochs, train.max_steps left at its default 100,000: "update 4
+    of 100,000" told nothing. 1,000 sentences in batches of 32 are 32 updates an epoch; the limit falls on update 4
+    (the stand-in clock reads 0, 1, 2, 3 after updates 1 to 4)."""
+    import itertools
+    import types
+
+    from sanlab.training import stop_after as stop_after_module
+    from sanlab.training.stop_after import StopAfter
+
+    bounds = [o for o in TINY if not o.startswith(("train.max_steps=", "train.max_epochs="))]
+    grid = load_grid(SMOKE, overrides=[*bounds, "train.max_epochs=2"], runs_dir=tmp_path)
+    assert grid.cells[0].config.train.max_steps == 100_000  # the recipe's default
+    cells_module.prepare_synthetic(grid)
+    ticks = itertools.count()
+    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    done = cells_module.train_cell(grid.cells[0], quiet=True, spec=grid.spec.eval,
+                                   stop_after=StopAfter("3s", deadline_mono=3.0))
+    assert done == {"stopped": "stopped at update 4 (0 of 2 epochs done) by --stop-after 3s; resumable"}
+
+
+def test_a_conflict_is_reported_at_once_whatever_the_limit(tmp_path, capsys):
+    """A cell whose run directory holds a run with other settings is a conflict (a refusal: FAILED, exit 1). The
+    grid looks at every cell before it trains any, so the conflict is said then, first, even where the limit would
+    have come before its turn (it was "not begun" and exit 0: the conflict showed only at the next invocation)."""
+    from sanlab.config import dump_config
+    from sanlab.experiments.running import run_order
+
+    grid = load_grid(SMOKE, overrides=TINY, runs_dir=tmp_path)
+    last = run_order(grid, grid.cells)[-1]  # the cell the grid would reach last
+    other = load_grid(SMOKE, overrides=[*TINY, "model.word_dim=16"], runs_dir=tmp_path)
+    last.run_dir.mkdir(parents=True)
+    last.layout.config.write_text(dump_config(next(c for c in other.cells if c.run_dir == last.run_dir).config))
+    assert cell_state(last, grid.spec.eval).status == "conflict"
+    assert run_compare(str(SMOKE), overrides=TINY, runs_dir=str(tmp_path), command="test",
+                       stop_after=_past_the_limit()) == 1
+    printed = capsys.readouterr()
+    lines = printed.err.splitlines()
+    refused = f"FAILED: ConfigError: {last.run_dir}: the directory holds a run with other values of: model.word_dim"
+    assert lines[1].startswith(f"[1/{len(grid.cells)}] {last.label}: {refused}"), lines
+    assert [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in lines[2:]] == \
+        ["not begun: past --stop-after 3s"] * (len(grid.cells) - 1)
+    out = printed.out.rstrip().splitlines()
+    assert out[-2].startswith(f"FAILED {last.label}: ConfigError: {last.run_dir}: the directory holds a run")
+    assert out[-1].startswith(f"NOT FINISHED: {len(grid.cells) - 1} cell(s) left by --stop-after 3s")
+    assert not last.layout.failed.exists()  # a refusal writes nothing into the cell
 
 
 @pytest.mark.parametrize("mode", ["table_only", "dry_run", "rescore"])

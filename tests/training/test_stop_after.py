@@ -22,12 +22,13 @@ SETTINGS = dict(max_steps=12, valid_every=3, log_every=5, keep_last=1, keep_best
 
 @pytest.fixture
 def clock(monkeypatch):
-    """time.time() for --stop-after: 0, 1, 2, ... one second a look (the loop looks once after each update);
-    calling the fixture's value starts it again at 0 (a new session)."""
+    """time.monotonic() for --stop-after: 0, 1, 2, ... one second a look (the loop looks once after each update);
+    calling the fixture's value starts it again at 0 (a new session). time.time() steps back an hour at each read
+    (an NTP step, a clock set by hand), which must move no limit."""
     import sanlab.cli
 
-    ticks = [itertools.count()]
-    fake = types.SimpleNamespace(time=lambda: float(next(ticks[0])))
+    ticks, steps = [itertools.count()], itertools.count()
+    fake = types.SimpleNamespace(monotonic=lambda: float(next(ticks[0])), time=lambda: 1e9 - 3600.0 * next(steps))
     monkeypatch.setattr(stop_after_module, "time", fake)
     monkeypatch.setattr(sanlab.cli, "time", fake)  # (the command's start: its first look)
     return lambda: ticks.__setitem__(0, itertools.count())
@@ -35,7 +36,7 @@ def clock(monkeypatch):
 
 def _limit_at(update: int) -> StopAfter:
     """A limit the stand-in clock reaches at the look after ``update`` (the first look reads 0)."""
-    return StopAfter(f"{update}s", deadline=float(update - 1))
+    return StopAfter(f"{update}s", deadline_mono=float(update - 1))
 
 
 def _records(run) -> list[dict]:
@@ -154,6 +155,35 @@ def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit
     assert capsys.readouterr().out.startswith("done: step 6, best bleu ")
 
 
+@pytest.mark.parametrize("max_steps, said", [
+    (8, "update 4 of 8"),  # 8 updates come before 2 epochs' 12
+    (12, "update 4 of 12"),  # both with update 12: train.max_steps, as the run's end says
+    (13, "update 4 (0 of 2 epochs done)")])  # 2 epochs' 12 updates come first
+def test_where_a_run_stopped_is_said_by_the_bound_that_ends_it(tmp_path, tiny_translation, clock, max_steps, said):
+    """An epoch is 6 updates: the bound reached first ends the run, and the stop says how far it is from that one
+    (train.max_steps' default 100,000 told a tagger bounded by train.max_epochs nothing)."""
+    config = tiny_translation(max_steps=max_steps, max_epochs=2, valid_every=0, log_every=5)
+    summary = train_run(config, tmp_path / "run", quiet=True, stop_after=_limit_at(4))
+    assert summary["stopped_at"] == said
+    assert (tmp_path / "run" / "train.log").read_text().rstrip().endswith(
+        f"stopped after 4s at {said} (--stop-after); rerun the same command to resume")
+
+
+def test_a_tagger_bounded_by_epochs_says_its_epochs_not_its_updates(tmp_path, clock, capsys):
+    """The taggers' recipes bound a run by train.max_epochs (train.max_steps left at its default): 60 sentences in
+    batches of 8 are 8 updates an epoch, so update 10 falls in the second of 3 epochs, with 1 done."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+    from training_fixtures import make_tagging_config
+
+    recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(dump_config(make_tagging_config(tmp_path, max_epochs=3, log_every=5)))
+    # the command's start reads 0; the looks after updates 1 to 10 read 1 to 10
+    assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "10s"]) == 0
+    assert capsys.readouterr().out == ("stopped after 10s at update 10 (1 of 3 epochs done) (--stop-after); rerun "
+                                       "the same command to resume\n")
+
+
 @pytest.mark.parametrize("argv, said", [("0s", "expected a duration above 0, got '0s'"),
                                         ("90", "'90' has no unit: give one, e.g. 90s or 90m"),
                                         ("soon", "expected a duration such as 90s, 9m or 1.5h")])
@@ -198,13 +228,51 @@ def test_two_processes_stop_at_the_same_update_and_resume_to_the_uninterrupted_r
     _assert_same_run(straight, cut)
 
 
-def test_a_worker_of_the_launcher_takes_the_launchers_deadline(monkeypatch):
+@pytest.fixture
+def clocks(monkeypatch):
+    """Stand-ins for time.time() (``wall``) and time.monotonic() (``mono``), set by hand."""
+    now = types.SimpleNamespace(wall=1_000_000.0, mono=50.0)
+    monkeypatch.setattr(stop_after_module, "time", types.SimpleNamespace(time=lambda: now.wall,
+                                                                         monotonic=lambda: now.mono))
+    return now
+
+
+def test_a_worker_of_the_launcher_takes_the_launchers_deadline(monkeypatch, clocks):
     """`sanlab train --nproc N`'s processes start later than the command: the limit counts from the command's start,
-    which the launcher passes on; a process outside a launch (no WORLD_SIZE) counts from its own start."""
-    monkeypatch.setenv(stop_after_module.DEADLINE_ENV, "1000.5")
-    assert StopAfter.starting("9m", started=50.0).deadline == 50.0 + 540
+    which the launcher passes on as a wall-clock time, converted on arrival; a process outside a launch (no
+    WORLD_SIZE) counts from its own start (a time.monotonic() reading)."""
+    monkeypatch.setenv(stop_after_module.DEADLINE_ENV, repr(clocks.wall + 100.5))
+    assert StopAfter.starting("9m", started=40.0).deadline_mono == 40.0 + 540
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert StopAfter.starting("9m", started=50.0) == StopAfter("9m", deadline=1000.5)
+    assert StopAfter.starting("9m", started=40.0) == StopAfter("9m", deadline_mono=clocks.mono + 100.5)
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0])
+def test_a_clock_change_during_the_session_moves_no_limit(clocks, monkeypatch, step):
+    """An NTP step or a clock set by hand moves time.time(), not time.monotonic(): the limit is kept by the latter,
+    the wall clock read only where the deadline crosses processes (``stop_at``, once each way)."""
+    limit = StopAfter.starting("9m")
+    monkeypatch.setenv(stop_after_module.DEADLINE_ENV, repr(limit.stop_at()))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    worker = StopAfter.starting("9m")
+    assert worker.deadline_mono == limit.deadline_mono == clocks.mono + 540
+    clocks.wall += step
+    clocks.mono += 539
+    assert not limit.reached() and not worker.reached()
+    clocks.mono += 1
+    assert limit.reached() and worker.reached()
+
+
+def test_a_limit_handed_to_a_spawned_process_keeps_its_time_left(clocks):
+    """``sanlab compare --jobs N`` pickles the limit to processes whose time.monotonic() need not share the
+    grid process's reference: it crosses as a wall-clock time, converted back on arrival."""
+    import pickle
+
+    limit = StopAfter.starting("9m")
+    sent = pickle.dumps(limit)
+    clocks.mono, clocks.wall = 7_000.0, clocks.wall + 40  # another process, 40 s later
+    arrived = pickle.loads(sent)
+    assert arrived.text == "9m" and arrived.deadline_mono == 7_000.0 + 500
 
 
 def _assert_ends_alike(a, b, config):

@@ -24,8 +24,8 @@ from sanlab.errors import ConfigError, SanlabError
 from sanlab.experiments.grid import synthetic_task
 from sanlab.experiments.grid_schema import Cell, EvalSpec, Grid
 from sanlab.experiments.grid_state import (
-    DONE_FILE, EVAL_FILE, FAILED_FILE, STALE_GROUPS, cell_state, config_dict, data_digests, eval_key, evidence_intact,
-    file_digest, latest_step, read_done, scores_digest, split_files,
+    DONE_FILE, EVAL_FILE, FAILED_FILE, STALE_GROUPS, CellState, cell_state, config_dict, data_digests, eval_key,
+    evidence_intact, file_digest, latest_step, read_done, scores_digest, split_files,
 )
 from sanlab.files import read_json, write_json
 from sanlab.invocation import print_library_warnings
@@ -170,8 +170,7 @@ def train_cell(cell: Cell, *, quiet: bool, jobs: int = 1, spec: EvalSpec | None 
                         allow_changed_data=os.environ.get(ALLOW_CHANGED_DATA_ENV) == "1", on_finished=record,
                         before_start=still_to_train, stop_after=stop_after)
     if summary.get("stopped_after") is not None:
-        return {"stopped": f"stopped at update {summary['step']:,} of {cell.config.train.max_steps:,} by "
-                           f"--stop-after {summary['stopped_after']}; resumable"}
+        return {"stopped": f"stopped at {summary['stopped_at']} by --stop-after {summary['stopped_after']}; resumable"}
     return done
 
 
@@ -350,14 +349,12 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
     its training stops at it (``train_run``); it is then left resumable, ``CellOutcome.stopped`` says where.
     """
     start, trained, evaluated = time.monotonic(), False, False
-    if stop_after is not None and stop_after.reached():
-        return CellOutcome(cell, False, False, 0.0, stopped=_left_by(cell, spec, stop_after))
     try:
         state = cell_state(cell, spec)
-        if state.status == "conflict":  # a refusal, not a failure of the cell: nothing is written into it
-            return CellOutcome(cell, False, False, time.monotonic() - start,
-                               f"ConfigError: {cell.run_dir}: {state.detail}" + (f"; {state.advice}" if state.advice
-                                                                                 else ""))
+        if state.status == "conflict":  # said whatever the limit: it is not "not begun", it cannot begin
+            return refused(cell, state, time.monotonic() - start)
+        if stop_after is not None and stop_after.reached():
+            return CellOutcome(cell, False, False, 0.0, stopped=_left_by(state, stop_after))
         if state.status == "trained" and state.detail.startswith(STALE_GROUPS) and state.step is not None and \
                 latest_step(cell.run_dir) is None:  # committed: no model to score it with, its predictions will do
             return CellOutcome(cell, False, False, time.monotonic() - start, f"ConfigError: {cell.run_dir}: "
@@ -396,13 +393,16 @@ def run_cell(cell: Cell, spec: EvalSpec, *, quiet: bool, jobs: int = 1,
 TRAINED_NOT_EVALUATED = "trained, not evaluated"
 
 
-def _left_by(cell: Cell, spec: EvalSpec, stop_after: StopAfter) -> str:
-    """What a cell reached once the limit has passed is left as, in words: a trained one is not "not begun"."""
-    try:
-        status = cell_state(cell, spec).status
-    except Exception:  # noqa: BLE001  (unreadable: the next invocation reports it; nothing was begun here)
-        status = "pending"
-    what = {"trained": TRAINED_NOT_EVALUATED, "training": "not resumed"}.get(status, "not begun")
+def refused(cell: Cell, state: CellState, seconds: float = 0.0) -> CellOutcome:
+    """The outcome of a cell in ``conflict``: a refusal, not a failure of the cell (nothing is written into it)."""
+    return CellOutcome(cell, False, False, seconds,
+                       f"ConfigError: {cell.run_dir}: {state.detail}" + (f"; {state.advice}" if state.advice else ""))
+
+
+def _left_by(state: CellState, stop_after: StopAfter) -> str:
+    """What a cell in ``state`` reached once the limit has passed is left as, in words: a trained one is not "not
+    begun"."""
+    what = {"trained": TRAINED_NOT_EVALUATED, "training": "not resumed"}.get(state.status, "not begun")
     return f"{what}: past --stop-after {stop_after.text}"
 
 

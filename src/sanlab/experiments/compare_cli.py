@@ -44,10 +44,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--allow-changed-data", action="store_true",
                    help="resume cells even though their training data changed since they last trained on it")
     p.add_argument("--stop-after", type=duration_argument, metavar="DURATION",
-                   help="bound this invocation: once DURATION (90s, 9m, 1.5h) has passed since it started, the cell "
-                        "training stops at an update with a checkpoint (resumable, as `sanlab train --stop-after`), "
-                        "no cell begins and none is evaluated; such cells are reported as stopped, not failed, "
-                        "and the exit status is 0 unless a cell failed")
+                   help="bound this invocation: once DURATION (90s, 9m, 1.5h; a unit is required) has passed since "
+                        "the command started, the cell training stops at an update boundary with a checkpoint "
+                        "(resumable, as `sanlab train --stop-after`), no cell begins and none is evaluated; each such "
+                        "cell's line says what it was left as (not failed), the output ends with a line naming them, "
+                        "e.g. \"NOT FINISHED: 2 cell(s) left by --stop-after 9m, resumable ...\", and the exit status "
+                        "is 0 where only the limit left cells (1 if a cell failed); rerun the same command to go on")
     p.set_defaults(fn=_cmd_compare)
     return p
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from sanlab.errors import ConfigError
 from sanlab.experiments.cells import (
-    CellOutcome, cores, init_worker, last_speed, machine, prepare_synthetic, read_failure, record_failure, run_cell,
-    run_cell_job, speed_conditions,
+    CellOutcome, cores, init_worker, last_speed, machine, prepare_synthetic, read_failure, record_failure, refused,
+    run_cell, run_cell_job, speed_conditions,
 )
 from sanlab.experiments.grid_schema import Cell, Grid, slug
 from sanlab.experiments.grid_state import cell_state, read_done
@@ -236,9 +236,11 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
     threads, started in that order. A failing cell is reported and the others go on. ``after_cell`` is
     called as each cell finishes (``run_compare`` rewrites the table there). ``stop_after`` (``sanlab compare
     --stop-after``) bounds the whole invocation: a cell training at the limit stops there, resumable, and the
-    cells not begun by then are not (``run_cell``); each is reported as such, not as failed."""
+    cells not begun by then are not (``run_cell``); each is reported as such, not as failed. The cells in conflict
+    are reported first, before any cell trains: found from their files alone, and never to be reached past a limit."""
     prepare_synthetic(grid)
-    todo = [c for c in cells if cell_state(c, grid.spec.eval).status != "evaluated"]
+    states = [(c, cell_state(c, grid.spec.eval)) for c in cells]
+    todo = [c for c, state in states if state.status != "evaluated"]
     todo = todo if keep_order else run_order(grid, todo)
     threads = max(1, cores() // jobs)
     log(f"{len(cells) - len(todo)} of {len(cells)} cells already evaluated; {len(todo)} to run"
@@ -254,14 +256,19 @@ def run_grid(grid: Grid, cells: Sequence[Cell], *, jobs: int = 1, quiet: bool = 
             except Exception as err:  # noqa: BLE001  (the table is rebuilt at the end; the grid goes on)
                 log(f"could not rewrite the table after {outcome.cell.label}: {type(err).__name__}: {err}")
 
-    if jobs <= 1 or len(todo) <= 1:
-        for cell in todo:
+    conflicts = {c.run_dir: state for c, state in states if state.status == "conflict"}
+    for cell in todo:
+        if cell.run_dir in conflicts:
+            report(refused(cell, conflicts[cell.run_dir]))
+    runnable = [c for c in todo if c.run_dir not in conflicts]  # (``run_cell`` looks again at each one's turn)
+    if jobs <= 1 or len(runnable) <= 1:
+        for cell in runnable:
             report(run_cell(cell, grid.spec.eval, quiet=quiet, jobs=1, stop_after=stop_after))
         return outcomes
     # A worker that dies (e.g. the OOM killer) breaks the pool, which then fails every cell it held, not
     # only the culprit. The first time, those cells go to a new pool of the same width (they resume from
     # their checkpoints); after that, each goes to a pool of its own, so a death names its cell.
-    remaining, width, breaks = list(todo), min(jobs, len(todo)), 0
+    remaining, width, breaks = list(runnable), min(jobs, len(runnable)), 0
     while remaining:
         batches = [remaining] if breaks < 2 else [[c] for c in remaining]
         remaining = []

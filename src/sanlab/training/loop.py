@@ -8,10 +8,10 @@ counters — is in every checkpoint. Under torchrun the same loop runs in every 
 main process validates and checkpoints.
 
 ``--stop-after`` (``StopAfter``) ends a session at a wall-time limit, at an update boundary: a single process
-checks the clock after every update (a ``time.time()``, nothing on the device); under torchrun process 0 decides at
-every ``log_every``-th update, where the loop reads the device anyway, and broadcasts its decision (one small
-collective per ``log_every`` updates, none in between), so that every process stops at the same update. Unless a
-validation is due then anyway, the session saves a checkpoint without validating (``_save_to_resume``).
+checks the clock after every update (a ``time.monotonic()``, nothing on the device); under torchrun process 0
+decides at every ``log_every``-th update, where the loop reads the device anyway, and broadcasts its decision (one
+small collective per ``log_every`` updates, none in between), so that every process stops at the same update.
+Unless a validation is due then anyway, the session saves a checkpoint without validating (``_save_to_resume``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from sanlab.training.distributed import Distributed, RelayedCrash, RelayedError,
 from sanlab.training.interval import DeviceInterval, Settled
 from sanlab.training.logging import RunLogger, duration
 from sanlab.training.schedule import learning_rate
-from sanlab.training.stop_after import StopAfter
+from sanlab.training.stop_after import StopAfter, stopped_at
 
 
 class TrainTask(Protocol):
@@ -557,15 +557,28 @@ class Trainer:
                 self._validate(on_schedule=False)
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
-        why = self.stop_after.message(step=p.step, max_steps=cfg.max_steps) if cut else self._why_stopped()
+        where = self._stopped_at(len(batches)) if cut else None
+        why = self.stop_after.message(where) if cut else self._why_stopped()
         self.log.info(f"{'stopped' if cut else 'finished'} at step {p.step}, epoch {p.epoch}, best {self.task.metric} "
                       f"{_shown(best)} ({duration(elapsed)} this session): {why}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on);
-        # stopped_after: the --stop-after limit that ended this session before the run's end, else None
+        # stopped_after: the --stop-after limit that ended this session before the run's end, else None; stopped_at:
+        # where, in words (``stop_after.stopped_at``)
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
                 "train_seconds": p.train_seconds, "bad_validations": p.bad_validations,
-                "stopped_after": self.stop_after.text if cut else None}
+                "stopped_after": self.stop_after.text if cut else None, "stopped_at": where}
+
+    def _stopped_at(self, epoch_batches: int) -> str:
+        """Where the limit stopped the session, against the bound that will end the run: of train.max_steps and
+        train.max_epochs, the one ``fit`` reaches first (both at once: max_steps, as ``_why_stopped`` says), the
+        epochs left counted at ``epoch_batches`` (the last epoch's) a piece."""
+        cfg, p = self.config, self.progress
+        per_update = cfg.accum_steps * self.dist.world_size
+        epochs_left = (math.ceil((epoch_batches - p.position) / per_update)  # (position 0: the epoch is all ahead)
+                       + (cfg.max_epochs - p.epoch - 1) * math.ceil(epoch_batches / per_update))
+        by_epochs = p.epoch < cfg.max_epochs and p.step + epochs_left < cfg.max_steps
+        return stopped_at(p.step, max_steps=cfg.max_steps, epochs=(p.epoch, cfg.max_epochs) if by_epochs else None)
 
     def _limit_reached(self, *, logged: bool) -> bool:
         """Whether --stop-after's limit ends the session after this update. One process: the clock, after every

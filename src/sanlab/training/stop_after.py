@@ -3,7 +3,8 @@
 A property of the invocation, not of the run: never written into the run's config, and a resume without it (or
 with another limit) continues the same run. The time counts from the start of the command (``started``), data
 preparation and model building included, as a scheduler's wall-time limit does. Under ``sanlab train --nproc N``
-the launcher passes its deadline to its workers (``DEADLINE_ENV``), so theirs counts from the same start.
+the launcher passes its deadline to its workers (``DEADLINE_ENV``), so theirs counts from the same start. Within a
+process the limit is kept by time.monotonic(): a clock change during a session (an NTP step) moves no limit.
 
 Nothing here imports torch: the command line parses it.
 """
@@ -16,7 +17,8 @@ import re
 import time
 from dataclasses import dataclass
 
-# the launcher's deadline (seconds since the epoch, as time.time()) for the workers of `sanlab train --nproc N`
+# the launcher's deadline (seconds since the epoch, as time.time(): ``StopAfter.stop_at``) for the workers of
+# `sanlab train --nproc N`, converted to their time.monotonic() on arrival
 DEADLINE_ENV = "SANLAB_STOP_AT"
 UNITS = {"s": 1, "m": 60, "h": 3600}
 _DURATION = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([smh])")
@@ -47,25 +49,50 @@ def duration_argument(text: str) -> str:
 
 @dataclass(frozen=True)
 class StopAfter:
-    """The limit as given (``text``, for messages) and the wall-clock time it ends (``deadline``, time.time())."""
+    """The limit as given (``text``, for messages) and the time.monotonic() it ends at (``deadline_mono``): the
+    clock no NTP step or clock set by hand moves. A wall-clock time stands for it only where it crosses processes
+    (``stop_at``), converted back on arrival (``arriving``): a monotonic clock's reference is a process's own."""
 
     text: str
-    deadline: float
+    deadline_mono: float
 
     @classmethod
     def starting(cls, text: str, started: float | None = None) -> StopAfter:
-        """The limit ``text`` counted from ``started`` (time.time(); default now). In a worker of ``sanlab train
-        --nproc`` the launcher's deadline, which counts from the launcher's start."""
+        """The limit ``text`` counted from ``started`` (a time.monotonic() reading; default now). In a worker of
+        ``sanlab train --nproc`` the launcher's deadline, which counts from the launcher's start."""
         seconds = parse_duration(text)
         inherited = os.environ.get(DEADLINE_ENV) if "WORLD_SIZE" in os.environ else None
         if inherited:
-            return cls(text, float(inherited))
-        return cls(text, (time.time() if started is None else started) + seconds)
+            return cls.arriving(text, float(inherited))
+        return cls(text, (time.monotonic() if started is None else started) + seconds)
+
+    @classmethod
+    def arriving(cls, text: str, stop_at: float) -> StopAfter:
+        """The limit another process handed over as a wall-clock time (``stop_at``, time.time()), converted here
+        once: the wall clock moving later moves it no more."""
+        return cls(text, time.monotonic() + (stop_at - time.time()))
+
+    def stop_at(self) -> float:
+        """The deadline as a wall-clock time (time.time()), to hand to another process (``arriving`` there)."""
+        return time.time() + (self.deadline_mono - time.monotonic())
+
+    def __reduce__(self):  # pickled to a spawned process (``sanlab compare --jobs``): by the wall clock, as above
+        return StopAfter.arriving, (self.text, self.stop_at())
 
     def reached(self) -> bool:
-        return time.time() >= self.deadline
+        return time.monotonic() >= self.deadline_mono
 
-    def message(self, *, step: int, max_steps: int) -> str:
-        """The line a session the limit ended says (the CLI prints it, train.log ends with it)."""
-        return (f"stopped after {self.text} at update {step:,} of {max_steps:,} (--stop-after); rerun the same "
-                "command to resume")
+    def message(self, where: str) -> str:
+        """The line a session the limit ended at ``where`` (``stopped_at``) says (the CLI prints it, train.log ends
+        with it)."""
+        return f"stopped after {self.text} at {where} (--stop-after); rerun the same command to resume"
+
+
+def stopped_at(step: int, *, max_steps: int, epochs: tuple[int, int] | None = None) -> str:
+    """Where a session stopped, against the bound that ends the run: ``update 1,234 of 3,000`` (train.max_steps), or
+    where ``epochs`` (done, train.max_epochs) ends it first, ``update 1,234 (2 of 20 epochs done)`` (a tagger's
+    train.max_steps is its default 100,000, far from its end). Epochs done, not the one under way: train.log numbers
+    epochs from 0."""
+    if epochs is None:
+        return f"update {step:,} of {max_steps:,}"
+    return f"update {step:,} ({epochs[0]:,} of {epochs[1]:,} epochs done)"
