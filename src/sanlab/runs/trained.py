@@ -210,10 +210,7 @@ def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
 
 def _describe_checkpoint(run_dir: Path, path: Path) -> dict:
     meta = read_json(path / META) or {}
-    try:
-        name = str(path.resolve().relative_to(Path(run_dir).resolve()))
-    except ValueError:
-        name = str(path)
+    name = RunLayout(run_dir).name_in_run(path) or str(path)
     return {"checkpoint": name, "step": meta.get("step"),
             **({"averaged": meta["averaged"]} if "averaged" in meta else {})}
 
@@ -319,7 +316,7 @@ def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, path: Path) -> None:
     records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's.
     ``path``: the directory ``checkpoint`` named when it was loaded."""
     path = path.resolve()
-    if _names_a_runs_checkpoint(path) and Path(run_dir).resolve() not in path.parents:
+    if _names_a_runs_checkpoint(path) and RunLayout(run_dir).name_in_run(path) is None:
         raise ConfigError(f"--checkpoint {checkpoint}: a directory outside {run_dir} named like one of its own "
                           f"checkpoints ({path.name}): its evaluation would replace that checkpoint's records; "
                           "give it another name first")
