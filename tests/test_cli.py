@@ -1,5 +1,6 @@
 """The command line: every subcommand has --help; user errors are one clear line, exit code 2."""
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -838,59 +839,140 @@ def test_a_device_may_be_both_input_and_output():
     check_output_file("/dev/null", inputs=("/dev/null",))   # written in place, never replaced: nothing is lost
 
 
-def test_a_library_warning_under_a_callers_logging_is_printed_once(monkeypatch, capsys):
-    """A caller with logging configured (a root handler on stderr, as logging.basicConfig) got the CLI's "WARNING:
-    ..." and its own handler's line; the CLI's handler stops propagation while it is installed and restores it."""
-    import logging
-
-    import sanlab.cli
-
-    def warns(args):
-        logging.getLogger("sanlab.runs.trained").warning("the average is stale")
-        return 0
-    monkeypatch.setattr(sanlab.cli, "_cmd_env", warns)
-    callers = logging.StreamHandler(sys.stderr)  # the sys.stderr capsys set up
-    callers.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
-    root, library = logging.getLogger(), logging.getLogger("sanlab")
-    root.addHandler(callers)
-    try:
-        assert main(["env"]) == 0
-        assert capsys.readouterr().err == "WARNING: the average is stale\n"
-        assert library.propagate and not library.handlers  # as before the command
-        logging.getLogger("sanlab.runs.trained").warning("outside a command")
-        assert capsys.readouterr().err == "WARNING:sanlab.runs.trained:outside a command\n"  # the caller's, again
-    finally:
-        root.removeHandler(callers)
-
-
-def test_library_records_below_warning_reach_a_callers_logging_during_a_command(monkeypatch, capsys):
-    """The CLI's handler stops the library's warnings from propagating (they are printed once, as its own), but an
-    INFO record (sanlab.data.parallel's "skipped N pairs ...") still reaches a Python caller's root handlers (a
-    file log, caplog) while main() runs; the warning does not reach them."""
+def _library_logs(monkeypatch, *records):
+    """``sanlab env`` logs ``records`` ((logger, level, message)) under the library's loggers, and exits 0."""
     import logging
 
     import sanlab.cli
 
     def logs(args):
-        logging.getLogger("sanlab.data.parallel").info("skipped 2 pairs with an empty side")
-        logging.getLogger("sanlab.runs.trained").warning("the average is stale")
+        for name, level, message in records:
+            logging.getLogger(name).log(level, message)
         return 0
     monkeypatch.setattr(sanlab.cli, "_cmd_env", logs)
-    records = []
 
-    class Callers(logging.Handler):
-        def emit(self, record):
-            records.append((record.levelname, record.name, record.getMessage()))
-    callers = Callers(logging.DEBUG)
-    root, library = logging.getLogger(), logging.getLogger("sanlab")
-    root.addHandler(callers)
+
+@pytest.fixture
+def callers_logging():
+    """Adds a caller's handler to a logger (the root by default), as logging.basicConfig would; removed after."""
+    import logging
+
+    added = []
+
+    def add(handler, logger=""):
+        logging.getLogger(logger).addHandler(handler)
+        added.append((logger, handler))
+        return handler
+    yield add
+    for logger, handler in added:
+        logging.getLogger(logger).removeHandler(handler)
+
+
+class _Collects(logging.Handler):
+    """A caller's handler that writes nowhere near stderr (a file log, caplog): what it was handed."""
+
+    def __init__(self, level=0):
+        super().__init__(level)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append((record.levelname, record.name, record.getMessage()))
+
+
+def test_a_library_warning_under_a_callers_logging_on_stderr_is_printed_once_by_it(monkeypatch, capsys,
+                                                                                    callers_logging):
+    """A caller with logging on stderr (logging.basicConfig) gets the library's warnings through its own handler, in
+    its own format, while main() runs, and the CLI does not print them a second time (it did, once, as "WARNING:
+    ..."; later it stopped propagation, and the caller's handlers lost them)."""
+    import logging
+
+    _library_logs(monkeypatch, ("sanlab.runs.trained", logging.WARNING, "the average is stale"))
+    callers = callers_logging(logging.StreamHandler(sys.stderr))  # the sys.stderr capsys set up
+    callers.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+    assert main(["env"]) == 0
+    assert capsys.readouterr().err == "WARNING:sanlab.runs.trained:the average is stale\n"
+    library = logging.getLogger("sanlab")
+    assert library.propagate and not library.handlers  # as before the command
+    logging.getLogger("sanlab.runs.trained").warning("outside a command")
+    assert capsys.readouterr().err == "WARNING:sanlab.runs.trained:outside a command\n"
+
+
+def test_library_records_reach_a_callers_logging_during_a_command(monkeypatch, capsys, callers_logging):
+    """A Python caller's root handlers (a file log, caplog) get every record of the library while main() runs, the
+    warnings included; a handler that does not write to stderr does not show them to the user, so the CLI prints
+    them too, once."""
+    import logging
+
+    _library_logs(monkeypatch, ("sanlab.data.parallel", logging.INFO, "skipped 2 pairs with an empty side"),
+                  ("sanlab.runs.trained", logging.WARNING, "the average is stale"))
+    callers = callers_logging(_Collects(logging.DEBUG))
+    library = logging.getLogger("sanlab")
     level = library.level
     library.setLevel(logging.INFO)  # as a caller's configuration would (the root's default WARNING otherwise)
     try:
         assert main(["env"]) == 0
-        assert records == [("INFO", "sanlab.data.parallel", "skipped 2 pairs with an empty side")]
-        assert capsys.readouterr().err == "WARNING: the average is stale\n"   # once, by the CLI
-        assert library.propagate and not library.handlers  # as before the command
     finally:
-        root.removeHandler(callers)
         library.setLevel(level)
+    assert callers.records == [("INFO", "sanlab.data.parallel", "skipped 2 pairs with an empty side"),
+                               ("WARNING", "sanlab.runs.trained", "the average is stale")]
+    assert capsys.readouterr().err == "WARNING: the average is stale\n"   # once, by the CLI
+    assert library.propagate and not library.handlers  # as before the command
+
+
+def test_the_cli_prints_the_warnings_a_callers_stderr_handler_would_not(monkeypatch, capsys, callers_logging):
+    """Whether the caller's handler on stderr shows a record is its level's (and filters') say, record by record:
+    a handler for errors only leaves the warning to the CLI, and shows the error itself (once)."""
+    import logging
+
+    _library_logs(monkeypatch, ("sanlab.runs.trained", logging.WARNING, "the average is stale"),
+                  ("sanlab.runs.trained", logging.ERROR, "the run is gone"))
+    callers = callers_logging(logging.StreamHandler(sys.stderr))
+    callers.setFormatter(logging.Formatter("caller %(levelname)s %(message)s"))
+    callers.setLevel(logging.ERROR)
+    assert main(["env"]) == 0
+    assert capsys.readouterr().err == "WARNING: the average is stale\ncaller ERROR the run is gone\n"
+
+
+def test_a_callers_stderr_handler_anywhere_on_the_records_way_counts(monkeypatch, capsys, callers_logging):
+    """A caller's stderr handler on a sanlab logger (here ``sanlab.runs``) shows the warning: not printed again; with
+    the caller's own ``propagate=False`` on ``sanlab``, the root's stderr handler never sees it: printed by the CLI
+    (and the caller's choice is kept)."""
+    import logging
+
+    _library_logs(monkeypatch, ("sanlab.runs.trained", logging.WARNING, "the average is stale"))
+    runs = callers_logging(logging.StreamHandler(sys.stderr), "sanlab.runs")
+    runs.setFormatter(logging.Formatter("runs: %(message)s"))
+    assert main(["env"]) == 0
+    assert capsys.readouterr().err == "runs: the average is stale\n"
+
+    logging.getLogger("sanlab.runs").removeHandler(runs)
+    root = callers_logging(logging.StreamHandler(sys.stderr))
+    root.setFormatter(logging.Formatter("root: %(message)s"))
+    library = logging.getLogger("sanlab")
+    library.propagate = False
+    try:
+        assert main(["env"]) == 0
+        assert not library.propagate
+    finally:
+        library.propagate = True
+    assert capsys.readouterr().err == "WARNING: the average is stale\n"
+
+
+def test_a_callers_handler_on_stderrs_descriptor_counts_as_stderr(monkeypatch, tmp_path, callers_logging):
+    """A handler made on another file object of stderr's descriptor (``sys.__stderr__`` while ``sys.stderr`` wraps
+    descriptor 2) writes where the CLI would: the warning is written once; one on stdout's does not count."""
+    import logging
+
+    _library_logs(monkeypatch, ("sanlab.runs.trained", logging.WARNING, "the average is stale"))
+    err = tmp_path / "err"
+    with open(err, "w") as stderr, open(stderr.fileno(), "w", closefd=False) as same, open(tmp_path / "out", "w") as out:
+        monkeypatch.setattr(sys, "stderr", stderr)
+        callers = callers_logging(logging.StreamHandler(same))
+        callers.setFormatter(logging.Formatter("caller: %(message)s"))
+        assert main(["env"]) == 0
+        same.flush()
+        callers.setStream(out)  # another descriptor: the CLI prints it as well
+        assert main(["env"]) == 0
+        monkeypatch.undo()
+    assert err.read_text() == "caller: the average is stale\nWARNING: the average is stale\n"
+    assert (tmp_path / "out").read_text() == "caller: the average is stale\n"

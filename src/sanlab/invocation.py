@@ -69,46 +69,55 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 
 class _ConsoleWarnings(logging.Handler):
-    """The library's warnings (logged under ``sanlab``) as the command's own: "WARNING: ..." on stderr."""
+    """The library's warnings (logged under ``sanlab``) as the command's own: "WARNING: ..." on stderr, unless
+    another handler on the record's way (a caller's ``logging.basicConfig``) writes it to stderr already."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            print(f"{record.levelname}: {record.getMessage()}", file=sys.stderr)  # (the sys.stderr of the moment)
+            if not _shown_on_stderr_by_another(record, self):
+                print(f"{record.levelname}: {record.getMessage()}", file=sys.stderr)  # (the sys.stderr of the moment)
         except Exception:
             self.handleError(record)
 
 
-class _BelowWarnings(logging.Handler):
-    """What the ``sanlab`` logger no longer propagates while the CLI prints its warnings, less those warnings: the
-    records below WARNING (INFO, DEBUG) go on to the root logger's handlers (a caller's file log, caplog)."""
+def _shown_on_stderr_by_another(record: logging.LogRecord, own: logging.Handler) -> bool:
+    """Whether a handler other than ``own`` that writes to stderr will take ``record``: the handlers
+    ``Logger.callHandlers`` hands it to (the record's logger's, then its ancestors' while they propagate), each by
+    its own level and filters (a caller's handler for errors only leaves a warning to us)."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None:
+        for handler in logger.handlers:
+            if (handler is not own and isinstance(handler, logging.StreamHandler)
+                    and not isinstance(handler, logging.FileHandler) and _is_stderr(handler.stream)
+                    and record.levelno >= handler.level and handler.filter(record)):
+                return True
+        logger = logger.parent if logger.propagate else None
+    return False
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.WARNING and super().filter(record)
 
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger().handle(record)
+def _is_stderr(stream: object) -> bool:
+    """``stream`` is this moment's ``sys.stderr``, or another file object on its descriptor (a handler made with
+    ``sys.__stderr__`` while ``sys.stderr`` is a wrapper of descriptor 2)."""
+    if stream is sys.stderr:
+        return True
+    try:
+        return stream.fileno() == sys.stderr.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # (no descriptor: a StringIO, a capture, a closed file)
+        return False
 
 
 def print_library_warnings() -> Callable[[], None]:
-    """From now on what the library logs at WARNING or above is printed on stderr as "WARNING: ..." (without it
-    Python's last resort prints the bare message), and only there: the ``sanlab`` logger stops propagating, or a
-    caller's logging configuration (a root handler) would print it a second time; its records below WARNING still
-    reach the root's handlers (a second handler passes them on). Returns the undo."""
+    """From now on what the library logs at WARNING or above is shown on stderr once: printed as "WARNING: ..."
+    (without it Python's last resort prints the bare message), unless a handler on the record's way already writes
+    it to stderr (a Python caller's ``logging.basicConfig``: the caller's format, not a second line). The records
+    still propagate, so a caller's handlers (a file log, caplog) get every one. Returns the undo."""
     logger = logging.getLogger("sanlab")
-    propagate = logger.propagate
-    handlers = [_ConsoleWarnings(), *([_BelowWarnings()] if propagate else [])]  # a caller's propagate=False kept
-    for handler in handlers:
-        logger.addHandler(handler)
-    logger.propagate = False
-
-    def undo() -> None:
-        for handler in handlers:
-            logger.removeHandler(handler)
-        logger.propagate = propagate
-    return undo
+    handler = _ConsoleWarnings()
+    logger.addHandler(handler)
+    return lambda: logger.removeHandler(handler)
 
 
 @contextmanager

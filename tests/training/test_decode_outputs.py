@@ -6,6 +6,7 @@ import gzip
 import os
 import stat
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -40,10 +41,10 @@ def test_the_input_is_never_the_output(command, capsys):
 def test_a_file_of_the_run_is_never_the_output(command, capsys, own):
     name, run, source = command
     before = os.path.join(run, own)
-    kept = open(before, "rb").read()
+    kept = Path(before).read_bytes()
     code, _, err = _run([name, "--run", run, "--input", str(source), "--output", before], capsys)
     assert code == 2 and "is the run's own" in err and "write the output to another file" in err
-    assert open(before, "rb").read() == kept
+    assert Path(before).read_bytes() == kept
 
 
 @pytest.mark.parametrize("own", ["config.yaml", "meta.json", "checkpoints/latest.json"])
@@ -53,10 +54,10 @@ def test_a_file_of_another_run_is_never_the_output(command, capsys, own):
     name, run, source = command
     other = "tagging" if run == "translation" else "translation"
     before = os.path.join(other, own)
-    kept = open(before, "rb").read()
+    kept = Path(before).read_bytes()
     code, _, err = _run([name, "--run", run, "--input", str(source), "--output", before], capsys)
     assert code == 2 and "is the run's own (" in err and f"/{other}), which the output would replace" in err
-    assert open(before, "rb").read() == kept
+    assert Path(before).read_bytes() == kept
 
 
 def test_other_names_in_the_run_directory_are_the_users(command, capsys):

@@ -30,6 +30,8 @@ def test_other_decode_settings_replace_a_split_s_record_with_a_warning(legacy, c
     assert "beam 2" in message and "beam 1" in message  # what differs, old and new
     assert f"bleu = {first['bleu']:.2f}" in message      # the score that is replaced
     assert "hyp-best-test.txt" in message
+    assert "10 of 10 hypotheses differ" in message       # beam 1 decodes every line of this tiny run otherwise
+    assert f"bleu = {greedy['bleu']:.2f}" in message.split("replaced by")[1]  # and the score that replaces it
     assert read_json(RUN / "eval-best.json")["test"]["decode"] == greedy["decode"]
 
 
@@ -38,3 +40,35 @@ def test_a_record_of_another_split_or_precision_is_no_replacement(legacy, caplog
     with caplog.at_level(logging.WARNING, logger="sanlab"):
         evaluate_run(RUN, checkpoint="best", decode_overrides={"beam": 1}, precision="bf16")  # eval-best-bf16.json
     assert _replacement_warnings(caplog) == []
+
+
+def test_other_settings_that_decode_the_same_hypotheses_replace_the_record_without_a_warning(legacy, caplog):
+    """Only --batch-sentences changed: the same hypotheses, line for line (compared with the file before it is
+    rewritten), so nothing is lost: an INFO line says the record was made again, not a warning."""
+    before = (RUN / "hyp-best-test.txt").read_text(encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="sanlab"):
+        again = evaluate_run(RUN, checkpoint="best", decode_overrides={"batch_sentences": 3})["test"]
+    assert _replacement_warnings(caplog) == []
+    [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "replaced" in r.getMessage()]
+    assert "batch sentences 64" in info and "batch sentences 3" in info and "the same hypotheses" in info
+    assert (RUN / "hyp-best-test.txt").read_text(encoding="utf-8") == before
+    assert read_json(RUN / "eval-best.json")["test"]["decode"] == again["decode"]  # replaced all the same
+
+
+def test_a_hypotheses_file_that_is_not_its_records_is_not_compared(legacy, caplog):
+    """The earlier hypotheses file edited (or lost) behind its record's back says nothing of what the record scored:
+    the replacement is a warning, with no count of lines."""
+    evaluate_run(RUN, checkpoint="best")  # a record with its hypotheses' digest
+    hypotheses = RUN / "hyp-best-test.txt"
+    hypotheses.write_text(hypotheses.read_text(encoding="utf-8").replace("und", "and"), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="sanlab"):
+        evaluate_run(RUN, checkpoint="best", decode_overrides={"batch_sentences": 3})
+    [message] = _replacement_warnings(caplog)
+    assert "differ" not in message and "same hypotheses" not in message
+
+    hypotheses.unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sanlab"):
+        evaluate_run(RUN, checkpoint="best")
+    [message] = _replacement_warnings(caplog)
+    assert "differ" not in message and "same hypotheses" not in message

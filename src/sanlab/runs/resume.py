@@ -49,7 +49,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     saved = layout.config
     if overwrite:
         rundir.empty_run(run_dir)
-    if not saved.exists() and layout.checkpoints.exists():
+    if not saved.exists() and layout.checkpoints.exists() and not rundir.is_empty_directory(layout.checkpoints):
         # a resume could not be checked, and a fresh start would replace them
         raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
                           "move the checkpoints away (or choose another --run directory) to start again")

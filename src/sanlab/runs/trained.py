@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import logging
 import os
 import re
@@ -124,30 +126,50 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     task.require_precision(precision, run_dir)
     refuse_changed_scored_files(run_dir, config)
     _refuse_a_borrowed_name(run_dir, checkpoint, path)
+    layout = RunLayout(run_dir)
+    out = layout.eval_record(checkpoint, precision)
+    earlier = read_json(out) or {}
+    kept = {name: r for name, r in earlier.items()
+            if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
+    # what the kept records scored, read before decoding rewrites the files: a record made again is compared with it
+    scored_before = {name: _hypotheses_scored(r, layout.hypotheses(checkpoint, name, precision))
+                     for name, r in kept.items() if not splits or name in splits}
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
     extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
     with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
         results = task.evaluate(model, assets, config, run_dir=Path(run_dir), checkpoint=checkpoint, splits=splits,
                                 decode_overrides=decode_overrides, **extra)
     results = {name: {**record, **scored, "precision": precision} for name, record in results.items()}
-    layout = RunLayout(run_dir)
-    out = layout.eval_record(checkpoint, precision)
-    earlier = read_json(out) or {}
-    kept = {name: r for name, r in earlier.items()
-            if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
     for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
         layout.hypotheses(checkpoint, name, precision).unlink(missing_ok=True)
     for name, record in results.items():
-        _warn_if_replaced(kept.get(name), record, split=name, record_file=out,
-                          hypotheses=layout.hypotheses(checkpoint, name, precision), metric=task.eval_metric)
+        hypotheses = layout.hypotheses(checkpoint, name, precision)
+        lines = (scored_before.get(name), _hypotheses_scored(record, hypotheses))
+        _warn_if_replaced(kept.get(name), record, split=name, record_file=out, hypotheses=hypotheses,
+                          metric=task.eval_metric, lines=lines)
     write_json(out, {**kept, **results})
     return results
 
 
+def _hypotheses_scored(record: dict, path: Path) -> list[str] | None:
+    """The lines of the hypotheses file ``record`` scored, or None: not a translation record, no file, or a file
+    that no longer matches the record's digest (rewritten by an evaluation that failed before its record)."""
+    if not isinstance(record.get("decode"), dict) or not path.is_file():
+        return None
+    data = path.read_bytes()
+    digest = record.get("hypotheses_sha256")  # (records written before it was kept: the file as it is)
+    if digest is not None and digest != hashlib.sha256(data).hexdigest():
+        return None
+    text = data.decode("utf-8", errors="replace")  # as tasks.translation.read_hypotheses: "\n" alone ends a line
+    return text.removesuffix("\n").split("\n") if text else []
+
+
 def _warn_if_replaced(earlier: dict | None, record: dict, *, split: str, record_file: Path, hypotheses: Path,
-                      metric: str) -> None:
+                      metric: str, lines: tuple[list[str] | None, list[str] | None]) -> None:
     """A run keeps one record per split of a checkpoint: one made with other decode settings is replaced (its
-    hypotheses file too), and said so, with its score, rather than lost without a word."""
+    hypotheses file too), and said so, with its score, rather than lost without a word. ``lines``: the hypotheses
+    the earlier record and the new one scored (None: not known); when both are known and the same (only
+    ``batch_sentences`` changed, say) nothing is lost, and an INFO line says so instead; when they differ, how many."""
     before, after = (earlier or {}).get("decode"), record.get("decode")
     if not isinstance(before, dict) or not isinstance(after, dict):
         return
@@ -157,10 +179,23 @@ def _warn_if_replaced(earlier: dict | None, record: dict, *, split: str, record_
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     was = ", ".join(f"{k.replace('_', ' ')} {before.get(k, '(unset)')}" for k in changed)
     now = ", ".join(f"{k.replace('_', ' ')} {after.get(k, '(unset)')}" for k in changed)
-    score = earlier.get(metric)
-    scored = f" ({metric} = {score:.2f})" if isinstance(score, (int, float)) else ""
-    logger.warning(f"{record_file}: the record of {split!r} made with {was}{scored} is replaced by one with {now}; "
-                   f"{hypotheses.name} is rewritten too (one record per split and checkpoint)")
+    old_lines, new_lines = lines
+    if old_lines is not None and old_lines == new_lines:
+        logger.info(f"{record_file}: the record of {split!r} made with {was} is replaced by one with {now}, with the "
+                    f"same hypotheses ({hypotheses.name}, line for line)")
+        return
+    differ = ""
+    if old_lines is not None and new_lines is not None:
+        count = sum(a != b for a, b in itertools.zip_longest(old_lines, new_lines))
+        differ = f": {count} of {len(new_lines)} hypotheses differ"
+    logger.warning(f"{record_file}: the record of {split!r} made with {was}{_score(earlier, metric)} is replaced by "
+                   f"one with {now}{_score(record, metric)}{differ}; {hypotheses.name} is rewritten too (one record "
+                   "per split and checkpoint)")
+
+
+def _score(record: dict, metric: str) -> str:
+    score = record.get(metric)
+    return f" ({metric} = {score:.2f})" if isinstance(score, (int, float)) else ""
 
 
 SCORED_KEYS = ("checkpoint", "step", "averaged")  # what identifies the weights an eval record scored
@@ -175,10 +210,7 @@ def scored_checkpoint(run_dir: Path, checkpoint: str, config: Config) -> dict:
 
 def _describe_checkpoint(run_dir: Path, path: Path) -> dict:
     meta = read_json(path / META) or {}
-    try:
-        name = str(path.resolve().relative_to(Path(run_dir).resolve()))
-    except ValueError:
-        name = str(path)
+    name = RunLayout(run_dir).name_in_run(path) or str(path)
     return {"checkpoint": name, "step": meta.get("step"),
             **({"averaged": meta["averaged"]} if "averaged" in meta else {})}
 
@@ -284,7 +316,7 @@ def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, path: Path) -> None:
     records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's.
     ``path``: the directory ``checkpoint`` named when it was loaded."""
     path = path.resolve()
-    if _names_a_runs_checkpoint(path) and Path(run_dir).resolve() not in path.parents:
+    if _names_a_runs_checkpoint(path) and RunLayout(run_dir).name_in_run(path) is None:
         raise ConfigError(f"--checkpoint {checkpoint}: a directory outside {run_dir} named like one of its own "
                           f"checkpoints ({path.name}): its evaluation would replace that checkpoint's records; "
                           "give it another name first")

@@ -210,7 +210,7 @@ def check_vocabulary(checkpoint: Path, vocabulary: str | None, *, run_dir: Path)
     recorded = (read_json(Path(checkpoint) / META) or {}).get("vocabulary")
     if vocabulary is None or recorded is None or recorded == vocabulary:
         return
-    if Path(run_dir).resolve() in Path(checkpoint).resolve().parents:  # inside the run: "use its own run" is no help
+    if RunLayout(run_dir).name_in_run(checkpoint) is not None:  # the run's own: "use its own run" is no help
         raise ConfigError(f"{checkpoint}: trained with another vocabulary (subword model or word list: {recorded}) "
                           f"than {run_dir}'s subword model or word list gives now ({vocabulary}): that file (or, where "
                           "the run keeps no word list, the data it is built from) was replaced or damaged since the "
@@ -258,7 +258,7 @@ class CheckpointManager:
         if writer:
             self.dir.mkdir(parents=True, exist_ok=True)
             for stale in [*self.dir.glob(f".{STEP_PREFIX}*.tmp"), *self.dir.glob(f".{STEP_PREFIX}*.old")]:  # left by a crash
-                shutil.rmtree(stale, ignore_errors=True)
+                _delete_tree(stale)
 
     @staticmethod
     def has_checkpoints(run_dir: Path) -> bool:
@@ -267,7 +267,7 @@ class CheckpointManager:
     def save(self, *, model: nn.Module, state: dict, meta: dict) -> Path:
         name = step_name(meta['step'])
         final, tmp = self.dir / name, self.dir / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        _delete_tree(tmp)
         tmp.mkdir()
         save_weights(model, tmp / WEIGHTS)
         torch.save(state, tmp / STATE)
@@ -349,7 +349,16 @@ def _remove(checkpoint: Path) -> None:
         checkpoint.rename(doomed)
     except FileNotFoundError:
         return
-    shutil.rmtree(doomed, ignore_errors=True)
+    _delete_tree(doomed)
+
+
+def _delete_tree(path: Path) -> None:
+    """Delete the directory ``path``; a symbolic link (a ``step-N`` linked in from elsewhere) is removed as a link:
+    what it points to is never the run's to delete (rmtree refuses a link, and ignoring that left it for good)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

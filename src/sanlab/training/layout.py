@@ -68,6 +68,16 @@ class RunLayout:
         """A checkpoint of the run by its directory name (``step-00001000``)."""
         return self.checkpoints / name
 
+    def name_in_run(self, path: str | Path) -> str | None:
+        """``path`` relative to the run directory (``checkpoints/step-00001000``), or None for one outside it.
+        ``checkpoints/`` may be a link to a directory of the run's elsewhere (another disk, docs/training.md): what
+        lies there is the run's too, and named as in the run, not by where it lies."""
+        where = Path(path).resolve()
+        for root, inside in ((self.checkpoints.resolve(), Path(self.checkpoints.name)), (self.root.resolve(), Path())):
+            if where == root or root in where.parents:
+                return str(inside / where.relative_to(root))
+        return None
+
     def subword_model(self, side: str = "joint") -> Path:
         """The sentencepiece model of ``side`` (``joint``, ``src`` or ``tgt``); its ``.vocab`` lies beside it."""
         return self.root / f"{_subword_stem(side)}.model"

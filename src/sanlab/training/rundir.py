@@ -7,6 +7,8 @@ and evaluate as before. ``--overwrite`` deletes only files sanlab writes (``KNOW
 ``KNOWN_PATTERNS``, and inside ``checkpoints/``, ``averaged/`` and ``tensorboard/`` only what training,
 ``average`` and TensorBoard put there): a directory holding anything else is refused with the list of what
 it holds, and so are the current directory, the directories above it and any directory with a ``.git``.
+A symbolic link is deleted, never what it points to, but for ``checkpoints/`` linked to a directory of the run's
+elsewhere: emptied there, as pruning does, the link kept (docs/training.md, "Symbolic links").
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def foreign_entries(run_dir: Path) -> list[str]:
     inside = ((layout.checkpoints, _foreign_in_checkpoints), (layout.averaged, foreign_in_average),
               (layout.tensorboard, _foreign_in_tensorboard))
     for directory, unknown in inside:
-        if directory.is_dir() and not directory.is_symlink():  # (a link is deleted, not what it points to)
+        # a link is deleted, not what it points to; but checkpoints/ linked elsewhere is emptied there (``empty_run``)
+        if directory.is_dir() and (not directory.is_symlink() or directory == layout.checkpoints):
             foreign += [f"{directory.name}/{name}" for name in unknown(directory)]
     return sorted(foreign)
 
@@ -59,7 +62,9 @@ def _foreign_in_checkpoints(directory: Path) -> list[str]:
     """Besides ``step-N`` directories holding a checkpoint's files, ``latest.json`` and temporary names."""
     foreign = []
     for entry in sorted(directory.iterdir()):
-        if is_step_name(entry.name) and entry.is_dir() and not entry.is_symlink():
+        if is_step_name(entry.name) and entry.is_symlink():
+            continue  # removed as a link, as pruning does: what it points to is left alone
+        if is_step_name(entry.name) and entry.is_dir():
             foreign += [f"{entry.name}/{n}" for n in sorted(os.listdir(entry)) if n not in (*CHECKSUMMED, META)]
         elif entry.name != LATEST and not _is_temporary(entry.name):
             foreign.append(entry.name)
@@ -110,9 +115,12 @@ def check_new_run(run_dir: Path) -> None:
     """A new run goes into a new or empty directory, or one holding only what sanlab wrote (e.g. the log of
     a start that failed); never among a user's files. A ``config.yaml`` without a run's ``meta.json`` is a
     user's file too (a recipe), and must not be rewritten with the resolved config. So is a symbolic link,
-    whatever its name: sanlab makes none, and training would write (or prune) through it, outside the run."""
+    whatever its name: sanlab makes none, and training would write (or prune) through it, outside the run; but for
+    ``checkpoints`` linked to an empty directory (a bigger disk): the run's checkpoints go there, by the user's
+    choice."""
+    checkpoints = RunLayout(run_dir).checkpoints
     unknown = [n for n in entries(run_dir) if not is_known(n) or n in RunLayout.provenance_names()
-               or (Path(run_dir) / n).is_symlink()]
+               or ((Path(run_dir) / n).is_symlink() and not (n == checkpoints.name and is_empty_directory(checkpoints)))]
     meta = RunLayout(run_dir).meta
     if meta.name in unknown:  # a run whose meta.json was damaged: say that, not "not a run directory"
         read_json(meta, remedy=f"sanlab cannot tell whether {run_dir} is its run (meta.json says so): restore the "
@@ -128,7 +136,17 @@ def empty_run(run_dir: Path) -> None:
     check_overwritable(run_dir)
     # config.yaml and meta.json last: interrupted, the directory is still a run that --overwrite will empty
     for name in sorted(names, key=lambda n: n in RunLayout.provenance_names()):
-        _delete(Path(run_dir) / name)
+        path = Path(run_dir) / name
+        if path == RunLayout(run_dir).checkpoints and path.is_symlink() and path.is_dir():
+            for entry in path.iterdir():  # linked to a directory of its own elsewhere: emptied there, the link kept
+                _delete(entry)
+        else:
+            _delete(path)
+
+
+def is_empty_directory(path: Path) -> bool:
+    """A directory (or a link to one) that holds nothing."""
+    return path.is_dir() and next(path.iterdir(), None) is None
 
 
 def check_overwritable(run_dir: Path) -> None:

@@ -1,0 +1,133 @@
+"""Symbolic links and what sanlab deletes (docs/training.md, "checkpoints/"): a run's checkpoints/ linked to a
+directory of its own elsewhere (a bigger disk) is the run's checkpoints, pruned and emptied by --overwrite there, the
+link kept; a step-N directory that is a link is removed as a link, and what it points to is never deleted."""
+
+import json
+
+import pytest
+
+from sanlab.errors import ConfigError
+from sanlab.training.checkpoint import CheckpointManager
+from sanlab.training.rundir import RUN_MARKER, check_new_run, check_overwritable, empty_run
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _checkpoint(directory, step, score=None, **meta):
+    """A checkpoint's files as training writes them (contents aside)."""
+    directory.mkdir(parents=True)
+    (directory / "meta.json").write_text(json.dumps({"step": step, "epoch": 1, "score": score, **meta}))
+    (directory / "model.safetensors").write_text("weights")
+    (directory / "state.pt").write_text("state")
+    return directory
+
+
+def _run(tmp_path, name="run"):
+    run = tmp_path / name
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({RUN_MARKER: 1}))
+    (run / "config.yaml").write_text("model: {}\n")
+    return run
+
+
+def _manager(run, **keep):
+    return CheckpointManager(run, **{"keep_best": 1, "keep_last": 1, **keep}, higher_is_better=True)
+
+
+def test_checkpoints_linked_to_another_disk_are_pruned_there(tmp_path):
+    run, disk = _run(tmp_path), tmp_path / "disk" / "run-checkpoints"
+    disk.mkdir(parents=True)
+    (run / "checkpoints").symlink_to(disk)
+    for step, score in ((1, 5.0), (2, 1.0), (3, 2.0)):
+        _checkpoint(disk / f"step-{step:08d}", step, score)
+    _checkpoint(disk / "step-00000004", 4, resume_only=True)
+    (disk / "latest.json").write_text(json.dumps({"checkpoint": "step-00000003"}))
+    manager = _manager(run)
+    manager.prune()  # best (1) and last (3, also the latest) stay; 2 goes, and the stale resume-only 4
+    manager.discard_resume_only(but=disk / "step-00000003")
+    assert sorted(p.name for p in disk.iterdir()) == ["latest.json", "step-00000001", "step-00000003"]
+    assert (run / "checkpoints").is_symlink()
+
+
+def test_a_linked_step_is_removed_as_a_link_and_its_target_never_emptied(tmp_path):
+    """Pruning, discarding and the clean-up of a crash's leftovers remove a link, never what it points to (it was
+    renamed aside to .step-N.old first, which rmtree refused as a link: the link stayed there for good)."""
+    run, elsewhere = _run(tmp_path), tmp_path / "elsewhere"
+    checkpoints = run / "checkpoints"
+    kept = [_checkpoint(elsewhere / f"ckpt{step}", step, score) for step, score in ((1, 0.0), (2, 0.0), (5, 0.0))]
+    checkpoints.mkdir()
+    for target in kept:
+        (checkpoints / f"step-{json.loads((target / 'meta.json').read_text())['step']:08d}").symlink_to(target)
+    _checkpoint(checkpoints / "step-00000003", 3, 9.0)
+    _checkpoint(checkpoints / "step-00000004", 4, 0.0)
+    (checkpoints / ".step-00000007.old").symlink_to(kept[0])  # left by a crash between the rename and the delete
+    before = _tree(elsewhere)
+    manager = _manager(run)  # (its start clears the leftovers)
+    manager.prune()  # best 3, last 5 (the latest): the links of 1 and 2 go, and 4
+    manager.discard_after(3)  # the link of 5
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003"]
+    assert _tree(elsewhere) == before
+
+
+def test_overwrite_empties_linked_checkpoints_there_and_keeps_the_link(tmp_path):
+    run, disk = _run(tmp_path), tmp_path / "disk"
+    disk.mkdir()
+    (run / "checkpoints").symlink_to(disk)
+    _checkpoint(disk / "step-00000001", 1)
+    (disk / "latest.json").write_text(json.dumps({"checkpoint": "step-00000001"}))
+    (disk / ".step-00000002.tmp").mkdir()
+    (disk / "notes.txt").write_text("mine\n")
+    with pytest.raises(ConfigError, match=r"holds files sanlab did not write \(checkpoints/notes.txt\)"):
+        check_overwritable(run)  # looked into as the run's own directory
+    (disk / "notes.txt").unlink()
+    empty_run(run)
+    assert _tree(run) == ["checkpoints"] and (run / "checkpoints").is_symlink()
+    assert list(disk.iterdir()) == []  # the next session writes its checkpoints there again
+
+
+def test_overwrite_removes_a_linked_step_and_leaves_its_target(tmp_path):
+    run, elsewhere = _run(tmp_path), tmp_path / "elsewhere"
+    _checkpoint(run / "checkpoints" / "step-00000001", 1)
+    (run / "checkpoints" / "step-00000002").symlink_to(_checkpoint(elsewhere / "kept", 2))
+    (run / "checkpoints" / "step-00000003").symlink_to(tmp_path / "gone")  # dangling
+    before = _tree(elsewhere)
+    empty_run(run)
+    assert _tree(run) == [] and _tree(elsewhere) == before
+
+
+def test_a_new_run_may_have_its_checkpoints_linked_to_an_empty_directory(tmp_path):
+    """Where a user puts the checkpoints of a run before its start; a link to a directory holding anything (another
+    run's checkpoints, say: they would be resumed or pruned), or any other link, is refused as before."""
+    disk, run = tmp_path / "disk", tmp_path / "run"
+    disk.mkdir()
+    run.mkdir()
+    (run / "checkpoints").symlink_to(disk)
+    check_new_run(run)
+    (disk / "step-00000001").mkdir()
+    with pytest.raises(ConfigError, match=r"run: not a sanlab run directory and not empty \(holds checkpoints\)"):
+        check_new_run(run)
+    (disk / "step-00000001").rmdir()
+    (run / "averaged").symlink_to(tmp_path / "empty", target_is_directory=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"\(holds averaged\)"):
+        check_new_run(run)
+
+
+@pytest.mark.slow  # trains twice: ~2.5 s
+def test_a_run_trains_evaluates_and_is_overwritten_in_its_linked_checkpoints(tmp_path, tiny_translation):
+    """Its checkpoints are its own where they lie: evaluated under their names in the run (not refused as a
+    directory from outside named like one of the run's, nor recorded by their path on the other disk)."""
+    from sanlab.runs import evaluate_run, train_run
+
+    disk, run = tmp_path / "disk", tmp_path / "run"
+    disk.mkdir()
+    run.mkdir()
+    (run / "checkpoints").symlink_to(disk)
+    train_run(tiny_translation(max_steps=1), run, quiet=True)
+    assert (disk / "step-00000001" / "model.safetensors").is_file()
+    record = evaluate_run(run, checkpoint="best")["valid"]
+    assert record["checkpoint"] == "checkpoints/step-00000001" and record["step"] == 1
+    train_run(tiny_translation(max_steps=1), run, overwrite=True, quiet=True)
+    assert (run / "checkpoints").is_symlink() and (disk / "step-00000001" / "model.safetensors").is_file()
