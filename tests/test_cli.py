@@ -342,7 +342,7 @@ def test_an_unreadable_config_is_named(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("setting, key", [
     ("train.batch_size=0", "train.batch_size"), ("train.max_tokens=0", "train.max_tokens"),
-    ("train.patience=-1", "train.patience"), ("train.valid_max_sentences=0", "train.valid_max_sentences"),
+    ("train.patience=-1", "train.patience"), ("train.valid_max_sentences=-1", "train.valid_max_sentences"),
     ("train.lr=-0.1", "train.lr"), ("train.warmup_steps=-5", "train.warmup_steps"),
     ("train.label_smoothing=1.0", "train.label_smoothing"), ("data.vocab_max=0", "data.vocab_max"),
     ("model.max_len=0", "model.max_len"), ("model.dropout=1.5", "model.dropout"),

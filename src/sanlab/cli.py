@@ -59,7 +59,7 @@ def _cmd_train(args) -> int:
             print(stop_after.message(summary["stopped_at"]))
         else:
             best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
-            print(f"done: step {summary['step']}, best {task_for(config).metric} {best}")
+            print(f"done: step {summary['step']}, best {task_for(config).best_metric(config)[0]} {best}")
     return 0
 
 

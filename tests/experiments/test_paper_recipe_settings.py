@@ -8,6 +8,7 @@ import pytest
 
 from sanlab.config import Seq2SeqConfig, load_config
 from sanlab.config_yaml import PRESETS, load_raw
+from sanlab.tasks.base import task_for
 
 PAPER = Path(__file__).resolve().parents[2] / "configs" / "paper"
 
@@ -100,13 +101,16 @@ def test_iwslt_recipes_decode_up_to_fairseq_generate_default_length():
         assert _output_lengths(config, [2, 11, 176]) == [201, 201, 201], name
 
 
-def test_iwslt_validation_decodes_500_sentences_as_fairseq_scores_only_the_loss():
-    """fairseq validates by loss alone (checkpoint_best by loss; no --eval-bleu in MUSE's or Wu et al.'s command).
-    sanlab's validation takes the loss of the whole dev set and adds greedy BLEU, which picks `best`: bounded to
-    the first 500 of its 7,283 sentences, as the WMT recipes, instead of decoding all of them every epoch (~70)."""
+def test_iwslt_recipes_pick_best_by_the_dev_loss_as_fairseq():
+    """fairseq validates by loss alone and keeps checkpoint_best by it (--best-checkpoint-metric loss, its default;
+    no --eval-bleu in MUSE's or Wu et al.'s command): `best` by the loss of the whole dev set. Greedy BLEU, logged
+    beside it and picking nothing, stays bounded to the first 500 of its 7,283 sentences instead of decoding all of
+    them every epoch (~70)."""
     for name in IWSLT:
-        train = load_config(PAPER / f"iwslt14-de-en-{name}.yaml").train
+        config = load_config(PAPER / f"iwslt14-de-en-{name}.yaml")
+        train = config.train
         assert (train.valid_every, train.valid_max_sentences) == (0, 500), name
+        assert task_for(config).best_metric(config) == ("loss", False), name
 
 
 def test_wmt14_recipes_decode_and_validate_as_thumt():
@@ -121,15 +125,18 @@ def test_wmt14_recipes_decode_and_validate_as_thumt():
             4, 0.6, "gnmt", 1.0, 50), name
         assert _output_lengths(config, [1, 30, 251]) == [52, 81, 302], name
         assert (config.train.valid_every, config.train.valid_max_sentences) == (2000, None), name
+        assert task_for(config).best_metric(config) == ("bleu", True), name  # (unset: translation's own)
 
 
-def test_wmt17_capsule_recipes_decode_as_vaswani_and_validate_on_500_sentences():
+def test_wmt17_capsule_recipes_decode_as_vaswani_and_pick_best_by_the_dev_loss():
     """The capsule paper (OpenNMT-py) states no decoding settings and follows Vaswani et al.'s setup: beam 4,
     alpha 0.6 in GNMT's form (OpenNMT-py's -length_penalty wu -alpha 0.6), input length + 50. OpenNMT-py validates
-    by loss and accuracy only, so greedy validation BLEU stays bounded to 500 sentences."""
+    by loss (as perplexity) and accuracy only: `best` by the dev loss, and greedy validation BLEU, which picks
+    nothing, stays bounded to 500 sentences."""
     for name in ("base", "base-capsule"):
         config = load_config(PAPER / f"wmt17-zh-en-{name}.yaml")
         d = config.decode
         assert (d.beam, d.length_penalty, d.length_penalty_style, d.max_len_a, d.max_len_b) == (
             4, 0.6, "gnmt", 1.0, 50), name
         assert (config.train.valid_every, config.train.valid_max_sentences) == (2000, 500), name
+        assert task_for(config).best_metric(config) == ("loss", False), name

@@ -24,6 +24,22 @@ class TaskConfig(Strict):
 
     task: str
     implementation: ClassVar[str]
+    # the metrics of the task's validation that train.best_metric may name, each with whether higher is better;
+    # the task's own (``Task.metric``) among them. Empty: train.best_metric must stay unset
+    best_metrics: ClassVar[dict[str, bool]] = {}
+
+    @model_validator(mode="after")
+    def _best_metric_is_one_validation_gives(self) -> "TaskConfig":
+        chosen = getattr(getattr(self, "train", None), "best_metric", None)
+        if chosen is None or chosen in self.best_metrics:
+            return self
+        if not self.best_metrics:
+            raise ValueError(f"train.best_metric is {chosen!r}, but the {self.task} task names no metric to choose "
+                             "from: leave it out (its own metric picks the best checkpoints)")
+        *rest, last = self.best_metrics
+        raise ValueError(f"train.best_metric is {chosen!r}, but a {self.task} run's validation gives "
+                         f"{', '.join(rest)}{' or ' if rest else ''}{last}: choose one of them, or leave it out for "
+                         "the task's own")
 
 
 def _keys_of_another_task(train: TrainConfig, *, task: str, other: str) -> None:
@@ -37,6 +53,7 @@ def _keys_of_another_task(train: TrainConfig, *, task: str, other: str) -> None:
 class TranslationConfig(TaskConfig):
     task: Literal["translation"]
     implementation = "sanlab.tasks.translation_task:Translation"
+    best_metrics = {"bleu": True, "loss": False, "ppl": False}  # (the task's own: bleu)
     data: TranslationDataConfig
     model: Seq2SeqConfig = Seq2SeqConfig()
     train: TrainConfig = TrainConfig()
@@ -45,6 +62,14 @@ class TranslationConfig(TaskConfig):
     @model_validator(mode="after")
     def _no_tagging_keys(self) -> "TranslationConfig":
         _keys_of_another_task(self.train, task="translation", other="tagging")
+        return self
+
+    @model_validator(mode="after")
+    def _bleu_needs_a_decode(self) -> "TranslationConfig":
+        if self.train.valid_max_sentences == 0 and self.train.best_metric in (None, "bleu"):  # (None: bleu)
+            raise ValueError("train.valid_max_sentences is 0 (validation decodes no sentence: no BLEU), but BLEU "
+                             "picks the best checkpoints: set train.best_metric to loss or ppl, or decode some "
+                             "sentences")
         return self
 
     @model_validator(mode="after")
@@ -66,6 +91,7 @@ class TranslationConfig(TaskConfig):
 class TaggingConfig(TaskConfig):
     task: Literal["tagging"]
     implementation = "sanlab.tasks.tagging_task:Tagging"
+    best_metrics = {"accuracy": True, "loss": False}  # (the task's own: accuracy)
     data: TaggingDataConfig
     model: TaggerConfig = TaggerConfig()
     train: TaggerTrainConfig = TaggerTrainConfig()

@@ -49,7 +49,12 @@ class TrainConfig(Strict):
     max_steps: NonNegative = 100_000  # 0 saves the initial weights (validated)
     max_epochs: NonNegative = 100
     valid_every: NonNegative = 1000  # steps; 0 = after every epoch
-    valid_max_sentences: Positive | None = None  # decode only this many valid sentences for BLEU (None = all)
+    # decode only this many valid sentences for BLEU (None = all; 0 = none: the loss alone, as fairseq validates)
+    valid_max_sentences: NonNegative | None = None
+    # the validation metric that picks the `best` checkpoints (keep_best, --checkpoint best) and that patience
+    # counts, as fairseq's --best-checkpoint-metric; None: the task's own (translation bleu, tagging accuracy).
+    # The names a task's validation gives, each with its direction, are its config class's ``best_metrics``
+    best_metric: str | None = None
     patience: NonNegative = 0   # validations without improvement before stopping; 0 = never
     keep_best: int = Field(3, ge=1)
     keep_last: int = Field(3, ge=1)

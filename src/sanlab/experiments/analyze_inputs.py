@@ -249,12 +249,16 @@ def distinct_runs(runs: Sequence[PathLike]) -> list[Path]:
 
 
 def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:
-    """The task's validation metric (bleu, accuracy) in validation records, its primary score (bleu, all) in
-    ``eval-*.json``."""
+    """In validation records, the metric that picks the run's best checkpoint (``train.best_metric``, else the
+    task's: bleu, accuracy); in ``eval-*.json``, the task's primary score (bleu, all)."""
     from sanlab.config import TASKS  # the raw config's task: the metrics file is read whatever the rest holds
     from sanlab.tasks.base import task_named
 
-    name = raw_config(run_dir).get("task")
+    raw = raw_config(run_dir)
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    if score_from == "valid" and isinstance(train.get("best_metric"), str):
+        return train["best_metric"]
+    name = raw.get("task")
     if name not in TASKS.references():
         raise ConfigError(f"{RunLayout(run_dir).config}: task {name!r} is not a known task "
                           f"({', '.join(TASKS.names())}); give --metric")

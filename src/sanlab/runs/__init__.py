@@ -12,7 +12,7 @@ directories are runs and what sanlab may delete in them.
     trained     choosing and loading checkpoints; evaluate, average, tag
 """
 
-from sanlab.runs.build import check_buildable, make_task, task_class
+from sanlab.runs.build import check_buildable, make_task
 from sanlab.runs.provenance import (ALLOW_CHANGED_DATA_ENV, GRID_JOBS_ENV, LIBRARIES, git_revision, provenance,
                                     record_session)
 from sanlab.runs.resume import (RESUMABLE_KEYS, check_training_data, config_differences, load_run_config,
@@ -27,4 +27,4 @@ __all__ = ["ALLOW_CHANGED_DATA_ENV", "GRID_JOBS_ENV", "LIBRARIES", "RESUMABLE_KE
            "check_buildable", "check_training_data", "config_differences", "evaluate_run", "git_revision",
            "load_run_config", "load_trained", "make_task", "prepare_run_dir", "provenance", "record_session",
            "refuse_changed_scored_files", "run_lock", "same_weights", "scored_checkpoint", "select_checkpoint",
-           "shorter_budget", "tag_file", "task_class", "train_run", "training_data_changes"]
+           "shorter_budget", "tag_file", "train_run", "training_data_changes"]

@@ -14,11 +14,6 @@ from sanlab.tasks.base import task_for
 from sanlab.training.logging import RunLogger
 
 
-def task_class(config: Config) -> type:
-    """The class of ``config``'s task (``metric`` and ``higher_is_better`` without building anything)."""
-    return type(task_for(config))
-
-
 def make_task(config: Config, run_dir: Path, log: RunLogger, *, main: bool = True):
     """The training side of the task (``training.loop.TrainTask``): reads the data, builds the model. ``main``:
     False in a distributed run's other processes, which read the vocabulary / subword model(s) the main process

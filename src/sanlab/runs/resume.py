@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sanlab.config import Config, dump_config, validate, without_ignored_train_keys
+from sanlab.config import TASKS, Config, dump_config, validate, without_ignored_train_keys
 from sanlab.config_yaml import read_yaml_mapping
 from sanlab.data.fingerprint import changes, fingerprints, with_content
 from sanlab.errors import ConfigError, DataError
@@ -14,7 +14,7 @@ from sanlab.training import rundir
 from sanlab.training.checkpoint import META, CheckpointManager, latest_checkpoint
 from sanlab.training.layout import RunLayout
 from sanlab.runs.provenance import provenance
-from sanlab.tasks.base import task_for
+from sanlab.tasks.base import task_for, task_named
 
 
 RESUMABLE_KEYS = ("train.max_steps", "train.max_epochs", "train.patience", "train.progress", "train.threads",
@@ -32,8 +32,19 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def config_differences(old: dict, new: dict) -> list[str]:
-    a, b = _flatten(old), _flatten(new)
+    """The dotted keys whose values differ between two dumped configs; ``train.best_metric`` compared as the
+    metric it means (unset: the task's own), so spelling out the task's own is no change."""
+    a, b = _flatten(_best_metric_named(old)), _flatten(_best_metric_named(new))
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def _best_metric_named(dumped: dict) -> dict:
+    """``dumped`` with an unset ``train.best_metric`` set to its task's own metric (a task not registered here:
+    as it is)."""
+    train = dumped.get("train")
+    if not isinstance(train, dict) or train.get("best_metric") is not None or dumped.get("task") not in TASKS.names():
+        return dumped
+    return {**dumped, "train": {**train, "best_metric": task_named(dumped["task"]).metric}}
 
 
 def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:

@@ -17,7 +17,6 @@ from sanlab.training.checkpoint import (
     META, STEP_PREFIX, WEIGHTS, CheckpointManager, check_vocabulary, checkpoint_names, load_weights, step_name,
 )
 from sanlab.training.layout import RunLayout
-from sanlab.runs.build import task_class
 from sanlab.runs.resume import load_run_config, refuse_changed_scored_files
 from sanlab.tasks.base import task_for
 
@@ -33,7 +32,7 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
         path = layout.averaged
     elif which in ("best", "last"):
         manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
-                                    higher_is_better=task_class(config).higher_is_better, writer=False)
+                                    higher_is_better=task_for(config).best_metric(config)[1], writer=False)
         found = manager.best(1) if which == "best" else manager.last(1)
         if not found:
             raise ConfigError(f"{run_dir}: no checkpoint to load (train first)")
@@ -240,7 +239,7 @@ def average_run(run_dir: Path, *, last: int | None = None, best: int | None = No
         raise ConfigError(f"{run_dir}: asked for {wanted} checkpoints but the run keeps {kept} ({which}); "
                           f"raise train.{which} before training")
     manager = CheckpointManager(run_dir, keep_best=config.train.keep_best, keep_last=config.train.keep_last,
-                                higher_is_better=task_class(config).higher_is_better, writer=False)
+                                higher_is_better=task_for(config).best_metric(config)[1], writer=False)
     chosen = manager.last(last) if last else manager.best(best)
     if not chosen:
         raise ConfigError(f"{run_dir}: has no checkpoints to average (train it first)")
@@ -299,7 +298,7 @@ def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
     if len(how) != 2 or how[0] not in ("last", "best") or not how[1].isdigit():
         return ""
     manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
-                                higher_is_better=task_class(config).higher_is_better, writer=False)
+                                higher_is_better=task_for(config).best_metric(config)[1], writer=False)
     n = int(how[1])
     try:
         now = [p.name for p in (manager.last(n) if how[0] == "last" else manager.best(n))]

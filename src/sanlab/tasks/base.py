@@ -22,7 +22,7 @@ class Task:
     """One kind of task. Subclasses set the class attributes and implement the methods that raise here."""
 
     name: ClassVar[str]
-    metric: ClassVar[str]                  # the validation metric that picks the best checkpoint
+    metric: ClassVar[str]                  # the validation metric that picks the best checkpoint by default
     higher_is_better: ClassVar[bool] = True
     eval_metric: ClassVar[str]             # the primary score of an evaluation record (``eval-*.json``)
     # comparison tables: (column, key in the evaluation record) of each score, the first the primary one;
@@ -67,6 +67,15 @@ class Task:
         if precision not in self.precisions:
             raise ConfigError(f"{where} is a {self.name} run; it decodes in {' or '.join(self.precisions)}, "
                               f"not {precision}")
+
+    def best_metric(self, config) -> tuple[str, bool]:
+        """(name, higher is better) of the validation metric that picks ``config``'s best checkpoints and that its
+        early stopping counts: ``train.best_metric`` where set (one of its config class's ``best_metrics``), else
+        the task's own ``metric``."""
+        chosen = config.train.best_metric
+        if chosen is None:
+            return self.metric, self.higher_is_better
+        return chosen, type(config).best_metrics[chosen]
 
     # ----------------------------------------------------------------- training
     def trainer(self, config, run_dir: Path, log, *, main: bool = True):

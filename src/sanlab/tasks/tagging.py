@@ -22,6 +22,7 @@ from sanlab.files import read_json, write_json
 from sanlab.evaluation.tagging import TaggingScores, tagging_accuracy, word_tags
 from sanlab.models.builders import build_tagger
 from sanlab.models.tagger import CharWords, Tagger
+from sanlab.tasks.base import task_for
 from sanlab.training.device import Precision, evaluation_mode, model_device, to_device
 from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.layout import RunLayout
@@ -141,14 +142,14 @@ def char_ids(vocab: TaggingVocab, word: str) -> list[int]:
 
 
 class TaggingTask:
-    """Implements ``training.loop.TrainTask`` for the tagger; early stopping on dev accuracy."""
-
-    metric, higher_is_better = "accuracy", True
+    """Implements ``training.loop.TrainTask`` for the tagger; early stopping on dev accuracy (or, by
+    ``train.best_metric``, dev loss)."""
 
     def __init__(self, config: TaggingConfig, run_dir: Path, log: RunLogger, *, main: bool = True):
         """``main=False``: a distributed run's other processes, which read the vocabulary the main process wrote
         into ``run_dir`` and write none (``shared_vocab``)."""
         self.config, self.log = config, log
+        self.metric, self.higher_is_better = task_for(config).best_metric(config)
         d, t = config.data, config.model.max_len
         train = read_conllu(d.train, column=d.column)
         dev = read_conllu(d.dev, column=d.column)

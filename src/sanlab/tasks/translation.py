@@ -24,6 +24,7 @@ from sanlab.files import write_text
 from sanlab.evaluation.bleu import corpus_scores
 from sanlab.models.builders import build_seq2seq
 from sanlab.models.seq2seq import Seq2Seq
+from sanlab.tasks.base import task_for
 from sanlab.tasks.translation_data import load_subwords, no_pair_kept
 from sanlab.tasks.translation_data import prepare as prepare_training_data
 from sanlab.training.device import Precision, evaluation_mode, model_device, out_of_memory_stops, to_device
@@ -93,12 +94,11 @@ def build_model(config: TranslationConfig, spm: SubwordPair) -> Seq2Seq:
 class TranslationTask:
     """Implements ``training.loop.TrainTask`` for a Seq2Seq model."""
 
-    metric, higher_is_better = "bleu", True
-
     def __init__(self, config: TranslationConfig, run_dir: Path, log: RunLogger, *, main: bool = True):
         """``main=False``: a distributed run's other processes, which read the subword model(s) the main process
         wrote into ``run_dir`` and write none (``translation_data.subwords``)."""
         self.config, self.log = config, log
+        self.metric, self.higher_is_better = task_for(config).best_metric(config)  # bleu unless train.best_metric
         d = config.data
         tests = {pair.src: read_parallel(pair.src, pair.tgt, keep_empty=True)  # a missing or misaligned test set is
                  for pair in d.test.values()}  # found now, not by `evaluate` after training
@@ -187,9 +187,12 @@ class TranslationTask:
             total += self.loss(batch, label_smoothing=0.0).double()
             tokens += batch.tokens
         loss = float(total) / tokens
+        n = self.config.train.valid_max_sentences
+        n = len(self.valid_raw) if n is None else n
+        if not n:  # valid_max_sentences 0: the loss alone (train.best_metric is loss or ppl)
+            return {"loss": loss, "ppl": float(torch.tensor(loss).exp())}
         if not math.isfinite(loss):  # outputs not finite: nothing to decode (the trainer stops on it)
             return {"loss": loss, "ppl": loss, "bleu": 0.0}
-        n = self.config.train.valid_max_sentences or len(self.valid_raw)
         sources, refs = [s for s, _ in self.valid_raw[:n]], [t for _, t in self.valid_raw[:n]]
         hyps = translate(self.model, self.spm, sources, decode=self.config.decode.updated(beam=1, n_best=1))
         return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "bleu": corpus_scores(hyps, refs).bleu}

@@ -45,8 +45,8 @@ from sanlab.training.stop_after import StopAfter, stopped_at
 
 class TrainTask(Protocol):
     model: nn.Module
-    metric: str              # primary validation metric (selects the best checkpoint, early stopping)
-    higher_is_better: bool
+    metric: str              # the validation metric that selects the best checkpoints and counts early stopping:
+    higher_is_better: bool   # the config's train.best_metric where set (``Task.best_metric``)
 
     def epoch_batches(self, epoch: int) -> Sequence[Any]: ...  # len() and slices; may build batches lazily
     def batch_tokens(self, batch: Any) -> int: ...
@@ -108,6 +108,9 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
 class Trainer:
     def __init__(self, *, task: TrainTask, config: TrainConfig, run_dir: Path, logger: RunLogger,
                  dist: Distributed | None = None, stop_after: StopAfter | None = None):
+        if config.best_metric not in (None, task.metric):  # (a training task that does not follow it)
+            raise TrainingError(f"train.best_metric is {config.best_metric!r}, but the training task selects by "
+                                f"{task.metric}: its trainer must take its metric from Task.best_metric(config)")
         self.task, self.config, self.run_dir, self.log = task, config, Path(run_dir), logger
         self.stop_after = stop_after  # this session's wall-time limit (--stop-after), not the run's
         self.dist = dist or Distributed.single()
