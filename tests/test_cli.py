@@ -920,7 +920,7 @@ def test_library_records_reach_a_callers_logging_during_a_command(monkeypatch, c
 
 
 def test_the_cli_prints_the_warnings_a_callers_stderr_handler_would_not(monkeypatch, capsys, callers_logging):
-    """Whether the caller's handler on stderr shows a record is its level's (and filters') say, record by record:
+    """Whether the caller's handler on stderr shows a record is its level's say, record by record:
     a handler for errors only leaves the warning to the CLI, and shows the error itself (once)."""
     import logging
 
@@ -931,6 +931,38 @@ def test_the_cli_prints_the_warnings_a_callers_stderr_handler_would_not(monkeypa
     callers.setLevel(logging.ERROR)
     assert main(["env"]) == 0
     assert capsys.readouterr().err == "WARNING: the average is stale\ncaller ERROR the run is gone\n"
+
+
+class _OnlyOnce(logging.Filter):
+    """A caller's stateful filter (a common "log once"): passes each message the first time it is asked, only."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record):
+        first = record.getMessage() not in self.seen
+        self.seen.add(record.getMessage())
+        return first
+
+
+def test_a_callers_stderr_handler_with_filters_is_never_asked_and_the_cli_prints_the_warning(monkeypatch, capsys,
+                                                                                             callers_logging):
+    """Asking a caller's handler whether it would show a record runs its filters, and a stateful one ("log once")
+    spent its one pass on the question: the CLI left the warning to the handler, which then refused it, and the
+    warning was lost. A handler with filters is not known to show a record: the CLI prints it (a possible duplicate
+    beats a loss), and the caller's filter sees the record once, when its handler is handed it."""
+    import logging
+
+    _library_logs(monkeypatch, ("sanlab.runs.trained", logging.WARNING, "the average is stale"))
+    callers = callers_logging(logging.StreamHandler(sys.stderr))
+    callers.setFormatter(logging.Formatter("caller: %(message)s"))
+    once = _OnlyOnce()
+    callers.addFilter(once)
+    assert main(["env"]) == 0
+    assert capsys.readouterr().err == "WARNING: the average is stale\ncaller: the average is stale\n"
+    assert main(["env"]) == 0  # the caller's filter now refuses it; the CLI still shows it
+    assert capsys.readouterr().err == "WARNING: the average is stale\n"
 
 
 def test_a_callers_stderr_handler_anywhere_on_the_records_way_counts(monkeypatch, capsys, callers_logging):

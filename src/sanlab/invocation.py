@@ -70,7 +70,7 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 class _ConsoleWarnings(logging.Handler):
     """The library's warnings (logged under ``sanlab``) as the command's own: "WARNING: ..." on stderr, unless
-    another handler on the record's way (a caller's ``logging.basicConfig``) writes it to stderr already."""
+    another handler on the record's way (a caller's ``logging.basicConfig``) is known to write it to stderr."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -84,15 +84,17 @@ class _ConsoleWarnings(logging.Handler):
 
 
 def _shown_on_stderr_by_another(record: logging.LogRecord, own: logging.Handler) -> bool:
-    """Whether a handler other than ``own`` that writes to stderr will take ``record``: the handlers
-    ``Logger.callHandlers`` hands it to (the record's logger's, then its ancestors' while they propagate), each by
-    its own level and filters (a caller's handler for errors only leaves a warning to us)."""
+    """Whether a handler other than ``own`` is known to write ``record`` to stderr: one of the handlers
+    ``Logger.callHandlers`` hands it to (the record's logger's, then its ancestors' while they propagate) that is a
+    plain stream handler on stderr whose level takes it (a caller's handler for errors only leaves a warning to us).
+    Decided by type, stream and level only: a handler's filters are never asked, since a stateful one ("log once")
+    would spend its pass on the question and then refuse the record; a handler with filters is not known to show
+    it, so we print it (a possible duplicate beats a lost warning)."""
     logger: logging.Logger | None = logging.getLogger(record.name)
     while logger is not None:
         for handler in logger.handlers:
-            if (handler is not own and isinstance(handler, logging.StreamHandler)
-                    and not isinstance(handler, logging.FileHandler) and _is_stderr(handler.stream)
-                    and record.levelno >= handler.level and handler.filter(record)):
+            if (handler is not own and type(handler) is logging.StreamHandler and not handler.filters
+                    and _is_stderr(handler.stream) and record.levelno >= handler.level):
                 return True
         logger = logger.parent if logger.propagate else None
     return False
@@ -110,9 +112,10 @@ def _is_stderr(stream: object) -> bool:
 
 
 def print_library_warnings() -> Callable[[], None]:
-    """From now on what the library logs at WARNING or above is shown on stderr once: printed as "WARNING: ..."
-    (without it Python's last resort prints the bare message), unless a handler on the record's way already writes
-    it to stderr (a Python caller's ``logging.basicConfig``: the caller's format, not a second line). The records
+    """From now on what the library logs at WARNING or above is shown on stderr: printed as "WARNING: ..."
+    (without it Python's last resort prints the bare message), unless a handler on the record's way is known to write
+    it to stderr (a Python caller's ``logging.basicConfig``: the caller's format, not a second line; any other kind
+    of handler on stderr may show it twice, see ``_shown_on_stderr_by_another``). The records
     still propagate, so a caller's handlers (a file log, caplog) get every one. Returns the undo."""
     logger = logging.getLogger("sanlab")
     handler = _ConsoleWarnings()
