@@ -131,3 +131,26 @@ def test_a_run_trains_evaluates_and_is_overwritten_in_its_linked_checkpoints(tmp
     assert record["checkpoint"] == "checkpoints/step-00000001" and record["step"] == 1
     train_run(tiny_translation(max_steps=1), run, overwrite=True, quiet=True)
     assert (run / "checkpoints").is_symlink() and (disk / "step-00000001" / "model.safetensors").is_file()
+
+
+def test_saving_a_step_that_is_a_link_replaces_the_link_and_leaves_its_target(tmp_path):
+    """Saving step N again over a linked step-N (a run cut by --stop-after at N, rerun with max_steps N; a damaged
+    linked checkpoint replaced) writes the new one in the run and removes the link only; it failed (a link renamed
+    onto a directory) and left .step-N.tmp, so training could never pass step N."""
+    from torch import nn
+
+    run, elsewhere = _run(tmp_path), tmp_path / "elsewhere"
+    checkpoints = run / "checkpoints"
+    manager = CheckpointManager(run, keep_best=0, keep_last=10, higher_is_better=True)
+    model = nn.Linear(2, 2)
+    for step in (1, 2):
+        manager.save(model=model, state={"step": step}, meta={"step": step, "epoch": 0, "score": None})
+    elsewhere.mkdir()
+    (checkpoints / "step-00000002").rename(elsewhere / "step-00000002")
+    (checkpoints / "step-00000002").symlink_to(elsewhere / "step-00000002")
+    before = {p: p.read_bytes() for p in (elsewhere / "step-00000002").iterdir()}
+    saved = manager.save(model=model, state={"step": 2, "again": True}, meta={"step": 2, "epoch": 0, "score": None})
+    assert saved == checkpoints / "step-00000002" and saved.is_dir() and not saved.is_symlink()
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest.json", "step-00000001", "step-00000002"]
+    assert [m["step"] for m in manager.all()] == [1, 2]
+    assert {p: p.read_bytes() for p in (elsewhere / "step-00000002").iterdir()} == before

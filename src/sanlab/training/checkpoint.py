@@ -273,6 +273,11 @@ class CheckpointManager:
         torch.save(state, tmp / STATE)
         meta = {**meta, "sha256": checksums(tmp)}
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        if final.is_symlink():
+            # a step-N linked in from elsewhere, saved again: the link goes (never what it points to), and the new
+            # checkpoint lies in the run. A crash before the rename below loses nothing: the old one is still where
+            # the link pointed, and the finished .step-N.tmp is cleared at the next start, as any crash's
+            _remove(final)
         replace_directory(tmp, final)
         write_json(self.dir / LATEST, {"checkpoint": name})
         self.prune()
