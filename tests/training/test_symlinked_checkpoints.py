@@ -154,3 +154,41 @@ def test_saving_a_step_that_is_a_link_replaces_the_link_and_leaves_its_target(tm
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest.json", "step-00000001", "step-00000002"]
     assert [m["step"] for m in manager.all()] == [1, 2]
     assert {p: p.read_bytes() for p in (elsewhere / "step-00000002").iterdir()} == before
+
+
+def test_a_linked_step_is_named_in_the_run_not_by_where_it_lies(tmp_path):
+    """A step-N moved to another disk and linked back is the run's checkpoints/step-N, whatever its target's name
+    (it was named by its target: outside the run, or the raw path); a link from outside to one of the run's is named
+    as in the run, as before; a directory outside is not the run's."""
+    from sanlab.training.layout import RunLayout
+
+    run, disk = _run(tmp_path), tmp_path / "disk"
+    (run / "checkpoints").mkdir()
+    _checkpoint(run / "checkpoints" / "step-00000001", 1)
+    for step, target in ((2, "step-00000002"), (3, "moved-3")):
+        (run / "checkpoints" / f"step-{step:08d}").symlink_to(_checkpoint(disk / target, step))
+    (tmp_path / "mine").symlink_to(run / "checkpoints" / "step-00000001")
+    layout = RunLayout(run)
+    assert layout.name_in_run(run / "checkpoints" / "step-00000002") == "checkpoints/step-00000002"
+    assert layout.name_in_run(run / "checkpoints" / "step-00000003") == "checkpoints/step-00000003"
+    assert layout.name_in_run(tmp_path / "mine") == "checkpoints/step-00000001"
+    assert layout.name_in_run(disk / "step-00000002") is None
+    assert layout.name_in_run(run) == "." and layout.name_in_run(run / "checkpoints") == "checkpoints"
+
+
+def test_a_linked_step_is_evaluated_as_the_runs_own(tmp_path, tiny_translation):
+    """`sanlab evaluate` of a step-N linked to another disk, by its name and as best, records checkpoints/step-N; it
+    was refused as a directory outside the run named like one of its own checkpoints."""
+    from sanlab.runs import evaluate_run, train_run
+
+    run, disk = tmp_path / "run", tmp_path / "disk"
+    train_run(tiny_translation(max_steps=2, valid_every=1, keep_best=1, keep_last=1), run, quiet=True)
+    disk.mkdir()
+    for step in sorted((run / "checkpoints").glob("step-*")):
+        step.rename(disk / step.name)
+        step.symlink_to(disk / step.name)
+    for name in sorted(p.name for p in (run / "checkpoints").glob("step-*")):
+        record = evaluate_run(run, checkpoint=name, splits=["valid"])["valid"]
+        assert record["checkpoint"] == f"checkpoints/{name}"
+    record = evaluate_run(run, checkpoint="best", splits=["valid"])["valid"]
+    assert record["checkpoint"].startswith("checkpoints/step-") and (run / "eval-best.json").is_file()

@@ -313,8 +313,8 @@ def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
 def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, path: Path) -> None:
     """A checkpoint directory from outside the run named like one of the run's own (``X/best``) would write its
     records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's.
-    ``path``: the directory ``checkpoint`` named when it was loaded."""
-    path = path.resolve()
+    ``path``: the directory ``checkpoint`` named when it was loaded, as named (the records take their names from
+    it, not from where it lies: a run's ``step-N`` linked to another disk is the run's, ``RunLayout.name_in_run``)."""
     if _names_a_runs_checkpoint(path) and RunLayout(run_dir).name_in_run(path) is None:
         raise ConfigError(f"--checkpoint {checkpoint}: a directory outside {run_dir} named like one of its own "
                           f"checkpoints ({path.name}): its evaluation would replace that checkpoint's records; "

@@ -71,11 +71,16 @@ class RunLayout:
     def name_in_run(self, path: str | Path) -> str | None:
         """``path`` relative to the run directory (``checkpoints/step-00001000``), or None for one outside it.
         ``checkpoints/`` may be a link to a directory of the run's elsewhere (another disk, docs/training.md): what
-        lies there is the run's too, and named as in the run, not by where it lies."""
-        where = Path(path).resolve()
-        for root, inside in ((self.checkpoints.resolve(), Path(self.checkpoints.name)), (self.root.resolve(), Path())):
-            if where == root or root in where.parents:
-                return str(inside / where.relative_to(root))
+        lies there is the run's too, and named as in the run, not by where it lies. Likewise a ``step-N`` in it that is
+        a link to a directory elsewhere (moved to another disk and linked back): the path is taken as given, its
+        last part not followed, before the directory it resolves to (a link from outside to one of the run's)."""
+        given = Path(path).absolute()
+        as_given = given.parent.resolve() / given.name if given.name not in ("", "..") else given.resolve()
+        roots = ((self.checkpoints.resolve(), Path(self.checkpoints.name)), (self.root.resolve(), Path()))
+        for where in (as_given, given.resolve()):
+            for root, inside in roots:
+                if where == root or root in where.parents:
+                    return str(inside / where.relative_to(root))
         return None
 
     def subword_model(self, side: str = "joint") -> Path:
