@@ -105,11 +105,13 @@ def test_iwslt_recipes_pick_best_by_the_dev_loss_as_fairseq():
     """fairseq validates by loss alone and keeps checkpoint_best by it (--best-checkpoint-metric loss, its default;
     no --eval-bleu in MUSE's or Wu et al.'s command): `best` by the loss of the whole dev set. Greedy BLEU, logged
     beside it and picking nothing, stays bounded to the first 500 of its 7,283 sentences instead of decoding all of
-    them every epoch (~70)."""
+    them every epoch (~70). No patience: the released commands train a fixed number of updates; MUSE's text's "10
+    epochs after the lowest valid loss" is --set train.patience=10, which counts these per-epoch loss validations
+    (docs/data.md)."""
     for name in IWSLT:
         config = load_config(PAPER / f"iwslt14-de-en-{name}.yaml")
         train = config.train
-        assert (train.valid_every, train.valid_max_sentences) == (0, 500), name
+        assert (train.valid_every, train.valid_max_sentences, train.patience) == (0, 500, 0), name
         assert task_for(config).best_metric(config) == ("loss", False), name
 
 
