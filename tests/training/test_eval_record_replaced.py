@@ -72,3 +72,37 @@ def test_a_hypotheses_file_that_is_not_its_records_is_not_compared(legacy, caplo
         evaluate_run(RUN, checkpoint="best")
     [message] = _replacement_warnings(caplog)
     assert "differ" not in message and "same hypotheses" not in message
+
+
+def _hypotheses_read(monkeypatch) -> list[str]:
+    """The names of the hypotheses files opened for reading from now on (what evaluate reads back)."""
+    read, real = [], Path.open
+
+    def spy(self, mode="r", *args, **kwargs):
+        if self.name.startswith("hyp-") and not any(c in mode for c in "wax+"):
+            read.append(self.name)
+        return real(self, mode, *args, **kwargs)
+    monkeypatch.setattr(Path, "open", spy)
+    return read
+
+
+def test_the_same_settings_read_no_hypotheses_file(legacy, monkeypatch, caplog):
+    """Evaluated again with the same decode settings, nothing is compared: the earlier hypotheses file is not read
+    before decoding, nor the new one after (each was read whole, and the comparison thrown away)."""
+    evaluate_run(RUN, checkpoint="best")
+    read = _hypotheses_read(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="sanlab"):
+        evaluate_run(RUN, checkpoint="best")
+    assert read == [] and not [r for r in caplog.records if "replaced" in r.getMessage()]
+
+
+def test_other_settings_are_told_the_same_hypotheses_by_the_records_digests(legacy, monkeypatch, caplog):
+    """Other settings, the same hypotheses: the two records' hypotheses_sha256 say so; the new file is not read back
+    (the earlier one is read once, before decoding rewrites it, to be compared line for line if they differ)."""
+    evaluate_run(RUN, checkpoint="best")  # a record with its hypotheses' digest
+    read = _hypotheses_read(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="sanlab"):
+        evaluate_run(RUN, checkpoint="best", decode_overrides={"batch_sentences": 3})
+    assert read == ["hyp-best-test.txt"]
+    [info] = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+    assert "the same hypotheses" in info

@@ -130,9 +130,12 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     earlier = read_json(out) or {}
     kept = {name: r for name, r in earlier.items()
             if isinstance(r, dict) and (same_weights(r, scored) or not any(k in r for k in SCORED_KEYS))}
-    # what the kept records scored, read before decoding rewrites the files: a record made again is compared with it
+    # what a kept record that other settings replace scored, read before decoding rewrites its file, to count the
+    # lines that differ (records made with the same settings are not compared: nothing is read for them)
+    settings = task.decode_settings(config, decode_overrides)
     scored_before = {name: _hypotheses_scored(r, layout.hypotheses(checkpoint, name, precision))
-                     for name, r in kept.items() if not splits or name in splits}
+                     for name, r in kept.items()
+                     if (not splits or name in splits) and _settings_changed(r.get("decode"), settings)}
     # (tasks that decode only in fp32 take no precision argument: their interface predates it)
     extra = {} if precision == "fp32" else {"precision": decoding_precision(precision, model_device(model))}
     with deterministic_algorithms(config.train.deterministic, model_device(model)):  # as the run trained
@@ -142,10 +145,9 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     for name in set(earlier) - set(kept) - set(results):  # its hypotheses came from weights no longer named so
         layout.hypotheses(checkpoint, name, precision).unlink(missing_ok=True)
     for name, record in results.items():
-        hypotheses = layout.hypotheses(checkpoint, name, precision)
-        lines = (scored_before.get(name), _hypotheses_scored(record, hypotheses))
-        _warn_if_replaced(kept.get(name), record, split=name, record_file=out, hypotheses=hypotheses,
-                          metric=task.eval_metric, lines=lines)
+        _warn_if_replaced(kept.get(name), record, split=name, record_file=out,
+                          hypotheses=layout.hypotheses(checkpoint, name, precision), metric=task.eval_metric,
+                          scored_before=scored_before.get(name))
     write_json(out, {**kept, **results})
     return results
 
@@ -163,30 +165,48 @@ def _hypotheses_scored(record: dict, path: Path) -> list[str] | None:
     return text.removesuffix("\n").split("\n") if text else []
 
 
-def _warn_if_replaced(earlier: dict | None, record: dict, *, split: str, record_file: Path, hypotheses: Path,
-                      metric: str, lines: tuple[list[str] | None, list[str] | None]) -> None:
-    """A run keeps one record per split of a checkpoint: one made with other decode settings is replaced (its
-    hypotheses file too), and said so, with its score, rather than lost without a word. ``lines``: the hypotheses
-    the earlier record and the new one scored (None: not known); when both are known and the same (only
-    ``batch_sentences`` changed, say) nothing is lost, and an INFO line says so instead; when they differ, how many."""
-    before, after = (earlier or {}).get("decode"), record.get("decode")
+def _settings_changed(before: object, after: object) -> bool:
+    """Whether two records' decode settings differ (keys added since at the value older records meant left out);
+    False unless both are settings (a tagging record has none)."""
     if not isinstance(before, dict) or not isinstance(after, dict):
+        return False
+    return DecodeConfig.as_recorded(before) != DecodeConfig.as_recorded(after)
+
+
+def _differing_lines(earlier: dict, record: dict, hypotheses: Path,
+                     scored_before: list[str] | None) -> tuple[int, int | None] | None:
+    """How many hypotheses differ between what ``earlier`` scored (``scored_before``: read before they were
+    rewritten, None if not known) and what ``record`` scored (in ``hypotheses`` now), and of how many; None: not
+    known. Two records with their hypotheses' digests are told the same by them, without reading the new file back."""
+    if scored_before is None:
+        return None
+    digests = earlier.get("hypotheses_sha256"), record.get("hypotheses_sha256")
+    if None not in digests and digests[0] == digests[1]:
+        return 0, None
+    after = _hypotheses_scored(record, hypotheses)
+    if after is None:
+        return None
+    return sum(a != b for a, b in itertools.zip_longest(scored_before, after)), len(after)
+
+
+def _warn_if_replaced(earlier: dict | None, record: dict, *, split: str, record_file: Path, hypotheses: Path,
+                      metric: str, scored_before: list[str] | None) -> None:
+    """A run keeps one record per split of a checkpoint: one made with other decode settings is replaced (its
+    hypotheses file too), and said so, with its score, rather than lost without a word. ``scored_before``: the
+    hypotheses the earlier record scored (None: not known); when the new ones are the same (only
+    ``batch_sentences`` changed, say) nothing is lost, and an INFO line says so instead; when they differ, how many."""
+    if earlier is None or not _settings_changed(earlier.get("decode"), record.get("decode")):
         return
-    before, after = DecodeConfig.as_recorded(before), DecodeConfig.as_recorded(after)  # (keys added since: as then)
-    if before == after:
-        return
+    before, after = DecodeConfig.as_recorded(earlier["decode"]), DecodeConfig.as_recorded(record["decode"])
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     was = ", ".join(f"{k.replace('_', ' ')} {before.get(k, '(unset)')}" for k in changed)
     now = ", ".join(f"{k.replace('_', ' ')} {after.get(k, '(unset)')}" for k in changed)
-    old_lines, new_lines = lines
-    if old_lines is not None and old_lines == new_lines:
+    compared = _differing_lines(earlier, record, hypotheses, scored_before)
+    if compared is not None and compared[0] == 0:
         logger.info(f"{record_file}: the record of {split!r} made with {was} is replaced by one with {now}, with the "
                     f"same hypotheses ({hypotheses.name}, line for line)")
         return
-    differ = ""
-    if old_lines is not None and new_lines is not None:
-        count = sum(a != b for a, b in itertools.zip_longest(old_lines, new_lines))
-        differ = f": {count} of {len(new_lines)} hypotheses differ"
+    differ = "" if compared is None else f": {compared[0]} of {compared[1]} hypotheses differ"
     logger.warning(f"{record_file}: the record of {split!r} made with {was}{_score(earlier, metric)} is replaced by "
                    f"one with {now}{_score(record, metric)}{differ}; {hypotheses.name} is rewritten too (one record "
                    "per split and checkpoint)")

@@ -117,6 +117,11 @@ class Task:
         of another vocabulary are refused (``checkpoint.check_vocabulary``); None: not checked."""
         return None
 
+    def decode_settings(self, config, decode_overrides: dict | None) -> dict | None:
+        """The settings ``evaluate`` with ``decode_overrides`` decodes with, as its records keep them (``decode``),
+        known before decoding; None for a task that records none."""
+        return None
+
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
                  decode_overrides: dict | None) -> dict:
         """Scores of each held-out split (``sanlab evaluate``), writing what it scored into the run (by

@@ -55,14 +55,20 @@ class Translation(Task):
     def vocabulary(self, assets) -> str:
         return assets.vocabulary()
 
+    def decode_settings(self, config, decode_overrides: dict | None) -> dict:
+        return self._decoding(config, decode_overrides).model_dump()
+
     def evaluate(self, model, assets, config, *, run_dir: Path, checkpoint: str, splits: list[str] | None,
                  decode_overrides: dict | None, precision=None) -> dict:
         from sanlab.tasks.translation import evaluate_translation
 
+        return evaluate_translation(model, assets, config, splits=splits, decode=self._decoding(config, decode_overrides),
+                                    out_dir=Path(run_dir), tag=checkpoint, precision=precision)
+
+    @staticmethod
+    def _decoding(config, decode_overrides: dict | None):
         # one hypothesis per sentence is scored, so a run's n_best (for `translate`) must not limit --beam
-        decode = config.decode.updated(**{"n_best": 1, **(decode_overrides or {})})
-        return evaluate_translation(model, assets, config, splits=splits, decode=decode, out_dir=Path(run_dir),
-                                    tag=checkpoint, precision=precision)
+        return config.decode.updated(**{"n_best": 1, **(decode_overrides or {})})
 
     def summary(self, record: dict) -> str:
         return record["formatted"]
