@@ -132,7 +132,7 @@ def test_patience_counts_validations_without_a_lower_loss(tmp_path, tiny_transla
     assert (summary["step"], summary["bad_validations"], summary["best"]) == (4, 2, 2.0)
     log = (run / "train.log").read_text()
     assert "stopped early, 2 validations without a better loss (train.patience = 2)" in log
-    assert "step 3 epoch 0: loss 2.5, ppl 12.18, bleu 3 (best 2, 1 without gain)" in log
+    assert "step 3 epoch 0: loss 2.5, ppl 12.18, bleu 3 (best loss 2, 1 without gain)" in log  # not BLEU 2
 
 
 def test_a_loss_only_validation_decodes_nothing_and_selects_by_loss(tmp_path, tiny_translation):
@@ -155,7 +155,9 @@ def test_resuming_with_another_best_metric_is_refused_and_the_tasks_own_spelled_
 
     run = tmp_path / "run"
     train_run(tiny_translation(max_steps=2, valid_every=2), run, quiet=True)
-    with pytest.raises(ConfigError, match=r"differing keys: train\.best_metric\."):
+    # (a run of a recipe that chose its metric later, e.g. IWSLT14's loss: docs/training.md's upgrade note)
+    with pytest.raises(ConfigError, match=r"differing keys: train\.best_metric\. .*it picks its best checkpoints by "
+                                          r"bleu: add --set train\.best_metric=bleu to resume it"):
         train_run(tiny_translation(max_steps=4, valid_every=2, best_metric="loss"), run, quiet=True)
     assert train_run(tiny_translation(max_steps=4, valid_every=2, best_metric="bleu"), run, quiet=True)["step"] == 4
     with pytest.raises(ConfigError, match=r"differing keys: train\.best_metric\."):
@@ -209,3 +211,112 @@ def test_an_analysis_scores_a_run_by_its_best_validation_of_the_metric_it_select
         (2.0, "valid loss, step 4")
     assert analyze.run_score(run, metric="bleu", score_from="valid", split=None, checkpoint="best") == \
         (4.0, "valid bleu, step 2")
+
+
+def _scored_run(root, name, config, records):
+    from sanlab.runs import prepare_run_dir
+
+    run = root / name
+    prepare_run_dir(run, config, overwrite=False)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"split": "valid", "step": step, **metrics}) + "\n"
+                                               for step, metrics in records))
+    return run
+
+
+# two validations: BLEU peaks at step 2, the loss is lowest at step 4
+RECORDS = ((2, {"loss": 3.0, "bleu": 4.0}), (4, {"loss": 2.0, "bleu": 1.0}))
+
+
+def test_an_analysis_of_runs_that_select_by_different_metrics_needs_metric(tmp_path, tiny_translation):
+    """Without --metric each run would be scored by the first run's metric, so the table would depend on the
+    order the runs are named in: refused, naming each run's metric; --metric picks one for all."""
+    from sanlab.experiments import analyze
+
+    by_loss = _scored_run(tmp_path, "by-loss", tiny_translation(lr=0.001, best_metric="loss"), RECORDS)
+    by_bleu = _scored_run(tmp_path, "by-bleu", tiny_translation(lr=0.002), RECORDS)
+    refusal = r"by different metrics \(.*by-(loss|bleu): (loss|bleu); .*by-(bleu|loss): (bleu|loss)\).*--metric"
+    for runs in ([by_loss, by_bleu], [by_bleu, by_loss]):
+        with pytest.raises(ConfigError, match=refusal):
+            analyze.sweep(runs, key="train.lr", out=tmp_path / "sweep")
+        with pytest.raises(ConfigError, match=refusal):
+            analyze.curves(runs, out=tmp_path / "curves")
+    with pytest.raises(ConfigError, match=refusal):  # the baseline is scored by the same metric as the runs
+        analyze.sweep([by_loss], key="train.lr", out=tmp_path / "sweep", baseline=by_bleu)
+    table = (analyze.sweep([by_bleu, by_loss], key="train.lr", out=tmp_path / "bleu", metric="bleu")["csv"]).read_text()
+    assert table.count("valid bleu, step 2") == 2
+    both_by_loss = _scored_run(tmp_path, "also-by-loss", tiny_translation(lr=0.003, best_metric="loss"), RECORDS)
+    table = analyze.sweep([by_loss, both_by_loss], key="train.lr", out=tmp_path / "loss")["csv"].read_text()
+    assert table.count("valid loss, step 4") == 2
+
+
+def test_the_best_validation_record_follows_the_direction_the_task_declares(tmp_path, tiny_translation,
+                                                                           monkeypatch):
+    """A task's config class declares each metric's direction (``best_metrics``; a plug-in task's ``wer``, lower is
+    better): the analyses take it from there, the name rule (loss, ppl) only for a metric outside the table."""
+    from sanlab.config import TranslationConfig
+    from sanlab.evaluation import analysis_curves
+    from sanlab.experiments import analyze
+
+    records = [{"split": "valid", "step": 2, "wer": 30.0}, {"split": "valid", "step": 4, "wer": 20.0}]
+    assert analysis_curves.best_validation(records, metric="wer", higher_is_better=False) == (4, 20.0)
+    assert analysis_curves.best_validation(records, metric="wer", higher_is_better=True) == (2, 30.0)
+    assert analysis_curves.best_validation(records, metric="wer") == (2, 30.0)  # outside every table: max
+    assert analysis_curves.best_validation([{**r, "loss": r["wer"]} for r in records], metric="loss") == (4, 20.0)
+
+    monkeypatch.setattr(TranslationConfig, "best_metrics", {**TranslationConfig.best_metrics, "wer": False})
+    run = _scored_run(tmp_path, "by-wer", tiny_translation(best_metric="wer"),
+                      [(2, {"loss": 3.0, "bleu": 4.0, "wer": 30.0}), (4, {"loss": 2.0, "bleu": 1.0, "wer": 20.0})])
+    assert analyze.run_score(run, metric=None, score_from="valid", split=None, checkpoint="best") == \
+        (20.0, "valid wer, step 4")
+    monkeypatch.setattr(TranslationConfig, "best_metrics", {**TranslationConfig.best_metrics, "loss": True})
+    assert analyze.run_score(run, metric="loss", score_from="valid", split=None, checkpoint="best") == \
+        (3.0, "valid loss, step 2")  # the table's direction, not the name's
+
+
+def test_the_sweeps_note_says_how_the_chosen_metric_was_scored(tmp_path, tiny_translation):
+    """Greedy decoding of the first valid_max_sentences sentences scores BLEU; the loss (and ppl) is of every pair."""
+    from sanlab.experiments import analyze
+
+    by_loss = _scored_run(tmp_path, "by-loss", tiny_translation(best_metric="loss"), RECORDS)
+    note = analyze.sweep([by_loss], key="train.lr", out=tmp_path / "loss")["md"].read_text()
+    assert "greedy" not in note and "(loss: the loss over the whole validation set, no decoding)" in note
+    note = analyze.sweep([by_loss], key="train.lr", out=tmp_path / "bleu", metric="bleu")["md"].read_text()
+    assert "greedy decoding of the first `train.valid_max_sentences` sentences" in note
+
+
+def test_the_analyze_help_gives_each_runs_best_metric_as_the_default(capsys):
+    from sanlab.cli import main
+
+    for name in ("sweep", "curves"):
+        with pytest.raises(SystemExit):
+            main(["analyze", name, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "train.best_metric" in text and "bleu / accuracy" not in text and "default: bleu" not in text, name
+
+
+def test_perplexity_is_exact_enough_to_order_as_the_loss_does():
+    """In float32, losses a few ulps apart tie in ppl (exp(2.0) and exp(2.0 + 2e-9)); overflow is inf."""
+    from sanlab.tasks.translation import perplexity
+
+    assert perplexity(2.0) < perplexity(2.0 + 2e-9) and perplexity(0.0) == 1.0
+    assert perplexity(1000.0) == math.inf and math.isnan(perplexity(math.nan))
+
+
+def test_average_best_and_its_stale_check_rank_by_a_lower_is_better_metric(tmp_path, tiny_translation, monkeypatch):
+    """`average --best N` and `stale_average` rank the kept checkpoints as training did: by loss, the lowest."""
+    from sanlab.runs import train_run
+    from sanlab.runs.trained import average_run, stale_average
+
+    _scripted(monkeypatch, [*LOSSES, 2.8, 1.0], [*BLEUS, 8.0, 0.5])
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=5, valid_every=1, keep_best=2, keep_last=1, best_metric="loss"), run,
+              quiet=True)
+    averaged = average_run(run, best=2)
+    meta = json.loads((averaged / "meta.json").read_text())
+    assert (meta["averaged"], meta["selection"]) == (["step-00000004", "step-00000002"], "best 2")  # 1.5, 2.0
+    config = tiny_translation(max_steps=6, valid_every=1, keep_best=2, keep_last=1, best_metric="loss")
+    train_run(config, run, quiet=True)  # step 6, loss 2.8: not among the 2 best
+    assert stale_average(run, averaged, config) == ""
+    config = tiny_translation(max_steps=7, valid_every=1, keep_best=2, keep_last=1, best_metric="loss")
+    train_run(config, run, quiet=True)  # step 7, loss 1.0: the new best
+    assert "the run's best 2 are now step-00000007, step-00000004" in stale_average(run, averaged, config)

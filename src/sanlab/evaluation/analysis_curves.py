@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 from sanlab.evaluation.analysis_table import Table
 
-LOWER_IS_BETTER = frozenset({"loss", "ppl"})  # validation metrics where the best record is the minimum
+# validation metrics whose best record is the minimum, where the run's task declares no direction for them
+LOWER_IS_BETTER = frozenset({"loss", "ppl"})
 
 
 # ----------------------------------------------------------------------------- sweeps (CSAN Fig. 2)
@@ -54,15 +55,20 @@ class SweepPoint:
     source: str = ""  # where the score came from, e.g. "valid bleu, step 3000"
 
 
-def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "valid") -> tuple[int, float]:
-    """(step, score) of the best ``split`` record for ``metric`` (max; min for loss/ppl), among finite scores (a
-    NaN first would otherwise win every comparison). Of tied records the newest, as ``CheckpointManager.best``
-    picks the run's ``best`` checkpoint: the step named is then that checkpoint's."""
+def best_validation(records: Sequence[Mapping], *, metric: str, split: str = "valid",
+                    higher_is_better: bool | None = None) -> tuple[int, float]:
+    """(step, score) of the best ``split`` record for ``metric``, among finite scores (a NaN first would otherwise
+    win every comparison): the maximum where higher is better, as the run's task declares it (its config class's
+    ``best_metrics``); None (a metric outside that table): the minimum for loss/ppl, else the maximum. Of tied
+    records the newest, as ``CheckpointManager.best`` picks the run's ``best`` checkpoint: the step named is then
+    that checkpoint's."""
     curve = learning_curve(records, metric=metric, split=split)
     finite = [point for point in curve if math.isfinite(point[1])]
     if not finite:
         raise ValueError(f"no {split!r} record has a finite {metric} (steps {', '.join(str(s) for s, _ in curve)})")
-    sign = -1 if metric in LOWER_IS_BETTER else 1
+    if higher_is_better is None:
+        higher_is_better = metric not in LOWER_IS_BETTER
+    sign = 1 if higher_is_better else -1
     return max(finite, key=lambda point: (sign * point[1], point[0]))
 
 

@@ -35,12 +35,12 @@ from sanlab.experiments.analyze_inputs import (  # run_labels, run_score: also i
     PathLike,
     checked,
     default_eval_split,
-    default_metric,
     distinct_runs,
     load_config_of,
     one_split_data,
     run_labels,
     run_score,
+    shared_metric,
     write_outputs,
 )
 from sanlab.experiments.analyze_models import SIDE_NAMES, attention_map, gates  # noqa: F401  (re-exported)
@@ -54,11 +54,12 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
     from sanlab.evaluation import analysis_curves, plots
 
     run_dirs = distinct_runs(run_dirs)
-    metric, points = metric or default_metric(run_dirs[0], score_from=score_from), []
+    scored = [*run_dirs, *([baseline] if baseline is not None else [])]
+    metric, points = metric or shared_metric(scored, score_from=score_from), []
     if score_from == "eval" and split is None:  # one split for every run and the baseline
         split = default_eval_split(run_dirs[0], checkpoint)
     # every point, and the baseline, scored on the same sentences
-    one_split_data([*run_dirs, *([baseline] if baseline is not None else [])], split if score_from == "eval" else None)
+    one_split_data(scored, split if score_from == "eval" else None)
     for label, run in zip(run_labels(run_dirs), run_dirs):
         value = checked(analysis_curves.dotted_value, load_config_of(run), key, context=str(RunLayout(run).config))
         if value is None:
@@ -78,13 +79,22 @@ def sweep(run_dirs: Sequence[PathLike], *, key: str, out: PathLike, metric: str 
     means = analysis_curves.sweep_means(points)
     notes = ("Runs sharing a value (seeds) are averaged on the plotted line; the dots are single runs."
              + (" The dashed line is the baseline." if reference else "")
-             + (" Scores are the best validation record logged during training (translation: greedy decoding of "
-                "the first `train.valid_max_sentences` sentences), a quick look that flatters every run a little; "
-                "`--from eval` uses the beam-search scores of `sanlab evaluate`." if score_from == "valid" else ""))
+             + (f" Scores are the best validation record logged during training{_how_validated(metric)}, a quick "
+                "look that flatters every run a little; `--from eval` uses the beam-search scores of `sanlab "
+                "evaluate`." if score_from == "valid" else ""))
     return write_outputs(out, title=f"Sweep over {key}", table=table, notes=notes, plot=lambda png: plots.lines(
         png, series={"mean": ([m[0] for m in means], [m[1] for m in means])},
         points={"runs": ([p.value for p in points], [p.score for p in points])}, reference=reference,
         title=f"{metric} against {key.rsplit('.', 1)[-1]}", xlabel=key, ylabel=metric))
+
+
+def _how_validated(metric: str) -> str:
+    """How a validation record's ``metric`` was scored, for the sweep's note ("" where sanlab cannot say)."""
+    if metric == "bleu":  # translation's validation decodes only for it
+        return " (greedy decoding of the first `train.valid_max_sentences` sentences)"
+    if metric in ("loss", "ppl"):
+        return f" ({metric}: the loss over the whole validation set, no decoding)"
+    return ""
 
 
 def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = None,
@@ -99,7 +109,7 @@ def curves(run_dirs: Sequence[PathLike], *, out: PathLike, metric: str | None = 
     for run in run_dirs:  # a mistyped path is "not a run", not "no records"
         if not RunLayout(run).config.is_file():
             raise ConfigError(f"{run}: not a run directory (no {RunLayout(run).config.name})")
-    metric = metric or default_metric(run_dirs[0])
+    metric = metric or shared_metric(run_dirs)
     found = {}
     for label, run in zip(run_labels(run_dirs), run_dirs):
         records, context = read_metrics(Path(run)), str(RunLayout(run).metrics)

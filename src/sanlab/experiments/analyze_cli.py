@@ -161,7 +161,9 @@ def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="score against a config value swept across runs (CSAN Fig. 2)")
     _common(p, runs="+")
     p.add_argument("--key", required=True, help="dotted config key, e.g. model.encoder.attention.parts.0.window_size")
-    p.add_argument("--metric", help="default: bleu (translation); accuracy (valid) / all (eval) for tagging")
+    p.add_argument("--metric", help="default: with --from valid, the runs' train.best_metric (unset: bleu for "
+                   "translation, accuracy for tagging), one for all runs and the baseline; with --from eval, bleu / "
+                   "all (tagging)")
     p.add_argument("--from", dest="score_from", choices=("valid", "eval"), default="valid",
                    help="best validation record of metrics.jsonl (default) or eval-<checkpoint>.json (a "
                    "comparison cell without one: its compare-eval.json)")
@@ -182,8 +184,9 @@ def _add_gates_and_curves(sub) -> None:
 
     p = sub.add_parser("curves", help="a metric over training steps, one line per run (Dufter Fig. 2)")
     _common(p, runs="+")
-    p.add_argument("--metric", help="metric name in metrics.jsonl (default: bleu / accuracy), or a shell-style "
-                   "pattern for several ('*log_gamma_q*'): one line per run and matching metric")
+    p.add_argument("--metric", help="metric name in metrics.jsonl (default: the runs' train.best_metric, unset: "
+                   "bleu for translation, accuracy for tagging; one for all runs), or a shell-style pattern for "
+                   "several ('*log_gamma_q*'): one line per run and matching metric")
     p.add_argument("--split", default="valid",
                    help="record split in metrics.jsonl: valid (default), train, speed, diagnostics")
     p.add_argument("--mean-over-seeds", action="store_true",

@@ -266,6 +266,27 @@ def default_metric(run_dir: PathLike, *, score_from: str = "valid") -> str:
     return task.metric if score_from == "valid" else task.eval_metric
 
 
+def shared_metric(run_dirs: Sequence[PathLike], *, score_from: str = "valid") -> str:
+    """The metric every run is scored by without --metric: each run's own (``default_metric``), which must be one
+    for all of them (the first run's would score the others by a metric that did not pick their best, and the
+    table would depend on the order the runs are named in)."""
+    metrics = {str(run): default_metric(run, score_from=score_from) for run in run_dirs}
+    if len(set(metrics.values())) > 1:
+        listed = "; ".join(f"{run}: {metric}" for run, metric in metrics.items())
+        raise ConfigError(f"the runs are scored by different metrics ({listed}): give --metric to score every run "
+                          "by one of them")
+    return next(iter(metrics.values()))
+
+
+def metric_direction(run_dir: PathLike, metric: str) -> bool | None:
+    """Whether higher ``metric`` is better in the run's validation, as its task's config class declares it
+    (``best_metrics``); None for a metric outside that table, or a task not registered here."""
+    from sanlab.config import TASKS
+
+    name = raw_config(run_dir).get("task")
+    return TASKS.entry(name).config.best_metrics.get(metric) if name in TASKS.references() else None
+
+
 def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: str | None,
               checkpoint: str) -> tuple[float, str]:
     """(score, where it came from) of a run: its best validation record, or ``eval-<checkpoint>.json``."""
@@ -275,6 +296,7 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
     metric = metric or default_metric(run_dir, score_from=score_from)
     if score_from == "valid":
         step, score = checked(analysis_curves.best_validation, read_metrics(Path(run_dir)), metric=metric,
+                              higher_is_better=metric_direction(run_dir, metric),
                               context=str(RunLayout(run_dir).metrics))
         return score, f"valid {metric}, step {step}"
     if score_from != "eval":

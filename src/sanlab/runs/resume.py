@@ -47,6 +47,15 @@ def _best_metric_named(dumped: dict) -> dict:
     return {**dumped, "train": {**train, "best_metric": task_named(dumped["task"]).metric}}
 
 
+def _best_metric_hint(old: dict, blocking: list[str]) -> str:
+    """Where train.best_metric differs, the --set that resumes the run as it trained (a run begun before its recipe
+    chose a metric, e.g. the IWSLT14 recipes' loss, picks by its task's own)."""
+    chosen = _best_metric_named(old).get("train", {}).get("best_metric")
+    if "train.best_metric" not in blocking or not isinstance(chosen, str):
+        return ""
+    return f" (it picks its best checkpoints by {chosen}: add --set train.best_metric={chosen} to resume it)"
+
+
 def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     """Create ``run_dir`` for ``config``; returns True if it holds a run to resume.
 
@@ -81,7 +90,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
         if blocking:
             raise ConfigError(f"{run_dir} holds a run with a different config ({saved}); differing keys: "
                               f"{', '.join(blocking)}. Resume with the same config, pass --overwrite to start "
-                              "again, or choose another --run directory")
+                              f"again, or choose another --run directory{_best_metric_hint(old, blocking)}")
         problem = shorter_budget(run_dir, config, old)
         if problem:
             raise ConfigError(f"{run_dir}: {problem}; a shorter budget needs a new run (another --run directory, "

@@ -190,12 +190,21 @@ class TranslationTask:
         n = self.config.train.valid_max_sentences
         n = len(self.valid_raw) if n is None else n
         if not n:  # valid_max_sentences 0: the loss alone (train.best_metric is loss or ppl)
-            return {"loss": loss, "ppl": float(torch.tensor(loss).exp())}
+            return {"loss": loss, "ppl": perplexity(loss)}
         if not math.isfinite(loss):  # outputs not finite: nothing to decode (the trainer stops on it)
             return {"loss": loss, "ppl": loss, "bleu": 0.0}
         sources, refs = [s for s, _ in self.valid_raw[:n]], [t for _, t in self.valid_raw[:n]]
         hyps = translate(self.model, self.spm, sources, decode=self.config.decode.updated(beam=1, n_best=1))
-        return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "bleu": corpus_scores(hyps, refs).bleu}
+        return {"loss": loss, "ppl": perplexity(loss), "bleu": corpus_scores(hyps, refs).bleu}
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) in float64, inf where it overflows: in float32, losses a few ulps apart tie in ppl, which would
+    then pick the best checkpoint (train.best_metric: ppl) otherwise than the loss does."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def max_output_lengths(src_len: torch.Tensor, decode: DecodeConfig, limit: int | None) -> torch.Tensor:

@@ -475,7 +475,8 @@ class Trainer:
         improved = p.best is None or (score > p.best if self.task.higher_is_better else score < p.best)
         if on_schedule:
             p.best, p.bad_validations = (score, 0) if improved else (p.best, p.bad_validations + 1)
-            verdict = " (best)" if improved else f" (best {p.best:.4g}, {p.bad_validations} without gain)"
+            verdict = (" (best)" if improved
+                       else f" (best {self.task.metric} {p.best:.4g}, {p.bad_validations} without gain)")
         else:
             verdict = (" (" + ("a new best; " if improved else "")
                        + "off the validation schedule: not counted for early stopping)")
