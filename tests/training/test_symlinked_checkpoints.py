@@ -192,3 +192,52 @@ def test_a_linked_step_is_evaluated_as_the_runs_own(tmp_path, tiny_translation):
         assert record["checkpoint"] == f"checkpoints/{name}"
     record = evaluate_run(run, checkpoint="best", splits=["valid"])["valid"]
     assert record["checkpoint"].startswith("checkpoints/step-") and (run / "eval-best.json").is_file()
+
+
+def test_only_a_step_in_checkpoints_or_averaged_is_named_by_its_link(tmp_path):
+    """The link itself names the checkpoint only for a step-N directly in checkpoints/ and for averaged/; any other
+    link in the run is what it resolves to. A link run/best to a directory outside was taken as the run's own."""
+    from sanlab.training.layout import RunLayout
+
+    run, disk = _run(tmp_path), tmp_path / "disk"
+    (run / "checkpoints").mkdir()
+    _checkpoint(run / "checkpoints" / "step-00000001", 1)
+    (run / "averaged").symlink_to(_checkpoint(disk / "avg", 1))
+    (run / "best").symlink_to(_checkpoint(disk / "best", 1))
+    (run / "checkpoints" / "other").symlink_to(run / "checkpoints" / "step-00000001")
+    layout = RunLayout(run)
+    assert layout.name_in_run(run / "averaged") == "averaged"
+    assert layout.name_in_run(run / "best") is None
+    assert layout.name_in_run(run / "checkpoints" / "other") == "checkpoints/step-00000001"
+
+
+@pytest.mark.slow
+def test_a_path_named_like_another_of_the_runs_checkpoints_is_refused(tmp_path, tiny_translation):
+    """Given as a path, a directory named best/last, or a step-N/averaged whose name in the run is not its own, would
+    write its records over that checkpoint's: refused, eval-best.json and its hypotheses untouched. Both were taken:
+    run/best linked to a directory outside (a link in the run counted as the run's), and elsewhere/best linked to a
+    non-best step of the run (it resolves into the run)."""
+    import shutil
+
+    from sanlab.runs import evaluate_run, train_run
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1, keep_best=2, keep_last=2), run, quiet=True)
+    best = evaluate_run(run, checkpoint="best", splits=["valid"])["valid"]["checkpoint"]
+    other = next(p for p in sorted((run / "checkpoints").glob("step-*")) if f"checkpoints/{p.name}" != best)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.name.startswith(("eval-", "hyp-"))}
+    assert "eval-best.json" in before
+    shutil.copytree(other, tmp_path / "foreign" / "best")
+    (run / "best").symlink_to(tmp_path / "foreign" / "best")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "best").symlink_to(other)
+    (tmp_path / "elsewhere" / "averaged").symlink_to(other)
+    (run / best.split("/")[-1]).symlink_to(other)  # the best's step-N name, in the run's root, to another step
+    (tmp_path / "elsewhere" / "last").symlink_to(run / best)
+    for path in (run / "best", tmp_path / "elsewhere" / "best", tmp_path / "elsewhere" / "averaged",
+                 tmp_path / "elsewhere" / "last", run / best.split("/")[-1]):
+        with pytest.raises(ConfigError, match="named like one of its own checkpoints"):
+            evaluate_run(run, checkpoint=str(path), splits=["valid"])
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name.startswith(("eval-", "hyp-"))} == before
+    record = evaluate_run(run, checkpoint=str(other), splits=["valid"])["valid"]  # its own name: taken
+    assert record["checkpoint"] == f"checkpoints/{other.name}"

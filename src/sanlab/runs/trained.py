@@ -331,14 +331,28 @@ def stale_average(run_dir: Path, averaged: Path, config: Config) -> str:
 
 
 def _refuse_a_borrowed_name(run_dir: Path, checkpoint: str, path: Path) -> None:
-    """A checkpoint directory from outside the run named like one of the run's own (``X/best``) would write its
-    records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's.
-    ``path``: the directory ``checkpoint`` named when it was loaded, as named (the records take their names from
-    it, not from where it lies: a run's ``step-N`` linked to another disk is the run's, ``RunLayout.name_in_run``)."""
-    if _names_a_runs_checkpoint(path) and RunLayout(run_dir).name_in_run(path) is None:
-        raise ConfigError(f"--checkpoint {checkpoint}: a directory outside {run_dir} named like one of its own "
-                          f"checkpoints ({path.name}): its evaluation would replace that checkpoint's records; "
-                          "give it another name first")
+    """A checkpoint directory named like one of the run's own (``X/best``) that is not that checkpoint would write
+    its records over that checkpoint's (eval-best.json, hyp-best-*.txt) and delete them as another checkpoint's:
+    one from outside the run, and one of the run's by another name (``X/best`` linked to a non-best ``step-N``).
+    ``path``: the directory ``checkpoint`` named when it was loaded, as named (``RunLayout.name_in_run``: a run's
+    ``step-N`` linked to another disk is the run's). The keywords best, last and averaged name the run's own."""
+    if checkpoint in ("best", "last", "averaged") or not _names_a_runs_checkpoint(path):
+        return
+    in_run = RunLayout(run_dir).name_in_run(path)
+    if in_run is not None and in_run == _own_name(path.name):
+        return
+    where = f"{run_dir}'s {in_run}" if in_run is not None else f"a directory outside {run_dir}"
+    raise ConfigError(f"--checkpoint {checkpoint}: {where}, named like one of its own checkpoints ({path.name}): "
+                      "its evaluation would replace that checkpoint's records; give it another name first, or give "
+                      "best, last, averaged or the checkpoint's own step-N")
+
+
+def _own_name(name: str) -> str | None:
+    """Where a checkpoint named ``name`` lies in its run (``checkpoints/step-N``, ``averaged``); None for a name only
+    a keyword gives (best, last) or an evaluation's (``-bf16``), never a directory of the run's."""
+    if re.fullmatch(rf"{STEP_PREFIX}\d+", name):
+        return f"{RunLayout.checkpoints.name}/{name}"
+    return name if name == RunLayout.averaged.name else None
 
 
 def _names_a_runs_checkpoint(path: Path) -> bool:

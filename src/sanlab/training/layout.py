@@ -10,6 +10,7 @@ committed cells under ``results/compare/`` and ``tests/fixtures/rundir-v1``) res
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,16 +72,21 @@ class RunLayout:
     def name_in_run(self, path: str | Path) -> str | None:
         """``path`` relative to the run directory (``checkpoints/step-00001000``), or None for one outside it.
         ``checkpoints/`` may be a link to a directory of the run's elsewhere (another disk, docs/training.md): what
-        lies there is the run's too, and named as in the run, not by where it lies. Likewise a ``step-N`` in it that is
-        a link to a directory elsewhere (moved to another disk and linked back): the path is taken as given, its
-        last part not followed, before the directory it resolves to (a link from outside to one of the run's)."""
+        lies there is the run's too, and named as in the run, not by where it lies. Likewise a ``step-N`` directly in
+        it, or ``averaged``, that is a link to a directory elsewhere (moved to another disk and linked back) is named
+        by the link. Any other path is named by what it resolves to (a link from outside to one of the run's is that
+        one; a link in the run to a directory outside is outside)."""
         given = Path(path).absolute()
-        as_given = given.parent.resolve() / given.name if given.name not in ("", "..") else given.resolve()
-        roots = ((self.checkpoints.resolve(), Path(self.checkpoints.name)), (self.root.resolve(), Path()))
-        for where in (as_given, given.resolve()):
-            for root, inside in roots:
-                if where == root or root in where.parents:
-                    return str(inside / where.relative_to(root))
+        if given.name not in ("", ".", ".."):
+            as_given = given.parent.resolve() / given.name
+            if as_given.parent == self.checkpoints.resolve() and re.fullmatch(r"step-\d+", given.name):
+                return f"{self.checkpoints.name}/{given.name}"
+            if as_given == self.root.resolve() / self.averaged.name:
+                return self.averaged.name
+        where = given.resolve()
+        for root, inside in ((self.checkpoints.resolve(), Path(self.checkpoints.name)), (self.root.resolve(), Path())):
+            if where == root or root in where.parents:
+                return str(inside / where.relative_to(root))
         return None
 
     def subword_model(self, side: str = "joint") -> Path:
