@@ -51,22 +51,16 @@ def test_replace_directory_swaps_a_complete_directory_in(tmp_path):
 
 
 def test_replace_directory_that_fails_leaves_the_destination_as_it_was(tmp_path, monkeypatch):
-    """Neither rename may leave the set-aside directory behind: moving a symbolic link aside onto it fails (rename
-    of a link onto a directory), and a failing final rename puts the old directory back."""
+    """A failing final rename puts the old directory back, and leaves no set-aside directory behind."""
     import os
 
     from sanlab import files
 
-    store, tmp = tmp_path / "store", tmp_path / ".new.tmp"
-    for directory, text in ((store, "old"), (tmp, "new")):
+    final, tmp = tmp_path / "store", tmp_path / ".new.tmp"
+    for directory, text in ((final, "old"), (tmp, "new")):
         directory.mkdir()
         (directory / "model.safetensors").write_text(text)
-    link = tmp_path / "link"
-    link.symlink_to(store)
-    with pytest.raises(OSError):
-        files.replace_directory(tmp, link)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".new.tmp", "link", "store"]
-    final, replace = tmp_path / "store", os.replace
+    replace = os.replace
 
     def failing(src, dst):
         if Path(src) == tmp:
@@ -77,7 +71,39 @@ def test_replace_directory_that_fails_leaves_the_destination_as_it_was(tmp_path,
     with pytest.raises(OSError, match="No space left"):
         files.replace_directory(tmp, final)
     assert (final / "model.safetensors").read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".new.tmp", "link", "store"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".new.tmp", "store"]
+
+
+def test_replace_directory_over_a_link_replaces_the_link_only(tmp_path, monkeypatch):
+    """A link ``final`` (a checkpoint linked in from another disk) is set aside as a link and removed once the new
+    directory is in place, never what it points to; a failing final rename puts the link back. The link was removed
+    before the renames (by the caller: moving a link aside onto a directory fails), so a failure lost it."""
+    import os
+
+    from sanlab import files
+
+    store, tmp, link = tmp_path / "store", tmp_path / ".link.tmp", tmp_path / "link"
+    for directory, text in ((store, "old"), (tmp, "new")):
+        directory.mkdir()
+        (directory / "model.safetensors").write_text(text)
+    link.symlink_to(store)
+    replace = os.replace
+
+    def failing(src, dst):
+        if Path(src) == tmp:
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", failing)
+    with pytest.raises(OSError, match="No space left"):
+        files.replace_directory(tmp, link)
+    assert link.is_symlink() and (link / "model.safetensors").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".link.tmp", "link", "store"]
+    monkeypatch.setattr(files.os, "replace", replace)
+    files.replace_directory(tmp, link)
+    assert not link.is_symlink() and (link / "model.safetensors").read_text() == "new"
+    assert (store / "model.safetensors").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "store"]
 
 
 def test_input_lines_split_at_newlines_only(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import os
+import secrets
 import shutil
 import stat
 import sys
@@ -94,18 +95,13 @@ def replace_directory(tmp: Path, final: Path) -> None:
     first and deleted after, so ``final`` is never a mix of the two; only for the instant between the two
     renames is it absent (a crash there leaves the old one as ``.<name>.XXXX.old``). The aside name is a
     new one each time: ``final`` may be anywhere (``sanlab average --output``), and a fixed name could be
-    someone's directory. A rename that fails leaves ``final`` as it was: the old one is put back and the
-    aside directory removed (``tmp`` stays, for the caller to remove)."""
+    someone's directory. A ``final`` that is a symbolic link (a checkpoint linked in from another disk) is
+    set aside as a link and removed as one, never what it points to. A rename that fails leaves ``final`` as
+    it was: the old one (or the link) is put back and the aside directory removed (``tmp`` stays, for the
+    caller to remove)."""
     for f in (*tmp.iterdir(), tmp):
         fsync(f)
-    old = None
-    if final.exists():
-        old = _new_beside(final, ".old")
-        try:
-            os.replace(final, old)  # (onto the empty directory mkdtemp made: allowed for directories)
-        except OSError:
-            os.rmdir(old)  # still the empty one mkdtemp made
-            raise
+    old = _set_aside(final)
     try:
         os.replace(tmp, final)
     except OSError:
@@ -114,8 +110,29 @@ def replace_directory(tmp: Path, final: Path) -> None:
                 os.replace(old, final)  # the old one back where it was
         raise
     fsync(final.parent)
-    if old is not None:
+    if old is not None and old.is_symlink():
+        old.unlink()
+    elif old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _set_aside(final: Path) -> Path | None:
+    """Rename ``final`` to a new ``.<name>.XXXX.old`` beside it and return that; None where there is none."""
+    if final.is_symlink():  # renamed itself, to a name that is not there (a link cannot replace the empty directory)
+        old = final.with_name(f".{final.name}.{secrets.token_hex(4)}.old")
+        while os.path.lexists(old):
+            old = final.with_name(f".{final.name}.{secrets.token_hex(4)}.old")
+        os.rename(final, old)
+        return old
+    if not final.exists():
+        return None
+    old = _new_beside(final, ".old")
+    try:
+        os.replace(final, old)  # (onto the empty directory mkdtemp made: allowed for directories)
+    except OSError:
+        os.rmdir(old)  # still the empty one mkdtemp made
+        raise
+    return old
 
 
 def staging_directory(final: Path) -> Path:

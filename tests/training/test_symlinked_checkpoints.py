@@ -156,6 +156,39 @@ def test_saving_a_step_that_is_a_link_replaces_the_link_and_leaves_its_target(tm
     assert {p: p.read_bytes() for p in (elsewhere / "step-00000002").iterdir()} == before
 
 
+def test_a_failed_save_over_a_linked_step_keeps_the_link(tmp_path, monkeypatch):
+    """Saving step N again over a linked step-N whose final rename fails (ENOSPC, EIO) leaves the link where it was,
+    and latest.json names a checkpoint that is there; the link was removed first, and the next start fell back to an
+    older checkpoint and trained again."""
+    from torch import nn
+
+    from sanlab import files
+    from sanlab.training.checkpoint import latest_checkpoint
+
+    run, elsewhere = _run(tmp_path), tmp_path / "elsewhere"
+    checkpoints = run / "checkpoints"
+    manager = CheckpointManager(run, keep_best=0, keep_last=10, higher_is_better=True)
+    model = nn.Linear(2, 2)
+    for step in (1, 2):
+        manager.save(model=model, state={"step": step}, meta={"step": step, "epoch": 0, "score": None})
+    elsewhere.mkdir()
+    (checkpoints / "step-00000002").rename(elsewhere / "step-00000002")
+    (checkpoints / "step-00000002").symlink_to(elsewhere / "step-00000002")
+    replace = files.os.replace
+
+    def failing(src, dst):
+        if str(src).endswith(".tmp"):
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", failing)
+    with pytest.raises(OSError, match="No space left"):
+        manager.save(model=model, state={"step": 2}, meta={"step": 2, "epoch": 0, "score": None})
+    assert (checkpoints / "step-00000002").is_symlink()
+    assert latest_checkpoint(checkpoints) == checkpoints / "step-00000002"
+    assert [m["step"] for m in manager.all()] == [1, 2]
+
+
 def test_a_linked_step_is_named_in_the_run_not_by_where_it_lies(tmp_path):
     """A step-N moved to another disk and linked back is the run's checkpoints/step-N, whatever its target's name
     (it was named by its target: outside the run, or the raw path); a link from outside to one of the run's is named

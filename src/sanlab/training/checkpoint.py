@@ -273,11 +273,10 @@ class CheckpointManager:
         torch.save(state, tmp / STATE)
         meta = {**meta, "sha256": checksums(tmp)}
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if final.is_symlink():
-            # a step-N linked in from elsewhere, saved again: the link goes (never what it points to), and the new
-            # checkpoint lies in the run. A crash before the rename below loses nothing: the old one is still where
-            # the link pointed, and the finished .step-N.tmp is cleared at the next start, as any crash's
-            _remove(final)
+        # a step-N linked in from elsewhere, saved again: replace_directory sets the link aside and removes it (never
+        # what it points to) only once the new checkpoint lies in the run; a rename that fails puts it back. As for
+        # any checkpoint saved again, a crash between its two renames leaves the old one (the link) as .step-N.*.old,
+        # removed at the next start, which then resumes from the newest complete checkpoint
         replace_directory(tmp, final)
         write_json(self.dir / LATEST, {"checkpoint": name})
         self.prune()
