@@ -273,13 +273,27 @@ def test_the_best_validation_record_follows_the_direction_the_task_declares(tmp_
         (3.0, "valid loss, step 2")  # the table's direction, not the name's
 
 
+def test_a_tasks_own_metric_is_scored_in_the_tasks_own_direction(tmp_path, tiny_translation, monkeypatch):
+    """A task (a plug-in's) whose own metric is lower-is-better and not in its config class's best_metrics: the
+    analyses take the task's declared direction, not the name rule (which took the highest WER)."""
+    from sanlab.experiments import analyze
+    from sanlab.tasks.translation_task import Translation
+
+    monkeypatch.setattr(Translation, "metric", "wer")
+    monkeypatch.setattr(Translation, "higher_is_better", False)
+    run = _scored_run(tmp_path, "by-wer", tiny_translation(), [(2, {"wer": 30.0}), (4, {"wer": 20.0})])
+    assert analyze.run_score(run, metric=None, score_from="valid", split=None, checkpoint="best") == \
+        (20.0, "valid wer, step 4")
+
+
 def test_the_sweeps_note_says_how_the_chosen_metric_was_scored(tmp_path, tiny_translation):
-    """Greedy decoding of the first valid_max_sentences sentences scores BLEU; the loss (and ppl) is of every pair."""
+    """Greedy decoding of the first valid_max_sentences sentences scores BLEU; the loss (and ppl) is of every pair
+    validated: with data.filter_valid those the length filter keeps (the note said the whole validation set)."""
     from sanlab.experiments import analyze
 
     by_loss = _scored_run(tmp_path, "by-loss", tiny_translation(best_metric="loss"), RECORDS)
     note = analyze.sweep([by_loss], key="train.lr", out=tmp_path / "loss")["md"].read_text()
-    assert "greedy" not in note and "(loss: the loss over the whole validation set, no decoding)" in note
+    assert "greedy" not in note and "(loss: the loss over every validation pair, those `data.filter_valid` keeps where set; no decoding)" in note
     note = analyze.sweep([by_loss], key="train.lr", out=tmp_path / "bleu", metric="bleu")["md"].read_text()
     assert "greedy decoding of the first `train.valid_max_sentences` sentences" in note
 

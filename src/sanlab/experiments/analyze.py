@@ -93,7 +93,8 @@ def _how_validated(metric: str) -> str:
     if metric == "bleu":  # translation's validation decodes only for it
         return " (greedy decoding of the first `train.valid_max_sentences` sentences)"
     if metric in ("loss", "ppl"):
-        return f" ({metric}: the loss over the whole validation set, no decoding)"
+        return (f" ({metric}: the loss over every validation pair, those `data.filter_valid` keeps where set; "
+                "no decoding)")
     return ""
 
 

@@ -280,11 +280,18 @@ def shared_metric(run_dirs: Sequence[PathLike], *, score_from: str = "valid") ->
 
 def metric_direction(run_dir: PathLike, metric: str) -> bool | None:
     """Whether higher ``metric`` is better in the run's validation, as its task's config class declares it
-    (``best_metrics``); None for a metric outside that table, or a task not registered here."""
+    (``best_metrics``), else, for the task's own ``metric``, as the task does (``higher_is_better``: a plug-in's
+    may be in no table); None for any other metric, or a task not registered here."""
     from sanlab.config import TASKS
+    from sanlab.tasks.base import task_named
 
     name = raw_config(run_dir).get("task")
-    return TASKS.entry(name).config.best_metrics.get(metric) if name in TASKS.references() else None
+    if name not in TASKS.references():
+        return None
+    declared = TASKS.entry(name).config.best_metrics.get(metric)
+    if declared is None and metric == task_named(name).metric:
+        return task_named(name).higher_is_better
+    return declared
 
 
 def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: str | None,
