@@ -49,11 +49,15 @@ def _best_metric_named(dumped: dict) -> dict:
 
 def _best_metric_hint(old: dict, blocking: list[str]) -> str:
     """Where train.best_metric differs, the --set that resumes the run as it trained (a run begun before its recipe
-    chose a metric, e.g. the IWSLT14 recipes' loss, picks by its task's own)."""
+    chose a metric, e.g. the IWSLT14 recipes' loss, picks by its task's own); where other keys differ too, it alone
+    would not resume it."""
     chosen = _best_metric_named(old).get("train", {}).get("best_metric")
     if "train.best_metric" not in blocking or not isinstance(chosen, str):
         return ""
-    return f" (it picks its best checkpoints by {chosen}: add --set train.best_metric={chosen} to resume it)"
+    if blocking == ["train.best_metric"]:
+        return f" (it picks its best checkpoints by {chosen}: add --set train.best_metric={chosen} to resume it)"
+    return (f" (it picks its best checkpoints by {chosen}: besides the other keys as it trained, also add --set "
+            f"train.best_metric={chosen})")
 
 
 def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
