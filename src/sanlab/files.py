@@ -137,8 +137,11 @@ def _set_aside(final: Path) -> Path | None:
 
 def staging_directory(final: Path) -> Path:
     """A new, empty directory beside ``final`` to write its replacement in (``replace_directory``): a name
-    of its own, so that nothing already there is emptied or written into."""
-    return _new_beside(final, ".tmp")
+    of its own, so that nothing already there is emptied or written into. Its permissions are a new directory's
+    under the umask (mkdtemp makes it 0700, which it would keep as ``final``)."""
+    staging = _new_beside(final, ".tmp")
+    os.chmod(staging, 0o777 & ~_umask())
+    return staging
 
 
 def _new_beside(final: Path, suffix: str) -> Path:
@@ -152,7 +155,13 @@ def _mode_for(path: Path) -> int:
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        return 0o666 & ~_umask()
+        return new_file_mode()
+
+
+def new_file_mode() -> int:
+    """What ``open`` gives a new file under this process's umask: for files a library writes with other
+    permissions (safetensors writes 0600 whatever the umask)."""
+    return 0o666 & ~_umask()
 
 
 def _umask() -> int:

@@ -4,6 +4,7 @@ between processes and between calls. Files written so before still load, their t
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,20 @@ def test_the_fallback_rule_keeps_the_names_safetensors_keeps(monkeypatch):
     for model, (tensors, aliases) in zip(models, expected):
         fallback_tensors, fallback_aliases = weights_file.model_tensors(model)
         assert fallback_aliases == aliases and sorted(fallback_tensors) == sorted(tensors)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_weights_and_averages_get_the_permissions_of_a_new_file(tmp_path, umask):
+    """safetensors writes its file 0600 whatever the umask, and mkdtemp makes averaged/ 0700: a colleague could read
+    a checkpoint's state.pt but not its weights. Both follow the umask, as every other file of a run."""
+    old = os.umask(umask)
+    try:
+        write_checkpoints(tmp_path / "run")
+    finally:
+        os.umask(old)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000003"
+    modes = {path.relative_to(tmp_path / "run").as_posix(): stat.S_IMODE(path.stat().st_mode)
+             for path in (checkpoint, checkpoint / WEIGHTS, checkpoint / META, tmp_path / "run" / "averaged",
+                          tmp_path / "run" / "averaged" / WEIGHTS, tmp_path / "run" / "averaged" / META)}
+    files, directories = 0o666 & ~umask, 0o777 & ~umask
+    assert modes == {name: directories if name.endswith(("step-00000003", "averaged")) else files for name in modes}

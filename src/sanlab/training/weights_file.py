@@ -11,11 +11,14 @@ aliases are one metadata entry, a JSON object with sorted keys: one entry has no
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
+
+from sanlab.files import new_file_mode
 
 try:  # safetensors' own rule (private: the fallback below is the same rule, should a release rename it)
     from safetensors.torch import _remove_duplicate_names
@@ -40,6 +43,7 @@ def write_weights(tensors: dict[str, torch.Tensor], path: Path, *, aliases: dict
     Without aliases there is no metadata at all, as ``save_model`` writes an untied model."""
     metadata = {ALIASES: json.dumps(aliases, sort_keys=True)} if aliases else None
     save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, new_file_mode())  # (safetensors makes it 0600: the weights would be the run's one private file)
 
 
 def save_weights(model: nn.Module, path: Path) -> None:
