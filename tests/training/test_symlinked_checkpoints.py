@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sanlab.errors import ConfigError
+from sanlab.runs.resume import prepare_run_dir
 from sanlab.training.checkpoint import CheckpointManager
 from sanlab.training.rundir import RUN_MARKER, check_new_run, check_overwritable, empty_run
 
@@ -274,3 +275,20 @@ def test_a_path_named_like_another_of_the_runs_checkpoints_is_refused(tmp_path, 
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name.startswith(("eval-", "hyp-"))} == before
     record = evaluate_run(run, checkpoint=str(other), splits=["valid"])["valid"]  # its own name: taken
     assert record["checkpoint"] == f"checkpoints/{other.name}"
+
+
+@pytest.mark.parametrize("held", ["step-00000001", "notes.txt"])
+def test_a_new_run_linked_to_a_directory_holding_anything_is_told_so(tmp_path, held, tiny_translation):
+    """A new run whose checkpoints/ the user linked to a directory that is not empty (another run's checkpoints, a
+    note) is refused naming the link, its target and what it holds: it was told it "has checkpoints" and to
+    "restore config.yaml to resume", of a run that never trained there."""
+    disk, run = tmp_path / "disk", tmp_path / "run"
+    disk.mkdir()
+    run.mkdir()
+    (disk / held).mkdir() if held.startswith("step") else (disk / held).write_text("mine")
+    (run / "checkpoints").symlink_to(disk)
+    with pytest.raises(ConfigError) as err:
+        prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)
+    message = str(err.value)
+    assert f"checkpoints is a link to {disk}, which holds {held}; a new run's checkpoints go into an empty" in message
+    assert sorted(p.name for p in disk.iterdir()) == [held] and (run / "checkpoints").is_symlink()

@@ -3,6 +3,7 @@ differ), the training data against its fingerprint, and budgets that would short
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sanlab.config import TASKS, Config, dump_config, validate, without_ignored_train_keys
@@ -74,6 +75,12 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     if overwrite:
         rundir.empty_run(run_dir)
     if not saved.exists() and layout.checkpoints.exists() and not rundir.is_empty_directory(layout.checkpoints):
+        if layout.checkpoints.is_symlink():  # the user's link for a new run: no run of this directory trained there
+            held = sorted(p.name for p in layout.checkpoints.iterdir())
+            raise ConfigError(f"{run_dir}: checkpoints is a link to {os.readlink(layout.checkpoints)}, which holds "
+                              f"{', '.join(held[:5])}{' ...' if len(held) > 5 else ''}; a new run's checkpoints go "
+                              "into an empty directory: link one (a directory of this run's own), or move those away (if they are "
+                              "this run's, restore its config.yaml to resume)")
         # a resume could not be checked, and a fresh start would replace them
         raise ConfigError(f"{run_dir}: has checkpoints but no config.yaml: restore config.yaml to resume, or "
                           "move the checkpoints away (or choose another --run directory) to start again")
