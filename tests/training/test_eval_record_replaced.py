@@ -106,3 +106,12 @@ def test_other_settings_are_told_the_same_hypotheses_by_the_records_digests(lega
     assert read == ["hyp-best-test.txt"]
     [info] = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
     assert "the same hypotheses" in info
+
+
+def test_a_step_named_without_its_zeros_is_recorded_under_its_directorys_name(legacy):
+    """`--checkpoint step-4` and `step-00000004` are one checkpoint, and its evaluation one record named after its
+    directory (docs/training.md): the short name wrote eval-step-4.json beside eval-step-00000004.json."""
+    short = evaluate_run(RUN, checkpoint="step-4")["test"]
+    full = evaluate_run(RUN, checkpoint="step-00000004")["test"]
+    assert short["bleu"] == full["bleu"] and short["hypotheses"] == "hyp-step-00000004-test.txt"
+    assert sorted(p.name for p in RUN.glob("*step-*")) == ["eval-step-00000004.json", "hyp-step-00000004-test.txt"]

@@ -125,6 +125,8 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", splits: list[str] |
     task.require_precision(precision, run_dir)
     refuse_changed_scored_files(run_dir, config)
     _refuse_a_borrowed_name(run_dir, checkpoint, path)
+    if re.fullmatch(rf"{STEP_PREFIX}\d+", checkpoint):  # step-4 and step-00000004: one record, the directory's name
+        checkpoint = path.name
     layout = RunLayout(run_dir)
     out = layout.eval_record(checkpoint, precision)
     earlier = read_json(out) or {}
