@@ -164,18 +164,18 @@ def test_resuming_with_another_best_metric_is_refused_and_the_tasks_own_spelled_
         train_run(tiny_translation(max_steps=6, valid_every=2, best_metric="ppl"), run, quiet=True)
 
 
-def test_the_best_metric_hint_says_also_when_other_keys_differ_too(tmp_path, tiny_translation):
+def test_the_best_metric_hint_names_the_other_keys_too_when_they_differ(tmp_path, tiny_translation):
     """Where other keys block the resume too, setting train.best_metric alone would not resume the run: the hint
-    says "also" (it said "add --set train.best_metric=bleu to resume it" whatever else differed)."""
+    says to set them back as well (it said "add --set train.best_metric=bleu to resume it" whatever else differed)."""
     from sanlab.runs import prepare_run_dir
 
     run = tmp_path / "run"
     prepare_run_dir(run, tiny_translation(), overwrite=False)
     with pytest.raises(ConfigError, match="differing keys: train.best_metric, train.lr") as refused:
         prepare_run_dir(run, tiny_translation(best_metric="loss", lr=0.01), overwrite=False)
-    assert "to resume it" not in str(refused.value)
-    assert str(refused.value).endswith("(it picks its best checkpoints by bleu: besides the other keys as it "
-                                       "trained, also add --set train.best_metric=bleu)")
+    assert "bleu to resume it" not in str(refused.value)
+    assert str(refused.value).endswith("(it picks its best checkpoints by bleu: to resume it, set the other keys "
+                                       "back as it trained and add --set train.best_metric=bleu)")
 
 
 def test_config_differences_compare_the_metric_an_unset_best_metric_means():

@@ -151,6 +151,8 @@ def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit
     assert capsys.readouterr().out == ("stopped after 3s at update 3 of 6 (--stop-after); rerun the same command to "
                                        "resume\n")
     assert "stop" not in (run / "config.yaml").read_text().replace(str(tmp_path), "")
+    # cut before its first validation (at update 4): no best to give, said so ("best bleu none" before)
+    assert "at step 3, epoch 0, no bleu validated yet (" in (run / "train.log").read_text().splitlines()[-1]
     assert main(["train", str(recipe), "--run", str(run), "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("done: step 6, best bleu ")
 

@@ -57,8 +57,8 @@ def _best_metric_hint(old: dict, blocking: list[str]) -> str:
         return ""
     if blocking == ["train.best_metric"]:
         return f" (it picks its best checkpoints by {chosen}: add --set train.best_metric={chosen} to resume it)"
-    return (f" (it picks its best checkpoints by {chosen}: besides the other keys as it trained, also add --set "
-            f"train.best_metric={chosen})")
+    return (f" (it picks its best checkpoints by {chosen}: to resume it, set the other keys back as it trained and "
+            f"add --set train.best_metric={chosen})")
 
 
 def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:

@@ -563,8 +563,9 @@ class Trainer:
         best = self._best_saved() if self.dist.is_main else p.best
         where = self._stopped_at(len(batches)) if cut else None
         why = self.stop_after.message(where) if cut else self._why_stopped()
-        self.log.info(f"{'stopped' if cut else 'finished'} at step {p.step}, epoch {p.epoch}, best {self.task.metric} "
-                      f"{_shown(best)} ({duration(elapsed)} this session): {why}")
+        said = f"best {self.task.metric} {_shown(best)}" if best is not None else f"no {self.task.metric} validated yet"
+        self.log.info(f"{'stopped' if cut else 'finished'} at step {p.step}, epoch {p.epoch}, {said} "
+                      f"({duration(elapsed)} this session): {why}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on);
         # stopped_after: the --stop-after limit that ended this session before the run's end, else None; stopped_at:
