@@ -200,7 +200,8 @@ EDGE_MIXER_FORMS = [{"type": "dynamic_conv", "kernel_size": 15}, {"type": "muse"
                     {"type": "block", "block_len": 20, "layers": None}]
 
 
-@pytest.mark.parametrize("heads", [1, 4])
+# 4 heads: slow only (half of this test's time); one head runs the same one-token sentences and the head edge too
+@pytest.mark.parametrize("heads", [1, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mixer, pre_blocks", [pytest.param(m.values[0], [], id=m.id) for m in MIXER_FORMS]
                          + [pytest.param(m, [], id=f"{m['type']}-edge-{n}") for n, m in enumerate(EDGE_MIXER_FORMS)]
                          + [pytest.param({"type": "attention"}, [block], id=f"pre-{n}")
