@@ -22,7 +22,7 @@ from sanlab.files import new_file_mode
 
 try:  # safetensors' own rule (private: the fallback below is the same rule, should a release rename it)
     from safetensors.torch import _remove_duplicate_names
-except ImportError:  # pragma: no cover - exercised by test_checkpoint_bytes with the import hidden
+except ImportError:  # pragma: no cover - (test_checkpoint_bytes runs the fallback, _tied_groups, in its place)
     _remove_duplicate_names = None
 
 ALIASES = "aliases"  # the metadata entry: {"dropped name": "kept name", ...} of the tied tensors
