@@ -52,22 +52,13 @@ def test_replace_directory_swaps_a_complete_directory_in(tmp_path):
 
 def test_replace_directory_that_fails_leaves_the_destination_as_it_was(tmp_path, monkeypatch):
     """A failing final rename puts the old directory back, and leaves no set-aside directory behind."""
-    import os
-
     from sanlab import files
 
     final, tmp = tmp_path / "store", tmp_path / ".new.tmp"
     for directory, text in ((final, "old"), (tmp, "new")):
         directory.mkdir()
         (directory / "model.safetensors").write_text(text)
-    replace = os.replace
-
-    def failing(src, dst):
-        if Path(src) == tmp:
-            raise OSError(28, "No space left on device")
-        return replace(src, dst)
-
-    monkeypatch.setattr(files.os, "replace", failing)
+    _fail_renaming(tmp, monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         files.replace_directory(tmp, final)
     assert (final / "model.safetensors").read_text() == "old"
@@ -78,8 +69,6 @@ def test_replace_directory_over_a_link_replaces_the_link_only(tmp_path, monkeypa
     """A link ``final`` (a checkpoint linked in from another disk) is set aside as a link and removed once the new
     directory is in place, never what it points to; a failing final rename puts the link back. The link was removed
     before the renames (by the caller: moving a link aside onto a directory fails), so a failure lost it."""
-    import os
-
     from sanlab import files
 
     store, tmp, link = tmp_path / "store", tmp_path / ".link.tmp", tmp_path / "link"
@@ -87,14 +76,7 @@ def test_replace_directory_over_a_link_replaces_the_link_only(tmp_path, monkeypa
         directory.mkdir()
         (directory / "model.safetensors").write_text(text)
     link.symlink_to(store)
-    replace = os.replace
-
-    def failing(src, dst):
-        if Path(src) == tmp:
-            raise OSError(28, "No space left on device")
-        return replace(src, dst)
-
-    monkeypatch.setattr(files.os, "replace", failing)
+    replace = _fail_renaming(tmp, monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         files.replace_directory(tmp, link)
     assert link.is_symlink() and (link / "model.safetensors").read_text() == "old"
@@ -190,3 +172,18 @@ def test_replacing_path_replaces_the_file_only_when_its_writer_succeeds(tmp_path
     with replacing_path(target) as tmp:
         tmp.write_bytes(b"new")
     assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+
+
+def _fail_renaming(source: Path, monkeypatch):
+    """os.replace as sanlab.files calls it fails (ENOSPC) for ``source``; returns the real one."""
+    from sanlab import files
+
+    replace = files.os.replace
+
+    def failing(src, dst):
+        if Path(src) == source:
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", failing)
+    return replace

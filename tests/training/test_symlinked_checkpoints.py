@@ -134,10 +134,9 @@ def test_a_run_trains_evaluates_and_is_overwritten_in_its_linked_checkpoints(tmp
     assert (run / "checkpoints").is_symlink() and (disk / "step-00000001" / "model.safetensors").is_file()
 
 
-def test_saving_a_step_that_is_a_link_replaces_the_link_and_leaves_its_target(tmp_path):
-    """Saving step N again over a linked step-N (a run cut by --stop-after at N, rerun with max_steps N; a damaged
-    linked checkpoint replaced) writes the new one in the run and removes the link only; it failed (a link renamed
-    onto a directory) and left .step-N.tmp, so training could never pass step N."""
+def _run_with_a_linked_step(tmp_path):
+    """A run with checkpoints step 1 and 2, step-00000002 moved to ``elsewhere`` and linked back: (run, its
+    checkpoints/, elsewhere, the CheckpointManager, the model saved)."""
     from torch import nn
 
     run, elsewhere = _run(tmp_path), tmp_path / "elsewhere"
@@ -149,6 +148,14 @@ def test_saving_a_step_that_is_a_link_replaces_the_link_and_leaves_its_target(tm
     elsewhere.mkdir()
     (checkpoints / "step-00000002").rename(elsewhere / "step-00000002")
     (checkpoints / "step-00000002").symlink_to(elsewhere / "step-00000002")
+    return run, checkpoints, elsewhere, manager, model
+
+
+def test_saving_a_step_that_is_a_link_replaces_the_link_and_leaves_its_target(tmp_path):
+    """Saving step N again over a linked step-N (a run cut by --stop-after at N, rerun with max_steps N; a damaged
+    linked checkpoint replaced) writes the new one in the run and removes the link only; it failed (a link renamed
+    onto a directory) and left .step-N.tmp, so training could never pass step N."""
+    run, checkpoints, elsewhere, manager, model = _run_with_a_linked_step(tmp_path)
     before = {p: p.read_bytes() for p in (elsewhere / "step-00000002").iterdir()}
     saved = manager.save(model=model, state={"step": 2, "again": True}, meta={"step": 2, "epoch": 0, "score": None})
     assert saved == checkpoints / "step-00000002" and saved.is_dir() and not saved.is_symlink()
@@ -161,20 +168,10 @@ def test_a_failed_save_over_a_linked_step_keeps_the_link(tmp_path, monkeypatch):
     """Saving step N again over a linked step-N whose final rename fails (ENOSPC, EIO) leaves the link where it was,
     and latest.json names a checkpoint that is there; the link was removed first, and the next start fell back to an
     older checkpoint and trained again."""
-    from torch import nn
-
     from sanlab import files
     from sanlab.training.checkpoint import latest_checkpoint
 
-    run, elsewhere = _run(tmp_path), tmp_path / "elsewhere"
-    checkpoints = run / "checkpoints"
-    manager = CheckpointManager(run, keep_best=0, keep_last=10, higher_is_better=True)
-    model = nn.Linear(2, 2)
-    for step in (1, 2):
-        manager.save(model=model, state={"step": step}, meta={"step": step, "epoch": 0, "score": None})
-    elsewhere.mkdir()
-    (checkpoints / "step-00000002").rename(elsewhere / "step-00000002")
-    (checkpoints / "step-00000002").symlink_to(elsewhere / "step-00000002")
+    run, checkpoints, elsewhere, manager, model = _run_with_a_linked_step(tmp_path)
     replace = files.os.replace
 
     def failing(src, dst):
