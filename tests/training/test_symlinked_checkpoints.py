@@ -289,3 +289,68 @@ def test_a_new_run_linked_to_a_directory_holding_anything_is_told_so(tmp_path, h
     message = str(err.value)
     assert f"checkpoints is a link to {disk}, which holds {held}; a new run's checkpoints go into an empty" in message
     assert sorted(p.name for p in disk.iterdir()) == [held] and (run / "checkpoints").is_symlink()
+
+
+def _dangling_run(tmp_path, config=None):
+    """A run whose checkpoints/ links to a directory that is not there (a disk not mounted): (run, the target)."""
+    from sanlab.config import dump_config
+
+    run, gone = _run(tmp_path), tmp_path / "unmounted" / "run-checkpoints"
+    if config is not None:
+        (run / "config.yaml").write_text(dump_config(config))
+    (run / "checkpoints").symlink_to(gone)
+    return run, gone
+
+
+def _dangling_message(run, gone):
+    import re
+
+    return re.escape(f"{run / 'checkpoints'} is a symbolic link to {gone}, which does not exist (mount the disk "
+                     "it is on, or remove the link)")
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_run_whose_checkpoints_link_dangles_is_refused_as_such(tmp_path, overwrite, tiny_translation):
+    """Resumed or overwritten with its checkpoints' disk not mounted, a run is refused naming the link and its missing
+    target, and nothing is written or deleted: resumed, it crashed (FileExistsError) after starting from scratch as
+    if it had no checkpoints; overwritten, the link was deleted and the checkpoints written into the run."""
+    run, gone = _dangling_run(tmp_path, tiny_translation(max_steps=2))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=_dangling_message(run, gone)):
+        prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=overwrite)
+    assert (run / "checkpoints").is_symlink() and not gone.exists()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    with pytest.raises(ConfigError, match=_dangling_message(run, gone)):
+        check_overwritable(run)  # (a grid checks each of its runs before it overwrites any)
+
+
+def test_a_new_run_whose_checkpoints_link_dangles_is_refused_as_such(tmp_path, tiny_translation):
+    """It was refused as "not a sanlab run directory and not empty (holds checkpoints)"."""
+    run, gone = tmp_path / "run", tmp_path / "unmounted"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(gone)
+    with pytest.raises(ConfigError, match=_dangling_message(run, gone)):
+        prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"] and (run / "checkpoints").is_symlink()
+
+
+@pytest.mark.parametrize("checkpoint", ["best", "last", "step-00000001", "step-1"])
+def test_evaluating_a_run_whose_checkpoints_link_dangles_says_so(tmp_path, checkpoint, tiny_translation):
+    """It said "no checkpoint to load (train first)", or that step-N is no checkpoint of the run (none yet)."""
+    from sanlab.runs import evaluate_run
+
+    run, gone = _dangling_run(tmp_path, tiny_translation(max_steps=2))
+    with pytest.raises(ConfigError, match=_dangling_message(run, gone)):
+        evaluate_run(run, checkpoint=checkpoint, splits=["valid"])
+    assert not list(run.glob("eval-*")) and (run / "checkpoints").is_symlink()
+
+
+@pytest.mark.parametrize("which", [{"last": 1}, {"best": 1}])
+def test_averaging_a_run_whose_checkpoints_link_dangles_says_so(tmp_path, which, tiny_translation):
+    """It said the run "has no checkpoints to average (train it first)"."""
+    from sanlab.runs.trained import average_run
+
+    run, gone = _dangling_run(tmp_path, tiny_translation(max_steps=2))
+    with pytest.raises(ConfigError, match=_dangling_message(run, gone)):
+        average_run(run, **which)
+    assert not (run / "averaged").exists() and (run / "checkpoints").is_symlink()

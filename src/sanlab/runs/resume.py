@@ -12,7 +12,7 @@ from sanlab.data.fingerprint import changes, fingerprints, with_content
 from sanlab.errors import ConfigError, DataError
 from sanlab.files import read_json, write_json, write_text
 from sanlab.training import rundir
-from sanlab.training.checkpoint import META, CheckpointManager, latest_checkpoint
+from sanlab.training.checkpoint import META, CheckpointManager, check_checkpoints_link, latest_checkpoint
 from sanlab.training.layout import RunLayout
 from sanlab.runs.provenance import provenance
 from sanlab.tasks.base import task_for, task_named
@@ -71,6 +71,7 @@ def prepare_run_dir(run_dir: Path, config: Config, *, overwrite: bool) -> bool:
     """
     run_dir, layout = Path(run_dir), RunLayout(run_dir)
     rundir.check_location(run_dir)
+    check_checkpoints_link(run_dir)  # before anything reads the run as one without checkpoints
     saved = layout.config
     if overwrite:
         rundir.empty_run(run_dir)

@@ -14,7 +14,8 @@ from sanlab.config import Config, DecodeConfig
 from sanlab.errors import ConfigError
 from sanlab.files import read_json, write_json
 from sanlab.training.checkpoint import (
-    META, STEP_PREFIX, WEIGHTS, CheckpointManager, check_vocabulary, checkpoint_names, load_weights, step_name,
+    META, STEP_PREFIX, WEIGHTS, CheckpointManager, check_checkpoints_link, check_vocabulary, checkpoint_names,
+    load_weights, step_name,
 )
 from sanlab.training.layout import RunLayout
 from sanlab.runs.resume import load_run_config, refuse_changed_scored_files
@@ -44,6 +45,7 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
         named = layout.checkpoint(step_name(int(step.group(1)))) if step else None
         path = named if named is not None and named.is_dir() else Path(which)
         if not path.is_dir():
+            check_checkpoints_link(run_dir)  # its step-N are not missing: their disk is (not "none yet")
             names = checkpoint_names(run_dir)
             steps = f"{names[0]} to {names[-1]}" if len(names) > 2 else ", ".join(names) or "none yet"
             raise ConfigError(f"--checkpoint {which}: no such checkpoint of {run_dir}; give best, last, averaged "

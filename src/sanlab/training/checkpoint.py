@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
+import os
 import random
 import re
 import shutil
@@ -247,12 +248,23 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return Path(complete[-1]["path"]) if complete else None
 
 
+def check_checkpoints_link(run_dir: Path) -> None:
+    """Refuse a run whose ``checkpoints/`` is a symbolic link to what is not there (a disk not mounted): read, it
+    looks like a run without checkpoints (evaluate: "train first"; a resume: a fresh start), and a new run or
+    ``--overwrite`` would replace the link. Nothing is deleted: the user mounts the disk or removes the link."""
+    link = RunLayout(run_dir).checkpoints
+    if link.is_symlink() and not link.exists():
+        raise ConfigError(f"{link} is a symbolic link to {os.readlink(link)}, which does not exist (mount the disk "
+                          "it is on, or remove the link)")
+
+
 class CheckpointManager:
     """Saves, lists, loads and prunes the checkpoints of one run directory."""
 
     def __init__(self, run_dir: Path, *, keep_best: int, keep_last: int, higher_is_better: bool,
                  writer: bool = True):
         """``writer=False``: read only (the non-main processes of a distributed run)."""
+        check_checkpoints_link(run_dir)
         self.dir = RunLayout(run_dir).checkpoints
         self.keep_best, self.keep_last, self.higher_is_better = keep_best, keep_last, higher_is_better
         if writer:

@@ -22,7 +22,7 @@ from pathlib import Path
 from sanlab.errors import ConfigError
 from sanlab.files import read_json
 from sanlab.training.average import foreign_in_average
-from sanlab.training.checkpoint import CHECKSUMMED, LATEST, META, is_step_name
+from sanlab.training.checkpoint import CHECKSUMMED, LATEST, META, check_checkpoints_link, is_step_name
 from sanlab.training.layout import RunLayout
 
 RUN_MARKER = "sanlab_run"  # meta.json key: the run directory's format version, written when sanlab creates it
@@ -155,6 +155,7 @@ def check_overwritable(run_dir: Path) -> None:
     names = entries(run_dir)
     if not names:
         return
+    check_checkpoints_link(run_dir)  # emptied, the link would go and the checkpoints be written into the run
     if not is_run(run_dir):
         raise ConfigError(f"{run_dir}: not a sanlab run directory (no meta.json of a run), refusing to delete what "
                           f"it holds ({_listed(names)}); --overwrite only replaces run directories: choose another "
