@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class SanlabError(Exception):
     """Base class for errors caused by user input (files, configs, arguments)."""
@@ -34,3 +36,10 @@ class DecodingError(SanlabError):
     def __init__(self, message: str, *, where: str | None = None, account: str | None = None):
         super().__init__(message)
         self.where, self.account = where, account
+
+
+def did_you_mean(given: str, names: Iterable[str]) -> str:
+    """``did you mean 'bleu'? (metric names are case-sensitive)`` where ``given`` is one of ``names`` but for case,
+    else "": said, never taken, so that what a config stores or a table names keeps the one spelling."""
+    meant = [repr(n) for n in names if n != given and n.casefold() == given.casefold()]
+    return f"did you mean {' or '.join(meant)}? (metric names are case-sensitive)" if meant else ""

@@ -163,8 +163,13 @@ def test_learning_curve_and_best_validation():
     assert A.learning_curve(RECORDS, metric="loss", split="train") == [(1, 9.0)]
     assert A.best_validation(RECORDS, metric="bleu") == (4, 25.0)
     assert A.best_validation(RECORDS, metric="loss") == (6, 3.0)  # loss: lower is better
-    with pytest.raises(KeyError, match="metrics: bleu, loss"):
+    with pytest.raises(KeyError, match="metrics: bleu, loss") as err:
         A.learning_curve(RECORDS, metric="chrf")
+    assert "did you mean" not in str(err.value)
+    # a name right but for case is still refused (the stored name is the exact one), the exact one suggested
+    with pytest.raises(KeyError, match=r"metric 'BLEU' \(metrics: bleu, loss\); did you mean 'bleu'\? \(metric "
+                                       r"names are case-sensitive\)"):
+        A.learning_curve(RECORDS, metric="BLEU")
     table = A.curves_table({"a": [(2, 1.0), (4, 2.0)], "b": [(4, 3.0)]})
     assert table.rows == ((2, 1.0, None), (4, 2.0, 3.0))
 
@@ -533,6 +538,9 @@ def test_sweep_over_window_size(corpus, tmp_path):
         (12.5, "eval-best.json test bleu")
     with pytest.raises(analyze.ConfigError, match="no 'ter' for split 'test' .*metrics: bleu, chrf"):
         analyze.run_score(runs[1], metric="ter", score_from="eval", split=None, checkpoint="best")
+    with pytest.raises(analyze.ConfigError, match=r"no 'ChrF' for split 'test' .*metrics: bleu, chrf\); did you mean "
+                                                  r"'chrf'\?"):
+        analyze.run_score(runs[1], metric="ChrF", score_from="eval", split=None, checkpoint="best")
 
 
 def test_curves_from_metrics_jsonl(corpus, tmp_path):

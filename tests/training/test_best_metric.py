@@ -37,7 +37,16 @@ def test_the_metric_and_its_direction_follow_train_best_metric_or_the_tasks_own(
 ])
 def test_a_metric_the_tasks_validation_does_not_give_is_a_config_error_naming_those_it_does(task, metric, allowed):
     with pytest.raises(ConfigError, match=rf"train\.best_metric is '{metric}', but a {task} run's validation gives "
-                                          rf"{allowed}"):
+                                          rf"{allowed}") as err:
+        _config(task, best_metric=metric)
+    assert ("did you mean 'bleu'?" in str(err.value)) is (metric == "BLEU")
+
+
+@pytest.mark.parametrize("task, metric, meant", [("translation", "Loss", "loss"), ("tagging", "ACCURACY", "accuracy")])
+def test_a_metric_named_right_but_for_case_is_refused_with_its_exact_name(task, metric, meant):
+    """Not taken as the metric it means: the saved config keeps the one spelling (a resume compares it)."""
+    with pytest.raises(ConfigError, match=rf"train\.best_metric is '{metric}', .*: did you mean '{meant}'\? \(metric "
+                                          r"names are case-sensitive\)"):
         _config(task, best_metric=metric)
 
 
