@@ -4,6 +4,7 @@ second per look, so the limit falls on a chosen update (no real time is waited f
 
 import itertools
 import json
+import re
 import types
 
 import pytest
@@ -18,6 +19,7 @@ from training_fixtures import final_weights
 # validations at 3, 6, 9 and 12, "train" records at 5 and 10: update 8 is neither (nor an epoch's end: checked
 # below), and the device was last read at 6 (the validation), so the updates 7 and 8 are unread at the stop
 SETTINGS = dict(max_steps=12, valid_every=3, log_every=5, keep_last=1, keep_best=1)
+SECONDS = r"<0\.1s|\d\.\ds|\d{2,}s"  # a wall time as training.logging.duration shows it (the loop's: real time)
 
 
 @pytest.fixture
@@ -78,7 +80,12 @@ def test_a_run_stopped_between_validations_resumes_to_the_uninterrupted_run(tmp_
     assert state["interval"]["updates"] == 2  # updates 7 and 8: unread at the stop, their sums saved as read
     assert [r["step"] for r in _records(cut) if r["split"] == "valid"] == [3, 6]  # no validation at the stop
     last = (cut / "train.log").read_text().rstrip().splitlines()[-1]
-    assert last.endswith("stopped after 8s at update 8 of 12 (--stop-after); rerun the same command to resume")
+    # the limit counts from the command's start, the session's time from the loop's: both said, and which is which
+    # (it said "(18s this session): stopped after 20s", which read as a contradiction); the stand-in clock's last
+    # look read 7 with the command's start at -1, and the look that says it 8
+    assert re.search(rf"\(({SECONDS}) this session\): --stop-after 8s reached at update 8 of 12, 9\.0s after the "
+                     rf"command started \(\1 of them training\); rerun the same command to resume$", last), last
+    assert summary["command_seconds"] == 9.0
     assert (cut / "config.yaml").read_text() == (straight / "config.yaml").read_text()  # the session's, not the run's
 
     resumed = train_run(config, cut, quiet=True)  # without the limit: the same run
@@ -148,8 +155,9 @@ def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit
     recipe.write_text(dump_config(tiny_translation(max_steps=6, valid_every=4, log_every=5)))
     # the command's start reads 0; the looks after updates 1, 2 and 3 read 1, 2 and 3
     assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "3s"]) == 0
-    assert capsys.readouterr().out == ("stopped after 3s at update 3 of 6 (--stop-after); rerun the same command to "
-                                       "resume\n")
+    assert re.fullmatch(rf"stopped: --stop-after 3s reached at update 3 of 6, 4\.0s after the command started "
+                        rf"\(({SECONDS}) of them training\); rerun the same command to resume\n",
+                        capsys.readouterr().out)
     assert "stop" not in (run / "config.yaml").read_text().replace(str(tmp_path), "")
     # cut before its first validation (at update 4): no best to give, said so ("best bleu none" before)
     assert "at step 3, epoch 0, no bleu validated yet (" in (run / "train.log").read_text().splitlines()[-1]
@@ -167,8 +175,8 @@ def test_where_a_run_stopped_is_said_by_the_bound_that_ends_it(tmp_path, tiny_tr
     config = tiny_translation(max_steps=max_steps, max_epochs=2, valid_every=0, log_every=5)
     summary = train_run(config, tmp_path / "run", quiet=True, stop_after=_limit_at(4))
     assert summary["stopped_at"] == said
-    assert (tmp_path / "run" / "train.log").read_text().rstrip().endswith(
-        f"stopped after 4s at {said} (--stop-after); rerun the same command to resume")
+    assert re.search(rf": --stop-after 4s reached at {re.escape(said)}, .* after the command started \(.*\); rerun the "
+                     "same command to resume$", (tmp_path / "run" / "train.log").read_text().rstrip())
 
 
 def test_a_tagger_bounded_by_epochs_says_its_epochs_not_its_updates(tmp_path, clock, capsys):
@@ -182,8 +190,9 @@ def test_a_tagger_bounded_by_epochs_says_its_epochs_not_its_updates(tmp_path, cl
     recipe.write_text(dump_config(make_tagging_config(tmp_path, max_epochs=3, log_every=5)))
     # the command's start reads 0; the looks after updates 1 to 10 read 1 to 10
     assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "10s"]) == 0
-    assert capsys.readouterr().out == ("stopped after 10s at update 10 (1 of 3 epochs done) (--stop-after); rerun "
-                                       "the same command to resume\n")
+    assert re.fullmatch(r"stopped: --stop-after 10s reached at update 10 \(1 of 3 epochs done\), 11s after the "
+                        rf"command started \(({SECONDS}) of them training\); rerun the same command to resume\n",
+                        capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("argv, said", [("0s", "expected a duration above 0, got '0s'"),
@@ -224,7 +233,7 @@ def test_two_processes_stop_at_the_same_update_and_resume_to_the_uninterrupted_r
     straight, cut = tmp_path / "straight", tmp_path / "cut"
     assert main(["train", str(recipe), "--run", str(straight), "--nproc", "2", "--quiet"]) == 0
     assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet", "--stop-after", "0.001s"]) == 0
-    assert "stopped after 0.001s at update 4 of 8 (--stop-after)" in capfd.readouterr().out
+    assert "stopped: --stop-after 0.001s reached at update 4 of 8, " in capfd.readouterr().out
     assert _checkpoints(cut) == ["step-00000003", "step-00000004"] and _meta(cut, "step-00000004")[RESUME_ONLY]
     assert main(["train", str(recipe), "--run", str(cut), "--nproc", "2", "--quiet"]) == 0
     _assert_same_run(straight, cut)

@@ -562,17 +562,19 @@ class Trainer:
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
         where = self._stopped_at(len(batches)) if cut else None
-        why = self.stop_after.message(where) if cut else self._why_stopped()
+        since_start = self.stop_after.since_start() if cut else None
+        why = self.stop_after.message(where, since_start=since_start, training=elapsed) if cut else self._why_stopped()
         said = f"best {self.task.metric} {_shown(best)}" if best is not None else f"no {self.task.metric} validated yet"
         self.log.info(f"{'stopped' if cut else 'finished'} at step {p.step}, epoch {p.epoch}, {said} "
                       f"({duration(elapsed)} this session): {why}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on);
         # stopped_after: the --stop-after limit that ended this session before the run's end, else None; stopped_at:
-        # where, in words (``stop_after.stopped_at``)
+        # where, in words (``stop_after.stopped_at``); command_seconds: then, the time since the start it counts from
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
                 "train_seconds": p.train_seconds, "bad_validations": p.bad_validations,
-                "stopped_after": self.stop_after.text if cut else None, "stopped_at": where}
+                "stopped_after": self.stop_after.text if cut else None, "stopped_at": where,
+                "command_seconds": since_start}
 
     def _stopped_at(self, epoch_batches: int) -> str:
         """Where the limit stopped the session, against the bound that will end the run: of train.max_steps and

@@ -82,10 +82,19 @@ class StopAfter:
     def reached(self) -> bool:
         return time.monotonic() >= self.deadline_mono
 
-    def message(self, where: str) -> str:
-        """The line a session the limit ended at ``where`` (``stopped_at``) says (the CLI prints it, train.log ends
-        with it)."""
-        return f"stopped after {self.text} at {where} (--stop-after); rerun the same command to resume"
+    def since_start(self) -> float:
+        """Seconds since the start the limit counts from (the command's; under ``--nproc``, the launcher's)."""
+        return time.monotonic() - (self.deadline_mono - parse_duration(self.text))
+
+    def message(self, where: str, *, since_start: float, training: float) -> str:
+        """Why a session the limit ended at ``where`` (``stopped_at``) stopped: train.log's last line ends with it,
+        the CLI prints it after "stopped: ". Both times are said, and which is which: the limit counts from the
+        command's start (``since_start``), the session's time in train.log (``training``) from its loop's, so
+        "stopped after 20s" beside "(18s this session)" read as a contradiction."""
+        from sanlab.training.logging import duration  # (tqdm: not imported where the command line is parsed)
+
+        return (f"--stop-after {self.text} reached at {where}, {duration(since_start)} after the command started "
+                f"({duration(training)} of them training); rerun the same command to resume")
 
 
 def stopped_at(step: int, *, max_steps: int, epochs: tuple[int, int] | None = None) -> str:
