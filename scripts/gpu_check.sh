@@ -90,12 +90,13 @@
 #     - tests/gpu's NCCL test skips on one GPU: NCCL's object collectives (Distributed.main_first, all_or_none,
 #       gather) and interval.py's float64/int64 all_reduce have run over gloo only (the CPU test checks that each
 #       process selects its GPU before the NCCL group); a 2-GPU machine runs it
-#     - FlexAttention compiles once per batch shape, not once per process (flex._with_settings specialises
-#       integers: create_block_mask's B, Q_LEN and KV_LEN, 8 graphs for 8 shapes on the CPU; the kernel's
-#       BlockMask lengths likewise, not seen yet): tests/gpu uses a few shapes; a run with plan: flex and
-#       token-sized batches, or decoding with it (a new key length every step), compiles at most new shapes
-#       until the recompile limit (64), then runs eager (under train.compile, validation raised there before 12-02).
-#       Worth a check: 20 updates of a plan: flex run, counting torch._dynamo.utils.counters["stats"]
+#     - FlexAttention's kernel compiles once per (query length, key length) (flex._with_settings specialises its
+#       integers: the BlockMask's lengths; the batch size is a tensor dimension, symbolic once it changes: 5 graphs
+#       for 20 Multi30k-like batches of 14 shapes with dynamo's eager backend on the CPU, whose inductor fails to
+#       build the symbolic-batch kernel, a CPU-only C++ error; not seen on CUDA yet). The block-mask builder takes
+#       batch size and lengths symbolic since 12-02 (2 graphs per mask kind; 14 for those batches before).
+#       Decoding with plan: flex (a new key length every step) compiles per step up to the recompile limit (64),
+#       then runs eager. Worth a check: 20 updates of a plan: flex run, counting torch._dynamo.utils.counters["stats"]
 #     - Block syncs once per forward by design (its automatic block length), once per layer before 2026-12-02 (3
 #       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test's
 #       block-bf16 row (new, not run yet) expects one sync an update

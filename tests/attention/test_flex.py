@@ -201,14 +201,15 @@ def test_the_compiled_kernel_takes_windows_of_different_widths_in_one_process():
 
 @pytest.mark.slow
 def test_the_compiled_block_mask_builder_equals_the_eager_one(monkeypatch):
-    """CUDA builds each call's block mask with ``create_block_mask`` compiled (``flex._compiled_block_mask``, with
-    the kernel's settings); here the same compiled builder runs on the CPU beside the eager one, for four kinds of
-    mask_mod, with padding and with causality, in one process: the same blocks and the same dense mask."""
+    """CUDA builds each call's block mask with ``create_block_mask`` compiled (``flex._compiled_block_mask``, batch
+    size and lengths symbolic once they change); here the same compiled builder runs on the CPU beside the eager
+    one, for four kinds of mask_mod, with padding and with causality, in one process: the same blocks and the same
+    dense mask."""
     import torch._dynamo
 
     torch._dynamo.reset()
     eager = flex.create_block_mask
-    compiled = flex._with_settings(eager)
+    compiled = flex._with_settings(eager, specialize_int=False)  # as _compiled_block_mask
     checked = []
 
     def both(mask_mod, *args, **kwargs):
@@ -233,7 +234,7 @@ def test_the_compiled_block_mask_builder_equals_the_eager_one(monkeypatch):
 
 
 def test_past_the_recompile_limit_the_kernel_runs_uncompiled_even_where_training_stops_at_it(monkeypatch):
-    """The kernel and the block-mask builder compile once per shape (integers specialised): a decoder's steps with
+    """The kernel compiles once per (query length, key length) (integers specialised): a decoder's steps with
     ``plan: flex`` give a new key length at every step. Past the recompile limit torch runs them uncompiled, as
     ``_with_settings`` says, also in a process where ``train.compile`` made hitting the limit an error for the
     model (``training.compile.configure_dynamo``): validation's decoding, through the eager model, stopped there
@@ -250,7 +251,7 @@ def test_past_the_recompile_limit_the_kernel_runs_uncompiled_even_where_training
     monkeypatch.setattr(flex, "raised_limit", lambda: {limit: 2})
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     torch._dynamo.reset()
-    run = flex._with_settings(lambda x, n: x[:n].sum())  # (a new function: nothing cached by an earlier test)
+    run = flex._with_settings(lambda x, n: x[:n].sum(), specialize_int=True)  # (a new function: nothing cached by an earlier test)
     x = torch.arange(10.0)
     with torch._dynamo.config.patch({fail: True}):  # as train.compile leaves the process
         assert [float(run(x, n)) for n in range(1, 6)] == [float(x[:n].sum()) for n in range(1, 6)]
@@ -280,3 +281,66 @@ def test_a_tensor_a_score_mod_captures_gets_its_gradient_when_q_k_v_need_none():
     torch.testing.assert_close(found, expected)
     with torch.no_grad():  # the shortcut's case (decoding): the same values
         torch.testing.assert_close(flex._reference(q, k, v, score_mod, None, 0.5), expected_out.detach())
+
+
+# batches of Multi30k-like shapes: lengths padded to a multiple of 8, batch sizes varying (each a new (B, L))
+VARYING_SHAPES = [(5, 32), (4, 40), (6, 16), (3, 24), (2, 32), (6, 40)]
+
+
+def _builder_graphs(shapes, *, check=None) -> int:
+    """How many graphs ``flex._compiled_block_mask`` compiles for a padded 1D window over batches of ``shapes``;
+    ``check(block_mask, ctx, parts, lengths)`` sees each block mask (its own compiles are not counted)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from sanlab.attention.parts.window import WindowMask
+
+    parts = StageParts.sort([WindowMask(half_width=2)])
+    torch._dynamo.reset()
+    flex._compiled_block_mask.cache_clear()  # (compiled anew: with the backend the test asks for)
+    graphs = 0
+    try:
+        for b, length in shapes:
+            lengths = [length - n % 8 for n in range(b)]
+            positions = Positions.self_attention(_valid(lengths), length=length)
+            q = torch.randn(b, 2, length, 8, dtype=torch.float64)
+            ctx = AttentionContext(positions=positions, heads=2, head_dim=8, q=q, k=q)
+            before = counters["stats"]["unique_graphs"]
+            block_mask = flex._compiled_block_mask()(flex._mask_mod(ctx, parts), b, 2, length, length, device="cpu")
+            graphs += counters["stats"]["unique_graphs"] - before
+            if check is not None:
+                check(block_mask, ctx, parts, lengths)
+        return graphs
+    finally:
+        flex._compiled_block_mask.cache_clear()
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow  # about 5 s: a dynamo trace of create_block_mask per graph
+def test_the_block_mask_builder_compiles_a_bounded_number_of_graphs_over_varying_batch_shapes(monkeypatch):
+    """The builder's batch size and lengths are plain integers: specialised as the kernel's are, each new
+    (batch size, length) compiled a graph of its own (14 graphs for 20 Multi30k-like batches, measured with torch
+    2.13), and past the recompile limit the builder ran uncompiled, forming the whole [b, h, i, j] mask. Left to
+    torch's automatic dynamic shapes: a static graph, then one symbolic graph. Dynamo's eager backend (fast)."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    assert _builder_graphs(VARYING_SHAPES) == 2
+
+
+@pytest.mark.slow  # inductor's builds of the builder (tens of seconds on two cores)
+def test_the_compiled_block_mask_over_varying_batch_shapes_gives_the_dense_values_and_gradients():
+    """The builder as CUDA runs it (inductor, symbolic batch size and lengths), here on the CPU: each batch's block
+    mask, run through the plan's reference kernel, equals the dense plan in values and gradients."""
+    def check(block_mask, ctx, parts, lengths):
+        g = torch.Generator().manual_seed(len(lengths))
+        q, k, v = (torch.randn(ctx.q.shape, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        probe = torch.randn(ctx.q.shape, generator=g, dtype=torch.float64)
+        found = flex._reference(q, k, v, None, block_mask, 8 ** -0.5)
+        expected = plans.dense(q, k, v, ctx, parts=parts, scale=8 ** -0.5, dropout=0.0, training=False, trace=None)
+        torch.testing.assert_close(found, expected)
+        for a, b in zip(torch.autograd.grad((found * probe).sum(), (q, k, v)),
+                        torch.autograd.grad((expected * probe).sum(), (q, k, v))):
+            torch.testing.assert_close(a, b)
+
+    assert _builder_graphs(VARYING_SHAPES[:4], check=check) == 2

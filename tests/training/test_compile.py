@@ -289,3 +289,37 @@ def test_every_recipe_compiles_without_unexpected_graph_breaks(recipe):
     unexpected = {r for r in reasons if not any(_is(r, e) for e in expected)}
     assert not unexpected, f"{recipe}: {found.graph_break_count} graph breaks, unexpected: {sorted(unexpected)}"
     assert all(any(_is(r, e) for r in reasons) for e in expected), f"{recipe}: {sorted(reasons)} (a break by design went away: update the list)"
+
+
+@pytest.mark.slow  # dynamo traces of a small model, a few seconds each
+def test_a_compiled_model_compiles_a_bounded_number_of_graphs_over_varying_batch_shapes():
+    """The bound docs/performance.md states: batches of Multi30k-like lengths padded to a multiple of 8, batch
+    sizes varying (15 shapes in 16 batches), compile three graphs: the first static, then the batch size symbolic,
+    then the lengths (torch's automatic dynamic shapes; the same three with inductor, measured with torch 2.13)."""
+    import torch._dynamo
+
+    from sanlab.training.compile import compile_model, compiled_graphs, dynamo_settings_restored
+
+    config = validate({"task": "translation",
+                       "data": {"train": {"src": "x", "tgt": "y"}, "valid": {"src": "x", "tgt": "y"}},
+                       "model": {"dim": 16, "encoder": {"layers": 1, "ffn_dim": 32, "attention": {
+                           "heads": 2, "parts": [{"type": "window", "size": 3}]}},
+                                 "decoder": {"layers": 1, "ffn_dim": 32, "attention": {"heads": 2}}}}, source="test")
+    torch.manual_seed(0)
+    model = build_seq2seq(config.model, vocab_size=30, pad_id=PAD)
+    shapes = [(5, 32, 40), (4, 40, 40), (6, 16, 24), (6, 40, 48), (3, 24, 32), (4, 16, 24), (6, 32, 32), (5, 24, 32),
+              (5, 40, 40), (3, 32, 40), (3, 16, 24), (2, 40, 48), (2, 24, 32), (3, 16, 16), (2, 32, 32), (6, 16, 24)]
+    gen = torch.Generator().manual_seed(1)
+    torch._dynamo.reset()
+    with dynamo_settings_restored(True):
+        configure_dynamo()  # as train.compile runs: the limit raised, an error past it
+        compiled, before = compile_model(model, backend="eager"), compiled_graphs()
+        for b, src_len, tgt_len in shapes:
+            src = pad_batch([torch.randint(1, 30, (src_len - n,), generator=gen).tolist() for n in range(b)],
+                            PAD, multiple=8)[0]
+            tgt = pad_batch([torch.randint(1, 30, (tgt_len - n,), generator=gen).tolist() for n in range(b)],
+                            PAD, multiple=8)[0]
+            compiled(src, tgt).sum().backward()
+        graphs = compiled_graphs() - before
+    torch._dynamo.reset()
+    assert graphs == 3

@@ -101,20 +101,23 @@ def _score_mod(ctx: AttentionContext, parts: StageParts):
     return score_mod
 
 
-def _with_settings(fn):
-    """``torch.compile(fn)`` run with integers specialised and the recompile limit raised.
+def _with_settings(fn, *, specialize_int: bool):
+    """``torch.compile(fn)`` run with the recompile limit raised, its integers specialised or not.
 
-    Integers the mods capture (a window's offsets) are specialised: torch otherwise makes such an integer
-    symbolic once its value changes between calls (an encoder's window and a decoder's differ), and inductor's
-    flex lowering fails on a symbolic captured integer ("'ShapeAsConstantBuffer' object has no attribute
-    'dtype'", seen on an H200 with torch 2.11; the same failure on the CPU with 2.13 is the regression test).
-    Each distinct set of values compiles once, so the recompile limit is raised; the batch size and lengths are
-    such integers too (a decoder's steps give a new key length each): past the limit torch runs the function
-    uncompiled (the kernel forming the score matrix, the block mask the [b, h, i, j] mask), without an error, also
-    where a compiled training made hitting the limit an error for its model (validation's decoding runs here).
-    Inside a compiled model the model's compilation decides (``training/compile.py``)."""
+    The kernel specialises them: integers the mods capture (a window's offsets) otherwise turn symbolic once their
+    value changes between calls (an encoder's window and a decoder's differ), and inductor's flex lowering fails on
+    a symbolic captured integer ("'ShapeAsConstantBuffer' object has no attribute 'dtype'", seen on an H200 with
+    torch 2.11; the same failure on the CPU with 2.13 is the regression test). The batch size and lengths the
+    block mask carries are such integers too: the kernel compiles once per (query length, key length), a decoder's
+    steps with a new key length each. The block-mask builder does not lower the mods that way and takes its batch
+    size and lengths as integers: specialised, every new (batch size, length) compiled a graph of its own (14 for
+    20 Multi30k-like batches); left to torch's automatic dynamic shapes, a static graph and then a symbolic one.
+    Past the limit torch runs the function uncompiled (the kernel forming the score matrix, the block mask the
+    [b, h, i, j] mask), without an error, also where a compiled training made hitting the limit an error for its
+    model (validation's decoding runs here). Inside a compiled model the model's compilation decides
+    (``training/compile.py``)."""
     compiled = torch.compile(fn)
-    settings = {"specialize_int": True, **raised_limit(), **uncompiled_past_limit()}
+    settings = {"specialize_int": specialize_int, **raised_limit(), **uncompiled_past_limit()}
 
     def run(*args, **kwargs):
         if torch.compiler.is_compiling():
@@ -128,7 +131,7 @@ def _with_settings(fn):
 @functools.cache
 def _compiled():
     """The fused kernel: ``flex_attention`` compiled once per process (torch recompiles on new shapes)."""
-    return _with_settings(flex_attention)
+    return _with_settings(flex_attention, specialize_int=True)
 
 
 @functools.cache
@@ -136,8 +139,8 @@ def _compiled_block_mask():
     """``create_block_mask`` compiled once per process (CUDA): uncompiled it forms the whole [b, h, i, j] mask
     before reducing it to blocks. From torch 2.6 (the first this plan runs on) the ``_compile=True`` flag is
     deprecated (it warns, then calls ``torch.compile(create_block_mask)`` anew) in favour of compiling the
-    function, which is done here once, with the kernel's settings."""
-    return _with_settings(create_block_mask)
+    function, which is done here once; batch size and lengths symbolic once they change (``_with_settings``)."""
+    return _with_settings(create_block_mask, specialize_int=False)
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask, scale: float) -> Tensor:
