@@ -103,7 +103,56 @@ def test_cached_decoding_with_flex_equals_the_full_dense_forward(name, n):
                 result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
                 cache, start = result.cache, start + size
                 steps.append(result.output)
-    assert ran == ["flex"] * 4
+    one_query = "sdpa" if name == "window" else "dense"  # what auto runs for a single query (plans.choose)
+    assert ran == ["flex", one_query, "flex", one_query]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+@pytest.mark.slow  # dynamo traces of flex_attention (about 2 s on this CPU; 5 s before, a graph per step)
+@pytest.mark.parametrize("name, n", [("window", 1), ("local_soft", 0)])
+def test_a_cached_decode_compiles_the_kernel_for_its_prompt_not_at_every_step(monkeypatch, name, n):
+    """CUDA's kernel (``flex._compiled``, integers specialised) compiles once per (query length, key length): a
+    decoder's steps, one query and one key more each, compiled a graph per step (10 for a prompt and 9 steps here,
+    torch 2.13) up to the recompile limit, seconds each on a GPU. A one-query step now runs what ``auto`` runs
+    (``plans.choose``): only the prompt compiles. Here the CPU's branch runs that compiled kernel, with dynamo's
+    eager backend (fast; the CPU's inductor cannot build the kernel with a symbolic key length: docs/performance.md)."""
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    graphs = []
+
+    def compiled_kernel(q, k, v, score_mod, block_mask, scale):  # what flex.attend runs on CUDA
+        before = counters["stats"]["unique_graphs"]
+        out = flex._compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        return out
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(flex, "_reference", compiled_kernel)
+    cfg = PARTS.entry(name).config.examples()[n]
+    dense, fast = _build(cfg, "decoder", "dense").eval(), _build(cfg, "decoder", "flex").eval()
+    fast.load_state_dict(dense.state_dict())
+    x = torch.randn(2, 12, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    valid = torch.tensor([[True] * 12, [True] * 9 + [False] * 3])
+    torch._dynamo.reset()
+    flex._compiled.cache_clear()  # (compiled anew: with the backend this test asks for)
+    try:
+        with torch.no_grad():
+            full = dense(x, positions=Positions.self_attention(valid, length=12, causal=True)).output
+            cache, steps, start = None, [], 0
+            with spy_plans() as ran:
+                for size in (3, *[1] * 9):  # a prompt, then one query a step
+                    pos = Positions.self_attention(valid[:, :start + size], length=size, offset=start, causal=True)
+                    result = fast(x[:, start:start + size], positions=pos, cache=cache, use_cache=True)
+                    cache, start = result.cache, start + size
+                    steps.append(result.output)
+    finally:
+        flex._compiled.cache_clear()
+        torch._dynamo.reset()
+    assert graphs == [1]  # the prompt's kernel; before: [1] * 10, one graph per step
+    assert ran[0] == "flex" and "flex" not in ran[1:]
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
@@ -234,9 +283,9 @@ def test_the_compiled_block_mask_builder_equals_the_eager_one(monkeypatch):
 
 
 def test_past_the_recompile_limit_the_kernel_runs_uncompiled_even_where_training_stops_at_it(monkeypatch):
-    """The kernel compiles once per (query length, key length) (integers specialised): a decoder's steps with
-    ``plan: flex`` give a new key length at every step. Past the recompile limit torch runs them uncompiled, as
-    ``_with_settings`` says, also in a process where ``train.compile`` made hitting the limit an error for the
+    """The kernel compiles once per (query length, key length) (integers specialised): batches of new lengths
+    each compile one (a decoder's one-query steps, a key more each, no longer run it: ``plans.choose``). Past the
+    recompile limit torch runs them uncompiled, as ``_with_settings`` says, also in a process where ``train.compile`` made hitting the limit an error for the
     model (``training.compile.configure_dynamo``): validation's decoding, through the eager model, stopped there
     with dynamo's FailOnRecompileLimitHit. Here with dynamo's eager backend and a limit of 2 (fast)."""
     import functools

@@ -26,9 +26,9 @@ class _Score(AttentionPart):
 
 
 def _choose(parts: list, requested: str, *, keys: int = SHORT, trace: bool = False, device=CPU,
-            dropout: bool = False) -> str:
+            dropout: bool = False, queries: int = 2) -> str:
     return plans.choose(StageParts.sort(parts), requested=requested, device=device, key_length=keys,
-                        need_trace=trace, dropout=dropout)
+                        query_length=queries, need_trace=trace, dropout=dropout)
 
 
 WINDOW, AREA = WindowMask(half_width=2), HeadArea(half_width=2, area=3, boundary="wrap")
@@ -127,6 +127,24 @@ def test_deterministic_algorithms_keep_score_parts_off_flexattention_on_cuda():
     assert _choose([GAUSS], "auto", keys=FLEX_LONG, device=CUDA) == "flex"
 
 
+@pytest.mark.skipif(not flex.AVAILABLE, reason="this torch has no FlexAttention")
+@pytest.mark.parametrize("device", [CPU, CUDA], ids=["cpu", "cuda"])
+@pytest.mark.parametrize("parts, keys, expected", [
+    ([WINDOW], 3, "sdpa"),                   # what auto runs for the step: SDPA + mask when short ...
+    ([WINDOW], FLEX_LONG, "banded"),         # ... banded when long
+    ([DIRECTIONS], FLEX_LONG, "sdpa"),       # auto would take flex here on CUDA, but not for one query
+    ([GAUSS], 3, "dense"),                   # a score part: dense
+    ([TRUNCATED], FLEX_LONG, "dense"),
+])
+def test_a_single_query_never_runs_flexattention(parts, keys, expected, device):
+    """A decoding step has one query and one key more than the last: FlexAttention's compiled kernel, made for one
+    (query length, key length), compiled anew at every step (up to the recompile limit). One query against J keys
+    costs O(J) in every plan, so such a call runs what ``auto`` runs without flex, also where ``flex`` is asked."""
+    for requested in ("flex", "auto"):
+        assert _choose(parts, requested, keys=keys, device=device, queries=1) == expected
+    assert _choose(parts, "flex", keys=keys, device=device, queries=2) == "flex"  # a prompt keeps it
+
+
 def test_runnable_lists_the_plans_equal_to_dense():
     flex_too = ("flex",) if flex.AVAILABLE else ()
     assert plans.runnable(StageParts.sort([])) == ("dense", "sdpa")
@@ -155,9 +173,9 @@ def test_every_call_asks_choose_with_the_keys_it_attends_to():
         first = attn(x[:, :3], positions=Positions.self_attention(None, length=3, causal=True), use_cache=True)
         attn(x[:, 3:], positions=Positions.self_attention(None, length=1, offset=3, causal=True), cache=first.cache,
              use_cache=True, need_trace=True)
-    assert [(c.kwargs["requested"], c.kwargs["key_length"], c.kwargs["need_trace"], c.kwargs["device"],
-             c.kwargs["dropout"]) for c in asked] == [("auto", 3, False, CPU, False),
-                                                      ("auto", 4, True, CPU, False)]  # cached keys count
+    assert [(c.kwargs["requested"], c.kwargs["key_length"], c.kwargs["query_length"], c.kwargs["need_trace"],
+             c.kwargs["device"], c.kwargs["dropout"]) for c in asked] == [
+        ("auto", 3, 3, False, CPU, False), ("auto", 4, 1, True, CPU, False)]  # cached keys count
     assert [c.result for c in asked] == ran == ["sdpa", "dense"]  # what it chose ran
 
 

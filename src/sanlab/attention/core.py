@@ -142,8 +142,8 @@ class Attention(nn.Module):
         """Run the plan ``plans.choose`` picks: q [b, h, i, d] against the unextended keys -> [b, h, i, d]."""
         kw = dict(parts=self.stage_parts, scale=self.scale, dropout=self.dropout, training=self.training)
         plan = plans.choose(self.stage_parts, requested=self.plan, device=q.device, key_length=keys.k.shape[2],
-                            need_trace=trace is not None, dropout=self.training and self.dropout > 0,
-                            can=self.runnable_plans)
+                            query_length=q.shape[2], need_trace=trace is not None,
+                            dropout=self.training and self.dropout > 0, can=self.runnable_plans)
         ctx = replace(ctx, q=q, k=keys.k)
         if plan == "banded":  # extends through the parts' head sources itself
             return banded.attend(q, keys.k, keys.v, ctx, **kw)

@@ -108,14 +108,15 @@ def _with_settings(fn, *, specialize_int: bool):
     value changes between calls (an encoder's window and a decoder's differ), and inductor's flex lowering fails on
     a symbolic captured integer ("'ShapeAsConstantBuffer' object has no attribute 'dtype'", seen on an H200 with
     torch 2.11; the same failure on the CPU with 2.13 is the regression test). The batch size and lengths the
-    block mask carries are such integers too: the kernel compiles once per (query length, key length), a decoder's
-    steps with a new key length each. The block-mask builder does not lower the mods that way and takes its batch
-    size and lengths as integers: specialised, every new (batch size, length) compiled a graph of its own (14 for
-    20 Multi30k-like batches); left to torch's automatic dynamic shapes, a static graph and then a symbolic one.
-    Past the limit torch runs the function uncompiled (the kernel forming the score matrix, the block mask the
-    [b, h, i, j] mask), without an error, also where a compiled training made hitting the limit an error for its
-    model (validation's decoding runs here). Inside a compiled model the model's compilation decides
-    (``training/compile.py``)."""
+    block mask carries are such integers too: the kernel compiles once per (query length, key length). A decoder's
+    one-query steps, a key more each, compiled one each (up to the limit), so ``plans.choose`` never runs this plan
+    for a single query. The block-mask builder does not lower the mods that way and takes its batch size and lengths
+    as integers: specialised, every new (batch size, length) compiled a graph of its own (14 for 20 Multi30k-like
+    batches); left to torch's automatic dynamic shapes, a static graph and then a symbolic one. Past the limit
+    torch runs the function uncompiled (the kernel forming the score matrix, the block mask the [b, h, i, j] mask),
+    without an error, also where a compiled training made hitting the limit an error for its model (validation's
+    decoding runs its encoder here, one source shape after another). Inside a compiled model the model's
+    compilation decides (``training/compile.py``)."""
     compiled = torch.compile(fn)
     settings = {"specialize_int": specialize_int, **raised_limit(), **uncompiled_past_limit()}
 

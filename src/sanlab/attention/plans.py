@@ -66,9 +66,10 @@ def check(requested: str, parts: Sequence[AttentionPart], *, dropout: float = 0.
                          f"got parts: {names}")
 
 
-def choose(parts: StageParts, *, requested: str, device: torch.device, key_length: int,
+def choose(parts: StageParts, *, requested: str, device: torch.device, key_length: int, query_length: int,
            need_trace: bool, dropout: bool = False, can: tuple[Plan, ...] | None = None) -> Plan:
-    """The plan one call runs: ``requested`` (a config's ``plan``) for these parts over ``key_length`` keys.
+    """The plan one call runs: ``requested`` (a config's ``plan``) for these parts, ``query_length`` queries over
+    ``key_length`` keys.
 
     A trace needs the dense matrix. ``auto`` bands window-local parts from ``banded_from`` keys on, and
     fuses (``sdpa``) otherwise when no part reads the scores. On CUDA it takes ``flex`` from ``flex.MIN_KEYS``
@@ -83,9 +84,16 @@ def choose(parts: StageParts, *, requested: str, device: torch.device, key_lengt
     its generated backward adds up the gradients of what a score_mod reads (the Gaussian parts' predicted
     centres and widths) with atomic additions, in an order that varies, and torch has no deterministic
     form of it to switch to. ``auto`` takes dense there; an explicit ``flex`` is refused.
+
+    A single query (a decoding step) never runs ``flex``, on any device, also where it is asked for: it runs
+    what ``auto`` runs without it. FlexAttention's compiled kernel is made for one (query length, key length)
+    (``flex._with_settings``), and each step brings a key more: it compiled anew at every step up to the
+    recompile limit. One query against J keys costs O(J) in every plan, so the step loses nothing.
     """
     can = runnable(parts) if can is None else can
-    if requested == "flex" and "flex" not in can:  # nothing to mask or score in this layer: what auto runs
+    if query_length == 1:
+        can = tuple(plan for plan in can if plan != "flex")
+    if requested == "flex" and "flex" not in can:  # nothing to mask or score here (or one query): what auto runs
         requested = "auto"
     if "flex" in can and parts.score and device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
         if requested == "flex" and not need_trace:
