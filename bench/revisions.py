@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,3 +34,17 @@ def module_at_revision(rev: str, path: str, name: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def versions_table(first_column: str, unit: str, names: list[str], seconds: dict[str, list[float]],
+                   count: int) -> list[str]:
+    """The table of a ``*_versions`` bench: each version's median rate (``count`` per round over the round's
+    seconds), the reference (``names[1]``, the other revision) first, and the median of the per-round ratios of
+    the reference's seconds over this checkout's (``names[0]``), the rounds' ratios listed under it."""
+    rate = {n: statistics.median(count / s for s in seconds[n]) for n in names}
+    per_round = [o / c for c, o in zip(seconds[names[0]], seconds[names[1]])]
+    return [f"| {first_column} | {unit} | speed ratio |", "|---|---:|---:|",
+            f"| {names[1]} (reference) | {rate[names[1]]:.3f} | 1.00 |",
+            f"| {names[0]} | {rate[names[0]]:.3f} | {statistics.median(per_round):.3f} |", "",
+            "speed ratio: median over rounds of the reference's seconds over this checkout's in the same round "
+            f"(rounds: {', '.join(f'{x:.3f}' for x in per_round)})."]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from sanlab.runs import make_task
 from sanlab.training import loop as current
 from sanlab.training.logging import SilentLogger
 from report import check_out, machine, run_main, whole_number, write_out
-from revisions import module_at_revision  # bench/revisions.py (the script's folder is on sys.path)
+from revisions import module_at_revision, versions_table  # bench/revisions.py (the script's folder is on sys.path)
 
 
 def load_revision(rev: str) -> ModuleType:
@@ -86,19 +85,13 @@ def main() -> int:
                 seconds[name].append(time.perf_counter() - start)
             a, b = (trainers[n].model.state_dict() for n in names)
             identical.append(all(torch.equal(a[k], b[k]) for k in a))
-    rate = {n: statistics.median(args.updates / s for s in seconds[n]) for n in names}
-    per_round = [o / c for c, o in zip(seconds[names[0]], seconds[names[1]])]
     lines = [
         f"# Training update: this checkout against {args.against} ({datetime.now().astimezone():%Y-%m-%d})", "",
         f"Command: `python bench/trainer_versions.py {' '.join(sys.argv[1:])}`", "",
         f"Machine: {machine()}, {args.threads} threads; "
         f"{args.rounds} rounds of {args.updates} updates of `{args.config}` on its epoch-0 batches, the two "
         "versions alternating first.", "",
-        "| training/loop.py | updates/s | speed ratio |", "|---|---:|---:|",
-        f"| {names[1]} (reference) | {rate[names[1]]:.3f} | 1.00 |",
-        f"| {names[0]} | {rate[names[0]]:.3f} | {statistics.median(per_round):.3f} |", "",
-        "speed ratio: median over rounds of the reference's seconds over this checkout's in the same round "
-        f"(rounds: {', '.join(f'{x:.3f}' for x in per_round)}).", "",
+        *versions_table("training/loop.py", "updates/s", names, seconds, args.updates), "",
         "Weights bit-identical after each round: " + ", ".join("yes" if same else "NO" for same in identical) + ".",
     ]
     text = "\n".join(lines) + "\n"

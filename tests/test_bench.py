@@ -162,6 +162,31 @@ def test_trainer_versions_bench_loads_another_revisions_loop_and_checks_the_weig
 
 
 @pytest.mark.slow
+def test_part_versions_bench_switches_the_parts_class_and_compares_training_and_decoding(tmp_path):
+    """Against HEAD (the same rel_pos.py, loaded as a module of its own): the parts switched, the same weights and
+    translations, both rates reported; a recipe without the part is refused."""
+    import yaml
+
+    from training_fixtures import make_reverse_config
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(make_reverse_config(tmp_path).model_dump(mode="json")))
+    out = tmp_path / "part.md"
+    bench = [sys.executable, str(ROOT / "bench" / "part_versions.py"), str(config), "--against", "HEAD",
+             "--module", "sanlab.attention.parts.rel_pos", "--threads", "1", "--updates", "2", "--rounds", "2"]
+    subprocess.run([*bench, "--set", "model.encoder.attention.parts=[{type: rel_pos}]", "--decode", "3",
+                    "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+    text = out.read_text()
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ")]
+    assert [r[0] for r in rows] == ["version", "at HEAD (reference)", "this checkout"] * 2 and rows[1][2] == "1.00"
+    assert re.search(r"; \d+ module\(s\) switched;", text)
+    assert "after each round: 0.00e+00, 0.00e+00." in text and "identical best hypotheses: 3 of 3." in text
+    without = subprocess.run(bench, cwd=ROOT, capture_output=True, text=True)
+    assert without.returncode != 0 and "no module of the model is a class of sanlab.attention.parts.rel_pos" \
+        in without.stderr
+
+
+@pytest.mark.slow
 def test_search_versions_bench_decodes_with_both_searches(tmp_path):
     out = tmp_path / "search.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "search_versions.py"), "--against", "HEAD", "--rounds", "1",
@@ -433,6 +458,7 @@ _WITH_OUT = [("grid_speed.py", ["configs/compare/smoke-synthetic.yaml"]),
              ("char_cnn.py", ["configs/ud-ewt-tagger.yaml"]),
              ("trainer_versions.py", ["configs/ud-ewt-tagger.yaml", "--against", "HEAD"]),
              ("search_versions.py", ["--against", "HEAD"]),
+             ("part_versions.py", ["configs/ud-ewt-tagger.yaml", "--against", "HEAD", "--module", "sanlab.attention.parts.rel_pos"]),
              ("variant_smoke.py", []),
              ("ddp_speed.py", []),
              ("data_scale.py", ["--work", "/nonexistent/work"])]

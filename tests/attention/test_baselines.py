@@ -14,6 +14,7 @@ from sanlab.attention.build import build_attention
 from sanlab.attention.config import AttentionConfig
 from sanlab.attention.parts.directional import DirectionalHeads
 from sanlab.attention.parts.gaussian import LocalHard, LocalSoft, NeighborCSAN, NeighborSperber
+from sanlab.attention.parts import rel_pos
 from sanlab.attention.parts.rel_pos import RelativePositions, relative_index
 from sanlab.attention.registry import PARTS
 from sanlab.registry import BuildContext
@@ -63,8 +64,12 @@ def _naive_rel_pos(attn: Attention, part: RelativePositions, x, positions):
     return attn.out_proj(y)
 
 
+@pytest.mark.parametrize("form", ["tables", "buckets"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_rel_pos_equals_naive_materialised_form_values_and_gradients(causal):
+def test_rel_pos_equals_naive_materialised_form_values_and_gradients(causal, form, monkeypatch):
+    """Both exact forms of the part (relation tables, distance buckets) against Shaw's equations written out."""
+    chosen = []
+    monkeypatch.setattr(rel_pos, "relation_tables_pay", lambda **sizes: chosen.append(sizes) or form == "tables")
     torch.manual_seed(0)
     attn = _build({"type": "rel_pos", "max_distance": 2}, side="decoder" if causal else "encoder").double()
     part = attn.parts[0]
@@ -79,6 +84,32 @@ def test_rel_pos_equals_naive_materialised_form_values_and_gradients(causal):
     grads = [torch.autograd.grad(out.pow(2).sum(), wrt) for out in (fast, naive)]
     for g_fast, g_naive in zip(*grads):
         torch.testing.assert_close(g_fast, g_naive)
+    assert chosen and all(sizes == {"batch_heads": 2 * 4, "head_dim": 4} for sizes in chosen)
+
+
+@pytest.mark.parametrize("form", ["tables", "buckets"])
+def test_rel_pos_cached_decoding_equals_the_full_forward_in_both_forms(form, monkeypatch):
+    """The registry's contract runs the form its sizes choose (the tables, there): here each form, token by token."""
+    monkeypatch.setattr(rel_pos, "relation_tables_pay", lambda **sizes: form == "tables")
+    torch.manual_seed(0)
+    attn = _build({"type": "rel_pos", "max_distance": 2}, side="decoder").double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.double)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    full = attn(x, positions=Positions.self_attention(valid, length=6, causal=True)).output
+    cache, steps = None, []
+    with torch.no_grad():
+        for t in range(6):
+            pos = Positions.self_attention(valid[:, :t + 1], length=1, offset=t, causal=True)
+            result = attn(x[:, t:t + 1], positions=pos, cache=cache, use_cache=True)
+            cache = result.cache
+            steps.append(result.output)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_rel_pos_takes_the_relation_tables_where_they_are_no_larger_than_the_scores():
+    assert rel_pos.relation_tables_pay(batch_heads=64 * 8, head_dim=64)  # a training batch
+    assert rel_pos.relation_tables_pay(batch_heads=8, head_dim=8)
+    assert not rel_pos.relation_tables_pay(batch_heads=1 * 8, head_dim=64)  # one long sequence: buckets
 
 
 def test_rel_pos_parameters_are_two_clipped_tables_shared_by_heads():

@@ -424,8 +424,9 @@ def test_deterministic_algorithms_give_the_same_gradients_twice_on_cuda(encoder)
 
 
 def test_a_deterministic_run_with_relative_positions_resumes_bit_exact_on_cuda(tmp_path, tiny_translation):
-    """Rel_Pos scatters into its distance buckets and gathers from them (atomic additions on CUDA by default): with
-    ``train.deterministic`` a run stopped and resumed equals the straight one bit for bit, dropout on."""
+    """Rel_Pos looks its relation tables up (the lookup's backward sums many pairs into each table row) or, for one
+    long sequence, scatters into distance buckets (atomic additions on CUDA by default): with ``train.deterministic``
+    a run stopped and resumed equals the straight one bit for bit, dropout on."""
     def config(steps):
         raw = tiny_translation(max_steps=steps, valid_every=4, device="cuda", deterministic=True).model_dump(mode="json")
         for stack in ("encoder", "decoder"):

@@ -10,15 +10,23 @@ https://arxiv.org/abs/1803.02155, Eq. 3-4 (relation-aware attention) and Eq. 5-7
 One pair of tables per layer, shared by all heads (Shaw's efficient form and the CSAN reference
 code both share), k = 16: 2(2k+1)D parameters per attention layer (spec B.1).
 
-Efficient form, never an [i, j, d] tensor: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered
-at the relative index; the value term scatter-adds alpha into the 2k+1 distance buckets and
-multiplies by w^V. The relative index comes from the explicit absolute positions, so the part is
-decoder-capable and incremental (a cached step at position t uses clip(j - t) for j <= t).
+Two exact forms, chosen per call by the sizes (``relation_tables_pay``), never an [b, h, i, j, d] tensor:
+- relation tables (Shaw's Section 3.3): a^K, a^V as [i, j, d] tables looked up from w^K, w^V; the key term is
+  q . a^K and the value term alpha . a^V, each one matrix product batched over the query positions i. Used when
+  the tables are no larger than the [b, h, i, j] scores (d <= b * h: every training batch and beam). No gather or
+  scatter over the scores: on CUDA those are atomic additions that collide (every key beyond the clipping
+  distance adds into the same edge bucket), and the tables ran Rel_Pos's part ~20% faster on the CPU too.
+- distance buckets: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered at the relative index; the value
+  term scatter-adds alpha into the 2k+1 distance buckets and multiplies by w^V. O(b h i (j + 2k+1)) memory with
+  nothing of size i * j * d: the form for one long sequence (b * h < d).
+The relative index comes from the explicit absolute positions, so the part is decoder-capable and incremental
+(a cached step at position t uses clip(j - t) for j <= t).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sanlab.attention.parts.rel_pos_config import RelPosConfig
@@ -30,6 +38,12 @@ def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
     """[i, j] table row index clip(k_pos[j] - q_pos[i], -k, k) + k, in 0 .. 2k."""
     offset = k_pos[None, :] - q_pos[:, None]  # [i, j]
     return offset.clamp(-max_distance, max_distance) + max_distance  # [i, j]
+
+
+def relation_tables_pay(*, batch_heads: int, head_dim: int) -> bool:
+    """Whether the [i, j, d] relation tables are no larger than the [b, h, i, j] scores (d <= b * h), so the
+    table form costs no more memory than the attention itself; else the distance buckets (module docstring)."""
+    return head_dim <= batch_heads
 
 
 class RelativePositions(AttentionPart):
@@ -44,21 +58,37 @@ class RelativePositions(AttentionPart):
         self.key_table = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, head_dim)))    # [2k+1, d]
         self.value_table = nn.Parameter(nn.init.xavier_uniform_(torch.empty(rows, head_dim)))  # [2k+1, d]
 
-    def _index(self, ctx: AttentionContext, like: Tensor) -> Tensor:
+    def _index(self, ctx: AttentionContext) -> Tensor:
         # the same for every layer over these positions: made once (Positions.once)
-        index = ctx.positions.once(("relative index", self.max_distance),
-                                   lambda: relative_index(ctx.q_pos, ctx.k_pos, self.max_distance))  # [i, j]
-        return index.expand(*like.shape[:2], *index.shape)  # [b, h, i, j]
+        return ctx.positions.once(("relative index", self.max_distance),
+                                  lambda: relative_index(ctx.q_pos, ctx.k_pos, self.max_distance))  # [i, j]
 
     def score(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
+        b, h, i, j = scores.shape
+        index = self._index(ctx)  # [i, j]
+        if relation_tables_pay(batch_heads=b * h, head_dim=ctx.head_dim):
+            # looked up in the table's own dtype, cast after: the lookup's backward sums i*j gradients into 2k+1
+            # rows, which bf16 cannot hold (under autocast the cast is what the matrix product casts anyway)
+            key_rel = F.embedding(index, self.key_table).to(ctx.q.dtype)  # a^K [i, j, d]
+            q_by_position = ctx.q.permute(2, 0, 1, 3).reshape(i, b * h, -1)  # [i, b*h, d]
+            by_key = torch.bmm(q_by_position, key_rel.transpose(1, 2))  # [i, b*h, j]
+            return torch.add(scores, by_key.view(i, b, h, j).permute(1, 2, 0, 3), alpha=self.scale)
         # over q as the projection laid it out ([b, i, h, d], contiguous): one matrix product, no copy of q
         by_distance = torch.matmul(ctx.q.transpose(1, 2), self.key_table.to(ctx.q.dtype).t()).transpose(1, 2)
-        return torch.add(scores, torch.gather(by_distance, -1, self._index(ctx, scores)), alpha=self.scale)
+        return torch.add(scores, torch.gather(by_distance, -1, index.expand(b, h, i, j)), alpha=self.scale)
 
     def values(self, out: Tensor, weights: Tensor, ctx: AttentionContext) -> Tensor:
-        buckets = weights.new_zeros(*weights.shape[:3], 2 * self.max_distance + 1)  # [b, h, i, 2k+1]
-        buckets = buckets.scatter_add(-1, self._index(ctx, weights), weights)  # [b, h, i, 2k+1]
-        b, h, i, d = out.shape  # out + buckets @ w^V as one matrix product over the rows [b*h*i, ...]
+        b, h, i, j = weights.shape
+        d = out.shape[-1]
+        index = self._index(ctx)  # [i, j]
+        if relation_tables_pay(batch_heads=b * h, head_dim=d):
+            value_rel = F.embedding(index, self.value_table).to(out.dtype)  # a^V [i, j, d], as a^K
+            weights_by_position = weights.permute(2, 0, 1, 3).reshape(i, b * h, j).to(out.dtype)  # [i, b*h, j]
+            by_value = torch.bmm(weights_by_position, value_rel)  # [i, b*h, d]
+            return out + by_value.view(i, b, h, d).permute(1, 2, 0, 3)
+        buckets = weights.new_zeros(b, h, i, 2 * self.max_distance + 1)  # [b, h, i, 2k+1]
+        buckets = buckets.scatter_add(-1, index.expand(b, h, i, j), weights)  # [b, h, i, 2k+1]
+        # out + buckets @ w^V as one matrix product over the rows [b*h*i, ...]
         rows = buckets.view(-1, buckets.shape[-1]).to(out.dtype)  # [b*h*i, 2k+1]
         return torch.addmm(out.reshape(-1, d), rows, self.value_table.to(out.dtype)).view(b, h, i, d)
 
