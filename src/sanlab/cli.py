@@ -56,8 +56,7 @@ def _cmd_train(args) -> int:
                         allow_changed_data=args.allow_changed_data, source=args.config, stop_after=stop_after)
     if os.environ.get("RANK", "0") == "0":
         if summary.get("stopped_after") is not None:
-            print("stopped: " + stop_after.message(summary["stopped_at"], since_start=summary["command_seconds"],
-                                                   training=summary["seconds"]))
+            print("stopped: " + summary["stopped_why"])
         else:
             best = "none" if summary["best"] is None else f"{summary['best']:.4g}"
             print(f"done: step {summary['step']}, best {task_for(config).best_metric(config)[0]} {best}")

@@ -81,11 +81,11 @@ def test_a_run_stopped_between_validations_resumes_to_the_uninterrupted_run(tmp_
     assert [r["step"] for r in _records(cut) if r["split"] == "valid"] == [3, 6]  # no validation at the stop
     last = (cut / "train.log").read_text().rstrip().splitlines()[-1]
     # the limit counts from the command's start, the session's time from the loop's: both said, and which is which
-    # (it said "(18s this session): stopped after 20s", which read as a contradiction); the stand-in clock's last
-    # look read 7 with the command's start at -1, and the look that says it 8
-    assert re.search(rf"\(({SECONDS}) this session\): --stop-after 8s reached at update 8 of 12, 9\.0s after the "
-                     rf"command started \(\1 of them training\); rerun the same command to resume$", last), last
-    assert summary["command_seconds"] == 9.0
+    # (it said "(18s this session): stopped after 20s", which read as a contradiction); the stand-in clock's look
+    # that saw the limit read 7 with the command's start at -1: the time then, not after the checkpoint's save
+    assert re.search(rf"\({SECONDS} this session\): --stop-after 8s reached at update 8 of 12, 8\.0s after the "
+                     rf"command started \({SECONDS} of them training\); rerun the same command to resume$", last), last
+    assert summary["command_seconds"] == 8.0
     assert (cut / "config.yaml").read_text() == (straight / "config.yaml").read_text()  # the session's, not the run's
 
     resumed = train_run(config, cut, quiet=True)  # without the limit: the same run
@@ -153,9 +153,9 @@ def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit
 
     recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
     recipe.write_text(dump_config(tiny_translation(max_steps=6, valid_every=4, log_every=5)))
-    # the command's start reads 0; the looks after updates 1, 2 and 3 read 1, 2 and 3
+    # the command's start reads 0; the looks after updates 1, 2 and 3 read 1, 2 and 3: the third sees the limit
     assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "3s"]) == 0
-    assert re.fullmatch(rf"stopped: --stop-after 3s reached at update 3 of 6, 4\.0s after the command started "
+    assert re.fullmatch(rf"stopped: --stop-after 3s reached at update 3 of 6, 3\.0s after the command started "
                         rf"\(({SECONDS}) of them training\); rerun the same command to resume\n",
                         capsys.readouterr().out)
     assert "stop" not in (run / "config.yaml").read_text().replace(str(tmp_path), "")
@@ -190,7 +190,7 @@ def test_a_tagger_bounded_by_epochs_says_its_epochs_not_its_updates(tmp_path, cl
     recipe.write_text(dump_config(make_tagging_config(tmp_path, max_epochs=3, log_every=5)))
     # the command's start reads 0; the looks after updates 1 to 10 read 1 to 10
     assert main(["train", str(recipe), "--run", str(run), "--quiet", "--stop-after", "10s"]) == 0
-    assert re.fullmatch(r"stopped: --stop-after 10s reached at update 10 \(1 of 3 epochs done\), 11s after the "
+    assert re.fullmatch(r"stopped: --stop-after 10s reached at update 10 \(1 of 3 epochs done\), 10s after the "
                         rf"command started \(({SECONDS}) of them training\); rerun the same command to resume\n",
                         capsys.readouterr().out)
 

@@ -542,8 +542,10 @@ class Trainer:
                     self._log_train(bar)
                 if validate:
                     stop = self._validate(on_schedule=p.step % cfg.valid_every == 0) or stop
-                if not stop and self._limit_reached(logged=log):
+                seen = None if stop else self._limit_reached(logged=log)
+                if seen is not None:  # when the limit was seen: the resume checkpoint below takes time too
                     cut = stop = True
+                    limit_seen = (seen, time.monotonic() - start)
             bar.close()
             if p.position >= len(batches):
                 p.epoch, p.position = p.epoch + 1, 0
@@ -562,19 +564,20 @@ class Trainer:
         elapsed = time.monotonic() - start
         best = self._best_saved() if self.dist.is_main else p.best
         where = self._stopped_at(len(batches)) if cut else None
-        since_start = self.stop_after.since_start() if cut else None
-        why = self.stop_after.message(where, since_start=since_start, training=elapsed) if cut else self._why_stopped()
+        since_start, training = limit_seen if cut else (None, None)
+        why = self.stop_after.message(where, since_start=since_start, training=training) if cut else self._why_stopped()
         said = f"best {self.task.metric} {_shown(best)}" if best is not None else f"no {self.task.metric} validated yet"
         self.log.info(f"{'stopped' if cut else 'finished'} at step {p.step}, epoch {p.epoch}, {said} "
                       f"({duration(elapsed)} this session): {why}")
         # seconds: this session's wall time; train_seconds: the update time of the whole run, every session's;
         # bad_validations: whether patience stopped it (a grid tells from it whether a new budget goes on);
         # stopped_after: the --stop-after limit that ended this session before the run's end, else None; stopped_at:
-        # where, in words (``stop_after.stopped_at``); command_seconds: then, the time since the start it counts from
+        # where, in words (``stop_after.stopped_at``); command_seconds: when the limit was seen, the time since the
+        # start it counts from; stopped_why: then, the line train.log ends with after "): " (the CLI prints it)
         return {"step": p.step, "epoch": p.epoch, "position": p.position, "best": best, "seconds": elapsed,
                 "train_seconds": p.train_seconds, "bad_validations": p.bad_validations,
                 "stopped_after": self.stop_after.text if cut else None, "stopped_at": where,
-                "command_seconds": since_start}
+                "command_seconds": since_start, "stopped_why": why if cut else None}
 
     def _stopped_at(self, epoch_batches: int) -> str:
         """Where the limit stopped the session, against the bound that will end the run: of train.max_steps and
@@ -587,16 +590,18 @@ class Trainer:
         by_epochs = p.epoch < cfg.max_epochs and p.step + epochs_left < cfg.max_steps
         return stopped_at(p.step, max_steps=cfg.max_steps, epochs=(p.epoch, cfg.max_epochs) if by_epochs else None)
 
-    def _limit_reached(self, *, logged: bool) -> bool:
-        """Whether --stop-after's limit ends the session after this update. One process: the clock, after every
-        update. Under torchrun only at a "train" record's update (``logged``, the same on every process), where the
-        loop reads the device anyway: process 0's clock, broadcast, so that every process stops at the same
-        update (at most ``log_every`` updates past the limit)."""
-        if self.stop_after is None:
-            return False
-        if not self.dist.enabled:
-            return self.stop_after.reached()
-        return logged and self.dist.broadcast(self.stop_after.reached() if self.dist.is_main else None)
+    def _limit_reached(self, *, logged: bool) -> float | None:
+        """Whether --stop-after's limit ends the session after this update: the seconds since the start it counts
+        from, when it does, else None. One process: the clock, after every update. Under torchrun only at a "train"
+        record's update (``logged``, the same on every process), where the loop reads the device anyway: process
+        0's clock, broadcast, so that every process stops at the same update (at most ``log_every`` updates past
+        the limit); the others say their own clock's time (only process 0 writes it)."""
+        if self.stop_after is None or (self.dist.enabled and not logged):
+            return None
+        seen = self.stop_after.reached_after() if self.dist.is_main else None
+        if not self.dist.enabled or not self.dist.broadcast(seen is not None if self.dist.is_main else None):
+            return seen
+        return seen if seen is not None else self.stop_after.since_start()
 
     def _finished(self) -> bool:
         """Whether a budget or early stopping has ended the run (a rerun trains no further)."""

@@ -80,11 +80,20 @@ class StopAfter:
         return StopAfter.arriving, (self.text, self.stop_at())
 
     def reached(self) -> bool:
-        return time.monotonic() >= self.deadline_mono
+        return self.reached_after() is not None
+
+    def reached_after(self) -> float | None:
+        """Seconds since the start the limit counts from, where the limit is reached now (one look at the clock,
+        so the stop says when it was seen, not when the checkpoint after it was written); else None."""
+        now = time.monotonic()
+        return now - self._start_mono() if now >= self.deadline_mono else None
 
     def since_start(self) -> float:
         """Seconds since the start the limit counts from (the command's; under ``--nproc``, the launcher's)."""
-        return time.monotonic() - (self.deadline_mono - parse_duration(self.text))
+        return time.monotonic() - self._start_mono()
+
+    def _start_mono(self) -> float:
+        return self.deadline_mono - parse_duration(self.text)
 
     def message(self, where: str, *, since_start: float, training: float) -> str:
         """Why a session the limit ended at ``where`` (``stopped_at``) stopped: train.log's last line ends with it,
