@@ -65,7 +65,12 @@ def switch_classes(model: nn.Module, current: ModuleType, old: ModuleType) -> in
     for sub in model.modules():
         cls = type(sub)
         if cls.__module__ == current.__name__:
+            stages = sub.stages() if hasattr(sub, "stages") else None
             sub.__class__ = getattr(old, cls.__name__)
+            # an Attention sorted its parts by their stages when it was built: other stages would go unrun
+            if stages is not None and sub.stages() != stages:
+                raise SystemExit(f"part_versions.py: error: {cls.__name__} has stages {sorted(stages)} here and "
+                                 f"{sorted(sub.stages())} in the other revision: the bench cannot switch it")
             switched += 1
     return switched
 
@@ -86,7 +91,10 @@ def main() -> int:
         log = SilentLogger(Path(scratch))
         task = make_task(config, Path(scratch), log)
         epoch = task.epoch_batches(0)
-        batches = [epoch[i] for i in range(min(len(epoch), args.rounds * args.updates))]
+        if len(epoch) < args.rounds * args.updates:  # later rounds would time no updates, at a made-up rate
+            raise SystemExit(f"{Path(sys.argv[0]).name}: error: --rounds {args.rounds} x --updates {args.updates} "
+                             f"need {args.rounds * args.updates} batches; epoch 0 of {args.config} has {len(epoch)}")
+        batches = [epoch[i] for i in range(args.rounds * args.updates)]
         models = {names[0]: task.model, names[1]: copy.deepcopy(task.model)}
         switched = switch_classes(models[names[1]], current, old)
         if not switched:

@@ -63,7 +63,10 @@ def main() -> int:
         log = SilentLogger(Path(scratch))
         task = make_task(config, Path(scratch), log)
         epoch = task.epoch_batches(0)
-        batches = [epoch[i] for i in range(min(len(epoch), args.rounds * args.updates))]
+        if len(epoch) < args.rounds * args.updates:  # later rounds would time no updates, at a made-up rate
+            raise SystemExit(f"{Path(sys.argv[0]).name}: error: --rounds {args.rounds} x --updates {args.updates} "
+                             f"need {args.rounds * args.updates} batches; epoch 0 of {args.config} has {len(epoch)}")
+        batches = [epoch[i] for i in range(args.rounds * args.updates)]
         trainers = {}
         for name, module in (("this checkout", current), (f"at {args.against}", old)):
             clone = copy.copy(task)

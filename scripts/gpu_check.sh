@@ -95,8 +95,9 @@
 #       for 20 Multi30k-like batches of 14 shapes with dynamo's eager backend on the CPU, whose inductor fails to
 #       build the symbolic-batch kernel, a CPU-only C++ error; not seen on CUDA yet). The block-mask builder takes
 #       batch size and lengths symbolic since 12-02 (2 graphs per mask kind; 14 for those batches before).
-#       Decoding with plan: flex (a new key length every step) compiles per step up to the recompile limit (64),
-#       then runs eager. Worth a check: 20 updates of a plan: flex run, counting torch._dynamo.utils.counters["stats"]
+#       A decoding step (one query) never runs flex since 12-02 (it compiled a kernel per step, a key more
+#       each); the encoder's flex calls compile once per source shape. Worth a check: 20 updates of a plan: flex
+#       run, counting torch._dynamo.utils.counters["stats"]
 #     - Block syncs once per forward by design (its automatic block length), once per layer before 2026-12-02 (3
 #       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test's
 #       block-bf16 row (new, not run yet) expects one sync an update

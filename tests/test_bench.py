@@ -184,6 +184,10 @@ def test_part_versions_bench_switches_the_parts_class_and_compares_training_and_
     without = subprocess.run(bench, cwd=ROOT, capture_output=True, text=True)
     assert without.returncode != 0 and "no module of the model is a class of sanlab.attention.parts.rel_pos" \
         in without.stderr
+    # rounds past epoch 0's batches timed no updates and reported a made-up rate
+    longer = subprocess.run([*bench, "--updates", "10", "--rounds", "10"], cwd=ROOT, capture_output=True, text=True)
+    assert longer.returncode != 0 and re.search(r"--rounds 10 x --updates 10 need 100 batches; epoch 0 of .* has \d+",
+                                                longer.stderr), longer.stderr
 
 
 @pytest.mark.slow

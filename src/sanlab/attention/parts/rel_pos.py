@@ -13,12 +13,13 @@ code both share), k = 16: 2(2k+1)D parameters per attention layer (spec B.1).
 Two exact forms, chosen per call by the sizes (``relation_tables_pay``), never an [b, h, i, j, d] tensor:
 - relation tables (Shaw's Section 3.3): a^K, a^V as [i, j, d] tables looked up from w^K, w^V; the key term is
   q . a^K and the value term alpha . a^V, each one matrix product batched over the query positions i. Used when
-  the tables are no larger than the [b, h, i, j] scores (d <= b * h: every training batch and beam). No gather or
-  scatter over the scores: on CUDA those are atomic additions that collide (every key beyond the clipping
+  the tables are no larger than the [b, h, i, j] scores (d <= b * h: every training batch of the recipes). No
+  gather or scatter over the scores: on CUDA those are atomic additions that collide (every key beyond the clipping
   distance adds into the same edge bucket), and the tables ran Rel_Pos's part ~20% faster on the CPU too.
 - distance buckets: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered at the relative index; the value
   term scatter-adds alpha into the 2k+1 distance buckets and multiplies by w^V. O(b h i (j + 2k+1)) memory with
-  nothing of size i * j * d: the form for one long sequence (b * h < d).
+  nothing of size i * j * d: the form for one long sequence, or a beam search over fewer sentences than
+  d / (h * beam) (one sentence at h = 8, d = 64, beam 5).
 The relative index comes from the explicit absolute positions, so the part is decoder-capable and incremental
 (a cached step at position t uses clip(j - t) for j <= t).
 """
