@@ -1,0 +1,60 @@
+"""Config files are parsed by libyaml's C parser where PyYAML was built with it (several times faster than
+PyYAML's own; a run reads its config.yaml and the presets of its base chain many times), with the same loader
+rules; a file the C parser refuses is read again by PyYAML's parser, whose message and position are the ones
+reported (tests/test_cli.py: test_broken_config_files_are_named)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sanlab import config_yaml
+from sanlab.config_yaml import read_yaml_mapping
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted([*ROOT.glob("configs/**/*.yaml"), *config_yaml.PRESETS.glob("*.yaml")])
+
+
+def _loaders_used(monkeypatch, path: Path) -> list[type]:
+    used, load = [], yaml.load
+
+    def spy(stream, Loader):  # noqa: N803 (PyYAML's name)
+        used.append(Loader)
+        return load(stream, Loader=Loader)
+
+    monkeypatch.setattr(yaml, "load", spy)
+    read_yaml_mapping(path)
+    return used
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")
+def test_a_config_file_is_parsed_by_libyaml(monkeypatch):
+    [loader] = _loaders_used(monkeypatch, SHIPPED[0])
+    assert issubclass(loader, yaml.CSafeLoader)
+
+
+def test_a_file_libyaml_refuses_is_read_again_by_pyyaml_for_its_message(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: tagging\ntrain:\n\tmax_steps: 3\n")  # libyaml and PyYAML word a tab differently
+    with pytest.raises(Exception, match=r"line 3, column 1: not valid YAML: .*'\\t' that cannot start"):
+        _loaders_used(monkeypatch, path)
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")
+@pytest.mark.parametrize("text", [
+    "lr: 1e-3\nseed: 0123\nhex: 0x10\nclock: 1:30\nsize: 1_000\n",   # YAML 1.2 numbers, not PyYAML's 1.1
+    "2016: {src: a}\n0x10: b\n",                                     # a key is a name
+    "base: &b {x: 1, y: [1, 2]}\nover: {<<: *b, y: 3}\nflag: no\nday: 2016-01-01\n",
+])
+def test_libyaml_and_pyyaml_read_the_same_values(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert read_yaml_mapping(path) == yaml.load(text, Loader=config_yaml._UniqueKeyLoader)
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")
+def test_every_shipped_config_reads_the_same_with_either_parser():
+    assert len(SHIPPED) > 20
+    for path in SHIPPED:
+        text = path.read_text(encoding="utf-8")
+        assert read_yaml_mapping(path) == yaml.load(text, Loader=config_yaml._UniqueKeyLoader), path
