@@ -22,21 +22,27 @@ def _with(config, **data):
     return validate(raw, source="test")
 
 
-@pytest.fixture
-def runs(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
     """Two tiny translation runs of other subword vocabularies of one size and one of the first's vocabulary
-    (another seed)."""
-    monkeypatch.setenv("SANLAB_CACHE_DIR", str(tmp_path / "cache"))
-    # 36 pieces either way (the same shapes: only the vocabulary check tells the weights apart), other pieces
-    config = _with(make_reverse_config(tmp_path, max_steps=6), subword={"vocab_size": 36, "model_type": "unigram"})
-    other = _with(config, subword={"vocab_size": 36, "model_type": "bpe"})
-    seed = validate({**config.model_dump(mode="json"),
-                     "train": {**config.train.model_dump(mode="json"), "seed": 9}}, source="test")
-    made = {}
-    for name, c in (("a", config), ("b", other), ("a2", seed)):
-        train_run(c, tmp_path / name, quiet=True)
-        made[name] = tmp_path / name
-    return made
+    (another seed). Trained once for the module: the tests load, copy, average and evaluate their checkpoints,
+    each into a name of its own, and never train them on."""
+    import torch
+
+    torch.set_num_threads(1)  # (built before the function-scoped autouse fixture that sets it)
+    root = tmp_path_factory.mktemp("vocabularies")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SANLAB_CACHE_DIR", str(root / "cache"))
+        # 36 pieces either way (the same shapes: only the vocabulary check tells the weights apart), other pieces
+        config = _with(make_reverse_config(root, max_steps=6), subword={"vocab_size": 36, "model_type": "unigram"})
+        other = _with(config, subword={"vocab_size": 36, "model_type": "bpe"})
+        seed = validate({**config.model_dump(mode="json"),
+                         "train": {**config.train.model_dump(mode="json"), "seed": 9}}, source="test")
+        made = {}
+        for name, c in (("a", config), ("b", other), ("a2", seed)):
+            train_run(c, root / name, quiet=True)
+            made[name] = root / name
+        yield made
 
 
 def _checkpoint(run):
