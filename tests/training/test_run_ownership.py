@@ -258,9 +258,22 @@ def test_copies_files_and_averages_among_the_checkpoints_are_not_checkpoints(tmp
     assert (checkpoints / "step-00000003.bak").is_dir() and (checkpoints / "step-list.txt").is_file()
 
 
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A tiny run of two validated steps, trained once for the module's tests that copy it before use."""
+    import torch
+
+    from training_fixtures import make_reverse_config
+
+    torch.set_num_threads(1)  # (built before the function-scoped autouse fixture that sets it)
+    root = tmp_path_factory.mktemp("two-step")
+    train_run(make_reverse_config(root, max_steps=2, valid_every=1), root / "run", quiet=True)
+    return root / "run"
+
+
 @pytest.mark.parametrize("inside", ["other/checkpoints/avg", "other/averaged/avg", "other/tensorboard/avg",
                                     "run/averaged/avg", "run/tensorboard/avg"])
-def test_an_average_is_never_written_into_a_directory_a_run_keeps_for_its_own_files(tmp_path, tiny_translation,
+def test_an_average_is_never_written_into_a_directory_a_run_keeps_for_its_own_files(tmp_path, two_step_run,
                                                                                     capsys, inside):
     """`average --output` into another run's checkpoints/ (or any run's averaged/, tensorboard/): that run's
     `--overwrite` then refused it as holding files sanlab did not write, and its `average` refused to replace
@@ -268,7 +281,7 @@ def test_an_average_is_never_written_into_a_directory_a_run_keeps_for_its_own_fi
     from sanlab.training.rundir import check_overwritable
 
     run, other = tmp_path / "run", tmp_path / "other"
-    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    shutil.copytree(two_step_run, run)
     shutil.copytree(run, other)
     for made in ("averaged", "tensorboard"):
         (run / made).mkdir(exist_ok=True)
@@ -284,10 +297,10 @@ def test_an_average_is_never_written_into_a_directory_a_run_keeps_for_its_own_fi
     check_overwritable(other)  # still a run that --overwrite may empty
 
 
-def test_an_average_output_that_is_a_symbolic_link_is_refused_and_leaves_nothing_behind(tmp_path, tiny_translation,
+def test_an_average_output_that_is_a_symbolic_link_is_refused_and_leaves_nothing_behind(tmp_path, two_step_run,
                                                                                         capsys):
     run, store = tmp_path / "run", tmp_path / "store"
-    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    shutil.copytree(two_step_run, run)
     assert main(["average", "--run", str(run), "--last", "2", "--output", str(store / "avg")]) == 0
     link = tmp_path / "link"
     link.symlink_to(store / "avg")
