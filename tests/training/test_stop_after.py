@@ -14,7 +14,7 @@ from sanlab.runs import train_run
 from sanlab.training import stop_after as stop_after_module
 from sanlab.training.checkpoint import RESUME_ONLY, load_state
 from sanlab.training.stop_after import StopAfter
-from training_fixtures import final_weights
+from training_fixtures import final_weights, make_reverse_config
 
 # validations at 3, 6, 9 and 12, "train" records at 5 and 10: update 8 is neither (nor an epoch's end: checked
 # below), and the device was last read at 6 (the validation), so the updates 7 and 8 are unread at the stop
@@ -65,10 +65,20 @@ def _assert_same_run(a, b):
     assert _checkpoints(a) == _checkpoints(b)
 
 
-def test_a_run_stopped_between_validations_resumes_to_the_uninterrupted_run(tmp_path, tiny_translation, clock):
-    config = tiny_translation(**SETTINGS)
-    straight, cut = tmp_path / "straight", tmp_path / "cut"
-    train_run(config, straight, quiet=True)
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """SETTINGS' config, its uninterrupted run (trained once for the module; the tests only read it) and that
+    run's summary. The cut runs of the tests train on the same data files, so their config.yaml is the same."""
+    torch.set_num_threads(1)  # (built before the function-scoped autouse fixture that sets it)
+    root = tmp_path_factory.mktemp("uninterrupted")
+    config = make_reverse_config(root, **SETTINGS)
+    done = train_run(config, root / "straight", quiet=True)
+    return config, root / "straight", done
+
+
+def test_a_run_stopped_between_validations_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, clock):
+    config, straight, _ = uninterrupted
+    cut = tmp_path / "cut"
     summary = train_run(config, cut, quiet=True, stop_after=_limit_at(8))
     assert summary["step"] == 8 and summary["stopped_after"] == "8s"
     # the validated checkpoint of update 6 is kept beside the one to resume from (keep_last=1 counts validated ones)
@@ -95,11 +105,10 @@ def test_a_run_stopped_between_validations_resumes_to_the_uninterrupted_run(tmp_
     assert "finished at step 12" in (cut / "train.log").read_text()
 
 
-def test_each_session_cut_again_still_ends_as_the_uninterrupted_run(tmp_path, tiny_translation, clock):
+def test_each_session_cut_again_still_ends_as_the_uninterrupted_run(tmp_path, uninterrupted, clock):
     """Two cuts in a row before the next validation (7, then 8): the second replaces the first's checkpoint."""
-    config = tiny_translation(**SETTINGS)
-    straight, cut = tmp_path / "straight", tmp_path / "cut"
-    train_run(config, straight, quiet=True)
+    config, straight, _ = uninterrupted
+    cut = tmp_path / "cut"
     train_run(config, cut, quiet=True, stop_after=_limit_at(7))
     clock()  # (a new session: its clock starts again)
     assert train_run(config, cut, quiet=True, stop_after=_limit_at(1))["step"] == 8
@@ -126,10 +135,9 @@ def test_the_checkpoint_to_resume_from_pushes_no_validated_one_out_and_is_never_
 
 
 def test_a_limit_at_a_validation_saves_no_other_checkpoint_and_at_the_end_changes_nothing(tmp_path,
-                                                                                           tiny_translation, clock):
-    config = tiny_translation(**SETTINGS)
-    straight, cut = tmp_path / "straight", tmp_path / "cut"
-    done = train_run(config, straight, quiet=True)
+                                                                                           uninterrupted, clock):
+    config, straight, done = uninterrupted
+    cut = tmp_path / "cut"
     assert train_run(config, cut, quiet=True, stop_after=_limit_at(6))["stopped_after"] == "6s"
     assert _checkpoints(cut)[-1] == "step-00000006" and not _meta(cut, "step-00000006").get(RESUME_ONLY)
     clock()
