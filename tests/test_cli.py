@@ -487,13 +487,18 @@ def test_the_saved_config_reads_back_as_it_was(tmp_path, text):
     assert yaml.safe_load(saved.read_text()) == config.model_dump(mode="json")  # and by PyYAML's own rules
 
 
+def _safe_load(text: str):
+    """yaml.safe_load's rules over libyaml's parser where PyYAML has it (the grids' cells dump hundreds of configs)."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 @pytest.mark.parametrize("recipe", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("**/*.yaml")
                                            if "compare" not in p.parts))
 def test_a_recipe_s_printed_config_is_the_same_run(tmp_path, capsys, recipe):
     """--print-config (the run's config.yaml) read back is the recipe's config, and a run started from the recipe
     resumes from it without a differing key (what prepare_run_dir compares)."""
-    import yaml
-
     from sanlab.config import dump_config, load_config
     from sanlab.runs.resume import config_differences, load_run_config
 
@@ -501,8 +506,8 @@ def test_a_recipe_s_printed_config_is_the_same_run(tmp_path, capsys, recipe):
     assert main(["train", str(ROOT / recipe), "--print-config"]) == 0
     (tmp_path / "config.yaml").write_text(capsys.readouterr().out)
     assert load_config(tmp_path / "config.yaml") == config
-    saved = yaml.safe_load(dump_config(load_run_config(tmp_path)))
-    assert config_differences(saved, yaml.safe_load(dump_config(config))) == []
+    saved = _safe_load(dump_config(load_run_config(tmp_path)))
+    assert config_differences(saved, _safe_load(dump_config(config))) == []
 
 
 # Cells that differ from an earlier cell of their grid only in train.seed (the same config through the same
@@ -512,8 +517,6 @@ def test_a_recipe_s_printed_config_is_the_same_run(tmp_path, capsys, recipe):
 @pytest.mark.parametrize("grid", sorted(p.name for p in (ROOT / "configs" / "compare").glob("*.yaml")))
 def test_a_grid_cell_s_saved_config_is_the_same_run(tmp_path, grid, seeds):
     """Each cell's config.yaml (dump_config of its config) reads back as that config, so that the cell resumes."""
-    import yaml
-
     from sanlab.config import dump_config, load_config
     from sanlab.runs.resume import config_differences, load_run_config
 
@@ -525,8 +528,8 @@ def test_a_grid_cell_s_saved_config_is_the_same_run(tmp_path, grid, seeds):
     for cell in cells:
         (tmp_path / "config.yaml").write_text(dump_config(cell.config))
         assert load_config(tmp_path / "config.yaml") == cell.config, (cell.variant, cell.seed)
-        saved = yaml.safe_load(dump_config(load_run_config(tmp_path)))
-        assert config_differences(saved, yaml.safe_load(dump_config(cell.config))) == [], (cell.variant, cell.seed)
+        saved = _safe_load(dump_config(load_run_config(tmp_path)))
+        assert config_differences(saved, _safe_load(dump_config(cell.config))) == [], (cell.variant, cell.seed)
 
 
 def test_a_mapping_of_another_type_given_to_set_replaces_the_component():
