@@ -4,7 +4,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 # Real data lives beside the project (../shared/data); a user's clone does not have it.
 SHARED_DATA = Path(os.environ.get("SANLAB_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
@@ -12,6 +11,8 @@ SHARED_DATA = Path(os.environ.get("SANLAB_SHARED_DATA", Path(__file__).resolve()
 
 @pytest.fixture(autouse=True)
 def _deterministic():
+    import torch  # here, not at the top: pytest-xdist's controlling process loads this file and runs no test
+
     torch.manual_seed(0)
     torch.set_num_threads(1)  # tiny tensors: one thread is faster and steadier on a shared 2-core machine
     yield
