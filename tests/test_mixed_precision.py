@@ -105,6 +105,16 @@ def test_parts_over_positions_past_256_under_autocast_match_fp32(name, device, d
                         device_type=device, dtype=dtype)
 
 
+@pytest.mark.parametrize("device, dtype", DEVICES)
+def test_rel_pos_relation_tables_under_autocast_match_fp32(device, dtype, monkeypatch):
+    """The CPU runs Rel_Pos's distance buckets; CUDA its relation tables, forced here on every device: looked up
+    in bf16, the lookup's backward summed a table row's i * j gradients in bf16 (0.65 of the norm off)."""
+    from sanlab.attention.parts import rel_pos
+
+    monkeypatch.setattr(rel_pos, "relation_tables_pay", lambda **sizes: True)
+    test_parts_over_positions_past_256_under_autocast_match_fp32("rel_pos", device, dtype)
+
+
 # ----------------------------------------------------------------------------- layers
 def _stack(mixer: dict | None = None, pre_blocks: list[dict] = ()) -> StackConfig:
     return StackConfig(layers=2, ffn_dim=2 * DIM, attention={"heads": HEADS}, mixer=mixer or {"type": "attention"},

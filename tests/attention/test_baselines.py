@@ -84,7 +84,8 @@ def test_rel_pos_equals_naive_materialised_form_values_and_gradients(causal, for
     grads = [torch.autograd.grad(out.pow(2).sum(), wrt) for out in (fast, naive)]
     for g_fast, g_naive in zip(*grads):
         torch.testing.assert_close(g_fast, g_naive)
-    assert chosen and all(sizes == {"batch_heads": 2 * 4, "head_dim": 4} for sizes in chosen)
+    assert chosen and all(sizes == {"batch_heads": 2 * 4, "head_dim": 4, "device": torch.device("cpu")}
+                          for sizes in chosen)
 
 
 @pytest.mark.parametrize("form", ["tables", "buckets"])
@@ -106,10 +107,12 @@ def test_rel_pos_cached_decoding_equals_the_full_forward_in_both_forms(form, mon
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
-def test_rel_pos_takes_the_relation_tables_where_they_are_no_larger_than_the_scores():
-    assert rel_pos.relation_tables_pay(batch_heads=64 * 8, head_dim=64)  # a training batch
-    assert rel_pos.relation_tables_pay(batch_heads=8, head_dim=8)
-    assert not rel_pos.relation_tables_pay(batch_heads=1 * 8, head_dim=64)  # one long sequence: buckets
+def test_rel_pos_takes_the_relation_tables_off_the_cpu_where_they_are_no_larger_than_the_scores():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert rel_pos.relation_tables_pay(batch_heads=64 * 8, head_dim=64, device=cuda)  # a training batch
+    assert rel_pos.relation_tables_pay(batch_heads=8, head_dim=8, device=cuda)
+    assert not rel_pos.relation_tables_pay(batch_heads=1 * 8, head_dim=64, device=cuda)  # one long sequence
+    assert not rel_pos.relation_tables_pay(batch_heads=64 * 8, head_dim=64, device=cpu)  # the CPU: buckets
 
 
 def test_rel_pos_parameters_are_two_clipped_tables_shared_by_heads():

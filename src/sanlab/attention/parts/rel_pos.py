@@ -10,16 +10,17 @@ https://arxiv.org/abs/1803.02155, Eq. 3-4 (relation-aware attention) and Eq. 5-7
 One pair of tables per layer, shared by all heads (Shaw's efficient form and the CSAN reference
 code both share), k = 16: 2(2k+1)D parameters per attention layer (spec B.1).
 
-Two exact forms, chosen per call by the sizes (``relation_tables_pay``), never an [b, h, i, j, d] tensor:
+Two exact forms, chosen per call by the device and the sizes (``relation_tables_pay``), never an [b, h, i, j, d]
+tensor:
 - relation tables (Shaw's Section 3.3): a^K, a^V as [i, j, d] tables looked up from w^K, w^V; the key term is
-  q . a^K and the value term alpha . a^V, each one matrix product batched over the query positions i. Used when
-  the tables are no larger than the [b, h, i, j] scores (d <= b * h: every training batch of the recipes). No
-  gather or scatter over the scores: on CUDA those are atomic additions that collide (every key beyond the clipping
-  distance adds into the same edge bucket), and the tables ran Rel_Pos's part ~20% faster on the CPU too.
+  q . a^K and the value term alpha . a^V, each one matrix product batched over the query positions i. No gather
+  or scatter over the scores: on CUDA those are atomic additions that collide (every key beyond the clipping
+  distance adds into the same edge bucket). Taken off the CPU where the tables are no larger than the
+  [b, h, i, j] scores (d <= b * h: every training batch of the recipes).
 - distance buckets: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered at the relative index; the value
   term scatter-adds alpha into the 2k+1 distance buckets and multiplies by w^V. O(b h i (j + 2k+1)) memory with
-  nothing of size i * j * d: the form for one long sequence, or a beam search over fewer sentences than
-  d / (h * beam) (one sentence at h = 8, d = 64, beam 5).
+  nothing of size i * j * d. The CPU's form (there the faster), and elsewhere the form for one long sequence or a
+  beam search over fewer sentences than d / (h * beam) (one sentence at h = 8, d = 64, beam 5).
 The relative index comes from the explicit absolute positions, so the part is decoder-capable and incremental
 (a cached step at position t uses clip(j - t) for j <= t).
 """
@@ -41,10 +42,13 @@ def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
     return offset.clamp(-max_distance, max_distance) + max_distance  # [i, j]
 
 
-def relation_tables_pay(*, batch_heads: int, head_dim: int) -> bool:
-    """Whether the [i, j, d] relation tables are no larger than the [b, h, i, j] scores (d <= b * h), so the
-    table form costs no more memory than the attention itself; else the distance buckets (module docstring)."""
-    return head_dim <= batch_heads
+def relation_tables_pay(*, batch_heads: int, head_dim: int, device: torch.device) -> bool:
+    """Whether to take the relation tables: off the CPU (where gather and scatter are atomic additions), when the
+    [i, j, d] tables are no larger than the [b, h, i, j] scores (d <= b * h), so the table form costs no more memory
+    than the attention itself; else the distance buckets (module docstring). On the CPU the buckets were the faster:
+    a Multi30k Rel_Pos training update 1.5% slower with the tables, decoding level
+    (results/rel-pos-tables-cpu-2026-12-02.md)."""
+    return device.type != "cpu" and head_dim <= batch_heads
 
 
 class RelativePositions(AttentionPart):
@@ -67,7 +71,7 @@ class RelativePositions(AttentionPart):
     def score(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
         b, h, i, j = scores.shape
         index = self._index(ctx)  # [i, j]
-        if relation_tables_pay(batch_heads=b * h, head_dim=ctx.head_dim):
+        if relation_tables_pay(batch_heads=b * h, head_dim=ctx.head_dim, device=scores.device):
             # looked up in the table's own dtype, cast after: the lookup's backward sums i*j gradients into 2k+1
             # rows, which bf16 cannot hold (under autocast the cast is what the matrix product casts anyway)
             key_rel = F.embedding(index, self.key_table).to(ctx.q.dtype)  # a^K [i, j, d]
@@ -82,7 +86,7 @@ class RelativePositions(AttentionPart):
         b, h, i, j = weights.shape
         d = out.shape[-1]
         index = self._index(ctx)  # [i, j]
-        if relation_tables_pay(batch_heads=b * h, head_dim=d):
+        if relation_tables_pay(batch_heads=b * h, head_dim=d, device=out.device):
             value_rel = F.embedding(index, self.value_table).to(out.dtype)  # a^V [i, j, d], as a^K
             weights_by_position = weights.permute(2, 0, 1, 3).reshape(i, b * h, j).to(out.dtype)  # [i, b*h, j]
             by_value = torch.bmm(weights_by_position, value_rel)  # [i, b*h, d]
