@@ -19,7 +19,7 @@ tensor:
   [b, h, i, j] scores (d <= b * h: every training batch of the recipes).
 - distance buckets: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered at the relative index; the value
   term scatter-adds alpha into the 2k+1 distance buckets and multiplies by w^V. O(b h i (j + 2k+1)) memory with
-  nothing of size i * j * d. The CPU's form (there the faster), and elsewhere the form for one long sequence or a
+  nothing of size i * j * d. The CPU's form (level there; CPU runs stay as before), and elsewhere the form for one long sequence or a
   beam search over fewer sentences than d / (h * beam) (one sentence at h = 8, d = 64, beam 5).
 The relative index comes from the explicit absolute positions, so the part is decoder-capable and incremental
 (a cached step at position t uses clip(j - t) for j <= t).
@@ -45,9 +45,9 @@ def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
 def relation_tables_pay(*, batch_heads: int, head_dim: int, device: torch.device) -> bool:
     """Whether to take the relation tables: off the CPU (where gather and scatter are atomic additions), when the
     [i, j, d] tables are no larger than the [b, h, i, j] scores (d <= b * h), so the table form costs no more memory
-    than the attention itself; else the distance buckets (module docstring). On the CPU the buckets were the faster:
-    a Multi30k Rel_Pos training update 1.5% slower with the tables, decoding level
-    (results/rel-pos-tables-cpu-2026-12-02.md)."""
+    than the attention itself; else the distance buckets (module docstring). On the CPU the two were level (a
+    Multi30k Rel_Pos update and beam search, within the bench's 2%: results/rel-pos-tables-cpu-2026-12-02.md), and
+    the buckets keep CPU runs bit-identical to those trained before the tables (results/rel-pos-buckets-cpu-...)."""
     return device.type != "cpu" and head_dim <= batch_heads
 
 
