@@ -43,11 +43,12 @@ def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
 
 
 def relation_tables_pay(*, batch_heads: int, head_dim: int, device: torch.device) -> bool:
-    """Whether to take the relation tables: off the CPU (where gather and scatter are atomic additions), when the
-    [i, j, d] tables are no larger than the [b, h, i, j] scores (d <= b * h), so the table form costs no more memory
-    than the attention itself; else the distance buckets (module docstring). On the CPU the two were level (a
-    Multi30k Rel_Pos update and beam search, within the bench's 2%: results/rel-pos-tables-cpu-2026-12-02.md), and
-    the buckets keep CPU runs bit-identical to those trained before the tables (results/rel-pos-buckets-cpu-...)."""
+    """Whether to take the relation tables: off the CPU (on CUDA, scatter_add and gather's backward are atomic
+    additions), where the [i, j, d] tables are no larger than the [b, h, i, j] scores (d <= b * h), so the table
+    form costs no more memory than the attention itself; else the distance buckets (module docstring). On the CPU
+    the two were level (a Multi30k Rel_Pos update and beam search, within the bench's 2%:
+    results/rel-pos-tables-cpu-2026-12-02.md), and the buckets keep CPU runs bit-identical to those trained
+    before the tables (results/rel-pos-buckets-cpu-2026-12-02.md)."""
     return device.type != "cpu" and head_dim <= batch_heads
 
 
