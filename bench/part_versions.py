@@ -10,10 +10,9 @@ search, alternating too. Reported: median updates/s (and sentences/s) of each, t
 far apart the two models' weights are after every round (a new form of the same arithmetic adds in another
 order: rounding apart, growing slowly with the updates), and how many translations are identical.
 
-    .venv/bin/python bench/part_versions.py configs/multi30k-en-de-transformer.yaml \\
+    .venv/bin/python bench/part_versions.py configs/multi30k-en-de-relpos.yaml \\
         --module sanlab.attention.parts.rel_pos --against 574fc3e \\
-        --set 'model.encoder.attention.parts=[{type: rel_pos}]' --set 'model.decoder.attention.parts=[{type: rel_pos}]' \\
-        --threads 2 --updates 5 --rounds 6 --decode 200 --out results/rel-pos-versions-2026-12-02.md
+        --threads 2 --updates 5 --rounds 6 --decode 200 --out results/rel-pos-tables-cpu-2026-12-02.md
 
 On a GPU add ``--set train.device=cuda --set train.precision=bf16``. Run it alone on the machine
 (docs/performance.md).
@@ -123,7 +122,8 @@ def main() -> int:
         f"Command: `python bench/part_versions.py {' '.join(sys.argv[1:])}`", "",
         f"Machine: {machine(next(task.model.parameters()).device)}, {args.threads} threads; device "
         f"{config.train.device}, precision {config.train.precision}; {switched} module(s) switched; {args.rounds} "
-        f"rounds of {args.updates} updates of `{args.config}` on its epoch-0 batches, the two versions alternating first.",
+        f"rounds of {args.updates} updates of `{args.config}` on its epoch-0 batches, the two versions alternating "
+        "first.",
         "", *versions_table("version", "updates/s", names, seconds, args.updates), "",
         "Largest difference of any weight between the two models after each round: "
         + ", ".join(f"{x:.2e}" for x in apart) + ".",

@@ -19,8 +19,9 @@ tensor:
   [b, h, i, j] scores (d <= b * h: every training batch of the recipes).
 - distance buckets: the key term is q . (w^K)^T -> [b, h, i, 2k+1], gathered at the relative index; the value
   term scatter-adds alpha into the 2k+1 distance buckets and multiplies by w^V. O(b h i (j + 2k+1)) memory with
-  nothing of size i * j * d. The CPU's form (level there; CPU runs stay as before), and elsewhere the form for one long sequence or a
-  beam search over fewer sentences than d / (h * beam) (one sentence at h = 8, d = 64, beam 5).
+  nothing of size i * j * d. The CPU's form (level there; CPU runs stay as before), and elsewhere the form for
+  one long sequence or a beam search over fewer sentences than d / (h * beam) (one sentence at h = 8, d = 64,
+  beam 5).
 The relative index comes from the explicit absolute positions, so the part is decoder-capable and incremental
 (a cached step at position t uses clip(j - t) for j <= t).
 """
