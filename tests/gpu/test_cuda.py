@@ -238,6 +238,33 @@ def test_the_same_weights_give_the_same_outputs_on_cpu_and_cuda():
     torch.testing.assert_close(on_cuda, on_cpu, atol=1e-4, rtol=1e-4)
 
 
+def test_rel_pos_relation_tables_on_cuda_equal_the_cpus_distance_buckets(monkeypatch):
+    """Rel_Pos takes its relation tables on CUDA (no atomic additions) and its distance buckets on the CPU
+    (``rel_pos.relation_tables_pay``): the same weights give the same outputs and gradients on both."""
+    from sanlab.attention.parts import rel_pos
+
+    chosen = []
+    pay = rel_pos.relation_tables_pay
+    monkeypatch.setattr(rel_pos, "relation_tables_pay", lambda **sizes: chosen.append(pay(**sizes)) or chosen[-1])
+    model = _seq2seq([{"type": "rel_pos", "max_distance": 4}]).cpu()
+    src, tgt = torch.randint(4, 50, (8, 13)), torch.randint(4, 50, (8, 10))
+    src[1, 9:], tgt[2, 6:] = 0, 0
+
+    def run(device):
+        model.to(device).zero_grad()
+        out = model(src.to(device), tgt.to(device))
+        out.float().pow(2).mean().backward()
+        return out.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+    (cpu_out, cpu_grads), on_cpu = run("cpu"), set(chosen)
+    chosen.clear()
+    cuda_out, cuda_grads = run(CUDA)
+    assert on_cpu == {False} and set(chosen) == {True}  # buckets on the CPU, the tables on CUDA (8 x HEADS >= d)
+    torch.testing.assert_close(cuda_out, cpu_out, atol=1e-4, rtol=1e-4)
+    for name, grad in cpu_grads.items():
+        torch.testing.assert_close(cuda_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
 def _mixer_forms() -> list:
     import importlib
 
