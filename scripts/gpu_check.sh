@@ -101,6 +101,12 @@
 #     - Block syncs once per forward by design (its automatic block length), once per layer before 2026-12-02 (3
 #       waits an update in the gpubench's Block row of 2026-11-27, 0.67 of vanilla's tokens/s); the sync test's
 #       block-bf16 row (new, not run yet) expects one sync an update
+#     - Rel_Pos takes Shaw's relation tables on CUDA since 12-02 (no scatter_add/gather over the scores: atomic
+#       additions that collide in the edge buckets); its gpubench row was 0.75 of vanilla's tokens/s (bucket form).
+#       Call 2's gpubench row says what the tables give; the deterministic Rel_Pos row and call 1's tests
+#       (test_rel_pos_relation_tables_on_cuda_equal_the_cpus_distance_buckets, the deterministic Rel_Pos resume)
+#       check them. A before/after in one process: bench/part_versions.py configs/multi30k-en-de-relpos.yaml
+#       --module sanlab.attention.parts.rel_pos --against 574fc3e --set train.device=cuda --set train.precision=bf16
 #     - bench/gpu.py's op counts, deterministic rows (CUBLAS_WORKSPACE_CONFIG is set after CUDA began there, so
 #       those rows time deterministic kernels without cuBLAS's reproducible workspace) and profile have not run on
 #       a GPU: a failed row is named under the table and the others are kept
