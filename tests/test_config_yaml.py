@@ -58,3 +58,39 @@ def test_every_shipped_config_reads_the_same_with_either_parser():
     for path in SHIPPED:
         text = path.read_text(encoding="utf-8")
         assert read_yaml_mapping(path) == yaml.load(text, Loader=config_yaml._UniqueKeyLoader), path
+
+
+@pytest.mark.parametrize("text, refused", [
+    ("task: tagging\ntrain:\n  max_steps:\t3\n", r"line 3, column 13: not valid YAML: .*'\\t' that cannot start"),
+    ("task: tagging\nnote: {why?: x}\n", r"line 2, column 11: not valid YAML: .*got .\?."),
+    ("task: tagging\nnote: [b?]\n", r"line 2, column 9: not valid YAML: .*got .\?."),
+])
+def test_what_only_libyaml_accepts_is_refused_as_pyyaml_refuses_it(tmp_path, text, refused):
+    """libyaml accepts a tab after a key and a `?` in a flow collection; PyYAML refuses both, naming the line: such
+    a file loaded through libyaml, and then every validation error in it came without its line (key_line parses
+    with PyYAML). Texts with these characters are PyYAML's (``config_yaml._PYYAML_ONLY``)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(Exception, match=refused):
+        read_yaml_mapping(path)
+
+
+def test_a_byte_order_mark_inside_the_file_reads_as_pyyaml_reads_it(tmp_path):
+    """libyaml skips a byte-order mark at the start of any line (files joined with cat), PyYAML keeps it in the key:
+    `model:\\n\\ufeff  max_len: 7` was an empty `model` and an unknown key, refused, and libyaml read max_len 7."""
+    text = "model:\n\ufeff  max_len: 7\n"
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert read_yaml_mapping(path) == {"model": None, "\ufeff  max_len": 7}
+
+
+def test_every_shipped_config_takes_the_fast_parser():
+    """What goes to PyYAML's parser alone (a tab, a `?`, a byte-order mark past the start) is in no shipped file."""
+    assert not [path for path in SHIPPED if config_yaml._PYYAML_ONLY.search(path.read_text(encoding="utf-8"))]
+
+
+def test_an_explicit_int_tag_on_what_is_no_integer_names_the_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: tagging\ntrain: {max_steps: !!int x}\n")
+    with pytest.raises(Exception, match=r"line 2, column 20: .*'x' is not an integer"):
+        read_yaml_mapping(path)

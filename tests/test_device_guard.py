@@ -152,6 +152,15 @@ def test_attention_part_creates_no_tensor_on_the_default_device(cfg):
         _run_seq2seq_on_meta_default(model)
 
 
+def test_rel_pos_relation_tables_create_no_tensor_on_the_default_device(monkeypatch):
+    """CUDA runs Rel_Pos's relation tables, the CPU (where this guard runs the model) its distance buckets: the
+    tables forced here, so the guard and its deterministic-operator check see the form CUDA runs."""
+    from sanlab.attention.parts import rel_pos
+
+    monkeypatch.setattr(rel_pos, "relation_tables_pay", lambda **sizes: True)
+    test_attention_part_creates_no_tensor_on_the_default_device(PARTS.entry("rel_pos").config.examples()[0])
+
+
 def _plans_besides_dense(part: dict) -> list[str]:
     ctx = BuildContext(dim=DIM, heads=HEADS, layer_index=0, num_layers=2, side="encoder", max_len=16)
     try:

@@ -49,13 +49,13 @@ def _checkpoint(run):
     return CheckpointManager(run, keep_best=10, keep_last=10, higher_is_better=True).last(1)[0]
 
 
-def test_weights_of_another_vocabulary_are_refused(runs):
+def test_weights_of_another_vocabulary_are_refused(runs, tmp_path):
     a, b = runs["a"], runs["b"]
     assert json.loads((_checkpoint(a) / "meta.json").read_text())["vocabulary"]
     with pytest.raises(ConfigError, match=f"{_checkpoint(a)}: trained with another vocabulary .* than the run {b}"):
         evaluate_run(b, checkpoint=str(_checkpoint(a)))
     assert not list(b.glob("eval-step-*.json"))
-    copy = a.parent / "from-a"   # (a name of its own: a step-N name would borrow a2's records)
+    copy = tmp_path / "from-a"   # (outside the shared runs, a name of its own: a step-N name would borrow a2's records)
     shutil.copytree(_checkpoint(a), copy)
     evaluate_run(runs["a2"], checkpoint=str(copy))  # one vocabulary (a grid's seeds): taken
 
