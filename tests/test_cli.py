@@ -203,7 +203,7 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
     path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
                              "model: {encoder: {layers: 3, attention: {parts: [{type: window, layers: [3, 4]}]}}}\n")
     assert main(["train", path, "--print-config"]) == 2
-    assert ("model.encoder: Value error, attention.parts[0] (window): layers [3, 4] name no layer of a stack of 3 "
+    assert ("model.encoder: attention.parts[0] (window): layers [3, 4] name no layer of a stack of 3 "
             "layers (indices 0-2)") in capsys.readouterr().err
 
 

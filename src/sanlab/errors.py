@@ -38,7 +38,7 @@ class DecodingError(SanlabError):
         self.where, self.account = where, account
 
 
-def did_you_mean(given: str, names: Iterable[str]) -> str:
+def case_hint(given: str, names: Iterable[str]) -> str:
     """``did you mean 'bleu'? (metric names are case-sensitive)`` where ``given`` is one of ``names`` but for case,
     else "": said, never taken, so that what a config stores or a table names keeps the one spelling."""
     meant = [repr(n) for n in names if n != given and n.casefold() == given.casefold()]

@@ -14,7 +14,7 @@ from sanlab.config.decode import DecodeConfig
 from sanlab.config.fields import Strict
 from sanlab.config.model import Seq2SeqConfig, TaggerConfig
 from sanlab.config.train import IGNORED_TRAIN_KEYS, TaggerTrainConfig, TrainConfig
-from sanlab.errors import did_you_mean
+from sanlab.errors import case_hint
 from sanlab.registry import TaskRegistry
 
 
@@ -38,7 +38,7 @@ class TaskConfig(Strict):
             raise ValueError(f"train.best_metric is {chosen!r}, but the {self.task} task names no metric to choose "
                              "from: leave it out (its own metric picks the best checkpoints)")
         *rest, last = self.best_metrics
-        advice = did_you_mean(chosen, self.best_metrics) or "choose one of them, or leave it out for the task's own"
+        advice = case_hint(chosen, self.best_metrics) or "choose one of them, or leave it out for the task's own"
         raise ValueError(f"train.best_metric is {chosen!r}, but a {self.task} run's validation gives "
                          f"{', '.join(rest)}{' or ' if rest else ''}{last}: {advice}")
 

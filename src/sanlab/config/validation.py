@@ -60,7 +60,8 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
         task = raw.get("task") if isinstance(raw, dict) else None  # loc[0]: the task name that picked the schema
         for path, e in error_paths(err, raw, root_tag=task):
             loc = ".".join(map(str, path))
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            # a rule's own words, without pydantic's "Value error, " before them (decode.py drops it too)
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
                 msg += did_you_mean(str(path[-1]), known_keys(raw, path[:-1]))
             if e["type"] == "union_tag_invalid" and not path:  # pydantic's words for an unknown `task:`

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sanlab.errors import did_you_mean
+from sanlab.errors import case_hint
 from sanlab.evaluation.analysis_table import Table
 
 # validation metrics whose best record is the minimum, where the run's task declares no direction for them
@@ -118,7 +118,7 @@ def learning_curve(records: Sequence[Mapping], *, metric: str, split: str = "val
             with_metric[step] = float(value)
     if not with_metric:
         names = sorted({k for r in chosen for k in r} - {"split", "step", "time"})
-        hint = did_you_mean(metric, names)
+        hint = case_hint(metric, names)
         raise KeyError(f"no {split!r} record has metric {metric!r} (metrics: {', '.join(names)}){'; ' if hint else ''}"
                        f"{hint}")
     return sorted(with_metric.items())

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sanlab.config import DecodeConfig
-from sanlab.errors import ConfigError, DataError, did_you_mean
+from sanlab.errors import ConfigError, DataError, case_hint
 from sanlab.files import read_json, replacing_path, write_text
 from sanlab.training.layout import RunLayout
 
@@ -314,7 +314,7 @@ def run_score(run_dir: PathLike, *, metric: str | None, score_from: str, split: 
     if not isinstance(record, dict) or isinstance(record.get(metric), bool) \
             or not isinstance(record.get(metric), (int, float)):
         numeric = [k for k, v in record.items() if isinstance(v, (int, float))] if isinstance(record, dict) else []
-        hint = did_you_mean(metric, numeric)
+        hint = case_hint(metric, numeric)
         raise ConfigError(f"{path}: no {metric!r} for split {name!r} (splits: {', '.join(results)}; "
                           f"metrics: {', '.join(numeric) or 'none'}){'; ' if hint else ''}{hint}")
     check_current(path, results, name, run_dir=run_dir, checkpoint=checkpoint)
