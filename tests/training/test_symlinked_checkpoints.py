@@ -354,3 +354,27 @@ def test_averaging_a_run_whose_checkpoints_link_dangles_says_so(tmp_path, which,
     with pytest.raises(ConfigError, match=_dangling_message(run, gone)):
         average_run(run, **which)
     assert not (run / "averaged").exists() and (run / "checkpoints").is_symlink()
+
+
+def test_a_chain_of_links_is_named_with_the_end_that_is_missing(tmp_path, tiny_translation):
+    """checkpoints -> hop -> nowhere: "a link to hop, which does not exist" was untrue of hop."""
+    import re
+
+    run, hop, gone = tmp_path / "run", tmp_path / "hop", tmp_path / "unmounted"
+    run.mkdir()
+    hop.symlink_to(gone)
+    (run / "checkpoints").symlink_to(hop)
+    with pytest.raises(ConfigError, match=re.escape(f"{run / 'checkpoints'} is a symbolic link to {hop} (a link on "
+                                                    f"to {gone}), which does not exist")):
+        prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)
+
+
+def test_a_run_directory_that_is_a_dangling_link_is_refused_as_such(tmp_path, tiny_translation):
+    """--run pointing through a link to a disk not mounted failed with a bare "File exists"."""
+    from sanlab.runs import train_run
+
+    run, gone = tmp_path / "run", tmp_path / "unmounted"
+    run.symlink_to(gone)
+    with pytest.raises(ConfigError, match=f"--run {run}: is a symbolic link to {gone}, which does not exist"):
+        train_run(tiny_translation(max_steps=2), run, quiet=True)
+    assert run.is_symlink() and not gone.exists()

@@ -254,8 +254,11 @@ def check_checkpoints_link(run_dir: Path) -> None:
     ``--overwrite`` would replace the link. Nothing is deleted: the user mounts the disk or removes the link."""
     link = RunLayout(run_dir).checkpoints
     if link.is_symlink() and not link.exists():
-        raise ConfigError(f"{link} is a symbolic link to {os.readlink(link)}, which does not exist (mount the disk "
-                          "it is on, or remove the link)")
+        target = os.readlink(link)
+        hop = os.path.join(os.path.dirname(link), target)  # a chain of links: what is missing is at its end
+        where = f"{target} (a link on to {os.path.realpath(link)})" if os.path.islink(hop) else target
+        raise ConfigError(f"{link} is a symbolic link to {where}, which does not exist (mount the disk it is on, "
+                          "or remove the link)")
 
 
 class CheckpointManager:
