@@ -263,6 +263,18 @@ def test_rel_pos_relation_tables_on_cuda_equal_the_cpus_distance_buckets(monkeyp
     torch.testing.assert_close(cuda_out, cpu_out, atol=1e-4, rtol=1e-4)
     for name, grad in cpu_grads.items():
         torch.testing.assert_close(cuda_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+    # decoded step by step with the cache (8 sentences: the tables at every step too) == the full forward
+    model.eval()
+    src, tgt = src.to(CUDA), torch.randint(4, 50, (8, 10)).to(CUDA)  # (no padding: a decoder never feeds any)
+    chosen.clear()
+    with torch.no_grad():
+        full = model(src, tgt).log_softmax(-1)  # [b, i, V]
+        cache, steps = model.start_decoding(src), []
+        for t in range(tgt.shape[1]):
+            log_probs, cache = model.decode_step(tgt[:, t:t + 1], cache)
+            steps.append(log_probs)
+    assert set(chosen) == {True}
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
 
 
 def _mixer_forms() -> list:
