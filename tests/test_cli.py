@@ -207,6 +207,15 @@ def test_a_part_on_a_layer_the_stack_does_not_have_is_a_config_error(tmp_path, c
             "layers (indices 0-2)") in capsys.readouterr().err
 
 
+def test_a_parts_own_rule_is_said_in_its_words(tmp_path, capsys):
+    """Without pydantic's "Value error, " before them (it read "size: Value error, window size M must be odd")."""
+    path = _config(tmp_path, "task: translation\ndata: {train: {src: a, tgt: b}, valid: {src: a, tgt: b}}\n"
+                             "model: {encoder: {attention: {parts: [{type: window, size: 4}]}}}\n")
+    assert main(["train", path, "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "attention part 'window': size: window size M must be odd" in err and "Value error" not in err, err
+
+
 @pytest.mark.parametrize("body, expected", [
     ("task: tagging\ndata: {train: a, dev: b\n", r"c\.yaml.*line 3"),       # unclosed flow mapping
     ("- just\n- a list\n", r"c\.yaml.*mapping"),

@@ -33,11 +33,22 @@ def test_a_config_file_is_parsed_by_libyaml(monkeypatch):
     assert issubclass(loader, yaml.CSafeLoader)
 
 
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")
 def test_a_file_libyaml_refuses_is_read_again_by_pyyaml_for_its_message(tmp_path, monkeypatch):
     path = tmp_path / "c.yaml"
-    path.write_text("task: tagging\ntrain:\n\tmax_steps: 3\n")  # libyaml and PyYAML word a tab differently
-    with pytest.raises(Exception, match=r"line 3, column 1: not valid YAML: .*'\\t' that cannot start"):
-        _loaders_used(monkeypatch, path)
+    path.write_text("task: tagging\nx: [1, 2\n")  # libyaml: "did not find expected ',' or ']'"
+    used = []
+    load = yaml.load
+
+    def spy(stream, Loader):  # noqa: N803 (PyYAML's name)
+        used.append(Loader)
+        return load(stream, Loader=Loader)
+
+    monkeypatch.setattr(yaml, "load", spy)
+    with pytest.raises(Exception, match=r"line 3, column 1: not valid YAML: .*expected ',' or '\]', but got "
+                                        r"'<stream end>'"):
+        read_yaml_mapping(path)
+    assert used == [config_yaml._FastUniqueKeyLoader, config_yaml._UniqueKeyLoader]
 
 
 @pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")
@@ -64,6 +75,8 @@ def test_every_shipped_config_reads_the_same_with_either_parser():
     ("task: tagging\ntrain:\n  max_steps:\t3\n", r"line 3, column 13: not valid YAML: .*'\\t' that cannot start"),
     ("task: tagging\nnote: {why?: x}\n", r"line 2, column 11: not valid YAML: .*got .\?."),
     ("task: tagging\nnote: [b?]\n", r"line 2, column 9: not valid YAML: .*got .\?."),
+    ("task: tagging\nnote: |# why\n  text\n", r"line 2, column 8: not valid YAML: .*block scalar"),
+    ("task: tagging\nnote: [0, !, 2]\n", r"line 2, column 11: not valid YAML"),
 ])
 def test_what_only_libyaml_accepts_is_refused_as_pyyaml_refuses_it(tmp_path, text, refused):
     """libyaml accepts a tab after a key and a `?` in a flow collection; PyYAML refuses both, naming the line: such
@@ -89,8 +102,17 @@ def test_every_shipped_config_takes_the_fast_parser():
     assert not [path for path in SHIPPED if config_yaml._PYYAML_ONLY.search(path.read_text(encoding="utf-8"))]
 
 
-def test_an_explicit_int_tag_on_what_is_no_integer_names_the_line(tmp_path):
+@pytest.mark.parametrize("value, kind", [("!!int x", "int"), ("!!float abc", "float"), ("!!bool maybe", "bool"),
+                                         ("!!timestamp x", "timestamp")])
+def test_an_explicit_tag_on_what_it_cannot_read_names_the_line(tmp_path, value, kind):
+    """It was a ValueError, KeyError or AttributeError traceback."""
     path = tmp_path / "c.yaml"
-    path.write_text("task: tagging\ntrain: {max_steps: !!int x}\n")
-    with pytest.raises(Exception, match=r"line 2, column 20: .*'x' is not an integer"):
+    path.write_text(f"task: tagging\ntrain: {{max_steps: {value}}}\n")
+    with pytest.raises(Exception, match=rf"line 2, column 20: not valid YAML: .* is not a valid {kind}"):
         read_yaml_mapping(path)
+
+
+def test_a_bare_tag_reads_as_pyyaml_reads_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: tagging\nnote: !\n")  # libyaml: '', PyYAML: None
+    assert read_yaml_mapping(path) == {"task": "tagging", "note": None}

@@ -63,16 +63,30 @@ for _tag, _regexp, _first in _NUMBERS:
 
 def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
     text = loader.construct_scalar(node).replace("_", "")
-    try:
-        if text.startswith(("0x", "0o")):
-            return int(text[2:], 16 if text[1] == "x" else 8)
-        return int(text, 10)  # leading zeros are decimal
-    except ValueError:  # an explicit `!!int x`: a YAML error naming its line, not a traceback
-        raise yaml.constructor.ConstructorError(None, None, f"{node.value!r} is not an integer",
-                                                node.start_mark) from None
+    if text.startswith(("0x", "0o")):
+        return int(text[2:], 16 if text[1] == "x" else 8)
+    return int(text, 10)  # leading zeros are decimal
 
 
 _UniqueKeyLoader.add_constructor(_INT, _construct_int)
+
+
+def _naming_the_line(construct):
+    """``construct`` with its failure on a value an explicit tag forces (``!!int x``, ``!!float abc``, ``!!bool
+    maybe``, ``!!timestamp x``: the implicit rules only ever tag what parses) as a YAML error naming the line, not a
+    ValueError, KeyError or AttributeError traceback."""
+    def checked(loader, node):
+        try:
+            return construct(loader, node)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            kind = node.tag.rsplit(":", 1)[-1]
+            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r} is not a valid {kind}",
+                                                    node.start_mark) from None
+    return checked
+
+
+for _tag in (_INT, _FLOAT, "tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp"):
+    _UniqueKeyLoader.add_constructor(_tag, _naming_the_line(_UniqueKeyLoader.yaml_constructors[_tag]))
 
 if yaml.__with_libyaml__:
     class _FastUniqueKeyLoader(yaml.CSafeLoader):
@@ -85,10 +99,11 @@ else:  # a PyYAML built without libyaml
 
 
 # What libyaml reads otherwise than PyYAML (found by fuzzing the shipped configs): it accepts a tab after `key:` or
-# inside a plain value and a `?` inside a flow collection, which PyYAML refuses (and its refusal names the line), and
-# it skips a byte-order mark at the start of any line, which PyYAML keeps as part of the key. Text with any of these
-# characters is PyYAML's alone; no shipped config has one.
-_PYYAML_ONLY = re.compile("[\t?]|.\ufeff", re.DOTALL)
+# inside a plain value, a `?` inside a flow collection and a block scalar's header followed by `#` (`|# why`), which
+# PyYAML refuses (and its refusal names the line); it reads a bare `!` tag as '' (PyYAML: None, or an error), and it
+# skips a byte-order mark at the start of any line, which PyYAML keeps as part of the key. Text with any of these is
+# PyYAML's alone; no shipped config has one.
+_PYYAML_ONLY = re.compile("[\t?!]|.\ufeff|[|>][-+0-9]*#", re.DOTALL)
 
 
 def _load_file_text(text: str) -> object:

@@ -210,7 +210,7 @@ class Registry:
         try:  # strict through JSON, as the run config (sanlab.config.validate): a quoted "11" is refused here too
             return cls.model_validate_json(json.dumps(value, default=str), strict=True)
         except ValidationError as err:  # re-raised plainly so the outer model reports the full path
-            problems = "; ".join(f"{'.'.join(map(str, path)) or '<value>'}: {e['msg']}"
+            problems = "; ".join(f"{'.'.join(map(str, path)) or '<value>'}: {e['msg'].removeprefix('Value error, ')}"
                                  + (did_you_mean(str(path[-1]), cls.model_fields) if e["type"] == "extra_forbidden"
                                     else "") for path, e in error_paths(err, value))
             raise ValueError(f"{self.kind} {value['type']!r}: {problems}") from None

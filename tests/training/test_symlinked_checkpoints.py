@@ -378,3 +378,15 @@ def test_a_run_directory_that_is_a_dangling_link_is_refused_as_such(tmp_path, ti
     with pytest.raises(ConfigError, match=f"--run {run}: is a symbolic link to {gone}, which does not exist"):
         train_run(tiny_translation(max_steps=2), run, quiet=True)
     assert run.is_symlink() and not gone.exists()
+
+
+def test_a_loop_of_links_is_named_as_one(tmp_path, tiny_translation):
+    """checkpoints -> a -> b -> a was "a link on to .../a, which does not exist", and a exists."""
+    run, a, b = tmp_path / "run", tmp_path / "a", tmp_path / "b"
+    run.mkdir()
+    a.symlink_to(b)
+    b.symlink_to(a)
+    (run / "checkpoints").symlink_to(a)
+    with pytest.raises(ConfigError, match=f"{run / 'checkpoints'} is a symbolic link to {a}, and its links go round "
+                                          "in a loop"):
+        prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)

@@ -20,6 +20,7 @@ next checkpoint saved replaces it, so the checkpoints a run ends with are those 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import numbers
@@ -255,6 +256,12 @@ def check_checkpoints_link(run_dir: Path) -> None:
     link = RunLayout(run_dir).checkpoints
     if link.is_symlink() and not link.exists():
         target = os.readlink(link)
+        try:
+            os.stat(link)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # (exists() is False for a loop too)
+                raise ConfigError(f"{link} is a symbolic link to {target}, and its links go round in a loop: "
+                                  "point it at the directory of the checkpoints") from None
         hop = os.path.join(os.path.dirname(link), target)  # a chain of links: what is missing is at its end
         where = f"{target} (a link on to {os.path.realpath(link)})" if os.path.islink(hop) else target
         raise ConfigError(f"{link} is a symbolic link to {where}, which does not exist (mount the disk it is on, "
