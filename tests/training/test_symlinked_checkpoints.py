@@ -390,3 +390,19 @@ def test_a_loop_of_links_is_named_as_one(tmp_path, tiny_translation):
     with pytest.raises(ConfigError, match=f"{run / 'checkpoints'} is a symbolic link to {a}, and its links go round "
                                           "in a loop"):
         prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)
+
+
+@pytest.mark.parametrize("linked", [False, True])
+def test_a_checkpoints_file_is_refused_as_one(tmp_path, linked, tiny_translation):
+    """It failed with a bare "Not a directory" (exit status 1); nothing is deleted."""
+    run, file = tmp_path / "run", tmp_path / "notes.txt"
+    run.mkdir()
+    file.write_text("mine\n")
+    if linked:
+        (run / "checkpoints").symlink_to(file)
+    else:
+        (run / "checkpoints").write_text("mine\n")
+    what = f"a symbolic link to {file}, which is a file" if linked else "a file"
+    with pytest.raises(ConfigError, match=f"{run / 'checkpoints'} is {what}, not a directory of checkpoints"):
+        prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)
+    assert (run / "checkpoints").read_text() == "mine\n" and file.read_text() == "mine\n"

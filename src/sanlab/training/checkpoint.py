@@ -250,10 +250,15 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def check_checkpoints_link(run_dir: Path) -> None:
-    """Refuse a run whose ``checkpoints/`` is a symbolic link to what is not there (a disk not mounted): read, it
-    looks like a run without checkpoints (evaluate: "train first"; a resume: a fresh start), and a new run or
-    ``--overwrite`` would replace the link. Nothing is deleted: the user mounts the disk or removes the link."""
+    """Refuse a run whose ``checkpoints/`` is a file (it failed with a bare "Not a directory"), or a symbolic link to
+    what is not there (a disk not mounted): read, it looks like a run without checkpoints (evaluate: "train first";
+    a resume: a fresh start), and a new run or ``--overwrite`` would replace the link. Nothing is deleted: the user
+    mounts the disk or removes the link."""
     link = RunLayout(run_dir).checkpoints
+    if link.exists() and not link.is_dir():
+        what = f"a symbolic link to {os.readlink(link)}, which is a file" if link.is_symlink() else "a file"
+        raise ConfigError(f"{link} is {what}, not a directory of checkpoints (move the file out of the run, or point "
+                          "the link at a directory)")
     if link.is_symlink() and not link.exists():
         target = os.readlink(link)
         try:
