@@ -149,8 +149,8 @@ def decode_rounds(task, models: dict[str, nn.Module], names: list[str], args) ->
             seconds[name].append(time.perf_counter() - start)
     same = sum(a[0].tokens == b[0].tokens if a and b else a == b for a, b in zip(*(outputs[n] for n in names)))
     return [*versions_table("version", "sentences/s (beam search)", names, seconds, len(sentences)), "",
-            f"{len(sentences)} dev sentences, {len(seconds[names[0]])} rounds, the two versions alternating first; "
-            f"identical best hypotheses: {same} of {len(sentences)}."]
+            f"{len(sentences)} dev sentences decoded in fp32 (whatever train.precision), {len(seconds[names[0]])} "
+            f"rounds, the two versions alternating first; identical best hypotheses: {same} of {len(sentences)}."]
 
 if __name__ == "__main__":
     raise SystemExit(run_main(main))
