@@ -116,3 +116,11 @@ def test_a_bare_tag_reads_as_pyyaml_reads_it(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("task: tagging\nnote: !\n")  # libyaml: '', PyYAML: None
     assert read_yaml_mapping(path) == {"task": "tagging", "note": None}
+
+
+def test_a_tab_is_refused_with_what_yaml_wants_instead(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: tagging\ntrain:\n\tmax_steps: 3\n")
+    with pytest.raises(Exception, match=r"line 3, column 1: not valid YAML: .*'\\t' that cannot start any token; "
+                                        r"YAML indents with spaces, not tabs"):
+        read_yaml_mapping(path)

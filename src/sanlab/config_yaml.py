@@ -175,6 +175,8 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
         if err.context and context is not None and err.problem_mark is not None and \
                 context.line != err.problem_mark.line:
             parts[0] = f"{err.context} (line {context.line + 1})"
+        if err.problem and "'\\t'" in err.problem:  # PyYAML's words for a tab: "found character '\t' that ..."
+            parts.append("YAML indents with spaces, not tabs")
         return "; ".join(p for p in parts if p) or str(err)
     return str(err)
 
