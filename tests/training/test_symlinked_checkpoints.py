@@ -406,3 +406,17 @@ def test_a_checkpoints_file_is_refused_as_one(tmp_path, linked, tiny_translation
     with pytest.raises(ConfigError, match=f"{run / 'checkpoints'} is {what}, not a directory of checkpoints"):
         prepare_run_dir(run, tiny_translation(max_steps=2), overwrite=False)
     assert (run / "checkpoints").read_text() == "mine\n" and file.read_text() == "mine\n"
+
+
+def test_a_dangling_averaged_link_is_named_as_one(tmp_path, tiny_translation):
+    """It said "no model.safetensors in this checkpoint directory (run `sanlab average` ... first)"."""
+    from sanlab.runs import train_run
+    from sanlab.runs.trained import select_checkpoint
+
+    config = tiny_translation(max_steps=2)
+    run, gone = tmp_path / "run", tmp_path / "unmounted"
+    train_run(config, run, quiet=True)
+    (run / "averaged").symlink_to(gone)
+    with pytest.raises(ConfigError, match=f"{run / 'averaged'} is a symbolic link to {gone}, which does not exist"):
+        select_checkpoint(run, "averaged", config)
+    assert (run / "averaged").is_symlink()

@@ -31,6 +31,9 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     run_dir, layout = Path(run_dir), RunLayout(run_dir)
     if which == "averaged":
         path = layout.averaged
+        if path.is_symlink() and not path.exists():  # (it said "no model.safetensors ... run sanlab average")
+            raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist (mount the "
+                              "disk it is on, or remove the link)")
     elif which in ("best", "last"):
         manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
                                     higher_is_better=task_for(config).best_metric(config)[1], writer=False)
