@@ -39,7 +39,7 @@ from sanlab.tasks.translation import search_translations
 from sanlab.training.loop import Trainer
 from sanlab.training.logging import SilentLogger
 from report import check_out, machine, run_main, whole_number, write_out
-from revisions import module_at_revision, versions_table  # bench/revisions.py (the script's folder is on sys.path)
+from revisions import module_at_revision, timed_batches, versions_table  # bench/revisions.py (the script's folder is on sys.path)
 
 
 def _parse() -> argparse.Namespace:
@@ -89,11 +89,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         log = SilentLogger(Path(scratch))
         task = make_task(config, Path(scratch), log)
-        epoch = task.epoch_batches(0)
-        if len(epoch) < args.rounds * args.updates:  # later rounds would time no updates, at a made-up rate
-            raise SystemExit(f"{Path(sys.argv[0]).name}: error: --rounds {args.rounds} x --updates {args.updates} "
-                             f"need {args.rounds * args.updates} batches; epoch 0 of {args.config} has {len(epoch)}")
-        batches = [epoch[i] for i in range(args.rounds * args.updates)]
+        batches = timed_batches(task, rounds=args.rounds, updates=args.updates, config_path=args.config)
         models = {names[0]: task.model, names[1]: copy.deepcopy(task.model)}
         switched = switch_classes(models[names[1]], current, old)
         if not switched:

@@ -48,3 +48,13 @@ def versions_table(first_column: str, unit: str, names: list[str], seconds: dict
             f"| {names[0]} | {rate[names[0]]:.3f} | {statistics.median(per_round):.3f} |", "",
             "speed ratio: median over rounds of the reference's seconds over this checkout's in the same round "
             f"(rounds: {', '.join(f'{x:.3f}' for x in per_round)})."]
+
+
+def timed_batches(task, *, rounds: int, updates: int, config_path: str) -> list:
+    """The first ``rounds`` x ``updates`` batches of ``task``'s epoch 0, the same for both versions of a ``*_versions``
+    bench; too few is a usage error (later rounds would time no updates, at a made-up rate)."""
+    epoch = task.epoch_batches(0)
+    if len(epoch) < rounds * updates:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: error: --rounds {rounds} x --updates {updates} need "
+                         f"{rounds * updates} batches; epoch 0 of {config_path} has {len(epoch)}")
+    return [epoch[i] for i in range(rounds * updates)]
