@@ -107,6 +107,23 @@ def test_rel_pos_cached_decoding_equals_the_full_forward_in_both_forms(form, mon
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
+@pytest.mark.parametrize("form", ["tables", "buckets"])
+def test_rel_pos_extra_padding_leaves_real_positions_unchanged_in_both_forms(form, monkeypatch):
+    """The registry's contract runs the CPU's form (the buckets): here each form, padded keys past the sentences."""
+    monkeypatch.setattr(rel_pos, "relation_tables_pay", lambda **sizes: form == "tables")
+    torch.manual_seed(0)
+    attn = _build({"type": "rel_pos", "max_distance": 2}).double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.double)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    valid[1, 4:] = False
+    out = attn(x, positions=Positions.self_attention(valid, length=6)).output
+    longer = torch.cat([x, torch.randn(2, 3, 16, dtype=torch.double) * 5.0], dim=1)  # 3 more padded tokens
+    longer[1, 4:6] = torch.randn(2, 16, dtype=torch.double) * 5.0                  # and new values in the old padding
+    longer_valid = torch.cat([valid, torch.zeros(2, 3, dtype=torch.bool)], dim=1)
+    out_long = attn(longer, positions=Positions.self_attention(longer_valid, length=9)).output
+    torch.testing.assert_close(out_long[:, :6][valid], out[valid])
+
+
 def test_rel_pos_takes_the_relation_tables_off_the_cpu_where_they_are_no_larger_than_the_scores():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert rel_pos.relation_tables_pay(batch_heads=64 * 8, head_dim=64, device=cuda)  # a training batch
