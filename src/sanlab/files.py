@@ -8,6 +8,7 @@ half of one. (Checkpoint directories are renamed the same way, in ``training.che
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
@@ -240,3 +241,20 @@ def write_text(path: Path | str, text: str) -> None:
 
 def write_json(path: Path | str, data, *, indent: int | None = 2) -> None:
     write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
+
+
+def dangling_link(path: Path) -> str | None:
+    """What is wrong with ``path`` if it is a symbolic link to nothing (a disk not mounted), in words that follow
+    "<path> is ": "a symbolic link to T, which does not exist (mount the disk it is on, or remove the link)", naming
+    the missing end of a chain of links, or a loop of links as one; None for anything else."""
+    if not (os.path.islink(path) and not os.path.exists(path)):
+        return None
+    target = os.readlink(path)
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # (exists() is False for a loop too)
+            return f"a symbolic link to {target}, and its links go round in a loop: point it at a directory"
+    hop = os.path.join(os.path.dirname(path), target)
+    where = f"{target} (a link on to {os.path.realpath(path)})" if os.path.islink(hop) else target
+    return f"a symbolic link to {where}, which does not exist (mount the disk it is on, or remove the link)"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sanlab.config import Config, DecodeConfig
 from sanlab.errors import ConfigError
-from sanlab.files import read_json, write_json
+from sanlab.files import dangling_link, read_json, write_json
 from sanlab.training.checkpoint import (
     META, STEP_PREFIX, WEIGHTS, CheckpointManager, check_checkpoints_link, check_vocabulary, checkpoint_names,
     load_weights, step_name,
@@ -31,9 +31,9 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
     run_dir, layout = Path(run_dir), RunLayout(run_dir)
     if which == "averaged":
         path = layout.averaged
-        if path.is_symlink() and not path.exists():  # (it said "no model.safetensors ... run sanlab average")
-            raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist (mount the "
-                              "disk it is on, or remove the link)")
+        dangling = dangling_link(path)
+        if dangling:  # (it said "no model.safetensors ... run sanlab average")
+            raise ConfigError(f"{path} is {dangling}")
     elif which in ("best", "last"):
         manager = CheckpointManager(run_dir, keep_best=0, keep_last=0,
                                     higher_is_better=task_for(config).best_metric(config)[1], writer=False)

@@ -20,7 +20,6 @@ next checkpoint saved replaces it, so the checkpoints a run ends with are those 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import numbers
@@ -36,7 +35,7 @@ from safetensors.torch import load_file, load_model
 from torch import nn
 
 from sanlab.errors import ConfigError
-from sanlab.files import read_json, replace_directory, write_json
+from sanlab.files import dangling_link, read_json, replace_directory, write_json
 from sanlab.training.layout import RunLayout
 from sanlab.training.weights_file import save_weights
 
@@ -259,18 +258,9 @@ def check_checkpoints_link(run_dir: Path) -> None:
         what = f"a symbolic link to {os.readlink(link)}, which is a file" if link.is_symlink() else "a file"
         raise ConfigError(f"{link} is {what}, not a directory of checkpoints (move the file out of the run, or point "
                           "the link at a directory)")
-    if link.is_symlink() and not link.exists():
-        target = os.readlink(link)
-        try:
-            os.stat(link)
-        except OSError as err:
-            if err.errno == errno.ELOOP:  # (exists() is False for a loop too)
-                raise ConfigError(f"{link} is a symbolic link to {target}, and its links go round in a loop: "
-                                  "point it at the directory of the checkpoints") from None
-        hop = os.path.join(os.path.dirname(link), target)  # a chain of links: what is missing is at its end
-        where = f"{target} (a link on to {os.path.realpath(link)})" if os.path.islink(hop) else target
-        raise ConfigError(f"{link} is a symbolic link to {where}, which does not exist (mount the disk it is on, "
-                          "or remove the link)")
+    dangling = dangling_link(link)
+    if dangling:
+        raise ConfigError(f"{link} is {dangling}")
 
 
 class CheckpointManager:

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from sanlab.errors import ConfigError
-from sanlab.files import read_json
+from sanlab.files import dangling_link, read_json
 from sanlab.training.average import foreign_in_average
 from sanlab.training.checkpoint import CHECKSUMMED, LATEST, META, check_checkpoints_link, is_step_name
 from sanlab.training.layout import RunLayout
@@ -102,9 +102,9 @@ def check_location(run_dir: Path) -> None:
     """Refuse a run directory that is the current directory or above it, or a repository: a run's files
     would mix with the project's, and ``--overwrite`` would delete the project."""
     run_dir = Path(run_dir)
-    if run_dir.is_symlink() and not run_dir.exists():  # (making it failed with a bare "File exists")
-        raise ConfigError(f"--run {run_dir}: is a symbolic link to {os.readlink(run_dir)}, which does not exist "
-                          "(mount the disk it is on, or remove the link)")
+    dangling = dangling_link(run_dir)
+    if dangling:  # (making it failed with a bare "File exists")
+        raise ConfigError(f"--run {run_dir}: is {dangling}")
     where, here = run_dir.resolve(), Path.cwd().resolve()
     if where == here or where in here.parents:
         which = "the current directory" if where == here else f"a directory above the current one ({here})"
