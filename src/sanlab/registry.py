@@ -35,6 +35,11 @@ from sanlab.errors import ConfigError
 STRICT_SCHEMA = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+def rule_words(error: dict) -> str:
+    """A pydantic error's message without the "Value error, " pydantic puts before a validator's own words."""
+    return error["msg"].removeprefix("Value error, ")
+
+
 def error_paths(err: ValidationError, data: object, *, root_tag: str | None = None) -> list[tuple[tuple, dict]]:
     """``(key path, error)`` for pydantic's errors about ``data``: each location in ``data``'s own keys, without
     the tags pydantic gives a union's branches (``ParallelFiles``, ``list[WeightedFiles]``, ``constrained-float``),
@@ -210,7 +215,7 @@ class Registry:
         try:  # strict through JSON, as the run config (sanlab.config.validate): a quoted "11" is refused here too
             return cls.model_validate_json(json.dumps(value, default=str), strict=True)
         except ValidationError as err:  # re-raised plainly so the outer model reports the full path
-            problems = "; ".join(f"{'.'.join(map(str, path)) or '<value>'}: {e['msg'].removeprefix('Value error, ')}"
+            problems = "; ".join(f"{'.'.join(map(str, path)) or '<value>'}: {rule_words(e)}"
                                  + (did_you_mean(str(path[-1]), cls.model_fields) if e["type"] == "extra_forbidden"
                                     else "") for path, e in error_paths(err, value))
             raise ValueError(f"{self.kind} {value['type']!r}: {problems}") from None

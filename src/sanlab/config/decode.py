@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from sanlab.config.fields import Strict
 from sanlab.errors import ConfigError
+from sanlab.registry import rule_words
 
 
 class DecodeConfig(Strict):
@@ -46,5 +47,5 @@ class DecodeConfig(Strict):
                                                                        if v is not None}})
         except ValidationError as err:
             problems = "; ".join("decode" + "".join(f".{part}" for part in e["loc"]) + ": "
-                                 + e["msg"].removeprefix("Value error, ") for e in err.errors())
+                                 + rule_words(e) for e in err.errors())
             raise ConfigError(f"invalid decode settings: {problems}") from None

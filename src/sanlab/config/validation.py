@@ -17,7 +17,7 @@ from sanlab.config.key_paths import known_keys
 from sanlab.config.task_configs import TASKS, TaskConfig
 from sanlab.config_yaml import parse_value, unsupported_values
 from sanlab.errors import ConfigError
-from sanlab.registry import did_you_mean, error_paths
+from sanlab.registry import did_you_mean, error_paths, rule_words
 
 # one TypeAdapter per set of registered tasks (a plug-in's registration adds one)
 _ADAPTERS: dict[tuple, TypeAdapter] = {}
@@ -61,7 +61,7 @@ def validate(raw: dict, *, source: str, origin: Callable[[str], str | None] | No
         for path, e in error_paths(err, raw, root_tag=task):
             loc = ".".join(map(str, path))
             # a rule's own words, without pydantic's "Value error, " before them (decode.py drops it too)
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+            msg = "unknown key" if e["type"] == "extra_forbidden" else rule_words(e)
             if e["type"] == "extra_forbidden":
                 msg += did_you_mean(str(path[-1]), known_keys(raw, path[:-1]))
             if e["type"] == "union_tag_invalid" and not path:  # pydantic's words for an unknown `task:`

@@ -59,7 +59,7 @@ from sanlab.experiments.grid_schema import (  # noqa: F401  (Cell, EvalSpec, Gri
     slug,
 )
 from sanlab.experiments.grid_state import cell_state, config_dict  # noqa: F401  (re-exported for tests)
-from sanlab.registry import did_you_mean
+from sanlab.registry import did_you_mean, rule_words
 from sanlab.runs import check_buildable
 from sanlab.tasks.base import Task, task_for, task_named
 
@@ -84,7 +84,7 @@ def _describe(error: dict, raw: dict, path: Path, schema: type) -> str:
         kind = "variant" if loc[0] == "variants" else "dataset"
         label = f"{kind} {name!r}" if isinstance(name, str) else f"the {kind} without a name"
         where = f"{label} ({loc[0]}[{loc[1]}])" + ("." + ".".join(map(str, loc[2:])) if loc[2:] else "")
-    msg = error["msg"].removeprefix("Value error, ")  # a rule's own words, as config errors give them
+    msg = rule_words(error)  # a rule's own words, as config errors give them
     if error["type"] == "extra_forbidden":
         msg = "unknown key" + did_you_mean(str(loc[-1]), _known_keys(schema, loc[:-1]))
     line = key_line(path, ".".join(map(str, loc)))
