@@ -130,6 +130,21 @@ def test_every_run_says_what_its_cached_corpus_left_out_and_names_its_own_files(
     assert f"{copy / 'train.src'} / {copy / 'train.tgt'}: {kept} pairs, 0.0 MiB in " in out
 
 
+def test_a_side_that_encodes_to_no_tokens_is_counted_as_that_not_as_too_long(tmp_path, cache):
+    """A line of only a zero-width space is not blank (str.strip keeps it) but sentencepiece's normaliser removes
+    it: the pair has no subword tokens on that side and is dropped. The report says so, not 'beyond data.max_len'
+    (it said so, and a corpus with no pair over data.max_len then seemed to have some)."""
+    config = make_reverse_config(tmp_path)
+    lines = (tmp_path / "train.tgt").read_text().splitlines()
+    lines[7] = "\u200b"
+    (tmp_path / "train.tgt").write_text("\n".join(lines) + "\n")
+    said = []
+    data = prepare(config, tmp_path / "run", log=said.append)
+    assert len(data) == 199
+    report = f"{tmp_path / 'train.src'} / {tmp_path / 'train.tgt'}: 199 of 200 pairs kept (1 with a side of no " \
+             "subword tokens, 0 beyond data.max_len 200)"
+    assert report in said
+
 def test_fingerprint_changes_with_the_file_and_only_then(tmp_path, cache):
     config = make_reverse_config(tmp_path)
     spm = prepare(config, tmp_path / "run", log=print).spm

@@ -70,9 +70,10 @@ def _chunks(pairs: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]
 
 
 def encode_into(writer: DatasetWriter, pairs: Iterable[tuple[str, str]], *, src_model: str, tgt_model: str,
-                keep: LengthFilter, workers: int) -> tuple[int, int]:
-    """Encode ``pairs`` and append those ``keep`` accepts to ``writer``; (pairs read, pairs kept).
-    ``workers`` = 1 encodes in this process (no pool to start)."""
+                keep: LengthFilter, workers: int) -> tuple[int, int, int]:
+    """Encode ``pairs`` and append those ``keep`` accepts to ``writer``; (pairs read, pairs kept, pairs with a side
+    of no ids: a line sentencepiece's normaliser empties, such as a zero-width space alone, which ``keep`` drops
+    for that and not for its length). ``workers`` = 1 encodes in this process (no pool to start)."""
     if workers <= 1:
         _load(src_model, tgt_model)
         results = map(_encode, _chunks(pairs))
@@ -101,10 +102,12 @@ def _in_order(pool: ProcessPoolExecutor, chunks: Iterator[list[tuple[str, str]]]
         yield done
 
 
-def _drain(writer: DatasetWriter, results: Iterable[tuple[Encoded, Encoded]], keep: LengthFilter) -> tuple[int, int]:
-    read = kept = 0
+def _drain(writer: DatasetWriter, results: Iterable[tuple[Encoded, Encoded]],
+           keep: LengthFilter) -> tuple[int, int, int]:
+    read = kept = no_ids = 0
     for (src, src_len), (tgt, tgt_len) in results:
         ok = keep.keep(src_len, tgt_len)
         writer.add(src[np.repeat(ok, src_len)], src_len[ok], tgt[np.repeat(ok, tgt_len)], tgt_len[ok])
         read, kept = read + len(ok), kept + int(ok.sum())
-    return read, kept
+        no_ids += int(np.count_nonzero(np.minimum(src_len, tgt_len) == 0))
+    return read, kept, no_ids

@@ -238,13 +238,13 @@ def _encode_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: Subwor
     counts: dict = {}
     try:
         pairs = iter_parallel(corpus.src, corpus.tgt, skip_empty=d.skip_empty, log=lambda _: None, counts=counts)
-        read, kept = encode_into(writer, pairs, src_model=str(spm.src.path), tgt_model=str(spm.tgt.path),
-                                 keep=LengthFilter(max_len=d.max_len, max_ratio=d.max_ratio), workers=workers)
+        read, kept, no_ids = encode_into(writer, pairs, src_model=str(spm.src.path), tgt_model=str(spm.tgt.path),
+                                         keep=LengthFilter(max_len=d.max_len, max_ratio=d.max_ratio), workers=workers)
         if not kept:  # refused before the entry is written: a cached empty corpus would only fail later
             raise no_pair_kept(config, corpus)
         # what a run reusing the entry logs again (corpus_report): the files it was built from, what was dropped
         writer.finish(key=key, extra={"src": str(corpus.src), "tgt": str(corpus.tgt), "read": read, **counts,
-                                      "content": content})
+                                      "no_subword_tokens": no_ids, "content": content})
     except BaseException:
         writer.abort()
         raise
@@ -290,16 +290,20 @@ def _built_from(encoded: BinarizedCorpus, corpus: ParallelFiles) -> BinarizedCor
 
 def corpus_report(config: TranslationConfig, files: ParallelFiles, corpus: BinarizedCorpus) -> str:
     """How many of the files' pairs training reads and why the others are left out (pairs with an empty side,
-    ``data.skip_empty``; longer than ``data.max_len`` or beyond ``data.max_ratio``), from the entry's manifest:
-    said by every run that uses the entry, not only the one that built it. ``files``: the run's own (an entry
-    serves every copy of the same files)."""
+    ``data.skip_empty``; with a side sentencepiece encodes to no tokens; longer than ``data.max_len`` or beyond
+    ``data.max_ratio``), from the entry's manifest: said by every run that uses the entry, not only the one that
+    built it. ``files``: the run's own (an entry serves every copy of the same files)."""
     d, m = config.data, corpus.manifest
     kept, read = len(corpus), m["read"]
     limits = f"data.max_len {d.max_len}" + (f" or data.max_ratio {d.max_ratio}" if d.max_ratio else "")
+    # (an entry built before they were counted apart holds them among those beyond the limits)
+    no_ids = m.get("no_subword_tokens", 0)
+    beyond = (f"{no_ids:,} with a side of no subword tokens, " if no_ids else "") + \
+        f"{read - kept - no_ids:,} beyond {limits}"
     if "lines" not in m:  # an entry built before the counts were kept
-        return f"{files.src} / {files.tgt}: {kept:,} of {read:,} non-empty pairs kept ({read - kept:,} beyond {limits})"
+        return f"{files.src} / {files.tgt}: {kept:,} of {read:,} non-empty pairs kept ({beyond})"
     empty = f"{m['skipped_empty']:,} with an empty side skipped, " if m["skipped_empty"] else ""
-    return f"{files.src} / {files.tgt}: {kept:,} of {m['lines']:,} pairs kept ({empty}{read - kept:,} beyond {limits})"
+    return f"{files.src} / {files.tgt}: {kept:,} of {m['lines']:,} pairs kept ({empty}{beyond})"
 
 
 def encoded_corpus(config: TranslationConfig, corpus: ParallelFiles, spm: SubwordPair, *,
