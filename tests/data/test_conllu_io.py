@@ -140,6 +140,24 @@ def test_empty_file_and_bad_column(tmp_path):
         read_conllu(path, column="deprel")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("encode", [
+    lambda text: text.replace("\n", "\r\n").encode("utf-8"),                 # Windows line ends
+    lambda text: b"\xef\xbb\xbf" + text.encode("utf-8"),                     # a UTF-8 byte-order mark
+    lambda text: text.rstrip("\n").encode("utf-8"),                          # no newline after the last line
+    lambda text: (text + "\n \n\t\n\n").encode("utf-8"),                     # blank lines at the end
+    lambda text: gzip.compress(("\ufeff" + text.replace("\n", "\r\n")).encode("utf-8")),  # all at once, gzipped
+], ids=["crlf", "bom", "no-final-newline", "trailing-blank-lines", "gzip-bom-crlf"])
+def test_line_ends_a_byte_order_mark_and_trailing_blank_lines_read_as_the_plain_file(tmp_path, encode):
+    plain = tmp_path / "plain.conllu"
+    plain.write_text(GOOD, encoding="utf-8")
+    other = tmp_path / "other.conllu.gz"
+    other.write_bytes(encode(GOOD))
+    if not other.read_bytes().startswith(b"\x1f\x8b"):
+        other = other.rename(tmp_path / "other.conllu")
+    assert read_conllu(other) == read_conllu(plain)
+    assert read_conllu(other, column="xpos") == read_conllu(plain, column="xpos")
+
+
 def test_write_then_read_round_trip(tmp_path):
     sentences = [
         TaggedSentence(("Tom", "runs", "fast", "!"), ("PROPN", "VERB", "ADV", "PUNCT")),
