@@ -460,3 +460,19 @@ def test_the_direction_of_a_row_without_any_test_is_not_called_not_significant(t
     assert better.tests == () and better.seeds_test is None and better.delta == pytest.approx(10.0)
     assert section.direction(better) == "untested"
     assert "| 60.00 | +10.00 |  | — | — | 93.00 | +0.60 | untested |" in "\n".join(section_markdown(section))
+
+
+def test_the_csv_p_values_are_not_rounded_onto_a_threshold(tmp_path):
+    # with 10,000 resamples p = 500/10001 = 0.049995 is below 0.05 (the row is marked ↑), but 4 significant
+    # digits wrote it as 0.05, and the CSV is where the table sends a reader for every p-value
+    grid = _hand_grid(tmp_path)
+    flags = [[True, False]] * 10
+    results = {(v, 1): CellResult(v, 1, scores={"all": 50.0}, evidence=flags) for v in ("base", "better")}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better = section.rows[:2]
+    test = replace(better.tests[0], p_value=500 / 10001, delta=1.0, mark="↑")
+    row = replace(better, tests=(test,), mark="↑", mark_support=1)
+    lines = list(csv.DictReader(io.StringIO(render_csv(Report(title="t", header={}, sections=(
+        replace(section, rows=(base, row)),))))))
+    p = lines[1]["p_values"].removeprefix("seed 1: ")
+    assert float(p) < 0.05 and float(p) == pytest.approx(500 / 10001)

@@ -296,7 +296,8 @@ def render_csv(report: Report) -> str:
             "seeds_failed", "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions",
             "speed_seeds"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
-    # p_values: "seed 0: 0.001; seed 1: 0.03"
+    # p_values: "seed 0: 0.000999000999000999; seed 1: 0.03": unrounded, as every other number here (4 significant
+    # digits wrote 500/10001 = 0.049995, marked ↑, as 0.05)
     head += ["delta", "mark", "mark_support", "tests", "p_values", "seeds_test_mark", "seeds_test_p"]
     head += [f"paper {c}" for c in paper]
     head += ["paper_delta_column", "paper_delta", "direction", "note", "problem"]
@@ -311,7 +312,7 @@ def render_csv(report: Report) -> str:
             for m in metrics:
                 stat = r.scores.get(m, Stat())
                 line += [stat.mean, stat.sd, stat.n]
-            line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value:.4g}" for t in r.tests)]
+            line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value!r}" for t in r.tests)]
             line += [r.seeds_test.mark, r.seeds_test.p_value] if r.seeds_test else [None, None]
             line += [r.paper.get(c) for c in paper]
             line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or "", r.problem or ""]
