@@ -19,7 +19,8 @@ from sanlab.experiments import cells as cells_module
 from sanlab.experiments.cells import CellResult, speed_conditions
 from sanlab.experiments.compare import build_report, build_section, majority_mark, paired_test
 from sanlab.experiments.grid import load_grid
-from sanlab.experiments.tables import Report, Stat, format_stat, render_csv, render_markdown, section_markdown
+from sanlab.experiments.tables import (Report, SeedsTest, Stat, format_stat, render_csv, render_markdown,
+                                      section_markdown)
 
 from compare_fixtures import TAGGER, write
 
@@ -460,6 +461,10 @@ def test_the_direction_of_a_row_without_any_test_is_not_called_not_significant(t
     assert better.tests == () and better.seeds_test is None and better.delta == pytest.approx(10.0)
     assert section.direction(better) == "untested"
     assert "| 60.00 | +10.00 |  | — | — | 93.00 | +0.60 | untested |" in "\n".join(section_markdown(section))
+    # three seeds a side with none shared: the seeds test ran and decides
+    seeds = SeedsTest(seeds=(4, 5, 6), baseline_seeds=(1, 2, 3), delta=10.0, p_value=0.01, mark="↑")
+    assert section.direction(replace(better, seeds_test=seeds)) == "same"
+    assert section.direction(replace(better, seeds_test=replace(seeds, mark=""))) == "n.s."
 
 
 def test_the_csv_p_values_are_not_rounded_onto_a_threshold(tmp_path):
