@@ -19,7 +19,8 @@ from sanlab.experiments import cells as cells_module
 from sanlab.experiments.cells import CellResult, speed_conditions
 from sanlab.experiments.compare import build_report, build_section, majority_mark, paired_test
 from sanlab.experiments.grid import load_grid
-from sanlab.experiments.tables import Report, Stat, format_stat, render_csv, render_markdown, section_markdown
+from sanlab.experiments.tables import (Report, SeedsTest, Stat, format_stat, render_csv, render_markdown,
+                                      section_markdown)
 
 from compare_fixtures import TAGGER, write
 
@@ -428,3 +429,55 @@ def test_the_tables_never_replace_a_users_files_in_runs_dir(tmp_path):
     assert json.loads((tmp_path / "table.json").read_text())["title"] == "t"
     write_report(replace(report, title="again"), tmp_path)  # its own tables: replaced
     assert json.loads((tmp_path / "table.json").read_text())["title"] == "again"
+
+
+@pytest.mark.parametrize("p, shown", [(0.004, "p = 0.004"), (0.0496, "p = 0.0496"), (0.0099, "p = 0.0099"),
+                                      (0.14, "p = 0.14"), (1.0, "p = 1.00")])
+def test_an_unmarked_seeds_test_p_is_never_rounded_to_zero_or_onto_a_threshold(tmp_path, p, shown):
+    # two seeds a side give the seeds test's p but no mark: 0.004 printed as "p = 0.00" claimed an impossible p
+    # (a bootstrap's smallest is 1/(B+1)), and 0.0496 as "p = 0.05" hid that it is below 0.05
+    grid = _hand_grid(tmp_path)
+    flags = [[True, False]] * 10
+    results = {(v, s): CellResult(v, s, scores={"all": 50.0}, evidence=flags) for v in ("base", "better") for s in (1, 2)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    better = section.rows[1]
+    assert better.seeds_test is not None and better.seeds_test.mark == ""
+    row = replace(better, seeds_test=replace(better.seeds_test, p_value=p))
+    line = next(line for line in section_markdown(replace(section, rows=(section.rows[0], row)))
+                if line.startswith("| better |"))
+    assert f"| {shown} |" in line
+
+
+def test_the_direction_of_a_row_without_any_test_is_not_called_not_significant(tmp_path):
+    # the variant's only seed is not one the baseline has: no paired test ran, and no seeds test (one seed a
+    # side), so nothing was found not significant; the table said "n.s."
+    grid = _hand_grid(tmp_path)
+    flags = [[True, False]] * 10
+    results = {("base", 1): CellResult("base", 1, scores={"all": 50.0}, evidence=flags),
+               ("better", 2): CellResult("better", 2, scores={"all": 60.0}, evidence=flags)}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    better = replace(section.rows[1], paper={"All": 93.0})
+    section = replace(section, rows=(section.rows[0], better))
+    assert better.tests == () and better.seeds_test is None and better.delta == pytest.approx(10.0)
+    assert section.direction(better) == "untested"
+    assert "| 60.00 | +10.00 |  | — | — | 93.00 | +0.60 | untested |" in "\n".join(section_markdown(section))
+    # three seeds a side with none shared: the seeds test ran and decides
+    seeds = SeedsTest(seeds=(4, 5, 6), baseline_seeds=(1, 2, 3), delta=10.0, p_value=0.01, mark="↑")
+    assert section.direction(replace(better, seeds_test=seeds)) == "same"
+    assert section.direction(replace(better, seeds_test=replace(seeds, mark=""))) == "n.s."
+
+
+def test_the_csv_p_values_are_not_rounded_onto_a_threshold(tmp_path):
+    # with 10,000 resamples p = 500/10001 = 0.049995 is below 0.05 (the row is marked ↑), but 4 significant
+    # digits wrote it as 0.05, and the CSV is where the table sends a reader for every p-value
+    grid = _hand_grid(tmp_path)
+    flags = [[True, False]] * 10
+    results = {(v, 1): CellResult(v, 1, scores={"all": 50.0}, evidence=flags) for v in ("base", "better")}
+    section = build_section(grid, dataset=None, results=results, references=None)
+    base, better = section.rows[:2]
+    test = replace(better.tests[0], p_value=500 / 10001, delta=1.0, mark="↑")
+    row = replace(better, tests=(test,), mark="↑", mark_support=1)
+    lines = list(csv.DictReader(io.StringIO(render_csv(Report(title="t", header={}, sections=(
+        replace(section, rows=(base, row)),))))))
+    p = lines[1]["p_values"].removeprefix("seed 1: ")
+    assert float(p) < 0.05 and float(p) == pytest.approx(500 / 10001)

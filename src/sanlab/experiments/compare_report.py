@@ -353,7 +353,7 @@ def build_report(grid: Grid, *, command: str) -> Report:
           else ()),
         *((f"direction: whether our significant result points the way of the paper's Δ, by the arrow of the mark "
            f"that decides (the seeds test with {SEEDS_FOR_A_MARK}+ seeds a side, else sig.): same / opposite; n.s. "
-           "when neither marks; "
+           "when neither marks; untested when that test did not run (no seed shared with the baseline); "
            f"paper ≈ 0 when the paper's Δ is below {PAPER_DELTA_FLOOR} (no sign to agree with). A direction, not "
            "a reproduction of the size.",) if any(s.paper_delta_column for s in sections) else ()),
         *grid.kind.legend,

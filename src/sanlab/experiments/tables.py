@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sanlab.errors import ConfigError
+from sanlab.evaluation.significance import p_text
 from sanlab.files import read_json, write_text
 
 # A paper's own Δ smaller than this (in points of BLEU or accuracy) is read as no effect: there is no
@@ -145,8 +146,9 @@ class Section:
         when ours is not significant (the seeds test decides where it can mark, i.e. with
         ``SEEDS_FOR_A_MARK`` seeds a side, else the per-seed majority mark). The mark that decides gives the
         way, not Δ: a mean over unpaired seeds can have the other sign than the paired tests' majority;
-        ``paper ≈ 0`` when the paper's own Δ is below ``PAPER_DELTA_FLOOR`` (no sign to agree with);
-        ``""`` if either Δ is missing."""
+        ``untested`` when the test that would decide did not run (no seed shared with the baseline): nothing
+        was found not significant; ``paper ≈ 0`` when the paper's own Δ is below ``PAPER_DELTA_FLOOR`` (no
+        sign to agree with); ``""`` if either Δ is missing."""
         paper = self.paper_delta(row)
         if paper is None or row.delta is None:
             return ""
@@ -154,6 +156,8 @@ class Section:
             return "paper ≈ 0"
         seeds = row.seeds_test
         decides = seeds is not None and min(len(seeds.seeds), len(seeds.baseline_seeds)) >= SEEDS_FOR_A_MARK
+        if not decides and not row.tests:
+            return "untested"
         significant = seeds.mark if decides else row.mark
         if not significant:
             return "n.s."
@@ -191,11 +195,20 @@ def format_mark(row: Row) -> str:
     return row.mark + (f" {row.mark_support}/{len(row.tests)}" if len(row.tests) > 1 else "")
 
 
+def _p_short(p_value: float) -> str:
+    """p with 2 decimals, or ``p_text``'s digits where 2 would round it to 0 (no bootstrap gives p = 0) or onto
+    a threshold of the marks (0.0496 is below 0.05: "0.05" would say it is not)."""
+    text = f"{p_value:.2f}"
+    if float(text) == 0 or any(p_value < threshold <= float(text) for threshold in (0.01, 0.05)):
+        return p_text(p_value)
+    return text
+
+
 def _seeds_mark(row: Row) -> str:
     test = row.seeds_test
     if test is None:
         return ""
-    return test.mark or f"p = {test.p_value:.2f}"
+    return test.mark or f"p = {_p_short(test.p_value)}"
 
 
 def _params(row: Row) -> tuple[str, str]:
@@ -283,7 +296,8 @@ def render_csv(report: Report) -> str:
             "seeds_failed", "steps_per_s", "steps_per_s_delta", "tokens_per_s", "speed_conditions",
             "speed_seeds"]
     head += [f"{m}_{x}" for m in metrics for x in ("mean", "sd", "n")]
-    # p_values: "seed 0: 0.001; seed 1: 0.03"
+    # p_values: "seed 0: 0.000999000999000999; seed 1: 0.03": unrounded, as every other number here (4 significant
+    # digits wrote 500/10001 = 0.049995, marked ↑, as 0.05)
     head += ["delta", "mark", "mark_support", "tests", "p_values", "seeds_test_mark", "seeds_test_p"]
     head += [f"paper {c}" for c in paper]
     head += ["paper_delta_column", "paper_delta", "direction", "note", "problem"]
@@ -298,7 +312,7 @@ def render_csv(report: Report) -> str:
             for m in metrics:
                 stat = r.scores.get(m, Stat())
                 line += [stat.mean, stat.sd, stat.n]
-            line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value:.4g}" for t in r.tests)]
+            line += [r.delta, r.mark, r.mark_support, len(r.tests), "; ".join(f"seed {t.seed}: {t.p_value!r}" for t in r.tests)]
             line += [r.seeds_test.mark, r.seeds_test.p_value] if r.seeds_test else [None, None]
             line += [r.paper.get(c) for c in paper]
             line += [s.paper_delta_column, s.paper_delta(r), s.direction(r), r.note or "", r.problem or ""]
