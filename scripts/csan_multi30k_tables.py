@@ -192,7 +192,8 @@ def main_rows(c: Cells, old_rows: list[str]) -> list[str]:
             f"| {v}, {len(r['seeds_done'])} seeds vs vanilla, {len(van['seeds_done'])} seeds | "
             f"{params[v] - params['vanilla']:+,} | {bleu['mean']:.2f} ± {bleu['sd']:.2f} vs "
             f"{van['scores']['BLEU']['mean']:.2f} ± {van['scores']['BLEU']['sd']:.2f} | {r['delta']:+.2f} | "
-            f"– (seed-level bootstrap p = {p_prose(r['seeds_test']['p_value'], digits=2)}; per seed {marks}) | {chrf['mean']:.2f} vs "
+            f"{r['seeds_test']['mark'] or '–'} (seed-level bootstrap p = {p_prose(r['seeds_test']['p_value'], digits=2)}; "
+            f"per seed {marks}) | {chrf['mean']:.2f} vs "
             f"{van['scores']['chrF']['mean']:.2f} | {dev} vs {van_dev} | | {paper.get(v, '')} |"))
     return rows
 

@@ -207,6 +207,20 @@ def test_every_one_run_row_quotes_its_cell(evaluated):
         assert params == expected, label
 
 
+def test_every_seeds_row_quotes_the_compare_tables_seed_level_test():
+    """A row over several seeds ("CNNs, 3 seeds vs vanilla, 3 seeds") gives the compare table's seed-level
+    bootstrap: its mark (↑ where the table has one; it said – for CNNs' p = 0.03 ↑) and its p."""
+    table = read_json(ROOT / "results" / "compare" / "csan-table1-multi30k" / "table.json")
+    seeds_tests = {row["variant"]: row["seeds_test"] for section in table["sections"] for row in section["rows"]
+                   if row.get("seeds_test")}
+    rows = [row for row in main_table() if run_of(row[0]) is None]
+    assert rows, "the main table has no row over several seeds"
+    for label, _params, _bleu, _delta, sig, *_ in rows:
+        test = seeds_tests[label.split(",")[0]]
+        assert sig.split()[0] == (test["mark"] or "–"), label
+        assert re.search(r"seed-level bootstrap p = ([\d.]+)", sig)[1] == f"{test['p_value']:.2f}", label
+
+
 def analyses_script():
     if str(ROOT / "scripts") not in sys.path:  # (it imports its neighbours by name, as when run from there)
         sys.path.insert(0, str(ROOT / "scripts"))
