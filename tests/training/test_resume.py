@@ -769,3 +769,23 @@ def test_a_cpu_run_resumed_on_a_gpu_says_its_dropout_draws_start_anew():
     state = {"torch": torch.get_rng_state(), "python": __import__("random").getstate()}
     assert set_rng_state(state, torch.device("cpu")) is None
     assert "written by a run on the CPU and this run computes on cuda:0" in set_rng_state(state, torch.device("cuda", 0))
+
+
+def test_a_run_checkpoint_named_by_its_step_is_read_only_with_its_meta_json(tmp_path, tiny_translation):
+    """``--checkpoint step-N`` reads one of the run's own checkpoints: its meta.json damaged, the error says to move
+    the checkpoint away (as resuming and averaging do), not to delete the file; deleted, the weights are not loaded
+    unchecked (their checksums are in it), whatever their bytes."""
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64  # a readable file: only the checksum in meta.json tells
+    weights.write_bytes(bytes(data))
+    (newest / "meta.json").write_text('{"step": 2, "sco')
+    for damaged in ("not valid JSON", "checkpoint without meta.json"):
+        for name in ("step-2", str(newest)):
+            with pytest.raises(ConfigError, match=f"{newest}.*{damaged}.*move step-00000002 out of "):
+                load_trained(run, checkpoint=name)
+        (newest / "meta.json").unlink(missing_ok=True)
+
