@@ -789,3 +789,24 @@ def test_a_run_checkpoint_named_by_its_step_is_read_only_with_its_meta_json(tmp_
                 load_trained(run, checkpoint=name)
         (newest / "meta.json").unlink(missing_ok=True)
 
+
+def test_a_meta_json_whose_checksums_were_emptied_does_not_load_damaged_files_unchecked(tmp_path, tiny_translation):
+    """Checkpoints written before checksums existed have no "sha256" at all and load unchecked; sanlab never writes
+    an empty one, so ``"sha256": {}`` is an edit that would let damaged weights and state load silently."""
+    from sanlab.runs import average_run
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights, meta_path = newest / "model.safetensors", newest / "meta.json"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64
+    weights.write_bytes(bytes(data))
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "sha256": {}}))
+    said = f"{meta_path}: damaged: \"sha256\" records no checksum of model.safetensors"
+    for load in (lambda: load_trained(run, checkpoint="last"), lambda: average_run(run, last=1)):
+        with pytest.raises(ConfigError, match=said):
+            load()
+    with pytest.raises(ConfigError, match=f"{meta_path}: damaged: \"sha256\" records no checksum of state.pt"):
+        load_state_of(newest)
+

@@ -89,8 +89,9 @@ def verify(path: Path) -> None:
         raise DamagedCheckpoint(str(err)) from None
     recorded = _checked_sha256(meta, meta_path)
     expected = recorded.get(path.name)
-    if recorded and expected is None and path.name in CHECKSUMMED and path.exists():
-        # sanlab records every file it wrote: one left out was edited away, and would load unchecked
+    if "sha256" in meta and expected is None and path.name in CHECKSUMMED and path.exists():
+        # sanlab records every file it wrote: one left out (or all of them: an empty "sha256", which sanlab never
+        # writes) was edited away, and would load unchecked. Only a meta.json without the key predates checksums.
         raise DamagedCheckpoint(f"{meta_path}: damaged: \"sha256\" records no checksum of {path.name}, which sanlab "
                                 "writes with the others")
     if expected is not None and path.exists() and file_sha256(path) != expected:
