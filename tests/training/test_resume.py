@@ -810,3 +810,28 @@ def test_a_meta_json_whose_checksums_were_emptied_does_not_load_damaged_files_un
     with pytest.raises(ConfigError, match=f"{meta_path}: damaged: \"sha256\" records no checksum of state.pt"):
         load_state_of(newest)
 
+
+def test_a_checkpoint_file_that_cannot_be_read_is_named_not_a_traceback(tmp_path, tiny_translation, monkeypatch):
+    """A model.safetensors or state.pt that cannot even be opened to check its checksum (a directory in its place;
+    for another user, a file without read permission, stood in for here: the tests may run as root) is a
+    DamagedCheckpoint naming it, when averaging as when loading."""
+    from sanlab.runs import average_run
+    from sanlab.training import checkpoint
+    from sanlab.training.checkpoint import DamagedCheckpoint
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights = newest / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()
+    with pytest.raises(DamagedCheckpoint, match=f"{weights}: damaged, not a readable"):
+        average_run(run, last=1)
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoint, "file_sha256", unreadable)
+    with pytest.raises(DamagedCheckpoint, match=f"{newest / 'state.pt'}: damaged, cannot be read "
+                                                "\\(PermissionError: .*Permission denied"):
+        load_state_of(newest)
