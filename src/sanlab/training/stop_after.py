@@ -24,7 +24,8 @@ UNITS = {"s": 1, "m": 60, "h": 3600}
 # what a session that stopped early (the limit, Ctrl-C) says to do next: under --overwrite "the same command" would
 # empty the run and start it again, losing every session's training
 RERUN = "rerun the same command to resume"
-RERUN_WITHOUT_OVERWRITE = "rerun the command without --overwrite to resume (with it, the run starts again from update 0)"
+RERUN_WITHOUT_OVERWRITE = ("rerun the command without --overwrite to resume (with it, the run starts again from "
+                           "update 0)")
 
 
 def rerun_advice(*, overwrite: bool) -> str:
