@@ -80,6 +80,9 @@ def test_compare_stop_after_help_says_how_the_invocation_ends(capsys):
 
 @pytest.mark.parametrize("argv, said", [
     (["train", "c.yaml", "--run", "r"], "sanlab train: interrupted; rerun the same command to resume\n"),
+    (["train", "c.yaml", "--run", "r", "--overwrite"],  # the same command would empty the run and start it again
+     "sanlab train: interrupted; rerun the command without --overwrite to resume (with it, the run starts again "
+     "from update 0)\n"),
     (["compare", "g.yaml"], "sanlab compare: interrupted; rerun the same command to resume\n"),
     (["evaluate", "--run", "r"], "sanlab evaluate: interrupted\n"),
     (["translate", "--run", "r"], "sanlab translate: interrupted\n")])

@@ -45,9 +45,10 @@ def _cmd_train(args) -> int:
         return 0
     if args.run is None:
         raise SanlabError("--run DIR is required (where checkpoints, logs and vocabularies go)")
-    from sanlab.training.stop_after import DEADLINE_ENV, StopAfter
+    from sanlab.training.stop_after import DEADLINE_ENV, StopAfter, rerun_advice
 
-    stop_after = None if args.stop_after is None else StopAfter.starting(args.stop_after, args.started)
+    stop_after = None if args.stop_after is None else StopAfter.starting(
+        args.stop_after, args.started, rerun=rerun_advice(overwrite=args.overwrite))
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         # the workers' limit counts from this command's start, not from theirs
         with invocation.environment_variable(DEADLINE_ENV, None if stop_after is None else repr(stop_after.stop_at())):
@@ -378,7 +379,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if not launched():  # (a worker of `train --nproc`: its launcher says it, once for all)
             # only a run and a grid go on from where they stopped; the other commands start again
-            again = "; rerun the same command to resume" if args.command in ("train", "compare") else ""
+            from sanlab.training.stop_after import rerun_advice
+
+            again = (f"; {rerun_advice(overwrite=getattr(args, 'overwrite', False))}"
+                     if args.command in ("train", "compare") else "")
             print(f"sanlab {args.command}: interrupted{again}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of standard output went away (`sanlab translate ... | head`): stop quietly

@@ -769,3 +769,69 @@ def test_a_cpu_run_resumed_on_a_gpu_says_its_dropout_draws_start_anew():
     state = {"torch": torch.get_rng_state(), "python": __import__("random").getstate()}
     assert set_rng_state(state, torch.device("cpu")) is None
     assert "written by a run on the CPU and this run computes on cuda:0" in set_rng_state(state, torch.device("cuda", 0))
+
+
+def test_a_run_checkpoint_named_by_its_step_is_read_only_with_its_meta_json(tmp_path, tiny_translation):
+    """``--checkpoint step-N`` reads one of the run's own checkpoints: its meta.json damaged, the error says to move
+    the checkpoint away (as resuming and averaging do), not to delete the file; deleted, the weights are not loaded
+    unchecked (their checksums are in it), whatever their bytes."""
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64  # a readable file: only the checksum in meta.json tells
+    weights.write_bytes(bytes(data))
+    (newest / "meta.json").write_text('{"step": 2, "sco')
+    for damaged in ("not valid JSON", "checkpoint without meta.json"):
+        for name in ("step-2", str(newest)):
+            with pytest.raises(ConfigError, match=f"{newest}.*{damaged}.*move step-00000002 out of "):
+                load_trained(run, checkpoint=name)
+        (newest / "meta.json").unlink(missing_ok=True)
+
+
+def test_a_meta_json_whose_checksums_were_emptied_does_not_load_damaged_files_unchecked(tmp_path, tiny_translation):
+    """Checkpoints written before checksums existed have no "sha256" at all and load unchecked; sanlab never writes
+    an empty one, so ``"sha256": {}`` is an edit that would let damaged weights and state load silently."""
+    from sanlab.runs import average_run
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights, meta_path = newest / "model.safetensors", newest / "meta.json"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64
+    weights.write_bytes(bytes(data))
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "sha256": {}}))
+    said = f"{meta_path}: damaged: \"sha256\" records no checksum of model.safetensors"
+    for load in (lambda: load_trained(run, checkpoint="last"), lambda: average_run(run, last=1)):
+        with pytest.raises(ConfigError, match=said):
+            load()
+    with pytest.raises(ConfigError, match=f"{meta_path}: damaged: \"sha256\" records no checksum of state.pt"):
+        load_state_of(newest)
+
+
+def test_a_checkpoint_file_that_cannot_be_read_is_named_not_a_traceback(tmp_path, tiny_translation, monkeypatch):
+    """A model.safetensors or state.pt that cannot even be opened to check its checksum (a directory in its place;
+    for another user, a file without read permission, stood in for here: the tests may run as root) is a
+    DamagedCheckpoint naming it, when averaging as when loading."""
+    from sanlab.runs import average_run
+    from sanlab.training import checkpoint
+    from sanlab.training.checkpoint import DamagedCheckpoint
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    newest = run / "checkpoints" / "step-00000002"
+    weights = newest / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()
+    with pytest.raises(DamagedCheckpoint, match=f"{weights}: damaged, not a readable"):
+        average_run(run, last=1)
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoint, "file_sha256", unreadable)
+    with pytest.raises(DamagedCheckpoint, match=f"{newest / 'state.pt'}: damaged, cannot be read "
+                                                "\\(PermissionError: .*Permission denied"):
+        load_state_of(newest)

@@ -173,6 +173,24 @@ def test_the_command_says_where_it_stopped_exits_0_and_a_rerun_without_the_limit
     assert capsys.readouterr().out.startswith("done: step 6, best bleu ")
 
 
+def test_a_session_cut_under_overwrite_says_to_rerun_without_it(tmp_path, tiny_translation, clock, capsys):
+    """"rerun the same command to resume" after `train --overwrite --stop-after`: the same command empties the run
+    and starts it again, and every session's training is lost. The stop says to rerun it without --overwrite, on
+    the console and in train.log, and that resumes."""
+    from sanlab.cli import main
+    from sanlab.config import dump_config
+
+    recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(dump_config(tiny_translation(max_steps=6, valid_every=4, log_every=5)))
+    assert main(["train", str(recipe), "--run", str(run), "--quiet", "--overwrite", "--stop-after", "3s"]) == 0
+    said = "rerun the command without --overwrite to resume (with it, the run starts again from update 0)"
+    assert capsys.readouterr().out.rstrip().endswith(said)
+    assert (run / "train.log").read_text().rstrip().endswith(said)
+    clock()
+    assert main(["train", str(recipe), "--run", str(run), "--quiet"]) == 0
+    assert "resumed from" in (run / "train.log").read_text()
+
+
 @pytest.mark.parametrize("max_steps, said", [
     (8, "update 4 of 8"),  # 8 updates come before 2 epochs' 12
     (12, "update 4 of 12"),  # both with update 12: train.max_steps, as the run's end says

@@ -15,7 +15,7 @@ from sanlab.errors import ConfigError
 from sanlab.files import dangling_link, read_json, write_json
 from sanlab.training.checkpoint import (
     META, STEP_PREFIX, WEIGHTS, CheckpointManager, check_checkpoints_link, check_vocabulary, checkpoint_names,
-    load_weights, step_name,
+    is_step_name, load_weights, read_meta, step_name,
 )
 from sanlab.training.layout import RunLayout
 from sanlab.runs.resume import load_run_config, refuse_changed_scored_files
@@ -56,6 +56,10 @@ def select_checkpoint(run_dir: Path, which: str, config: Config) -> Path:
                               "directory")
     if which in ("best", "last") and not path.is_dir():
         raise FileNotFoundError(f"{path} was removed")  # (as above: pruned between the two looks)
+    if is_step_name(path.name) and layout.name_in_run(path) == f"{layout.checkpoints.name}/{path.name}":
+        # one of the run's own checkpoints (by step-N or by path): its meta.json damaged or deleted is named with
+        # what to do, as when resuming; without it, its weights would load unchecked (their checksums are in it)
+        read_meta(path)
     if not (path / WEIGHTS).exists():
         hint = f" (run `sanlab average --run {run_dir} --last N` first)" if which == "averaged" else ""
         raise ConfigError(f"{path}: no {WEIGHTS} in this checkpoint directory{hint}")

@@ -89,8 +89,9 @@ def verify(path: Path) -> None:
         raise DamagedCheckpoint(str(err)) from None
     recorded = _checked_sha256(meta, meta_path)
     expected = recorded.get(path.name)
-    if recorded and expected is None and path.name in CHECKSUMMED and path.exists():
-        # sanlab records every file it wrote: one left out was edited away, and would load unchecked
+    if "sha256" in meta and expected is None and path.name in CHECKSUMMED and path.exists():
+        # sanlab records every file it wrote: one left out (or all of them: an empty "sha256", which sanlab never
+        # writes) was edited away, and would load unchecked. Only a meta.json without the key predates checksums.
         raise DamagedCheckpoint(f"{meta_path}: damaged: \"sha256\" records no checksum of {path.name}, which sanlab "
                                 "writes with the others")
     if expected is not None and path.exists() and file_sha256(path) != expected:
@@ -385,8 +386,8 @@ def _delete_tree(path: Path) -> None:
 def read_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The tensors of ``checkpoint``/model.safetensors (for averaging); an unreadable file is a one-line error."""
     path = Path(checkpoint) / WEIGHTS
-    verify(path)
     try:
+        verify(path)  # (inside: a file that cannot be opened to hash it is unreadable, not a traceback)
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise _unreadable(path, err) from None
@@ -423,10 +424,12 @@ def load_state(checkpoint: Path) -> dict:
     path = Path(checkpoint) / STATE
     if not path.is_file():
         raise DamagedCheckpoint(f"{path}: missing: the checkpoint cannot be resumed from (its weights still load)")
-    verify(path)
     try:
+        verify(path)  # (inside: a file that cannot be opened to hash it is unreadable, as for torch.load)
         # on the CPU: a state written on a GPU (optimizer moments on cuda) must load on a machine without one;
         # the optimizer moves it to its parameters' device
         return torch.load(path, weights_only=True, map_location="cpu")
+    except DamagedCheckpoint:
+        raise
     except Exception as err:  # noqa: BLE001  (damage shows as RuntimeError, UnpicklingError, KeyError, EOFError...)
         raise DamagedCheckpoint(f"{path}: damaged, cannot be read ({type(err).__name__}: {err})") from None

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 # `sanlab train --nproc N`, converted to their time.monotonic() on arrival
 DEADLINE_ENV = "SANLAB_STOP_AT"
 UNITS = {"s": 1, "m": 60, "h": 3600}
+# what a session that stopped early (the limit, Ctrl-C) says to do next: under --overwrite "the same command" would
+# empty the run and start it again, losing every session's training
+RERUN = "rerun the same command to resume"
+RERUN_WITHOUT_OVERWRITE = ("rerun the command without --overwrite to resume (with it, the run starts again from "
+                           "update 0)")
+
+
+def rerun_advice(*, overwrite: bool) -> str:
+    """How to resume a ``sanlab train`` session that stopped early, for a command given ``--overwrite`` or not."""
+    return RERUN_WITHOUT_OVERWRITE if overwrite else RERUN
 _DURATION = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([smh])")
 
 
@@ -55,29 +65,30 @@ class StopAfter:
 
     text: str
     deadline_mono: float
+    rerun: str = RERUN  # how the stop message says to resume (``rerun_advice``)
 
     @classmethod
-    def starting(cls, text: str, started: float | None = None) -> StopAfter:
+    def starting(cls, text: str, started: float | None = None, *, rerun: str = RERUN) -> StopAfter:
         """The limit ``text`` counted from ``started`` (a time.monotonic() reading; default now). In a worker of
         ``sanlab train --nproc`` the launcher's deadline, which counts from the launcher's start."""
         seconds = parse_duration(text)
         inherited = os.environ.get(DEADLINE_ENV) if "WORLD_SIZE" in os.environ else None
         if inherited:
-            return cls.arriving(text, float(inherited))
-        return cls(text, (time.monotonic() if started is None else started) + seconds)
+            return cls.arriving(text, float(inherited), rerun)
+        return cls(text, (time.monotonic() if started is None else started) + seconds, rerun)
 
     @classmethod
-    def arriving(cls, text: str, stop_at: float) -> StopAfter:
+    def arriving(cls, text: str, stop_at: float, rerun: str = RERUN) -> StopAfter:
         """The limit another process handed over as a wall-clock time (``stop_at``, time.time()), converted here
         once: the wall clock moving later moves it no more."""
-        return cls(text, time.monotonic() + (stop_at - time.time()))
+        return cls(text, time.monotonic() + (stop_at - time.time()), rerun)
 
     def stop_at(self) -> float:
         """The deadline as a wall-clock time (time.time()), to hand to another process (``arriving`` there)."""
         return time.time() + (self.deadline_mono - time.monotonic())
 
     def __reduce__(self):  # pickled to a spawned process (``sanlab compare --jobs``): by the wall clock, as above
-        return StopAfter.arriving, (self.text, self.stop_at())
+        return StopAfter.arriving, (self.text, self.stop_at(), self.rerun)
 
     def reached(self) -> bool:
         return self.reached_after() is not None
@@ -103,7 +114,7 @@ class StopAfter:
         from sanlab.training.logging import duration  # (tqdm: not imported where the command line is parsed)
 
         return (f"--stop-after {self.text} reached at {where}, {duration(since_start)} after the command started "
-                f"({duration(training)} of them training); rerun the same command to resume")
+                f"({duration(training)} of them training); {self.rerun}")
 
 
 def stopped_at(step: int, *, max_steps: int, epochs: tuple[int, int] | None = None) -> str:
