@@ -825,13 +825,43 @@ def test_a_checkpoint_file_that_cannot_be_read_is_named_not_a_traceback(tmp_path
     weights = newest / "model.safetensors"
     weights.unlink()
     weights.mkdir()
-    with pytest.raises(DamagedCheckpoint, match=f"{weights}: damaged, not a readable"):
+    with pytest.raises(DamagedCheckpoint, match=f"{weights}: cannot be read \\(IsADirectoryError"):
         average_run(run, last=1)
 
     def unreadable(path):
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(checkpoint, "file_sha256", unreadable)
-    with pytest.raises(DamagedCheckpoint, match=f"{newest / 'state.pt'}: damaged, cannot be read "
+    with pytest.raises(DamagedCheckpoint, match=f"{newest / 'state.pt'}: cannot be read "
                                                 "\\(PermissionError: .*Permission denied"):
         load_state_of(newest)
+
+
+@pytest.mark.parametrize("file_name", ["state.pt", "model.safetensors"])
+def test_a_resume_that_cannot_read_the_newest_checkpoint_stops_and_deletes_nothing(tmp_path, tiny_translation,
+                                                                                   monkeypatch, file_name):
+    """A file the operating system will not let us read (permissions, an I/O error; stood in for here, as the
+    tests may run as root) is not known to be damaged: resuming from an older checkpoint would delete the newest
+    (``discard_after``) and redo its updates. The resume stops naming the file, and every checkpoint stays."""
+    from sanlab.training import checkpoint
+    from sanlab.training.checkpoint import UnreadableCheckpoint
+
+    run = tmp_path / "run"
+    train_run(tiny_translation(max_steps=2, valid_every=1), run, quiet=True)
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    newest = run / "checkpoints" / "step-00000002"
+    real_sha256 = checkpoint.file_sha256
+
+    def unreadable(path):
+        if path == newest / file_name:
+            raise OSError(5, "Input/output error", str(path))
+        return real_sha256(path)
+
+    monkeypatch.setattr(checkpoint, "file_sha256", unreadable)
+    with pytest.raises(UnreadableCheckpoint, match=f"{newest / file_name}: cannot be read \\(OSError: .*Input/output "
+                                                   "error.*nothing was deleted"):
+        train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    monkeypatch.setattr(checkpoint, "file_sha256", real_sha256)
+    summary = train_run(tiny_translation(max_steps=4, valid_every=1), run, quiet=True)  # readable again: resumes
+    assert summary["step"] == 4 and "(step 2," in (run / "train.log").read_text().split("resumed from")[-1]

@@ -44,6 +44,15 @@ class DamagedCheckpoint(ConfigError):
     """A checkpoint file that is missing, unreadable or not what was written (its checksum differs)."""
 
 
+class UnreadableCheckpoint(DamagedCheckpoint):
+    """A checkpoint file the operating system would not let us read (permissions, an I/O error, a directory in its
+    place): not known to be damaged, so a resume stops at it instead of skipping it (and deleting it after)."""
+
+
+def _os_refused(path: Path, err: OSError) -> UnreadableCheckpoint:
+    return UnreadableCheckpoint(f"{path}: cannot be read ({type(err).__name__}: {err})")
+
+
 # The files of one checkpoint directory (the run's own files: training/layout.py).
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
@@ -397,6 +406,8 @@ def _unreadable(path: Path, err: Exception) -> ConfigError:
     """The one message for a model.safetensors that cannot be read, shared by loading and averaging."""
     if isinstance(err, FileNotFoundError):
         return DamagedCheckpoint(f"{path.parent}: no {WEIGHTS} in this checkpoint directory")  # as load_trained
+    if isinstance(err, OSError):
+        return _os_refused(path, err)
     return DamagedCheckpoint(f"{path}: damaged, not a readable safetensors file ({err})")
 
 
@@ -431,5 +442,7 @@ def load_state(checkpoint: Path) -> dict:
         return torch.load(path, weights_only=True, map_location="cpu")
     except DamagedCheckpoint:
         raise
+    except OSError as err:
+        raise _os_refused(path, err) from None
     except Exception as err:  # noqa: BLE001  (damage shows as RuntimeError, UnpicklingError, KeyError, EOFError...)
         raise DamagedCheckpoint(f"{path}: damaged, cannot be read ({type(err).__name__}: {err})") from None

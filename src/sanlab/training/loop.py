@@ -30,8 +30,9 @@ from torch import Tensor, nn
 
 from sanlab.config import TrainConfig
 from sanlab.errors import TrainingError
-from sanlab.training.checkpoint import (RESUME_ONLY, CheckpointManager, DamagedCheckpoint, check_vocabulary,
-                                       load_state, load_weights, read_meta, rng_state, set_rng_state)
+from sanlab.training.checkpoint import (RESUME_ONLY, CheckpointManager, DamagedCheckpoint, UnreadableCheckpoint,
+                                       check_vocabulary, load_state, load_weights, read_meta, rng_state,
+                                       set_rng_state)
 from sanlab.training.compile import GraphWatch, compile_model, configure_dynamo
 from sanlab.training.device import (Precision, check_loss_scale, clipping_advice, describe_batch, out_of_memory_stops,
                                     to_device)
@@ -189,7 +190,8 @@ class Trainer:
 
     def _load_newest_good(self, candidates: list[Path]) -> tuple[Path, dict]:
         """Load the first checkpoint of ``candidates`` whose files are intact (weights into the model); a
-        damaged one is named in the log and skipped. All damaged is an error naming each."""
+        damaged one is named in the log and skipped. All damaged is an error naming each; one the system would
+        not let us read (``UnreadableCheckpoint``) stops the resume there, before anything is deleted."""
         damaged = []
         for path in candidates:
             try:
@@ -198,6 +200,9 @@ class Trainer:
                 check_vocabulary(path, getattr(self.task, "vocabulary", None), run_dir=self.run_dir)
                 load_weights(self.model, path)
                 return path, state
+            except UnreadableCheckpoint as err:  # perhaps intact: skipping it would delete it (discard_after)
+                raise UnreadableCheckpoint(f"{err}: resuming stopped, nothing was deleted; make it readable (or move "
+                                           f"{path.name} out of {path.parent}) and rerun") from None
             except DamagedCheckpoint as err:
                 damaged.append(str(err))
                 self.log.info(f"WARNING: skipping a damaged checkpoint: {err}")
